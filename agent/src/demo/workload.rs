@@ -1,0 +1,744 @@
+//! The instrumented demo application that `pfs-agent demo` runs as a child
+//! process: an in-memory key-value store with a write-ahead log on disk.
+//!
+//! * Short-lived connection threads (`conn-N`) submit bursts of GET / PUT /
+//!   DELETE requests to a queue (mutex + condvar) and wait for the replies
+//!   on a per-burst reply mutex + condvar.
+//! * Worker threads (`worker-N`) serve the queue: GETs take the store's
+//!   rwlock shared, PUT / DELETE append a record to the WAL (under the WAL
+//!   mutex, with group-commit `fdatasync`) and take it exclusive; every
+//!   request also bumps a shared statistics mutex (a deliberate hot spot).
+//! * `wal-flusher` commits the WAL's unsynced tail every few milliseconds;
+//!   `checkpoint` periodically reads the WAL tail back and writes a snapshot
+//!   file.
+//!
+//! Every lock, condvar and file operation goes through `pfs-client`, so all
+//! timings come from the instrumentation; the PRNG only chooses requests.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::OpenOptions;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LockResult, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow};
+use pfs_client::LazyWaitClass;
+use pfs_client::fs::File;
+use pfs_client::sync::{Condvar, Mutex, RwLock};
+
+/// Protects the request queue (producers: connections; consumers: workers).
+static QUEUE_LOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/kvstore/queue_lock");
+/// Idle workers wait here for requests.
+static QUEUE_NOT_EMPTY: LazyWaitClass =
+    LazyWaitClass::new("wait/synch/cond/kvstore/queue_not_empty");
+/// The key-value map: GET shared, PUT / DELETE exclusive.
+static STORE_LOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/rwlock/kvstore/store");
+/// Serialises WAL appends, group commits and rotation.
+static WAL_LOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/kvstore/wal_lock");
+/// Request counters shared by all workers: a deliberate hot spot.
+static STATS_LOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/kvstore/stats");
+/// Per-burst reply state shared by a connection and the workers.
+static REPLY_LOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/kvstore/reply_lock");
+/// A connection waits here until its whole burst has been answered.
+static REPLY_READY: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/kvstore/reply_ready");
+/// The write-ahead log file (appends, syncs, truncation, tail reads).
+static WAL_FILE: LazyWaitClass = LazyWaitClass::new("wait/io/file/kvstore/wal");
+/// The checkpoint snapshot file.
+static SNAPSHOT_FILE: LazyWaitClass = LazyWaitClass::new("wait/io/file/kvstore/snapshot");
+
+/// Keys are `key-0000` .. `key-4095`.
+const KEY_SPACE: u64 = 4096;
+/// Keys written once at start-up, so early GETs can hit.
+const PRELOAD_KEYS: u64 = 1024;
+/// The WAL is truncated when it grows past this.
+const WAL_MAX_BYTES: u64 = 4 << 20;
+/// Group commit: `fdatasync` after this many unsynced appends ...
+const GROUP_COMMIT_WRITES: u32 = 32;
+/// ... or when the oldest unsynced append is this old.
+const GROUP_COMMIT_INTERVAL: Duration = Duration::from_millis(20);
+/// How often `wal-flusher` looks for an unsynced tail.
+const FLUSH_TICK: Duration = Duration::from_millis(10);
+/// How often `checkpoint` runs.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(2);
+/// How much of the WAL a checkpoint reads back.
+const WAL_TAIL_BYTES: u64 = 64 << 10;
+/// Connections kept alive by the spawner.
+const MIN_CONNS: usize = 2;
+const MAX_CONNS: usize = 8;
+/// Longest uninterrupted sleep of a stop-aware thread.
+const STOP_POLL: Duration = Duration::from_millis(50);
+
+const WAL_NAME: &str = "kvstore.wal";
+const SNAPSHOT_NAME: &str = "kvstore.snapshot";
+const SNAPSHOT_TMP_NAME: &str = "kvstore.snapshot.tmp";
+
+/// Options of the demo workload process.
+#[derive(Debug, Clone)]
+pub struct WorkloadOptions {
+    /// Directory where the pfs-client segment is created.
+    pub shm_dir: PathBuf,
+    /// PFS service name, e.g. `kvstore-demo`.
+    pub service: String,
+    /// Directory of the write-ahead log and snapshot (real files on disk).
+    pub data_dir: PathBuf,
+    /// Number of worker threads (default 4).
+    pub workers: usize,
+}
+
+/// Runs the demo key-value store workload forever (until the process is
+/// killed with SIGTERM / SIGINT).
+///
+/// First initialises `pfs-client` with a segment for `opts.service` in
+/// `opts.shm_dir`; returns that error if it fails. Then creates the WAL in
+/// `opts.data_dir`, starts `opts.workers` workers, the WAL flusher, the
+/// checkpointer and the connection spawner, and blocks joining them.
+pub fn run(opts: WorkloadOptions) -> anyhow::Result<()> {
+    let WorkloadOptions {
+        shm_dir,
+        service,
+        data_dir,
+        workers,
+    } = opts;
+    pfs_client::init_with(pfs_client::Config::new(service.clone()).shm_dir(shm_dir.clone()))
+        .with_context(|| {
+            format!(
+                "cannot initialise pfs-client for service {service:?} in {}",
+                shm_dir.display()
+            )
+        })?;
+    tracing::info!(
+        service,
+        segment = ?pfs_client::segment_path(),
+        data_dir = %data_dir.display(),
+        workers,
+        "kvstore demo workload starting"
+    );
+    run_workload(&data_dir, workers, Arc::new(AtomicBool::new(false))).map(|_| ())
+}
+
+/// Recovers the guard of a poisoned lock: a panicked worker must not take
+/// the whole demo down.
+fn relock<G>(r: LockResult<G>) -> G {
+    r.unwrap_or_else(PoisonError::into_inner)
+}
+
+/// xorshift64* — deterministic load generation, never used for timings.
+struct XorShift(u64);
+
+impl XorShift {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo + 1)
+    }
+}
+
+fn key_name(n: u64) -> String {
+    format!("key-{n:04}")
+}
+
+/// A printable value of `len` bytes (no spaces or newlines, so a WAL
+/// record is one line).
+fn make_value(rng: &mut XorShift, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|_| b'a' + (rng.next_u64() % 26) as u8)
+        .collect()
+}
+
+/// The write-ahead log: an append-only file, group-committed, truncated
+/// when it grows too large.
+struct Wal {
+    file: File,
+    len: u64,
+    unsynced: u32,
+    last_sync: Instant,
+    syncs: u64,
+    rotations: u64,
+}
+
+impl Wal {
+    fn open(path: &Path) -> io::Result<Self> {
+        let mut file = File::open_with(
+            &WAL_FILE,
+            path,
+            OpenOptions::new().create(true).append(true),
+        )?;
+        file.set_len(0)?;
+        Ok(Self {
+            file,
+            len: 0,
+            unsynced: 0,
+            last_sync: Instant::now(),
+            syncs: 0,
+            rotations: 0,
+        })
+    }
+
+    fn append(&mut self, record: &[u8]) {
+        if let Err(e) = self.file.write_all(record) {
+            tracing::warn!(error = %e, "WAL append failed");
+            return;
+        }
+        self.len += record.len() as u64;
+        self.unsynced += 1;
+        if self.unsynced >= GROUP_COMMIT_WRITES || self.last_sync.elapsed() >= GROUP_COMMIT_INTERVAL
+        {
+            self.sync();
+        }
+        if self.len >= WAL_MAX_BYTES {
+            self.rotate();
+        }
+    }
+
+    fn sync(&mut self) {
+        match self.file.sync_data() {
+            Ok(()) => {
+                self.unsynced = 0;
+                self.syncs += 1;
+            }
+            Err(e) => tracing::warn!(error = %e, "WAL sync failed"),
+        }
+        self.last_sync = Instant::now();
+    }
+
+    fn sync_if_due(&mut self) {
+        if self.unsynced > 0 && self.last_sync.elapsed() >= GROUP_COMMIT_INTERVAL {
+            self.sync();
+        }
+    }
+
+    /// Everything in the log is in the snapshot-to-be: start it afresh.
+    fn rotate(&mut self) {
+        self.sync();
+        match self.file.set_len(0) {
+            Ok(()) => {
+                self.len = 0;
+                self.rotations += 1;
+            }
+            Err(e) => tracing::warn!(error = %e, "WAL truncation failed"),
+        }
+    }
+}
+
+/// What one checkpoint did.
+#[derive(Debug, Clone, Copy, Default)]
+struct CheckpointInfo {
+    wal_tail_bytes: u64,
+    wal_tail_records: u64,
+    snapshot_bytes: u64,
+    keys: usize,
+}
+
+/// The key-value store and its write-ahead log.
+struct Store {
+    map: RwLock<HashMap<String, Vec<u8>>>,
+    wal: Mutex<Wal>,
+    wal_path: PathBuf,
+    snapshot_path: PathBuf,
+    snapshot_tmp: PathBuf,
+}
+
+impl Store {
+    fn open(data_dir: &Path) -> io::Result<Self> {
+        std::fs::create_dir_all(data_dir)?;
+        let wal_path = data_dir.join(WAL_NAME);
+        Ok(Self {
+            map: RwLock::new(&STORE_LOCK, HashMap::new()),
+            wal: Mutex::new(&WAL_LOCK, Wal::open(&wal_path)?),
+            wal_path,
+            snapshot_path: data_dir.join(SNAPSHOT_NAME),
+            snapshot_tmp: data_dir.join(SNAPSHOT_TMP_NAME),
+        })
+    }
+
+    fn get(&self, key: &str) -> Option<Vec<u8>> {
+        relock(self.map.read()).get(key).cloned()
+    }
+
+    /// Logs then applies; true if the key existed.
+    fn put(&self, key: &str, value: Vec<u8>) -> bool {
+        let mut record = Vec::with_capacity(key.len() + value.len() + 4);
+        record.extend_from_slice(b"P ");
+        record.extend_from_slice(key.as_bytes());
+        record.push(b' ');
+        record.extend_from_slice(&value);
+        record.push(b'\n');
+        relock(self.wal.lock()).append(&record);
+        relock(self.map.write())
+            .insert(key.to_owned(), value)
+            .is_some()
+    }
+
+    /// Logs then applies; true if the key existed.
+    fn delete(&self, key: &str) -> bool {
+        let record = format!("D {key}\n");
+        relock(self.wal.lock()).append(record.as_bytes());
+        relock(self.map.write()).remove(key).is_some()
+    }
+
+    fn sync_wal_if_due(&self) {
+        relock(self.wal.lock()).sync_if_due();
+    }
+
+    /// Reads the WAL tail back through a second handle, then writes the
+    /// whole map to a fresh snapshot file and renames it into place.
+    fn checkpoint(&self) -> io::Result<CheckpointInfo> {
+        let mut info = CheckpointInfo::default();
+        {
+            let mut f = File::open(&WAL_FILE, &self.wal_path)?;
+            let len = f.metadata()?.len();
+            f.seek(SeekFrom::Start(len.saturating_sub(WAL_TAIL_BYTES)))?;
+            let mut buf = vec![0u8; 16 << 10];
+            loop {
+                let n = match f.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                };
+                info.wal_tail_bytes += n as u64;
+                info.wal_tail_records += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
+            }
+        }
+        let mut image = Vec::new();
+        {
+            let map = relock(self.map.read());
+            info.keys = map.len();
+            for (k, v) in &*map {
+                image.extend_from_slice(k.as_bytes());
+                image.push(b' ');
+                image.extend_from_slice(v);
+                image.push(b'\n');
+            }
+        }
+        let mut f = File::create(&SNAPSHOT_FILE, &self.snapshot_tmp)?;
+        for chunk in image.chunks(64 << 10) {
+            f.write_all(chunk)?;
+        }
+        f.sync_data()?;
+        drop(f);
+        std::fs::rename(&self.snapshot_tmp, &self.snapshot_path)?;
+        info.snapshot_bytes = image.len() as u64;
+        Ok(info)
+    }
+}
+
+/// Request counters (behind the hot `stats` mutex).
+#[derive(Debug, Clone, Copy, Default)]
+struct Stats {
+    requests: u64,
+    gets: u64,
+    hits: u64,
+    puts: u64,
+    deletes: u64,
+    connections: u64,
+}
+
+enum Op {
+    Get,
+    Put(Vec<u8>),
+    Delete,
+}
+
+struct Request {
+    key: String,
+    op: Op,
+    reply: Arc<Reply>,
+}
+
+/// Replies of one burst: the connection waits until `pending` is 0.
+struct Reply {
+    state: Mutex<ReplyState>,
+    ready: Condvar,
+}
+
+struct ReplyState {
+    pending: usize,
+    found: usize,
+}
+
+impl Reply {
+    fn new(pending: usize) -> Self {
+        Self {
+            state: Mutex::new(&REPLY_LOCK, ReplyState { pending, found: 0 }),
+            ready: Condvar::new(&REPLY_READY),
+        }
+    }
+}
+
+/// Everything the threads share.
+struct Shared {
+    store: Store,
+    queue: Mutex<VecDeque<Request>>,
+    not_empty: Condvar,
+    stats: Mutex<Stats>,
+    stop: Arc<AtomicBool>,
+    conns_alive: AtomicUsize,
+    next_conn: AtomicU64,
+}
+
+impl Shared {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Sleeps `d` in short steps; false once stop is requested.
+    fn sleep(&self, d: Duration) -> bool {
+        let deadline = Instant::now() + d;
+        loop {
+            if self.stopped() {
+                return false;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return true;
+            }
+            thread::sleep((deadline - now).min(STOP_POLL));
+        }
+    }
+
+    /// Asks every thread to finish and wakes idle workers.
+    fn shutdown(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _q = relock(self.queue.lock());
+        self.not_empty.notify_all();
+    }
+
+    /// Serves one request; true if the key was found (GET) or existed
+    /// (PUT / DELETE).
+    fn serve(&self, key: &str, op: Op) -> bool {
+        let (found, is_get, is_put) = match op {
+            Op::Get => (self.store.get(key).is_some(), true, false),
+            Op::Put(value) => (self.store.put(key, value), false, true),
+            Op::Delete => (self.store.delete(key), false, false),
+        };
+        let mut s = relock(self.stats.lock());
+        s.requests += 1;
+        if is_get {
+            s.gets += 1;
+            s.hits += u64::from(found);
+        } else if is_put {
+            s.puts += 1;
+        } else {
+            s.deletes += 1;
+        }
+        found
+    }
+}
+
+fn worker_loop(shared: &Shared) {
+    loop {
+        let next = {
+            let mut q = relock(shared.queue.lock());
+            loop {
+                if let Some(r) = q.pop_front() {
+                    break Some(r);
+                }
+                if shared.stopped() {
+                    break None;
+                }
+                q = relock(shared.not_empty.wait(q));
+            }
+        };
+        let Some(Request { key, op, reply }) = next else {
+            return;
+        };
+        let found = shared.serve(&key, op);
+        let mut st = relock(reply.state.lock());
+        st.pending -= 1;
+        st.found += usize::from(found);
+        if st.pending == 0 {
+            reply.ready.notify_one();
+        }
+    }
+}
+
+fn make_request(rng: &mut XorShift, reply: &Arc<Reply>) -> Request {
+    let key = key_name(rng.range(0, KEY_SPACE - 1));
+    let op = match rng.range(0, 99) {
+        0..70 => Op::Get,
+        70..95 => {
+            let len = rng.range(16, 256) as usize;
+            Op::Put(make_value(rng, len))
+        }
+        _ => Op::Delete,
+    };
+    Request {
+        key,
+        op,
+        reply: Arc::clone(reply),
+    }
+}
+
+/// Decrements the live-connection count when a connection thread ends.
+struct AliveGuard<'a>(&'a AtomicUsize);
+
+impl Drop for AliveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One client connection: a few bursts of requests, then it goes away.
+fn connection(shared: &Shared, id: u64) {
+    let _alive = AliveGuard(&shared.conns_alive);
+    let mut rng = XorShift::new(id);
+    let bursts = rng.range(4, 20);
+    let mut answered = 0usize;
+    for _ in 0..bursts {
+        let n = rng.range(8, 48) as usize;
+        let reply = Arc::new(Reply::new(n));
+        let batch: Vec<Request> = (0..n).map(|_| make_request(&mut rng, &reply)).collect();
+        {
+            let mut q = relock(shared.queue.lock());
+            // Checked under the queue lock: workers only exit once stop is
+            // set and the queue is empty, so a submitted burst is served.
+            if shared.stopped() {
+                break;
+            }
+            q.extend(batch);
+            shared.not_empty.notify_all();
+        }
+        let mut st = relock(reply.state.lock());
+        while st.pending > 0 {
+            st = relock(reply.ready.wait(st));
+        }
+        answered += st.found;
+        drop(st);
+        thread::sleep(Duration::from_millis(rng.range(20, 60)));
+    }
+    relock(shared.stats.lock()).connections += 1;
+    tracing::trace!(id, bursts, answered, "connection closed");
+}
+
+fn spawn_named(name: String, f: impl FnOnce() + Send + 'static) -> anyhow::Result<JoinHandle<()>> {
+    thread::Builder::new()
+        .name(name.clone())
+        .spawn(f)
+        .with_context(|| format!("cannot spawn thread {name}"))
+}
+
+fn spawn_connection(shared: &Arc<Shared>) {
+    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+    shared.conns_alive.fetch_add(1, Ordering::AcqRel);
+    let s = Arc::clone(shared);
+    if let Err(e) = spawn_named(format!("conn-{id}"), move || connection(&s, id)) {
+        shared.conns_alive.fetch_sub(1, Ordering::AcqRel);
+        tracing::warn!(error = %e, "cannot start a connection");
+    }
+}
+
+/// Keeps `MIN_CONNS..=MAX_CONNS` connections alive, starting one every
+/// 50-200 ms.
+fn spawner_loop(shared: &Arc<Shared>) {
+    let mut rng = XorShift::new(0x5EED);
+    loop {
+        while shared.conns_alive.load(Ordering::Acquire) < MIN_CONNS && !shared.stopped() {
+            spawn_connection(shared);
+        }
+        if shared.conns_alive.load(Ordering::Acquire) < MAX_CONNS && !shared.stopped() {
+            spawn_connection(shared);
+        }
+        if !shared.sleep(Duration::from_millis(rng.range(50, 200))) {
+            return;
+        }
+    }
+}
+
+fn flusher_loop(shared: &Shared) {
+    while shared.sleep(FLUSH_TICK) {
+        shared.store.sync_wal_if_due();
+    }
+    relock(shared.store.wal.lock()).sync();
+}
+
+fn checkpoint_loop(shared: &Shared) {
+    while shared.sleep(CHECKPOINT_INTERVAL) {
+        match shared.store.checkpoint() {
+            Ok(info) => {
+                let stats = *relock(shared.stats.lock());
+                let (syncs, rotations) = {
+                    let wal = relock(shared.store.wal.lock());
+                    (wal.syncs, wal.rotations)
+                };
+                tracing::debug!(
+                    ?info,
+                    ?stats,
+                    wal_syncs = syncs,
+                    wal_rotations = rotations,
+                    live_connections = shared.conns_alive.load(Ordering::Relaxed),
+                    "checkpoint"
+                );
+            }
+            Err(e) => tracing::warn!(error = %e, "checkpoint failed"),
+        }
+    }
+}
+
+fn start_threads(
+    shared: &Arc<Shared>,
+    workers: usize,
+) -> anyhow::Result<(Vec<JoinHandle<()>>, JoinHandle<()>)> {
+    let mut handles = Vec::new();
+    for i in 0..workers.max(1) {
+        let s = Arc::clone(shared);
+        handles.push(spawn_named(format!("worker-{i}"), move || worker_loop(&s))?);
+    }
+    let s = Arc::clone(shared);
+    handles.push(spawn_named("wal-flusher".into(), move || flusher_loop(&s))?);
+    let s = Arc::clone(shared);
+    handles.push(spawn_named("checkpoint".into(), move || {
+        checkpoint_loop(&s)
+    })?);
+    let s = Arc::clone(shared);
+    let spawner = spawn_named("conn-spawner".into(), move || spawner_loop(&s))?;
+    Ok((handles, spawner))
+}
+
+fn join(h: JoinHandle<()>) -> anyhow::Result<()> {
+    let name = h.thread().name().unwrap_or("?").to_owned();
+    h.join().map_err(|_| anyhow!("demo thread {name} panicked"))
+}
+
+/// Runs the workload until `stop` is set (never, in the real process),
+/// then drains connections and workers and returns the final counters.
+fn run_workload(data_dir: &Path, workers: usize, stop: Arc<AtomicBool>) -> anyhow::Result<Stats> {
+    let store = Store::open(data_dir)
+        .with_context(|| format!("cannot create the WAL in {}", data_dir.display()))?;
+    let mut rng = XorShift::new(0xDA7A);
+    for n in 0..PRELOAD_KEYS {
+        let len = rng.range(16, 256) as usize;
+        store.put(&key_name(n), make_value(&mut rng, len));
+    }
+    let shared = Arc::new(Shared {
+        store,
+        queue: Mutex::new(&QUEUE_LOCK, VecDeque::new()),
+        not_empty: Condvar::new(&QUEUE_NOT_EMPTY),
+        stats: Mutex::new(&STATS_LOCK, Stats::default()),
+        stop,
+        conns_alive: AtomicUsize::new(0),
+        next_conn: AtomicU64::new(1),
+    });
+    let (handles, spawner) = match start_threads(&shared, workers) {
+        Ok(h) => h,
+        Err(e) => {
+            shared.shutdown();
+            return Err(e);
+        }
+    };
+    let spawned = join(spawner);
+    // Stop requested (or the spawner died): let live connections finish
+    // their burst, then release the workers.
+    shared.stop.store(true, Ordering::Release);
+    while shared.conns_alive.load(Ordering::Acquire) > 0 {
+        thread::sleep(Duration::from_millis(5));
+    }
+    shared.shutdown();
+    let mut result = spawned;
+    for h in handles {
+        let r = join(h);
+        if result.is_ok() {
+            result = r;
+        }
+    }
+    result?;
+    let stats = *relock(shared.stats.lock());
+    Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_len(p: &Path) -> u64 {
+        std::fs::metadata(p).unwrap().len()
+    }
+
+    #[test]
+    fn put_then_get_returns_value_and_wal_grows() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let wal = dir.path().join(WAL_NAME);
+        let before = file_len(&wal);
+        assert!(!store.put("key-0001", b"hello".to_vec()));
+        assert_eq!(store.get("key-0001").as_deref(), Some(&b"hello"[..]));
+        let after_put = file_len(&wal);
+        assert!(
+            after_put > before,
+            "WAL did not grow: {before} -> {after_put}"
+        );
+        assert!(store.put("key-0001", b"world".to_vec()));
+        assert_eq!(store.get("key-0001").as_deref(), Some(&b"world"[..]));
+        assert!(store.delete("key-0001"));
+        assert_eq!(store.get("key-0001"), None);
+        assert!(!store.delete("key-0001"));
+        assert!(file_len(&wal) > after_put);
+
+        store.put("key-0002", b"kept".to_vec());
+        let info = store.checkpoint().unwrap();
+        assert_eq!(info.wal_tail_records, 5);
+        assert_eq!(info.wal_tail_bytes, file_len(&wal));
+        assert_eq!(info.keys, 1);
+        let snap = std::fs::read(dir.path().join(SNAPSHOT_NAME)).unwrap();
+        assert_eq!(snap, b"key-0002 kept\n");
+    }
+
+    #[test]
+    fn wal_rotation_truncates_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let value = vec![b'x'; 64 << 10];
+        for i in 0..(WAL_MAX_BYTES / (64 << 10) + 1) {
+            store.put(&key_name(i), value.clone());
+        }
+        let wal = relock(store.wal.lock());
+        assert_eq!(wal.rotations, 1);
+        assert!(wal.len < WAL_MAX_BYTES);
+        assert_eq!(file_len(&dir.path().join(WAL_NAME)), wal.len);
+    }
+
+    #[test]
+    fn xorshift_is_deterministic_and_in_range() {
+        let (mut a, mut b) = (XorShift::new(3), XorShift::new(3));
+        for _ in 0..1000 {
+            let x = a.range(8, 48);
+            assert_eq!(x, b.range(8, 48));
+            assert!((8..=48).contains(&x));
+        }
+        assert_ne!(XorShift::new(1).next_u64(), XorShift::new(2).next_u64());
+    }
+
+    #[test]
+    fn workload_serves_requests_and_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopper = {
+            let stop = Arc::clone(&stop);
+            thread::spawn(move || {
+                thread::sleep(Duration::from_millis(400));
+                stop.store(true, Ordering::Release);
+            })
+        };
+        let stats = run_workload(dir.path(), 2, stop).unwrap();
+        stopper.join().unwrap();
+        assert!(stats.requests > 0, "{stats:?}");
+        assert_eq!(stats.gets + stats.puts + stats.deletes, stats.requests);
+        assert!(stats.hits <= stats.gets);
+        assert!(file_len(&dir.path().join(WAL_NAME)) > 0);
+    }
+}

@@ -1,0 +1,3 @@
+//! Exporters: each renders the shared [`crate::snapshot::Snapshot`].
+
+pub mod prometheus;

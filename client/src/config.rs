@@ -1,0 +1,115 @@
+//! Client configuration, from code or from the environment.
+
+use std::path::PathBuf;
+
+use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED};
+
+use crate::error::InitError;
+
+/// Default segment directory (a tmpfs on Linux).
+pub const DEFAULT_SHM_DIR: &str = "/dev/shm/pfs";
+
+/// How [`crate::init_with`] creates this process's segment.
+///
+/// ```
+/// let cfg = pfs_client::Config::new("checkout").shm_dir("/tmp/pfs-doc").history_len(20);
+/// assert_eq!(cfg.service_name, "checkout");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Directory of segment files (`PFS_SHM_DIR`, default `/dev/shm/pfs`).
+    pub shm_dir: PathBuf,
+    /// Service name (`PFS_SERVICE_NAME`, default: the executable's name).
+    pub service_name: String,
+    /// Events per history ring (`PFS_HISTORY_SIZE`, default 10).
+    pub history_len: u32,
+    /// Instrument class capacity (`PFS_MAX_CLASSES`, default 256).
+    pub max_classes: u32,
+    /// Interned string capacity (source locations, file names).
+    pub max_strings: u32,
+    /// Maximum concurrently instrumented threads (`PFS_MAX_THREADS`, default 1024).
+    pub max_threads: u32,
+    /// Thread records per container page.
+    pub records_per_page: u32,
+    /// Create the directory `0770` and the segment `0660` so an agent in
+    /// the same group can read and control it (`PFS_GROUP_ACCESS=1`).
+    pub group_access: bool,
+    /// New instruments start ENABLED (`PFS_INSTRUMENTS_ENABLED`, default yes).
+    pub enabled: bool,
+    /// New instruments start TIMED (`PFS_INSTRUMENTS_TIMED`, default yes).
+    pub timed: bool,
+}
+
+impl Config {
+    /// Defaults for `service_name`.
+    pub fn new(service_name: impl Into<String>) -> Self {
+        Self {
+            shm_dir: PathBuf::from(DEFAULT_SHM_DIR),
+            service_name: service_name.into(),
+            history_len: 10,
+            max_classes: 256,
+            max_strings: 2048,
+            max_threads: 1024,
+            records_per_page: 16,
+            group_access: false,
+            enabled: true,
+            timed: true,
+        }
+    }
+
+    /// Reads `PFS_*` variables over the defaults; the service name defaults
+    /// to the executable's file name.
+    pub fn from_env() -> Result<Self, InitError> {
+        let exe = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "unknown".into());
+        let mut c = Self::new(std::env::var("PFS_SERVICE_NAME").unwrap_or(exe));
+        if let Ok(d) = std::env::var("PFS_SHM_DIR") {
+            c.shm_dir = d.into();
+        }
+        let num = |k: &str, d: u32| -> Result<u32, InitError> {
+            match std::env::var(k) {
+                Ok(v) => v.parse().map_err(|_| InitError::BadEnv(k.to_string(), v)),
+                Err(_) => Ok(d),
+            }
+        };
+        let flag = |k: &str, d: bool| -> Result<bool, InitError> {
+            match std::env::var(k).as_deref() {
+                Ok("1" | "yes" | "YES" | "on" | "ON" | "true") => Ok(true),
+                Ok("0" | "no" | "NO" | "off" | "OFF" | "false") => Ok(false),
+                Ok(v) => Err(InitError::BadEnv(k.to_string(), v.to_string())),
+                Err(_) => Ok(d),
+            }
+        };
+        c.history_len = num("PFS_HISTORY_SIZE", c.history_len)?;
+        c.max_classes = num("PFS_MAX_CLASSES", c.max_classes)?;
+        c.max_threads = num("PFS_MAX_THREADS", c.max_threads)?;
+        c.group_access = flag("PFS_GROUP_ACCESS", c.group_access)?;
+        c.enabled = flag("PFS_INSTRUMENTS_ENABLED", c.enabled)?;
+        c.timed = flag("PFS_INSTRUMENTS_TIMED", c.timed)?;
+        Ok(c)
+    }
+
+    /// Sets the segment directory.
+    pub fn shm_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.shm_dir = dir.into();
+        self
+    }
+
+    /// Sets the history ring length.
+    pub fn history_len(mut self, n: u32) -> Self {
+        self.history_len = n;
+        self
+    }
+
+    /// Sets the maximum number of instrumented threads.
+    pub fn max_threads(mut self, n: u32) -> Self {
+        self.max_threads = n;
+        self
+    }
+
+    pub(crate) fn default_flags(&self) -> u32 {
+        (if self.enabled { FLAG_ENABLED } else { 0 }) | (if self.timed { FLAG_TIMED } else { 0 })
+    }
+}

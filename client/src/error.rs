@@ -1,0 +1,30 @@
+//! Initialisation errors. Instrumentation never fails after `init`: what
+//! does not fit is counted as lost.
+
+use std::path::PathBuf;
+
+/// Why [`crate::init`] could not create the segment. The application can
+/// log it and carry on: every instrument then stays a no-op.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    /// `init` was called twice.
+    #[error("pfs-client is already initialised (segment {0})")]
+    AlreadyInitialized(PathBuf),
+    /// An environment variable has a value we cannot use.
+    #[error("environment variable {0}={1:?} is invalid; expected a number or yes/no")]
+    BadEnv(String, String),
+    /// The directory is world-writable: anyone could plant segments.
+    #[error(
+        "segment directory {0} is world-writable; use a private directory (mode 0700, or 0770 with PFS_GROUP_ACCESS=1)"
+    )]
+    WorldWritable(PathBuf),
+    /// A live process already owns this segment path.
+    #[error("segment {0} is held by a running process")]
+    InUse(PathBuf),
+    /// A filesystem call failed.
+    #[error("cannot {0}: {1}; check PFS_SHM_DIR and its permissions")]
+    Io(String, #[source] std::io::Error),
+    /// The segment could not be laid out or reserved.
+    #[error("cannot create segment {0}: {1}")]
+    Segment(PathBuf, #[source] pfs_shm_layout::SegmentError),
+}

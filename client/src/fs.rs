@@ -1,0 +1,295 @@
+//! An instrumented file: `open`, `read`, `write`, `sync` and `close` become
+//! `wait/io/file/...` waits carrying byte counts and the file name.
+
+use std::fs::OpenOptions;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::panic::Location;
+use std::path::Path;
+
+use pfs_shm_layout::Operation;
+use pfs_shm_layout::layout::{FLAG_ENABLED, NONE_U32};
+
+use crate::runtime;
+use crate::wait::{LazyWaitClass, WaitGuard};
+
+/// A `std::fs::File` whose I/O is recorded.
+///
+/// ```
+/// use std::io::Write;
+/// use pfs_client::{LazyWaitClass, fs::File};
+/// static WAL: LazyWaitClass = LazyWaitClass::new("wait/io/file/kv/wal");
+/// let dir = tempfile::tempdir().unwrap();
+/// let mut f = File::create(&WAL, dir.path().join("wal.log")).unwrap();
+/// f.write_all(b"put k v\n").unwrap();
+/// f.sync_data().unwrap();
+/// ```
+#[derive(Debug)]
+pub struct File {
+    class: &'static LazyWaitClass,
+    inner: Option<std::fs::File>,
+    name: u32,
+    id: u64,
+}
+
+impl File {
+    /// Opens `path` for reading.
+    #[track_caller]
+    pub fn open(class: &'static LazyWaitClass, path: impl AsRef<Path>) -> io::Result<Self> {
+        Self::with_options(class, path, OpenOptions::new().read(true), Operation::Open)
+    }
+
+    /// Creates (truncates) `path` for writing.
+    #[track_caller]
+    pub fn create(class: &'static LazyWaitClass, path: impl AsRef<Path>) -> io::Result<Self> {
+        Self::with_options(
+            class,
+            path,
+            OpenOptions::new().write(true).create(true).truncate(true),
+            Operation::Create,
+        )
+    }
+
+    /// Opens `path` with `opts`, recording an `open` wait.
+    #[track_caller]
+    pub fn open_with(
+        class: &'static LazyWaitClass,
+        path: impl AsRef<Path>,
+        opts: &OpenOptions,
+    ) -> io::Result<Self> {
+        Self::with_options(class, path, opts, Operation::Open)
+    }
+
+    #[track_caller]
+    fn with_options(
+        class: &'static LazyWaitClass,
+        path: impl AsRef<Path>,
+        opts: &OpenOptions,
+        op: Operation,
+    ) -> io::Result<Self> {
+        let path = path.as_ref();
+        let name = match runtime::get() {
+            Some(rt) if class.get().is_enabled() => rt
+                .writer
+                .intern(&path.to_string_lossy())
+                .unwrap_or(NONE_U32),
+            _ => NONE_U32,
+        };
+        let loc = Location::caller();
+        let w = Self::begin(class, op, 0, name, loc);
+        let inner = opts.open(path);
+        drop(w);
+        let inner = inner?;
+        let id = inner.as_raw_fd() as u64;
+        Ok(Self {
+            class,
+            inner: Some(inner),
+            name,
+            id,
+        })
+    }
+
+    #[inline]
+    fn begin(
+        class: &'static LazyWaitClass,
+        op: Operation,
+        id: u64,
+        name: u32,
+        loc: &'static Location<'static>,
+    ) -> WaitGuard {
+        let c = class.get();
+        c.start_checked(op, id, name, loc)
+    }
+
+    fn file(&mut self) -> &mut std::fs::File {
+        self.inner.as_mut().expect("file is open until dropped")
+    }
+
+    /// Flushes data and metadata (`sync` wait).
+    #[track_caller]
+    pub fn sync_all(&mut self) -> io::Result<()> {
+        let _w = Self::begin(
+            self.class,
+            Operation::Sync,
+            self.id,
+            self.name,
+            Location::caller(),
+        );
+        self.file().sync_all()
+    }
+
+    /// Flushes data (`sync` wait).
+    #[track_caller]
+    pub fn sync_data(&mut self) -> io::Result<()> {
+        let _w = Self::begin(
+            self.class,
+            Operation::Sync,
+            self.id,
+            self.name,
+            Location::caller(),
+        );
+        self.file().sync_data()
+    }
+
+    /// File metadata (`stat` wait).
+    #[track_caller]
+    pub fn metadata(&mut self) -> io::Result<std::fs::Metadata> {
+        let _w = Self::begin(
+            self.class,
+            Operation::Stat,
+            self.id,
+            self.name,
+            Location::caller(),
+        );
+        self.file().metadata()
+    }
+
+    /// Truncates or extends (`chsize` wait).
+    #[track_caller]
+    pub fn set_len(&mut self, len: u64) -> io::Result<()> {
+        let _w = Self::begin(
+            self.class,
+            Operation::Chsize,
+            self.id,
+            self.name,
+            Location::caller(),
+        );
+        self.file().set_len(len)
+    }
+}
+
+impl Read for File {
+    #[track_caller]
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut w = Self::begin(
+            self.class,
+            Operation::Read,
+            self.id,
+            self.name,
+            Location::caller(),
+        );
+        let r = self.file().read(buf);
+        if let Ok(n) = r {
+            w.set_bytes(n as u64);
+        }
+        r
+    }
+
+    /// One `read` wait for the whole buffer, attributed to the caller.
+    #[track_caller]
+    fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        let mut w = Self::begin(
+            self.class,
+            Operation::Read,
+            self.id,
+            self.name,
+            Location::caller(),
+        );
+        let r = self.file().read_exact(buf);
+        if r.is_ok() {
+            w.set_bytes(buf.len() as u64);
+        }
+        r
+    }
+
+    /// One `read` wait for the whole file, attributed to the caller.
+    #[track_caller]
+    fn read_to_end(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        let mut w = Self::begin(
+            self.class,
+            Operation::Read,
+            self.id,
+            self.name,
+            Location::caller(),
+        );
+        let r = self.file().read_to_end(buf);
+        if let Ok(n) = r {
+            w.set_bytes(n as u64);
+        }
+        r
+    }
+}
+
+impl Write for File {
+    #[track_caller]
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut w = Self::begin(
+            self.class,
+            Operation::Write,
+            self.id,
+            self.name,
+            Location::caller(),
+        );
+        let r = self.file().write(buf);
+        if let Ok(n) = r {
+            w.set_bytes(n as u64);
+        }
+        r
+    }
+
+    /// One `write` wait for the whole buffer, attributed to the caller.
+    #[track_caller]
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        let mut w = Self::begin(
+            self.class,
+            Operation::Write,
+            self.id,
+            self.name,
+            Location::caller(),
+        );
+        let r = self.file().write_all(buf);
+        if r.is_ok() {
+            w.set_bytes(buf.len() as u64);
+        }
+        r
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file().flush()
+    }
+}
+
+impl Seek for File {
+    #[track_caller]
+    fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+        let _w = Self::begin(
+            self.class,
+            Operation::Seek,
+            self.id,
+            self.name,
+            Location::caller(),
+        );
+        self.file().seek(pos)
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        let _w = Self::begin(
+            self.class,
+            Operation::Close,
+            self.id,
+            self.name,
+            Location::caller(),
+        );
+        drop(self.inner.take());
+    }
+}
+
+impl crate::wait::WaitClass {
+    /// `start` with an object name and an explicit source location.
+    #[inline]
+    pub(crate) fn start_checked(
+        &self,
+        op: Operation,
+        object: u64,
+        object_name: u32,
+        loc: &'static Location<'static>,
+    ) -> WaitGuard {
+        let flags = self.flags_word();
+        if flags & FLAG_ENABLED == 0 {
+            return WaitGuard::none();
+        }
+        self.start_enabled(flags, op, object, object_name, loc)
+    }
+}

@@ -1,0 +1,145 @@
+//! Process-wide state: the segment this process owns, created once by
+//! [`crate::init`] and kept for the life of the process.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use pfs_shm_layout::{Segment, SegmentConfig, SegmentWriter};
+use rustix::fs::FlockOperation;
+
+use crate::config::Config;
+use crate::error::InitError;
+
+pub(crate) struct Runtime {
+    pub(crate) writer: SegmentWriter,
+    pub(crate) path: PathBuf,
+    pub(crate) default_flags: u32,
+}
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+
+/// The runtime, if [`crate::init`] succeeded.
+#[inline(always)]
+pub(crate) fn get() -> Option<&'static Runtime> {
+    RUNTIME.get()
+}
+
+pub(crate) fn init(cfg: Config) -> Result<&'static Runtime, InitError> {
+    if let Some(rt) = RUNTIME.get() {
+        return Err(InitError::AlreadyInitialized(rt.path.clone()));
+    }
+    let rt = create(&cfg)?;
+    let path = rt.path.clone();
+    RUNTIME
+        .set(rt)
+        .map_err(|_| InitError::AlreadyInitialized(path))?;
+    Ok(RUNTIME.get().expect("just set"))
+}
+
+/// File name: `<service>.<pid>.pfs`, so a listing tells service and pid.
+pub(crate) fn segment_file_name(service: &str, pid: u32) -> String {
+    let safe: String = service
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{safe}.{pid}.pfs")
+}
+
+fn create(cfg: &Config) -> Result<Runtime, InitError> {
+    let dir = &cfg.shm_dir;
+    let dir_mode = if cfg.group_access { 0o770 } else { 0o700 };
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(dir_mode)
+            .create(dir)
+            .map_err(|e| InitError::Io(format!("create segment directory {}", dir.display()), e))?;
+    }
+    let meta = std::fs::metadata(dir)
+        .map_err(|e| InitError::Io(format!("inspect segment directory {}", dir.display()), e))?;
+    if meta.permissions().mode() & 0o002 != 0 {
+        return Err(InitError::WorldWritable(dir.clone()));
+    }
+    let pid = std::process::id();
+    let path = dir.join(segment_file_name(&cfg.service_name, pid));
+    let file = open_new(&path, if cfg.group_access { 0o660 } else { 0o600 })?;
+    rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive)
+        .map_err(|e| InitError::Io(format!("lock {}", path.display()), e.into()))?;
+    let records_per_page = cfg.records_per_page.max(1);
+    let seg_cfg = SegmentConfig {
+        service_name: pfs_shm_layout::segment::truncate_utf8(&cfg.service_name, 64).to_string(),
+        history_len: cfg.history_len,
+        max_classes: cfg.max_classes,
+        max_strings: cfg.max_strings,
+        records_per_page,
+        max_pages: cfg.max_threads.div_ceil(records_per_page).max(1),
+    };
+    let created = Segment::create(
+        file,
+        &seg_cfg,
+        crate::timer::calibration(),
+        pid,
+        now_unix_ns(),
+    );
+    let seg = match created {
+        Ok(seg) => seg,
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            return Err(InitError::Segment(path, e));
+        }
+    };
+    tracing::info!(path = %path.display(), "pfs segment created");
+    Ok(Runtime {
+        writer: SegmentWriter::new(seg),
+        path,
+        default_flags: cfg.default_flags(),
+    })
+}
+
+fn open_new(path: &Path, mode: u32) -> Result<File, InitError> {
+    let open = || {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc_o_nofollow())
+            .open(path)
+    };
+    match open() {
+        Ok(f) => Ok(f),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            // A previous process with our pid (pid reuse, or a container
+            // restart) left it behind. Replace it only if nobody holds it.
+            let old = File::open(path)
+                .map_err(|e| InitError::Io(format!("open {}", path.display()), e))?;
+            if rustix::fs::flock(&old, FlockOperation::NonBlockingLockExclusive).is_err() {
+                return Err(InitError::InUse(path.to_path_buf()));
+            }
+            std::fs::remove_file(path)
+                .map_err(|e| InitError::Io(format!("remove stale {}", path.display()), e))?;
+            open().map_err(|e| InitError::Io(format!("create {}", path.display()), e))
+        }
+        Err(e) => Err(InitError::Io(format!("create {}", path.display()), e)),
+    }
+}
+
+fn libc_o_nofollow() -> i32 {
+    rustix::fs::OFlags::NOFOLLOW.bits() as i32
+}
+
+pub(crate) fn now_unix_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}

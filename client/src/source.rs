@@ -1,0 +1,63 @@
+//! `SOURCE` capture without formatting on the hot path: each call site's
+//! `&'static Location` is interned once into the segment's string table;
+//! later events find its index in a small process-local lock-free table
+//! keyed by the location's address.
+
+use std::panic::Location;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
+
+use pfs_shm_layout::layout::NONE_U32;
+
+use crate::runtime::Runtime;
+
+const SLOTS: usize = 4096;
+
+struct Slot {
+    key: AtomicUsize,
+    id: AtomicU32,
+}
+
+static TABLE: [Slot; SLOTS] = [const {
+    Slot {
+        key: AtomicUsize::new(0),
+        id: AtomicU32::new(NONE_U32),
+    }
+}; SLOTS];
+
+/// The string index of `loc`, interning it on first sight.
+#[inline]
+pub(crate) fn source_id(rt: &Runtime, loc: &'static Location<'static>) -> u32 {
+    let key = loc as *const _ as usize;
+    let mut i = (key >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - 12);
+    for _ in 0..16 {
+        let slot = &TABLE[i];
+        let k = slot.key.load(Acquire);
+        if k == key {
+            let id = slot.id.load(Acquire);
+            if id != NONE_U32 {
+                return id;
+            }
+            return NONE_U32; // another thread is interning it right now
+        }
+        if k == 0 {
+            return intern_slow(rt, loc, slot, key);
+        }
+        i = (i + 1) & (SLOTS - 1);
+    }
+    NONE_U32
+}
+
+#[cold]
+#[inline(never)]
+fn intern_slow(rt: &Runtime, loc: &'static Location<'static>, slot: &Slot, key: usize) -> u32 {
+    if slot.key.compare_exchange(0, key, AcqRel, Acquire).is_err() {
+        return NONE_U32; // lost the race for this slot; next event finds it
+    }
+    let file = loc.file().rsplit(['/', '\\']).next().unwrap_or(loc.file());
+    let id = rt
+        .writer
+        .intern(&format!("{file}:{}", loc.line()))
+        .unwrap_or(NONE_U32);
+    slot.id.store(id, Release);
+    id
+}

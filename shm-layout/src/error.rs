@@ -1,0 +1,59 @@
+//! Typed errors. Every message says what is wrong and, where it helps,
+//! what to do about it.
+
+/// Why a segment could not be created, opened or read.
+#[derive(Debug, thiserror::Error)]
+pub enum SegmentError {
+    /// The file is shorter than its header says.
+    #[error(
+        "segment is truncated: {len} bytes, needs {need}; the file was cut short or is still being written"
+    )]
+    Truncated {
+        /// Actual length.
+        len: u64,
+        /// Length required.
+        need: u64,
+    },
+    /// Not a pfs segment.
+    #[error(
+        "not a pfs segment: magic {0:#018x} (expected \"PFSSHM\"); remove stray files from the segment directory"
+    )]
+    BadMagic(u64),
+    /// Written on a machine of the other byte order.
+    #[error(
+        "segment byte-order mark {0:#010x} does not match this machine's; it was written by a foreign-endian process"
+    )]
+    ByteOrder(u32),
+    /// A layout this reader does not know.
+    #[error(
+        "segment layout version {found} is not supported (this agent reads version {supported}); upgrade pfs-agent to match the instrumented application's pfs-client"
+    )]
+    UnsupportedVersion {
+        /// Major version in the file.
+        found: u32,
+        /// Major version this code reads.
+        supported: u32,
+    },
+    /// The creator has not finished initialising the segment.
+    #[error("segment is still being initialised by its process; it will be read on a later pass")]
+    NotReady,
+    /// The header's geometry is inconsistent.
+    #[error("segment is corrupt: {0}")]
+    Corrupt(String),
+    /// Parameters for a new segment are out of range.
+    #[error("invalid segment configuration: {0}")]
+    BadConfig(String),
+    /// Space could not be reserved (the volume is full or size-limited).
+    #[error(
+        "cannot reserve space in the segment file: {0}; enlarge the volume (e.g. the emptyDir sizeLimit)"
+    )]
+    NoSpace(String),
+    /// An I/O call failed.
+    #[error("cannot {0}: {1}")]
+    Io(&'static str, #[source] std::io::Error),
+    /// The fold log wrapped during every attempted snapshot.
+    #[error(
+        "threads exit faster than a snapshot can be reconciled ({0} folds during the read); will retry on the next pass"
+    )]
+    FoldStorm(u64),
+}

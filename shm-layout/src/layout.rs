@@ -1,0 +1,585 @@
+//! The segment's binary layout: every structure as a `#[repr(C)]` type made
+//! only of atomics, with its size and field offsets asserted at compile time.
+//!
+//! See the crate documentation for the diagram and the tables; this module
+//! is their machine-checked form. All integers are little-endian on every
+//! platform this crate builds for (x86-64, aarch64); the header records the
+//! writer's byte order anyway so that a reader never guesses.
+
+use std::mem::{offset_of, size_of};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+use crate::seqlock::SeqLock;
+
+/// `b"PFSSHM\0\0"` read as a little-endian `u64`.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"PFSSHM\0\0");
+/// Major layout version. Bumped on every incompatible change; a reader
+/// refuses any major version it does not know.
+pub const LAYOUT_MAJOR: u32 = 1;
+/// Minor layout version: compatible additions (new section kinds, use of
+/// reserved fields). Readers accept any minor version of a known major.
+pub const LAYOUT_MINOR: u32 = 0;
+/// Written natively by the creator; a reader on the other byte order would
+/// read `0x0403_0201` and refuses the segment.
+pub const BYTE_ORDER_MARK: u32 = 0x0102_0304;
+/// Size of the header, and alignment of every section and container page.
+pub const PAGE: usize = 4096;
+/// Header `state`: the creator is still initialising the segment.
+pub const SEGMENT_INITIALIZING: u64 = 0;
+/// Header `state`: every section is initialised; readers may proceed.
+pub const SEGMENT_READY: u64 = 1;
+/// Maximum number of entries in the section directory.
+pub const MAX_SECTIONS: usize = 16;
+/// Bytes of UTF-8 service name in the header.
+pub const SERVICE_NAME_BYTES: usize = 64;
+/// Bytes of UTF-8 instrument name in a class entry.
+pub const CLASS_NAME_BYTES: usize = 112;
+/// Bytes of UTF-8 in an interned string entry.
+pub const STRING_BYTES: usize = 56;
+/// Bytes of UTF-8 thread name in a thread record.
+pub const THREAD_NAME_BYTES: usize = 32;
+/// Upper bound on `max_classes`: the touched-class bitmap of a thread
+/// record has this many bits.
+pub const MAX_CLASSES_LIMIT: u32 = 1024;
+/// Buckets of the latency histogram (see [`bucket_index`]).
+pub const HISTOGRAM_BUCKETS: usize = 32;
+/// Entries in the fold log of the global section.
+pub const FOLD_LOG_LEN: usize = 256;
+/// Number of lost counters in the counters section.
+pub const LOST_COUNTERS: usize = 16;
+/// "No value" for 32-bit indexes (class, string).
+pub const NONE_U32: u32 = u32::MAX;
+
+/// Section kinds in the section directory. Unknown kinds are ignored by
+/// readers, which is how minor versions add sections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum SectionKind {
+    /// Lost counters, [`LostCounters`].
+    Counters = 1,
+    /// Instrument class registry: `count` entries of [`ClassEntry`].
+    Classes = 2,
+    /// Interned strings (source locations, object names): [`StringEntry`].
+    Strings = 3,
+    /// Totals folded in by exited threads: [`GlobalHeader`] then `count`
+    /// summary rows.
+    Global = 4,
+    /// The paged thread container: [`ContainerHeader`], page directory,
+    /// then the pages.
+    Threads = 5,
+}
+
+impl SectionKind {
+    /// The kind for a raw directory value, if known.
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            1 => Self::Counters,
+            2 => Self::Classes,
+            3 => Self::Strings,
+            4 => Self::Global,
+            5 => Self::Threads,
+            _ => return None,
+        })
+    }
+}
+
+/// One entry of the section directory (32 bytes).
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct SectionEntry {
+    /// [`SectionKind`] as `u32`; 0 = unused entry.
+    pub kind: AtomicU32,
+    /// Reserved, zero.
+    pub reserved: AtomicU32,
+    /// Byte offset of the section from the start of the file; multiple of [`PAGE`].
+    pub offset: AtomicU64,
+    /// Byte size of the section.
+    pub size: AtomicU64,
+    /// Number of entries (meaning depends on the kind).
+    pub count: AtomicU32,
+    /// Bytes per entry (meaning depends on the kind).
+    pub stride: AtomicU32,
+}
+
+/// The segment header, at offset 0, [`PAGE`] bytes long.
+#[repr(C)]
+#[derive(Debug)]
+pub struct Header {
+    /// [`MAGIC`].
+    pub magic: AtomicU64,
+    /// [`LAYOUT_MAJOR`].
+    pub major: AtomicU32,
+    /// [`LAYOUT_MINOR`].
+    pub minor: AtomicU32,
+    /// [`BYTE_ORDER_MARK`].
+    pub byte_order: AtomicU32,
+    /// [`PAGE`]: size of this header.
+    pub header_size: AtomicU32,
+    /// Total file size the creator set (sparse beyond reserved regions).
+    pub segment_size: AtomicU64,
+    /// [`SEGMENT_INITIALIZING`] or [`SEGMENT_READY`]; stored last, `Release`.
+    pub state: AtomicU64,
+    /// Pid of the creating process, in its own pid namespace (informative
+    /// only: liveness is decided through `flock`, never through pids).
+    pub creator_pid: AtomicU32,
+    /// Number of used entries in `sections`.
+    pub section_count: AtomicU32,
+    /// Wall-clock creation time, nanoseconds since the Unix epoch.
+    pub start_time_unix_ns: AtomicU64,
+    /// Timer tick value at creation: `TIMER_START` 0 in tables.
+    pub timer_base_ticks: AtomicU64,
+    /// Picoseconds per timer tick as a 32.32 fixed-point number:
+    /// `ps = ticks * ps_per_tick_q32 >> 32` (computed in 128 bits).
+    pub timer_ps_per_tick_q32: AtomicU64,
+    /// Measured timer frequency, ticks per second.
+    pub timer_frequency_hz: AtomicU64,
+    /// Timer source: 1 = CYCLE (TSC), 2 = NANOSECOND (monotonic clock).
+    pub timer_kind: AtomicU32,
+    /// Events kept per thread in each `events_*_history` ring.
+    pub history_len: AtomicU32,
+    /// Length in bytes of `service_name`.
+    pub service_name_len: AtomicU32,
+    /// Reserved, zero.
+    pub reserved0: AtomicU32,
+    /// UTF-8 service name, zero padded.
+    pub service_name: [AtomicU64; SERVICE_NAME_BYTES / 8],
+    /// Reserved, zero.
+    pub reserved1: [AtomicU64; 12],
+    /// The section directory, at offset 0x100.
+    pub sections: [SectionEntry; MAX_SECTIONS],
+    /// Pads the header to [`PAGE`] bytes.
+    pub padding: [AtomicU64; (PAGE - 0x300) / 8],
+}
+
+/// Lost counters: every bounded structure counts what did not fit.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct LostCounters {
+    /// Indexed by [`LostKind`]. Multi-writer (`fetch_add`, slow paths only).
+    pub counters: [AtomicU64; LOST_COUNTERS],
+}
+
+/// What a lost counter counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum LostKind {
+    /// A thread could not get a record (container full).
+    Threads = 0,
+    /// An instrument could not be registered (class registry full).
+    Classes = 1,
+    /// A string could not be interned (string table full).
+    Strings = 2,
+    /// A container page could not be reserved (volume full).
+    Pages = 3,
+    /// A thread's events lost because it had no record.
+    Events = 4,
+}
+
+impl LostKind {
+    /// Every kind, in counter order.
+    pub const ALL: [LostKind; 5] = [
+        Self::Threads,
+        Self::Classes,
+        Self::Strings,
+        Self::Pages,
+        Self::Events,
+    ];
+
+    /// The label used in tables and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Threads => "thread_instances",
+            Self::Classes => "instrument_classes",
+            Self::Strings => "strings",
+            Self::Pages => "container_pages",
+            Self::Events => "events_no_thread_record",
+        }
+    }
+}
+
+/// Class entry state: unused.
+pub const CLASS_EMPTY: u32 = 0;
+/// Class entry state: published; `kind` and `name` are final.
+pub const CLASS_READY: u32 = 2;
+/// Class flag: the instrument records events (PFS `ENABLED`).
+pub const FLAG_ENABLED: u32 = 1;
+/// Class flag: the instrument's events are timed (PFS `TIMED`).
+pub const FLAG_TIMED: u32 = 2;
+
+/// One instrument class (128 bytes).
+#[repr(C)]
+#[derive(Debug)]
+pub struct ClassEntry {
+    /// [`CLASS_EMPTY`] or [`CLASS_READY`] (stored last, `Release`).
+    pub state: AtomicU32,
+    /// [`FLAG_ENABLED`] | [`FLAG_TIMED`]. Written by the agent at any time,
+    /// read by writers on every event with one `Relaxed` load.
+    pub flags: AtomicU32,
+    /// [`crate::ClassKind`] as `u32`.
+    pub kind: AtomicU32,
+    /// Length in bytes of `name`.
+    pub name_len: AtomicU32,
+    /// UTF-8 instrument name (`wait/synch/mutex/<area>/<name>`), zero padded.
+    pub name: [AtomicU64; CLASS_NAME_BYTES / 8],
+}
+
+/// String entry state: published.
+pub const STRING_READY: u32 = 2;
+
+/// One interned string (64 bytes): source locations (`file.rs:123`) and
+/// object names (file paths), truncated to [`STRING_BYTES`].
+#[repr(C)]
+#[derive(Debug)]
+pub struct StringEntry {
+    /// 0 = unused, [`STRING_READY`] = published (stored last, `Release`).
+    pub state: AtomicU32,
+    /// Length in bytes of `bytes`.
+    pub len: AtomicU32,
+    /// UTF-8, zero padded.
+    pub bytes: [AtomicU64; STRING_BYTES / 8],
+}
+
+/// Number of latency histogram buckets and their bounds: bucket 0 holds
+/// durations `<= 2^13 ps` (8.192 ns); bucket `i` in `1..=30` holds
+/// `(2^(12+i), 2^(13+i)]` ps; bucket 31 holds everything above `2^43` ps
+/// (8.8 s). Upper bounds are therefore exact powers of two picoseconds.
+#[inline(always)]
+pub const fn bucket_index(ps: u64) -> usize {
+    if ps <= 1 << 13 {
+        return 0;
+    }
+    let bits = 64 - (ps - 1).leading_zeros() as usize; // ceil(log2(ps))
+    let i = bits - 13;
+    if i > HISTOGRAM_BUCKETS - 1 {
+        HISTOGRAM_BUCKETS - 1
+    } else {
+        i
+    }
+}
+
+/// Inclusive upper bound in picoseconds of bucket `i`, `None` for the last
+/// (+Inf) bucket.
+pub const fn bucket_upper_ps(i: usize) -> Option<u64> {
+    if i >= HISTOGRAM_BUCKETS - 1 {
+        None
+    } else {
+        Some(1u64 << (13 + i))
+    }
+}
+
+/// Summary statistics of one instrument class (320 bytes), guarded by `seq`.
+/// Used per thread (written only by the owning thread) and in the global
+/// section (written by exiting threads, serialised by the creator process).
+#[repr(C)]
+#[derive(Debug)]
+pub struct SummaryRow {
+    /// Sequence lock over every other field.
+    pub seq: SeqLock,
+    /// `COUNT_STAR`: events, timed or not.
+    pub count: AtomicU64,
+    /// Timed events: the ones included in sum, min, max and buckets.
+    pub timed_count: AtomicU64,
+    /// `SUM_TIMER_WAIT` in picoseconds, low 64 bits.
+    pub sum_lo: AtomicU64,
+    /// `SUM_TIMER_WAIT` in picoseconds, high 64 bits (never wraps).
+    pub sum_hi: AtomicU64,
+    /// `MIN_TIMER_WAIT` in ps; `u64::MAX` when no timed event.
+    pub min: AtomicU64,
+    /// `MAX_TIMER_WAIT` in ps.
+    pub max: AtomicU64,
+    /// Sum of `NUMBER_OF_BYTES` over events that carried a byte count.
+    pub bytes: AtomicU64,
+    /// Per-bucket (not cumulative) counts of timed events, see [`bucket_index`].
+    pub buckets: [AtomicU64; HISTOGRAM_BUCKETS],
+    /// Reserved, zero.
+    pub reserved: [AtomicU64; 0],
+}
+
+/// Event kinds, as PFS `NESTING_EVENT_TYPE` and the `kind` of an event row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum EventType {
+    /// No event.
+    None = 0,
+    /// A wait.
+    Wait = 1,
+    /// A stage.
+    Stage = 2,
+    /// A statement.
+    Statement = 3,
+}
+
+impl EventType {
+    /// From the raw value, `None` for anything unknown.
+    pub fn from_u32(v: u32) -> Self {
+        match v {
+            1 => Self::Wait,
+            2 => Self::Stage,
+            3 => Self::Statement,
+            _ => Self::None,
+        }
+    }
+
+    /// The PFS spelling (`WAIT`, `STAGE`, `STATEMENT`).
+    pub fn pfs_name(self) -> Option<&'static str> {
+        match self {
+            Self::None => None,
+            Self::Wait => Some("WAIT"),
+            Self::Stage => Some("STAGE"),
+            Self::Statement => Some("STATEMENT"),
+        }
+    }
+}
+
+/// Event flag: `timer_start`, `timer_end` and `timer_wait` are valid
+/// (PFS: non-NULL timers).
+pub const EV_TIMED: u32 = 1;
+/// Event flag: the event has ended (`end_event_id` valid).
+pub const EV_ENDED: u32 = 2;
+/// Event flag: `number_of_bytes` is valid.
+pub const EV_HAS_BYTES: u32 = 4;
+/// Event flag: `spins` is valid.
+pub const EV_HAS_SPINS: u32 = 8;
+
+/// One event (128 bytes): `events_waits_current` and the history slots.
+#[repr(C)]
+#[derive(Debug)]
+pub struct EventRecord {
+    /// Sequence lock over every other field.
+    pub seq: SeqLock,
+    /// `EVENT_ID`: per-thread, shared by all event kinds, starts at 1.
+    pub event_id: AtomicU64,
+    /// `END_EVENT_ID` (valid with [`EV_ENDED`]).
+    pub end_event_id: AtomicU64,
+    /// Class index into the class registry.
+    pub class: AtomicU32,
+    /// [`crate::Operation`] as `u32`.
+    pub operation: AtomicU32,
+    /// `TIMER_START` as raw timer ticks (valid with [`EV_TIMED`]).
+    pub timer_start: AtomicU64,
+    /// `TIMER_END` as raw timer ticks (valid with [`EV_TIMED`] and [`EV_ENDED`]).
+    pub timer_end: AtomicU64,
+    /// `TIMER_WAIT` in picoseconds (valid with [`EV_TIMED`] and [`EV_ENDED`]).
+    pub timer_wait: AtomicU64,
+    /// `OBJECT_INSTANCE_BEGIN`: address or id of the waited-on object.
+    pub object_instance: AtomicU64,
+    /// `NUMBER_OF_BYTES` (valid with [`EV_HAS_BYTES`]).
+    pub bytes: AtomicU64,
+    /// `SPINS` (valid with [`EV_HAS_SPINS`]).
+    pub spins: AtomicU64,
+    /// `SOURCE`: string index, [`NONE_U32`] if unknown.
+    pub source: AtomicU32,
+    /// `OBJECT_NAME`: string index, [`NONE_U32`] if none.
+    pub object_name: AtomicU32,
+    /// `NESTING_EVENT_ID` (0 = NULL).
+    pub nesting_event_id: AtomicU64,
+    /// `NESTING_EVENT_TYPE` as [`EventType`].
+    pub nesting_event_type: AtomicU32,
+    /// `EV_*` flags.
+    pub flags: AtomicU32,
+    /// This event's own [`EventType`].
+    pub event_type: AtomicU32,
+    /// Reserved, zero.
+    pub reserved32: AtomicU32,
+    /// Reserved for stage progress and statement figures, zero.
+    pub reserved: [AtomicU64; 2],
+}
+
+/// Record lock word state: free (also the value of a never-touched,
+/// zero-filled record, so a hole reads as FREE).
+pub const REC_FREE: u64 = 0;
+/// Record lock word state: being initialised by its new owner.
+pub const REC_DIRTY: u64 = 1;
+/// Record lock word state: owned and published.
+pub const REC_ALLOCATED: u64 = 2;
+
+/// The fixed part of a thread record (384 bytes). It is followed, in the
+/// record, by `history_len` [`EventRecord`]s and `max_classes`
+/// [`SummaryRow`]s.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ThreadHeader {
+    /// PFS-style lock word: `version << 2 | state` (see [`crate::lockword`]).
+    pub lock: AtomicU64,
+    /// Sequence lock over the identity fields below.
+    pub seq: SeqLock,
+    /// `THREAD_ID`: unique within the segment, starts at 1.
+    pub thread_id: AtomicU64,
+    /// `THREAD_OS_ID`: the kernel thread id (in the writer's namespace).
+    pub os_tid: AtomicU64,
+    /// Length in bytes of `name`.
+    pub name_len: AtomicU32,
+    /// Next waits history slot to write (owner only; saves a division).
+    pub waits_history_next: AtomicU32,
+    /// Number of events ever written to the waits history ring; the next
+    /// slot is `waits_history_count % history_len`. Written by the owner
+    /// only, after the slot is complete.
+    pub waits_history_count: AtomicU64,
+    /// UTF-8 thread name, zero padded.
+    pub name: [AtomicU64; THREAD_NAME_BYTES / 8],
+    /// Bit `c` set = summary row `c` has been written since allocation.
+    /// Readers visit only touched rows.
+    pub touched: [AtomicU64; MAX_CLASSES_LIMIT as usize / 64],
+    /// Reserved, zero.
+    pub reserved1: [AtomicU64; 14],
+    /// `events_waits_current`.
+    pub waits_current: EventRecord,
+}
+
+/// Global section header (exited threads' totals), followed by the fold log
+/// and `max_classes` [`SummaryRow`]s. `seq` guards the whole section.
+#[repr(C)]
+#[derive(Debug)]
+pub struct GlobalHeader {
+    /// Sequence lock over the rows, `fold_count` and the fold log.
+    pub seq: SeqLock,
+    /// Number of thread folds completed (the last fold ticket).
+    pub fold_count: AtomicU64,
+    /// Reserved, zero.
+    pub reserved: [AtomicU64; 6],
+    /// Ring of the last [`FOLD_LOG_LEN`] folds, indexed `ticket % FOLD_LOG_LEN`.
+    pub fold_log: [FoldLogEntry; FOLD_LOG_LEN],
+}
+
+/// One fold: which record lifetime was folded under which ticket (24 bytes).
+#[repr(C)]
+#[derive(Debug)]
+pub struct FoldLogEntry {
+    /// Fold ticket (1-based); 0 = empty.
+    pub ticket: AtomicU64,
+    /// Record index in the thread container.
+    pub record: AtomicU64,
+    /// Lock-word version of the folded record lifetime.
+    pub version: AtomicU64,
+}
+
+/// Container page state: never used; its bytes are a hole.
+pub const PAGE_UNUSED: u64 = 0;
+/// Container page state: reserved (`fallocate`d) and part of the scan.
+pub const PAGE_ACTIVE: u64 = 1;
+
+/// Header of the thread container section (64 bytes), followed by the page
+/// directory (`max_pages` × `AtomicU64` page states, padded to [`PAGE`])
+/// and the pages.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ContainerHeader {
+    /// Records per page.
+    pub records_per_page: AtomicU32,
+    /// Maximum number of pages.
+    pub max_pages: AtomicU32,
+    /// Bytes per record (multiple of 64).
+    pub record_size: AtomicU64,
+    /// Bytes per page (multiple of [`PAGE`]).
+    pub page_size: AtomicU64,
+    /// Offset of page 0 from the start of the section.
+    pub pages_offset: AtomicU64,
+    /// Number of pages added so far (pages `0..pages_added` are ACTIVE).
+    pub pages_added: AtomicU64,
+    /// Reserved, zero.
+    pub reserved: [AtomicU64; 3],
+}
+
+// ---------------------------------------------------------------------------
+// Compile-time checks: sizes and offsets are part of the format.
+// ---------------------------------------------------------------------------
+
+const _: () = {
+    assert!(size_of::<SectionEntry>() == 32);
+    assert!(size_of::<Header>() == PAGE);
+    assert!(offset_of!(Header, magic) == 0x00);
+    assert!(offset_of!(Header, major) == 0x08);
+    assert!(offset_of!(Header, minor) == 0x0C);
+    assert!(offset_of!(Header, byte_order) == 0x10);
+    assert!(offset_of!(Header, header_size) == 0x14);
+    assert!(offset_of!(Header, segment_size) == 0x18);
+    assert!(offset_of!(Header, state) == 0x20);
+    assert!(offset_of!(Header, creator_pid) == 0x28);
+    assert!(offset_of!(Header, section_count) == 0x2C);
+    assert!(offset_of!(Header, start_time_unix_ns) == 0x30);
+    assert!(offset_of!(Header, timer_base_ticks) == 0x38);
+    assert!(offset_of!(Header, timer_ps_per_tick_q32) == 0x40);
+    assert!(offset_of!(Header, timer_frequency_hz) == 0x48);
+    assert!(offset_of!(Header, timer_kind) == 0x50);
+    assert!(offset_of!(Header, history_len) == 0x54);
+    assert!(offset_of!(Header, service_name_len) == 0x58);
+    assert!(offset_of!(Header, service_name) == 0x60);
+    assert!(offset_of!(Header, sections) == 0x100);
+    assert!(size_of::<LostCounters>() == 128);
+    assert!(size_of::<ClassEntry>() == 128);
+    assert!(offset_of!(ClassEntry, flags) == 4);
+    assert!(offset_of!(ClassEntry, name) == 16);
+    assert!(size_of::<StringEntry>() == 64);
+    assert!(size_of::<SummaryRow>() == 320);
+    assert!(offset_of!(SummaryRow, count) == 8);
+    assert!(offset_of!(SummaryRow, timed_count) == 16);
+    assert!(offset_of!(SummaryRow, sum_lo) == 24);
+    assert!(offset_of!(SummaryRow, sum_hi) == 32);
+    assert!(offset_of!(SummaryRow, min) == 40);
+    assert!(offset_of!(SummaryRow, max) == 48);
+    assert!(offset_of!(SummaryRow, bytes) == 56);
+    assert!(offset_of!(SummaryRow, buckets) == 64);
+    assert!(size_of::<EventRecord>() == 128);
+    assert!(offset_of!(EventRecord, event_id) == 8);
+    assert!(offset_of!(EventRecord, end_event_id) == 16);
+    assert!(offset_of!(EventRecord, class) == 24);
+    assert!(offset_of!(EventRecord, operation) == 28);
+    assert!(offset_of!(EventRecord, timer_start) == 32);
+    assert!(offset_of!(EventRecord, timer_end) == 40);
+    assert!(offset_of!(EventRecord, timer_wait) == 48);
+    assert!(offset_of!(EventRecord, object_instance) == 56);
+    assert!(offset_of!(EventRecord, bytes) == 64);
+    assert!(offset_of!(EventRecord, spins) == 72);
+    assert!(offset_of!(EventRecord, source) == 80);
+    assert!(offset_of!(EventRecord, object_name) == 84);
+    assert!(offset_of!(EventRecord, nesting_event_id) == 88);
+    assert!(offset_of!(EventRecord, nesting_event_type) == 96);
+    assert!(offset_of!(EventRecord, flags) == 100);
+    assert!(offset_of!(EventRecord, event_type) == 104);
+    assert!(size_of::<ThreadHeader>() == 448);
+    assert!(offset_of!(ThreadHeader, lock) == 0);
+    assert!(offset_of!(ThreadHeader, seq) == 8);
+    assert!(offset_of!(ThreadHeader, thread_id) == 16);
+    assert!(offset_of!(ThreadHeader, os_tid) == 24);
+    assert!(offset_of!(ThreadHeader, name_len) == 32);
+    assert!(offset_of!(ThreadHeader, waits_history_next) == 36);
+    assert!(offset_of!(ThreadHeader, waits_history_count) == 40);
+    assert!(offset_of!(ThreadHeader, name) == 48);
+    assert!(offset_of!(ThreadHeader, touched) == 80);
+    assert!(offset_of!(ThreadHeader, waits_current) == 320);
+    assert!(size_of::<FoldLogEntry>() == 24);
+    assert!(size_of::<GlobalHeader>() == 64 + 24 * FOLD_LOG_LEN);
+    assert!(size_of::<ContainerHeader>() == 64);
+    // Histogram bucket bounds are what the docs say.
+    assert!(bucket_index(0) == 0);
+    assert!(bucket_index(1 << 13) == 0);
+    assert!(bucket_index((1 << 13) + 1) == 1);
+    assert!(bucket_index(1 << 14) == 1);
+    assert!(bucket_index(1 << 43) == 30);
+    assert!(bucket_index((1 << 43) + 1) == 31);
+    assert!(bucket_index(u64::MAX) == 31);
+};
+
+/// Byte size of one thread record for the given parameters: the
+/// [`ThreadHeader`], `history_len` events, `max_classes` rows.
+pub const fn thread_record_size(history_len: u32, max_classes: u32) -> usize {
+    size_of::<ThreadHeader>()
+        + history_len as usize * size_of::<EventRecord>()
+        + max_classes as usize * size_of::<SummaryRow>()
+}
+
+/// Offset of the first history slot within a thread record.
+pub const HISTORY_OFFSET: usize = size_of::<ThreadHeader>();
+
+/// Offset of summary row 0 within a thread record.
+pub const fn rows_offset(history_len: u32) -> usize {
+    HISTORY_OFFSET + history_len as usize * size_of::<EventRecord>()
+}
+
+/// Offset of summary row 0 within the global section.
+pub const GLOBAL_ROWS_OFFSET: usize = size_of::<GlobalHeader>();
+
+/// Rounds `n` up to a multiple of [`PAGE`].
+pub const fn page_align(n: usize) -> usize {
+    n.div_ceil(PAGE) * PAGE
+}

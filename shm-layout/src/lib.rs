@@ -1,0 +1,232 @@
+//! # pfs-shm-layout: the segment format and its lock-free protocol
+//!
+//! One instrumented process owns one **segment**: a file (normally on
+//! tmpfs) mapped shared by the process and read by `pfs-agent`. This crate
+//! is the only contract between the two; this page is its specification,
+//! precise enough to write a reader in another language. The structures in
+//! [`layout`] are the same tables in Rust, with every size and offset
+//! checked at compile time.
+//!
+//! Layout version **1.0** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
+//! All integers are little-endian (the header's byte-order mark says so).
+//! Every field is an aligned 32- or 64-bit word, read and written with
+//! atomic instructions only.
+//!
+//! ## The file
+//!
+//! ```text
+//!  offset 0       ┌──────────────────────────────────────────────┐
+//!                 │ Header (4096 B): magic, versions, sizes,     │
+//!                 │ pid, start time, service, timer calibration, │
+//!                 │ section directory at 0x100                   │
+//!  0x1000         ├──────────────────────────────────────────────┤
+//!                 │ Counters: 16 × u64 lost counters             │
+//!  0x2000         ├──────────────────────────────────────────────┤
+//!                 │ Classes: max_classes × 128 B                 │  setup_instruments
+//!                 ├──────────────────────────────────────────────┤
+//!                 │ Strings: max_strings × 64 B                  │  SOURCE, OBJECT_NAME
+//!                 ├──────────────────────────────────────────────┤
+//!                 │ Global: seq, fold_count, fold log (256),     │  exited threads'
+//!                 │         max_classes × SummaryRow (320 B)     │  totals
+//!                 ├──────────────────────────────────────────────┤
+//!                 │ Threads: ContainerHeader (64 B)              │
+//!                 │          page directory: max_pages × u64     │
+//!                 │          page 0 │ page 1 │ ... (holes until  │
+//!                 │          added; each page_size bytes)        │
+//!                 └──────────────────────────────────────────────┘
+//!
+//!  page = records_per_page × thread record (record_size B, 64-aligned)
+//!
+//!  thread record
+//!  ┌─────────────────────┬──────────────────────────┬──────────────────────────┐
+//!  │ ThreadHeader (448 B)│ history_len × Event(128) │ max_classes × Summary(320)│
+//!  │ lock, identity,     │ events_waits_history     │ events_waits_summary_    │
+//!  │ touched bitmap,     │ ring                     │ by_thread_by_event_name  │
+//!  │ waits_current       │                          │                          │
+//!  └─────────────────────┴──────────────────────────┴──────────────────────────┘
+//! ```
+//!
+//! Section offsets are not fixed: read them from the directory. Every
+//! section starts on a 4096-byte boundary. Regions up to the first
+//! container page are reserved (`fallocate`) at creation; a page is
+//! reserved when it is added, before it is touched, so a full volume
+//! surfaces as an error and a lost count, never as a SIGBUS.
+//!
+//! ## Header (offset 0, 4096 bytes)
+//!
+//! | offset | size | field                   | meaning |
+//! |-------:|-----:|-------------------------|---------|
+//! | 0x000  | 8    | `magic`                 | `"PFSSHM\0\0"` |
+//! | 0x008  | 4    | `major`                 | 1; refuse any other |
+//! | 0x00C  | 4    | `minor`                 | compatible additions |
+//! | 0x010  | 4    | `byte_order`            | `0x01020304` as written by the creator |
+//! | 0x014  | 4    | `header_size`           | 4096 |
+//! | 0x018  | 8    | `segment_size`          | file size set by the creator; must be ≤ the file's length |
+//! | 0x020  | 8    | `state`                 | 0 initialising, 1 ready (stored last, release) |
+//! | 0x028  | 4    | `creator_pid`           | informative only |
+//! | 0x02C  | 4    | `section_count`         | used directory entries (≤ 16) |
+//! | 0x030  | 8    | `start_time_unix_ns`    | creation wall-clock time |
+//! | 0x038  | 8    | `timer_base_ticks`      | tick value of `TIMER_START` = 0 |
+//! | 0x040  | 8    | `timer_ps_per_tick_q32` | ps per tick, 32.32 fixed point |
+//! | 0x048  | 8    | `timer_frequency_hz`    | ticks per second |
+//! | 0x050  | 4    | `timer_kind`            | 1 CYCLE (TSC), 2 NANOSECOND |
+//! | 0x054  | 4    | `history_len`           | events per history ring (1..=1024) |
+//! | 0x058  | 4    | `service_name_len`      | bytes of UTF-8 in `service_name` (≤ 64) |
+//! | 0x060  | 64   | `service_name`          | UTF-8, zero padded |
+//! | 0x100  | 512  | `sections[16]`          | section directory, below |
+//!
+//! Section directory entry (32 bytes): `kind` u32, reserved u32, `offset`
+//! u64, `size` u64, `count` u32, `stride` u32. A reader checks that
+//! `offset` is 4096-aligned, `offset + size ≤ segment_size` and
+//! `count × stride ≤ size`, and ignores kinds it does not know.
+//!
+//! | kind | section  | count          | stride | content |
+//! |-----:|----------|----------------|-------:|---------|
+//! | 1    | Counters | 16             | 8      | lost counters ([`layout::LostKind`]) |
+//! | 2    | Classes  | `max_classes`  | 128    | [`layout::ClassEntry`] |
+//! | 3    | Strings  | `max_strings`  | 64     | [`layout::StringEntry`] |
+//! | 4    | Global   | `max_classes`  | 320    | [`layout::GlobalHeader`] (6208 B) then rows |
+//! | 5    | Threads  | `max_pages`    | page size | [`layout::ContainerHeader`], page directory, pages |
+//!
+//! ## Class entry (128 bytes)
+//!
+//! | offset | size | field      | meaning |
+//! |-------:|-----:|------------|---------|
+//! | 0      | 4    | `state`    | 0 empty, 2 ready (stored last, release) |
+//! | 4      | 4    | `flags`    | bit 0 ENABLED, bit 1 TIMED; the agent may rewrite it at any time |
+//! | 8      | 4    | `kind`     | [`ClassKind`] |
+//! | 12     | 4    | `name_len` | ≤ 112 |
+//! | 16     | 112  | `name`     | UTF-8 PFS name, e.g. `wait/synch/mutex/kv/store` |
+//!
+//! ## String entry (64 bytes)
+//!
+//! `state` u32 (2 = ready), `len` u32 (≤ 56), 56 bytes of UTF-8. Published
+//! in index order. Used for `SOURCE` (`file.rs:123`) and `OBJECT_NAME`.
+//!
+//! ## Summary row (320 bytes)
+//!
+//! | offset | size | field          | meaning |
+//! |-------:|-----:|----------------|---------|
+//! | 0      | 8    | `seq`          | sequence lock over the row |
+//! | 8      | 8    | `count`        | `COUNT_STAR` |
+//! | 16     | 8    | `timed_count`  | events with timers |
+//! | 24     | 16   | `sum_lo/hi`    | `SUM_TIMER_WAIT`, ps, 128-bit |
+//! | 40     | 8    | `min`          | `MIN_TIMER_WAIT`, ps (`u64::MAX`: none) |
+//! | 48     | 8    | `max`          | `MAX_TIMER_WAIT`, ps |
+//! | 56     | 8    | `bytes`        | sum of `NUMBER_OF_BYTES` |
+//! | 64     | 256  | `buckets[32]`  | latency histogram, per bucket (not cumulative) |
+//!
+//! Bucket 0 counts durations ≤ 2^13 ps (8.192 ns), bucket *i* (1..=30)
+//! counts (2^(12+i), 2^(13+i)] ps, bucket 31 counts everything above 2^43
+//! ps (8.8 s): see [`layout::bucket_index`].
+//!
+//! ## Event row (128 bytes)
+//!
+//! | offset | size | field                | meaning |
+//! |-------:|-----:|----------------------|---------|
+//! | 0      | 8    | `seq`                | sequence lock over the row |
+//! | 8      | 8    | `event_id`           | per-thread, from 1; 0 = empty row |
+//! | 16     | 8    | `end_event_id`       | valid if flag ENDED |
+//! | 24     | 4    | `class`              | class index |
+//! | 28     | 4    | `operation`          | [`Operation`] |
+//! | 32     | 8    | `timer_start`        | raw ticks, valid if flag TIMED |
+//! | 40     | 8    | `timer_end`          | raw ticks, valid if TIMED and ENDED |
+//! | 48     | 8    | `timer_wait`         | ps, valid if TIMED and ENDED |
+//! | 56     | 8    | `object_instance`    | `OBJECT_INSTANCE_BEGIN` |
+//! | 64     | 8    | `bytes`              | valid if flag HAS_BYTES |
+//! | 72     | 8    | `spins`              | valid if flag HAS_SPINS |
+//! | 80     | 4    | `source`             | string index, `0xFFFFFFFF` none |
+//! | 84     | 4    | `object_name`        | string index, `0xFFFFFFFF` none |
+//! | 88     | 8    | `nesting_event_id`   | 0 = NULL |
+//! | 96     | 4    | `nesting_event_type` | 0 none, 1 WAIT, 2 STAGE, 3 STATEMENT |
+//! | 100    | 4    | `flags`              | 1 TIMED, 2 ENDED, 4 HAS_BYTES, 8 HAS_SPINS |
+//! | 104    | 4    | `event_type`         | as `nesting_event_type` |
+//!
+//! Timers are stored as raw ticks and converted by the reader:
+//! `ps = (ticks − timer_base_ticks) × timer_ps_per_tick_q32 >> 32` in
+//! 128-bit arithmetic. A 64-bit TSC at 3 GHz wraps after 194 years, so
+//! unlike MySQL's picosecond `TIMER_START` (213 days) nothing wraps.
+//!
+//! ## Thread header (448 bytes)
+//!
+//! | offset | size | field                 | meaning |
+//! |-------:|-----:|-----------------------|---------|
+//! | 0      | 8    | `lock`                | `version << 2 \| state` ([`lockword`]) |
+//! | 8      | 8    | `seq`                 | sequence lock over identity |
+//! | 16     | 8    | `thread_id`           | `THREAD_ID` |
+//! | 24     | 8    | `os_tid`              | `THREAD_OS_ID` |
+//! | 32     | 4    | `name_len`            | ≤ 32 |
+//! | 36     | 4    | `waits_history_next`  | writer's next slot |
+//! | 40     | 8    | `waits_history_count` | events ever appended; slot of event *k* is *k* mod `history_len` |
+//! | 48     | 32   | `name`                | UTF-8 thread name |
+//! | 80     | 128  | `touched[16]`         | bit *c*: row *c* written in this lifetime |
+//! | 320    | 128  | `waits_current`       | event row |
+//!
+//! ## Container and page states
+//!
+//! | word            | values |
+//! |-----------------|--------|
+//! | page directory  | 0 UNUSED (hole), 1 ACTIVE |
+//! | record `lock`   | state 0 FREE, 1 DIRTY, 2 ALLOCATED; version in bits 2..63 |
+//!
+//! `ContainerHeader`: `records_per_page` u32, `max_pages` u32,
+//! `record_size` u64, `page_size` u64, `pages_offset` u64 (from the section
+//! start), `pages_added` u64 (pages `0..pages_added` are in use).
+//! A zero lock word is FREE, so a hole or a zero-filled page never shows a
+//! thread.
+//!
+//! ## Protocols
+//!
+//! * **Sequence locks** ([`seqlock`]): one writer per row; readers retry a
+//!   bounded number of times, then skip and count.
+//! * **Records** ([`lockword`]): FREE → DIRTY by compare-exchange, DIRTY →
+//!   ALLOCATED(v+1) once initialised, ALLOCATED(v) → FREE(v) at thread exit.
+//!   Readers copy ALLOCATED records and keep a copy only if the lock word
+//!   is unchanged afterwards.
+//! * **Thread exit** ([`reader`]): the exiting thread, under the creator's
+//!   process-local lock, adds its rows into the global rows, appends
+//!   `(ticket, record, version)` to the fold log and sets `fold_count =
+//!   ticket`, all inside the global sequence lock, then frees its record.
+//!   Readers drop copies that the fold log shows as already folded, so each
+//!   event is counted exactly once and totals never go down.
+//!
+//! ## Example: create, write, read back
+//!
+//! ```
+//! use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration};
+//! use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
+//! use pfs_shm_layout::writer::EventData;
+//! use pfs_shm_layout::reader::{snapshot, ReadOptions};
+//!
+//! let file = tempfile::tempfile().unwrap();
+//! let timer = TimerCalibration { kind: 2, base_ticks: 0, ps_per_tick_q32: 1000 << 32, frequency_hz: 1_000_000_000 };
+//! let cfg = SegmentConfig { service_name: "doc".into(), ..Default::default() };
+//! let seg = Segment::create(file.try_clone().unwrap(), &cfg, timer, std::process::id(), 0).unwrap();
+//! let w = SegmentWriter::new(seg);
+//! let class = w.register_class("wait/synch/mutex/doc/m", ClassKind::Mutex, FLAG_ENABLED | FLAG_TIMED).unwrap();
+//! let slot = w.alloc_thread(1, 42, "main").unwrap();
+//! let rec = w.segment().record(slot.index);
+//! rec.end_event(&EventData { event_id: 1, end_event_id: 1, class, timer_start: 10, timer_end: 15,
+//!     timer_wait: 5_000, source: NONE_U32, object_name: NONE_U32, flags: EV_TIMED | EV_ENDED, ..Default::default() });
+//!
+//! let reader = Segment::open(file, false).unwrap(); // as the agent would
+//! let snap = snapshot(&reader, &ReadOptions::default()).unwrap();
+//! assert_eq!(snap.threads[0].rows[0].1.count, 1);
+//! assert_eq!(snap.threads[0].rows[0].1.sum_ps, 5_000);
+//! ```
+
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod kinds;
+pub mod layout;
+pub mod lockword;
+pub mod reader;
+pub mod segment;
+pub mod seqlock;
+pub mod writer;
+
+pub use error::SegmentError;
+pub use kinds::{ClassKind, Operation};
+pub use segment::{Geometry, RecordRef, Segment, SegmentConfig, TimerCalibration};
+pub use writer::{SegmentWriter, ThreadSlot};

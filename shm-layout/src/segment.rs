@@ -1,0 +1,717 @@
+//! Mapping a segment file: creation (by the instrumented process) and a
+//! validating open (by the agent). This module holds every `unsafe` of the
+//! crate: it turns checked offsets into typed references to atomics.
+
+use std::fs::File;
+use std::mem::{align_of, size_of};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memmap2::{MmapOptions, MmapRaw};
+
+use crate::error::SegmentError;
+use crate::layout::*;
+
+/// Parameters fixed when a segment is created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentConfig {
+    /// Service name shown in metrics (`service` label); at most 64 bytes.
+    pub service_name: String,
+    /// Events per `events_*_history` ring (PFS default 10).
+    pub history_len: u32,
+    /// Capacity of the instrument class registry (≤ 1024).
+    pub max_classes: u32,
+    /// Capacity of the interned-string table.
+    pub max_strings: u32,
+    /// Thread records per container page.
+    pub records_per_page: u32,
+    /// Maximum container pages; `records_per_page * max_pages` threads.
+    pub max_pages: u32,
+}
+
+impl Default for SegmentConfig {
+    fn default() -> Self {
+        Self {
+            service_name: "unknown".into(),
+            history_len: 10,
+            max_classes: 256,
+            max_strings: 2048,
+            records_per_page: 16,
+            max_pages: 64,
+        }
+    }
+}
+
+/// How raw timer ticks convert to picoseconds; stored in the header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimerCalibration {
+    /// 1 = CYCLE (TSC), 2 = NANOSECOND.
+    pub kind: u32,
+    /// Tick value that maps to `TIMER_START` 0.
+    pub base_ticks: u64,
+    /// Picoseconds per tick, 32.32 fixed point.
+    pub ps_per_tick_q32: u64,
+    /// Ticks per second.
+    pub frequency_hz: u64,
+}
+
+impl TimerCalibration {
+    /// Converts a tick count difference to picoseconds (128-bit multiply,
+    /// saturating at `u64::MAX`: 213 days for a single duration).
+    #[inline(always)]
+    pub fn ticks_to_ps(&self, ticks: u64) -> u64 {
+        let ps = (u128::from(ticks) * u128::from(self.ps_per_tick_q32)) >> 32;
+        if ps > u128::from(u64::MAX) {
+            u64::MAX
+        } else {
+            ps as u64
+        }
+    }
+
+    /// Converts an absolute tick value to picoseconds since `base_ticks`,
+    /// without wrapping (128-bit result).
+    pub fn since_base_ps(&self, ticks: u64) -> u128 {
+        (u128::from(ticks.saturating_sub(self.base_ticks)) * u128::from(self.ps_per_tick_q32)) >> 32
+    }
+}
+
+/// Offsets and sizes of every section, derived from a [`SegmentConfig`]
+/// by the creator and re-derived and checked by readers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// Events per history ring.
+    pub history_len: u32,
+    /// Class registry capacity.
+    pub max_classes: u32,
+    /// String table capacity.
+    pub max_strings: u32,
+    /// Records per container page.
+    pub records_per_page: u32,
+    /// Maximum container pages.
+    pub max_pages: u32,
+    /// Offset of the counters section.
+    pub counters_off: usize,
+    /// Offset of the class registry.
+    pub classes_off: usize,
+    /// Offset of the string table.
+    pub strings_off: usize,
+    /// Offset of the global section.
+    pub global_off: usize,
+    /// Offset of the thread container section.
+    pub threads_off: usize,
+    /// Offset of container page 0 (absolute).
+    pub pages_off: usize,
+    /// Bytes per thread record.
+    pub record_size: usize,
+    /// Bytes per container page.
+    pub page_size: usize,
+    /// Total file size.
+    pub total_size: usize,
+}
+
+impl Geometry {
+    /// Lays out a segment for `cfg`, or explains which parameter is out of
+    /// range.
+    pub fn new(cfg: &SegmentConfig) -> Result<Self, SegmentError> {
+        let bad = |what: &str| Err(SegmentError::BadConfig(what.to_string()));
+        if cfg.history_len == 0 || cfg.history_len > 1024 {
+            return bad("history_len must be in 1..=1024");
+        }
+        if cfg.max_classes == 0 || cfg.max_classes > MAX_CLASSES_LIMIT {
+            return bad("max_classes must be in 1..=1024");
+        }
+        if cfg.max_strings == 0 || cfg.max_strings > 1 << 20 {
+            return bad("max_strings must be in 1..=1048576");
+        }
+        if cfg.records_per_page == 0 || cfg.records_per_page > 4096 {
+            return bad("records_per_page must be in 1..=4096");
+        }
+        if cfg.max_pages == 0 || cfg.max_pages > 1 << 16 {
+            return bad("max_pages must be in 1..=65536");
+        }
+        if cfg.service_name.len() > SERVICE_NAME_BYTES {
+            return bad("service_name must be at most 64 bytes");
+        }
+        let record_size = thread_record_size(cfg.history_len, cfg.max_classes).next_multiple_of(64);
+        let page_size = page_align(record_size * cfg.records_per_page as usize);
+        let counters_off = PAGE;
+        let classes_off = counters_off + PAGE;
+        let strings_off =
+            classes_off + page_align(cfg.max_classes as usize * size_of::<ClassEntry>());
+        let global_off =
+            strings_off + page_align(cfg.max_strings as usize * size_of::<StringEntry>());
+        let threads_off = global_off
+            + page_align(GLOBAL_ROWS_OFFSET + cfg.max_classes as usize * size_of::<SummaryRow>());
+        let pages_off =
+            threads_off + page_align(size_of::<ContainerHeader>() + cfg.max_pages as usize * 8);
+        let total_size = pages_off
+            .checked_add(
+                page_size
+                    .checked_mul(cfg.max_pages as usize)
+                    .ok_or_else(|| SegmentError::BadConfig("segment too large".into()))?,
+            )
+            .ok_or_else(|| SegmentError::BadConfig("segment too large".into()))?;
+        Ok(Self {
+            history_len: cfg.history_len,
+            max_classes: cfg.max_classes,
+            max_strings: cfg.max_strings,
+            records_per_page: cfg.records_per_page,
+            max_pages: cfg.max_pages,
+            counters_off,
+            classes_off,
+            strings_off,
+            global_off,
+            threads_off,
+            pages_off,
+            record_size,
+            page_size,
+            total_size,
+        })
+    }
+
+    /// Maximum number of thread records.
+    pub fn max_records(&self) -> u32 {
+        self.records_per_page * self.max_pages
+    }
+
+    /// Absolute offset of thread record `idx`.
+    pub fn record_off(&self, idx: u32) -> usize {
+        let page = (idx / self.records_per_page) as usize;
+        let slot = (idx % self.records_per_page) as usize;
+        self.pages_off + page * self.page_size + slot * self.record_size
+    }
+
+    /// Absolute offset of container page `page`.
+    pub fn page_off(&self, page: u32) -> usize {
+        self.pages_off + page as usize * self.page_size
+    }
+}
+
+/// A mapped segment, validated. Both sides use it: the creator through
+/// [`Segment::create`], readers through [`Segment::open`].
+#[derive(Debug)]
+pub struct Segment {
+    map: MmapRaw,
+    file: File,
+    geom: Geometry,
+    timer: TimerCalibration,
+    service: String,
+    pid: u32,
+    start_time_unix_ns: u64,
+    minor: u32,
+}
+
+impl Segment {
+    /// Creates a segment in `file` (empty, opened read-write, owned and
+    /// `flock`ed by the caller). Every fixed region is reserved with
+    /// `fallocate` before it is touched, so a full volume is an error here,
+    /// never a SIGBUS later.
+    pub fn create(
+        file: File,
+        cfg: &SegmentConfig,
+        timer: TimerCalibration,
+        pid: u32,
+        start_time_unix_ns: u64,
+    ) -> Result<Self, SegmentError> {
+        let geom = Geometry::new(cfg)?;
+        file.set_len(geom.total_size as u64)
+            .map_err(|e| SegmentError::Io("set the segment size", e))?;
+        reserve(&file, 0, geom.pages_off)?;
+        let map = MmapOptions::new()
+            .len(geom.total_size)
+            .map_raw(&file)
+            .map_err(|e| SegmentError::Io("map the segment", e))?;
+        let seg = Self {
+            map,
+            file,
+            geom,
+            timer,
+            service: cfg.service_name.clone(),
+            pid,
+            start_time_unix_ns,
+            minor: LAYOUT_MINOR,
+        };
+        let h = seg.header();
+        let r = Ordering::Relaxed;
+        h.magic.store(MAGIC, r);
+        h.major.store(LAYOUT_MAJOR, r);
+        h.minor.store(LAYOUT_MINOR, r);
+        h.byte_order.store(BYTE_ORDER_MARK, r);
+        h.header_size.store(PAGE as u32, r);
+        h.segment_size.store(geom.total_size as u64, r);
+        h.creator_pid.store(pid, r);
+        h.start_time_unix_ns.store(start_time_unix_ns, r);
+        h.timer_base_ticks.store(timer.base_ticks, r);
+        h.timer_ps_per_tick_q32.store(timer.ps_per_tick_q32, r);
+        h.timer_frequency_hz.store(timer.frequency_hz, r);
+        h.timer_kind.store(timer.kind, r);
+        h.history_len.store(geom.history_len, r);
+        store_bytes(
+            &h.service_name,
+            &h.service_name_len,
+            cfg.service_name.as_bytes(),
+        );
+        let sections = [
+            (
+                SectionKind::Counters,
+                geom.counters_off,
+                PAGE,
+                LOST_COUNTERS as u32,
+                8,
+            ),
+            (
+                SectionKind::Classes,
+                geom.classes_off,
+                geom.strings_off - geom.classes_off,
+                geom.max_classes,
+                size_of::<ClassEntry>() as u32,
+            ),
+            (
+                SectionKind::Strings,
+                geom.strings_off,
+                geom.global_off - geom.strings_off,
+                geom.max_strings,
+                size_of::<StringEntry>() as u32,
+            ),
+            (
+                SectionKind::Global,
+                geom.global_off,
+                geom.threads_off - geom.global_off,
+                geom.max_classes,
+                size_of::<SummaryRow>() as u32,
+            ),
+            (
+                SectionKind::Threads,
+                geom.threads_off,
+                geom.total_size - geom.threads_off,
+                geom.max_pages,
+                geom.page_size as u32,
+            ),
+        ];
+        for (entry, (kind, off, size, count, stride)) in h.sections.iter().zip(sections) {
+            entry.kind.store(kind as u32, r);
+            entry.offset.store(off as u64, r);
+            entry.size.store(size as u64, r);
+            entry.count.store(count, r);
+            entry.stride.store(stride, r);
+        }
+        h.section_count.store(sections.len() as u32, r);
+        for row in seg.global_rows() {
+            row.min.store(u64::MAX, r);
+        }
+        let c = seg.container_header();
+        c.records_per_page.store(geom.records_per_page, r);
+        c.max_pages.store(geom.max_pages, r);
+        c.record_size.store(geom.record_size as u64, r);
+        c.page_size.store(geom.page_size as u64, r);
+        c.pages_offset
+            .store((geom.pages_off - geom.threads_off) as u64, r);
+        h.state.store(SEGMENT_READY, Ordering::Release);
+        Ok(seg)
+    }
+
+    /// Opens and validates an existing segment. Every offset, size, count
+    /// and string of the header is checked against the file before use; a
+    /// segment still being initialised gives [`SegmentError::NotReady`].
+    /// `writable` maps it read-write (needed only to change setup flags).
+    pub fn open(file: File, writable: bool) -> Result<Self, SegmentError> {
+        let len = file
+            .metadata()
+            .map_err(|e| SegmentError::Io("stat the segment", e))?
+            .len();
+        if len < PAGE as u64 {
+            return Err(SegmentError::Truncated {
+                len,
+                need: PAGE as u64,
+            });
+        }
+        let len = usize::try_from(len)
+            .map_err(|_| SegmentError::Corrupt("file larger than address space".into()))?;
+        let mut opts = MmapOptions::new();
+        opts.len(len);
+        let map = if writable {
+            opts.map_raw(&file)
+        } else {
+            opts.map_raw_read_only(&file)
+        }
+        .map_err(|e| SegmentError::Io("map the segment", e))?;
+        // Header fields are validated through a temporary view of page 0.
+        // SAFETY: `len >= PAGE` was checked, the mapping is page aligned,
+        // `Header` is `PAGE` bytes of atomics (valid for any bit pattern),
+        // and the reference does not outlive `map` (used only in this fn).
+        let h: &Header = unsafe { &*(map.as_ptr() as *const Header) };
+        let r = Ordering::Relaxed;
+        let magic = h.magic.load(r);
+        if magic != MAGIC {
+            return Err(SegmentError::BadMagic(magic));
+        }
+        let bom = h.byte_order.load(r);
+        if bom != BYTE_ORDER_MARK {
+            return Err(SegmentError::ByteOrder(bom));
+        }
+        let major = h.major.load(r);
+        if major != LAYOUT_MAJOR {
+            return Err(SegmentError::UnsupportedVersion {
+                found: major,
+                supported: LAYOUT_MAJOR,
+            });
+        }
+        if h.state.load(Ordering::Acquire) != SEGMENT_READY {
+            return Err(SegmentError::NotReady);
+        }
+        let minor = h.minor.load(r);
+        let corrupt = |m: String| Err(SegmentError::Corrupt(m));
+        if h.header_size.load(r) as usize != PAGE {
+            return corrupt(format!(
+                "header_size {} is not {PAGE}",
+                h.header_size.load(r)
+            ));
+        }
+        let seg_size = h.segment_size.load(r);
+        if seg_size > len as u64 {
+            return Err(SegmentError::Truncated {
+                len: len as u64,
+                need: seg_size,
+            });
+        }
+        let section_count = h.section_count.load(r) as usize;
+        if section_count > MAX_SECTIONS {
+            return corrupt(format!(
+                "section_count {section_count} exceeds {MAX_SECTIONS}"
+            ));
+        }
+        let service =
+            load_string(&h.service_name, h.service_name_len.load(r)).ok_or_else(|| {
+                SegmentError::Corrupt("service name is not valid UTF-8 of at most 64 bytes".into())
+            })?;
+        let history_len = h.history_len.load(r);
+        let mut found: [Option<(u64, u64, u32, u32)>; 6] = [None; 6];
+        for e in &h.sections[..section_count] {
+            let (kind, off, size, count, stride) = (
+                e.kind.load(r),
+                e.offset.load(r),
+                e.size.load(r),
+                e.count.load(r),
+                e.stride.load(r),
+            );
+            let end = off.checked_add(size);
+            if off % PAGE as u64 != 0 || off < PAGE as u64 || end.is_none_or(|end| end > seg_size) {
+                return corrupt(format!(
+                    "section kind {kind} at offset {off} size {size} lies outside the {seg_size}-byte segment"
+                ));
+            }
+            if u64::from(count) * u64::from(stride) > size {
+                return corrupt(format!(
+                    "section kind {kind}: {count} x {stride} bytes exceed its size {size}"
+                ));
+            }
+            if let Some(k) = SectionKind::from_u32(kind) {
+                found[k as usize] = Some((off, size, count, stride));
+            }
+        }
+        let need = |k: SectionKind| {
+            found[k as usize]
+                .ok_or_else(|| SegmentError::Corrupt(format!("required section {k:?} missing")))
+        };
+        let (counters_off, _, _, _) = need(SectionKind::Counters)?;
+        let (classes_off, _, max_classes, cstride) = need(SectionKind::Classes)?;
+        let (strings_off, _, max_strings, sstride) = need(SectionKind::Strings)?;
+        let (global_off, gsize, gcount, gstride) = need(SectionKind::Global)?;
+        let (threads_off, tsize, _, _) = need(SectionKind::Threads)?;
+        if cstride as usize != size_of::<ClassEntry>()
+            || sstride as usize != size_of::<StringEntry>()
+            || gstride as usize != size_of::<SummaryRow>()
+        {
+            return corrupt("section strides do not match this layout version".into());
+        }
+        if max_classes == 0 || max_classes > MAX_CLASSES_LIMIT || gcount != max_classes {
+            return corrupt(format!(
+                "class count {max_classes} / global rows {gcount} invalid"
+            ));
+        }
+        if (GLOBAL_ROWS_OFFSET + gcount as usize * size_of::<SummaryRow>()) as u64 > gsize {
+            return corrupt("global section too small for its rows".into());
+        }
+        if history_len == 0 || history_len > 1024 {
+            return corrupt(format!("history_len {history_len} out of range"));
+        }
+        if (size_of::<ContainerHeader>() as u64) > tsize {
+            return corrupt("thread section too small".into());
+        }
+        // SAFETY: threads_off + 64 <= seg_size <= len was checked above, the
+        // offset is PAGE aligned, and ContainerHeader is made of atomics.
+        let c: &ContainerHeader =
+            unsafe { &*(map.as_ptr().add(threads_off as usize) as *const ContainerHeader) };
+        let records_per_page = c.records_per_page.load(r);
+        let max_pages = c.max_pages.load(r);
+        let record_size = c.record_size.load(r);
+        let page_size = c.page_size.load(r);
+        let pages_offset = c.pages_offset.load(r);
+        let expect_record =
+            thread_record_size(history_len, max_classes).next_multiple_of(64) as u64;
+        if records_per_page == 0 || max_pages == 0 || record_size != expect_record {
+            return corrupt(format!(
+                "thread container: {records_per_page} records/page, {max_pages} pages, record size {record_size} (expected {expect_record})"
+            ));
+        }
+        let pages_bytes = page_size.checked_mul(u64::from(max_pages));
+        if page_size % PAGE as u64 != 0
+            || page_size < record_size * u64::from(records_per_page)
+            || pages_offset % PAGE as u64 != 0
+            || pages_offset < (size_of::<ContainerHeader>() as u64 + u64::from(max_pages) * 8)
+            || pages_bytes
+                .and_then(|b| b.checked_add(pages_offset))
+                .is_none_or(|end| end > tsize)
+        {
+            return corrupt("thread container pages do not fit their section".into());
+        }
+        let geom = Geometry {
+            history_len,
+            max_classes,
+            max_strings,
+            records_per_page,
+            max_pages,
+            counters_off: counters_off as usize,
+            classes_off: classes_off as usize,
+            strings_off: strings_off as usize,
+            global_off: global_off as usize,
+            threads_off: threads_off as usize,
+            pages_off: (threads_off + pages_offset) as usize,
+            record_size: record_size as usize,
+            page_size: page_size as usize,
+            total_size: seg_size as usize,
+        };
+        let timer = TimerCalibration {
+            kind: h.timer_kind.load(r),
+            base_ticks: h.timer_base_ticks.load(r),
+            ps_per_tick_q32: h.timer_ps_per_tick_q32.load(r),
+            frequency_hz: h.timer_frequency_hz.load(r),
+        };
+        let pid = h.creator_pid.load(r);
+        let start_time_unix_ns = h.start_time_unix_ns.load(r);
+        Ok(Self {
+            map,
+            file,
+            geom,
+            timer,
+            service,
+            pid,
+            start_time_unix_ns,
+            minor,
+        })
+    }
+
+    /// The validated geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geom
+    }
+
+    /// The timer calibration recorded by the creator.
+    pub fn timer(&self) -> &TimerCalibration {
+        &self.timer
+    }
+
+    /// Service name from the header.
+    pub fn service(&self) -> &str {
+        &self.service
+    }
+
+    /// Creator pid (informative).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Creation time, ns since the Unix epoch.
+    pub fn start_time_unix_ns(&self) -> u64 {
+        self.start_time_unix_ns
+    }
+
+    /// Minor layout version of the file.
+    pub fn minor_version(&self) -> u32 {
+        self.minor
+    }
+
+    /// The underlying file (for `flock` liveness checks).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// A typed reference at a checked offset.
+    fn at<T>(&self, off: usize) -> &T {
+        assert!(
+            off % align_of::<T>() == 0 && off + size_of::<T>() <= self.geom.total_size,
+            "internal error: offset {off} out of the validated geometry"
+        );
+        // SAFETY: bounds and alignment checked just above against the
+        // validated total size, which is <= the mapping's length; `T` is
+        // always a `repr(C)` aggregate of atomics, valid for any bit
+        // pattern and safe to share between threads and processes; the
+        // reference borrows `self`, so the mapping outlives it.
+        unsafe { &*(self.map.as_ptr().add(off) as *const T) }
+    }
+
+    /// A typed slice at a checked offset.
+    fn slice_at<T>(&self, off: usize, count: usize) -> &[T] {
+        assert!(
+            off % align_of::<T>() == 0 && off + size_of::<T>() * count <= self.geom.total_size,
+            "internal error: slice at {off} x {count} out of the validated geometry"
+        );
+        // SAFETY: as in `at`, for `count` consecutive elements.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(off) as *const T, count) }
+    }
+
+    /// The header.
+    pub fn header(&self) -> &Header {
+        self.at(0)
+    }
+
+    /// The lost counters.
+    pub fn lost(&self) -> &LostCounters {
+        self.at(self.geom.counters_off)
+    }
+
+    /// Counts one loss of `kind` (slow paths only: a shared-line RMW).
+    pub fn count_lost(&self, kind: LostKind) {
+        self.lost().counters[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The class registry.
+    pub fn classes(&self) -> &[ClassEntry] {
+        self.slice_at(self.geom.classes_off, self.geom.max_classes as usize)
+    }
+
+    /// The string table.
+    pub fn strings(&self) -> &[StringEntry] {
+        self.slice_at(self.geom.strings_off, self.geom.max_strings as usize)
+    }
+
+    /// The global section header.
+    pub fn global_header(&self) -> &GlobalHeader {
+        self.at(self.geom.global_off)
+    }
+
+    /// The global (exited threads) summary rows, one per class.
+    pub fn global_rows(&self) -> &[SummaryRow] {
+        self.slice_at(
+            self.geom.global_off + GLOBAL_ROWS_OFFSET,
+            self.geom.max_classes as usize,
+        )
+    }
+
+    /// The thread container header.
+    pub fn container_header(&self) -> &ContainerHeader {
+        self.at(self.geom.threads_off)
+    }
+
+    /// The container page directory (one state word per page).
+    pub fn page_states(&self) -> &[AtomicU64] {
+        self.slice_at(
+            self.geom.threads_off + size_of::<ContainerHeader>(),
+            self.geom.max_pages as usize,
+        )
+    }
+
+    /// Number of pages added, clamped to the validated maximum.
+    pub fn pages_added(&self) -> u32 {
+        let n = self.container_header().pages_added.load(Ordering::Acquire);
+        n.min(u64::from(self.geom.max_pages)) as u32
+    }
+
+    /// Thread record `idx`. Panics if `idx >= max_records()`.
+    pub fn record(&self, idx: u32) -> RecordRef<'_> {
+        assert!(idx < self.geom.max_records(), "record index out of range");
+        let off = self.geom.record_off(idx);
+        RecordRef {
+            header: self.at(off),
+            history: self.slice_at(off + HISTORY_OFFSET, self.geom.history_len as usize),
+            rows: self.slice_at(
+                off + rows_offset(self.geom.history_len),
+                self.geom.max_classes as usize,
+            ),
+        }
+    }
+
+    /// Reserves (`fallocate`s) the bytes of container page `page` so that
+    /// touching them can never SIGBUS. Errors mean the volume is full.
+    pub fn reserve_page(&self, page: u32) -> Result<(), SegmentError> {
+        reserve(&self.file, self.geom.page_off(page), self.geom.page_size)
+    }
+}
+
+/// Views of one thread record.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordRef<'a> {
+    /// Fixed part: lock word, identity, current wait.
+    pub header: &'a ThreadHeader,
+    /// `events_waits_history` slots.
+    pub history: &'a [EventRecord],
+    /// Summary rows by class index.
+    pub rows: &'a [SummaryRow],
+}
+
+/// Reserves `len` bytes at `off`: `fallocate`, or writing zeros where the
+/// filesystem has no `fallocate`.
+fn reserve(file: &File, off: usize, len: usize) -> Result<(), SegmentError> {
+    match rustix::fs::fallocate(
+        file.as_fd(),
+        rustix::fs::FallocateFlags::empty(),
+        off as u64,
+        len as u64,
+    ) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::OPNOTSUPP) | Err(rustix::io::Errno::NOSYS) => {
+            use std::os::unix::fs::FileExt;
+            let zeros = vec![0u8; 64 * 1024];
+            let mut done = 0;
+            while done < len {
+                let n = zeros.len().min(len - done);
+                file.write_all_at(&zeros[..n], (off + done) as u64)
+                    .map_err(|e| SegmentError::NoSpace(e.to_string()))?;
+                done += n;
+            }
+            Ok(())
+        }
+        Err(e) => Err(SegmentError::NoSpace(e.to_string())),
+    }
+}
+
+/// Stores `bytes` (truncated to the array) into an array of atomics.
+pub(crate) fn store_bytes(dst: &[AtomicU64], len: &std::sync::atomic::AtomicU32, bytes: &[u8]) {
+    let n = bytes.len().min(dst.len() * 8);
+    let mut buf = [0u8; 8];
+    for (i, word) in dst.iter().enumerate() {
+        buf.fill(0);
+        let start = (i * 8).min(n);
+        let end = ((i + 1) * 8).min(n);
+        buf[..end - start].copy_from_slice(&bytes[start..end]);
+        word.store(u64::from_le_bytes(buf), Ordering::Relaxed);
+    }
+    len.store(n as u32, Ordering::Relaxed);
+}
+
+/// Loads a string stored by [`store_bytes`]; `None` if the length is out of
+/// range or the bytes are not UTF-8.
+pub(crate) fn load_string(src: &[AtomicU64], len: u32) -> Option<String> {
+    let len = len as usize;
+    if len > src.len() * 8 {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(src.len() * 8);
+    for w in src {
+        bytes.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+    }
+    bytes.truncate(len);
+    String::from_utf8(bytes).ok()
+}
+
+/// Truncates `s` to at most `max` bytes on a character boundary.
+pub fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}

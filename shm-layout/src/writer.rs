@@ -1,0 +1,391 @@
+//! The writer side of the protocol, used by the instrumented process.
+//!
+//! * Slow paths (registering a class, interning a string, allocating and
+//!   freeing a thread record, adding a page) are serialised by a mutex
+//!   local to the creating process; they may take locks, allocate and make
+//!   system calls.
+//! * The hot path ([`RecordRef::begin_event`], [`RecordRef::end_event`])
+//!   writes only the calling thread's own record, with relaxed loads and
+//!   stores bracketed by sequence locks: no lock, no syscall, no allocation,
+//!   no read-modify-write instruction, no cache line another thread writes.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+use crate::kinds::ClassKind;
+use crate::layout::*;
+use crate::lockword;
+use crate::segment::{RecordRef, Segment, store_bytes, truncate_utf8};
+
+/// A segment owned by this process, with the slow-path state that
+/// serialises registration, allocation and folding.
+#[derive(Debug)]
+pub struct SegmentWriter {
+    seg: Segment,
+    slow: Mutex<SlowState>,
+}
+
+#[derive(Debug, Default)]
+struct SlowState {
+    classes: HashMap<String, u32>,
+    strings: HashMap<String, u32>,
+}
+
+/// A thread record owned by the calling thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreadSlot {
+    /// Record index in the container.
+    pub index: u32,
+    /// Lock-word version of this lifetime.
+    pub version: u64,
+}
+
+/// Everything one event row holds, in the writer's registers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EventData {
+    /// `EVENT_ID`.
+    pub event_id: u64,
+    /// `END_EVENT_ID` (with [`EV_ENDED`]).
+    pub end_event_id: u64,
+    /// Class index.
+    pub class: u32,
+    /// [`crate::Operation`] value.
+    pub operation: u32,
+    /// Start, raw ticks.
+    pub timer_start: u64,
+    /// End, raw ticks.
+    pub timer_end: u64,
+    /// Duration in ps.
+    pub timer_wait: u64,
+    /// `OBJECT_INSTANCE_BEGIN`.
+    pub object_instance: u64,
+    /// `NUMBER_OF_BYTES`.
+    pub bytes: u64,
+    /// `SPINS`.
+    pub spins: u64,
+    /// Source string index or [`NONE_U32`].
+    pub source: u32,
+    /// Object name string index or [`NONE_U32`].
+    pub object_name: u32,
+    /// `NESTING_EVENT_ID`.
+    pub nesting_event_id: u64,
+    /// `NESTING_EVENT_TYPE`.
+    pub nesting_event_type: u32,
+    /// `EV_*` flags.
+    pub flags: u32,
+    /// [`EventType`] of this event.
+    pub event_type: u32,
+}
+
+impl SegmentWriter {
+    /// Wraps a segment this process created.
+    pub fn new(seg: Segment) -> Self {
+        Self {
+            seg,
+            slow: Mutex::new(SlowState::default()),
+        }
+    }
+
+    /// The segment.
+    pub fn segment(&self) -> &Segment {
+        &self.seg
+    }
+
+    fn slow(&self) -> std::sync::MutexGuard<'_, SlowState> {
+        self.slow.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers an instrument class (or returns the existing index for the
+    /// same name). `flags` are the initial `FLAG_*` bits. Returns `None`
+    /// and counts a lost class when the registry is full.
+    pub fn register_class(&self, name: &str, kind: ClassKind, flags: u32) -> Option<u32> {
+        let name = truncate_utf8(name, CLASS_NAME_BYTES);
+        let mut slow = self.slow();
+        if let Some(&i) = slow.classes.get(name) {
+            return Some(i);
+        }
+        let i = slow.classes.len() as u32;
+        let Some(e) = self.seg.classes().get(i as usize) else {
+            self.seg.count_lost(LostKind::Classes);
+            return None;
+        };
+        e.kind.store(kind as u32, Relaxed);
+        e.flags.store(flags, Relaxed);
+        store_bytes(&e.name, &e.name_len, name.as_bytes());
+        e.state.store(CLASS_READY, Release);
+        slow.classes.insert(name.to_string(), i);
+        Some(i)
+    }
+
+    /// The setup flags word of class `i`, read by writers on every event.
+    pub fn class_flags(&self, i: u32) -> &AtomicU32 {
+        &self.seg.classes()[i as usize].flags
+    }
+
+    /// Interns a string (source location, object name); `None` and a lost
+    /// count when the table is full.
+    pub fn intern(&self, s: &str) -> Option<u32> {
+        let s = truncate_utf8(s, STRING_BYTES);
+        let mut slow = self.slow();
+        if let Some(&i) = slow.strings.get(s) {
+            return Some(i);
+        }
+        let i = slow.strings.len() as u32;
+        let Some(e) = self.seg.strings().get(i as usize) else {
+            self.seg.count_lost(LostKind::Strings);
+            return None;
+        };
+        store_bytes(&e.bytes, &e.len, s.as_bytes());
+        e.state.store(STRING_READY, Release);
+        slow.strings.insert(s.to_string(), i);
+        Some(i)
+    }
+
+    /// Allocates a thread record and publishes its identity. Lock-free
+    /// except when a page must be added. `None` (and a lost count) when the
+    /// container is full or the volume cannot back a new page.
+    pub fn alloc_thread(&self, thread_id: u64, os_tid: u64, name: &str) -> Option<ThreadSlot> {
+        let g = self.seg.geometry();
+        loop {
+            let pages = self.seg.pages_added();
+            if let Some((index, v)) = self.try_alloc_in(0..pages * g.records_per_page) {
+                let rec = self.seg.record(index);
+                init_record(rec, thread_id, os_tid, name);
+                let version = lockword::publish(&rec.header.lock, v);
+                return Some(ThreadSlot { index, version });
+            }
+            // Every record of every page was taken during this scan: add a
+            // page, unless another thread already did.
+            let _slow = self.slow();
+            if self.seg.pages_added() != pages {
+                continue;
+            }
+            if pages >= g.max_pages {
+                self.seg.count_lost(LostKind::Threads);
+                return None;
+            }
+            if self.seg.reserve_page(pages).is_err() {
+                self.seg.count_lost(LostKind::Pages);
+                self.seg.count_lost(LostKind::Threads);
+                return None;
+            }
+            self.seg.page_states()[pages as usize].store(PAGE_ACTIVE, Release);
+            self.seg
+                .container_header()
+                .pages_added
+                .store(u64::from(pages) + 1, Release);
+        }
+    }
+
+    fn try_alloc_in(&self, range: std::ops::Range<u32>) -> Option<(u32, u64)> {
+        range
+            .into_iter()
+            .find_map(|i| lockword::try_acquire(&self.seg.record(i).header.lock).map(|v| (i, v)))
+    }
+
+    /// Folds the record's summaries into the global rows and frees it.
+    /// Readers see either the thread's own rows or the folded totals, never
+    /// both and never neither (see the fold log in the crate docs).
+    pub fn fold_and_free(&self, slot: ThreadSlot) {
+        let rec = self.seg.record(slot.index);
+        let _slow = self.slow();
+        let gh = self.seg.global_header();
+        let rows = self.seg.global_rows();
+        let ticket = gh.fold_count.load(Relaxed) + 1;
+        {
+            let _w = gh.seq.write();
+            for class in touched_classes(rec.header, rows.len()) {
+                merge_row(&rows[class], &rec.rows[class]);
+            }
+            let log = &gh.fold_log[(ticket % FOLD_LOG_LEN as u64) as usize];
+            log.ticket.store(ticket, Relaxed);
+            log.record.store(u64::from(slot.index), Relaxed);
+            log.version.store(slot.version, Relaxed);
+            gh.fold_count.store(ticket, Relaxed);
+        }
+        lockword::release(&rec.header.lock, slot.version);
+    }
+}
+
+/// Class indexes whose touched bit is set, below `limit`.
+pub(crate) fn touched_classes(h: &ThreadHeader, limit: usize) -> impl Iterator<Item = usize> + '_ {
+    h.touched.iter().enumerate().flat_map(move |(w, word)| {
+        let mut bits = word.load(Acquire);
+        std::iter::from_fn(move || {
+            while bits != 0 {
+                let b = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let c = w * 64 + b;
+                if c < limit {
+                    return Some(c);
+                }
+            }
+            None
+        })
+    })
+}
+
+fn init_record(rec: RecordRef<'_>, thread_id: u64, os_tid: u64, name: &str) {
+    let h = rec.header;
+    {
+        let _w = h.seq.write();
+        h.thread_id.store(thread_id, Relaxed);
+        h.os_tid.store(os_tid, Relaxed);
+        store_bytes(
+            &h.name,
+            &h.name_len,
+            truncate_utf8(name, THREAD_NAME_BYTES).as_bytes(),
+        );
+    }
+    for w in &h.touched {
+        w.store(0, Relaxed);
+    }
+    h.waits_history_count.store(0, Relaxed);
+    h.waits_history_next.store(0, Relaxed);
+    let _w = h.waits_current.seq.write();
+    h.waits_current.flags.store(0, Relaxed);
+    h.waits_current.event_id.store(0, Relaxed);
+}
+
+fn merge_row(dst: &SummaryRow, src: &SummaryRow) {
+    let add = |d: &AtomicU64, s: &AtomicU64| {
+        d.store(d.load(Relaxed).wrapping_add(s.load(Relaxed)), Relaxed)
+    };
+    add(&dst.count, &src.count);
+    add(&dst.timed_count, &src.timed_count);
+    let (lo, carry) = dst
+        .sum_lo
+        .load(Relaxed)
+        .overflowing_add(src.sum_lo.load(Relaxed));
+    dst.sum_lo.store(lo, Relaxed);
+    dst.sum_hi.store(
+        dst.sum_hi
+            .load(Relaxed)
+            .wrapping_add(src.sum_hi.load(Relaxed))
+            .wrapping_add(u64::from(carry)),
+        Relaxed,
+    );
+    dst.min
+        .store(dst.min.load(Relaxed).min(src.min.load(Relaxed)), Relaxed);
+    dst.max
+        .store(dst.max.load(Relaxed).max(src.max.load(Relaxed)), Relaxed);
+    add(&dst.bytes, &src.bytes);
+    for (d, s) in dst.buckets.iter().zip(&src.buckets) {
+        add(d, s);
+    }
+}
+
+#[inline(always)]
+fn write_event(rec: &EventRecord, e: &EventData) {
+    let _w = rec.seq.write();
+    rec.event_id.store(e.event_id, Relaxed);
+    rec.end_event_id.store(e.end_event_id, Relaxed);
+    rec.class.store(e.class, Relaxed);
+    rec.operation.store(e.operation, Relaxed);
+    rec.timer_start.store(e.timer_start, Relaxed);
+    rec.timer_end.store(e.timer_end, Relaxed);
+    rec.timer_wait.store(e.timer_wait, Relaxed);
+    rec.object_instance.store(e.object_instance, Relaxed);
+    rec.bytes.store(e.bytes, Relaxed);
+    rec.spins.store(e.spins, Relaxed);
+    rec.source.store(e.source, Relaxed);
+    rec.object_name.store(e.object_name, Relaxed);
+    rec.nesting_event_id.store(e.nesting_event_id, Relaxed);
+    rec.nesting_event_type.store(e.nesting_event_type, Relaxed);
+    rec.flags.store(e.flags, Relaxed);
+    rec.event_type.store(e.event_type, Relaxed);
+}
+
+impl RecordRef<'_> {
+    /// Publishes an event that has started as `events_waits_current`.
+    /// Hot path: one sequence-locked write of this thread's own line pair.
+    #[inline(always)]
+    pub fn begin_event(&self, e: &EventData) {
+        write_event(&self.header.waits_current, e);
+    }
+
+    /// Ends an event: updates `events_waits_current`, appends it to the
+    /// history ring and adds it to the class's summary row.
+    #[inline(always)]
+    pub fn end_event(&self, e: &EventData) {
+        write_event(&self.header.waits_current, e);
+        let h = self.header;
+        let slot = h.waits_history_next.load(Relaxed) as usize;
+        let slot = if slot < self.history.len() { slot } else { 0 };
+        write_event(&self.history[slot], e);
+        let next = if slot + 1 == self.history.len() {
+            0
+        } else {
+            slot + 1
+        };
+        h.waits_history_next.store(next as u32, Relaxed);
+        h.waits_history_count
+            .store(h.waits_history_count.load(Relaxed) + 1, Release);
+        let timed = e.flags & EV_TIMED != 0;
+        let bytes = if e.flags & EV_HAS_BYTES != 0 {
+            e.bytes
+        } else {
+            0
+        };
+        self.summarize(e.class as usize, timed, e.timer_wait, bytes);
+    }
+
+    /// Adds one event to summary row `class`.
+    #[inline(always)]
+    pub fn summarize(&self, class: usize, timed: bool, wait_ps: u64, bytes: u64) {
+        let Some(row) = self.rows.get(class) else {
+            return;
+        };
+        let word = &self.header.touched[class / 64];
+        let bit = 1u64 << (class % 64);
+        let touched = word.load(Relaxed);
+        if touched & bit == 0 {
+            first_touch(row);
+            word.store(touched | bit, Release);
+        }
+        let _w = row.seq.write();
+        row.count.store(row.count.load(Relaxed) + 1, Relaxed);
+        if timed {
+            row.timed_count
+                .store(row.timed_count.load(Relaxed) + 1, Relaxed);
+            let (lo, carry) = row.sum_lo.load(Relaxed).overflowing_add(wait_ps);
+            row.sum_lo.store(lo, Relaxed);
+            if carry {
+                row.sum_hi.store(row.sum_hi.load(Relaxed) + 1, Relaxed);
+            }
+            if wait_ps < row.min.load(Relaxed) {
+                row.min.store(wait_ps, Relaxed);
+            }
+            if wait_ps > row.max.load(Relaxed) {
+                row.max.store(wait_ps, Relaxed);
+            }
+            let b = &row.buckets[bucket_index(wait_ps)];
+            b.store(b.load(Relaxed) + 1, Relaxed);
+        }
+        if bytes != 0 {
+            row.bytes
+                .store(row.bytes.load(Relaxed).wrapping_add(bytes), Relaxed);
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn first_touch(row: &SummaryRow) {
+    let _w = row.seq.write();
+    for a in [
+        &row.count,
+        &row.timed_count,
+        &row.sum_lo,
+        &row.sum_hi,
+        &row.max,
+        &row.bytes,
+    ] {
+        a.store(0, Relaxed);
+    }
+    row.min.store(u64::MAX, Relaxed);
+    for b in &row.buckets {
+        b.store(0, Relaxed);
+    }
+}

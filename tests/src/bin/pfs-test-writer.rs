@@ -1,0 +1,359 @@
+//! `pfs-test-writer`: an instrumented process with known, checkable
+//! output, driven by the integration tests.
+//!
+//! ```text
+//! pfs-test-writer exact --shm-dir D --service S --threads N --per-class K --exit-midway M
+//! pfs-test-writer torn  --shm-dir D --service S --threads N --seconds T
+//! pfs-test-writer churn --shm-dir D --service S --seconds T
+//! ```
+//!
+//! Every mode prints JSON lines on stdout; see each function.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use pfs_client::{LazyWaitClass, Operation};
+use serde_json::json;
+
+static CLASS_A: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/test/a");
+static CLASS_B: LazyWaitClass = LazyWaitClass::new("wait/synch/rwlock/test/b");
+static CLASS_C: LazyWaitClass = LazyWaitClass::new("wait/io/file/test/c");
+static CLASSES: [&LazyWaitClass; 3] = [&CLASS_A, &CLASS_B, &CLASS_C];
+const OPS: [Operation; 3] = [Operation::Lock, Operation::ReadLock, Operation::Write];
+
+struct Args {
+    mode: String,
+    opts: HashMap<String, String>,
+}
+
+impl Args {
+    fn parse() -> Result<Self> {
+        let mut it = std::env::args().skip(1);
+        let mode = it
+            .next()
+            .ok_or_else(|| anyhow!("usage: pfs-test-writer exact|torn|churn --opt value ..."))?;
+        let mut opts = HashMap::new();
+        while let Some(k) = it.next() {
+            let Some(k) = k.strip_prefix("--") else {
+                bail!("unexpected argument {k:?}")
+            };
+            let v = it.next().ok_or_else(|| anyhow!("--{k} needs a value"))?;
+            opts.insert(k.to_string(), v);
+        }
+        Ok(Self { mode, opts })
+    }
+
+    fn str(&self, k: &str) -> Result<&str> {
+        self.opts
+            .get(k)
+            .map(String::as_str)
+            .ok_or_else(|| anyhow!("--{k} is required"))
+    }
+
+    fn num(&self, k: &str) -> Result<u64> {
+        self.str(k)?
+            .parse()
+            .with_context(|| format!("--{k} must be a number"))
+    }
+
+    fn num_or(&self, k: &str, d: u64) -> Result<u64> {
+        if self.opts.contains_key(k) {
+            self.num(k)
+        } else {
+            Ok(d)
+        }
+    }
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse()?;
+    let cfg = pfs_client::Config::new(args.str("service")?).shm_dir(args.str("shm-dir")?);
+    pfs_client::init_with(cfg).context("pfs_client::init_with")?;
+    // Register the classes up front, in a fixed order (indexes 0, 1, 2).
+    for c in CLASSES {
+        if !c.get().is_enabled() {
+            bail!("class {} is not enabled after init", c.name());
+        }
+    }
+    match args.mode.as_str() {
+        "exact" => exact(&args),
+        "torn" => torn(&args),
+        "churn" => churn(&args),
+        m => bail!("unknown mode {m:?}"),
+    }
+}
+
+fn print(v: serde_json::Value) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{v}");
+    let _ = out.flush();
+}
+
+fn wait_stdin_eof() {
+    let mut buf = [0u8; 256];
+    let mut stdin = std::io::stdin().lock();
+    while let Ok(n) = stdin.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+fn segment() -> String {
+    pfs_client::segment_path()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
+}
+
+/// What one thread recorded, per class.
+#[derive(Default, Clone, Copy)]
+struct Tally {
+    count: [u64; 3],
+    sum_ps: [u64; 3],
+    bytes: [u64; 3],
+}
+
+impl Tally {
+    fn add(&mut self, o: &Tally) {
+        for i in 0..3 {
+            self.count[i] += o.count[i];
+            self.sum_ps[i] += o.sum_ps[i];
+            self.bytes[i] += o.bytes[i];
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        for (i, c) in CLASSES.iter().enumerate() {
+            m.insert(
+                c.name().to_string(),
+                json!({"count": self.count[i], "sum_ps": self.sum_ps[i], "bytes": self.bytes[i]}),
+            );
+        }
+        m.into()
+    }
+}
+
+/// Records one wait of class `i`; returns whether it was recorded and its
+/// TIMER_WAIT.
+fn one_wait(i: usize, object: usize, bytes: Option<u64>, tally: &mut Tally) {
+    let mut g = CLASSES[i].get().start(OPS[i], object);
+    if !g.is_recording() {
+        return;
+    }
+    if let Some(b) = bytes {
+        g.set_bytes(b);
+    }
+    std::hint::black_box(object.wrapping_mul(31));
+    let wait = g.end().expect("instruments are timed");
+    tally.count[i] += 1;
+    tally.sum_ps[i] += wait;
+    tally.bytes[i] += bytes.unwrap_or(0);
+}
+
+/// `exact`: N threads each record exactly K waits of every class (file
+/// waits carry bytes); M of them exit right away, the others park until
+/// stdin reaches EOF. Prints one line:
+///
+/// `{"ready":true,"pid":..,"segment":..,"threads":N,"live":N-M,"classes":{name:{count,sum_ps,bytes}},
+///   "total_bytes":..,"per_thread":[{"name":..,"live":bool,"classes":{..}}]}`
+fn exact(args: &Args) -> Result<()> {
+    let n = args.num("threads")? as usize;
+    let k = args.num("per-class")?;
+    let m = args.num_or("exit-midway", 0)? as usize;
+    if m > n {
+        bail!("--exit-midway {m} > --threads {n}");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(Barrier::new(n - m + 1));
+    let results = Arc::new(Mutex::new(Vec::new()));
+    let mut handles = Vec::new();
+    for t in 0..n {
+        let live = t >= m;
+        let (stop, done, results) = (stop.clone(), done.clone(), results.clone());
+        let h = std::thread::Builder::new()
+            .name(format!("exact-{t}"))
+            .spawn(move || {
+                let mut tally = Tally::default();
+                for j in 0..k {
+                    for i in 0..3 {
+                        let bytes = (i == 2).then_some(100 + (j % 7) * 512 + t as u64);
+                        one_wait(i, 0x1000 * (i + 1) + t, bytes, &mut tally);
+                    }
+                }
+                results.lock().unwrap().push((t, live, tally));
+                if live {
+                    done.wait();
+                    while !stop.load(Relaxed) {
+                        std::thread::park_timeout(Duration::from_millis(50));
+                    }
+                }
+            })?;
+        handles.push((live, h));
+    }
+    // Join the exiting threads: their folds are complete when join returns.
+    let mut live_handles = Vec::new();
+    for (live, h) in handles {
+        if live {
+            live_handles.push(h);
+        } else {
+            h.join().map_err(|_| anyhow!("writer thread panicked"))?;
+        }
+    }
+    done.wait();
+    let mut per = results.lock().unwrap().clone();
+    per.sort_by_key(|(t, _, _)| *t);
+    let mut total = Tally::default();
+    for (_, _, tally) in &per {
+        total.add(tally);
+    }
+    let per_thread: Vec<_> = per
+        .iter()
+        .map(|(t, live, tally)| json!({"name": format!("exact-{t}"), "live": live, "classes": tally.json()}))
+        .collect();
+    print(json!({
+        "ready": true,
+        "pid": std::process::id(),
+        "segment": segment(),
+        "threads": n,
+        "live": n - m,
+        "classes": total.json(),
+        "total_bytes": total.bytes.iter().sum::<u64>(),
+        "per_thread": per_thread,
+    }));
+    wait_stdin_eof();
+    stop.store(true, Relaxed);
+    for h in live_handles {
+        h.thread().unpark();
+        h.join().map_err(|_| anyhow!("writer thread panicked"))?;
+    }
+    Ok(())
+}
+
+/// `torn`: N threads hammer self-checking waits for T seconds. The n-th
+/// event of a thread (EVENT_ID n) has object n*7919, bytes n^0x5555 and
+/// spins n+3, so a reader can tell a torn copy from a consistent one.
+/// Prints `{"ready":true,...}` first and `{"done":true,"events":E,"per_class":[..]}`
+/// after every thread has exited.
+fn torn(args: &Args) -> Result<()> {
+    let n = args.num("threads")? as usize;
+    let secs = args.num("seconds")?;
+    let start = Arc::new(Barrier::new(n + 1));
+    let deadline = Arc::new(Mutex::new(None::<Instant>));
+    let mut handles = Vec::new();
+    for t in 0..n {
+        let (start, deadline) = (start.clone(), deadline.clone());
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("torn-{t}"))
+                .spawn(move || -> [u64; 3] {
+                    start.wait();
+                    let end = deadline.lock().unwrap().expect("deadline set before start");
+                    let mut per_class = [0u64; 3];
+                    let mut id: u64 = 0;
+                    loop {
+                        for _ in 0..64 {
+                            id += 1;
+                            let i = (id % 3) as usize;
+                            let mut g = CLASSES[i].get().start(OPS[i], (id * 7919) as usize);
+                            assert!(g.is_recording(), "torn writer thread lost its record");
+                            // A little work so that a reader sometimes sees
+                            // the event in progress.
+                            if id % 16 == 0 {
+                                for _ in 0..50 {
+                                    std::hint::spin_loop();
+                                }
+                            }
+                            g.set_bytes(id ^ 0x5555);
+                            g.set_spins(id + 3);
+                            g.end();
+                            per_class[i] += 1;
+                        }
+                        if Instant::now() >= end {
+                            break;
+                        }
+                    }
+                    per_class
+                })?,
+        );
+    }
+    *deadline.lock().unwrap() = Some(Instant::now() + Duration::from_secs(secs));
+    print(json!({"ready": true, "pid": std::process::id(), "segment": segment(), "threads": n}));
+    start.wait();
+    let mut per_class = [0u64; 3];
+    for h in handles {
+        let c = h.join().map_err(|_| anyhow!("torn thread panicked"))?;
+        for i in 0..3 {
+            per_class[i] += c[i];
+        }
+    }
+    print(json!({"done": true, "events": per_class.iter().sum::<u64>(), "per_class": per_class}));
+    Ok(())
+}
+
+/// `churn`: for T seconds, keeps spawning short-lived threads (up to 4
+/// alive at once), each recording a known number of waits and exiting.
+/// Prints `{"ready":true,..}`, then after T seconds and after every thread
+/// has exited `{"done":true,"threads":..,"events":E,"classes":{name:{count,..}}}`,
+/// then waits for stdin EOF.
+fn churn(args: &Args) -> Result<()> {
+    let secs = args.num("seconds")?;
+    let spawned = Arc::new(AtomicU64::new(0));
+    let total = Arc::new(Mutex::new(Tally::default()));
+    print(json!({"ready": true, "pid": std::process::id(), "segment": segment()}));
+    let end = Instant::now() + Duration::from_secs(secs);
+    let mut alive: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    let mut seq: u64 = 0;
+    while Instant::now() < end {
+        while alive.len() < 4 {
+            seq += 1;
+            let (spawned, total) = (spawned.clone(), total.clone());
+            let s = seq;
+            alive.push(
+                std::thread::Builder::new()
+                    .name(format!("churn-{s}"))
+                    .spawn(move || {
+                        spawned.fetch_add(1, Relaxed);
+                        let mut tally = Tally::default();
+                        // 1..=40 waits, spread over the classes depending on s.
+                        let waits = 1 + s % 40;
+                        for j in 0..waits {
+                            let i = ((s + j) % 3) as usize;
+                            let bytes = (i == 2).then_some(64 + j);
+                            one_wait(i, s as usize, bytes, &mut tally);
+                        }
+                        total.lock().unwrap().add(&tally);
+                    })?,
+            );
+        }
+        // Reap the first finished thread (its fold is done once joined).
+        let mut i = 0;
+        while i < alive.len() {
+            if alive[i].is_finished() {
+                alive
+                    .swap_remove(i)
+                    .join()
+                    .map_err(|_| anyhow!("churn thread panicked"))?;
+            } else {
+                i += 1;
+            }
+        }
+        std::thread::yield_now();
+    }
+    for h in alive {
+        h.join().map_err(|_| anyhow!("churn thread panicked"))?;
+    }
+    let total = *total.lock().unwrap();
+    print(json!({
+        "done": true,
+        "threads": spawned.load(Relaxed),
+        "events": total.count.iter().sum::<u64>(),
+        "classes": total.json(),
+    }));
+    wait_stdin_eof();
+    Ok(())
+}

@@ -1,0 +1,559 @@
+//! Shared helpers for the cross-process and end-to-end tests.
+//!
+//! * [`agent_bin`] builds `pfs-agent` once (escargot) and caches its path.
+//! * [`ChildGuard`] kills and reaps a child process on drop, even when the
+//!   test panics, and keeps its stdout/stderr in log files.
+//! * [`Writer`] runs `pfs-test-writer` and reads its JSON lines with a
+//!   timeout.
+//! * [`Agent`] runs `pfs-agent serve` on a free loopback port and waits for
+//!   `/healthz`.
+//! * [`http_get`], [`get_json`] and [`parse_metrics`] talk to it.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde_json::Value;
+
+/// Path of the `pfs-test-writer` binary; expands in the calling test crate,
+/// where Cargo sets `CARGO_BIN_EXE_pfs-test-writer`.
+#[macro_export]
+macro_rules! writer_exe {
+    () => {
+        std::path::Path::new(env!("CARGO_BIN_EXE_pfs-test-writer"))
+    };
+}
+
+/// The workspace root (parent of this crate's manifest directory).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// Builds `pfs-agent` once per test process and returns its path.
+pub fn agent_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let run = escargot::CargoBuild::new()
+            .manifest_path(workspace_root().join("Cargo.toml"))
+            .package("pfs-agent")
+            .bin("pfs-agent")
+            .run()
+            .unwrap_or_else(|e| panic!("cannot build pfs-agent: {e}"));
+        run.path().to_path_buf()
+    })
+}
+
+/// A free TCP port on 127.0.0.1 (bound then released).
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local_addr").port()
+}
+
+/// A child process that is killed (SIGKILL) and reaped on drop. Its stdout
+/// (unless piped by the caller) and stderr go to log files.
+pub struct ChildGuard {
+    /// The process.
+    pub child: Child,
+    name: String,
+    stderr_log: PathBuf,
+    stdout_log: Option<PathBuf>,
+    _logdir: tempfile::TempDir,
+}
+
+impl ChildGuard {
+    /// Spawns `cmd`. If `pipe_stdout`, stdout and stdin are pipes for the
+    /// caller; otherwise stdout goes to a log file and stdin is null.
+    pub fn spawn(name: &str, mut cmd: Command, pipe_stdout: bool) -> Result<Self> {
+        let logdir = tempfile::Builder::new().prefix("pfs-test-log").tempdir()?;
+        let stderr_log = logdir.path().join(format!("{name}.stderr"));
+        cmd.stderr(std::fs::File::create(&stderr_log)?);
+        let stdout_log = if pipe_stdout {
+            cmd.stdout(Stdio::piped()).stdin(Stdio::piped());
+            None
+        } else {
+            let p = logdir.path().join(format!("{name}.stdout"));
+            cmd.stdout(std::fs::File::create(&p)?).stdin(Stdio::null());
+            Some(p)
+        };
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("spawn {name}: {cmd:?}"))?;
+        Ok(Self {
+            child,
+            name: name.to_string(),
+            stderr_log,
+            stdout_log,
+            _logdir: logdir,
+        })
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything the child wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+    }
+
+    /// Everything the child wrote to stdout so far (if not piped).
+    pub fn stdout(&self) -> String {
+        self.stdout_log
+            .as_ref()
+            .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+            .unwrap_or_default()
+    }
+
+    /// Exit status if the child has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Waits up to `timeout` for the child to exit.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.try_wait() {
+                return Some(s);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends `signal` (e.g. `libc::SIGTERM`).
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) with a pid we spawned and have not reaped yet.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, signal);
+        }
+    }
+
+    /// A description for assertion messages: name and its logs.
+    pub fn describe(&self) -> String {
+        format!(
+            "--- {} stderr ---\n{}\n--- {} stdout ---\n{}",
+            self.name,
+            self.stderr(),
+            self.name,
+            self.stdout()
+        )
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A running `pfs-test-writer`, with its stdout lines read on a thread.
+pub struct Writer {
+    /// The process (killed on drop).
+    pub guard: ChildGuard,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+}
+
+impl Writer {
+    /// Spawns `exe` (use [`writer_exe!`]) with `args`.
+    pub fn spawn(exe: &Path, args: &[&str]) -> Result<Self> {
+        let mut cmd = Command::new(exe);
+        cmd.args(args);
+        let mut guard = ChildGuard::spawn("pfs-test-writer", cmd, true)?;
+        let stdin = guard.child.stdin.take();
+        let stdout = guard
+            .child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("no stdout pipe"))?;
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Self {
+            guard,
+            stdin,
+            lines: rx,
+        })
+    }
+
+    /// The next stdout line parsed as JSON, within `timeout`.
+    pub fn read_json(&mut self, timeout: Duration) -> Result<Value> {
+        match self.lines.recv_timeout(timeout) {
+            Ok(line) => serde_json::from_str(&line)
+                .with_context(|| format!("writer printed non-JSON line {line:?}")),
+            Err(RecvTimeoutError::Timeout) => {
+                bail!(
+                    "writer printed nothing within {timeout:?}\n{}",
+                    self.guard.describe()
+                )
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                bail!("writer closed stdout\n{}", self.guard.describe())
+            }
+        }
+    }
+
+    /// The next stdout line parsed as JSON, if one is already available.
+    pub fn try_read_json(&mut self) -> Result<Option<Value>> {
+        match self.lines.try_recv() {
+            Ok(line) => {
+                Ok(Some(serde_json::from_str(&line).with_context(|| {
+                    format!("writer printed non-JSON line {line:?}")
+                })?))
+            }
+            Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                bail!("writer closed stdout\n{}", self.guard.describe())
+            }
+        }
+    }
+
+    /// Closes the writer's stdin (it exits at EOF) and waits for a clean
+    /// exit within `timeout`.
+    pub fn finish(&mut self, timeout: Duration) -> Result<()> {
+        drop(self.stdin.take());
+        match self.guard.wait_timeout(timeout) {
+            Some(s) if s.success() => Ok(()),
+            Some(s) => bail!("writer exited with {s}\n{}", self.guard.describe()),
+            None => bail!("writer did not exit within {timeout:?}"),
+        }
+    }
+
+    /// The segment files in `dir` created by this writer's pid.
+    pub fn segment_in(&self, dir: &Path, service: &str) -> PathBuf {
+        dir.join(pfs_client::segment_file_name(service, self.guard.pid()))
+    }
+}
+
+/// A running `pfs-agent serve`.
+pub struct Agent {
+    /// The process (killed on drop).
+    pub guard: ChildGuard,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+}
+
+impl Agent {
+    /// Starts `pfs-agent serve --shm-dir DIR --listen 127.0.0.1:PORT` and
+    /// waits (up to 20 s) for `/healthz` to answer 200 "ok".
+    pub fn serve(shm_dir: &Path) -> Result<Self> {
+        let port = free_port();
+        let mut cmd = Command::new(agent_bin());
+        cmd.arg("serve")
+            .arg("--shm-dir")
+            .arg(shm_dir)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"));
+        let guard = ChildGuard::spawn("pfs-agent", cmd, false)?;
+        let mut agent = Self {
+            guard,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        agent.wait_healthy(Duration::from_secs(20))?;
+        Ok(agent)
+    }
+
+    /// Polls `/healthz` until it answers 200 "ok".
+    pub fn wait_healthy(&mut self, timeout: Duration) -> Result<()> {
+        wait_healthz(&self.base, &mut self.guard, timeout)
+    }
+
+    /// `GET base + path`.
+    pub fn get(&self, path: &str) -> Result<HttpResponse> {
+        http_get(&format!("{}{path}", self.base))
+    }
+
+    /// `GET /api/v1/tables/{table}` as JSON (status must be 200).
+    pub fn table(&self, table: &str) -> Result<Value> {
+        get_json(&format!("{}/api/v1/tables/{table}", self.base))
+    }
+
+    /// `GET /metrics`, parsed.
+    pub fn metrics(&self) -> Result<Vec<Sample>> {
+        let r = self.get("/metrics")?;
+        if r.status != 200 {
+            bail!("/metrics answered {}: {}", r.status, r.body);
+        }
+        parse_metrics(&r.body)
+    }
+}
+
+/// Polls `base/healthz` until it answers 200 "ok", failing early if
+/// `child` exits.
+pub fn wait_healthz(base: &str, child: &mut ChildGuard, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(s) = child.try_wait() {
+            bail!(
+                "process exited with {s} before /healthz answered\n{}",
+                child.describe()
+            );
+        }
+        let last = match http_get(&format!("{base}/healthz")) {
+            Ok(r) if r.status == 200 && r.body.trim() == "ok" => return Ok(()),
+            Ok(r) => format!("status {} body {:?}", r.status, r.body),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            bail!(
+                "{base}/healthz not ready after {timeout:?} (last: {last})\n{}",
+                child.describe()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// An HTTP response.
+#[derive(Debug, Clone)]
+pub struct HttpResponse {
+    /// Status code.
+    pub status: u16,
+    /// `Content-Type`, if any.
+    pub content_type: Option<String>,
+    /// Body as text.
+    pub body: String,
+}
+
+fn http_agent() -> &'static ureq::Agent {
+    static AGENT: OnceLock<ureq::Agent> = OnceLock::new();
+    AGENT.get_or_init(|| {
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(10)))
+            .build()
+            .into()
+    })
+}
+
+/// `GET url`; any status is returned (not an error).
+pub fn http_get(url: &str) -> Result<HttpResponse> {
+    let mut r = http_agent()
+        .get(url)
+        .call()
+        .with_context(|| format!("GET {url}"))?;
+    let status = r.status().as_u16();
+    let content_type = r
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = r
+        .body_mut()
+        .with_config()
+        .limit(64 << 20)
+        .read_to_string()
+        .with_context(|| format!("read body of {url}"))?;
+    Ok(HttpResponse {
+        status,
+        content_type,
+        body,
+    })
+}
+
+/// `GET url` as JSON; the status must be 200.
+pub fn get_json(url: &str) -> Result<Value> {
+    let r = http_get(url)?;
+    if r.status != 200 {
+        bail!("GET {url} answered {}: {}", r.status, r.body);
+    }
+    serde_json::from_str(&r.body)
+        .with_context(|| format!("GET {url}: body is not JSON: {}", r.body))
+}
+
+/// One sample of an OpenMetrics / Prometheus text exposition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// Sample name (with `_total`, `_bucket`, ... suffixes).
+    pub name: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Value.
+    pub value: f64,
+}
+
+impl Sample {
+    /// Whether every `(k, v)` of `want` is a label of this sample.
+    pub fn has_labels(&self, want: &[(&str, &str)]) -> bool {
+        want.iter()
+            .all(|(k, v)| self.labels.get(*k).map(String::as_str) == Some(*v))
+    }
+}
+
+/// Parses the text exposition format (comments skipped). Strict enough to
+/// fail on malformed lines.
+pub fn parse_metrics(text: &str) -> Result<Vec<Sample>> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        out.push(parse_sample(line).with_context(|| format!("metrics line {}: {line:?}", n + 1))?);
+    }
+    Ok(out)
+}
+
+fn parse_sample(line: &str) -> Result<Sample> {
+    let name_end = line
+        .find(|c: char| c == '{' || c == ' ')
+        .ok_or_else(|| anyhow!("no value"))?;
+    let name = line[..name_end].to_string();
+    let mut labels = BTreeMap::new();
+    let mut rest = &line[name_end..];
+    if let Some(r) = rest.strip_prefix('{') {
+        let mut chars = r.char_indices().peekable();
+        let end = loop {
+            // label name
+            while let Some(&(_, c)) = chars.peek() {
+                if c == ',' || c == ' ' {
+                    chars.next();
+                } else {
+                    break;
+                }
+            }
+            let Some(&(start, c)) = chars.peek() else {
+                bail!("unterminated labels")
+            };
+            if c == '}' {
+                break start + 1;
+            }
+            let mut key_end = start;
+            for (i, c) in chars.by_ref() {
+                if c == '=' {
+                    key_end = i;
+                    break;
+                }
+            }
+            let key = r[start..key_end].to_string();
+            match chars.next() {
+                Some((_, '"')) => {}
+                _ => bail!("label {key} value is not quoted"),
+            }
+            let mut val = String::new();
+            let mut closed = false;
+            while let Some((_, c)) = chars.next() {
+                match c {
+                    '\\' => match chars.next() {
+                        Some((_, 'n')) => val.push('\n'),
+                        Some((_, c)) => val.push(c),
+                        None => bail!("dangling escape"),
+                    },
+                    '"' => {
+                        closed = true;
+                        break;
+                    }
+                    c => val.push(c),
+                }
+            }
+            if !closed {
+                bail!("unterminated label value");
+            }
+            labels.insert(key, val);
+        };
+        rest = &r[end..];
+    }
+    let value = rest
+        .split_whitespace()
+        .next()
+        .ok_or_else(|| anyhow!("no value"))?;
+    let value = match value {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v
+            .parse::<f64>()
+            .with_context(|| format!("bad value {v:?}"))?,
+    };
+    Ok(Sample {
+        name,
+        labels,
+        value,
+    })
+}
+
+/// The single sample named `name` with labels `want`; fails if there is
+/// none or more than one.
+pub fn sample(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> Result<f64> {
+    let found: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.name == name && s.has_labels(want))
+        .collect();
+    match found.as_slice() {
+        [s] => Ok(s.value),
+        [] => bail!("no sample {name}{want:?}"),
+        many => bail!("{} samples {name}{want:?}: {many:?}", many.len()),
+    }
+}
+
+/// Rows of a table JSON object (`{"rows": [...]}`).
+pub fn rows(table: &Value) -> Result<&Vec<Value>> {
+    table
+        .get("rows")
+        .and_then(Value::as_array)
+        .ok_or_else(|| anyhow!("table has no rows array: {table}"))
+}
+
+/// Integer column `col` of `row` (u64), failing on null or non-integers.
+pub fn u64_col(row: &Value, col: &str) -> Result<u64> {
+    row.get(col)
+        .and_then(Value::as_u64)
+        .ok_or_else(|| anyhow!("column {col} is not an unsigned integer in {row}"))
+}
+
+/// Integer column `col` as u128 (sums may exceed u64 in principle).
+pub fn u128_col(row: &Value, col: &str) -> Result<u128> {
+    match row.get(col) {
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .map(u128::from)
+            .or_else(|| n.to_string().parse().ok())
+            .ok_or_else(|| anyhow!("column {col} is not an unsigned integer in {row}")),
+        _ => bail!("column {col} missing or not a number in {row}"),
+    }
+}
+
+/// String column `col` of `row`.
+pub fn str_col<'a>(row: &'a Value, col: &str) -> Result<&'a str> {
+    row.get(col)
+        .and_then(Value::as_str)
+        .ok_or_else(|| anyhow!("column {col} is not a string in {row}"))
+}
+
+/// Polls `f` every 100 ms until it returns `Ok(Some(_))` or `timeout`
+/// passes; returns the last error or `None` result as an error.
+pub fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    let mut last: Option<anyhow::Error> = None;
+    loop {
+        match f() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last = Some(e),
+        }
+        if Instant::now() >= deadline {
+            return Err(last.unwrap_or_else(|| anyhow!("condition not met within {timeout:?}")));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
