@@ -513,7 +513,9 @@ fn read_thread(
         }
     }
     fence(Acquire);
-    if h.lock.load(Relaxed) != lw1 {
+    // Acquire: if this observes the FREE store of a lifetime that ended,
+    // the global read that follows observes that lifetime's fold.
+    if h.lock.load(Acquire) != lw1 {
         st.ended_records += 1;
         return None;
     }

@@ -65,6 +65,10 @@ const FLUSH_TICK: Duration = Duration::from_millis(10);
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(2);
 /// How much of the WAL a checkpoint reads back.
 const WAL_TAIL_BYTES: u64 = 64 << 10;
+/// The stats hot spot re-ranks the hot keys every this many requests ...
+const HOT_KEYS_EVERY: u64 = 256;
+/// ... keeping this many.
+const HOT_KEYS: usize = 8;
 /// Connections kept alive by the spawner.
 const MIN_CONNS: usize = 2;
 const MAX_CONNS: usize = 8;
@@ -338,9 +342,9 @@ impl Store {
     }
 }
 
-/// Request counters (behind the hot `stats` mutex).
+/// Request counters.
 #[derive(Debug, Clone, Copy, Default)]
-struct Stats {
+struct Counters {
     requests: u64,
     gets: u64,
     hits: u64,
@@ -349,13 +353,73 @@ struct Stats {
     connections: u64,
 }
 
+/// What the hot `stats` mutex protects: counters plus a hot-key tracker
+/// that is re-ranked *while the lock is held* every
+/// [`HOT_KEYS_EVERY`] requests, the classic mistake that makes a stats
+/// lock show up in `events_waits_summary_global_by_event_name`.
+struct Stats {
+    counters: Counters,
+    key_hits: Vec<u64>,
+    hot_keys: Vec<(u64, u64)>,
+}
+
+impl Stats {
+    fn new() -> Self {
+        Self {
+            counters: Counters::default(),
+            key_hits: vec![0; KEY_SPACE as usize],
+            hot_keys: Vec::new(),
+        }
+    }
+
+    fn record(&mut self, slot: u64, op: OpKind, found: bool) {
+        let c = &mut self.counters;
+        c.requests += 1;
+        match op {
+            OpKind::Get => {
+                c.gets += 1;
+                c.hits += u64::from(found);
+            }
+            OpKind::Put => c.puts += 1,
+            OpKind::Delete => c.deletes += 1,
+        }
+        if let Some(h) = self.key_hits.get_mut(slot as usize) {
+            *h += 1;
+        }
+        if c.requests.is_multiple_of(HOT_KEYS_EVERY) {
+            self.rank_hot_keys();
+        }
+    }
+
+    /// Sorts the whole key space by access count (real work, on purpose
+    /// under the lock).
+    fn rank_hot_keys(&mut self) {
+        let mut order: Vec<u64> = (0..self.key_hits.len() as u64).collect();
+        order.sort_unstable_by_key(|&k| std::cmp::Reverse(self.key_hits[k as usize]));
+        self.hot_keys = order
+            .iter()
+            .take(HOT_KEYS)
+            .map(|&k| (k, self.key_hits[k as usize]))
+            .collect();
+    }
+}
+
 enum Op {
     Get,
     Put(Vec<u8>),
     Delete,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpKind {
+    Get,
+    Put,
+    Delete,
+}
+
 struct Request {
+    /// Key number in `0..KEY_SPACE`.
+    slot: u64,
     key: String,
     op: Op,
     reply: Arc<Reply>,
@@ -421,22 +485,13 @@ impl Shared {
 
     /// Serves one request; true if the key was found (GET) or existed
     /// (PUT / DELETE).
-    fn serve(&self, key: &str, op: Op) -> bool {
-        let (found, is_get, is_put) = match op {
-            Op::Get => (self.store.get(key).is_some(), true, false),
-            Op::Put(value) => (self.store.put(key, value), false, true),
-            Op::Delete => (self.store.delete(key), false, false),
+    fn serve(&self, slot: u64, key: &str, op: Op) -> bool {
+        let (found, kind) = match op {
+            Op::Get => (self.store.get(key).is_some(), OpKind::Get),
+            Op::Put(value) => (self.store.put(key, value), OpKind::Put),
+            Op::Delete => (self.store.delete(key), OpKind::Delete),
         };
-        let mut s = relock(self.stats.lock());
-        s.requests += 1;
-        if is_get {
-            s.gets += 1;
-            s.hits += u64::from(found);
-        } else if is_put {
-            s.puts += 1;
-        } else {
-            s.deletes += 1;
-        }
+        relock(self.stats.lock()).record(slot, kind, found);
         found
     }
 }
@@ -455,10 +510,16 @@ fn worker_loop(shared: &Shared) {
                 q = relock(shared.not_empty.wait(q));
             }
         };
-        let Some(Request { key, op, reply }) = next else {
+        let Some(Request {
+            slot,
+            key,
+            op,
+            reply,
+        }) = next
+        else {
             return;
         };
-        let found = shared.serve(&key, op);
+        let found = shared.serve(slot, &key, op);
         let mut st = relock(reply.state.lock());
         st.pending -= 1;
         st.found += usize::from(found);
@@ -469,7 +530,7 @@ fn worker_loop(shared: &Shared) {
 }
 
 fn make_request(rng: &mut XorShift, reply: &Arc<Reply>) -> Request {
-    let key = key_name(rng.range(0, KEY_SPACE - 1));
+    let slot = rng.range(0, KEY_SPACE - 1);
     let op = match rng.range(0, 99) {
         0..70 => Op::Get,
         70..95 => {
@@ -479,7 +540,8 @@ fn make_request(rng: &mut XorShift, reply: &Arc<Reply>) -> Request {
         _ => Op::Delete,
     };
     Request {
-        key,
+        slot,
+        key: key_name(slot),
         op,
         reply: Arc::clone(reply),
     }
@@ -522,7 +584,7 @@ fn connection(shared: &Shared, id: u64) {
         drop(st);
         thread::sleep(Duration::from_millis(rng.range(20, 60)));
     }
-    relock(shared.stats.lock()).connections += 1;
+    relock(shared.stats.lock()).counters.connections += 1;
     tracing::trace!(id, bursts, answered, "connection closed");
 }
 
@@ -571,7 +633,10 @@ fn checkpoint_loop(shared: &Shared) {
     while shared.sleep(CHECKPOINT_INTERVAL) {
         match shared.store.checkpoint() {
             Ok(info) => {
-                let stats = *relock(shared.stats.lock());
+                let (stats, hot_keys) = {
+                    let s = relock(shared.stats.lock());
+                    (s.counters, s.hot_keys.clone())
+                };
                 let (syncs, rotations) = {
                     let wal = relock(shared.store.wal.lock());
                     (wal.syncs, wal.rotations)
@@ -579,6 +644,7 @@ fn checkpoint_loop(shared: &Shared) {
                 tracing::debug!(
                     ?info,
                     ?stats,
+                    ?hot_keys,
                     wal_syncs = syncs,
                     wal_rotations = rotations,
                     live_connections = shared.conns_alive.load(Ordering::Relaxed),
@@ -617,7 +683,11 @@ fn join(h: JoinHandle<()>) -> anyhow::Result<()> {
 
 /// Runs the workload until `stop` is set (never, in the real process),
 /// then drains connections and workers and returns the final counters.
-fn run_workload(data_dir: &Path, workers: usize, stop: Arc<AtomicBool>) -> anyhow::Result<Stats> {
+fn run_workload(
+    data_dir: &Path,
+    workers: usize,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<Counters> {
     let store = Store::open(data_dir)
         .with_context(|| format!("cannot create the WAL in {}", data_dir.display()))?;
     let mut rng = XorShift::new(0xDA7A);
@@ -629,7 +699,7 @@ fn run_workload(data_dir: &Path, workers: usize, stop: Arc<AtomicBool>) -> anyho
         store,
         queue: Mutex::new(&QUEUE_LOCK, VecDeque::new()),
         not_empty: Condvar::new(&QUEUE_NOT_EMPTY),
-        stats: Mutex::new(&STATS_LOCK, Stats::default()),
+        stats: Mutex::new(&STATS_LOCK, Stats::new()),
         stop,
         conns_alive: AtomicUsize::new(0),
         next_conn: AtomicU64::new(1),
@@ -657,8 +727,8 @@ fn run_workload(data_dir: &Path, workers: usize, stop: Arc<AtomicBool>) -> anyho
         }
     }
     result?;
-    let stats = *relock(shared.stats.lock());
-    Ok(stats)
+    let counters = relock(shared.stats.lock()).counters;
+    Ok(counters)
 }
 
 #[cfg(test)]
@@ -710,6 +780,24 @@ mod tests {
         assert_eq!(wal.rotations, 1);
         assert!(wal.len < WAL_MAX_BYTES);
         assert_eq!(file_len(&dir.path().join(WAL_NAME)), wal.len);
+    }
+
+    #[test]
+    fn stats_count_requests_and_rank_hot_keys() {
+        let mut s = Stats::new();
+        for i in 0..HOT_KEYS_EVERY {
+            let slot = if i % 2 == 0 { 7 } else { 100 + i };
+            s.record(slot, OpKind::Get, i % 4 == 0);
+        }
+        s.record(9, OpKind::Put, false);
+        s.record(9, OpKind::Delete, true);
+        let c = s.counters;
+        assert_eq!(
+            (c.requests, c.gets, c.hits, c.puts, c.deletes),
+            (HOT_KEYS_EVERY + 2, HOT_KEYS_EVERY, 64, 1, 1)
+        );
+        assert_eq!(s.hot_keys.len(), HOT_KEYS);
+        assert_eq!(s.hot_keys[0], (7, HOT_KEYS_EVERY / 2));
     }
 
     #[test]

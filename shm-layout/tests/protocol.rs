@@ -1,0 +1,241 @@
+//! Protocol tests of the segment: validation of hostile files, container
+//! growth and reuse, history rings, and exit-time folding under concurrent
+//! snapshots.
+
+use std::fs::File;
+use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use pfs_shm_layout::layout::*;
+use pfs_shm_layout::reader::{ReadOptions, SegmentSnapshot, snapshot};
+use pfs_shm_layout::writer::EventData;
+use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentError, SegmentWriter, TimerCalibration};
+
+const TIMER: TimerCalibration = TimerCalibration {
+    kind: 2,
+    base_ticks: 0,
+    ps_per_tick_q32: 1000 << 32,
+    frequency_hz: 1_000_000_000,
+};
+
+fn create(cfg: SegmentConfig) -> (File, SegmentWriter) {
+    let f = tempfile::tempfile().unwrap();
+    let seg = Segment::create(f.try_clone().unwrap(), &cfg, TIMER, 7, 0).unwrap();
+    (f, SegmentWriter::new(seg))
+}
+
+fn small() -> SegmentConfig {
+    SegmentConfig {
+        service_name: "t".into(),
+        history_len: 4,
+        max_classes: 8,
+        max_strings: 16,
+        records_per_page: 2,
+        max_pages: 3,
+    }
+}
+
+fn event(class: u32, id: u64, wait_ps: u64) -> EventData {
+    EventData {
+        event_id: id,
+        end_event_id: id,
+        class,
+        timer_start: id * 10,
+        timer_end: id * 10 + wait_ps / 1000,
+        timer_wait: wait_ps,
+        source: NONE_U32,
+        object_name: NONE_U32,
+        flags: EV_TIMED | EV_ENDED,
+        event_type: EventType::Wait as u32,
+        ..Default::default()
+    }
+}
+
+fn file_with(bytes: &[u8]) -> File {
+    let mut f = tempfile::tempfile().unwrap();
+    f.write_all(bytes).unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f
+}
+
+fn good_bytes() -> Vec<u8> {
+    let (mut f, _w) = create(small());
+    let mut v = Vec::new();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    std::io::Read::read_to_end(&mut f, &mut v).unwrap();
+    v
+}
+
+#[test]
+fn refuses_hostile_files_with_typed_errors() {
+    let good = good_bytes();
+    assert!(Segment::open(file_with(&good), false).is_ok());
+
+    let err = |b: &[u8]| Segment::open(file_with(b), false).unwrap_err();
+    assert!(matches!(err(&[]), SegmentError::Truncated { len: 0, .. }));
+    assert!(matches!(err(&good[..100]), SegmentError::Truncated { len: 100, .. }));
+    assert!(matches!(err(&vec![0xA5; 8192]), SegmentError::BadMagic(_)));
+    assert!(matches!(err(&good[..good.len() / 2]), SegmentError::Truncated { .. }));
+
+    let mut b = good.clone();
+    b[8..12].copy_from_slice(&99u32.to_le_bytes());
+    let e = err(&b);
+    assert!(matches!(e, SegmentError::UnsupportedVersion { found: 99, supported: 1 }), "{e}");
+    assert!(e.to_string().contains("upgrade pfs-agent"), "message tells what to do: {e}");
+
+    let mut b = good.clone();
+    b[0x10..0x14].copy_from_slice(&0x0403_0201u32.to_le_bytes());
+    assert!(matches!(err(&b), SegmentError::ByteOrder(0x0403_0201)));
+
+    let mut b = good.clone();
+    b[0x20..0x28].copy_from_slice(&0u64.to_le_bytes());
+    assert!(matches!(err(&b), SegmentError::NotReady));
+
+    // Absurd section offset / size / count.
+    for (field_off, value) in [(8usize, u64::MAX - 10), (16, 1 << 60)] {
+        let mut b = good.clone();
+        let entry = 0x100 + 32; // classes section entry
+        b[entry + field_off..entry + field_off + 8].copy_from_slice(&value.to_le_bytes());
+        assert!(matches!(err(&b), SegmentError::Corrupt(_)), "field {field_off}");
+    }
+    let mut b = good.clone();
+    b[0x2C..0x30].copy_from_slice(&1000u32.to_le_bytes()); // section_count
+    assert!(matches!(err(&b), SegmentError::Corrupt(_)));
+    let mut b = good.clone();
+    b[0x58..0x5C].copy_from_slice(&65u32.to_le_bytes()); // service_name_len
+    assert!(matches!(err(&b), SegmentError::Corrupt(_)));
+}
+
+#[test]
+fn hostile_record_contents_never_panic_the_reader() {
+    let (f, w) = create(small());
+    let c = w.register_class("wait/synch/mutex/t/a", ClassKind::Mutex, FLAG_ENABLED | FLAG_TIMED).unwrap();
+    let slot = w.alloc_thread(1, 1, "x").unwrap();
+    w.segment().record(slot.index).end_event(&event(c, 1, 5000));
+    let g = *w.segment().geometry();
+    // Scribble over everything after the header with a pattern, as a
+    // compromised writer could, then read.
+    // Everything but the header and the container geometry: counters,
+    // classes, strings, global rows, page directory, records.
+    let junk: Vec<u8> = (0..g.total_size).map(|i| (i * 31 % 251) as u8).collect();
+    f.write_all_at(&junk[PAGE..g.threads_off], PAGE as u64).unwrap();
+    f.write_all_at(&junk[g.threads_off + 64..], (g.threads_off + 64) as u64).unwrap();
+    let r = Segment::open(f.try_clone().unwrap(), false).unwrap();
+    let _ = snapshot(&r, &ReadOptions::default());
+}
+
+#[test]
+fn container_adds_pages_only_when_full_and_reuses_records() {
+    let (_f, w) = create(small()); // 2 records/page, 3 pages
+    let seg = w.segment();
+    let a = w.alloc_thread(1, 1, "a").unwrap();
+    assert_eq!(seg.pages_added(), 1);
+    let b = w.alloc_thread(2, 2, "b").unwrap();
+    assert_eq!(seg.pages_added(), 1, "second record fits page 0");
+    let c = w.alloc_thread(3, 3, "c").unwrap();
+    assert_eq!(seg.pages_added(), 2);
+    w.fold_and_free(a);
+    let d = w.alloc_thread(4, 4, "d").unwrap();
+    assert_eq!(d.index, a.index, "a freed record is reused before adding pages");
+    assert_eq!(d.version, a.version + 1, "each lifetime has a new version");
+    assert_eq!(seg.pages_added(), 2);
+    let _e = w.alloc_thread(5, 5, "e").unwrap();
+    let _f2 = w.alloc_thread(6, 6, "f").unwrap();
+    assert_eq!(seg.pages_added(), 3);
+    let _g = w.alloc_thread(7, 7, "g").unwrap();
+    assert_eq!(seg.pages_added(), 3, "page 2 still had a free record");
+    assert!(w.alloc_thread(8, 8, "h").is_none(), "container full");
+    assert_eq!(seg.lost().counters[LostKind::Threads as usize].load(Ordering::Relaxed), 1);
+    let _ = (b, c);
+}
+
+#[test]
+fn history_ring_keeps_the_last_n_in_order() {
+    let (f, w) = create(small()); // history_len 4
+    let c = w.register_class("wait/io/file/t/f", ClassKind::File, FLAG_ENABLED | FLAG_TIMED).unwrap();
+    let slot = w.alloc_thread(1, 1, "t").unwrap();
+    let rec = w.segment().record(slot.index);
+    for id in 1..=10 {
+        rec.end_event(&event(c, id, id * 1000));
+    }
+    let r = Segment::open(f, false).unwrap();
+    let s = snapshot(&r, &ReadOptions::default()).unwrap();
+    let t = &s.threads[0];
+    let ids: Vec<u64> = t.waits_history.iter().map(|e| e.event_id).collect();
+    assert_eq!(ids, vec![7, 8, 9, 10]);
+    assert_eq!(t.waits_current.unwrap().event_id, 10);
+    let row = t.rows[0].1;
+    assert_eq!(row.count, 10);
+    assert_eq!(row.sum_ps, (1..=10).map(|i| i * 1000).sum::<u64>() as u128);
+    assert_eq!((row.min_ps, row.max_ps), (1000, 10_000));
+    assert_eq!(row.buckets.iter().sum::<u64>(), 10);
+}
+
+fn total_count(s: &SegmentSnapshot) -> u64 {
+    s.exited.iter().map(|(_, r)| r.count).sum::<u64>()
+        + s.threads.iter().flat_map(|t| t.rows.iter()).map(|(_, r)| r.count).sum::<u64>()
+}
+
+#[test]
+fn folding_under_concurrent_snapshots_never_loses_or_double_counts() {
+    let cfg = SegmentConfig {
+        records_per_page: 4,
+        max_pages: 8,
+        ..small()
+    };
+    let (f, w) = create(cfg);
+    let w = Arc::new(w);
+    let c = w.register_class("wait/synch/mutex/t/m", ClassKind::Mutex, FLAG_ENABLED | FLAG_TIMED).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    const PER_THREAD: u64 = 200;
+    let writers: Vec<_> = (0..2)
+        .map(|k| {
+            let (w, stop) = (w.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut lifetimes = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let slot = w.alloc_thread(k, k, "churn").unwrap();
+                    let rec = w.segment().record(slot.index);
+                    for id in 1..=PER_THREAD {
+                        rec.end_event(&event(c, id, 1000));
+                    }
+                    w.fold_and_free(slot);
+                    lifetimes += 1;
+                    // Real threads live for at least tens of microseconds
+                    // (creating one costs about that much).
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+                lifetimes
+            })
+        })
+        .collect();
+    let reader = Segment::open(f, false).unwrap();
+    let mut last = 0;
+    let mut snapshots = 0;
+    let mut storms = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while std::time::Instant::now() < deadline {
+        let s = match snapshot(&reader, &ReadOptions { events: false, ..Default::default() }) {
+            Ok(s) => s,
+            Err(SegmentError::FoldStorm(_)) => {
+                storms += 1;
+                continue;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let n = total_count(&s);
+        assert!(n >= last, "total went backwards: {last} -> {n}: exited {:?} threads {:?} folds {} stats {:?}", s.exited, s.threads.iter().map(|t| (t.record, t.version, t.rows.len())).collect::<Vec<_>>(), s.threads_exited, s.stats);
+        last = n;
+        snapshots += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let lifetimes: u64 = writers.into_iter().map(|h| h.join().unwrap()).sum();
+    let s = snapshot(&reader, &ReadOptions::default()).unwrap();
+    assert_eq!(total_count(&s), lifetimes * PER_THREAD, "every event counted exactly once");
+    assert_eq!(s.threads_exited, lifetimes);
+    assert!(snapshots > 10 && lifetimes > 1000, "{snapshots} snapshots, {lifetimes} lifetimes");
+    assert!(storms * 10 < snapshots, "{storms} snapshots gave up out of {snapshots}");
+    eprintln!("fold test: {snapshots} snapshots over {lifetimes} thread lifetimes; {storms} gave up");
+}
