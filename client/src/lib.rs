@@ -73,3 +73,8 @@ pub fn segment_path() -> Option<&'static Path> {
 pub fn segment_file_name(service: &str, pid: u32) -> String {
     runtime::segment_file_name(service, pid)
 }
+
+/// The README's instrumentation example, compiled as a doctest so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

@@ -1,0 +1,113 @@
+//! The client API against a real segment, read back with the protocol
+//! reader. One test function: `init` is once per process.
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+
+use pfs_client::{LazyWaitClass, Operation, fs::File, sync::{Condvar, Mutex, RwLock}};
+use pfs_shm_layout::Segment;
+use pfs_shm_layout::reader::{ReadOptions, SegmentSnapshot, Summary, snapshot};
+
+static M: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/api/m");
+static RW: LazyWaitClass = LazyWaitClass::new("wait/synch/rwlock/api/rw");
+static CV: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/api/cv");
+static F: LazyWaitClass = LazyWaitClass::new("wait/io/file/api/f");
+static CUSTOM: LazyWaitClass = LazyWaitClass::new("wait/io/socket/api/send");
+static NOT_A_WAIT: LazyWaitClass = LazyWaitClass::new("stage/api/not_a_wait");
+
+fn read(path: &std::path::Path) -> SegmentSnapshot {
+    let seg = Segment::open(std::fs::File::open(path).unwrap(), false).unwrap();
+    snapshot(&seg, &ReadOptions::default()).unwrap()
+}
+
+fn global(s: &SegmentSnapshot, name: &str) -> Summary {
+    let class = s.classes.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("{name} registered"));
+    let mut sum = Summary::default();
+    for (c, r) in s.exited.iter().chain(s.threads.iter().flat_map(|t| t.rows.iter())) {
+        if *c == class.index {
+            sum.merge(r);
+        }
+    }
+    sum
+}
+
+#[test]
+fn waits_are_recorded_with_their_details() {
+    // Before init every instrument is a no-op.
+    assert!(!M.get().is_enabled());
+    assert!(!M.get().start(Operation::Lock, 0).is_recording());
+
+    let dir = tempfile::tempdir().unwrap();
+    pfs_client::init_with(pfs_client::Config::new("api-test").shm_dir(dir.path())).unwrap();
+    let path = pfs_client::segment_path().unwrap().to_path_buf();
+    assert_eq!(path.file_name().unwrap().to_str().unwrap(), format!("api-test.{}.pfs", std::process::id()));
+    assert!(pfs_client::init_with(pfs_client::Config::new("again").shm_dir(dir.path())).is_err());
+
+    // A custom wait: SOURCE is this file and line, bytes are kept.
+    let line = line!() + 1;
+    let mut w = CUSTOM.get().start(Operation::Send, 0xABC);
+    w.set_bytes(512);
+    let ps = w.end().expect("timed");
+    let s = read(&path);
+    let me = s.threads.iter().find(|t| t.waits_current.is_some_and(|e| e.object_instance == 0xABC)).unwrap();
+    let ev = me.waits_current.unwrap();
+    assert_eq!(ev.timer_wait, Some(ps));
+    assert_eq!(ev.bytes, Some(512));
+    assert_eq!(ev.operation, Some(Operation::Send));
+    assert_eq!(s.strings[&ev.source.unwrap()], format!("api.rs:{line}"));
+
+    // Mutex: an uncontended lock has SPINS 0, a contended one SPINS 1.
+    let m = Arc::new(Mutex::new(&M, 0u32));
+    *m.lock().unwrap() += 1;
+    let held = m.lock().unwrap();
+    let m2 = m.clone();
+    let t = std::thread::spawn(move || {
+        *m2.lock().unwrap() += 1;
+    });
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    drop(held);
+    t.join().unwrap(); // thread exit folds its record
+    let s = read(&path);
+    let g = global(&s, "wait/synch/mutex/api/m");
+    assert_eq!(g.count, 3);
+    assert!(g.max_ps >= 40_000_000_000, "the contended wait lasted >= 40 ms: {}", g.max_ps);
+    assert_eq!(s.threads_exited, 1);
+    let spins: Vec<_> = s.threads.iter().flat_map(|t| t.waits_history.iter()).filter(|e| e.operation == Some(Operation::Lock)).map(|e| e.spins).collect();
+    assert_eq!(spins, vec![Some(0), Some(0)], "this thread's two locks were uncontended");
+
+    // RwLock and Condvar.
+    let rw = RwLock::new(&RW, 5);
+    assert_eq!(*rw.read().unwrap(), 5);
+    *rw.write().unwrap() = 6;
+    let cv = Condvar::new(&CV);
+    let g2 = m.lock().unwrap();
+    let (_g2, timeout) = cv.wait_timeout(g2, std::time::Duration::from_millis(5)).unwrap();
+    assert!(timeout.timed_out());
+    let s = read(&path);
+    assert_eq!(global(&s, "wait/synch/rwlock/api/rw").count, 2);
+    let cvs = global(&s, "wait/synch/cond/api/cv");
+    assert_eq!(cvs.count, 1);
+    assert!(cvs.sum_ps >= 5_000_000_000, "timed_wait lasted >= 5 ms");
+
+    // File I/O: byte counts and the object name.
+    let fpath = dir.path().join("data.bin");
+    let mut f = File::create(&F, &fpath).unwrap();
+    f.write_all(&[7u8; 1000]).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let mut f = File::open(&F, &fpath).unwrap();
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf).unwrap();
+    drop(f);
+    let s = read(&path);
+    let fs = global(&s, "wait/io/file/api/f");
+    assert_eq!(fs.count, 7, "create, write, sync, close, open, read, close");
+    assert_eq!(fs.bytes, 2000);
+    let me = s.threads.iter().find(|t| t.waits_history.iter().any(|e| e.bytes == Some(1000))).unwrap();
+    let w = me.waits_history.iter().find(|e| e.operation == Some(Operation::Write)).unwrap();
+    assert!(s.strings[&w.object_name.unwrap()].ends_with("data.bin"));
+
+    // A name outside the wait taxonomy is refused, not registered.
+    assert!(!NOT_A_WAIT.get().is_enabled());
+    assert!(!read(&path).classes.iter().any(|c| c.name.starts_with("stage/")));
+}
