@@ -154,10 +154,11 @@ impl SegmentSet {
             Err(_) => return, // vanished
         };
         let (len, modified) = (meta.len(), meta.modified().ok());
-        if let Some(inv) = self.invalid.get(path) {
-            if inv.len == len && inv.modified == modified {
-                return; // unchanged since refused
-            }
+        if let Some(inv) = self.invalid.get(path)
+            && inv.len == len
+            && inv.modified == modified
+        {
+            return; // unchanged since refused
         }
         let result = if meta.file_type().is_symlink() {
             Err((

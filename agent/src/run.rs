@@ -199,10 +199,10 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
 }
 
 async fn stop_child(child: &mut tokio::process::Child) {
-    if let Some(id) = child.id() {
-        if let Some(pid) = rustix::process::Pid::from_raw(id as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
+    if let Some(id) = child.id()
+        && let Some(pid) = rustix::process::Pid::from_raw(id as i32)
+    {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
     }
     if tokio::time::timeout(Duration::from_secs(5), child.wait())
         .await

@@ -103,10 +103,10 @@ impl Snapshotter {
     /// The current snapshot, fresh or at most `max_age` old.
     pub fn get(&self) -> Arc<Snapshot> {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = cache.as_ref() {
-            if s.taken_at.elapsed() < self.max_age {
-                return s.clone();
-            }
+        if let Some(s) = cache.as_ref()
+            && s.taken_at.elapsed() < self.max_age
+        {
+            return s.clone();
         }
         let s = Arc::new(self.take());
         *cache = Some(s.clone());

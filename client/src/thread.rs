@@ -27,17 +27,16 @@ impl Drop for Owner {
             rt.writer.fold_and_free(ctx.slot);
         }
         let lost = LOST_EVENTS.with(|c| c.get());
-        if lost > 0 {
-            if let Some(rt) = runtime::get() {
-                rt.writer.segment().lost().counters[LostKind::Events as usize]
-                    .fetch_add(lost, Relaxed);
-            }
+        if lost > 0
+            && let Some(rt) = runtime::get()
+        {
+            rt.writer.segment().lost().counters[LostKind::Events as usize].fetch_add(lost, Relaxed);
         }
     }
 }
 
 /// Sentinel: this thread has no record (lost, exited, or exiting).
-const DEAD: *const ThreadCtx = 1 as *const ThreadCtx;
+const DEAD: *const ThreadCtx = std::ptr::dangling::<ThreadCtx>();
 
 thread_local! {
     static CTX: Cell<*const ThreadCtx> = const { Cell::new(std::ptr::null()) };
@@ -56,7 +55,7 @@ pub(crate) fn with_ctx<R>(
 ) -> Option<R> {
     let p = CTX.with(|c| c.get());
     if p.is_null() {
-        return register(rt).map(|ctx| f(ctx));
+        return register(rt).map(f);
     }
     if p == DEAD {
         LOST_EVENTS.with(|c| c.set(c.get() + 1));

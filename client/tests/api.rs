@@ -4,7 +4,11 @@
 use std::io::{Read, Write};
 use std::sync::Arc;
 
-use pfs_client::{LazyWaitClass, Operation, fs::File, sync::{Condvar, Mutex, RwLock}};
+use pfs_client::{
+    LazyWaitClass, Operation,
+    fs::File,
+    sync::{Condvar, Mutex, RwLock},
+};
 use pfs_shm_layout::Segment;
 use pfs_shm_layout::reader::{ReadOptions, SegmentSnapshot, Summary, snapshot};
 
@@ -21,9 +25,17 @@ fn read(path: &std::path::Path) -> SegmentSnapshot {
 }
 
 fn global(s: &SegmentSnapshot, name: &str) -> Summary {
-    let class = s.classes.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("{name} registered"));
+    let class = s
+        .classes
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("{name} registered"));
     let mut sum = Summary::default();
-    for (c, r) in s.exited.iter().chain(s.threads.iter().flat_map(|t| t.rows.iter())) {
+    for (c, r) in s
+        .exited
+        .iter()
+        .chain(s.threads.iter().flat_map(|t| t.rows.iter()))
+    {
         if *c == class.index {
             sum.merge(r);
         }
@@ -40,7 +52,10 @@ fn waits_are_recorded_with_their_details() {
     let dir = tempfile::tempdir().unwrap();
     pfs_client::init_with(pfs_client::Config::new("api-test").shm_dir(dir.path())).unwrap();
     let path = pfs_client::segment_path().unwrap().to_path_buf();
-    assert_eq!(path.file_name().unwrap().to_str().unwrap(), format!("api-test.{}.pfs", std::process::id()));
+    assert_eq!(
+        path.file_name().unwrap().to_str().unwrap(),
+        format!("api-test.{}.pfs", std::process::id())
+    );
     assert!(pfs_client::init_with(pfs_client::Config::new("again").shm_dir(dir.path())).is_err());
 
     // A custom wait: SOURCE is this file and line, bytes are kept.
@@ -49,7 +64,11 @@ fn waits_are_recorded_with_their_details() {
     w.set_bytes(512);
     let ps = w.end().expect("timed");
     let s = read(&path);
-    let me = s.threads.iter().find(|t| t.waits_current.is_some_and(|e| e.object_instance == 0xABC)).unwrap();
+    let me = s
+        .threads
+        .iter()
+        .find(|t| t.waits_current.is_some_and(|e| e.object_instance == 0xABC))
+        .unwrap();
     let ev = me.waits_current.unwrap();
     assert_eq!(ev.timer_wait, Some(ps));
     assert_eq!(ev.bytes, Some(512));
@@ -70,10 +89,24 @@ fn waits_are_recorded_with_their_details() {
     let s = read(&path);
     let g = global(&s, "wait/synch/mutex/api/m");
     assert_eq!(g.count, 3);
-    assert!(g.max_ps >= 40_000_000_000, "the contended wait lasted >= 40 ms: {}", g.max_ps);
+    assert!(
+        g.max_ps >= 40_000_000_000,
+        "the contended wait lasted >= 40 ms: {}",
+        g.max_ps
+    );
     assert_eq!(s.threads_exited, 1);
-    let spins: Vec<_> = s.threads.iter().flat_map(|t| t.waits_history.iter()).filter(|e| e.operation == Some(Operation::Lock)).map(|e| e.spins).collect();
-    assert_eq!(spins, vec![Some(0), Some(0)], "this thread's two locks were uncontended");
+    let spins: Vec<_> = s
+        .threads
+        .iter()
+        .flat_map(|t| t.waits_history.iter())
+        .filter(|e| e.operation == Some(Operation::Lock))
+        .map(|e| e.spins)
+        .collect();
+    assert_eq!(
+        spins,
+        vec![Some(0), Some(0)],
+        "this thread's two locks were uncontended"
+    );
 
     // RwLock and Condvar.
     let rw = RwLock::new(&RW, 5);
@@ -81,7 +114,9 @@ fn waits_are_recorded_with_their_details() {
     *rw.write().unwrap() = 6;
     let cv = Condvar::new(&CV);
     let g2 = m.lock().unwrap();
-    let (_g2, timeout) = cv.wait_timeout(g2, std::time::Duration::from_millis(5)).unwrap();
+    let (_g2, timeout) = cv
+        .wait_timeout(g2, std::time::Duration::from_millis(5))
+        .unwrap();
     assert!(timeout.timed_out());
     let s = read(&path);
     assert_eq!(global(&s, "wait/synch/rwlock/api/rw").count, 2);
@@ -103,11 +138,24 @@ fn waits_are_recorded_with_their_details() {
     let fs = global(&s, "wait/io/file/api/f");
     assert_eq!(fs.count, 7, "create, write, sync, close, open, read, close");
     assert_eq!(fs.bytes, 2000);
-    let me = s.threads.iter().find(|t| t.waits_history.iter().any(|e| e.bytes == Some(1000))).unwrap();
-    let w = me.waits_history.iter().find(|e| e.operation == Some(Operation::Write)).unwrap();
+    let me = s
+        .threads
+        .iter()
+        .find(|t| t.waits_history.iter().any(|e| e.bytes == Some(1000)))
+        .unwrap();
+    let w = me
+        .waits_history
+        .iter()
+        .find(|e| e.operation == Some(Operation::Write))
+        .unwrap();
     assert!(s.strings[&w.object_name.unwrap()].ends_with("data.bin"));
 
     // A name outside the wait taxonomy is refused, not registered.
     assert!(!NOT_A_WAIT.get().is_enabled());
-    assert!(!read(&path).classes.iter().any(|c| c.name.starts_with("stage/")));
+    assert!(
+        !read(&path)
+            .classes
+            .iter()
+            .any(|c| c.name.starts_with("stage/"))
+    );
 }

@@ -37,7 +37,8 @@ fn full_volume_counts_losses_instead_of_crashing() {
     );
     let _mount = Mount(dir.path().to_path_buf());
 
-    pfs_client::init_with(pfs_client::Config::new("full").shm_dir(dir.path())).expect("the fixed part fits in 1 MiB");
+    pfs_client::init_with(pfs_client::Config::new("full").shm_dir(dir.path()))
+        .expect("the fixed part fits in 1 MiB");
     let m = std::sync::Arc::new(Mutex::new(&M, 0u64));
     let threads: Vec<_> = (0..4)
         .map(|_| {
@@ -62,8 +63,15 @@ fn full_volume_counts_losses_instead_of_crashing() {
     let s = snapshot(&seg, &ReadOptions::default()).unwrap();
     let lost = |k: LostKind| seg.lost().counters[k as usize].load(Ordering::Relaxed);
     assert!(s.threads.is_empty(), "no thread could get a record");
-    assert!(lost(LostKind::Threads) >= 5, "every thread's loss counted: {}", lost(LostKind::Threads));
-    assert!(lost(LostKind::Pages) >= 5, "each failed page reservation counted");
+    assert!(
+        lost(LostKind::Threads) >= 5,
+        "every thread's loss counted: {}",
+        lost(LostKind::Threads)
+    );
+    assert!(
+        lost(LostKind::Pages) >= 5,
+        "each failed page reservation counted"
+    );
     eprintln!(
         "full volume: thread_instances lost {}, container_pages lost {}",
         lost(LostKind::Threads),

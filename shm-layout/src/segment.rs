@@ -455,9 +455,9 @@ impl Segment {
             ));
         }
         let pages_bytes = page_size.checked_mul(u64::from(max_pages));
-        if page_size % PAGE as u64 != 0
+        if !page_size.is_multiple_of(PAGE as u64)
             || page_size < record_size * u64::from(records_per_page)
-            || pages_offset % PAGE as u64 != 0
+            || !pages_offset.is_multiple_of(PAGE as u64)
             || pages_offset < (size_of::<ContainerHeader>() as u64 + u64::from(max_pages) * 8)
             || pages_bytes
                 .and_then(|b| b.checked_add(pages_offset))
@@ -539,7 +539,7 @@ impl Segment {
     /// A typed reference at a checked offset.
     fn at<T>(&self, off: usize) -> &T {
         assert!(
-            off % align_of::<T>() == 0 && off + size_of::<T>() <= self.geom.total_size,
+            off.is_multiple_of(align_of::<T>()) && off + size_of::<T>() <= self.geom.total_size,
             "internal error: offset {off} out of the validated geometry"
         );
         // SAFETY: bounds and alignment checked just above against the
@@ -553,7 +553,8 @@ impl Segment {
     /// A typed slice at a checked offset.
     fn slice_at<T>(&self, off: usize, count: usize) -> &[T] {
         assert!(
-            off % align_of::<T>() == 0 && off + size_of::<T>() * count <= self.geom.total_size,
+            off.is_multiple_of(align_of::<T>())
+                && off + size_of::<T>() * count <= self.geom.total_size,
             "internal error: slice at {off} x {count} out of the validated geometry"
         );
         // SAFETY: as in `at`, for `count` consecutive elements.

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use pfs_shm_layout::layout::*;
 use pfs_shm_layout::reader::{ReadOptions, SegmentSnapshot, snapshot};
 use pfs_shm_layout::writer::EventData;
-use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentError, SegmentWriter, TimerCalibration};
+use pfs_shm_layout::{
+    ClassKind, Segment, SegmentConfig, SegmentError, SegmentWriter, TimerCalibration,
+};
 
 const TIMER: TimerCalibration = TimerCalibration {
     kind: 2,
@@ -75,15 +77,33 @@ fn refuses_hostile_files_with_typed_errors() {
 
     let err = |b: &[u8]| Segment::open(file_with(b), false).unwrap_err();
     assert!(matches!(err(&[]), SegmentError::Truncated { len: 0, .. }));
-    assert!(matches!(err(&good[..100]), SegmentError::Truncated { len: 100, .. }));
+    assert!(matches!(
+        err(&good[..100]),
+        SegmentError::Truncated { len: 100, .. }
+    ));
     assert!(matches!(err(&vec![0xA5; 8192]), SegmentError::BadMagic(_)));
-    assert!(matches!(err(&good[..good.len() / 2]), SegmentError::Truncated { .. }));
+    assert!(matches!(
+        err(&good[..good.len() / 2]),
+        SegmentError::Truncated { .. }
+    ));
 
     let mut b = good.clone();
     b[8..12].copy_from_slice(&99u32.to_le_bytes());
     let e = err(&b);
-    assert!(matches!(e, SegmentError::UnsupportedVersion { found: 99, supported: 1 }), "{e}");
-    assert!(e.to_string().contains("upgrade pfs-agent"), "message tells what to do: {e}");
+    assert!(
+        matches!(
+            e,
+            SegmentError::UnsupportedVersion {
+                found: 99,
+                supported: 1
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("upgrade pfs-agent"),
+        "message tells what to do: {e}"
+    );
 
     let mut b = good.clone();
     b[0x10..0x14].copy_from_slice(&0x0403_0201u32.to_le_bytes());
@@ -98,7 +118,10 @@ fn refuses_hostile_files_with_typed_errors() {
         let mut b = good.clone();
         let entry = 0x100 + 32; // classes section entry
         b[entry + field_off..entry + field_off + 8].copy_from_slice(&value.to_le_bytes());
-        assert!(matches!(err(&b), SegmentError::Corrupt(_)), "field {field_off}");
+        assert!(
+            matches!(err(&b), SegmentError::Corrupt(_)),
+            "field {field_off}"
+        );
     }
     let mut b = good.clone();
     b[0x2C..0x30].copy_from_slice(&1000u32.to_le_bytes()); // section_count
@@ -111,7 +134,13 @@ fn refuses_hostile_files_with_typed_errors() {
 #[test]
 fn hostile_record_contents_never_panic_the_reader() {
     let (f, w) = create(small());
-    let c = w.register_class("wait/synch/mutex/t/a", ClassKind::Mutex, FLAG_ENABLED | FLAG_TIMED).unwrap();
+    let c = w
+        .register_class(
+            "wait/synch/mutex/t/a",
+            ClassKind::Mutex,
+            FLAG_ENABLED | FLAG_TIMED,
+        )
+        .unwrap();
     let slot = w.alloc_thread(1, 1, "x").unwrap();
     w.segment().record(slot.index).end_event(&event(c, 1, 5000));
     let g = *w.segment().geometry();
@@ -120,8 +149,10 @@ fn hostile_record_contents_never_panic_the_reader() {
     // Everything but the header and the container geometry: counters,
     // classes, strings, global rows, page directory, records.
     let junk: Vec<u8> = (0..g.total_size).map(|i| (i * 31 % 251) as u8).collect();
-    f.write_all_at(&junk[PAGE..g.threads_off], PAGE as u64).unwrap();
-    f.write_all_at(&junk[g.threads_off + 64..], (g.threads_off + 64) as u64).unwrap();
+    f.write_all_at(&junk[PAGE..g.threads_off], PAGE as u64)
+        .unwrap();
+    f.write_all_at(&junk[g.threads_off + 64..], (g.threads_off + 64) as u64)
+        .unwrap();
     let r = Segment::open(f.try_clone().unwrap(), false).unwrap();
     let _ = snapshot(&r, &ReadOptions::default());
 }
@@ -138,7 +169,10 @@ fn container_adds_pages_only_when_full_and_reuses_records() {
     assert_eq!(seg.pages_added(), 2);
     w.fold_and_free(a);
     let d = w.alloc_thread(4, 4, "d").unwrap();
-    assert_eq!(d.index, a.index, "a freed record is reused before adding pages");
+    assert_eq!(
+        d.index, a.index,
+        "a freed record is reused before adding pages"
+    );
     assert_eq!(d.version, a.version + 1, "each lifetime has a new version");
     assert_eq!(seg.pages_added(), 2);
     let _e = w.alloc_thread(5, 5, "e").unwrap();
@@ -147,14 +181,23 @@ fn container_adds_pages_only_when_full_and_reuses_records() {
     let _g = w.alloc_thread(7, 7, "g").unwrap();
     assert_eq!(seg.pages_added(), 3, "page 2 still had a free record");
     assert!(w.alloc_thread(8, 8, "h").is_none(), "container full");
-    assert_eq!(seg.lost().counters[LostKind::Threads as usize].load(Ordering::Relaxed), 1);
+    assert_eq!(
+        seg.lost().counters[LostKind::Threads as usize].load(Ordering::Relaxed),
+        1
+    );
     let _ = (b, c);
 }
 
 #[test]
 fn history_ring_keeps_the_last_n_in_order() {
     let (f, w) = create(small()); // history_len 4
-    let c = w.register_class("wait/io/file/t/f", ClassKind::File, FLAG_ENABLED | FLAG_TIMED).unwrap();
+    let c = w
+        .register_class(
+            "wait/io/file/t/f",
+            ClassKind::File,
+            FLAG_ENABLED | FLAG_TIMED,
+        )
+        .unwrap();
     let slot = w.alloc_thread(1, 1, "t").unwrap();
     let rec = w.segment().record(slot.index);
     for id in 1..=10 {
@@ -175,7 +218,11 @@ fn history_ring_keeps_the_last_n_in_order() {
 
 fn total_count(s: &SegmentSnapshot) -> u64 {
     s.exited.iter().map(|(_, r)| r.count).sum::<u64>()
-        + s.threads.iter().flat_map(|t| t.rows.iter()).map(|(_, r)| r.count).sum::<u64>()
+        + s.threads
+            .iter()
+            .flat_map(|t| t.rows.iter())
+            .map(|(_, r)| r.count)
+            .sum::<u64>()
 }
 
 #[test]
@@ -187,7 +234,13 @@ fn folding_under_concurrent_snapshots_never_loses_or_double_counts() {
     };
     let (f, w) = create(cfg);
     let w = Arc::new(w);
-    let c = w.register_class("wait/synch/mutex/t/m", ClassKind::Mutex, FLAG_ENABLED | FLAG_TIMED).unwrap();
+    let c = w
+        .register_class(
+            "wait/synch/mutex/t/m",
+            ClassKind::Mutex,
+            FLAG_ENABLED | FLAG_TIMED,
+        )
+        .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     const PER_THREAD: u64 = 200;
     let writers: Vec<_> = (0..2)
@@ -217,7 +270,13 @@ fn folding_under_concurrent_snapshots_never_loses_or_double_counts() {
     let mut storms = 0;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
     while std::time::Instant::now() < deadline {
-        let s = match snapshot(&reader, &ReadOptions { events: false, ..Default::default() }) {
+        let s = match snapshot(
+            &reader,
+            &ReadOptions {
+                events: false,
+                ..Default::default()
+            },
+        ) {
             Ok(s) => s,
             Err(SegmentError::FoldStorm(_)) => {
                 storms += 1;
@@ -226,16 +285,38 @@ fn folding_under_concurrent_snapshots_never_loses_or_double_counts() {
             Err(e) => panic!("{e}"),
         };
         let n = total_count(&s);
-        assert!(n >= last, "total went backwards: {last} -> {n}: exited {:?} threads {:?} folds {} stats {:?}", s.exited, s.threads.iter().map(|t| (t.record, t.version, t.rows.len())).collect::<Vec<_>>(), s.threads_exited, s.stats);
+        assert!(
+            n >= last,
+            "total went backwards: {last} -> {n}: exited {:?} threads {:?} folds {} stats {:?}",
+            s.exited,
+            s.threads
+                .iter()
+                .map(|t| (t.record, t.version, t.rows.len()))
+                .collect::<Vec<_>>(),
+            s.threads_exited,
+            s.stats
+        );
         last = n;
         snapshots += 1;
     }
     stop.store(true, Ordering::Relaxed);
     let lifetimes: u64 = writers.into_iter().map(|h| h.join().unwrap()).sum();
     let s = snapshot(&reader, &ReadOptions::default()).unwrap();
-    assert_eq!(total_count(&s), lifetimes * PER_THREAD, "every event counted exactly once");
+    assert_eq!(
+        total_count(&s),
+        lifetimes * PER_THREAD,
+        "every event counted exactly once"
+    );
     assert_eq!(s.threads_exited, lifetimes);
-    assert!(snapshots > 10 && lifetimes > 1000, "{snapshots} snapshots, {lifetimes} lifetimes");
-    assert!(storms * 10 < snapshots, "{storms} snapshots gave up out of {snapshots}");
-    eprintln!("fold test: {snapshots} snapshots over {lifetimes} thread lifetimes; {storms} gave up");
+    assert!(
+        snapshots > 10 && lifetimes > 1000,
+        "{snapshots} snapshots, {lifetimes} lifetimes"
+    );
+    assert!(
+        storms * 10 < snapshots,
+        "{storms} snapshots gave up out of {snapshots}"
+    );
+    eprintln!(
+        "fold test: {snapshots} snapshots over {lifetimes} thread lifetimes; {storms} gave up"
+    );
 }
