@@ -65,7 +65,8 @@ pub struct ReadStats {
     pub folded_copies: u64,
     /// Entries (classes, strings, records) with invalid content.
     pub invalid: u64,
-    /// Whole-snapshot restarts because the fold log wrapped.
+    /// Whole-snapshot restarts: the fold log wrapped during the walk, or
+    /// exiting threads kept the global section busy for every attempt.
     pub restarts: u64,
 }
 
@@ -306,24 +307,36 @@ pub struct SegmentSnapshot {
 /// Takes a snapshot of `seg`.
 pub fn snapshot(seg: &Segment, opts: &ReadOptions) -> Result<SegmentSnapshot, SegmentError> {
     let mut stats = ReadStats::default();
+    let mut folds = 0;
     for _ in 0..4 {
         match try_snapshot(seg, opts, &mut stats) {
             Ok(mut s) => {
                 s.stats = stats;
                 return Ok(s);
             }
-            Err(folds) if folds > 0 => stats.restarts += 1,
-            Err(_) => break,
+            Err(Retry::LogWrapped(n)) => {
+                folds = folds.max(n);
+                stats.restarts += 1;
+            }
+            Err(Retry::GlobalBusy) => stats.restarts += 1,
         }
     }
-    Err(SegmentError::FoldStorm(stats.restarts))
+    Err(SegmentError::FoldStorm(folds))
+}
+
+/// Why one snapshot attempt must be retried.
+enum Retry {
+    /// The global section was being written on every attempt.
+    GlobalBusy,
+    /// More exits than the fold log holds happened during the walk.
+    LogWrapped(u64),
 }
 
 fn try_snapshot(
     seg: &Segment,
     opts: &ReadOptions,
     total: &mut ReadStats,
-) -> Result<SegmentSnapshot, u64> {
+) -> Result<SegmentSnapshot, Retry> {
     let mut st = ReadStats::default();
     let classes = read_classes(seg, &mut st);
     let strings = read_strings(seg, &mut st);
@@ -348,34 +361,41 @@ fn try_snapshot(
             }
         }
     }
-    // Global section, under its sequence lock.
+    // Global section, under its sequence lock. The retried closure only
+    // copies words into buffers allocated once, keeping the window in which
+    // an exiting thread's fold can invalidate the read as short as possible.
     let rows = seg.global_rows();
+    let mut exited: Vec<(u32, Summary)> = Vec::with_capacity(rows.len());
+    let mut log_words = [[0u64; 3]; FOLD_LOG_LEN];
     let read = gh.seq.read(opts.attempts.saturating_mul(16), || {
-        let f2 = gh.fold_count.load(Relaxed);
-        let exited: Vec<(u32, Summary)> = rows
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.count.load(Relaxed) != 0)
-            .map(|(i, r)| (i as u32, Summary::load(r)))
-            .collect();
-        let log: HashSet<(u64, u64)> = gh
-            .fold_log
-            .iter()
-            .filter_map(|e| {
-                let t = e.ticket.load(Relaxed);
-                (t != 0 && t <= f2).then(|| (e.record.load(Relaxed), e.version.load(Relaxed)))
-            })
-            .collect();
-        (f2, exited, log)
+        exited.clear();
+        for (i, r) in rows.iter().enumerate() {
+            if r.count.load(Relaxed) != 0 {
+                exited.push((i as u32, Summary::load(r)));
+            }
+        }
+        for (d, e) in log_words.iter_mut().zip(&gh.fold_log) {
+            *d = [
+                e.ticket.load(Relaxed),
+                e.record.load(Relaxed),
+                e.version.load(Relaxed),
+            ];
+        }
+        gh.fold_count.load(Relaxed)
     });
     st.retries += u64::from(read.retries);
     total.add(&st);
-    let Some((f2, exited, log)) = read.value else {
-        return Err(1);
+    let Some(f2) = read.value else {
+        return Err(Retry::GlobalBusy);
     };
     if f2.wrapping_sub(f0) >= FOLD_LOG_LEN as u64 {
-        return Err(f2 - f0);
+        return Err(Retry::LogWrapped(f2.wrapping_sub(f0)));
     }
+    let log: HashSet<(u64, u64)> = log_words
+        .iter()
+        .filter(|[t, _, _]| *t != 0 && *t <= f2)
+        .map(|[_, r, v]| (*r, *v))
+        .collect();
     let before = threads.len();
     threads.retain(|t| !log.contains(&(u64::from(t.record), t.version)));
     total.folded_copies += (before - threads.len()) as u64;

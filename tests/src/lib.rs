@@ -416,9 +416,7 @@ pub fn parse_metrics(text: &str) -> Result<Vec<Sample>> {
 }
 
 fn parse_sample(line: &str) -> Result<Sample> {
-    let name_end = line
-        .find(|c: char| c == '{' || c == ' ')
-        .ok_or_else(|| anyhow!("no value"))?;
+    let name_end = line.find(['{', ' ']).ok_or_else(|| anyhow!("no value"))?;
     let name = line[..name_end].to_string();
     let mut labels = BTreeMap::new();
     let mut rest = &line[name_end..];
@@ -556,4 +554,49 @@ pub fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Result<Option<T>>) -> R
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The instruments `pfs-test-writer` registers, in registration order.
+pub const TEST_CLASSES: [&str; 3] = [
+    "wait/synch/mutex/test/a",
+    "wait/synch/rwlock/test/b",
+    "wait/io/file/test/c",
+];
+
+/// Runs `pfs-test-writer exact` and returns it with its ready line.
+pub fn spawn_exact(
+    exe: &Path,
+    dir: &Path,
+    service: &str,
+    threads: u32,
+    per_class: u32,
+    exit_midway: u32,
+) -> Result<(Writer, Value)> {
+    let d = dir.to_str().ok_or_else(|| anyhow!("non-UTF-8 temp dir"))?;
+    let (n, k, m) = (
+        threads.to_string(),
+        per_class.to_string(),
+        exit_midway.to_string(),
+    );
+    let mut w = Writer::spawn(
+        exe,
+        &[
+            "exact",
+            "--shm-dir",
+            d,
+            "--service",
+            service,
+            "--threads",
+            &n,
+            "--per-class",
+            &k,
+            "--exit-midway",
+            &m,
+        ],
+    )?;
+    let ready = w.read_json(Duration::from_secs(30))?;
+    if ready["ready"] != true {
+        bail!("exact writer is not ready: {ready}");
+    }
+    Ok((w, ready))
 }

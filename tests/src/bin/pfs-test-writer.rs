@@ -263,7 +263,7 @@ fn torn(args: &Args) -> Result<()> {
                             assert!(g.is_recording(), "torn writer thread lost its record");
                             // A little work so that a reader sometimes sees
                             // the event in progress.
-                            if id % 16 == 0 {
+                            if id.is_multiple_of(16) {
                                 for _ in 0..50 {
                                     std::hint::spin_loop();
                                 }
