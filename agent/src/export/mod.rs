@@ -1,3 +1,5 @@
-//! Exporters: each renders the shared [`crate::snapshot::Snapshot`].
+//! Exporters. [`model`] turns a snapshot into metric families once;
+//! [`prometheus`] (and OTLP) render them.
 
+pub mod model;
 pub mod prometheus;

@@ -1,0 +1,336 @@
+//! The metric families the agent exports, computed once per snapshot and
+//! rendered by every exporter (`/metrics`, OTLP). Each family carries its
+//! Prometheus name and its OpenTelemetry name and unit; under the
+//! OpenTelemetry → Prometheus translation rules (dots to underscores, unit
+//! suffix added unless present, `_total` for monotonic sums) the OTel name
+//! becomes exactly the Prometheus name.
+
+use pfs_shm_layout::ClassKind;
+use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, LostKind, bucket_upper_ps};
+use pfs_shm_layout::reader::Summary;
+
+use crate::aggregate::by_service;
+use crate::snapshot::{Snapshot, Totals};
+
+/// The instrument type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Monotonic sum (`_total`).
+    Counter,
+    /// Point-in-time value.
+    Gauge,
+    /// Latency histogram.
+    Histogram,
+    /// Constant 1 with labels (`_info`).
+    Info,
+}
+
+/// One labelled value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Point {
+    /// Label pairs.
+    pub labels: Vec<(&'static str, String)>,
+    /// The value.
+    pub value: Value,
+}
+
+/// A point's value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// Integer counter or gauge.
+    Int(u64),
+    /// Floating-point counter or gauge.
+    Float(f64),
+    /// Histogram: sum, count, and per-bucket (non-cumulative) counts by
+    /// inclusive upper bound (the last is +Inf).
+    Histogram {
+        /// Sum of observations.
+        sum: f64,
+        /// Number of observations.
+        count: u64,
+        /// `(upper_bound, count)` per bucket.
+        buckets: Vec<(f64, u64)>,
+    },
+}
+
+/// A metric family.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Family {
+    /// Prometheus base name: without the unit suffix and without `_total`.
+    pub name: &'static str,
+    /// Prometheus unit suffix (`seconds`, `bytes`, `hertz`), if any.
+    pub unit: Option<&'static str>,
+    /// OpenTelemetry instrument name.
+    pub otel_name: &'static str,
+    /// OpenTelemetry (UCUM) unit.
+    pub otel_unit: &'static str,
+    /// Help text.
+    pub help: &'static str,
+    /// Type.
+    pub kind: Kind,
+    /// The values.
+    pub points: Vec<Point>,
+}
+
+impl Family {
+    fn new(
+        name: &'static str,
+        unit: Option<&'static str>,
+        otel: (&'static str, &'static str),
+        kind: Kind,
+        help: &'static str,
+    ) -> Self {
+        Self {
+            name,
+            unit,
+            otel_name: otel.0,
+            otel_unit: otel.1,
+            help,
+            kind,
+            points: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, labels: Vec<(&'static str, String)>, value: Value) {
+        self.points.push(Point { labels, value });
+    }
+
+    /// The full Prometheus name of the samples (`..._seconds_total`).
+    pub fn prometheus_name(&self) -> String {
+        let mut n = self.name.to_string();
+        if let Some(u) = self.unit {
+            n.push('_');
+            n.push_str(u);
+        }
+        match self.kind {
+            Kind::Counter => n.push_str("_total"),
+            Kind::Info => n.push_str("_info"),
+            _ => {}
+        }
+        n
+    }
+}
+
+/// Histogram value of a summary row: timed events only, seconds.
+pub fn histogram(s: &Summary) -> Value {
+    let buckets = (0..HISTOGRAM_BUCKETS)
+        .map(|i| {
+            let le = bucket_upper_ps(i)
+                .map(|ps| ps as f64 / 1e12)
+                .unwrap_or(f64::INFINITY);
+            (le, s.buckets[i])
+        })
+        .collect();
+    Value::Histogram {
+        sum: s.sum_ps as f64 / 1e12,
+        count: s.timed_count,
+        buckets,
+    }
+}
+
+/// The event families of one kind of event (waits; stages and statements
+/// follow the same pattern).
+struct EventFamilies {
+    count: Family,
+    seconds: Family,
+    duration: Family,
+}
+
+impl EventFamilies {
+    fn waits() -> Self {
+        Self {
+            count: Family::new(
+                "pfs_events_waits",
+                None,
+                ("pfs.events.waits", "{event}"),
+                Kind::Counter,
+                "Waits completed (COUNT_STAR), by instrument.",
+            ),
+            seconds: Family::new(
+                "pfs_events_waits",
+                Some("seconds"),
+                ("pfs.events.waits.seconds", "s"),
+                Kind::Counter,
+                "Time spent in timed waits (SUM_TIMER_WAIT), by instrument.",
+            ),
+            duration: Family::new(
+                "pfs_events_waits_duration",
+                Some("seconds"),
+                ("pfs.events.waits.duration", "s"),
+                Kind::Histogram,
+                "Latency of timed waits, by instrument.",
+            ),
+        }
+    }
+
+    fn add(&mut self, service: &str, event_name: &str, s: &Summary) {
+        let labels = || {
+            vec![
+                ("service", service.to_string()),
+                ("event_name", event_name.to_string()),
+            ]
+        };
+        self.count.push(labels(), Value::Int(s.count));
+        self.seconds
+            .push(labels(), Value::Float(s.sum_ps as f64 / 1e12));
+        self.duration.push(labels(), histogram(s));
+    }
+
+    fn into_vec(self) -> [Family; 3] {
+        [self.count, self.seconds, self.duration]
+    }
+}
+
+/// Every family for `snap`. `totals` are the agent's cumulative reading
+/// figures; `last_scrape_seconds` the previous scrape's duration.
+pub fn families(snap: &Snapshot, totals: &Totals, last_scrape_seconds: f64) -> Vec<Family> {
+    let services = by_service(snap.segments.iter().map(|v| &v.data), &snap.retired);
+    let mut waits = EventFamilies::waits();
+    let mut threads = Family::new(
+        "pfs_threads",
+        None,
+        ("pfs.threads", "{thread}"),
+        Kind::Gauge,
+        "Live instrumented threads.",
+    );
+    let mut lost = Family::new(
+        "pfs_lost",
+        None,
+        ("pfs.lost", "{instance}"),
+        Kind::Counter,
+        "Instances that did not fit a bounded structure, by kind (PFS *_lost variables).",
+    );
+    for (svc, t) in &services {
+        for (name, (kind, s)) in &t.classes {
+            if kind.is_wait() {
+                waits.add(svc, name, s);
+            }
+            debug_assert!(*kind != ClassKind::Memory || !kind.is_wait());
+        }
+        threads.push(vec![("service", svc.clone())], Value::Int(t.threads));
+        for k in LostKind::ALL {
+            lost.push(
+                vec![("service", svc.clone()), ("kind", k.name().to_string())],
+                Value::Int(t.lost[k as usize]),
+            );
+        }
+    }
+    let mut out: Vec<Family> = waits.into_vec().into();
+    out.push(threads);
+    out.push(lost);
+    out.extend(agent_families(snap, totals, last_scrape_seconds));
+    out
+}
+
+fn agent_families(snap: &Snapshot, tot: &Totals, last_scrape_seconds: f64) -> Vec<Family> {
+    let mut out = Vec::new();
+    let live = snap.segments.iter().filter(|s| s.live).count() as u64;
+    let dead = snap.segments.len() as u64 - live;
+    let mut segs = Family::new(
+        "pfs_agent_segments",
+        None,
+        ("pfs.agent.segments", "{segment}"),
+        Kind::Gauge,
+        "Segment files by state.",
+    );
+    for (state, n) in [
+        ("live", live),
+        ("dead", dead),
+        ("invalid", snap.invalid.len() as u64),
+    ] {
+        segs.push(vec![("state", state.to_string())], Value::Int(n));
+    }
+    out.push(segs);
+    let mut errors = Family::new(
+        "pfs_agent_segment_errors",
+        None,
+        ("pfs.agent.segment_errors", "{error}"),
+        Kind::Counter,
+        "Segment files refused, by reason.",
+    );
+    let mut reasons: Vec<_> = snap.errors.iter().collect();
+    reasons.sort();
+    for (reason, n) in reasons {
+        errors.push(vec![("reason", reason.to_string())], Value::Int(*n));
+    }
+    out.push(errors);
+    for (name, otel, help, v) in [
+        (
+            "pfs_agent_snapshots",
+            "pfs.agent.snapshots",
+            "Snapshots of all segments taken.",
+            tot.snapshots,
+        ),
+        (
+            "pfs_agent_read_retries",
+            "pfs.agent.read_retries",
+            "Sequence-locked reads retried because a writer was active.",
+            tot.retries,
+        ),
+        (
+            "pfs_agent_skipped_rows",
+            "pfs.agent.skipped_rows",
+            "Summary rows skipped after their retry budget.",
+            tot.skipped_rows,
+        ),
+        (
+            "pfs_agent_carried_rows",
+            "pfs.agent.carried_rows",
+            "Skipped rows replaced by their previous value.",
+            tot.carried_rows,
+        ),
+        (
+            "pfs_agent_skipped_events",
+            "pfs.agent.skipped_events",
+            "Event rows skipped after their retry budget.",
+            tot.skipped_events,
+        ),
+        (
+            "pfs_agent_failed_reads",
+            "pfs.agent.failed_reads",
+            "Segment snapshots that failed.",
+            tot.failed_reads,
+        ),
+        (
+            "pfs_agent_retired_segments",
+            "pfs.agent.retired_segments",
+            "Dead segments folded into service totals and removed.",
+            snap.retired_segments,
+        ),
+    ] {
+        let mut f = Family::new(name, None, (otel, "1"), Kind::Counter, help);
+        f.push(Vec::new(), Value::Int(v));
+        out.push(f);
+    }
+    let mut f = Family::new(
+        "pfs_agent_snapshot_duration",
+        Some("seconds"),
+        ("pfs.agent.snapshot_duration", "s"),
+        Kind::Gauge,
+        "Time the last snapshot of all segments took.",
+    );
+    f.push(Vec::new(), Value::Float(snap.duration.as_secs_f64()));
+    out.push(f);
+    let mut f = Family::new(
+        "pfs_agent_scrape_duration",
+        Some("seconds"),
+        ("pfs.agent.scrape_duration", "s"),
+        Kind::Gauge,
+        "Time the previous /metrics scrape took to snapshot and render.",
+    );
+    f.push(Vec::new(), Value::Float(last_scrape_seconds));
+    out.push(f);
+    let mut f = Family::new(
+        "pfs_agent_build",
+        None,
+        ("pfs.agent.build", "1"),
+        Kind::Info,
+        "Agent version.",
+    );
+    f.push(
+        vec![("version", env!("CARGO_PKG_VERSION").to_string())],
+        Value::Int(1),
+    );
+    out.push(f);
+    out
+}
