@@ -38,6 +38,49 @@ pub struct Config {
     pub enabled: bool,
     /// New instruments start TIMED (`PFS_INSTRUMENTS_TIMED`, default yes).
     pub timed: bool,
+    /// Events per `history_long` ring (`PFS_HISTORY_LONG_SIZE`, default 10 000).
+    pub history_long_len: u32,
+    /// Initial flags by `LIKE` pattern (`PFS_INSTRUMENT`, e.g.
+    /// `wait/io/file/%=OFF;wait/synch/%=COUNTED`); the longest matching
+    /// pattern wins.
+    pub instrument_rules: Vec<(String, u32)>,
+    /// Initial consumers by pattern (`PFS_CONSUMERS`, e.g.
+    /// `events_waits_history_long=ON`), applied in order.
+    pub consumer_rules: Vec<(String, bool)>,
+}
+
+/// Parses `pattern=VALUE` rules separated by `;` or `,`. Instrument values:
+/// `ON`/`YES`/`TRUE`/`1` (enabled and timed), `COUNTED` (enabled, not
+/// timed), `OFF`/`NO`/`FALSE`/`0` (disabled). Returns the pattern and the
+/// `FLAG_*` bits.
+pub fn parse_instrument_rules(s: &str) -> Result<Vec<(String, u32)>, String> {
+    parse_rules(s, |v| match v.to_ascii_uppercase().as_str() {
+        "ON" | "YES" | "TRUE" | "1" => Some(FLAG_ENABLED | FLAG_TIMED),
+        "COUNTED" => Some(FLAG_ENABLED),
+        "OFF" | "NO" | "FALSE" | "0" => Some(0),
+        _ => None,
+    })
+}
+
+/// Parses consumer rules (`pattern=ON|OFF`).
+pub fn parse_consumer_rules(s: &str) -> Result<Vec<(String, bool)>, String> {
+    parse_rules(s, |v| match v.to_ascii_uppercase().as_str() {
+        "ON" | "YES" | "TRUE" | "1" => Some(true),
+        "OFF" | "NO" | "FALSE" | "0" => Some(false),
+        _ => None,
+    })
+}
+
+fn parse_rules<T>(s: &str, value: impl Fn(&str) -> Option<T>) -> Result<Vec<(String, T)>, String> {
+    s.split([';', ','])
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .map(|r| {
+            let (p, v) = r.split_once('=').ok_or_else(|| format!("{r:?} is not pattern=VALUE"))?;
+            let v = value(v.trim()).ok_or_else(|| format!("{r:?}: unknown value {:?}", v.trim()))?;
+            Ok((p.trim().to_string(), v))
+        })
+        .collect()
 }
 
 impl Config {
@@ -54,6 +97,9 @@ impl Config {
             group_access: false,
             enabled: true,
             timed: true,
+            history_long_len: 10_000,
+            instrument_rules: Vec::new(),
+            consumer_rules: Vec::new(),
         }
     }
 
@@ -88,6 +134,13 @@ impl Config {
         c.group_access = flag("PFS_GROUP_ACCESS", c.group_access)?;
         c.enabled = flag("PFS_INSTRUMENTS_ENABLED", c.enabled)?;
         c.timed = flag("PFS_INSTRUMENTS_TIMED", c.timed)?;
+        c.history_long_len = num("PFS_HISTORY_LONG_SIZE", c.history_long_len)?;
+        if let Ok(v) = std::env::var("PFS_INSTRUMENT") {
+            c.instrument_rules = parse_instrument_rules(&v).map_err(|e| InitError::BadEnv("PFS_INSTRUMENT".into(), e))?;
+        }
+        if let Ok(v) = std::env::var("PFS_CONSUMERS") {
+            c.consumer_rules = parse_consumer_rules(&v).map_err(|e| InitError::BadEnv("PFS_CONSUMERS".into(), e))?;
+        }
         Ok(c)
     }
 
@@ -100,6 +153,18 @@ impl Config {
     /// Sets the history ring length.
     pub fn history_len(mut self, n: u32) -> Self {
         self.history_len = n;
+        self
+    }
+
+    /// Adds an initial instrument rule (see [`parse_instrument_rules`]).
+    pub fn instrument(mut self, pattern: &str, flags: u32) -> Self {
+        self.instrument_rules.push((pattern.to_string(), flags));
+        self
+    }
+
+    /// Adds an initial consumer rule.
+    pub fn consumer(mut self, pattern: &str, enabled: bool) -> Self {
+        self.consumer_rules.push((pattern.to_string(), enabled));
         self
     }
 

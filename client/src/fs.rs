@@ -8,7 +8,7 @@ use std::panic::Location;
 use std::path::Path;
 
 use pfs_shm_layout::Operation;
-use pfs_shm_layout::layout::{FLAG_ENABLED, NONE_U32};
+use pfs_shm_layout::layout::NONE_U32;
 
 use crate::runtime;
 use crate::wait::{LazyWaitClass, WaitGuard};
@@ -98,7 +98,10 @@ impl File {
         loc: &'static Location<'static>,
     ) -> WaitGuard {
         let c = class.get();
-        c.start_checked(op, id, name, loc)
+        if !c.is_enabled() {
+            return c.start(op, 0); // disabled: records nothing
+        }
+        c.start_at(op, id, name, loc)
     }
 
     fn file(&mut self) -> &mut std::fs::File {
@@ -276,20 +279,3 @@ impl Drop for File {
     }
 }
 
-impl crate::wait::WaitClass {
-    /// `start` with an object name and an explicit source location.
-    #[inline]
-    pub(crate) fn start_checked(
-        &self,
-        op: Operation,
-        object: u64,
-        object_name: u32,
-        loc: &'static Location<'static>,
-    ) -> WaitGuard {
-        let flags = self.flags_word();
-        if flags & FLAG_ENABLED == 0 {
-            return WaitGuard::none();
-        }
-        self.start_enabled(flags, op, object, object_name, loc)
-    }
-}

@@ -35,20 +35,35 @@
 
 #![deny(missing_docs)]
 
+mod class;
 mod config;
 mod error;
+mod event;
 pub mod fs;
 mod runtime;
 mod source;
+mod stage;
+mod statement;
 pub mod sync;
 mod thread;
 mod timer;
 mod wait;
 
-pub use config::{Config, DEFAULT_SHM_DIR};
+pub use config::{Config, DEFAULT_SHM_DIR, parse_consumer_rules, parse_instrument_rules};
 pub use error::InitError;
 pub use pfs_shm_layout::Operation;
+pub use stage::{LazyStageClass, StageClass, end_stage, stage_progress};
+pub use statement::{LazyStatementClass, StatementClass, StatementGuard};
 pub use wait::{LazyWaitClass, WaitClass, WaitGuard};
+
+/// Declares who the current thread works for: `setup_actors` decides, by
+/// its most specific matching row, whether the thread is instrumented
+/// (`INSTRUMENTED`) and whether its events go to the history tables
+/// (`HISTORY`). Threads that never declare an actor are instrumented, like
+/// PFS background threads. Returns the `(instrumented, history)` verdict.
+pub fn set_thread_actor(user: &str, host: &str, role: &str) -> (bool, bool) {
+    thread::set_actor(user, host, role)
+}
 
 use std::path::Path;
 

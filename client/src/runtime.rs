@@ -7,16 +7,35 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use pfs_shm_layout::{Segment, SegmentConfig, SegmentWriter};
+use pfs_shm_layout::layout::SetupSection;
+use pfs_shm_layout::{Segment, SegmentConfig, SegmentWriter, TimerCalibration};
 use rustix::fs::FlockOperation;
 
 use crate::config::Config;
 use crate::error::InitError;
 
 pub(crate) struct Runtime {
-    pub(crate) writer: SegmentWriter,
+    pub(crate) writer: &'static SegmentWriter,
     pub(crate) path: PathBuf,
-    pub(crate) default_flags: u32,
+    /// The live setup words, read on every event.
+    pub(crate) setup: &'static SetupSection,
+    /// Timer calibration (copied from the header).
+    pub(crate) calibration: TimerCalibration,
+    default_flags: u32,
+    instrument_rules: Vec<(String, u32)>,
+}
+
+impl Runtime {
+    /// Initial flags of a new class: the longest matching `PFS_INSTRUMENT`
+    /// pattern wins (MySQL's rule for `performance-schema-instrument`),
+    /// else the defaults.
+    pub(crate) fn flags_for(&self, name: &str) -> u32 {
+        self.instrument_rules
+            .iter()
+            .filter(|(p, _)| pfs_shm_layout::setup::like(p, name))
+            .max_by_key(|(p, _)| p.len())
+            .map_or(self.default_flags, |(_, f)| *f)
+    }
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -82,6 +101,7 @@ fn create(cfg: &Config) -> Result<Runtime, InitError> {
         max_strings: cfg.max_strings,
         records_per_page,
         max_pages: cfg.max_threads.div_ceil(records_per_page).max(1),
+        history_long_len: cfg.history_long_len,
     };
     let created = Segment::create(
         file,
@@ -97,11 +117,21 @@ fn create(cfg: &Config) -> Result<Runtime, InitError> {
             return Err(InitError::Segment(path, e));
         }
     };
+    // The runtime lives as long as the process: leaking the writer lets
+    // the hot path hold `'static` references into the mapping.
+    let writer: &'static SegmentWriter = Box::leak(Box::new(SegmentWriter::new(seg)));
+    let setup = writer.segment().setup();
+    for (pattern, on) in &cfg.consumer_rules {
+        pfs_shm_layout::setup::set_consumers(writer.segment(), pattern, *on);
+    }
     tracing::info!(path = %path.display(), "pfs segment created");
     Ok(Runtime {
-        writer: SegmentWriter::new(seg),
+        writer,
         path,
+        setup,
+        calibration: *writer.segment().timer(),
         default_flags: cfg.default_flags(),
+        instrument_rules: cfg.instrument_rules.clone(),
     })
 }
 

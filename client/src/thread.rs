@@ -13,8 +13,45 @@ use crate::runtime::{self, Runtime};
 pub(crate) struct ThreadCtx {
     pub(crate) rec: RecordRef<'static>,
     slot: ThreadSlot,
+    /// `THREAD_ID`.
+    pub(crate) thread_id: u64,
     /// Last `EVENT_ID` used (per thread, shared by all event kinds).
     pub(crate) event_id: Cell<u64>,
+    /// `INSTRUMENTED` (setup_actors verdict; yes until an actor is declared).
+    pub(crate) instrumented: Cell<bool>,
+    /// `HISTORY`.
+    pub(crate) history: Cell<bool>,
+    /// The open stage, if any (a new stage ends it).
+    pub(crate) stage: Cell<Option<pfs_shm_layout::writer::EventData>>,
+    /// Event id of the innermost open statement (0 = none).
+    pub(crate) statement_id: Cell<u64>,
+}
+
+impl ThreadCtx {
+    /// Takes the next `EVENT_ID`.
+    #[inline(always)]
+    pub(crate) fn next_event_id(&self) -> u64 {
+        let id = self.event_id.get() + 1;
+        self.event_id.set(id);
+        id
+    }
+
+    /// `NESTING_EVENT_ID` and `NESTING_EVENT_TYPE` for a new event of
+    /// `kind`: waits nest in the open stage, else the open statement;
+    /// stages and statements nest in the open statement.
+    #[inline(always)]
+    pub(crate) fn nesting_for(&self, kind: usize) -> (u64, u32) {
+        use pfs_shm_layout::layout::EventType;
+        if kind == pfs_shm_layout::writer::KIND_WAIT {
+            if let Some(st) = self.stage.get() {
+                return (st.event_id, EventType::Stage as u32);
+            }
+        }
+        match self.statement_id.get() {
+            0 => (0, EventType::None as u32),
+            id => (id, EventType::Statement as u32),
+        }
+    }
 }
 
 /// Owns the context; dropping it (at thread exit) folds and frees the record.
@@ -22,6 +59,14 @@ struct Owner(Option<Box<ThreadCtx>>);
 
 impl Drop for Owner {
     fn drop(&mut self) {
+        // A stage still open at thread exit ends here, so it is counted.
+        if let Some(ctx) = self.0.as_deref() {
+            let p: *const ThreadCtx = ctx;
+            // SAFETY: the box behind `p` is freed at the end of this
+            // function at the earliest; `end_open_stage` keeps no reference
+            // past its return.
+            crate::stage::end_open_stage(unsafe { &*p });
+        }
         CTX.with(|c| c.set(DEAD));
         if let (Some(ctx), Some(rt)) = (self.0.take(), runtime::get()) {
             rt.writer.fold_and_free(ctx.slot);
@@ -45,6 +90,18 @@ thread_local! {
 }
 
 static NEXT_THREAD_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Runs `f` with the current thread's context if it is already
+/// registered (never registers it).
+#[inline(always)]
+pub(crate) fn with_registered<R>(f: impl FnOnce(&'static ThreadCtx) -> R) -> Option<R> {
+    let p = CTX.with(|c| c.get());
+    if p.is_null() || p == DEAD {
+        return None;
+    }
+    // SAFETY: as in `with_ctx`.
+    Some(f(unsafe { &*p }))
+}
 
 /// Runs `f` with the current thread's context, registering the thread on
 /// its first event. `None` if the thread has no record.
@@ -85,7 +142,12 @@ fn register(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
     let ctx = Box::new(ThreadCtx {
         rec: rt.writer.segment().record(slot.index),
         slot,
+        thread_id,
         event_id: Cell::new(0),
+        instrumented: Cell::new(true),
+        history: Cell::new(true),
+        stage: Cell::new(None),
+        statement_id: Cell::new(0),
     });
     let p: *const ThreadCtx = &*ctx;
     let installed = OWNER.try_with(|o| o.borrow_mut().0 = Some(ctx)).is_ok();
@@ -98,4 +160,20 @@ fn register(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
     CTX.with(|c| c.set(p));
     // SAFETY: `p` points into the box now owned by OWNER (see `with_ctx`).
     Some(unsafe { &*p })
+}
+
+/// See [`crate::set_thread_actor`].
+pub(crate) fn set_actor(user: &str, host: &str, role: &str) -> (bool, bool) {
+    use pfs_shm_layout::layout::{NONE_U32, THREAD_HISTORY, THREAD_INSTRUMENTED};
+    let Some(rt) = runtime::get() else { return (false, false) };
+    let actors = pfs_shm_layout::setup::read_actors(rt.writer.segment());
+    let (instrumented, history) = pfs_shm_layout::setup::match_actor(&actors, user, host, role);
+    with_ctx(rt, |ctx| {
+        ctx.instrumented.set(instrumented);
+        ctx.history.set(history);
+        let id = |s: &str| rt.writer.intern(s).unwrap_or(NONE_U32);
+        let flags = if instrumented { THREAD_INSTRUMENTED } else { 0 } | if history { THREAD_HISTORY } else { 0 };
+        ctx.rec.set_actor(id(user), id(host), id(role), flags);
+    });
+    (instrumented, history)
 }

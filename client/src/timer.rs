@@ -1,10 +1,16 @@
-//! The CYCLE timer: the TSC through `quanta` (or the monotonic clock where
+//! Timers. CYCLE is the TSC through `quanta` (or the monotonic clock where
 //! no invariant TSC exists), converted to picoseconds by one 128-bit
-//! integer multiply and a shift. Never a division on the hot path.
+//! multiply and a shift. NANOSECOND, MICROSECOND and MILLISECOND read
+//! `CLOCK_MONOTONIC` (through the vDSO: no system call) and truncate to
+//! their resolution by multiplication-based constant division; TICK reads
+//! `CLOCK_MONOTONIC_COARSE`. Those four store nanoseconds. Never a runtime
+//! division on the hot path.
 
 use std::sync::OnceLock;
 
 use pfs_shm_layout::TimerCalibration;
+use pfs_shm_layout::layout::TimerId;
+use rustix::time::{ClockId, clock_gettime};
 
 static CLOCK: OnceLock<quanta::Clock> = OnceLock::new();
 
@@ -14,10 +20,31 @@ pub(crate) fn clock() -> &'static quanta::Clock {
     CLOCK.get_or_init(quanta::Clock::new)
 }
 
-/// Reads the raw timer.
 #[inline(always)]
-pub(crate) fn now_ticks() -> u64 {
-    clock().raw()
+fn ns(id: ClockId) -> u64 {
+    let t = clock_gettime(id);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Reads `timer`.
+#[inline(always)]
+pub(crate) fn now(timer: TimerId) -> u64 {
+    match timer {
+        TimerId::Cycle => clock().raw(),
+        TimerId::Nanosecond => ns(ClockId::Monotonic),
+        TimerId::Microsecond => ns(ClockId::Monotonic) / 1000 * 1000,
+        TimerId::Millisecond => ns(ClockId::Monotonic) / 1_000_000 * 1_000_000,
+        TimerId::Tick => ns(ClockId::MonotonicCoarse),
+    }
+}
+
+/// Converts a duration measured with `timer` to picoseconds.
+#[inline(always)]
+pub(crate) fn to_ps(cal: &TimerCalibration, timer: TimerId, ticks: u64) -> u64 {
+    match timer {
+        TimerId::Cycle => cal.ticks_to_ps(ticks),
+        _ => ticks.saturating_mul(1000),
+    }
 }
 
 /// Derives the segment's calibration from quanta's: the nanoseconds quanta
@@ -25,6 +52,7 @@ pub(crate) fn now_ticks() -> u64 {
 pub(crate) fn calibration() -> TimerCalibration {
     let c = clock();
     let base = c.raw();
+    let base_ns = ns(ClockId::Monotonic);
     const SPAN: u64 = 1 << 40;
     let ns = c.delta_as_nanos(0, SPAN);
     // ps per tick (q32) = ns * 1000 * 2^32 / 2^40 = ns * 1000 / 2^8
@@ -41,6 +69,7 @@ pub(crate) fn calibration() -> TimerCalibration {
         base_ticks: base,
         ps_per_tick_q32: q32.max(1),
         frequency_hz,
+        base_ns,
     }
 }
 
@@ -51,15 +80,18 @@ mod tests {
     #[test]
     fn calibration_matches_wall_clock() {
         let cal = calibration();
-        let t0 = now_ticks();
+        let t0 = now(TimerId::Cycle);
+        let n0 = now(TimerId::Nanosecond);
         let w0 = std::time::Instant::now();
         std::thread::sleep(std::time::Duration::from_millis(50));
-        let t1 = now_ticks();
+        let t1 = now(TimerId::Cycle);
+        let n1 = now(TimerId::Nanosecond);
         let wall = w0.elapsed().as_nanos() as f64 * 1000.0;
         let ps = cal.ticks_to_ps(t1 - t0) as f64;
-        assert!(
-            (ps / wall - 1.0).abs() < 0.05,
-            "timer ps {ps} vs wall ps {wall}"
-        );
+        assert!((ps / wall - 1.0).abs() < 0.05, "timer ps {ps} vs wall ps {wall}");
+        let nps = to_ps(&cal, TimerId::Nanosecond, n1 - n0) as f64;
+        assert!((nps / wall - 1.0).abs() < 0.05, "ns timer {nps} vs wall {wall}");
+        assert_eq!(now(TimerId::Millisecond) % 1_000_000, 0);
+        assert_eq!(now(TimerId::Microsecond) % 1000, 0);
     }
 }

@@ -15,7 +15,7 @@ use crate::seqlock::SeqLock;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"PFSSHM\0\0");
 /// Major layout version. Bumped on every incompatible change; a reader
 /// refuses any major version it does not know.
-pub const LAYOUT_MAJOR: u32 = 1;
+pub const LAYOUT_MAJOR: u32 = 2;
 /// Minor layout version: compatible additions (new section kinds, use of
 /// reserved fields). Readers accept any minor version of a known major.
 pub const LAYOUT_MINOR: u32 = 0;
@@ -67,6 +67,14 @@ pub enum SectionKind {
     /// The paged thread container: [`ContainerHeader`], page directory,
     /// then the pages.
     Threads = 5,
+    /// Live setup: consumers, timers, actors ([`SetupSection`]).
+    Setup = 6,
+    /// `events_waits_history_long`: [`LongHeader`] then `count` [`EventRecord`]s.
+    WaitsLong = 7,
+    /// `events_stages_history_long`: [`LongHeader`] then `count` [`EventRecord`]s.
+    StagesLong = 8,
+    /// `events_statements_history_long`: [`LongHeader`] then `count` [`StatementRecord`]s.
+    StatementsLong = 9,
 }
 
 impl SectionKind {
@@ -78,6 +86,10 @@ impl SectionKind {
             3 => Self::Strings,
             4 => Self::Global,
             5 => Self::Threads,
+            6 => Self::Setup,
+            7 => Self::WaitsLong,
+            8 => Self::StagesLong,
+            9 => Self::StatementsLong,
             _ => return None,
         })
     }
@@ -143,8 +155,14 @@ pub struct Header {
     pub reserved0: AtomicU32,
     /// UTF-8 service name, zero padded.
     pub service_name: [AtomicU64; SERVICE_NAME_BYTES / 8],
+    /// `CLOCK_MONOTONIC` nanoseconds at creation: `TIMER_START` 0 for
+    /// events timed with the NANOSECOND, MICROSECOND, MILLISECOND and TICK
+    /// timers, whose ticks are nanoseconds.
+    pub timer_base_ns: AtomicU64,
+    /// Events per `events_*_history_long` ring (0 = none).
+    pub history_long_len: AtomicU64,
     /// Reserved, zero.
-    pub reserved1: [AtomicU64; 12],
+    pub reserved1: [AtomicU64; 10],
     /// The section directory, at offset 0x100.
     pub sections: [SectionEntry; MAX_SECTIONS],
     /// Pads the header to [`PAGE`] bytes.
@@ -173,16 +191,25 @@ pub enum LostKind {
     Pages = 3,
     /// A thread's events lost because it had no record.
     Events = 4,
+    /// `events_waits_history_long` slots not written (lapped or busy).
+    WaitsLong = 5,
+    /// `events_stages_history_long` slots not written.
+    StagesLong = 6,
+    /// `events_statements_history_long` slots not written.
+    StatementsLong = 7,
 }
 
 impl LostKind {
     /// Every kind, in counter order.
-    pub const ALL: [LostKind; 5] = [
+    pub const ALL: [LostKind; 8] = [
         Self::Threads,
         Self::Classes,
         Self::Strings,
         Self::Pages,
         Self::Events,
+        Self::WaitsLong,
+        Self::StagesLong,
+        Self::StatementsLong,
     ];
 
     /// The label used in tables and metrics.
@@ -193,6 +220,9 @@ impl LostKind {
             Self::Strings => "strings",
             Self::Pages => "container_pages",
             Self::Events => "events_no_thread_record",
+            Self::WaitsLong => "events_waits_history_long",
+            Self::StagesLong => "events_stages_history_long",
+            Self::StatementsLong => "events_statements_history_long",
         }
     }
 }
@@ -267,7 +297,7 @@ pub const fn bucket_upper_ps(i: usize) -> Option<u64> {
     }
 }
 
-/// Summary statistics of one instrument class (320 bytes), guarded by `seq`.
+/// Summary statistics of one instrument class (384 bytes), guarded by `seq`.
 /// Used per thread (written only by the owning thread) and in the global
 /// section (written by exiting threads, serialised by the creator process).
 #[repr(C)]
@@ -291,8 +321,18 @@ pub struct SummaryRow {
     pub bytes: AtomicU64,
     /// Per-bucket (not cumulative) counts of timed events, see [`bucket_index`].
     pub buckets: [AtomicU64; HISTOGRAM_BUCKETS],
+    /// Statements: `SUM_ERRORS`.
+    pub errors: AtomicU64,
+    /// Statements: `SUM_WARNINGS`.
+    pub warnings: AtomicU64,
+    /// Statements: `SUM_ROWS_AFFECTED`.
+    pub rows_affected: AtomicU64,
+    /// Statements: `SUM_ROWS_SENT`.
+    pub rows_sent: AtomicU64,
+    /// Statements: `SUM_ROWS_EXAMINED`.
+    pub rows_examined: AtomicU64,
     /// Reserved, zero.
-    pub reserved: [AtomicU64; 0],
+    pub reserved: [AtomicU64; 3],
 }
 
 /// Event kinds, as PFS `NESTING_EVENT_TYPE` and the `kind` of an event row.
@@ -340,6 +380,226 @@ pub const EV_ENDED: u32 = 2;
 pub const EV_HAS_BYTES: u32 = 4;
 /// Event flag: `spins` is valid.
 pub const EV_HAS_SPINS: u32 = 8;
+/// Event flag (stages): `bytes` is `WORK_COMPLETED` and `spins` is
+/// `WORK_ESTIMATED`.
+pub const EV_HAS_PROGRESS: u32 = 16;
+/// Event flags bits 8..11: the [`TimerId`] that produced the ticks.
+pub const EV_TIMER_SHIFT: u32 = 8;
+/// Mask of the timer bits in event flags.
+pub const EV_TIMER_MASK: u32 = 0x7 << EV_TIMER_SHIFT;
+
+/// Bytes of statement text kept in a [`StatementRecord`].
+pub const STATEMENT_TEXT_BYTES: usize = 200;
+
+/// A statement event (384 bytes): the common [`EventRecord`] part (whose
+/// `seq` guards the whole record) and the statement's own figures.
+#[repr(C)]
+#[derive(Debug)]
+pub struct StatementRecord {
+    /// Common event fields; `ev.seq` guards every field of the record.
+    pub ev: EventRecord,
+    /// `ERRORS`.
+    pub errors: AtomicU64,
+    /// `WARNINGS`.
+    pub warnings: AtomicU64,
+    /// `ROWS_AFFECTED`.
+    pub rows_affected: AtomicU64,
+    /// `ROWS_SENT`.
+    pub rows_sent: AtomicU64,
+    /// `ROWS_EXAMINED`.
+    pub rows_examined: AtomicU64,
+    /// `DIGEST`: 64-bit FNV-1a of the digest text the application supplied
+    /// (0 = none).
+    pub digest: AtomicU64,
+    /// Bytes of `text` in use.
+    pub text_len: AtomicU32,
+    /// Reserved, zero.
+    pub reserved: AtomicU32,
+    /// `SQL_TEXT` as supplied by the application, truncated, UTF-8.
+    pub text: [AtomicU64; STATEMENT_TEXT_BYTES / 8],
+}
+
+/// Timers of `setup_timers` / `performance_timers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum TimerId {
+    /// The CPU cycle counter (TSC); ticks convert with the header's calibration.
+    Cycle = 0,
+    /// `CLOCK_MONOTONIC`, nanoseconds.
+    Nanosecond = 1,
+    /// `CLOCK_MONOTONIC` truncated to microseconds (ticks still in ns).
+    Microsecond = 2,
+    /// `CLOCK_MONOTONIC` truncated to milliseconds (ticks still in ns).
+    Millisecond = 3,
+    /// `CLOCK_MONOTONIC_COARSE`: the kernel tick (ticks in ns).
+    Tick = 4,
+}
+
+impl TimerId {
+    /// Every timer, in `performance_timers` order.
+    pub const ALL: [TimerId; 5] = [Self::Cycle, Self::Nanosecond, Self::Microsecond, Self::Millisecond, Self::Tick];
+
+    /// From the stored value.
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Self::ALL.get(v as usize).copied()
+    }
+
+    /// The PFS `TIMER_NAME`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cycle => "CYCLE",
+            Self::Nanosecond => "NANOSECOND",
+            Self::Microsecond => "MICROSECOND",
+            Self::Millisecond => "MILLISECOND",
+            Self::Tick => "TICK",
+        }
+    }
+
+    /// From a PFS `TIMER_NAME` (case-insensitive).
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.name().eq_ignore_ascii_case(s))
+    }
+}
+
+/// Event kinds that have consumers and timers, in bit order.
+pub const EVENT_KINDS: [EventType; 3] = [EventType::Wait, EventType::Stage, EventType::Statement];
+
+/// Consumer bit: nothing is recorded without it (`global_instrumentation`).
+pub const CONSUMER_GLOBAL: u32 = 1 << 0;
+/// Consumer bit: per-thread tables (`thread_instrumentation`).
+pub const CONSUMER_THREAD: u32 = 1 << 1;
+/// Per-kind consumer bits: kind `k` (0 waits, 1 stages, 2 statements) uses
+/// bits `2 + 4k ..`: current, history, history_long, summaries.
+pub const fn consumer_bit(kind: usize, which: ConsumerKind) -> u32 {
+    1 << (2 + 4 * kind as u32 + which as u32)
+}
+
+/// Which per-kind consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ConsumerKind {
+    /// `events_*_current`.
+    Current = 0,
+    /// `events_*_history`.
+    History = 1,
+    /// `events_*_history_long`.
+    HistoryLong = 2,
+    /// `events_*_summary_*`.
+    Summaries = 3,
+}
+
+/// Default consumers: everything but the `history_long` rings (as PFS).
+pub const CONSUMERS_DEFAULT: u32 = {
+    let mut v = CONSUMER_GLOBAL | CONSUMER_THREAD;
+    let mut k = 0;
+    while k < 3 {
+        v |= consumer_bit(k, ConsumerKind::Current)
+            | consumer_bit(k, ConsumerKind::History)
+            | consumer_bit(k, ConsumerKind::Summaries);
+        k += 1;
+    }
+    v
+};
+
+/// Default timers word: waits CYCLE, stages and statements NANOSECOND.
+pub const TIMERS_DEFAULT: u32 = timers_word([TimerId::Cycle, TimerId::Nanosecond, TimerId::Nanosecond]);
+
+/// Packs one timer per event kind (3 bits each).
+pub const fn timers_word(t: [TimerId; 3]) -> u32 {
+    (t[0] as u32) | ((t[1] as u32) << 3) | ((t[2] as u32) << 6)
+}
+
+/// The timer of event kind `kind` (0 waits, 1 stages, 2 statements).
+pub const fn timer_of(word: u32, kind: usize) -> u32 {
+    (word >> (3 * kind as u32)) & 7
+}
+
+/// Actor flag: threads matching this row are instrumented (`ENABLED`).
+pub const ACTOR_ENABLED: u32 = 1;
+/// Actor flag: their events go to the history tables (`HISTORY`).
+pub const ACTOR_HISTORY: u32 = 2;
+/// Actor flag: the row exists.
+pub const ACTOR_USED: u32 = 4;
+/// Rows in `setup_actors`.
+pub const MAX_ACTORS: usize = 48;
+/// Bytes per actor column.
+pub const ACTOR_FIELD_BYTES: usize = 32;
+
+/// One `setup_actors` row (128 bytes), written by the agent under `seq`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ActorEntry {
+    /// Sequence lock over the row.
+    pub seq: SeqLock,
+    /// `ACTOR_*` flags; 0 = unused row.
+    pub flags: AtomicU32,
+    /// Length of `host`.
+    pub host_len: AtomicU32,
+    /// Length of `user`.
+    pub user_len: AtomicU32,
+    /// Length of `role`.
+    pub role_len: AtomicU32,
+    /// `HOST` (`%` = any).
+    pub host: [AtomicU64; ACTOR_FIELD_BYTES / 8],
+    /// `USER` (`%` = any).
+    pub user: [AtomicU64; ACTOR_FIELD_BYTES / 8],
+    /// `ROLE` (`%` = any).
+    pub role: [AtomicU64; ACTOR_FIELD_BYTES / 8],
+    /// Reserved, zero.
+    pub reserved: AtomicU64,
+}
+
+/// The setup section (8192 bytes): words that writers read on every event,
+/// each alone on its cache line, and the actor rows.
+#[repr(C)]
+#[derive(Debug)]
+pub struct SetupSection {
+    /// `setup_consumers` as a bitmask (`CONSUMER_*`, [`consumer_bit`]).
+    pub consumers: AtomicU32,
+    /// Reserved, zero.
+    pub reserved0: [AtomicU32; 15],
+    /// `setup_timers`: 3 bits per event kind ([`timers_word`]).
+    pub timers: AtomicU32,
+    /// Reserved, zero.
+    pub reserved1: [AtomicU32; 15],
+    /// Bumped by the agent on every `setup_actors` change.
+    pub actors_version: AtomicU64,
+    /// Reserved, zero.
+    pub reserved2: [AtomicU64; 7],
+    /// `setup_actors` rows.
+    pub actors: [ActorEntry; MAX_ACTORS],
+    /// Pads the section to 8192 bytes.
+    pub padding: [AtomicU64; (8192 - 192 - 128 * MAX_ACTORS) / 8],
+}
+
+/// Header of a `history_long` section (128 bytes): the shared ticket
+/// counter alone on its cache line, then the ring geometry.
+#[repr(C)]
+#[derive(Debug)]
+pub struct LongHeader {
+    /// Next ticket: every append takes one with `fetch_add` (the only
+    /// hot-path shared cache line, and only while the consumer is on).
+    pub next: AtomicU64,
+    /// Reserved, zero.
+    pub reserved0: [AtomicU64; 7],
+    /// Slots in the ring.
+    pub len: AtomicU64,
+    /// Bytes per slot.
+    pub slot_size: AtomicU64,
+    /// Reserved, zero.
+    pub reserved1: [AtomicU64; 6],
+}
+
+/// A `history_long` slot's sequence value for a completed write of ticket
+/// `t` (even, never 0); odd while a writer holds the slot.
+pub const fn long_seq(ticket: u64) -> u64 {
+    (ticket + 1) << 1
+}
+
+/// Thread flag: `INSTRUMENTED` (setup_actors `ENABLED` for this thread).
+pub const THREAD_INSTRUMENTED: u32 = 1;
+/// Thread flag: `HISTORY`.
+pub const THREAD_HISTORY: u32 = 2;
 
 /// One event (128 bytes): `events_waits_current` and the history slots.
 #[repr(C)]
@@ -381,8 +641,10 @@ pub struct EventRecord {
     pub event_type: AtomicU32,
     /// Reserved, zero.
     pub reserved32: AtomicU32,
-    /// Reserved for stage progress and statement figures, zero.
-    pub reserved: [AtomicU64; 2],
+    /// `THREAD_ID` (set in `history_long` rings; per-thread rows may leave 0).
+    pub thread_id: AtomicU64,
+    /// Reserved, zero.
+    pub reserved: AtomicU64,
 }
 
 /// Record lock word state: free (also the value of a never-touched,
@@ -393,9 +655,9 @@ pub const REC_DIRTY: u64 = 1;
 /// Record lock word state: owned and published.
 pub const REC_ALLOCATED: u64 = 2;
 
-/// The fixed part of a thread record (384 bytes). It is followed, in the
-/// record, by `history_len` [`EventRecord`]s and `max_classes`
-/// [`SummaryRow`]s.
+/// The fixed part of a thread record (896 bytes). It is followed, in the
+/// record, by the waits, stages and statements history rings
+/// (`history_len` entries each) and `max_classes` [`SummaryRow`]s.
 #[repr(C)]
 #[derive(Debug)]
 pub struct ThreadHeader {
@@ -409,21 +671,34 @@ pub struct ThreadHeader {
     pub os_tid: AtomicU64,
     /// Length in bytes of `name`.
     pub name_len: AtomicU32,
-    /// Next waits history slot to write (owner only; saves a division).
-    pub waits_history_next: AtomicU32,
-    /// Number of events ever written to the waits history ring; the next
-    /// slot is `waits_history_count % history_len`. Written by the owner
-    /// only, after the slot is complete.
-    pub waits_history_count: AtomicU64,
+    /// `THREAD_INSTRUMENTED` | `THREAD_HISTORY`.
+    pub flags: AtomicU32,
     /// UTF-8 thread name, zero padded.
     pub name: [AtomicU64; THREAD_NAME_BYTES / 8],
+    /// Actor `USER` string index ([`NONE_U32`] = none declared).
+    pub user: AtomicU32,
+    /// Actor `HOST` string index.
+    pub host: AtomicU32,
+    /// Actor `ROLE` string index.
+    pub role: AtomicU32,
+    /// Reserved, zero.
+    pub reserved0: AtomicU32,
+    /// Next history slot per kind (waits, stages, statements); owner only.
+    pub history_next: [AtomicU32; 3],
+    /// Reserved, zero.
+    pub reserved1: AtomicU32,
+    /// Events ever appended to each history ring; event *k* of a kind is in
+    /// slot *k* mod `history_len`. Stored after the slot is complete.
+    pub history_count: [AtomicU64; 3],
     /// Bit `c` set = summary row `c` has been written since allocation.
     /// Readers visit only touched rows.
     pub touched: [AtomicU64; MAX_CLASSES_LIMIT as usize / 64],
-    /// Reserved, zero.
-    pub reserved1: [AtomicU64; 14],
     /// `events_waits_current`.
     pub waits_current: EventRecord,
+    /// `events_stages_current`.
+    pub stages_current: EventRecord,
+    /// `events_statements_current`.
+    pub statements_current: StatementRecord,
 }
 
 /// Global section header (exited threads' totals), followed by the fold log
@@ -504,13 +779,17 @@ const _: () = {
     assert!(offset_of!(Header, history_len) == 0x54);
     assert!(offset_of!(Header, service_name_len) == 0x58);
     assert!(offset_of!(Header, service_name) == 0x60);
+    assert!(offset_of!(Header, timer_base_ns) == 0xA0);
+    assert!(offset_of!(Header, history_long_len) == 0xA8);
     assert!(offset_of!(Header, sections) == 0x100);
     assert!(size_of::<LostCounters>() == 128);
     assert!(size_of::<ClassEntry>() == 128);
     assert!(offset_of!(ClassEntry, flags) == 4);
     assert!(offset_of!(ClassEntry, name) == 16);
     assert!(size_of::<StringEntry>() == 64);
-    assert!(size_of::<SummaryRow>() == 320);
+    assert!(size_of::<SummaryRow>() == 384);
+    assert!(offset_of!(SummaryRow, errors) == 320);
+    assert!(offset_of!(SummaryRow, rows_examined) == 352);
     assert!(offset_of!(SummaryRow, count) == 8);
     assert!(offset_of!(SummaryRow, timed_count) == 16);
     assert!(offset_of!(SummaryRow, sum_lo) == 24);
@@ -536,19 +815,36 @@ const _: () = {
     assert!(offset_of!(EventRecord, nesting_event_type) == 96);
     assert!(offset_of!(EventRecord, flags) == 100);
     assert!(offset_of!(EventRecord, event_type) == 104);
-    assert!(size_of::<ThreadHeader>() == 448);
+    assert!(size_of::<StatementRecord>() == 384);
+    assert!(offset_of!(StatementRecord, errors) == 128);
+    assert!(offset_of!(StatementRecord, digest) == 168);
+    assert!(offset_of!(StatementRecord, text_len) == 176);
+    assert!(offset_of!(StatementRecord, text) == 184);
+    assert!(size_of::<ThreadHeader>() == 896);
     assert!(offset_of!(ThreadHeader, lock) == 0);
     assert!(offset_of!(ThreadHeader, seq) == 8);
     assert!(offset_of!(ThreadHeader, thread_id) == 16);
     assert!(offset_of!(ThreadHeader, os_tid) == 24);
     assert!(offset_of!(ThreadHeader, name_len) == 32);
-    assert!(offset_of!(ThreadHeader, waits_history_next) == 36);
-    assert!(offset_of!(ThreadHeader, waits_history_count) == 40);
-    assert!(offset_of!(ThreadHeader, name) == 48);
-    assert!(offset_of!(ThreadHeader, touched) == 80);
-    assert!(offset_of!(ThreadHeader, waits_current) == 320);
+    assert!(offset_of!(ThreadHeader, flags) == 36);
+    assert!(offset_of!(ThreadHeader, name) == 40);
+    assert!(offset_of!(ThreadHeader, user) == 72);
+    assert!(offset_of!(ThreadHeader, history_next) == 88);
+    assert!(offset_of!(ThreadHeader, history_count) == 104);
+    assert!(offset_of!(ThreadHeader, touched) == 128);
+    assert!(offset_of!(ThreadHeader, waits_current) == 256);
+    assert!(offset_of!(ThreadHeader, stages_current) == 384);
+    assert!(offset_of!(ThreadHeader, statements_current) == 512);
+    assert!(size_of::<ActorEntry>() == 128);
+    assert!(size_of::<SetupSection>() == 8192);
+    assert!(offset_of!(SetupSection, timers) == 64);
+    assert!(offset_of!(SetupSection, actors_version) == 128);
+    assert!(offset_of!(SetupSection, actors) == 192);
+    assert!(size_of::<LongHeader>() == 128);
+    assert!(offset_of!(EventRecord, thread_id) == 112);
     assert!(size_of::<FoldLogEntry>() == 24);
     assert!(size_of::<GlobalHeader>() == 64 + 24 * FOLD_LOG_LEN);
+    assert!(offset_of!(SetupSection, consumers) == 0);
     assert!(size_of::<ContainerHeader>() == 64);
     // Histogram bucket bounds are what the docs say.
     assert!(bucket_index(0) == 0);
@@ -561,19 +857,28 @@ const _: () = {
 };
 
 /// Byte size of one thread record for the given parameters: the
-/// [`ThreadHeader`], `history_len` events, `max_classes` rows.
+/// [`ThreadHeader`], `history_len` waits and stages [`EventRecord`]s,
+/// `history_len` [`StatementRecord`]s, `max_classes` rows.
 pub const fn thread_record_size(history_len: u32, max_classes: u32) -> usize {
-    size_of::<ThreadHeader>()
-        + history_len as usize * size_of::<EventRecord>()
-        + max_classes as usize * size_of::<SummaryRow>()
+    rows_offset(history_len) + max_classes as usize * size_of::<SummaryRow>()
 }
 
-/// Offset of the first history slot within a thread record.
+/// Offset of the first waits history slot within a thread record.
 pub const HISTORY_OFFSET: usize = size_of::<ThreadHeader>();
+
+/// Offset of the stages history ring within a thread record.
+pub const fn stages_history_offset(history_len: u32) -> usize {
+    HISTORY_OFFSET + history_len as usize * size_of::<EventRecord>()
+}
+
+/// Offset of the statements history ring within a thread record.
+pub const fn statements_history_offset(history_len: u32) -> usize {
+    stages_history_offset(history_len) + history_len as usize * size_of::<EventRecord>()
+}
 
 /// Offset of summary row 0 within a thread record.
 pub const fn rows_offset(history_len: u32) -> usize {
-    HISTORY_OFFSET + history_len as usize * size_of::<EventRecord>()
+    statements_history_offset(history_len) + history_len as usize * size_of::<StatementRecord>()
 }
 
 /// Offset of summary row 0 within the global section.

@@ -199,15 +199,17 @@
 //! use pfs_shm_layout::reader::{snapshot, ReadOptions};
 //!
 //! let file = tempfile::tempfile().unwrap();
-//! let timer = TimerCalibration { kind: 2, base_ticks: 0, ps_per_tick_q32: 1000 << 32, frequency_hz: 1_000_000_000 };
+//! let timer = TimerCalibration { kind: 2, base_ticks: 0, ps_per_tick_q32: 1000 << 32, frequency_hz: 1_000_000_000, base_ns: 0 };
 //! let cfg = SegmentConfig { service_name: "doc".into(), ..Default::default() };
 //! let seg = Segment::create(file.try_clone().unwrap(), &cfg, timer, std::process::id(), 0).unwrap();
 //! let w = SegmentWriter::new(seg);
 //! let class = w.register_class("wait/synch/mutex/doc/m", ClassKind::Mutex, FLAG_ENABLED | FLAG_TIMED).unwrap();
 //! let slot = w.alloc_thread(1, 42, "main").unwrap();
 //! let rec = w.segment().record(slot.index);
-//! rec.end_event(&EventData { event_id: 1, end_event_id: 1, class, timer_start: 10, timer_end: 15,
-//!     timer_wait: 5_000, source: NONE_U32, object_name: NONE_U32, flags: EV_TIMED | EV_ENDED, ..Default::default() });
+//! let ev = EventData { event_id: 1, end_event_id: 2, class, timer_start: 10, timer_end: 15,
+//!     timer_wait: 5_000, source: NONE_U32, object_name: NONE_U32, flags: EV_TIMED | EV_ENDED, ..Default::default() };
+//! rec.end_event(0, &ev, None, true, true);        // events_waits_current + history
+//! rec.summarize(class as usize, true, 5_000, 0, None); // summary row
 //!
 //! let reader = Segment::open(file, false).unwrap(); // as the agent would
 //! let snap = snapshot(&reader, &ReadOptions::default()).unwrap();
@@ -224,6 +226,7 @@ pub mod lockword;
 pub mod reader;
 pub mod segment;
 pub mod seqlock;
+pub mod setup;
 pub mod writer;
 
 pub use error::SegmentError;

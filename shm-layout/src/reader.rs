@@ -30,7 +30,8 @@ use crate::kinds::{ClassKind, Operation};
 use crate::layout::*;
 use crate::lockword::{self, RecordState};
 use crate::segment::{Segment, TimerCalibration, load_string};
-use crate::writer::touched_classes;
+use crate::setup::{Actor, read_actors};
+use crate::writer::{StatementFigures, touched_classes};
 
 /// Tuning of a snapshot.
 #[derive(Debug, Clone, Copy)]
@@ -124,6 +125,9 @@ pub struct Summary {
     pub bytes: u64,
     /// Per-bucket (non-cumulative) counts; see [`bucket_index`].
     pub buckets: [u64; HISTOGRAM_BUCKETS],
+    /// Statements: `SUM_ERRORS`, `SUM_WARNINGS`, `SUM_ROWS_AFFECTED`,
+    /// `SUM_ROWS_SENT`, `SUM_ROWS_EXAMINED`.
+    pub statement: StatementFigures,
 }
 
 impl Default for Summary {
@@ -136,6 +140,7 @@ impl Default for Summary {
             max_ps: 0,
             bytes: 0,
             buckets: [0; HISTOGRAM_BUCKETS],
+            statement: StatementFigures::default(),
         }
     }
 }
@@ -152,6 +157,12 @@ impl Summary {
         for (a, b) in self.buckets.iter_mut().zip(&o.buckets) {
             *a += b;
         }
+        let (a, b) = (&mut self.statement, &o.statement);
+        a.errors += b.errors;
+        a.warnings += b.warnings;
+        a.rows_affected += b.rows_affected;
+        a.rows_sent += b.rows_sent;
+        a.rows_examined += b.rows_examined;
     }
 
     /// `MIN_TIMER_WAIT` or `None` (PFS shows 0) when nothing was timed.
@@ -182,6 +193,14 @@ impl Summary {
             max_ps: row.max.load(Relaxed),
             bytes: row.bytes.load(Relaxed),
             buckets,
+            statement: StatementFigures {
+                errors: row.errors.load(Relaxed),
+                warnings: row.warnings.load(Relaxed),
+                rows_affected: row.rows_affected.load(Relaxed),
+                rows_sent: row.rows_sent.load(Relaxed),
+                rows_examined: row.rows_examined.load(Relaxed),
+                digest: 0,
+            },
         }
     }
 }
@@ -219,6 +238,41 @@ pub struct Event {
     pub nesting_event_type: EventType,
     /// This event's type.
     pub event_type: EventType,
+    /// The timer that produced the timestamps.
+    pub timer: TimerId,
+    /// Stages: `WORK_COMPLETED` and `WORK_ESTIMATED`.
+    pub progress: Option<(u64, u64)>,
+    /// `THREAD_ID` (history_long rows).
+    pub thread_id: u64,
+}
+
+/// A statement event: the common fields plus the statement's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatementEvent {
+    /// Common event fields.
+    pub ev: Event,
+    /// Figures (`ERRORS`, `ROWS_SENT`, ..., `DIGEST`).
+    pub figures: StatementFigures,
+    /// `SQL_TEXT` (empty if none was supplied).
+    pub text: String,
+}
+
+impl StatementEvent {
+    fn load(r: &StatementRecord, timer: &TimerCalibration) -> Option<Self> {
+        let ev = Event::load(&r.ev, timer)?;
+        Some(Self {
+            ev,
+            figures: StatementFigures {
+                errors: r.errors.load(Relaxed),
+                warnings: r.warnings.load(Relaxed),
+                rows_affected: r.rows_affected.load(Relaxed),
+                rows_sent: r.rows_sent.load(Relaxed),
+                rows_examined: r.rows_examined.load(Relaxed),
+                digest: r.digest.load(Relaxed),
+            },
+            text: load_string(&r.text, r.text_len.load(Relaxed)).unwrap_or_default(),
+        })
+    }
 }
 
 impl Event {
@@ -232,22 +286,27 @@ impl Event {
         let ended = flags & EV_ENDED != 0;
         let idx = |v: u32| (v != NONE_U32).then_some(v);
         let nesting = r.nesting_event_id.load(Relaxed);
+        let tid = TimerId::from_u32((flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT).unwrap_or(TimerId::Cycle);
+        let progress = flags & EV_HAS_PROGRESS != 0;
         Some(Self {
             event_id,
             end_event_id: ended.then(|| r.end_event_id.load(Relaxed)),
             class: r.class.load(Relaxed),
             operation: Operation::from_u32(r.operation.load(Relaxed)),
-            timer_start: timed.then(|| timer.since_base_ps(r.timer_start.load(Relaxed))),
-            timer_end: (timed && ended).then(|| timer.since_base_ps(r.timer_end.load(Relaxed))),
+            timer_start: timed.then(|| timer.timestamp_ps(tid, r.timer_start.load(Relaxed))),
+            timer_end: (timed && ended).then(|| timer.timestamp_ps(tid, r.timer_end.load(Relaxed))),
             timer_wait: (timed && ended).then(|| r.timer_wait.load(Relaxed)),
             object_instance: r.object_instance.load(Relaxed),
-            bytes: (flags & EV_HAS_BYTES != 0).then(|| r.bytes.load(Relaxed)),
-            spins: (flags & EV_HAS_SPINS != 0).then(|| r.spins.load(Relaxed)),
+            bytes: (flags & EV_HAS_BYTES != 0 && !progress).then(|| r.bytes.load(Relaxed)),
+            spins: (flags & EV_HAS_SPINS != 0 && !progress).then(|| r.spins.load(Relaxed)),
             source: idx(r.source.load(Relaxed)),
             object_name: idx(r.object_name.load(Relaxed)),
             nesting_event_id: (nesting != 0).then_some(nesting),
             nesting_event_type: EventType::from_u32(r.nesting_event_type.load(Relaxed)),
             event_type: EventType::from_u32(r.event_type.load(Relaxed)),
+            timer: tid,
+            progress: progress.then(|| (r.bytes.load(Relaxed), r.spins.load(Relaxed))),
+            thread_id: r.thread_id.load(Relaxed),
         })
     }
 }
@@ -265,14 +324,29 @@ pub struct ThreadSnapshot {
     pub os_tid: u64,
     /// Thread name.
     pub name: String,
+    /// `INSTRUMENTED`.
+    pub instrumented: bool,
+    /// `HISTORY`.
+    pub history: bool,
+    /// Declared actor: `PROCESSLIST_USER`, `PROCESSLIST_HOST`, role.
+    pub actor: Option<(String, String, String)>,
     /// `events_waits_current`.
     pub waits_current: Option<Event>,
     /// `events_waits_history`, oldest first.
     pub waits_history: Vec<Event>,
+    /// `events_stages_current`.
+    pub stages_current: Option<Event>,
+    /// `events_stages_history`, oldest first.
+    pub stages_history: Vec<Event>,
+    /// `events_statements_current`.
+    pub statements_current: Option<StatementEvent>,
+    /// `events_statements_history`, oldest first.
+    pub statements_history: Vec<StatementEvent>,
     /// Summary rows by class index (touched rows only).
     pub rows: Vec<(u32, Summary)>,
     /// Classes whose row could not be read consistently.
     pub skipped_rows: Vec<u32>,
+    actor_ids: Option<(u32, u32, u32)>,
 }
 
 /// Everything a segment held at one instant (per item).
@@ -298,6 +372,19 @@ pub struct SegmentSnapshot {
     pub threads_exited: u64,
     /// Lost counters by [`LostKind`].
     pub lost: [u64; LOST_COUNTERS],
+    /// `setup_consumers` word.
+    pub consumers: u32,
+    /// `setup_timers` word.
+    pub timers: u32,
+    /// `setup_actors` rows.
+    pub actors: Vec<Actor>,
+    /// `events_waits_history_long` and `events_stages_history_long`,
+    /// oldest first.
+    pub long: [Vec<Event>; 2],
+    /// `events_statements_history_long`, oldest first.
+    pub long_statements: Vec<StatementEvent>,
+    /// Tickets taken per `history_long` ring (events offered to it).
+    pub long_tickets: [u64; 3],
     /// Container pages added.
     pub pages: u32,
     /// Reading effort.
@@ -399,7 +486,25 @@ fn try_snapshot(
     let before = threads.len();
     threads.retain(|t| !log.contains(&(u64::from(t.record), t.version)));
     total.folded_copies += (before - threads.len()) as u64;
+    let long_tickets = [0, 1, 2].map(|k| seg.long_header(k).next.load(Acquire));
+    let (long, long_statements) = if opts.events {
+        read_long(seg, &long_tickets, opts, total)
+    } else {
+        Default::default()
+    };
+    for t in &mut threads {
+        t.actor = t.actor_ids.map(|(u, h, r)| {
+            let get = |i: u32| strings.get(&i).cloned().unwrap_or_default();
+            (get(u), get(h), get(r))
+        });
+    }
     Ok(SegmentSnapshot {
+        consumers: seg.setup().consumers.load(Relaxed),
+        timers: seg.setup().timers.load(Relaxed),
+        actors: read_actors(seg),
+        long,
+        long_statements,
+        long_tickets,
         service: seg.service().to_string(),
         pid: seg.pid(),
         start_time_unix_ns: seg.start_time_unix_ns(),
@@ -453,12 +558,38 @@ fn read_strings(seg: &Segment, st: &mut ReadStats) -> HashMap<u32, String> {
     out
 }
 
-fn read_thread(
-    seg: &Segment,
-    idx: u32,
+fn read_ring<R, T>(
+    ring: &[R],
+    count: u64,
+    seq: impl Fn(&R) -> &crate::seqlock::SeqLock,
+    load: impl Fn(&R) -> Option<T>,
+    id: impl Fn(&T) -> u64,
     opts: &ReadOptions,
     st: &mut ReadStats,
-) -> Option<ThreadSnapshot> {
+) -> Vec<T> {
+    let len = ring.len() as u64;
+    let mut out = Vec::new();
+    if len == 0 {
+        return out;
+    }
+    for k in count.saturating_sub(len)..count {
+        let r = &ring[(k % len) as usize];
+        let ev = seq(r).read(opts.attempts, || load(r));
+        st.retries += u64::from(ev.retries);
+        match ev.value {
+            Some(Some(e)) => out.push(e),
+            Some(None) => {}
+            None => st.skipped_events += 1,
+        }
+    }
+    // A slot overwritten after `count` was read holds a newer event: keep
+    // the ring ordered by event id, as PFS shows it.
+    out.sort_by_key(|e| id(e));
+    out.dedup_by_key(|e| id(e));
+    out
+}
+
+fn read_thread(seg: &Segment, idx: u32, opts: &ReadOptions, st: &mut ReadStats) -> Option<ThreadSnapshot> {
     let rec = seg.record(idx);
     let h = rec.header;
     let lw1 = h.lock.load(Acquire);
@@ -477,48 +608,58 @@ fn read_thread(
             h.thread_id.load(Relaxed),
             h.os_tid.load(Relaxed),
             load_string(&h.name, h.name_len.load(Relaxed)),
+            h.flags.load(Relaxed),
+            [h.user.load(Relaxed), h.host.load(Relaxed), h.role.load(Relaxed)],
         )
     });
     st.retries += u64::from(id.retries);
-    let (thread_id, os_tid, name) = id.value?;
+    let (thread_id, os_tid, name, flags, actor) = id.value?;
     let mut t = ThreadSnapshot {
         record: idx,
         version,
         thread_id,
         os_tid,
         name: name.unwrap_or_default(),
+        instrumented: flags & THREAD_INSTRUMENTED != 0,
+        history: flags & THREAD_HISTORY != 0,
+        actor: None,
         waits_current: None,
         waits_history: Vec::new(),
+        stages_current: None,
+        stages_history: Vec::new(),
+        statements_current: None,
+        statements_history: Vec::new(),
         rows: Vec::new(),
         skipped_rows: Vec::new(),
+        actor_ids: (actor[0] != NONE_U32).then_some((actor[0], actor[1], actor[2])),
     };
     if opts.events {
-        let cur = h
-            .waits_current
-            .seq
-            .read(opts.attempts, || Event::load(&h.waits_current, timer));
-        st.retries += u64::from(cur.retries);
-        match cur.value {
-            Some(e) => t.waits_current = e,
-            None => st.skipped_events += 1,
-        }
-        let count = h.waits_history_count.load(Acquire);
-        let len = rec.history.len() as u64;
-        let first = count.saturating_sub(len);
-        for k in first..count {
-            let r = &rec.history[(k % len) as usize];
-            let ev = r.seq.read(opts.attempts, || Event::load(r, timer));
-            st.retries += u64::from(ev.retries);
-            match ev.value {
-                Some(Some(e)) => t.waits_history.push(e),
-                Some(None) => {}
-                None => st.skipped_events += 1,
+        let mut cur = |r: &EventRecord| {
+            let c = r.seq.read(opts.attempts, || Event::load(r, timer));
+            st.retries += u64::from(c.retries);
+            if c.value.is_none() {
+                st.skipped_events += 1;
             }
-        }
-        // A slot overwritten after `count` was read holds a newer event:
-        // keep the ring ordered by event id, as PFS shows it.
-        t.waits_history.sort_by_key(|e| e.event_id);
-        t.waits_history.dedup_by_key(|e| e.event_id);
+            c.value.flatten()
+        };
+        t.waits_current = cur(&h.waits_current);
+        t.stages_current = cur(&h.stages_current);
+        let c = h.statements_current.ev.seq.read(opts.attempts, || StatementEvent::load(&h.statements_current, timer));
+        st.retries += u64::from(c.retries);
+        t.statements_current = c.value.flatten();
+        let counts = [0, 1, 2].map(|k| h.history_count[k].load(Acquire));
+        let ev = |r: &EventRecord| Event::load(r, timer);
+        t.waits_history = read_ring(rec.history, counts[0], |r| &r.seq, ev, |e| e.event_id, opts, st);
+        t.stages_history = read_ring(rec.stages_history, counts[1], |r| &r.seq, ev, |e| e.event_id, opts, st);
+        t.statements_history = read_ring(
+            rec.statements_history,
+            counts[2],
+            |r| &r.ev.seq,
+            |r| StatementEvent::load(r, timer),
+            |e| e.ev.event_id,
+            opts,
+            st,
+        );
     }
     for class in touched_classes(h, rec.rows.len()) {
         let row = &rec.rows[class];
@@ -540,4 +681,47 @@ fn read_thread(
         return None;
     }
     Some(t)
+}
+
+/// Reads the `history_long` rings that have ever been used. Each accepted
+/// slot's sequence value names its ticket; rows are returned by ticket.
+fn read_long(
+    seg: &Segment,
+    tickets: &[u64; 3],
+    opts: &ReadOptions,
+    st: &mut ReadStats,
+) -> ([Vec<Event>; 2], Vec<StatementEvent>) {
+    let timer = seg.timer();
+    let mut events: [Vec<Event>; 2] = Default::default();
+    for (k, out) in events.iter_mut().enumerate() {
+        if tickets[k] == 0 {
+            continue;
+        }
+        let mut rows: Vec<(u64, Event)> = Vec::new();
+        for r in seg.long_events(k) {
+            let v = r.seq.read_versioned(opts.attempts, || Event::load(r, timer));
+            st.retries += u64::from(v.retries);
+            match v.value {
+                Some((s, Some(e))) if s != 0 => rows.push((s, e)),
+                Some(_) => {}
+                None => st.skipped_events += 1,
+            }
+        }
+        rows.sort_by_key(|(s, _)| *s);
+        *out = rows.into_iter().map(|(_, e)| e).collect();
+    }
+    let mut stmts: Vec<(u64, StatementEvent)> = Vec::new();
+    if tickets[2] != 0 {
+        for r in seg.long_statements() {
+            let v = r.ev.seq.read_versioned(opts.attempts, || StatementEvent::load(r, timer));
+            st.retries += u64::from(v.retries);
+            match v.value {
+                Some((s, Some(e))) if s != 0 => stmts.push((s, e)),
+                Some(_) => {}
+                None => st.skipped_events += 1,
+            }
+        }
+        stmts.sort_by_key(|(s, _)| *s);
+    }
+    (events, stmts.into_iter().map(|(_, e)| e).collect())
 }

@@ -27,6 +27,9 @@ pub struct SegmentConfig {
     pub records_per_page: u32,
     /// Maximum container pages; `records_per_page * max_pages` threads.
     pub max_pages: u32,
+    /// Events per `events_*_history_long` ring (PFS default 10 000); the
+    /// rings are reserved only when their consumer is first enabled.
+    pub history_long_len: u32,
 }
 
 impl Default for SegmentConfig {
@@ -38,6 +41,7 @@ impl Default for SegmentConfig {
             max_strings: 2048,
             records_per_page: 16,
             max_pages: 64,
+            history_long_len: 10_000,
         }
     }
 }
@@ -53,6 +57,8 @@ pub struct TimerCalibration {
     pub ps_per_tick_q32: u64,
     /// Ticks per second.
     pub frequency_hz: u64,
+    /// `CLOCK_MONOTONIC` ns at creation (base of the nanosecond timers).
+    pub base_ns: u64,
 }
 
 impl TimerCalibration {
@@ -68,10 +74,20 @@ impl TimerCalibration {
         }
     }
 
-    /// Converts an absolute tick value to picoseconds since `base_ticks`,
-    /// without wrapping (128-bit result).
+    /// Converts an absolute CYCLE tick value to picoseconds since
+    /// `base_ticks`, without wrapping (128-bit result).
     pub fn since_base_ps(&self, ticks: u64) -> u128 {
         (u128::from(ticks.saturating_sub(self.base_ticks)) * u128::from(self.ps_per_tick_q32)) >> 32
+    }
+
+    /// Converts a timestamp taken with `timer` to picoseconds since the
+    /// segment's creation: CYCLE ticks through the calibration, the other
+    /// timers' nanoseconds by multiplying by 1000.
+    pub fn timestamp_ps(&self, timer: crate::layout::TimerId, ticks: u64) -> u128 {
+        match timer {
+            crate::layout::TimerId::Cycle => self.since_base_ps(ticks),
+            _ => u128::from(ticks.saturating_sub(self.base_ns)) * 1000,
+        }
     }
 }
 
@@ -97,8 +113,14 @@ pub struct Geometry {
     pub strings_off: usize,
     /// Offset of the global section.
     pub global_off: usize,
+    /// Offset of the setup section.
+    pub setup_off: usize,
     /// Offset of the thread container section.
     pub threads_off: usize,
+    /// Offsets of the waits, stages and statements `history_long` sections.
+    pub long_off: [usize; 3],
+    /// Slots per `history_long` ring.
+    pub long_len: u32,
     /// Offset of container page 0 (absolute).
     pub pages_off: usize,
     /// Bytes per thread record.
@@ -132,6 +154,9 @@ impl Geometry {
         if cfg.service_name.len() > SERVICE_NAME_BYTES {
             return bad("service_name must be at most 64 bytes");
         }
+        if cfg.history_long_len > 1 << 24 {
+            return bad("history_long_len must be at most 16777216");
+        }
         let record_size = thread_record_size(cfg.history_len, cfg.max_classes).next_multiple_of(64);
         let page_size = page_align(record_size * cfg.records_per_page as usize);
         let counters_off = PAGE;
@@ -140,17 +165,20 @@ impl Geometry {
             classes_off + page_align(cfg.max_classes as usize * size_of::<ClassEntry>());
         let global_off =
             strings_off + page_align(cfg.max_strings as usize * size_of::<StringEntry>());
-        let threads_off = global_off
+        let setup_off = global_off
             + page_align(GLOBAL_ROWS_OFFSET + cfg.max_classes as usize * size_of::<SummaryRow>());
+        let threads_off = setup_off + size_of::<SetupSection>();
         let pages_off =
             threads_off + page_align(size_of::<ContainerHeader>() + cfg.max_pages as usize * 8);
-        let total_size = pages_off
-            .checked_add(
-                page_size
-                    .checked_mul(cfg.max_pages as usize)
-                    .ok_or_else(|| SegmentError::BadConfig("segment too large".into()))?,
-            )
-            .ok_or_else(|| SegmentError::BadConfig("segment too large".into()))?;
+        let too_large = || SegmentError::BadConfig("segment too large".into());
+        let threads_end = pages_off
+            .checked_add(page_size.checked_mul(cfg.max_pages as usize).ok_or_else(too_large)?)
+            .ok_or_else(too_large)?;
+        let long_len = cfg.history_long_len as usize;
+        let event_long = page_align(size_of::<LongHeader>() + long_len * size_of::<EventRecord>());
+        let stmt_long = page_align(size_of::<LongHeader>() + long_len * size_of::<StatementRecord>());
+        let long_off = [threads_end, threads_end + event_long, threads_end + 2 * event_long];
+        let total_size = long_off[2] + stmt_long;
         Ok(Self {
             history_len: cfg.history_len,
             max_classes: cfg.max_classes,
@@ -161,12 +189,21 @@ impl Geometry {
             classes_off,
             strings_off,
             global_off,
+            setup_off,
             threads_off,
+            long_off,
+            long_len: cfg.history_long_len,
             pages_off,
             record_size,
             page_size,
             total_size,
         })
+    }
+
+    /// Bytes of `history_long` section `kind` (0 waits, 1 stages, 2 statements).
+    pub fn long_size(&self, kind: usize) -> usize {
+        let slot = if kind == 2 { size_of::<StatementRecord>() } else { size_of::<EventRecord>() };
+        page_align(size_of::<LongHeader>() + self.long_len as usize * slot)
     }
 
     /// Maximum number of thread records.
@@ -245,6 +282,8 @@ impl Segment {
         h.timer_ps_per_tick_q32.store(timer.ps_per_tick_q32, r);
         h.timer_frequency_hz.store(timer.frequency_hz, r);
         h.timer_kind.store(timer.kind, r);
+        h.timer_base_ns.store(timer.base_ns, r);
+        h.history_long_len.store(u64::from(geom.long_len), r);
         h.history_len.store(geom.history_len, r);
         store_bytes(
             &h.service_name,
@@ -276,16 +315,44 @@ impl Segment {
             (
                 SectionKind::Global,
                 geom.global_off,
-                geom.threads_off - geom.global_off,
+                geom.setup_off - geom.global_off,
                 geom.max_classes,
                 size_of::<SummaryRow>() as u32,
             ),
             (
+                SectionKind::Setup,
+                geom.setup_off,
+                size_of::<SetupSection>(),
+                MAX_ACTORS as u32,
+                size_of::<ActorEntry>() as u32,
+            ),
+            (
                 SectionKind::Threads,
                 geom.threads_off,
-                geom.total_size - geom.threads_off,
+                geom.long_off[0] - geom.threads_off,
                 geom.max_pages,
                 geom.page_size as u32,
+            ),
+            (
+                SectionKind::WaitsLong,
+                geom.long_off[0],
+                geom.long_size(0),
+                geom.long_len,
+                size_of::<EventRecord>() as u32,
+            ),
+            (
+                SectionKind::StagesLong,
+                geom.long_off[1],
+                geom.long_size(1),
+                geom.long_len,
+                size_of::<EventRecord>() as u32,
+            ),
+            (
+                SectionKind::StatementsLong,
+                geom.long_off[2],
+                geom.long_size(2),
+                geom.long_len,
+                size_of::<StatementRecord>() as u32,
             ),
         ];
         for (entry, (kind, off, size, count, stride)) in h.sections.iter().zip(sections) {
@@ -299,6 +366,10 @@ impl Segment {
         for row in seg.global_rows() {
             row.min.store(u64::MAX, r);
         }
+        let setup = seg.setup();
+        setup.consumers.store(CONSUMERS_DEFAULT, r);
+        setup.timers.store(TIMERS_DEFAULT, r);
+        crate::setup::write_actor(&setup.actors[0], "%", "%", "%", ACTOR_ENABLED | ACTOR_HISTORY);
         let c = seg.container_header();
         c.records_per_page.store(geom.records_per_page, r);
         c.max_pages.store(geom.max_pages, r);
@@ -385,7 +456,7 @@ impl Segment {
                 SegmentError::Corrupt("service name is not valid UTF-8 of at most 64 bytes".into())
             })?;
         let history_len = h.history_len.load(r);
-        let mut found: [Option<(u64, u64, u32, u32)>; 6] = [None; 6];
+        let mut found: [Option<(u64, u64, u32, u32)>; 10] = [None; 10];
         for e in &h.sections[..section_count] {
             let (kind, off, size, count, stride) = (
                 e.kind.load(r),
@@ -418,6 +489,21 @@ impl Segment {
         let (strings_off, _, max_strings, sstride) = need(SectionKind::Strings)?;
         let (global_off, gsize, gcount, gstride) = need(SectionKind::Global)?;
         let (threads_off, tsize, _, _) = need(SectionKind::Threads)?;
+        let (setup_off, setup_size, _, _) = need(SectionKind::Setup)?;
+        if (setup_size as usize) < size_of::<SetupSection>() {
+            return corrupt("setup section too small".into());
+        }
+        let long_len = h.history_long_len.load(r);
+        let mut long_off = [0usize; 3];
+        for (i, k) in [SectionKind::WaitsLong, SectionKind::StagesLong, SectionKind::StatementsLong].into_iter().enumerate() {
+            let (off, size, count, stride) = need(k)?;
+            let slot = if i == 2 { size_of::<StatementRecord>() } else { size_of::<EventRecord>() };
+            let need_bytes = (size_of::<LongHeader>() as u64).checked_add(long_len.checked_mul(slot as u64).unwrap_or(u64::MAX));
+            if u64::from(count) != long_len || stride as usize != slot || need_bytes.is_none_or(|n| n > size) {
+                return corrupt(format!("{k:?} ring of {long_len} slots does not fit its section"));
+            }
+            long_off[i] = off as usize;
+        }
         if cstride as usize != size_of::<ClassEntry>()
             || sstride as usize != size_of::<StringEntry>()
             || gstride as usize != size_of::<SummaryRow>()
@@ -475,7 +561,10 @@ impl Segment {
             classes_off: classes_off as usize,
             strings_off: strings_off as usize,
             global_off: global_off as usize,
+            setup_off: setup_off as usize,
             threads_off: threads_off as usize,
+            long_off,
+            long_len: long_len as u32,
             pages_off: (threads_off + pages_offset) as usize,
             record_size: record_size as usize,
             page_size: page_size as usize,
@@ -486,6 +575,7 @@ impl Segment {
             base_ticks: h.timer_base_ticks.load(r),
             ps_per_tick_q32: h.timer_ps_per_tick_q32.load(r),
             frequency_hz: h.timer_frequency_hz.load(r),
+            base_ns: h.timer_base_ns.load(r),
         };
         let pid = h.creator_pid.load(r);
         let start_time_unix_ns = h.start_time_unix_ns.load(r);
@@ -622,14 +712,40 @@ impl Segment {
     pub fn record(&self, idx: u32) -> RecordRef<'_> {
         assert!(idx < self.geom.max_records(), "record index out of range");
         let off = self.geom.record_off(idx);
+        let n = self.geom.history_len;
         RecordRef {
             header: self.at(off),
-            history: self.slice_at(off + HISTORY_OFFSET, self.geom.history_len as usize),
-            rows: self.slice_at(
-                off + rows_offset(self.geom.history_len),
-                self.geom.max_classes as usize,
-            ),
+            history: self.slice_at(off + HISTORY_OFFSET, n as usize),
+            stages_history: self.slice_at(off + stages_history_offset(n), n as usize),
+            statements_history: self.slice_at(off + statements_history_offset(n), n as usize),
+            rows: self.slice_at(off + rows_offset(n), self.geom.max_classes as usize),
         }
+    }
+
+    /// The setup section.
+    pub fn setup(&self) -> &SetupSection {
+        self.at(self.geom.setup_off)
+    }
+
+    /// Header of `history_long` ring `kind` (0 waits, 1 stages, 2 statements).
+    pub fn long_header(&self, kind: usize) -> &LongHeader {
+        self.at(self.geom.long_off[kind])
+    }
+
+    /// Slots of the waits (0) or stages (1) `history_long` ring.
+    pub fn long_events(&self, kind: usize) -> &[EventRecord] {
+        assert!(kind < 2, "statements use long_statements");
+        self.slice_at(self.geom.long_off[kind] + size_of::<LongHeader>(), self.geom.long_len as usize)
+    }
+
+    /// Slots of the statements `history_long` ring.
+    pub fn long_statements(&self) -> &[StatementRecord] {
+        self.slice_at(self.geom.long_off[2] + size_of::<LongHeader>(), self.geom.long_len as usize)
+    }
+
+    /// Reserves `history_long` ring `kind` before its first use.
+    pub fn reserve_long(&self, kind: usize) -> Result<(), SegmentError> {
+        reserve(&self.file, self.geom.long_off[kind], self.geom.long_size(kind))
     }
 
     /// Reserves (`fallocate`s) the bytes of container page `page` so that
@@ -642,10 +758,14 @@ impl Segment {
 /// Views of one thread record.
 #[derive(Debug, Clone, Copy)]
 pub struct RecordRef<'a> {
-    /// Fixed part: lock word, identity, current wait.
+    /// Fixed part: lock word, identity, current events.
     pub header: &'a ThreadHeader,
     /// `events_waits_history` slots.
     pub history: &'a [EventRecord],
+    /// `events_stages_history` slots.
+    pub stages_history: &'a [EventRecord],
+    /// `events_statements_history` slots.
+    pub statements_history: &'a [StatementRecord],
     /// Summary rows by class index.
     pub rows: &'a [SummaryRow],
 }

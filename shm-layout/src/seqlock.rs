@@ -119,6 +119,47 @@ impl SeqLock {
         }
     }
 
+    /// Like [`SeqLock::read`], also returning the (even) sequence value the
+    /// accepted copy was taken at.
+    #[inline]
+    pub fn read_versioned<T>(&self, attempts: u32, mut f: impl FnMut() -> T) -> SeqRead<(u64, T)> {
+        let mut retries = 0;
+        for _ in 0..attempts.max(1) {
+            let s1 = self.seq.load(Ordering::Acquire);
+            if s1 & 1 == 0 {
+                let value = f();
+                fence(Ordering::Acquire);
+                if self.seq.load(Ordering::Relaxed) == s1 {
+                    return SeqRead {
+                        value: Some((s1, value)),
+                        retries,
+                    };
+                }
+            }
+            retries += 1;
+            std::hint::spin_loop();
+        }
+        SeqRead { value: None, retries }
+    }
+
+    /// Multi-writer claim for `history_long` slots: succeeds only if the
+    /// sequence is even and smaller than `publish` (the slot holds an older
+    /// write), moving it to odd with a compare-exchange. The guard stores
+    /// `publish` (even) with `Release` when dropped.
+    #[inline]
+    pub fn try_claim(&self, publish: u64) -> Option<SeqClaimGuard<'_>> {
+        debug_assert!(publish & 1 == 0);
+        let s = self.seq.load(Ordering::Relaxed);
+        if s & 1 != 0 || s >= publish {
+            return None;
+        }
+        self.seq
+            .compare_exchange(s, s | 1, Ordering::Relaxed, Ordering::Relaxed)
+            .ok()?;
+        fence(Ordering::Release);
+        Some(SeqClaimGuard { lock: self, publish })
+    }
+
     /// The raw sequence value (even when stable). Used by tests and by
     /// readers that want to detect any write since an earlier observation.
     pub fn sequence(&self) -> u64 {
@@ -141,6 +182,21 @@ impl Drop for SeqWriteGuard<'_> {
         self.lock
             .seq
             .store(self.seq.wrapping_add(2), Ordering::Release);
+    }
+}
+
+/// Guard of [`SeqLock::try_claim`]: publishes its value when dropped.
+#[must_use = "dropping the guard immediately publishes an empty write"]
+#[derive(Debug)]
+pub struct SeqClaimGuard<'a> {
+    lock: &'a SeqLock,
+    publish: u64,
+}
+
+impl Drop for SeqClaimGuard<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.lock.seq.store(self.publish, Ordering::Release);
     }
 }
 

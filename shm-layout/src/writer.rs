@@ -24,6 +24,8 @@ use crate::segment::{RecordRef, Segment, store_bytes, truncate_utf8};
 pub struct SegmentWriter {
     seg: Segment,
     slow: Mutex<SlowState>,
+    /// Per `history_long` ring: 0 not reserved yet, 1 reserved, 2 failed.
+    long_state: [std::sync::atomic::AtomicU8; 3],
 }
 
 #[derive(Debug, Default)]
@@ -76,7 +78,33 @@ pub struct EventData {
     pub flags: u32,
     /// [`EventType`] of this event.
     pub event_type: u32,
+    /// `THREAD_ID` (written to `history_long` slots).
+    pub thread_id: u64,
 }
+
+/// A statement's own figures, kept by the writer until the statement ends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatementFigures {
+    /// `ERRORS`.
+    pub errors: u64,
+    /// `WARNINGS`.
+    pub warnings: u64,
+    /// `ROWS_AFFECTED`.
+    pub rows_affected: u64,
+    /// `ROWS_SENT`.
+    pub rows_sent: u64,
+    /// `ROWS_EXAMINED`.
+    pub rows_examined: u64,
+    /// `DIGEST` (0 = none).
+    pub digest: u64,
+}
+
+/// Event kinds of the hot path, as indexes (waits 0, stages 1, statements 2).
+pub const KIND_WAIT: usize = 0;
+/// Stages.
+pub const KIND_STAGE: usize = 1;
+/// Statements.
+pub const KIND_STATEMENT: usize = 2;
 
 impl SegmentWriter {
     /// Wraps a segment this process created.
@@ -84,6 +112,7 @@ impl SegmentWriter {
         Self {
             seg,
             slow: Mutex::new(SlowState::default()),
+            long_state: Default::default(),
         }
     }
 
@@ -184,6 +213,67 @@ impl SegmentWriter {
             .find_map(|i| lockword::try_acquire(&self.seg.record(i).header.lock).map(|v| (i, v)))
     }
 
+    /// Appends an ended event to the `history_long` ring of `kind`.
+    ///
+    /// Protocol: take a ticket with `fetch_add`; the slot is `ticket mod
+    /// len`; claim it with a compare-exchange from an even sequence whose
+    /// ticket is older than ours to odd; write; publish `long_seq(ticket)`.
+    /// A slot held by another writer, or already holding a newer ticket (we
+    /// were lapped), is not written and the event is counted lost. So no
+    /// slot is ever torn or written twice for one ticket, and
+    /// `tickets = written + lost` exactly. `stmt` carries the statement part.
+    /// Returns whether the event was written.
+    #[inline]
+    pub fn append_long(&self, kind: usize, e: &EventData, stmt: Option<(&StatementFigures, &StatementRecord)>) -> bool {
+        if self.long_state[kind].load(Relaxed) != 1 && !self.reserve_long(kind) {
+            self.seg.count_lost(LONG_LOST[kind]);
+            return false;
+        }
+        let h = self.seg.long_header(kind);
+        let len = self.seg.geometry().long_len as u64;
+        if len == 0 {
+            return false;
+        }
+        let ticket = h.next.fetch_add(1, Relaxed);
+        // history_long is off by default: this division and the shared
+        // ticket line are its documented cost.
+        let slot = (ticket % len) as usize;
+        let seq = if kind == KIND_STATEMENT {
+            &self.seg.long_statements()[slot].ev.seq
+        } else {
+            &self.seg.long_events(kind)[slot].seq
+        };
+        let Some(guard) = seq.try_claim(long_seq(ticket)) else {
+            self.seg.count_lost(LONG_LOST[kind]);
+            return false;
+        };
+        if kind == KIND_STATEMENT {
+            let r = &self.seg.long_statements()[slot];
+            store_event_fields(&r.ev, e);
+            if let Some((f, cur)) = stmt {
+                store_statement_fields(r, f, cur);
+            }
+        } else {
+            store_event_fields(&self.seg.long_events(kind)[slot], e);
+        }
+        drop(guard);
+        true
+    }
+
+    #[cold]
+    fn reserve_long(&self, kind: usize) -> bool {
+        let _slow = self.slow();
+        match self.long_state[kind].load(Relaxed) {
+            1 => true,
+            2 => false,
+            _ => {
+                let ok = self.seg.reserve_long(kind).is_ok();
+                self.long_state[kind].store(if ok { 1 } else { 2 }, Release);
+                ok
+            }
+        }
+    }
+
     /// Folds the record's summaries into the global rows and frees it.
     /// Readers see either the thread's own rows or the folded totals, never
     /// both and never neither (see the fold log in the crate docs).
@@ -232,20 +322,24 @@ fn init_record(rec: RecordRef<'_>, thread_id: u64, os_tid: u64, name: &str) {
         let _w = h.seq.write();
         h.thread_id.store(thread_id, Relaxed);
         h.os_tid.store(os_tid, Relaxed);
-        store_bytes(
-            &h.name,
-            &h.name_len,
-            truncate_utf8(name, THREAD_NAME_BYTES).as_bytes(),
-        );
+        store_bytes(&h.name, &h.name_len, truncate_utf8(name, THREAD_NAME_BYTES).as_bytes());
+        h.flags.store(THREAD_INSTRUMENTED | THREAD_HISTORY, Relaxed);
+        for a in [&h.user, &h.host, &h.role] {
+            a.store(NONE_U32, Relaxed);
+        }
     }
     for w in &h.touched {
         w.store(0, Relaxed);
     }
-    h.waits_history_count.store(0, Relaxed);
-    h.waits_history_next.store(0, Relaxed);
-    let _w = h.waits_current.seq.write();
-    h.waits_current.flags.store(0, Relaxed);
-    h.waits_current.event_id.store(0, Relaxed);
+    for k in 0..3 {
+        h.history_count[k].store(0, Relaxed);
+        h.history_next[k].store(0, Relaxed);
+    }
+    for cur in [&h.waits_current, &h.stages_current, &h.statements_current.ev] {
+        let _w = cur.seq.write();
+        cur.flags.store(0, Relaxed);
+        cur.event_id.store(0, Relaxed);
+    }
 }
 
 fn merge_row(dst: &SummaryRow, src: &SummaryRow) {
@@ -274,11 +368,22 @@ fn merge_row(dst: &SummaryRow, src: &SummaryRow) {
     for (d, s) in dst.buckets.iter().zip(&src.buckets) {
         add(d, s);
     }
+    for (d, s) in [
+        (&dst.errors, &src.errors),
+        (&dst.warnings, &src.warnings),
+        (&dst.rows_affected, &src.rows_affected),
+        (&dst.rows_sent, &src.rows_sent),
+        (&dst.rows_examined, &src.rows_examined),
+    ] {
+        add(d, s);
+    }
 }
 
+/// `history_long` lost counter of each kind.
+const LONG_LOST: [LostKind; 3] = [LostKind::WaitsLong, LostKind::StagesLong, LostKind::StatementsLong];
+
 #[inline(always)]
-fn write_event(rec: &EventRecord, e: &EventData) {
-    let _w = rec.seq.write();
+fn store_event_fields(rec: &EventRecord, e: &EventData) {
     rec.event_id.store(e.event_id, Relaxed);
     rec.end_event_id.store(e.end_event_id, Relaxed);
     rec.class.store(e.class, Relaxed);
@@ -295,48 +400,114 @@ fn write_event(rec: &EventRecord, e: &EventData) {
     rec.nesting_event_type.store(e.nesting_event_type, Relaxed);
     rec.flags.store(e.flags, Relaxed);
     rec.event_type.store(e.event_type, Relaxed);
+    rec.thread_id.store(e.thread_id, Relaxed);
+}
+
+#[inline(always)]
+fn write_event(rec: &EventRecord, e: &EventData) {
+    let _w = rec.seq.write();
+    store_event_fields(rec, e);
+}
+
+/// Copies figures and, from `cur` (the writer's own current row), the text.
+#[inline]
+fn store_statement_fields(dst: &StatementRecord, f: &StatementFigures, cur: &StatementRecord) {
+    dst.errors.store(f.errors, Relaxed);
+    dst.warnings.store(f.warnings, Relaxed);
+    dst.rows_affected.store(f.rows_affected, Relaxed);
+    dst.rows_sent.store(f.rows_sent, Relaxed);
+    dst.rows_examined.store(f.rows_examined, Relaxed);
+    dst.digest.store(f.digest, Relaxed);
+    if std::ptr::eq(dst, cur) {
+        return;
+    }
+    let len = cur.text_len.load(Relaxed);
+    dst.text_len.store(len, Relaxed);
+    let words = (len as usize).div_ceil(8).min(dst.text.len());
+    for (d, s) in dst.text[..words].iter().zip(&cur.text) {
+        d.store(s.load(Relaxed), Relaxed);
+    }
 }
 
 impl RecordRef<'_> {
-    /// Publishes an event that has started as `events_waits_current`.
-    /// Hot path: one sequence-locked write of this thread's own line pair.
+    /// `events_*_current` of `kind`.
     #[inline(always)]
-    pub fn begin_event(&self, e: &EventData) {
-        write_event(&self.header.waits_current, e);
+    pub fn current(&self, kind: usize) -> &EventRecord {
+        match kind {
+            KIND_WAIT => &self.header.waits_current,
+            KIND_STAGE => &self.header.stages_current,
+            _ => &self.header.statements_current.ev,
+        }
     }
 
-    /// Ends an event: updates `events_waits_current`, appends it to the
-    /// history ring and adds it to the class's summary row.
+    /// Publishes an event that has started as `events_*_current` of its
+    /// kind. Hot path: one sequence-locked write of this thread's own lines.
     #[inline(always)]
-    pub fn end_event(&self, e: &EventData) {
-        write_event(&self.header.waits_current, e);
+    pub fn begin_event(&self, kind: usize, e: &EventData) {
+        if kind == KIND_STATEMENT {
+            // A new statement starts with no text.
+            let cur = &self.header.statements_current;
+            let _w = cur.ev.seq.write();
+            store_event_fields(&cur.ev, e);
+            store_statement_fields(cur, &StatementFigures::default(), cur);
+            cur.text_len.store(0, Relaxed);
+        } else {
+            write_event(self.current(kind), e);
+        }
+    }
+
+    /// Sets the current statement's `SQL_TEXT` (truncated to 200 bytes).
+    pub fn set_statement_text(&self, text: &str) {
+        let cur = &self.header.statements_current;
+        let _w = cur.ev.seq.write();
+        store_bytes(&cur.text, &cur.text_len, truncate_utf8(text, STATEMENT_TEXT_BYTES).as_bytes());
+    }
+
+    /// Ends an event: updates `events_*_current` (if `current`), appends it
+    /// to the kind's history ring (if `history`). Summaries are separate
+    /// ([`RecordRef::summarize`]) because their consumer is separate.
+    #[inline(always)]
+    pub fn end_event(&self, kind: usize, e: &EventData, stmt: Option<&StatementFigures>, current: bool, history: bool) {
         let h = self.header;
-        let slot = h.waits_history_next.load(Relaxed) as usize;
-        let slot = if slot < self.history.len() { slot } else { 0 };
-        write_event(&self.history[slot], e);
-        let next = if slot + 1 == self.history.len() {
-            0
-        } else {
-            slot + 1
+        if current {
+            if let (KIND_STATEMENT, Some(f)) = (kind, stmt) {
+                let cur = &h.statements_current;
+                let _w = cur.ev.seq.write();
+                store_event_fields(&cur.ev, e);
+                store_statement_fields(cur, f, cur);
+            } else {
+                write_event(self.current(kind), e);
+            }
+        }
+        if !history {
+            return;
+        }
+        let len = match kind {
+            KIND_WAIT => self.history.len(),
+            KIND_STAGE => self.stages_history.len(),
+            _ => self.statements_history.len(),
         };
-        h.waits_history_next.store(next as u32, Relaxed);
-        h.waits_history_count
-            .store(h.waits_history_count.load(Relaxed) + 1, Release);
-        let timed = e.flags & EV_TIMED != 0;
-        let bytes = if e.flags & EV_HAS_BYTES != 0 {
-            e.bytes
-        } else {
-            0
-        };
-        self.summarize(e.class as usize, timed, e.timer_wait, bytes);
+        let slot = h.history_next[kind].load(Relaxed) as usize;
+        let slot = if slot < len { slot } else { 0 };
+        match kind {
+            KIND_WAIT => write_event(&self.history[slot], e),
+            KIND_STAGE => write_event(&self.stages_history[slot], e),
+            _ => {
+                let dst = &self.statements_history[slot];
+                let _w = dst.ev.seq.write();
+                store_event_fields(&dst.ev, e);
+                store_statement_fields(dst, &stmt.copied().unwrap_or_default(), &h.statements_current);
+            }
+        }
+        let next = if slot + 1 == len { 0 } else { slot + 1 };
+        h.history_next[kind].store(next as u32, Relaxed);
+        h.history_count[kind].store(h.history_count[kind].load(Relaxed) + 1, Release);
     }
 
     /// Adds one event to summary row `class`.
     #[inline(always)]
-    pub fn summarize(&self, class: usize, timed: bool, wait_ps: u64, bytes: u64) {
-        let Some(row) = self.rows.get(class) else {
-            return;
-        };
+    pub fn summarize(&self, class: usize, timed: bool, wait_ps: u64, bytes: u64, stmt: Option<&StatementFigures>) {
+        let Some(row) = self.rows.get(class) else { return };
         let word = &self.header.touched[class / 64];
         let bit = 1u64 << (class % 64);
         let touched = word.load(Relaxed);
@@ -347,8 +518,7 @@ impl RecordRef<'_> {
         let _w = row.seq.write();
         row.count.store(row.count.load(Relaxed) + 1, Relaxed);
         if timed {
-            row.timed_count
-                .store(row.timed_count.load(Relaxed) + 1, Relaxed);
+            row.timed_count.store(row.timed_count.load(Relaxed) + 1, Relaxed);
             let (lo, carry) = row.sum_lo.load(Relaxed).overflowing_add(wait_ps);
             row.sum_lo.store(lo, Relaxed);
             if carry {
@@ -364,9 +534,26 @@ impl RecordRef<'_> {
             b.store(b.load(Relaxed) + 1, Relaxed);
         }
         if bytes != 0 {
-            row.bytes
-                .store(row.bytes.load(Relaxed).wrapping_add(bytes), Relaxed);
+            row.bytes.store(row.bytes.load(Relaxed).wrapping_add(bytes), Relaxed);
         }
+        if let Some(f) = stmt {
+            let add = |a: &AtomicU64, v: u64| a.store(a.load(Relaxed).wrapping_add(v), Relaxed);
+            add(&row.errors, f.errors);
+            add(&row.warnings, f.warnings);
+            add(&row.rows_affected, f.rows_affected);
+            add(&row.rows_sent, f.rows_sent);
+            add(&row.rows_examined, f.rows_examined);
+        }
+    }
+
+    /// Records the thread's actor and its setup_actors verdict.
+    pub fn set_actor(&self, user: u32, host: u32, role: u32, flags: u32) {
+        let h = self.header;
+        let _w = h.seq.write();
+        h.user.store(user, Relaxed);
+        h.host.store(host, Relaxed);
+        h.role.store(role, Relaxed);
+        h.flags.store(flags, Relaxed);
     }
 }
 

@@ -20,6 +20,7 @@ const TIMER: TimerCalibration = TimerCalibration {
     base_ticks: 0,
     ps_per_tick_q32: 1000 << 32,
     frequency_hz: 1_000_000_000,
+    base_ns: 0,
 };
 
 fn create(cfg: SegmentConfig) -> (File, SegmentWriter) {
@@ -36,6 +37,7 @@ fn small() -> SegmentConfig {
         max_strings: 16,
         records_per_page: 2,
         max_pages: 3,
+        history_long_len: 8,
     }
 }
 
@@ -53,6 +55,12 @@ fn event(class: u32, id: u64, wait_ps: u64) -> EventData {
         event_type: EventType::Wait as u32,
         ..Default::default()
     }
+}
+
+/// Ends a wait the way the client does: current, history, summary.
+fn record(rec: pfs_shm_layout::RecordRef<'_>, e: &EventData) {
+    rec.end_event(0, e, None, true, true);
+    rec.summarize(e.class as usize, true, e.timer_wait, 0, None);
 }
 
 fn file_with(bytes: &[u8]) -> File {
@@ -95,7 +103,7 @@ fn refuses_hostile_files_with_typed_errors() {
             e,
             SegmentError::UnsupportedVersion {
                 found: 99,
-                supported: 1
+                supported: LAYOUT_MAJOR
             }
         ),
         "{e}"
@@ -142,7 +150,7 @@ fn hostile_record_contents_never_panic_the_reader() {
         )
         .unwrap();
     let slot = w.alloc_thread(1, 1, "x").unwrap();
-    w.segment().record(slot.index).end_event(&event(c, 1, 5000));
+    record(w.segment().record(slot.index), &event(c, 1, 5000));
     let g = *w.segment().geometry();
     // Scribble over everything after the header with a pattern, as a
     // compromised writer could, then read.
@@ -201,7 +209,7 @@ fn history_ring_keeps_the_last_n_in_order() {
     let slot = w.alloc_thread(1, 1, "t").unwrap();
     let rec = w.segment().record(slot.index);
     for id in 1..=10 {
-        rec.end_event(&event(c, id, id * 1000));
+        record(rec, &event(c, id, id * 1000));
     }
     let r = Segment::open(f, false).unwrap();
     let s = snapshot(&r, &ReadOptions::default()).unwrap();
@@ -252,7 +260,7 @@ fn folding_under_concurrent_snapshots_never_loses_or_double_counts() {
                     let slot = w.alloc_thread(k, k, "churn").unwrap();
                     let rec = w.segment().record(slot.index);
                     for id in 1..=PER_THREAD {
-                        rec.end_event(&event(c, id, 1000));
+                        record(rec, &event(c, id, 1000));
                     }
                     w.fold_and_free(slot);
                     lifetimes += 1;
@@ -268,6 +276,7 @@ fn folding_under_concurrent_snapshots_never_loses_or_double_counts() {
     let mut last = 0;
     let mut snapshots = 0;
     let mut storms = 0;
+    let mut skipped = 0;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
     while std::time::Instant::now() < deadline {
         let s = match snapshot(
@@ -284,18 +293,15 @@ fn folding_under_concurrent_snapshots_never_loses_or_double_counts() {
             }
             Err(e) => panic!("{e}"),
         };
+        if s.stats.skipped_rows > 0 {
+            // A row skipped after its retry budget is missing from this
+            // snapshot (the agent carries the previous value forward); it
+            // cannot be compared and must not become the baseline.
+            skipped += 1;
+            continue;
+        }
         let n = total_count(&s);
-        assert!(
-            n >= last,
-            "total went backwards: {last} -> {n}: exited {:?} threads {:?} folds {} stats {:?}",
-            s.exited,
-            s.threads
-                .iter()
-                .map(|t| (t.record, t.version, t.rows.len()))
-                .collect::<Vec<_>>(),
-            s.threads_exited,
-            s.stats
-        );
+        assert!(n >= last, "total went backwards: {last} -> {n} (stats {:?})", s.stats);
         last = n;
         snapshots += 1;
     }
@@ -317,6 +323,6 @@ fn folding_under_concurrent_snapshots_never_loses_or_double_counts() {
         "{storms} snapshots gave up out of {snapshots}"
     );
     eprintln!(
-        "fold test: {snapshots} snapshots over {lifetimes} thread lifetimes; {storms} gave up"
+        "fold test: {snapshots} snapshots over {lifetimes} thread lifetimes; {storms} gave up, {skipped} had a skipped row"
     );
 }

