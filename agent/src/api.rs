@@ -6,6 +6,13 @@
 //! | GET | `/healthz` | `ok` |
 //! | GET | `/api/v1/tables` | `{"tables": [...]}` |
 //! | GET | `/api/v1/tables/{table}?service=S&pid=N` | `{"table", "columns", "rows"}` |
+//! | POST | `/api/v1/setup/{instruments,consumers,timers,actors}[?service=S&pid=N]` | `{"matched": n, "segments": m}` |
+//! | POST | `/api/v1/tables/{table}/truncate` | `{"truncated": table}` |
+//!
+//! Control (POST) needs `Authorization: Bearer <token>` matching the
+//! `--control-token-file`, compared in constant time: a missing or wrong
+//! token gets 401, and with no token configured control is refused (403).
+//! Nothing is changed unless the token matches.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -25,8 +32,10 @@ use serde_json::json;
 use tokio::net::TcpListener;
 
 use crate::export::prometheus;
+use crate::setup::{self, Change};
 use crate::snapshot::Snapshotter;
 use crate::tables::{self, Filter};
+use crate::truncate::Baselines;
 
 /// Shared state of the server.
 #[derive(Debug)]
@@ -35,17 +44,52 @@ pub struct AppState {
     pub snap: Arc<Snapshotter>,
     registry: Registry,
     render_seconds: Arc<AtomicU64>,
+    token: Option<String>,
+    baselines: std::sync::Mutex<Baselines>,
 }
 
 impl AppState {
-    /// State over `snap`.
-    pub fn new(snap: Arc<Snapshotter>) -> Arc<Self> {
+    /// State over `snap`; `token` enables the control endpoints.
+    pub fn new(snap: Arc<Snapshotter>, token: Option<String>) -> Arc<Self> {
         let (registry, render_seconds) = prometheus::registry(snap.clone());
         Arc::new(Self {
             snap,
             registry,
             render_seconds,
+            token,
+            baselines: std::sync::Mutex::new(Baselines::default()),
         })
+    }
+
+    fn baselines(&self) -> std::sync::MutexGuard<'_, Baselines> {
+        self.baselines.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Checks the bearer token: `Err` is the refusal to send.
+    fn authorize(&self, req: &Request<Incoming>) -> Result<(), Resp> {
+        use subtle::ConstantTimeEq;
+        let Some(want) = &self.token else {
+            return Err(error(
+                StatusCode::FORBIDDEN,
+                "control is disabled: start the agent with --control-token-file to enable it",
+            ));
+        };
+        let got = req
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if bool::from(got.as_bytes().ct_eq(want.as_bytes())) {
+            Ok(())
+        } else {
+            let mut r = error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+            r.headers_mut().insert(
+                hyper::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer"),
+            );
+            Err(r)
+        }
     }
 
     /// Renders `/metrics` (blocking: walks the segments if the cache is stale).
@@ -98,12 +142,116 @@ fn parse_filter(query: Option<&str>) -> Result<Filter, String> {
     Ok(f)
 }
 
+/// Largest control request body accepted.
+const MAX_BODY: usize = 64 * 1024;
+
+async fn control(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+    path: &str,
+    query: Option<&str>,
+) -> Resp {
+    use http_body_util::BodyExt;
+    if let Err(refusal) = state.authorize(&req) {
+        return refusal;
+    }
+    let filter = match parse_filter(query) {
+        Ok(f) => f,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    if let Some(table) = path
+        .strip_prefix("/api/v1/tables/")
+        .and_then(|t| t.strip_suffix("/truncate"))
+    {
+        let table = table.to_string();
+        let s = state.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            let snap = s.snap.take();
+            s.baselines().truncate(&table, &snap).map(|()| table)
+        })
+        .await;
+        return match r {
+            Ok(Ok(t)) => json_reply(StatusCode::OK, json!({ "truncated": t })),
+            Ok(Err(e)) => error(StatusCode::BAD_REQUEST, e),
+            Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "truncate failed"),
+        };
+    }
+    let Some(what) = path.strip_prefix("/api/v1/setup/") else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "control paths: /api/v1/setup/{instruments,consumers,timers,actors}, /api/v1/tables/{table}/truncate",
+        );
+    };
+    let body = match http_body_util::Limited::new(req.into_body(), MAX_BODY)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("body larger than {MAX_BODY} bytes"),
+            );
+        }
+    };
+    let parsed: Result<Change, serde_json::Error> = match what {
+        "instruments" => serde_json::from_slice(&body).map(Change::Instruments),
+        "consumers" => serde_json::from_slice(&body).map(Change::Consumers),
+        "timers" => serde_json::from_slice(&body).map(Change::Timers),
+        "actors" => serde_json::from_slice(&body).map(Change::Actors),
+        _ => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "setup tables: instruments, consumers, timers, actors",
+            );
+        }
+    };
+    let change = match parsed {
+        Ok(c) => c,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("invalid JSON body for setup/{what}: {e}"),
+            );
+        }
+    };
+    if let Err(e) = setup::validate(&change) {
+        return error(StatusCode::BAD_REQUEST, e);
+    }
+    let s = state.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        let paths = s.snap.live_paths();
+        let out = setup::apply(&paths, &filter, &change);
+        s.snap.invalidate();
+        out
+    })
+    .await;
+    match out {
+        Ok(o) => {
+            for e in &o.errors {
+                tracing::warn!("setup change not applied: {e}");
+            }
+            json_reply(
+                StatusCode::OK,
+                json!({ "matched": o.matched, "segments": o.segments, "errors": o.errors }),
+            )
+        }
+        Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "setup change failed"),
+    }
+}
+
 /// Answers one request.
 pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     let path = req.uri().path().to_string();
     let query = req.uri().query().map(str::to_string);
+    if req.method() == Method::POST {
+        return control(state, req, &path, query.as_deref()).await;
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return error(StatusCode::METHOD_NOT_ALLOWED, "only GET is served here");
+        return error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "GET reads; POST changes setup or truncates",
+        );
     }
     match path.as_str() {
         "/healthz" => reply(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
@@ -115,7 +263,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
             }
         }
         "/api/v1/tables" | "/api/v1/tables/" => {
-            json_reply(StatusCode::OK, json!({ "tables": tables::TABLES }))
+            json_reply(StatusCode::OK, json!({ "tables": tables::names() }))
         }
         p if p.starts_with("/api/v1/tables/") => {
             let name = p.trim_start_matches("/api/v1/tables/").to_string();
@@ -126,7 +274,8 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
             let s = state.clone();
             let table = tokio::task::spawn_blocking(move || {
                 let snap = s.snap.get();
-                tables::build(&name, &snap, &filter)
+                let baselines = s.baselines().clone();
+                tables::build(&name, &snap, &filter, &baselines)
             })
             .await
             .ok()
@@ -137,7 +286,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
                     StatusCode::NOT_FOUND,
                     format!(
                         "no such table; GET /api/v1/tables lists them: {}",
-                        tables::TABLES.join(", ")
+                        tables::names().join(", ")
                     ),
                 ),
             }

@@ -25,6 +25,9 @@ pub enum Command {
     Query(QueryArgs),
     /// Run the agent with a real instrumented workload process (one-command demo).
     Demo(DemoArgs),
+    /// Change live setup directly in the segments (local admin, by file permission).
+    #[command(subcommand)]
+    Setup(SetupCommand),
     /// The demo's workload process (started by `demo`).
     #[command(hide = true)]
     Workload(WorkloadArgs),
@@ -56,6 +59,120 @@ pub struct ServeArgs {
     /// File holding the bearer token that control requests must present.
     #[arg(long)]
     pub control_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    /// Setup defaults applied to every segment found.
+    pub defaults: DefaultsArgs,
+    #[command(flatten)]
+    /// OTLP metrics push.
+    pub otlp: crate::export::otlp::OtlpArgs,
+}
+
+/// Setup defaults the agent applies to every segment it finds (and to
+/// instruments registered later), like mysqld's
+/// `--performance-schema-instrument`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct DefaultsArgs {
+    /// `PATTERN=ON|OFF|COUNTED` (repeatable), e.g. `--instrument 'wait/io/file/%=OFF'`.
+    /// The longest matching pattern wins.
+    #[arg(long = "instrument", value_name = "PATTERN=VALUE")]
+    pub instruments: Vec<String>,
+    /// `PATTERN=ON|OFF` (repeatable), e.g. `--consumer 'events_waits_history_long=ON'`.
+    #[arg(long = "consumer", value_name = "PATTERN=VALUE")]
+    pub consumers: Vec<String>,
+}
+
+/// Which processes a setup change applies to.
+#[derive(Debug, Args, Clone)]
+pub struct TargetArgs {
+    #[command(flatten)]
+    /// Segment directory.
+    pub dir: DirArgs,
+    /// Only this service.
+    #[arg(long)]
+    pub service: Option<String>,
+    /// Only this pid.
+    #[arg(long)]
+    pub pid: Option<u32>,
+}
+
+/// `yes`/`no`.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum YesNo {
+    /// Yes.
+    Yes,
+    /// No.
+    No,
+}
+
+impl YesNo {
+    /// As a bool.
+    pub fn get(self) -> bool {
+        self == YesNo::Yes
+    }
+}
+
+/// `pfs-agent setup ...`.
+#[derive(Debug, Subcommand)]
+pub enum SetupCommand {
+    /// ENABLED/TIMED of instruments matching a LIKE pattern: `setup instruments 'wait/synch/%' --enabled no`.
+    Instruments {
+        /// SQL LIKE pattern over instrument names.
+        pattern: String,
+        /// New ENABLED.
+        #[arg(long, value_enum)]
+        enabled: Option<YesNo>,
+        /// New TIMED.
+        #[arg(long, value_enum)]
+        timed: Option<YesNo>,
+        #[command(flatten)]
+        /// Target.
+        target: TargetArgs,
+    },
+    /// Consumers matching a LIKE pattern: `setup consumers 'events_waits_history_long' --enabled yes`.
+    Consumers {
+        /// SQL LIKE pattern over consumer names.
+        pattern: String,
+        /// New ENABLED.
+        #[arg(long, value_enum)]
+        enabled: YesNo,
+        #[command(flatten)]
+        /// Target.
+        target: TargetArgs,
+    },
+    /// The timer of an event kind: `setup timers stage NANOSECOND`.
+    Timers {
+        /// `wait`, `stage`, `statement` (or a LIKE pattern).
+        name: String,
+        /// CYCLE, NANOSECOND, MICROSECOND, MILLISECOND or TICK.
+        timer_name: String,
+        #[command(flatten)]
+        /// Target.
+        target: TargetArgs,
+    },
+    /// Insert, update (`--enabled/--history`) or `--delete` a setup_actors row.
+    Actors {
+        /// HOST (`%` = any).
+        #[arg(long, default_value = "%")]
+        host: String,
+        /// USER (`%` = any).
+        #[arg(long, default_value = "%")]
+        user: String,
+        /// ROLE (`%` = any).
+        #[arg(long, default_value = "%")]
+        role: String,
+        /// ENABLED.
+        #[arg(long, value_enum)]
+        enabled: Option<YesNo>,
+        /// HISTORY.
+        #[arg(long, value_enum)]
+        history: Option<YesNo>,
+        /// Delete the row.
+        #[arg(long)]
+        delete: bool,
+        #[command(flatten)]
+        /// Target.
+        target: TargetArgs,
+    },
 }
 
 /// Output format of `query`.
@@ -101,6 +218,12 @@ pub struct DemoArgs {
     /// Worker threads of the workload.
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
+    #[command(flatten)]
+    /// Setup defaults.
+    pub defaults: DefaultsArgs,
+    #[command(flatten)]
+    /// OTLP metrics push.
+    pub otlp: crate::export::otlp::OtlpArgs,
 }
 
 /// Hidden `workload` options.

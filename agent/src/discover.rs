@@ -38,6 +38,10 @@ pub struct Tracked {
     /// Last snapshot taken of it (kept for carry-forward and for dead
     /// segments, whose content no longer changes).
     pub last: Option<SegmentSnapshot>,
+    /// Writable mapping for applying setup defaults (when there are any).
+    rw: Option<Segment>,
+    /// Classes the defaults have been applied to.
+    classes_applied: usize,
 }
 
 /// A file that is not a usable segment.
@@ -66,6 +70,8 @@ pub struct SegmentSet {
     pub errors: HashMap<&'static str, u64>,
     /// Segments retired so far.
     pub retired_segments: u64,
+    /// Setup defaults applied to every segment.
+    pub defaults: crate::setup::Defaults,
 }
 
 /// The metric label for a validation error.
@@ -95,6 +101,7 @@ impl SegmentSet {
             retired: Retired::default(),
             errors: HashMap::new(),
             retired_segments: 0,
+            defaults: crate::setup::Defaults::default(),
         }
     }
 
@@ -146,6 +153,13 @@ impl SegmentSet {
         for path in retire {
             self.retire(&path);
         }
+        if !self.defaults.is_empty() {
+            for t in self.tracked.values_mut().filter(|t| t.dead_since.is_none()) {
+                if let Some(rw) = &t.rw {
+                    t.classes_applied = self.defaults.apply_instruments(rw, t.classes_applied);
+                }
+            }
+        }
     }
 
     fn consider(&mut self, path: &Path) {
@@ -174,6 +188,20 @@ impl SegmentSet {
             Ok(segment) => {
                 tracing::info!(path = %path.display(), service = segment.service(), pid = segment.pid(), "segment found");
                 self.invalid.remove(path);
+                let rw = if self.defaults.is_empty() {
+                    None
+                } else {
+                    match crate::setup::open_rw(path) {
+                        Ok(rw) => {
+                            self.defaults.apply_consumers(&rw);
+                            Some(rw)
+                        }
+                        Err(e) => {
+                            tracing::warn!("cannot apply setup defaults: {e}");
+                            None
+                        }
+                    }
+                };
                 self.tracked.insert(
                     path.to_path_buf(),
                     Tracked {
@@ -181,6 +209,8 @@ impl SegmentSet {
                         path: path.to_path_buf(),
                         dead_since: None,
                         last: None,
+                        rw,
+                        classes_applied: 0,
                     },
                 );
             }

@@ -10,6 +10,9 @@
 //! | [`snapshot`] | version-checked snapshots, cached and shared |
 //! | [`aggregate`] | global, per-service and retired totals |
 //! | [`tables`] | PFS tables from a snapshot |
+//! | [`truncate`] | `TRUNCATE TABLE` as per-view baselines |
+//! | [`timers`] | `performance_timers` measurements |
+//! | [`setup`] | live setup changes (instruments, consumers, timers, actors) |
 //! | [`export::prometheus`] | OpenMetrics `/metrics` |
 //! | [`api`] | the HTTP server |
 //! | [`cli`] | command-line interface |
@@ -25,5 +28,8 @@ pub mod demo;
 pub mod discover;
 pub mod export;
 pub mod run;
+pub mod setup;
 pub mod snapshot;
 pub mod tables;
+pub mod timers;
+pub mod truncate;

@@ -16,6 +16,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(a) => pfs_agent::run::serve(a),
         Command::Query(a) => pfs_agent::run::query(a),
         Command::Demo(a) => pfs_agent::run::demo(a),
+        Command::Setup(c) => pfs_agent::run::setup(c),
         Command::Workload(a) => {
             pfs_agent::demo::workload::run(pfs_agent::demo::workload::WorkloadOptions {
                 shm_dir: a.shm_dir,

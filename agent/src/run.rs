@@ -8,10 +8,12 @@ use anyhow::{Context, bail};
 use tokio::net::TcpListener;
 
 use crate::api::{self, AppState};
-use crate::cli::{DemoArgs, Format, QueryArgs, ServeArgs, read_token};
+use crate::cli::{DemoArgs, Format, QueryArgs, ServeArgs, SetupCommand, TargetArgs, read_token};
 use crate::discover::SegmentSet;
+use crate::setup::{ActorChange, Change, ConsumerChange, Defaults, InstrumentChange, TimerChange};
 use crate::snapshot::Snapshotter;
 use crate::tables::{self, Filter};
+use crate::truncate::Baselines;
 
 /// Snapshots younger than this are shared between requests.
 pub const SNAPSHOT_MAX_AGE: Duration = Duration::from_millis(250);
@@ -58,22 +60,29 @@ async fn shutdown_signal() {
 
 /// `pfs-agent serve`.
 pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
-    if let Some(p) = &a.control_token_file {
-        read_token(p)?;
-    }
+    let token = a
+        .control_token_file
+        .as_deref()
+        .map(read_token)
+        .transpose()?;
+    let defaults = Defaults::parse(&a.defaults)
+        .map_err(|e| anyhow::anyhow!("invalid --instrument/--consumer: {e}"))?;
     if !a.dir.shm_dir.is_dir() {
         tracing::warn!(dir = %a.dir.shm_dir.display(), "segment directory does not exist yet; waiting for instrumented processes to create it");
     }
-    let snap = Arc::new(Snapshotter::new(
-        SegmentSet::new(&a.dir.shm_dir, a.dead_retention),
-        SNAPSHOT_MAX_AGE,
-    ));
-    let state = AppState::new(snap.clone());
+    let mut set = SegmentSet::new(&a.dir.shm_dir, a.dead_retention);
+    set.defaults = defaults;
+    let snap = Arc::new(Snapshotter::new(set, SNAPSHOT_MAX_AGE));
+    let state = AppState::new(snap.clone(), token);
     runtime()?.block_on(async move {
         let listener = bind(a.listen).await?;
         tracing::info!(listen = %a.listen, dir = %a.dir.shm_dir.display(), "pfs-agent serving /metrics, /healthz, /api/v1/tables");
+        let otlp = crate::export::otlp::start(&a.otlp, snap.clone(), || 0.0)?;
         spawn_discovery(snap);
         api::serve(listener, state, shutdown_signal()).await;
+        if let Some(o) = otlp {
+            o.shutdown(Duration::from_secs(5)).await;
+        }
         tracing::info!("pfs-agent stopped");
         Ok(())
     })
@@ -96,11 +105,11 @@ pub fn query(a: QueryArgs) -> anyhow::Result<()> {
         service: a.service,
         pid: a.pid,
     };
-    let Some(table) = tables::build(&a.table, &snap, &filter) else {
+    let Some(table) = tables::build(&a.table, &snap, &filter, &Baselines::default()) else {
         bail!(
             "no table {:?}; tables: {}",
             a.table,
-            tables::TABLES.join(", ")
+            tables::names().join(", ")
         );
     };
     match a.format {
@@ -139,9 +148,13 @@ fn remove_segments(dir: &Path) {
 
 /// `pfs-agent demo`: the agent plus a real instrumented workload process.
 pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
-    if let Some(p) = &a.control_token_file {
-        read_token(p)?;
-    }
+    let token = a
+        .control_token_file
+        .as_deref()
+        .map(read_token)
+        .transpose()?;
+    let defaults = Defaults::parse(&a.defaults)
+        .map_err(|e| anyhow::anyhow!("invalid --instrument/--consumer: {e}"))?;
     let pid = std::process::id();
     let base = if Path::new("/dev/shm").is_dir() {
         PathBuf::from("/dev/shm")
@@ -174,8 +187,11 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             .kill_on_drop(true)
             .spawn()
             .context("cannot start the demo workload process")?;
-        let snap = Arc::new(Snapshotter::new(SegmentSet::new(&dirs.shm, Duration::from_secs(300)), SNAPSHOT_MAX_AGE));
-        let state = AppState::new(snap.clone());
+        let mut set = SegmentSet::new(&dirs.shm, Duration::from_secs(300));
+        set.defaults = defaults;
+        let snap = Arc::new(Snapshotter::new(set, SNAPSHOT_MAX_AGE));
+        let state = AppState::new(snap.clone(), token);
+        let otlp = crate::export::otlp::start(&a.otlp, snap.clone(), || 0.0)?;
         spawn_discovery(snap);
         let url = format!("http://{}", a.listen);
         println!("pfs-agent demo: workload pid {} writing segments in {}", child.id().unwrap_or(0), dirs.shm.display());
@@ -189,6 +205,9 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             status = child.wait() => Err(anyhow::anyhow!("the demo workload exited unexpectedly: {status:?}")),
         };
         stop_child(&mut child).await;
+        if let Some(o) = otlp {
+            o.shutdown(Duration::from_secs(5)).await;
+        }
         outcome
     })?;
     // Stop background discovery before the directory disappears under it.
@@ -210,4 +229,88 @@ async fn stop_child(child: &mut tokio::process::Child) {
     {
         let _ = child.kill().await;
     }
+}
+
+/// `pfs-agent setup ...`: changes setup directly in the segment files.
+pub fn setup(cmd: SetupCommand) -> anyhow::Result<()> {
+    let (change, target): (Change, TargetArgs) = match cmd {
+        SetupCommand::Instruments {
+            pattern,
+            enabled,
+            timed,
+            target,
+        } => (
+            Change::Instruments(InstrumentChange {
+                name: pattern,
+                enabled: enabled.map(|v| v.get()),
+                timed: timed.map(|v| v.get()),
+            }),
+            target,
+        ),
+        SetupCommand::Consumers {
+            pattern,
+            enabled,
+            target,
+        } => (
+            Change::Consumers(ConsumerChange {
+                name: pattern,
+                enabled: enabled.get(),
+            }),
+            target,
+        ),
+        SetupCommand::Timers {
+            name,
+            timer_name,
+            target,
+        } => (Change::Timers(TimerChange { name, timer_name }), target),
+        SetupCommand::Actors {
+            host,
+            user,
+            role,
+            enabled,
+            history,
+            delete,
+            target,
+        } => (
+            Change::Actors(ActorChange {
+                host,
+                user,
+                role,
+                enabled: enabled.map(|v| v.get()),
+                history: history.map(|v| v.get()),
+                delete,
+            }),
+            target,
+        ),
+    };
+    crate::setup::validate(&change).map_err(|e| anyhow::anyhow!(e))?;
+    if !target.dir.shm_dir.is_dir() {
+        bail!(
+            "segment directory {} does not exist; pass --shm-dir (or PFS_SHM_DIR)",
+            target.dir.shm_dir.display()
+        );
+    }
+    let paths: Vec<PathBuf> = std::fs::read_dir(&target.dir.shm_dir)
+        .with_context(|| format!("cannot list {}", target.dir.shm_dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pfs"))
+        .filter(|p| std::fs::File::open(p).is_ok_and(|f| !crate::discover::owner_is_dead(&f)))
+        .collect();
+    let filter = Filter {
+        service: target.service,
+        pid: target.pid,
+    };
+    let out = crate::setup::apply(&paths, &filter, &change);
+    for e in &out.errors {
+        eprintln!("warning: {e}");
+    }
+    println!(
+        "matched {} row(s) in {} segment(s)",
+        out.matched, out.segments
+    );
+    if out.segments == 0 && !out.errors.is_empty() {
+        bail!("no segment could be changed");
+    }
+    Ok(())
 }

@@ -88,6 +88,23 @@ impl Snapshotter {
         *self.totals.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Paths of the segments whose processes live.
+    pub fn live_paths(&self) -> Vec<PathBuf> {
+        let mut set = self.set.lock().unwrap_or_else(|p| p.into_inner());
+        set.refresh();
+        set.tracked
+            .values()
+            .filter(|t| t.dead_since.is_none())
+            .map(|t| t.path.clone())
+            .collect()
+    }
+
+    /// Drops the cached snapshot (after a setup change, so that the next
+    /// read shows it).
+    pub fn invalidate(&self) {
+        *self.cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
     /// Discovery pass without a snapshot (background tick).
     pub fn refresh(&self) {
         self.set.lock().unwrap_or_else(|p| p.into_inner()).refresh();

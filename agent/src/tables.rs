@@ -5,21 +5,50 @@
 
 use std::collections::HashMap;
 
-use pfs_shm_layout::reader::{ClassInfo, Event, SegmentSnapshot, Summary};
+use pfs_shm_layout::ClassKind;
+use pfs_shm_layout::layout::{TimerId, timer_of};
+use pfs_shm_layout::reader::{ClassInfo, Event, SegmentSnapshot, StatementEvent, Summary};
+use pfs_shm_layout::setup::{TIMER_KINDS, consumers};
 use serde_json::{Map, Value, json};
 
 use crate::aggregate::segment_global;
 use crate::snapshot::Snapshot;
+use crate::timers;
+use crate::truncate::Baselines;
+
+/// The three event kinds, with their table-name word and class kind.
+const KINDS: [(&str, ClassKind); 3] = [
+    ("waits", ClassKind::OtherWait),
+    ("stages", ClassKind::Stage),
+    ("statements", ClassKind::Statement),
+];
 
 /// Tables served, in display order.
-pub const TABLES: &[&str] = &[
-    "setup_instruments",
-    "threads",
-    "events_waits_current",
-    "events_waits_history",
-    "events_waits_summary_by_thread_by_event_name",
-    "events_waits_summary_global_by_event_name",
-];
+pub fn names() -> Vec<String> {
+    let mut v: Vec<String> = [
+        "setup_instruments",
+        "setup_consumers",
+        "setup_timers",
+        "setup_actors",
+        "performance_timers",
+        "threads",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for (k, _) in KINDS {
+        for suffix in [
+            "current",
+            "history",
+            "history_long",
+            "summary_by_thread_by_event_name",
+            "summary_global_by_event_name",
+        ] {
+            v.push(format!("events_{k}_{suffix}"));
+        }
+    }
+    v
+}
 
 /// A table: column names and rows of JSON values in column order.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,7 +71,8 @@ pub struct Filter {
 }
 
 impl Filter {
-    fn accepts(&self, s: &SegmentSnapshot) -> bool {
+    /// True if `s` passes the filter.
+    pub fn accepts(&self, s: &SegmentSnapshot) -> bool {
         self.service.as_ref().is_none_or(|x| *x == s.service) && self.pid.is_none_or(|p| p == s.pid)
     }
 }
@@ -61,15 +91,43 @@ fn yes_no(b: bool) -> Value {
     Value::from(if b { "YES" } else { "NO" })
 }
 
+fn kind_matches(k: usize, c: ClassKind) -> bool {
+    match k {
+        0 => c.is_wait(),
+        _ => c == KINDS[k].1,
+    }
+}
+
+fn head(s: &SegmentSnapshot) -> Vec<Value> {
+    vec![s.service.clone().into(), s.pid.into()]
+}
+
 /// Builds table `name` from `snap`; `None` if there is no such table.
-pub fn build(name: &str, snap: &Snapshot, filter: &Filter) -> Option<Table> {
-    let segs = snap
+/// `baselines` hold what `TRUNCATE` removed from view.
+pub fn build(name: &str, snap: &Snapshot, filter: &Filter, baselines: &Baselines) -> Option<Table> {
+    let segs: Vec<(&std::path::Path, &SegmentSnapshot)> = snap
         .segments
         .iter()
-        .map(|v| &v.data)
-        .filter(|s| filter.accepts(s));
-    let (columns, rows): (Vec<&'static str>, Vec<Vec<Value>>) = match name {
-        "setup_instruments" => (
+        .filter(|v| filter.accepts(&v.data))
+        .map(|v| (v.path.as_path(), &v.data))
+        .collect();
+    let mut rows = Vec::new();
+    let columns: Vec<&'static str> = match name {
+        "setup_instruments" => {
+            for (_, s) in &segs {
+                for c in &s.classes {
+                    let mut r = head(s);
+                    r.extend([
+                        c.name.clone().into(),
+                        yes_no(c.enabled()),
+                        yes_no(c.timed()),
+                        "".into(),
+                        0.into(),
+                        Value::Null,
+                    ]);
+                    rows.push(r);
+                }
+            }
             vec![
                 "service",
                 "pid",
@@ -79,114 +137,240 @@ pub fn build(name: &str, snap: &Snapshot, filter: &Filter) -> Option<Table> {
                 "properties",
                 "volatility",
                 "documentation",
-            ],
-            segs.flat_map(|s| {
-                s.classes.iter().map(move |c| {
-                    vec![
-                        s.service.clone().into(),
-                        s.pid.into(),
-                        c.name.clone().into(),
-                        yes_no(c.enabled()),
-                        yes_no(c.timed()),
-                        "".into(),
-                        0.into(),
-                        Value::Null,
-                    ]
-                })
-            })
-            .collect(),
-        ),
-        "threads" => (
+            ]
+        }
+        "setup_consumers" => {
+            for (_, s) in &segs {
+                for (n, bit) in consumers() {
+                    let mut r = head(s);
+                    r.extend([n.into(), yes_no(s.consumers & bit != 0)]);
+                    rows.push(r);
+                }
+            }
+            vec!["service", "pid", "name", "enabled"]
+        }
+        "setup_timers" => {
+            for (_, s) in &segs {
+                for (k, n) in TIMER_KINDS.iter().enumerate() {
+                    let t = TimerId::from_u32(timer_of(s.timers, k)).unwrap_or(TimerId::Cycle);
+                    let mut r = head(s);
+                    r.extend([(*n).into(), t.name().into()]);
+                    rows.push(r);
+                }
+            }
+            vec!["service", "pid", "name", "timer_name"]
+        }
+        "setup_actors" => {
+            for (_, s) in &segs {
+                for a in &s.actors {
+                    let mut r = head(s);
+                    r.extend([
+                        a.host.clone().into(),
+                        a.user.clone().into(),
+                        a.role.clone().into(),
+                        yes_no(a.enabled),
+                        yes_no(a.history),
+                    ]);
+                    rows.push(r);
+                }
+            }
+            vec![
+                "service", "pid", "host", "user", "role", "enabled", "history",
+            ]
+        }
+        "performance_timers" => {
+            for t in timers::measure() {
+                rows.push(vec![
+                    t.timer.name().into(),
+                    opt(t.frequency),
+                    opt(t.resolution),
+                    opt(t.overhead),
+                ]);
+            }
+            vec![
+                "timer_name",
+                "timer_frequency",
+                "timer_resolution",
+                "timer_overhead",
+            ]
+        }
+        "threads" => {
+            for (_, s) in &segs {
+                for t in &s.threads {
+                    let (user, host) = match &t.actor {
+                        Some((u, h, _)) => (Value::from(u.clone()), Value::from(h.clone())),
+                        None => (Value::Null, Value::Null),
+                    };
+                    let mut r = head(s);
+                    r.extend([
+                        t.thread_id.into(),
+                        t.name.clone().into(),
+                        (if t.actor.is_some() {
+                            "FOREGROUND"
+                        } else {
+                            "BACKGROUND"
+                        })
+                        .into(),
+                        user,
+                        host,
+                        t.os_tid.into(),
+                        yes_no(t.instrumented),
+                        yes_no(t.history),
+                    ]);
+                    rows.push(r);
+                }
+            }
             vec![
                 "service",
                 "pid",
                 "thread_id",
                 "name",
                 "type",
+                "processlist_user",
+                "processlist_host",
                 "thread_os_id",
                 "instrumented",
                 "history",
-            ],
-            segs.flat_map(|s| {
-                s.threads.iter().map(move |t| {
-                    vec![
-                        s.service.clone().into(),
-                        s.pid.into(),
-                        t.thread_id.into(),
-                        t.name.clone().into(),
-                        "FOREGROUND".into(),
-                        t.os_tid.into(),
-                        yes_no(true),
-                        yes_no(true),
-                    ]
-                })
-            })
-            .collect(),
-        ),
-        "events_waits_current" | "events_waits_history" => {
-            let current = name == "events_waits_current";
-            let mut rows = Vec::new();
-            for s in segs {
+            ]
+        }
+        _ => return build_events(name, &segs, baselines),
+    };
+    Some(Table {
+        name: name.to_string(),
+        columns,
+        rows,
+    })
+}
+
+fn build_events(
+    name: &str,
+    segs: &[(&std::path::Path, &SegmentSnapshot)],
+    baselines: &Baselines,
+) -> Option<Table> {
+    let rest = name.strip_prefix("events_")?;
+    let (k, word) = KINDS
+        .iter()
+        .enumerate()
+        .map(|(i, (w, _))| (i, *w))
+        .find(|(_, w)| rest.starts_with(w))?;
+    let suffix = rest[word.len()..].strip_prefix('_')?;
+    let mut rows = Vec::new();
+    let columns = match suffix {
+        "current" | "history" | "history_long" => {
+            for (path, s) in segs {
                 let classes = class_map(&s.classes);
+                let mut push = |tid: u64, e: &Event, st: Option<&StatementEvent>| {
+                    rows.push(event_row(s, &classes, tid, e, st, k));
+                };
+                if suffix == "history_long" {
+                    match k {
+                        2 => {
+                            for e in s.long_statements.iter().filter(|e| {
+                                baselines.keep_long(path, k, e.ev.event_id, e.ev.thread_id)
+                            }) {
+                                push(e.ev.thread_id, &e.ev, Some(e));
+                            }
+                        }
+                        _ => {
+                            for e in s.long[k]
+                                .iter()
+                                .filter(|e| baselines.keep_long(path, k, e.event_id, e.thread_id))
+                            {
+                                push(e.thread_id, e, None);
+                            }
+                        }
+                    }
+                    continue;
+                }
                 for t in &s.threads {
-                    let events: Vec<&Event> = if current {
-                        t.waits_current.iter().collect()
-                    } else {
-                        t.waits_history.iter().collect()
-                    };
-                    for e in events {
-                        rows.push(event_row(s, &classes, t.thread_id, e));
+                    let min_id = baselines.event_floor(path, t.record, t.version, k);
+                    match (k, suffix) {
+                        (2, "current") => {
+                            for e in t
+                                .statements_current
+                                .iter()
+                                .filter(|e| e.ev.event_id > min_id)
+                            {
+                                push(t.thread_id, &e.ev, Some(e));
+                            }
+                        }
+                        (2, _) => {
+                            for e in t
+                                .statements_history
+                                .iter()
+                                .filter(|e| e.ev.event_id > min_id)
+                            {
+                                push(t.thread_id, &e.ev, Some(e));
+                            }
+                        }
+                        (_, "current") => {
+                            let cur = if k == 0 {
+                                &t.waits_current
+                            } else {
+                                &t.stages_current
+                            };
+                            for e in cur.iter().filter(|e| e.event_id > min_id) {
+                                push(t.thread_id, e, None);
+                            }
+                        }
+                        _ => {
+                            let hist = if k == 0 {
+                                &t.waits_history
+                            } else {
+                                &t.stages_history
+                            };
+                            for e in hist.iter().filter(|e| e.event_id > min_id) {
+                                push(t.thread_id, e, None);
+                            }
+                        }
                     }
                 }
             }
-            (EVENT_COLUMNS.to_vec(), rows)
+            event_columns(k)
         }
-        "events_waits_summary_by_thread_by_event_name" => {
-            let mut rows = Vec::new();
-            for s in segs {
+        "summary_by_thread_by_event_name" => {
+            for (path, s) in segs {
                 let classes = class_map(&s.classes);
                 for t in &s.threads {
-                    let mut by_name: Vec<(&str, &Summary)> = t
+                    let mut by_name: Vec<(&str, Summary)> = t
                         .rows
                         .iter()
                         .filter_map(|(c, sum)| {
-                            classes
-                                .get(c)
-                                .filter(|c| c.kind.is_wait())
-                                .map(|ci| (ci.name.as_str(), sum))
+                            let ci = classes.get(c).filter(|ci| kind_matches(k, ci.kind))?;
+                            Some((
+                                ci.name.as_str(),
+                                baselines.thread_view(path, t.record, t.version, *c, sum),
+                            ))
                         })
                         .collect();
                     by_name.sort_by_key(|(n, _)| *n);
                     for (n, sum) in by_name {
-                        let mut row = vec![
-                            s.service.clone().into(),
-                            s.pid.into(),
-                            t.thread_id.into(),
-                            n.into(),
-                        ];
-                        row.extend(summary_values(sum));
+                        let mut row = head(s);
+                        row.extend([t.thread_id.into(), n.into()]);
+                        row.extend(summary_values(&sum, k));
                         rows.push(row);
                     }
                 }
             }
             let mut cols = vec!["service", "pid", "thread_id", "event_name"];
-            cols.extend(SUMMARY_COLUMNS);
-            (cols, rows)
+            cols.extend(summary_columns(k));
+            cols
         }
-        "events_waits_summary_global_by_event_name" => {
-            let mut rows = Vec::new();
-            for s in segs {
+        "summary_global_by_event_name" => {
+            for (path, s) in segs {
                 for (n, (kind, sum)) in segment_global(s) {
-                    if kind.is_wait() {
-                        let mut row = vec![s.service.clone().into(), s.pid.into(), n.into()];
-                        row.extend(summary_values(&sum));
+                    if kind_matches(k, kind) {
+                        let sum = baselines.global_view(path, &n, &sum);
+                        let mut row = head(s);
+                        row.push(n.into());
+                        row.extend(summary_values(&sum, k));
                         rows.push(row);
                     }
                 }
             }
             let mut cols = vec!["service", "pid", "event_name"];
-            cols.extend(SUMMARY_COLUMNS);
-            (cols, rows)
+            cols.extend(summary_columns(k));
+            cols
         }
         _ => return None,
     };
@@ -204,37 +388,87 @@ const SUMMARY_COLUMNS: [&str; 5] = [
     "avg_timer_wait",
     "max_timer_wait",
 ];
+const STATEMENT_SUMMARY_COLUMNS: [&str; 5] = [
+    "sum_errors",
+    "sum_warnings",
+    "sum_rows_affected",
+    "sum_rows_sent",
+    "sum_rows_examined",
+];
 
-fn summary_values(s: &Summary) -> [Value; 5] {
-    [
+fn summary_columns(k: usize) -> Vec<&'static str> {
+    let mut v = SUMMARY_COLUMNS.to_vec();
+    if k == 2 {
+        v.extend(STATEMENT_SUMMARY_COLUMNS);
+    }
+    v
+}
+
+fn summary_values(s: &Summary, k: usize) -> Vec<Value> {
+    let mut v = vec![
         s.count.into(),
         ps(s.sum_ps),
         s.min().unwrap_or(0).into(),
         s.avg_ps().into(),
         s.max_ps.into(),
-    ]
+    ];
+    if k == 2 {
+        let f = &s.statement;
+        v.extend([
+            f.errors.into(),
+            f.warnings.into(),
+            f.rows_affected.into(),
+            f.rows_sent.into(),
+            f.rows_examined.into(),
+        ]);
+    }
+    v
 }
 
-const EVENT_COLUMNS: [&str; 18] = [
-    "service",
-    "pid",
-    "thread_id",
-    "event_id",
-    "end_event_id",
-    "event_name",
-    "source",
-    "timer_start",
-    "timer_end",
-    "timer_wait",
-    "spins",
-    "object_name",
-    "object_type",
-    "object_instance_begin",
-    "nesting_event_id",
-    "nesting_event_type",
-    "operation",
-    "number_of_bytes",
-];
+fn event_columns(k: usize) -> Vec<&'static str> {
+    let mut v = vec![
+        "service",
+        "pid",
+        "thread_id",
+        "event_id",
+        "end_event_id",
+        "event_name",
+        "source",
+        "timer_start",
+        "timer_end",
+        "timer_wait",
+    ];
+    match k {
+        0 => v.extend([
+            "spins",
+            "object_name",
+            "object_type",
+            "object_instance_begin",
+            "nesting_event_id",
+            "nesting_event_type",
+            "operation",
+            "number_of_bytes",
+        ]),
+        1 => v.extend([
+            "work_completed",
+            "work_estimated",
+            "nesting_event_id",
+            "nesting_event_type",
+        ]),
+        _ => v.extend([
+            "sql_text",
+            "digest",
+            "errors",
+            "warnings",
+            "rows_affected",
+            "rows_sent",
+            "rows_examined",
+            "nesting_event_id",
+            "nesting_event_type",
+        ]),
+    }
+    v
+}
 
 fn class_map(classes: &[ClassInfo]) -> HashMap<u32, &ClassInfo> {
     classes.iter().map(|c| (c.index, c)).collect()
@@ -245,17 +479,13 @@ fn event_row(
     classes: &HashMap<u32, &ClassInfo>,
     thread_id: u64,
     e: &Event,
+    st: Option<&StatementEvent>,
+    k: usize,
 ) -> Vec<Value> {
     let class = classes.get(&e.class);
     let string = |i: Option<u32>| opt(i.and_then(|i| s.strings.get(&i).cloned()));
-    let object_type = class.map(|c| match c.kind {
-        pfs_shm_layout::ClassKind::File => "FILE",
-        pfs_shm_layout::ClassKind::Socket => "SOCKET",
-        _ => "",
-    });
-    vec![
-        s.service.clone().into(),
-        s.pid.into(),
+    let mut row = head(s);
+    row.extend([
         thread_id.into(),
         e.event_id.into(),
         opt(e.end_event_id),
@@ -264,15 +494,54 @@ fn event_row(
         e.timer_start.map(ps).unwrap_or(Value::Null),
         e.timer_end.map(ps).unwrap_or(Value::Null),
         opt(e.timer_wait),
-        opt(e.spins),
-        string(e.object_name),
-        opt(object_type.filter(|t| !t.is_empty())),
-        e.object_instance.into(),
+    ]);
+    let nesting = [
         opt(e.nesting_event_id),
         opt(e.nesting_event_type.pfs_name()),
-        opt(e.operation.map(|o| o.name())),
-        opt(e.bytes),
-    ]
+    ];
+    match k {
+        0 => {
+            let object_type = class.and_then(|c| match c.kind {
+                ClassKind::File => Some("FILE"),
+                ClassKind::Socket => Some("SOCKET"),
+                _ => None,
+            });
+            row.extend([
+                opt(e.spins),
+                string(e.object_name),
+                opt(object_type),
+                e.object_instance.into(),
+            ]);
+            row.extend(nesting);
+            row.extend([opt(e.operation.map(|o| o.name())), opt(e.bytes)]);
+        }
+        1 => {
+            row.extend([opt(e.progress.map(|p| p.0)), opt(e.progress.map(|p| p.1))]);
+            row.extend(nesting);
+        }
+        _ => {
+            let (text, f) = match st {
+                Some(st) => (
+                    Some(st.text.clone()).filter(|t| !t.is_empty()),
+                    Some(st.figures),
+                ),
+                None => (None, None),
+            };
+            row.extend([
+                opt(text),
+                opt(f
+                    .filter(|f| f.digest != 0)
+                    .map(|f| format!("{:016x}", f.digest))),
+                opt(f.map(|f| f.errors)),
+                opt(f.map(|f| f.warnings)),
+                opt(f.map(|f| f.rows_affected)),
+                opt(f.map(|f| f.rows_sent)),
+                opt(f.map(|f| f.rows_examined)),
+            ]);
+            row.extend(nesting);
+        }
+    }
+    row
 }
 
 impl Table {

@@ -27,7 +27,9 @@ impl ClassRef {
 
     /// Registers `name` if its kind is accepted by `want`.
     pub(crate) fn register(name: &str, want: fn(ClassKind) -> bool, what: &str) -> Self {
-        let Some(rt) = runtime::get() else { return Self::DISABLED };
+        let Some(rt) = runtime::get() else {
+            return Self::DISABLED;
+        };
         match ClassKind::from_name(name) {
             Some(kind) if want(kind) => rt
                 .writer
@@ -38,7 +40,10 @@ impl ClassRef {
                 })
                 .unwrap_or(Self::DISABLED),
             _ => {
-                tracing::warn!(name, "not a PFS {what} instrument name; instrument disabled");
+                tracing::warn!(
+                    name,
+                    "not a PFS {what} instrument name; instrument disabled"
+                );
                 Self::DISABLED
             }
         }
@@ -87,6 +92,8 @@ impl LazyRef {
         if runtime::get().is_none() {
             return ClassRef::DISABLED;
         }
-        *self.cell.get_or_init(|| ClassRef::register(self.name, want, what))
+        *self
+            .cell
+            .get_or_init(|| ClassRef::register(self.name, want, what))
     }
 }

@@ -76,8 +76,11 @@ fn parse_rules<T>(s: &str, value: impl Fn(&str) -> Option<T>) -> Result<Vec<(Str
         .map(str::trim)
         .filter(|r| !r.is_empty())
         .map(|r| {
-            let (p, v) = r.split_once('=').ok_or_else(|| format!("{r:?} is not pattern=VALUE"))?;
-            let v = value(v.trim()).ok_or_else(|| format!("{r:?}: unknown value {:?}", v.trim()))?;
+            let (p, v) = r
+                .split_once('=')
+                .ok_or_else(|| format!("{r:?} is not pattern=VALUE"))?;
+            let v =
+                value(v.trim()).ok_or_else(|| format!("{r:?}: unknown value {:?}", v.trim()))?;
             Ok((p.trim().to_string(), v))
         })
         .collect()
@@ -136,10 +139,12 @@ impl Config {
         c.timed = flag("PFS_INSTRUMENTS_TIMED", c.timed)?;
         c.history_long_len = num("PFS_HISTORY_LONG_SIZE", c.history_long_len)?;
         if let Ok(v) = std::env::var("PFS_INSTRUMENT") {
-            c.instrument_rules = parse_instrument_rules(&v).map_err(|e| InitError::BadEnv("PFS_INSTRUMENT".into(), e))?;
+            c.instrument_rules = parse_instrument_rules(&v)
+                .map_err(|e| InitError::BadEnv("PFS_INSTRUMENT".into(), e))?;
         }
         if let Ok(v) = std::env::var("PFS_CONSUMERS") {
-            c.consumer_rules = parse_consumer_rules(&v).map_err(|e| InitError::BadEnv("PFS_CONSUMERS".into(), e))?;
+            c.consumer_rules = parse_consumer_rules(&v)
+                .map_err(|e| InitError::BadEnv("PFS_CONSUMERS".into(), e))?;
         }
         Ok(c)
     }

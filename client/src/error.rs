@@ -11,7 +11,9 @@ pub enum InitError {
     #[error("pfs-client is already initialised (segment {0})")]
     AlreadyInitialized(PathBuf),
     /// An environment variable has a value we cannot use.
-    #[error("environment variable {0} is invalid ({1}); expected a number, yes/no, or pattern=VALUE rules")]
+    #[error(
+        "environment variable {0} is invalid ({1}); expected a number, yes/no, or pattern=VALUE rules"
+    )]
     BadEnv(String, String),
     /// The directory is world-writable: anyone could plant segments.
     #[error(

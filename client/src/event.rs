@@ -3,8 +3,8 @@
 //! goes (current, history, history_long, summaries) by consumer.
 
 use pfs_shm_layout::layout::{
-    ConsumerKind, EV_ENDED, EV_HAS_BYTES, EV_HAS_PROGRESS, EV_TIMED, EV_TIMER_MASK, EV_TIMER_SHIFT, FLAG_ENABLED,
-    FLAG_TIMED, NONE_U32, TimerId, timer_of,
+    ConsumerKind, EV_ENDED, EV_HAS_BYTES, EV_HAS_PROGRESS, EV_TIMED, EV_TIMER_MASK, EV_TIMER_SHIFT,
+    FLAG_ENABLED, FLAG_TIMED, NONE_U32, TimerId, timer_of,
 };
 use pfs_shm_layout::setup::effective;
 use pfs_shm_layout::writer::{EventData, KIND_STATEMENT, StatementFigures};
@@ -38,7 +38,10 @@ pub(crate) fn begin(
         return None;
     }
     let rt = runtime::get()?;
-    let consumers = rt.setup.consumers.load(std::sync::atomic::Ordering::Relaxed);
+    let consumers = rt
+        .setup
+        .consumers
+        .load(std::sync::atomic::Ordering::Relaxed);
     if consumers & pfs_shm_layout::layout::CONSUMER_GLOBAL == 0 {
         return None;
     }
@@ -47,7 +50,10 @@ pub(crate) fn begin(
             return None;
         }
         let timed = flags & FLAG_TIMED != 0;
-        let timer = timer_of(rt.setup.timers.load(std::sync::atomic::Ordering::Relaxed), kind);
+        let timer = timer_of(
+            rt.setup.timers.load(std::sync::atomic::Ordering::Relaxed),
+            kind,
+        );
         let timer_id = TimerId::from_u32(timer).unwrap_or(TimerId::Cycle);
         let event_id = ctx.next_event_id();
         let (nesting_event_id, nesting_event_type) = ctx.nesting_for(kind);
@@ -69,7 +75,12 @@ pub(crate) fn begin(
         if effective(consumers, kind, ConsumerKind::Current) {
             ctx.rec.begin_event(kind, &data);
         }
-        Some(Active { rt, ctx, data, kind })
+        Some(Active {
+            rt,
+            ctx,
+            data,
+            kind,
+        })
     })
     .flatten()
 }
@@ -82,18 +93,34 @@ pub(crate) fn end(a: &mut Active, stmt: Option<&StatementFigures>) -> Option<u64
     d.flags |= EV_ENDED;
     let timed = d.flags & EV_TIMED != 0;
     if timed {
-        let t = TimerId::from_u32((d.flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT).unwrap_or(TimerId::Cycle);
+        let t = TimerId::from_u32((d.flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT)
+            .unwrap_or(TimerId::Cycle);
         d.timer_end = timer::now(t);
-        d.timer_wait = timer::to_ps(&a.rt.calibration, t, d.timer_end.saturating_sub(d.timer_start));
+        d.timer_wait = timer::to_ps(
+            &a.rt.calibration,
+            t,
+            d.timer_end.saturating_sub(d.timer_start),
+        );
     }
-    let consumers = a.rt.setup.consumers.load(std::sync::atomic::Ordering::Relaxed);
+    let consumers =
+        a.rt.setup
+            .consumers
+            .load(std::sync::atomic::Ordering::Relaxed);
     let kind = a.kind;
     let rec = &a.ctx.rec;
     let thread_history = a.ctx.history.get();
     let history = thread_history && effective(consumers, kind, ConsumerKind::History);
-    rec.end_event(kind, d, stmt, effective(consumers, kind, ConsumerKind::Current), history);
+    rec.end_event(
+        kind,
+        d,
+        stmt,
+        effective(consumers, kind, ConsumerKind::Current),
+        history,
+    );
     if thread_history && effective(consumers, kind, ConsumerKind::HistoryLong) {
-        let stmt = stmt.filter(|_| kind == KIND_STATEMENT).map(|f| (f, &rec.header.statements_current));
+        let stmt = stmt
+            .filter(|_| kind == KIND_STATEMENT)
+            .map(|f| (f, &rec.header.statements_current));
         a.rt.writer.append_long(kind, d, stmt);
     }
     if effective(consumers, kind, ConsumerKind::Summaries) {

@@ -278,4 +278,3 @@ impl Drop for File {
         drop(self.inner.take());
     }
 }
-

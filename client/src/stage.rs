@@ -37,7 +37,14 @@ impl StageClass {
     pub fn enter(&self) {
         let loc = std::panic::Location::caller();
         with_registered(end_open_stage);
-        if let Some(a) = event::begin(self.0, KIND_STAGE, 0, 0, pfs_shm_layout::layout::NONE_U32, Some(loc)) {
+        if let Some(a) = event::begin(
+            self.0,
+            KIND_STAGE,
+            0,
+            0,
+            pfs_shm_layout::layout::NONE_U32,
+            Some(loc),
+        ) {
             a.ctx.stage.set(Some(a.data));
         }
     }

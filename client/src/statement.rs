@@ -107,7 +107,9 @@ impl std::fmt::Debug for StatementGuard {
 
 /// 64-bit FNV-1a, the statement `DIGEST` of a digest text.
 fn fnv1a(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 impl StatementGuard {
@@ -162,7 +164,11 @@ impl StatementGuard {
 
     fn finish(&mut self) -> Option<u64> {
         let mut a = self.active.take()?;
-        if a.ctx.stage.get().is_some_and(|s| s.nesting_event_id == a.data.event_id) {
+        if a.ctx
+            .stage
+            .get()
+            .is_some_and(|s| s.nesting_event_id == a.data.event_id)
+        {
             crate::stage::end_open_stage(a.ctx);
         }
         a.ctx.statement_id.set(self.parent);

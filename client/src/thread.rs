@@ -165,14 +165,17 @@ fn register(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
 /// See [`crate::set_thread_actor`].
 pub(crate) fn set_actor(user: &str, host: &str, role: &str) -> (bool, bool) {
     use pfs_shm_layout::layout::{NONE_U32, THREAD_HISTORY, THREAD_INSTRUMENTED};
-    let Some(rt) = runtime::get() else { return (false, false) };
+    let Some(rt) = runtime::get() else {
+        return (false, false);
+    };
     let actors = pfs_shm_layout::setup::read_actors(rt.writer.segment());
     let (instrumented, history) = pfs_shm_layout::setup::match_actor(&actors, user, host, role);
     with_ctx(rt, |ctx| {
         ctx.instrumented.set(instrumented);
         ctx.history.set(history);
         let id = |s: &str| rt.writer.intern(s).unwrap_or(NONE_U32);
-        let flags = if instrumented { THREAD_INSTRUMENTED } else { 0 } | if history { THREAD_HISTORY } else { 0 };
+        let flags = if instrumented { THREAD_INSTRUMENTED } else { 0 }
+            | if history { THREAD_HISTORY } else { 0 };
         ctx.rec.set_actor(id(user), id(host), id(role), flags);
     });
     (instrumented, history)

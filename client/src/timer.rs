@@ -88,9 +88,15 @@ mod tests {
         let n1 = now(TimerId::Nanosecond);
         let wall = w0.elapsed().as_nanos() as f64 * 1000.0;
         let ps = cal.ticks_to_ps(t1 - t0) as f64;
-        assert!((ps / wall - 1.0).abs() < 0.05, "timer ps {ps} vs wall ps {wall}");
+        assert!(
+            (ps / wall - 1.0).abs() < 0.05,
+            "timer ps {ps} vs wall ps {wall}"
+        );
         let nps = to_ps(&cal, TimerId::Nanosecond, n1 - n0) as f64;
-        assert!((nps / wall - 1.0).abs() < 0.05, "ns timer {nps} vs wall {wall}");
+        assert!(
+            (nps / wall - 1.0).abs() < 0.05,
+            "ns timer {nps} vs wall {wall}"
+        );
         assert_eq!(now(TimerId::Millisecond) % 1_000_000, 0);
         assert_eq!(now(TimerId::Microsecond) % 1000, 0);
     }

@@ -57,7 +57,14 @@ impl WaitClass {
         loc: &'static Location<'static>,
     ) -> WaitGuard {
         WaitGuard {
-            active: event::begin(self.0, KIND_WAIT, operation as u32, object, object_name, Some(loc)),
+            active: event::begin(
+                self.0,
+                KIND_WAIT,
+                operation as u32,
+                object,
+                object_name,
+                Some(loc),
+            ),
             _not_send: PhantomData,
         }
     }
@@ -103,7 +110,9 @@ pub struct WaitGuard {
 
 impl std::fmt::Debug for WaitGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WaitGuard").field("active", &self.active.is_some()).finish()
+        f.debug_struct("WaitGuard")
+            .field("active", &self.active.is_some())
+            .finish()
     }
 }
 

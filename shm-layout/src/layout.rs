@@ -437,7 +437,13 @@ pub enum TimerId {
 
 impl TimerId {
     /// Every timer, in `performance_timers` order.
-    pub const ALL: [TimerId; 5] = [Self::Cycle, Self::Nanosecond, Self::Microsecond, Self::Millisecond, Self::Tick];
+    pub const ALL: [TimerId; 5] = [
+        Self::Cycle,
+        Self::Nanosecond,
+        Self::Microsecond,
+        Self::Millisecond,
+        Self::Tick,
+    ];
 
     /// From the stored value.
     pub fn from_u32(v: u32) -> Option<Self> {
@@ -457,7 +463,9 @@ impl TimerId {
 
     /// From a PFS `TIMER_NAME` (case-insensitive).
     pub fn from_name(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|t| t.name().eq_ignore_ascii_case(s))
+        Self::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
     }
 }
 
@@ -502,7 +510,8 @@ pub const CONSUMERS_DEFAULT: u32 = {
 };
 
 /// Default timers word: waits CYCLE, stages and statements NANOSECOND.
-pub const TIMERS_DEFAULT: u32 = timers_word([TimerId::Cycle, TimerId::Nanosecond, TimerId::Nanosecond]);
+pub const TIMERS_DEFAULT: u32 =
+    timers_word([TimerId::Cycle, TimerId::Nanosecond, TimerId::Nanosecond]);
 
 /// Packs one timer per event kind (3 bits each).
 pub const fn timers_word(t: [TimerId; 3]) -> u32 {

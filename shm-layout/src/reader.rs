@@ -45,7 +45,7 @@ pub struct ReadOptions {
 impl Default for ReadOptions {
     fn default() -> Self {
         Self {
-            attempts: 64,
+            attempts: 256,
             events: true,
         }
     }
@@ -286,7 +286,8 @@ impl Event {
         let ended = flags & EV_ENDED != 0;
         let idx = |v: u32| (v != NONE_U32).then_some(v);
         let nesting = r.nesting_event_id.load(Relaxed);
-        let tid = TimerId::from_u32((flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT).unwrap_or(TimerId::Cycle);
+        let tid =
+            TimerId::from_u32((flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT).unwrap_or(TimerId::Cycle);
         let progress = flags & EV_HAS_PROGRESS != 0;
         Some(Self {
             event_id,
@@ -520,6 +521,11 @@ fn try_snapshot(
     })
 }
 
+/// The name of a published class entry, if valid UTF-8.
+pub fn class_name(e: &ClassEntry) -> Option<String> {
+    load_string(&e.name, e.name_len.load(Relaxed))
+}
+
 fn read_classes(seg: &Segment, st: &mut ReadStats) -> Vec<ClassInfo> {
     let mut out = Vec::new();
     for (i, e) in seg.classes().iter().enumerate() {
@@ -589,7 +595,12 @@ fn read_ring<R, T>(
     out
 }
 
-fn read_thread(seg: &Segment, idx: u32, opts: &ReadOptions, st: &mut ReadStats) -> Option<ThreadSnapshot> {
+fn read_thread(
+    seg: &Segment,
+    idx: u32,
+    opts: &ReadOptions,
+    st: &mut ReadStats,
+) -> Option<ThreadSnapshot> {
     let rec = seg.record(idx);
     let h = rec.header;
     let lw1 = h.lock.load(Acquire);
@@ -609,7 +620,11 @@ fn read_thread(seg: &Segment, idx: u32, opts: &ReadOptions, st: &mut ReadStats) 
             h.os_tid.load(Relaxed),
             load_string(&h.name, h.name_len.load(Relaxed)),
             h.flags.load(Relaxed),
-            [h.user.load(Relaxed), h.host.load(Relaxed), h.role.load(Relaxed)],
+            [
+                h.user.load(Relaxed),
+                h.host.load(Relaxed),
+                h.role.load(Relaxed),
+            ],
         )
     });
     st.retries += u64::from(id.retries);
@@ -644,13 +659,31 @@ fn read_thread(seg: &Segment, idx: u32, opts: &ReadOptions, st: &mut ReadStats) 
         };
         t.waits_current = cur(&h.waits_current);
         t.stages_current = cur(&h.stages_current);
-        let c = h.statements_current.ev.seq.read(opts.attempts, || StatementEvent::load(&h.statements_current, timer));
+        let c = h.statements_current.ev.seq.read(opts.attempts, || {
+            StatementEvent::load(&h.statements_current, timer)
+        });
         st.retries += u64::from(c.retries);
         t.statements_current = c.value.flatten();
         let counts = [0, 1, 2].map(|k| h.history_count[k].load(Acquire));
         let ev = |r: &EventRecord| Event::load(r, timer);
-        t.waits_history = read_ring(rec.history, counts[0], |r| &r.seq, ev, |e| e.event_id, opts, st);
-        t.stages_history = read_ring(rec.stages_history, counts[1], |r| &r.seq, ev, |e| e.event_id, opts, st);
+        t.waits_history = read_ring(
+            rec.history,
+            counts[0],
+            |r| &r.seq,
+            ev,
+            |e| e.event_id,
+            opts,
+            st,
+        );
+        t.stages_history = read_ring(
+            rec.stages_history,
+            counts[1],
+            |r| &r.seq,
+            ev,
+            |e| e.event_id,
+            opts,
+            st,
+        );
         t.statements_history = read_ring(
             rec.statements_history,
             counts[2],
@@ -699,7 +732,9 @@ fn read_long(
         }
         let mut rows: Vec<(u64, Event)> = Vec::new();
         for r in seg.long_events(k) {
-            let v = r.seq.read_versioned(opts.attempts, || Event::load(r, timer));
+            let v = r
+                .seq
+                .read_versioned(opts.attempts, || Event::load(r, timer));
             st.retries += u64::from(v.retries);
             match v.value {
                 Some((s, Some(e))) if s != 0 => rows.push((s, e)),
@@ -713,7 +748,9 @@ fn read_long(
     let mut stmts: Vec<(u64, StatementEvent)> = Vec::new();
     if tickets[2] != 0 {
         for r in seg.long_statements() {
-            let v = r.ev.seq.read_versioned(opts.attempts, || StatementEvent::load(r, timer));
+            let v =
+                r.ev.seq
+                    .read_versioned(opts.attempts, || StatementEvent::load(r, timer));
             st.retries += u64::from(v.retries);
             match v.value {
                 Some((s, Some(e))) if s != 0 => stmts.push((s, e)),

@@ -172,12 +172,21 @@ impl Geometry {
             threads_off + page_align(size_of::<ContainerHeader>() + cfg.max_pages as usize * 8);
         let too_large = || SegmentError::BadConfig("segment too large".into());
         let threads_end = pages_off
-            .checked_add(page_size.checked_mul(cfg.max_pages as usize).ok_or_else(too_large)?)
+            .checked_add(
+                page_size
+                    .checked_mul(cfg.max_pages as usize)
+                    .ok_or_else(too_large)?,
+            )
             .ok_or_else(too_large)?;
         let long_len = cfg.history_long_len as usize;
         let event_long = page_align(size_of::<LongHeader>() + long_len * size_of::<EventRecord>());
-        let stmt_long = page_align(size_of::<LongHeader>() + long_len * size_of::<StatementRecord>());
-        let long_off = [threads_end, threads_end + event_long, threads_end + 2 * event_long];
+        let stmt_long =
+            page_align(size_of::<LongHeader>() + long_len * size_of::<StatementRecord>());
+        let long_off = [
+            threads_end,
+            threads_end + event_long,
+            threads_end + 2 * event_long,
+        ];
         let total_size = long_off[2] + stmt_long;
         Ok(Self {
             history_len: cfg.history_len,
@@ -202,7 +211,11 @@ impl Geometry {
 
     /// Bytes of `history_long` section `kind` (0 waits, 1 stages, 2 statements).
     pub fn long_size(&self, kind: usize) -> usize {
-        let slot = if kind == 2 { size_of::<StatementRecord>() } else { size_of::<EventRecord>() };
+        let slot = if kind == 2 {
+            size_of::<StatementRecord>()
+        } else {
+            size_of::<EventRecord>()
+        };
         page_align(size_of::<LongHeader>() + self.long_len as usize * slot)
     }
 
@@ -369,7 +382,13 @@ impl Segment {
         let setup = seg.setup();
         setup.consumers.store(CONSUMERS_DEFAULT, r);
         setup.timers.store(TIMERS_DEFAULT, r);
-        crate::setup::write_actor(&setup.actors[0], "%", "%", "%", ACTOR_ENABLED | ACTOR_HISTORY);
+        crate::setup::write_actor(
+            &setup.actors[0],
+            "%",
+            "%",
+            "%",
+            ACTOR_ENABLED | ACTOR_HISTORY,
+        );
         let c = seg.container_header();
         c.records_per_page.store(geom.records_per_page, r);
         c.max_pages.store(geom.max_pages, r);
@@ -495,12 +514,29 @@ impl Segment {
         }
         let long_len = h.history_long_len.load(r);
         let mut long_off = [0usize; 3];
-        for (i, k) in [SectionKind::WaitsLong, SectionKind::StagesLong, SectionKind::StatementsLong].into_iter().enumerate() {
+        for (i, k) in [
+            SectionKind::WaitsLong,
+            SectionKind::StagesLong,
+            SectionKind::StatementsLong,
+        ]
+        .into_iter()
+        .enumerate()
+        {
             let (off, size, count, stride) = need(k)?;
-            let slot = if i == 2 { size_of::<StatementRecord>() } else { size_of::<EventRecord>() };
-            let need_bytes = (size_of::<LongHeader>() as u64).checked_add(long_len.checked_mul(slot as u64).unwrap_or(u64::MAX));
-            if u64::from(count) != long_len || stride as usize != slot || need_bytes.is_none_or(|n| n > size) {
-                return corrupt(format!("{k:?} ring of {long_len} slots does not fit its section"));
+            let slot = if i == 2 {
+                size_of::<StatementRecord>()
+            } else {
+                size_of::<EventRecord>()
+            };
+            let need_bytes = (size_of::<LongHeader>() as u64)
+                .checked_add(long_len.checked_mul(slot as u64).unwrap_or(u64::MAX));
+            if u64::from(count) != long_len
+                || stride as usize != slot
+                || need_bytes.is_none_or(|n| n > size)
+            {
+                return corrupt(format!(
+                    "{k:?} ring of {long_len} slots does not fit its section"
+                ));
             }
             long_off[i] = off as usize;
         }
@@ -735,17 +771,27 @@ impl Segment {
     /// Slots of the waits (0) or stages (1) `history_long` ring.
     pub fn long_events(&self, kind: usize) -> &[EventRecord] {
         assert!(kind < 2, "statements use long_statements");
-        self.slice_at(self.geom.long_off[kind] + size_of::<LongHeader>(), self.geom.long_len as usize)
+        self.slice_at(
+            self.geom.long_off[kind] + size_of::<LongHeader>(),
+            self.geom.long_len as usize,
+        )
     }
 
     /// Slots of the statements `history_long` ring.
     pub fn long_statements(&self) -> &[StatementRecord] {
-        self.slice_at(self.geom.long_off[2] + size_of::<LongHeader>(), self.geom.long_len as usize)
+        self.slice_at(
+            self.geom.long_off[2] + size_of::<LongHeader>(),
+            self.geom.long_len as usize,
+        )
     }
 
     /// Reserves `history_long` ring `kind` before its first use.
     pub fn reserve_long(&self, kind: usize) -> Result<(), SegmentError> {
-        reserve(&self.file, self.geom.long_off[kind], self.geom.long_size(kind))
+        reserve(
+            &self.file,
+            self.geom.long_off[kind],
+            self.geom.long_size(kind),
+        )
     }
 
     /// Reserves (`fallocate`s) the bytes of container page `page` so that

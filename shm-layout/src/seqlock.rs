@@ -139,7 +139,10 @@ impl SeqLock {
             retries += 1;
             std::hint::spin_loop();
         }
-        SeqRead { value: None, retries }
+        SeqRead {
+            value: None,
+            retries,
+        }
     }
 
     /// Multi-writer claim for `history_long` slots: succeeds only if the
@@ -157,7 +160,10 @@ impl SeqLock {
             .compare_exchange(s, s | 1, Ordering::Relaxed, Ordering::Relaxed)
             .ok()?;
         fence(Ordering::Release);
-        Some(SeqClaimGuard { lock: self, publish })
+        Some(SeqClaimGuard {
+            lock: self,
+            publish,
+        })
     }
 
     /// The raw sequence value (even when stable). Used by tests and by

@@ -46,10 +46,22 @@ pub fn like(pattern: &str, s: &str) -> bool {
 pub fn consumers() -> Vec<(String, u32)> {
     let mut v = Vec::new();
     for (k, kind) in ["waits", "stages", "statements"].iter().enumerate() {
-        v.push((format!("events_{kind}_current"), consumer_bit(k, ConsumerKind::Current)));
-        v.push((format!("events_{kind}_history"), consumer_bit(k, ConsumerKind::History)));
-        v.push((format!("events_{kind}_history_long"), consumer_bit(k, ConsumerKind::HistoryLong)));
-        v.push((format!("events_{kind}_summaries"), consumer_bit(k, ConsumerKind::Summaries)));
+        v.push((
+            format!("events_{kind}_current"),
+            consumer_bit(k, ConsumerKind::Current),
+        ));
+        v.push((
+            format!("events_{kind}_history"),
+            consumer_bit(k, ConsumerKind::History),
+        ));
+        v.push((
+            format!("events_{kind}_history_long"),
+            consumer_bit(k, ConsumerKind::HistoryLong),
+        ));
+        v.push((
+            format!("events_{kind}_summaries"),
+            consumer_bit(k, ConsumerKind::Summaries),
+        ));
     }
     v.push(("global_instrumentation".into(), CONSUMER_GLOBAL));
     v.push(("thread_instrumentation".into(), CONSUMER_THREAD));
@@ -93,9 +105,21 @@ pub struct Actor {
 /// creator at creation, then the agent).
 pub fn write_actor(e: &ActorEntry, host: &str, user: &str, role: &str, flags: u32) {
     let _w = e.seq.write();
-    store_bytes(&e.host, &e.host_len, truncate_utf8(host, ACTOR_FIELD_BYTES).as_bytes());
-    store_bytes(&e.user, &e.user_len, truncate_utf8(user, ACTOR_FIELD_BYTES).as_bytes());
-    store_bytes(&e.role, &e.role_len, truncate_utf8(role, ACTOR_FIELD_BYTES).as_bytes());
+    store_bytes(
+        &e.host,
+        &e.host_len,
+        truncate_utf8(host, ACTOR_FIELD_BYTES).as_bytes(),
+    );
+    store_bytes(
+        &e.user,
+        &e.user_len,
+        truncate_utf8(user, ACTOR_FIELD_BYTES).as_bytes(),
+    );
+    store_bytes(
+        &e.role,
+        &e.role_len,
+        truncate_utf8(role, ACTOR_FIELD_BYTES).as_bytes(),
+    );
     e.flags.store(flags | ACTOR_USED, Relaxed);
 }
 
@@ -148,13 +172,20 @@ pub fn match_actor(actors: &[Actor], user: &str, host: &str, role: &str) -> (boo
 
 /// Sets ENABLED and/or TIMED on every class whose name matches the `LIKE`
 /// pattern; returns how many matched. Needs a writable mapping.
-pub fn set_instruments(seg: &Segment, pattern: &str, enabled: Option<bool>, timed: Option<bool>) -> usize {
+pub fn set_instruments(
+    seg: &Segment,
+    pattern: &str,
+    enabled: Option<bool>,
+    timed: Option<bool>,
+) -> usize {
     let mut matched = 0;
     for e in seg.classes() {
         if e.state.load(Acquire) != CLASS_READY {
             continue;
         }
-        let Some(name) = load_string(&e.name, e.name_len.load(Relaxed)) else { continue };
+        let Some(name) = load_string(&e.name, e.name_len.load(Relaxed)) else {
+            continue;
+        };
         if !like(pattern, &name) {
             continue;
         }
@@ -202,7 +233,9 @@ pub fn set_timers(seg: &Segment, pattern: &str, timer: TimerId) -> usize {
         if like(pattern, name) {
             matched += 1;
             let shift = 3 * k as u32;
-            let _ = w.fetch_update(Relaxed, Relaxed, |v| Some((v & !(7 << shift)) | ((timer as u32) << shift)));
+            let _ = w.fetch_update(Relaxed, Relaxed, |v| {
+                Some((v & !(7 << shift)) | ((timer as u32) << shift))
+            });
         }
     }
     matched
@@ -211,7 +244,13 @@ pub fn set_timers(seg: &Segment, pattern: &str, timer: TimerId) -> usize {
 /// Inserts or replaces the `setup_actors` row for `(host, user, role)`;
 /// `None` flags delete it. Returns how many rows were changed (0 if the
 /// table is full or the row to delete does not exist).
-pub fn set_actor(seg: &Segment, host: &str, user: &str, role: &str, flags: Option<(bool, bool)>) -> usize {
+pub fn set_actor(
+    seg: &Segment,
+    host: &str,
+    user: &str,
+    role: &str,
+    flags: Option<(bool, bool)>,
+) -> usize {
     let setup = seg.setup();
     let same = |e: &ActorEntry| {
         e.flags.load(Relaxed) & ACTOR_USED != 0
@@ -227,10 +266,16 @@ pub fn set_actor(seg: &Segment, host: &str, user: &str, role: &str, flags: Optio
         }
         (None, None) => 0,
         (Some((enabled, history)), e) => {
-            let Some(e) = e.or_else(|| setup.actors.iter().find(|e| e.flags.load(Relaxed) & ACTOR_USED == 0)) else {
+            let Some(e) = e.or_else(|| {
+                setup
+                    .actors
+                    .iter()
+                    .find(|e| e.flags.load(Relaxed) & ACTOR_USED == 0)
+            }) else {
                 return 0;
             };
-            let f = if enabled { ACTOR_ENABLED } else { 0 } | if history { ACTOR_HISTORY } else { 0 };
+            let f =
+                if enabled { ACTOR_ENABLED } else { 0 } | if history { ACTOR_HISTORY } else { 0 };
             write_actor(e, host, user, role, f);
             1
         }
@@ -258,9 +303,15 @@ mod tests {
     fn consumer_hierarchy() {
         let w = CONSUMERS_DEFAULT;
         assert!(effective(w, 0, ConsumerKind::History));
-        assert!(!effective(w, 0, ConsumerKind::HistoryLong), "off by default");
+        assert!(
+            !effective(w, 0, ConsumerKind::HistoryLong),
+            "off by default"
+        );
         let no_current = w & !consumer_bit(0, ConsumerKind::Current);
-        assert!(!effective(no_current, 0, ConsumerKind::History), "history needs current");
+        assert!(
+            !effective(no_current, 0, ConsumerKind::History),
+            "history needs current"
+        );
         assert!(effective(no_current, 0, ConsumerKind::Summaries));
         assert!(!effective(w & !CONSUMER_GLOBAL, 2, ConsumerKind::Summaries));
         assert_eq!(consumers().len(), 14);
@@ -275,10 +326,18 @@ mod tests {
             enabled: e,
             history: true,
         };
-        let rows = vec![a("%", "%", true), a("%", "batch", false), a("db1", "%", true)];
+        let rows = vec![
+            a("%", "%", true),
+            a("%", "batch", false),
+            a("db1", "%", true),
+        ];
         assert_eq!(match_actor(&rows, "web", "h", ""), (true, true));
         assert_eq!(match_actor(&rows, "batch", "h", ""), (false, false));
-        assert_eq!(match_actor(&rows, "batch", "db1", ""), (true, true), "host is compared first");
+        assert_eq!(
+            match_actor(&rows, "batch", "db1", ""),
+            (true, true),
+            "host is compared first"
+        );
         assert_eq!(match_actor(&[], "x", "y", ""), (false, false));
     }
 }

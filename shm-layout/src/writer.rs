@@ -224,7 +224,12 @@ impl SegmentWriter {
     /// `tickets = written + lost` exactly. `stmt` carries the statement part.
     /// Returns whether the event was written.
     #[inline]
-    pub fn append_long(&self, kind: usize, e: &EventData, stmt: Option<(&StatementFigures, &StatementRecord)>) -> bool {
+    pub fn append_long(
+        &self,
+        kind: usize,
+        e: &EventData,
+        stmt: Option<(&StatementFigures, &StatementRecord)>,
+    ) -> bool {
         if self.long_state[kind].load(Relaxed) != 1 && !self.reserve_long(kind) {
             self.seg.count_lost(LONG_LOST[kind]);
             return false;
@@ -322,7 +327,11 @@ fn init_record(rec: RecordRef<'_>, thread_id: u64, os_tid: u64, name: &str) {
         let _w = h.seq.write();
         h.thread_id.store(thread_id, Relaxed);
         h.os_tid.store(os_tid, Relaxed);
-        store_bytes(&h.name, &h.name_len, truncate_utf8(name, THREAD_NAME_BYTES).as_bytes());
+        store_bytes(
+            &h.name,
+            &h.name_len,
+            truncate_utf8(name, THREAD_NAME_BYTES).as_bytes(),
+        );
         h.flags.store(THREAD_INSTRUMENTED | THREAD_HISTORY, Relaxed);
         for a in [&h.user, &h.host, &h.role] {
             a.store(NONE_U32, Relaxed);
@@ -335,7 +344,11 @@ fn init_record(rec: RecordRef<'_>, thread_id: u64, os_tid: u64, name: &str) {
         h.history_count[k].store(0, Relaxed);
         h.history_next[k].store(0, Relaxed);
     }
-    for cur in [&h.waits_current, &h.stages_current, &h.statements_current.ev] {
+    for cur in [
+        &h.waits_current,
+        &h.stages_current,
+        &h.statements_current.ev,
+    ] {
         let _w = cur.seq.write();
         cur.flags.store(0, Relaxed);
         cur.event_id.store(0, Relaxed);
@@ -380,7 +393,11 @@ fn merge_row(dst: &SummaryRow, src: &SummaryRow) {
 }
 
 /// `history_long` lost counter of each kind.
-const LONG_LOST: [LostKind; 3] = [LostKind::WaitsLong, LostKind::StagesLong, LostKind::StatementsLong];
+const LONG_LOST: [LostKind; 3] = [
+    LostKind::WaitsLong,
+    LostKind::StagesLong,
+    LostKind::StatementsLong,
+];
 
 #[inline(always)]
 fn store_event_fields(rec: &EventRecord, e: &EventData) {
@@ -460,14 +477,25 @@ impl RecordRef<'_> {
     pub fn set_statement_text(&self, text: &str) {
         let cur = &self.header.statements_current;
         let _w = cur.ev.seq.write();
-        store_bytes(&cur.text, &cur.text_len, truncate_utf8(text, STATEMENT_TEXT_BYTES).as_bytes());
+        store_bytes(
+            &cur.text,
+            &cur.text_len,
+            truncate_utf8(text, STATEMENT_TEXT_BYTES).as_bytes(),
+        );
     }
 
     /// Ends an event: updates `events_*_current` (if `current`), appends it
     /// to the kind's history ring (if `history`). Summaries are separate
     /// ([`RecordRef::summarize`]) because their consumer is separate.
     #[inline(always)]
-    pub fn end_event(&self, kind: usize, e: &EventData, stmt: Option<&StatementFigures>, current: bool, history: bool) {
+    pub fn end_event(
+        &self,
+        kind: usize,
+        e: &EventData,
+        stmt: Option<&StatementFigures>,
+        current: bool,
+        history: bool,
+    ) {
         let h = self.header;
         if current {
             if let (KIND_STATEMENT, Some(f)) = (kind, stmt) {
@@ -496,7 +524,11 @@ impl RecordRef<'_> {
                 let dst = &self.statements_history[slot];
                 let _w = dst.ev.seq.write();
                 store_event_fields(&dst.ev, e);
-                store_statement_fields(dst, &stmt.copied().unwrap_or_default(), &h.statements_current);
+                store_statement_fields(
+                    dst,
+                    &stmt.copied().unwrap_or_default(),
+                    &h.statements_current,
+                );
             }
         }
         let next = if slot + 1 == len { 0 } else { slot + 1 };
@@ -506,8 +538,17 @@ impl RecordRef<'_> {
 
     /// Adds one event to summary row `class`.
     #[inline(always)]
-    pub fn summarize(&self, class: usize, timed: bool, wait_ps: u64, bytes: u64, stmt: Option<&StatementFigures>) {
-        let Some(row) = self.rows.get(class) else { return };
+    pub fn summarize(
+        &self,
+        class: usize,
+        timed: bool,
+        wait_ps: u64,
+        bytes: u64,
+        stmt: Option<&StatementFigures>,
+    ) {
+        let Some(row) = self.rows.get(class) else {
+            return;
+        };
         let word = &self.header.touched[class / 64];
         let bit = 1u64 << (class % 64);
         let touched = word.load(Relaxed);
@@ -518,7 +559,8 @@ impl RecordRef<'_> {
         let _w = row.seq.write();
         row.count.store(row.count.load(Relaxed) + 1, Relaxed);
         if timed {
-            row.timed_count.store(row.timed_count.load(Relaxed) + 1, Relaxed);
+            row.timed_count
+                .store(row.timed_count.load(Relaxed) + 1, Relaxed);
             let (lo, carry) = row.sum_lo.load(Relaxed).overflowing_add(wait_ps);
             row.sum_lo.store(lo, Relaxed);
             if carry {
@@ -534,7 +576,8 @@ impl RecordRef<'_> {
             b.store(b.load(Relaxed) + 1, Relaxed);
         }
         if bytes != 0 {
-            row.bytes.store(row.bytes.load(Relaxed).wrapping_add(bytes), Relaxed);
+            row.bytes
+                .store(row.bytes.load(Relaxed).wrapping_add(bytes), Relaxed);
         }
         if let Some(f) = stmt {
             let add = |a: &AtomicU64, v: u64| a.store(a.load(Relaxed).wrapping_add(v), Relaxed);

@@ -301,7 +301,11 @@ fn folding_under_concurrent_snapshots_never_loses_or_double_counts() {
             continue;
         }
         let n = total_count(&s);
-        assert!(n >= last, "total went backwards: {last} -> {n} (stats {:?})", s.stats);
+        assert!(
+            n >= last,
+            "total went backwards: {last} -> {n} (stats {:?})",
+            s.stats
+        );
         last = n;
         snapshots += 1;
     }

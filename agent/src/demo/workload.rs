@@ -25,9 +25,9 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow};
-use pfs_client::LazyWaitClass;
 use pfs_client::fs::File;
 use pfs_client::sync::{Condvar, Mutex, RwLock};
+use pfs_client::{LazyStageClass, LazyStatementClass, LazyWaitClass};
 
 /// Protects the request queue (producers: connections; consumers: workers).
 static QUEUE_LOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/kvstore/queue_lock");
@@ -48,6 +48,25 @@ static REPLY_READY: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/kvstore/
 static WAL_FILE: LazyWaitClass = LazyWaitClass::new("wait/io/file/kvstore/wal");
 /// The checkpoint snapshot file.
 static SNAPSHOT_FILE: LazyWaitClass = LazyWaitClass::new("wait/io/file/kvstore/snapshot");
+
+/// One statement per request served, by operation.
+static STMT_GET: LazyStatementClass = LazyStatementClass::new("statement/kvstore/get");
+static STMT_PUT: LazyStatementClass = LazyStatementClass::new("statement/kvstore/put");
+static STMT_DELETE: LazyStatementClass = LazyStatementClass::new("statement/kvstore/delete");
+static STMT_CHECKPOINT: LazyStatementClass =
+    LazyStatementClass::new("statement/kvstore/checkpoint");
+
+/// The phases of a request, as MySQL names its stages.
+static STAGE_PARSING: LazyStageClass = LazyStageClass::new("stage/kvstore/parsing");
+static STAGE_OPENING: LazyStageClass = LazyStageClass::new("stage/kvstore/opening_tables");
+static STAGE_EXECUTING: LazyStageClass = LazyStageClass::new("stage/kvstore/executing");
+static STAGE_SENDING: LazyStageClass = LazyStageClass::new("stage/kvstore/sending_data");
+static STAGE_CLEANUP: LazyStageClass = LazyStageClass::new("stage/kvstore/cleaning_up");
+static STAGE_CHECKPOINT: LazyStageClass = LazyStageClass::new("stage/kvstore/writing_snapshot");
+
+/// Values larger than this are refused (an application rule of the demo
+/// store), which gives statements real errors.
+const MAX_VALUE_LEN: usize = 240;
 
 /// Keys are `key-0000` .. `key-4095`.
 const KEY_SPACE: u64 = 4096;
@@ -483,15 +502,52 @@ impl Shared {
         self.not_empty.notify_all();
     }
 
-    /// Serves one request; true if the key was found (GET) or existed
-    /// (PUT / DELETE).
+    /// Serves one request as a statement with its stages; true if the key
+    /// was found (GET) or existed (PUT / DELETE).
     fn serve(&self, slot: u64, key: &str, op: Op) -> bool {
-        let (found, kind) = match op {
-            Op::Get => (self.store.get(key).is_some(), OpKind::Get),
-            Op::Put(value) => (self.store.put(key, value), OpKind::Put),
-            Op::Delete => (self.store.delete(key), OpKind::Delete),
+        let (class, verb) = match op {
+            Op::Get => (&STMT_GET, "GET"),
+            Op::Put(_) => (&STMT_PUT, "PUT"),
+            Op::Delete => (&STMT_DELETE, "DELETE"),
         };
+        let mut stmt = class.start();
+        STAGE_PARSING.enter();
+        stmt.set_text(&format!("{verb} {key}"));
+        stmt.set_digest_text(&format!("{verb} ?"));
+        let valid = key.starts_with("key-");
+        STAGE_OPENING.enter();
+        let store = &self.store;
+        STAGE_EXECUTING.enter();
+        let (found, kind) = match op {
+            Op::Get => {
+                let v = store.get(key);
+                STAGE_SENDING.enter();
+                let found = v.is_some();
+                stmt.set_rows_examined(1);
+                stmt.set_rows_sent(u64::from(found));
+                if !found {
+                    stmt.add_warnings(1); // "no rows"
+                }
+                (found, OpKind::Get)
+            }
+            Op::Put(value) if value.len() > MAX_VALUE_LEN || !valid => {
+                stmt.add_errors(1); // refused: value too large
+                (false, OpKind::Put)
+            }
+            Op::Put(value) => {
+                let existed = store.put(key, value);
+                stmt.set_rows_affected(1);
+                (existed, OpKind::Put)
+            }
+            Op::Delete => {
+                let existed = store.delete(key);
+                stmt.set_rows_affected(u64::from(existed));
+                (existed, OpKind::Delete)
+            }
+        };
+        STAGE_CLEANUP.enter();
         relock(self.stats.lock()).record(slot, kind, found);
+        drop(stmt);
         found
     }
 }
@@ -559,6 +615,9 @@ impl Drop for AliveGuard<'_> {
 /// One client connection: a few bursts of requests, then it goes away.
 fn connection(shared: &Shared, id: u64) {
     let _alive = AliveGuard(&shared.conns_alive);
+    // Who this connection serves: setup_actors decides whether it is
+    // instrumented, and the threads table shows it.
+    pfs_client::set_thread_actor("app", &format!("client-{}", id % 3), "");
     let mut rng = XorShift::new(id);
     let bursts = rng.range(4, 20);
     let mut answered = 0usize;
@@ -631,7 +690,11 @@ fn flusher_loop(shared: &Shared) {
 
 fn checkpoint_loop(shared: &Shared) {
     while shared.sleep(CHECKPOINT_INTERVAL) {
-        match shared.store.checkpoint() {
+        let stmt = STMT_CHECKPOINT.start();
+        STAGE_CHECKPOINT.enter();
+        let result = shared.store.checkpoint();
+        drop(stmt);
+        match result {
             Ok(info) => {
                 let (stats, hot_keys) = {
                     let s = relock(shared.stats.lock());

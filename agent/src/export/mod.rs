@@ -1,5 +1,6 @@
 //! Exporters. [`model`] turns a snapshot into metric families once;
-//! [`prometheus`] (and OTLP) render them.
+//! [`prometheus`] and [`otlp`] render them.
 
 pub mod model;
+pub mod otlp;
 pub mod prometheus;

@@ -176,9 +176,95 @@ impl EventFamilies {
         self.duration.push(labels(), histogram(s));
     }
 
+    fn stages() -> Self {
+        Self {
+            count: Family::new(
+                "pfs_events_stages",
+                None,
+                ("pfs.events.stages", "{event}"),
+                Kind::Counter,
+                "Stages completed (COUNT_STAR), by instrument.",
+            ),
+            seconds: Family::new(
+                "pfs_events_stages",
+                Some("seconds"),
+                ("pfs.events.stages.seconds", "s"),
+                Kind::Counter,
+                "Time spent in timed stages (SUM_TIMER_WAIT), by instrument.",
+            ),
+            duration: Family::new(
+                "pfs_events_stages_duration",
+                Some("seconds"),
+                ("pfs.events.stages.duration", "s"),
+                Kind::Histogram,
+                "Latency of timed stages, by instrument.",
+            ),
+        }
+    }
+
+    fn statements() -> Self {
+        Self {
+            count: Family::new(
+                "pfs_events_statements",
+                None,
+                ("pfs.events.statements", "{event}"),
+                Kind::Counter,
+                "Statements completed (COUNT_STAR), by instrument.",
+            ),
+            seconds: Family::new(
+                "pfs_events_statements",
+                Some("seconds"),
+                ("pfs.events.statements.seconds", "s"),
+                Kind::Counter,
+                "Time spent in timed statements (SUM_TIMER_WAIT), by instrument.",
+            ),
+            duration: Family::new(
+                "pfs_events_statements_duration",
+                Some("seconds"),
+                ("pfs.events.statements.duration", "s"),
+                Kind::Histogram,
+                "Latency of timed statements, by instrument.",
+            ),
+        }
+    }
+
     fn into_vec(self) -> [Family; 3] {
         [self.count, self.seconds, self.duration]
     }
+}
+
+/// Statement figures (`SUM_ERRORS`, ...), one counter family each.
+fn statement_figure_families() -> [Family; 4] {
+    [
+        Family::new(
+            "pfs_events_statements_errors",
+            None,
+            ("pfs.events.statements.errors", "{error}"),
+            Kind::Counter,
+            "Errors raised by statements (SUM_ERRORS), by instrument.",
+        ),
+        Family::new(
+            "pfs_events_statements_warnings",
+            None,
+            ("pfs.events.statements.warnings", "{warning}"),
+            Kind::Counter,
+            "Warnings raised by statements (SUM_WARNINGS), by instrument.",
+        ),
+        Family::new(
+            "pfs_events_statements_rows_affected",
+            None,
+            ("pfs.events.statements.rows_affected", "{row}"),
+            Kind::Counter,
+            "Rows changed by statements (SUM_ROWS_AFFECTED), by instrument.",
+        ),
+        Family::new(
+            "pfs_events_statements_rows_sent",
+            None,
+            ("pfs.events.statements.rows_sent", "{row}"),
+            Kind::Counter,
+            "Rows returned by statements (SUM_ROWS_SENT), by instrument.",
+        ),
+    ]
 }
 
 /// Every family for `snap`. `totals` are the agent's cumulative reading
@@ -186,6 +272,9 @@ impl EventFamilies {
 pub fn families(snap: &Snapshot, totals: &Totals, last_scrape_seconds: f64) -> Vec<Family> {
     let services = by_service(snap.segments.iter().map(|v| &v.data), &snap.retired);
     let mut waits = EventFamilies::waits();
+    let mut stages = EventFamilies::stages();
+    let mut statements = EventFamilies::statements();
+    let mut figures = statement_figure_families();
     let mut threads = Family::new(
         "pfs_threads",
         None,
@@ -202,10 +291,25 @@ pub fn families(snap: &Snapshot, totals: &Totals, last_scrape_seconds: f64) -> V
     );
     for (svc, t) in &services {
         for (name, (kind, s)) in &t.classes {
-            if kind.is_wait() {
-                waits.add(svc, name, s);
+            match kind {
+                k if k.is_wait() => waits.add(svc, name, s),
+                ClassKind::Stage => stages.add(svc, name, s),
+                ClassKind::Statement => {
+                    statements.add(svc, name, s);
+                    let f = &s.statement;
+                    for (fam, v) in
+                        figures
+                            .iter_mut()
+                            .zip([f.errors, f.warnings, f.rows_affected, f.rows_sent])
+                    {
+                        fam.push(
+                            vec![("service", svc.clone()), ("event_name", name.clone())],
+                            Value::Int(v),
+                        );
+                    }
+                }
+                _ => {}
             }
-            debug_assert!(*kind != ClassKind::Memory || !kind.is_wait());
         }
         threads.push(vec![("service", svc.clone())], Value::Int(t.threads));
         for k in LostKind::ALL {
@@ -216,10 +320,52 @@ pub fn families(snap: &Snapshot, totals: &Totals, last_scrape_seconds: f64) -> V
         }
     }
     let mut out: Vec<Family> = waits.into_vec().into();
+    out.extend(stages.into_vec());
+    out.extend(statements.into_vec());
+    out.extend(figures);
+    out.extend(timer_families(snap));
     out.push(threads);
     out.push(lost);
     out.extend(agent_families(snap, totals, last_scrape_seconds));
     out
+}
+
+/// `performance_timers` as metrics: the frequency each service's segment
+/// recorded for its CYCLE timer, and the agent's measurement of every
+/// timer's overhead (cached: the measurement spins for ~25 ms).
+fn timer_families(snap: &Snapshot) -> [Family; 2] {
+    let mut freq = Family::new(
+        "pfs_timer_frequency",
+        Some("hertz"),
+        ("pfs.timer.frequency", "Hz"),
+        Kind::Gauge,
+        "Timer frequency (performance_timers.TIMER_FREQUENCY), by timer.",
+    );
+    let mut overhead = Family::new(
+        "pfs_timer_overhead_cycles",
+        None,
+        ("pfs.timer.overhead_cycles", "{cycle}"),
+        Kind::Gauge,
+        "Cost of one timer read in CPU cycles (performance_timers.TIMER_OVERHEAD), by timer.",
+    );
+    let mut seen = std::collections::BTreeSet::new();
+    for v in &snap.segments {
+        if seen.insert(v.data.service.clone()) {
+            freq.push(
+                vec![
+                    ("service", v.data.service.clone()),
+                    ("timer", "CYCLE".to_string()),
+                ],
+                Value::Int(v.data.timer.frequency_hz),
+            );
+        }
+    }
+    for t in crate::timers::cached() {
+        if let Some(o) = t.overhead {
+            overhead.push(vec![("timer", t.timer.name().to_string())], Value::Int(o));
+        }
+    }
+    [freq, overhead]
 }
 
 fn agent_families(snap: &Snapshot, tot: &Totals, last_scrape_seconds: f64) -> Vec<Family> {
@@ -323,7 +469,7 @@ fn agent_families(snap: &Snapshot, tot: &Totals, last_scrape_seconds: f64) -> Ve
     let mut f = Family::new(
         "pfs_agent_build",
         None,
-        ("pfs.agent.build", "1"),
+        ("pfs.agent.build.info", ""),
         Kind::Info,
         "Agent version.",
     );
@@ -332,5 +478,6 @@ fn agent_families(snap: &Snapshot, tot: &Totals, last_scrape_seconds: f64) -> Ve
         Value::Int(1),
     );
     out.push(f);
+    out.extend(crate::export::otlp::families());
     out
 }

@@ -1,0 +1,231 @@
+//! Live setup changes, shared by the HTTP control API and `pfs-agent
+//! setup`: each opens the matching segments read-write (`O_NOFOLLOW`) and
+//! changes the setup words in place. Writers see a change at their next
+//! event.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use pfs_shm_layout::Segment;
+use pfs_shm_layout::layout::TimerId;
+use pfs_shm_layout::setup;
+use serde::Deserialize;
+
+use crate::tables::Filter;
+
+/// One change, as the API's JSON bodies spell it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstrumentChange {
+    /// SQL `LIKE` pattern over instrument names (`wait/synch/%`).
+    pub name: String,
+    /// New `ENABLED`, if given.
+    pub enabled: Option<bool>,
+    /// New `TIMED`, if given.
+    pub timed: Option<bool>,
+}
+
+/// A `setup_consumers` change.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerChange {
+    /// `LIKE` pattern over consumer names (`events_waits_%`).
+    pub name: String,
+    /// New `ENABLED`.
+    pub enabled: bool,
+}
+
+/// A `setup_timers` change.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimerChange {
+    /// `wait`, `stage`, `statement`, or a `LIKE` pattern over them.
+    pub name: String,
+    /// `CYCLE`, `NANOSECOND`, `MICROSECOND`, `MILLISECOND` or `TICK`.
+    pub timer_name: String,
+}
+
+/// A `setup_actors` change (insert, update or delete one row).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActorChange {
+    /// `HOST` (`%` = any).
+    pub host: String,
+    /// `USER` (`%` = any).
+    pub user: String,
+    /// `ROLE` (`%` = any).
+    #[serde(default = "percent")]
+    pub role: String,
+    /// `ENABLED` (default yes).
+    pub enabled: Option<bool>,
+    /// `HISTORY` (default yes).
+    pub history: Option<bool>,
+    /// Delete the row instead.
+    #[serde(default)]
+    pub delete: bool,
+}
+
+fn percent() -> String {
+    "%".into()
+}
+
+/// Any setup change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// `setup_instruments`.
+    Instruments(InstrumentChange),
+    /// `setup_consumers`.
+    Consumers(ConsumerChange),
+    /// `setup_timers`.
+    Timers(TimerChange),
+    /// `setup_actors`.
+    Actors(ActorChange),
+}
+
+/// What a change did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Rows matched, summed over segments.
+    pub matched: usize,
+    /// Segments changed.
+    pub segments: usize,
+    /// Segments that could not be opened for writing, with the reason.
+    pub errors: Vec<String>,
+}
+
+/// Checks a change before touching any segment.
+pub fn validate(change: &Change) -> Result<(), String> {
+    match change {
+        Change::Timers(t) if TimerId::from_name(&t.timer_name).is_none() => Err(format!(
+            "unknown timer_name {:?}; use CYCLE, NANOSECOND, MICROSECOND, MILLISECOND or TICK",
+            t.timer_name
+        )),
+        Change::Instruments(i) if i.enabled.is_none() && i.timed.is_none() => {
+            Err("nothing to change: give \"enabled\" and/or \"timed\"".into())
+        }
+        Change::Actors(a)
+            if [&a.host, &a.user, &a.role]
+                .iter()
+                .any(|s| s.is_empty() || s.len() > 32) =>
+        {
+            Err("host, user and role must be 1 to 32 bytes (\"%\" matches any)".into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Opens `path` for writing, refusing symlinks.
+pub fn open_rw(path: &Path) -> Result<Segment, String> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+        .map_err(|e| {
+            format!(
+                "{}: cannot open for writing: {e} (the agent needs the segment's uid or group)",
+                path.display()
+            )
+        })?;
+    Segment::open(f, true).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Applies `change` to every segment among `paths` that passes `filter`.
+pub fn apply(paths: &[PathBuf], filter: &Filter, change: &Change) -> Outcome {
+    let mut out = Outcome::default();
+    for p in paths {
+        let seg = match open_rw(p) {
+            Ok(s) => s,
+            Err(e) => {
+                out.errors.push(e);
+                continue;
+            }
+        };
+        if filter.service.as_ref().is_some_and(|s| s != seg.service())
+            || filter.pid.is_some_and(|x| x != seg.pid())
+        {
+            continue;
+        }
+        out.matched += apply_one(&seg, change);
+        out.segments += 1;
+    }
+    out
+}
+
+/// Applies `change` to one writable segment; returns rows matched.
+pub fn apply_one(seg: &Segment, change: &Change) -> usize {
+    match change {
+        Change::Instruments(c) => setup::set_instruments(seg, &c.name, c.enabled, c.timed),
+        Change::Consumers(c) => setup::set_consumers(seg, &c.name, c.enabled),
+        Change::Timers(c) => match TimerId::from_name(&c.timer_name) {
+            Some(t) => setup::set_timers(seg, &c.name, t),
+            None => 0,
+        },
+        Change::Actors(c) => {
+            let flags =
+                (!c.delete).then_some((c.enabled.unwrap_or(true), c.history.unwrap_or(true)));
+            setup::set_actor(seg, &c.host, &c.user, &c.role, flags)
+        }
+    }
+}
+
+/// Setup defaults from the agent's command line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Defaults {
+    /// `(pattern, FLAG_* bits)`; the longest matching pattern wins.
+    pub instruments: Vec<(String, u32)>,
+    /// `(pattern, enabled)`, applied in order.
+    pub consumers: Vec<(String, bool)>,
+}
+
+impl Defaults {
+    /// Parses `--instrument` and `--consumer` values.
+    pub fn parse(a: &crate::cli::DefaultsArgs) -> Result<Self, String> {
+        Ok(Self {
+            instruments: pfs_client::parse_instrument_rules(&a.instruments.join(";"))?,
+            consumers: pfs_client::parse_consumer_rules(&a.consumers.join(";"))?,
+        })
+    }
+
+    /// True if there is nothing to apply.
+    pub fn is_empty(&self) -> bool {
+        self.instruments.is_empty() && self.consumers.is_empty()
+    }
+
+    /// Applies consumer rules (once, when a segment is found).
+    pub fn apply_consumers(&self, seg: &Segment) {
+        for (p, on) in &self.consumers {
+            setup::set_consumers(seg, p, *on);
+        }
+    }
+
+    /// Applies instrument rules to classes `from..`; returns the number of
+    /// classes now covered.
+    pub fn apply_instruments(&self, seg: &Segment, from: usize) -> usize {
+        use pfs_shm_layout::layout::{CLASS_READY, FLAG_ENABLED, FLAG_TIMED};
+        use std::sync::atomic::Ordering::{Acquire, Relaxed};
+        let classes = seg.classes();
+        let mut n = from;
+        for e in &classes[from.min(classes.len())..] {
+            if e.state.load(Acquire) != CLASS_READY {
+                break; // classes are published in index order
+            }
+            n += 1;
+            let Some(name) = pfs_shm_layout::reader::class_name(e) else {
+                continue;
+            };
+            if let Some((_, flags)) = self
+                .instruments
+                .iter()
+                .filter(|(p, _)| setup::like(p, &name))
+                .max_by_key(|(p, _)| p.len())
+            {
+                let _ = e.flags.fetch_update(Relaxed, Relaxed, |f| {
+                    Some((f & !(FLAG_ENABLED | FLAG_TIMED)) | flags)
+                });
+            }
+        }
+        n
+    }
+}

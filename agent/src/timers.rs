@@ -1,0 +1,165 @@
+//! `performance_timers`: each timer's frequency, resolution and overhead,
+//! measured whenever the table is read, on the machine the agent (and its
+//! sidecar neighbours) run on.
+//!
+//! * frequency: ticks per second; CYCLE is measured against the monotonic
+//!   clock over 20 ms, the others are nanosecond clocks by construction;
+//! * resolution: the smallest non-zero step between two consecutive reads
+//!   (in ticks), over many reads;
+//! * overhead: the minimum cost of one read, in CYCLE ticks, over repeated
+//!   calls.
+//!
+//! A timer the platform lacks shows NULLs.
+
+use std::time::{Duration, Instant};
+
+use pfs_shm_layout::layout::TimerId;
+use rustix::time::{ClockId, clock_gettime};
+
+/// One `performance_timers` row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimerRow {
+    /// The timer.
+    pub timer: TimerId,
+    /// `TIMER_FREQUENCY`.
+    pub frequency: Option<u64>,
+    /// `TIMER_RESOLUTION`.
+    pub resolution: Option<u64>,
+    /// `TIMER_OVERHEAD` (cycles).
+    pub overhead: Option<u64>,
+}
+
+fn ns(id: ClockId) -> u64 {
+    let t = clock_gettime(id);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// The cycle counter as the client reads it (`quanta`: the TSC, or the
+/// monotonic clock where no invariant TSC exists).
+fn cycles() -> Option<u64> {
+    static CLOCK: std::sync::OnceLock<quanta::Clock> = std::sync::OnceLock::new();
+    Some(CLOCK.get_or_init(quanta::Clock::new).raw())
+}
+
+fn read(t: TimerId) -> Option<u64> {
+    Some(match t {
+        TimerId::Cycle => cycles()?,
+        TimerId::Nanosecond => ns(ClockId::Monotonic),
+        TimerId::Microsecond => ns(ClockId::Monotonic) / 1000,
+        TimerId::Millisecond => ns(ClockId::Monotonic) / 1_000_000,
+        TimerId::Tick => ns(ClockId::MonotonicCoarse),
+    })
+}
+
+/// CYCLE ticks per second, measured against `CLOCK_MONOTONIC` over `span`.
+pub fn cycle_frequency(span: Duration) -> Option<u64> {
+    let (c0, t0) = (cycles()?, Instant::now());
+    while t0.elapsed() < span {
+        std::hint::spin_loop();
+    }
+    let (c1, el) = (cycles()?, t0.elapsed());
+    Some(((c1 - c0) as f64 / el.as_secs_f64()) as u64)
+}
+
+/// The last measurement, refreshed at most once a minute (for metrics;
+/// the `performance_timers` table measures afresh on every read).
+pub fn cached() -> Vec<TimerRow> {
+    static CACHE: std::sync::Mutex<Option<(Instant, Vec<TimerRow>)>> = std::sync::Mutex::new(None);
+    let mut c = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    match &*c {
+        Some((at, rows)) if at.elapsed() < Duration::from_secs(60) => rows.clone(),
+        _ => {
+            let rows = measure();
+            *c = Some((Instant::now(), rows.clone()));
+            rows
+        }
+    }
+}
+
+/// Measures every timer.
+pub fn measure() -> Vec<TimerRow> {
+    let cycle_hz = cycle_frequency(Duration::from_millis(20));
+    TimerId::ALL
+        .into_iter()
+        .map(|t| {
+            if read(t).is_none() {
+                return TimerRow {
+                    timer: t,
+                    frequency: None,
+                    resolution: None,
+                    overhead: None,
+                };
+            }
+            let frequency = match t {
+                TimerId::Cycle => cycle_hz,
+                TimerId::Nanosecond | TimerId::Tick => Some(1_000_000_000),
+                TimerId::Microsecond => Some(1_000_000),
+                TimerId::Millisecond => Some(1_000),
+            };
+            let mut resolution = u64::MAX;
+            let mut overhead = u64::MAX;
+            let deadline = Instant::now()
+                + Duration::from_millis(if t == TimerId::Millisecond { 3 } else { 1 });
+            let mut prev = read(t).unwrap_or(0);
+            let mut n = 0u32;
+            while (n < 1000 || resolution == u64::MAX)
+                && Instant::now() < deadline + Duration::from_millis(20)
+            {
+                let c0 = cycles().unwrap_or(0);
+                let v = read(t).unwrap_or(0);
+                let c1 = cycles().unwrap_or(0);
+                overhead = overhead.min(c1.saturating_sub(c0));
+                if v > prev {
+                    resolution = resolution.min(v - prev);
+                }
+                prev = v;
+                n += 1;
+                if n >= 1000 && Instant::now() >= deadline && resolution != u64::MAX {
+                    break;
+                }
+            }
+            TimerRow {
+                timer: t,
+                frequency,
+                resolution: (resolution != u64::MAX).then_some(resolution),
+                overhead: (overhead != u64::MAX).then_some(overhead),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CYCLE frequency agrees with a measurement against the monotonic
+    /// clock over a longer window (within 5%).
+    #[test]
+    fn performance_timers_are_plausible() {
+        let rows = measure();
+        assert_eq!(rows.len(), 5);
+        let cycle = rows[0];
+        if let (Some(f), Some(reference)) =
+            (cycle.frequency, cycle_frequency(Duration::from_millis(200)))
+        {
+            let ratio = f as f64 / reference as f64;
+            assert!(
+                (0.95..=1.05).contains(&ratio),
+                "CYCLE {f} Hz vs {reference} Hz"
+            );
+            assert!(
+                cycle.overhead.is_some_and(|o| o > 0 && o < 10_000),
+                "{cycle:?}"
+            );
+        }
+        let nano = rows[1];
+        assert_eq!(nano.frequency, Some(1_000_000_000));
+        assert!(nano.resolution.is_some_and(|r| r < 1_000_000), "{nano:?}");
+        let milli = rows[3];
+        assert_eq!(
+            milli.resolution,
+            Some(1),
+            "millisecond steps by one: {milli:?}"
+        );
+    }
+}
