@@ -61,18 +61,24 @@ impl AppState {
         })
     }
 
+    /// Seconds the previous `/metrics` scrape took (for OTLP's copy of
+    /// `pfs_agent_scrape_duration_seconds`).
+    pub fn last_scrape_seconds(&self) -> f64 {
+        f64::from_bits(self.render_seconds.load(Ordering::Relaxed))
+    }
+
     fn baselines(&self) -> std::sync::MutexGuard<'_, Baselines> {
         self.baselines.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Checks the bearer token: `Err` is the refusal to send.
-    fn authorize(&self, req: &Request<Incoming>) -> Result<(), Resp> {
+    fn authorize(&self, req: &Request<Incoming>) -> Result<(), Box<Resp>> {
         use subtle::ConstantTimeEq;
         let Some(want) = &self.token else {
-            return Err(error(
+            return Err(Box::new(error(
                 StatusCode::FORBIDDEN,
                 "control is disabled: start the agent with --control-token-file to enable it",
-            ));
+            )));
         };
         let got = req
             .headers()
@@ -88,7 +94,7 @@ impl AppState {
                 hyper::header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Bearer"),
             );
-            Err(r)
+            Err(Box::new(r))
         }
     }
 
@@ -153,7 +159,7 @@ async fn control(
 ) -> Resp {
     use http_body_util::BodyExt;
     if let Err(refusal) = state.authorize(&req) {
-        return refusal;
+        return *refusal;
     }
     let filter = match parse_filter(query) {
         Ok(f) => f,

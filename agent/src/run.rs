@@ -77,7 +77,8 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
         let listener = bind(a.listen).await?;
         tracing::info!(listen = %a.listen, dir = %a.dir.shm_dir.display(), "pfs-agent serving /metrics, /healthz, /api/v1/tables");
-        let otlp = crate::export::otlp::start(&a.otlp, snap.clone(), || 0.0)?;
+        let scrape = state.clone();
+        let otlp = crate::export::otlp::start(&a.otlp, snap.clone(), move || scrape.last_scrape_seconds())?;
         spawn_discovery(snap);
         api::serve(listener, state, shutdown_signal()).await;
         if let Some(o) = otlp {
@@ -191,7 +192,8 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
         set.defaults = defaults;
         let snap = Arc::new(Snapshotter::new(set, SNAPSHOT_MAX_AGE));
         let state = AppState::new(snap.clone(), token);
-        let otlp = crate::export::otlp::start(&a.otlp, snap.clone(), || 0.0)?;
+        let scrape = state.clone();
+        let otlp = crate::export::otlp::start(&a.otlp, snap.clone(), move || scrape.last_scrape_seconds())?;
         spawn_discovery(snap);
         let url = format!("http://{}", a.listen);
         println!("pfs-agent demo: workload pid {} writing segments in {}", child.id().unwrap_or(0), dirs.shm.display());

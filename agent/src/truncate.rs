@@ -228,13 +228,15 @@ mod tests {
 
     #[test]
     fn since_subtracts_and_bounds_min_max() {
-        let mut base = Summary::default();
-        base.count = 10;
-        base.timed_count = 10;
-        base.sum_ps = 10_000;
+        let mut base = Summary {
+            count: 10,
+            timed_count: 10,
+            sum_ps: 10_000,
+            min_ps: 1000,
+            max_ps: 1000,
+            ..Summary::default()
+        };
         base.buckets[0] = 10;
-        base.min_ps = 1000;
-        base.max_ps = 1000;
         let mut cur = base;
         cur.count = 12;
         cur.timed_count = 12;

@@ -42,10 +42,10 @@ impl ThreadCtx {
     #[inline(always)]
     pub(crate) fn nesting_for(&self, kind: usize) -> (u64, u32) {
         use pfs_shm_layout::layout::EventType;
-        if kind == pfs_shm_layout::writer::KIND_WAIT {
-            if let Some(st) = self.stage.get() {
-                return (st.event_id, EventType::Stage as u32);
-            }
+        if kind == pfs_shm_layout::writer::KIND_WAIT
+            && let Some(st) = self.stage.get()
+        {
+            return (st.event_id, EventType::Stage as u32);
         }
         match self.statement_id.get() {
             0 => (0, EventType::None as u32),

@@ -528,8 +528,8 @@ impl Segment {
             } else {
                 size_of::<EventRecord>()
             };
-            let need_bytes = (size_of::<LongHeader>() as u64)
-                .checked_add(long_len.checked_mul(slot as u64).unwrap_or(u64::MAX));
+            let need_bytes =
+                (size_of::<LongHeader>() as u64).checked_add(long_len.saturating_mul(slot as u64));
             if u64::from(count) != long_len
                 || stride as usize != slot
                 || need_bytes.is_none_or(|n| n > size)

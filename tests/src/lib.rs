@@ -600,3 +600,136 @@ pub fn spawn_exact(
     }
     Ok((w, ready))
 }
+
+/// A running `tests/otlp_receiver.py` (an OTLP receiver built on the
+/// official Python protobuf classes and grpcio), with its JSON lines read
+/// on a thread.
+pub struct OtlpReceiver {
+    /// The process (killed on drop).
+    pub guard: ChildGuard,
+    lines: Receiver<String>,
+}
+
+impl OtlpReceiver {
+    /// Starts the receiver on the given loopback ports and waits (up to
+    /// 30 s) for its ready line. Needs `python3` with `opentelemetry-proto`
+    /// and `grpcio` (scripts/test installs them).
+    pub fn start(grpc_port: Option<u16>, http_port: Option<u16>) -> Result<Self> {
+        let mut cmd = Command::new("python3");
+        cmd.arg("-u")
+            .arg(workspace_root().join("tests/otlp_receiver.py"));
+        if let Some(p) = grpc_port {
+            cmd.arg("--grpc-port").arg(p.to_string());
+        }
+        if let Some(p) = http_port {
+            cmd.arg("--http-port").arg(p.to_string());
+        }
+        let mut guard = ChildGuard::spawn("otlp-receiver", cmd, true)?;
+        let stdout = guard
+            .child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("no stdout pipe"))?;
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut r = Self { guard, lines: rx };
+        let ready = r.next(Duration::from_secs(30))?.ok_or_else(|| {
+            anyhow!(
+                "otlp_receiver.py printed nothing within 30 s (is `python3 -m pip install \
+                 opentelemetry-proto grpcio protobuf` done?)\n{}",
+                r.guard.describe()
+            )
+        })?;
+        if ready["ready"] != true {
+            bail!("receiver is not ready: {ready}");
+        }
+        Ok(r)
+    }
+
+    /// The next received request (JSON), or `None` after `timeout`.
+    pub fn next(&mut self, timeout: Duration) -> Result<Option<Value>> {
+        match self.lines.recv_timeout(timeout) {
+            Ok(line) => {
+                Ok(Some(serde_json::from_str(&line).with_context(|| {
+                    format!("receiver printed non-JSON line {line:?}")
+                })?))
+            }
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => {
+                bail!("receiver exited\n{}", self.guard.describe())
+            }
+        }
+    }
+
+    /// The first request within `timeout` for which `want` returns true.
+    pub fn wait_for(
+        &mut self,
+        timeout: Duration,
+        mut want: impl FnMut(&Value) -> bool,
+    ) -> Result<Value> {
+        let deadline = Instant::now() + timeout;
+        let mut seen = 0;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!("no matching OTLP request within {timeout:?} ({seen} others received)");
+            }
+            if let Some(v) = self.next(left)? {
+                seen += 1;
+                if want(&v) {
+                    return Ok(v);
+                }
+            }
+        }
+    }
+}
+
+/// The metric `name` of every resource of an OTLP request printed by
+/// [`OtlpReceiver`], with its resource attributes.
+pub fn otlp_metrics<'a>(req: &'a Value, name: &str) -> Vec<(&'a Value, &'a Value)> {
+    let mut out = Vec::new();
+    for rm in req["resource_metrics"].as_array().into_iter().flatten() {
+        for m in rm["metrics"].as_array().into_iter().flatten() {
+            if m["name"] == name {
+                out.push((&rm["resource"], m));
+            }
+        }
+    }
+    out
+}
+
+impl Agent {
+    /// Starts `pfs-agent serve` like [`Agent::serve`], with `env` added to
+    /// its environment (and every inherited `OTEL_*` variable removed).
+    pub fn serve_with_env(shm_dir: &Path, env: &[(&str, String)]) -> Result<Self> {
+        let port = free_port();
+        let mut cmd = Command::new(agent_bin());
+        cmd.arg("serve")
+            .arg("--shm-dir")
+            .arg(shm_dir)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("OTEL_") || k.starts_with("K8S_") {
+                cmd.env_remove(k);
+            }
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let guard = ChildGuard::spawn("pfs-agent", cmd, false)?;
+        let mut agent = Self {
+            guard,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        agent.wait_healthy(Duration::from_secs(20))?;
+        Ok(agent)
+    }
+}

@@ -90,7 +90,7 @@ fn open_returns_typed_errors() {
         Err(
             e @ SegmentError::UnsupportedVersion {
                 found: 99,
-                supported: 1,
+                supported: pfs_shm_layout::layout::LAYOUT_MAJOR,
             },
         ) => {
             let msg = e.to_string();

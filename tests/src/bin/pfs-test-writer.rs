@@ -5,6 +5,8 @@
 //! pfs-test-writer exact --shm-dir D --service S --threads N --per-class K --exit-midway M
 //! pfs-test-writer torn  --shm-dir D --service S --threads N --seconds T
 //! pfs-test-writer churn --shm-dir D --service S --seconds T
+//! pfs-test-writer nested --shm-dir D --service S --threads N --statements K --history H
+//! pfs-test-writer loop --shm-dir D --service S --threads N
 //! ```
 //!
 //! Every mode prints JSON lines on stdout; see each function.
@@ -71,7 +73,9 @@ impl Args {
 
 fn main() -> Result<()> {
     let args = Args::parse()?;
-    let cfg = pfs_client::Config::new(args.str("service")?).shm_dir(args.str("shm-dir")?);
+    let cfg = pfs_client::Config::new(args.str("service")?)
+        .shm_dir(args.str("shm-dir")?)
+        .history_len(args.num_or("history", 10)? as u32);
     pfs_client::init_with(cfg).context("pfs_client::init_with")?;
     // Register the classes up front, in a fixed order (indexes 0, 1, 2).
     for c in CLASSES {
@@ -83,6 +87,8 @@ fn main() -> Result<()> {
         "exact" => exact(&args),
         "torn" => torn(&args),
         "churn" => churn(&args),
+        "nested" => nested(&args),
+        "loop" => loop_mode(&args),
         m => bail!("unknown mode {m:?}"),
     }
 }
@@ -355,5 +361,89 @@ fn churn(args: &Args) -> Result<()> {
         "classes": total.json(),
     }));
     wait_stdin_eof();
+    Ok(())
+}
+
+static STMT_Q: pfs_client::LazyStatementClass =
+    pfs_client::LazyStatementClass::new("statement/test/query");
+static STAGE_PARSE: pfs_client::LazyStageClass =
+    pfs_client::LazyStageClass::new("stage/test/parse");
+static STAGE_EXEC: pfs_client::LazyStageClass = pfs_client::LazyStageClass::new("stage/test/exec");
+
+/// `nested`: each of N threads runs K statements; each statement enters two
+/// stages and records waits inside each, plus one wait before any stage.
+/// Threads then stay alive (so their history is readable) until stdin
+/// closes. Prints `{"ready": true, "statements": N*K, "stages": 2*N*K,
+/// "waits": ...}`.
+fn nested(args: &Args) -> Result<()> {
+    let threads = args.num("threads")? as usize;
+    let statements = args.num("statements")?;
+    let done = Arc::new(Barrier::new(threads + 1));
+    let release = Arc::new(Barrier::new(threads + 1));
+    let mut handles = Vec::new();
+    for t in 0..threads {
+        let (done, release) = (done.clone(), release.clone());
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("nested-{t}"))
+                .spawn(move || {
+                    for i in 0..statements {
+                        let mut stmt = STMT_Q.start();
+                        stmt.set_text(&format!("SELECT {i}"));
+                        drop(CLASS_A.get().start(Operation::Lock, 1)); // directly in the statement
+                        STAGE_PARSE.enter();
+                        drop(CLASS_A.get().start(Operation::Lock, 2));
+                        STAGE_EXEC.enter();
+                        drop(CLASS_B.get().start(Operation::ReadLock, 3));
+                        drop(CLASS_C.get().start(Operation::Write, 4));
+                        stmt.set_rows_sent(i);
+                        drop(stmt);
+                    }
+                    done.wait();
+                    release.wait();
+                })?,
+        );
+    }
+    done.wait();
+    let n = threads as u64 * statements;
+    print(
+        json!({"ready": true, "segment": segment(), "statements": n, "stages": 2 * n, "waits": 4 * n}),
+    );
+    wait_stdin_eof();
+    release.wait();
+    for h in handles {
+        h.join().map_err(|_| anyhow!("nested thread panicked"))?;
+    }
+    Ok(())
+}
+
+/// `loop`: N threads record one wait of class A every ~200 µs until stdin
+/// closes, then print how many each recorded.
+fn loop_mode(args: &Args) -> Result<()> {
+    let threads = args.num("threads")? as usize;
+    let stop = Arc::new(AtomicBool::new(false));
+    let total = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (stop, total) = (stop.clone(), total.clone());
+            std::thread::Builder::new()
+                .name(format!("loop-{t}"))
+                .spawn(move || {
+                    while !stop.load(Relaxed) {
+                        drop(CLASS_A.get().start(Operation::Lock, t));
+                        total.fetch_add(1, Relaxed);
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                })
+                .map_err(anyhow::Error::from)
+        })
+        .collect::<Result<_>>()?;
+    print(json!({"ready": true, "segment": segment()}));
+    wait_stdin_eof();
+    stop.store(true, Relaxed);
+    for h in handles {
+        h.join().map_err(|_| anyhow!("loop thread panicked"))?;
+    }
+    print(json!({"done": true, "events": total.load(Relaxed)}));
     Ok(())
 }
