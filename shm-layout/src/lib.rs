@@ -7,7 +7,7 @@
 //! [`layout`] are the same tables in Rust, with every size and offset
 //! checked at compile time.
 //!
-//! Layout version **1.0** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
+//! Layout version **2.0** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
 //! All integers are little-endian (the header's byte-order mark says so).
 //! Every field is an aligned 32- or 64-bit word, read and written with
 //! atomic instructions only.
@@ -27,23 +27,29 @@
 //!                 │ Strings: max_strings × 64 B                  │  SOURCE, OBJECT_NAME
 //!                 ├──────────────────────────────────────────────┤
 //!                 │ Global: seq, fold_count, fold log (256),     │  exited threads'
-//!                 │         max_classes × SummaryRow (320 B)     │  totals
+//!                 │         max_classes × SummaryRow (384 B)     │  totals
+//!                 ├──────────────────────────────────────────────┤
+//!                 │ Setup (8192 B): consumers, timers, actors    │  written by the agent
 //!                 ├──────────────────────────────────────────────┤
 //!                 │ Threads: ContainerHeader (64 B)              │
 //!                 │          page directory: max_pages × u64     │
 //!                 │          page 0 │ page 1 │ ... (holes until  │
 //!                 │          added; each page_size bytes)        │
+//!                 ├──────────────────────────────────────────────┤
+//!                 │ WaitsLong: LongHeader + len × Event (128 B)  │  history_long rings,
+//!                 │ StagesLong: LongHeader + len × Event         │  holes until first
+//!                 │ StatementsLong: LongHeader + len × Stmt(384) │  used
 //!                 └──────────────────────────────────────────────┘
 //!
 //!  page = records_per_page × thread record (record_size B, 64-aligned)
 //!
 //!  thread record
-//!  ┌─────────────────────┬──────────────────────────┬──────────────────────────┐
-//!  │ ThreadHeader (448 B)│ history_len × Event(128) │ max_classes × Summary(320)│
-//!  │ lock, identity,     │ events_waits_history     │ events_waits_summary_    │
-//!  │ touched bitmap,     │ ring                     │ by_thread_by_event_name  │
-//!  │ waits_current       │                          │                          │
-//!  └─────────────────────┴──────────────────────────┴──────────────────────────┘
+//!  ┌──────────────────────┬──────────────┬──────────────┬───────────────┬───────────────────────────┐
+//!  │ ThreadHeader (896 B) │ N × Event    │ N × Event    │ N × Statement │ max_classes × Summary     │
+//!  │ lock, identity,      │ waits        │ stages       │ statements    │ (384 B), one per class:   │
+//!  │ actor, touched,      │ history ring │ history ring │ history ring  │ events_*_summary_by_      │
+//!  │ 3 × current          │ (128 B each) │              │ (384 B each)  │ thread_by_event_name      │
+//!  └──────────────────────┴──────────────┴──────────────┴───────────────┴───────────────────────────┘
 //! ```
 //!
 //! Section offsets are not fixed: read them from the directory. Every
@@ -73,6 +79,8 @@
 //! | 0x054  | 4    | `history_len`           | events per history ring (1..=1024) |
 //! | 0x058  | 4    | `service_name_len`      | bytes of UTF-8 in `service_name` (≤ 64) |
 //! | 0x060  | 64   | `service_name`          | UTF-8, zero padded |
+//! | 0x0A0  | 8    | `timer_base_ns`         | `CLOCK_MONOTONIC` ns at creation (base of the non-CYCLE timers) |
+//! | 0x0A8  | 8    | `history_long_len`      | rows per `history_long` ring |
 //! | 0x100  | 512  | `sections[16]`          | section directory, below |
 //!
 //! Section directory entry (32 bytes): `kind` u32, reserved u32, `offset`
@@ -85,8 +93,12 @@
 //! | 1    | Counters | 16             | 8      | lost counters ([`layout::LostKind`]) |
 //! | 2    | Classes  | `max_classes`  | 128    | [`layout::ClassEntry`] |
 //! | 3    | Strings  | `max_strings`  | 64     | [`layout::StringEntry`] |
-//! | 4    | Global   | `max_classes`  | 320    | [`layout::GlobalHeader`] (6208 B) then rows |
+//! | 4    | Global   | `max_classes`  | 384    | [`layout::GlobalHeader`] (6208 B) then rows |
 //! | 5    | Threads  | `max_pages`    | page size | [`layout::ContainerHeader`], page directory, pages |
+//! | 6    | Setup    | 48             | 128    | [`layout::SetupSection`]: consumers, timers, actor rows |
+//! | 7    | WaitsLong | `history_long_len` | 128 | [`layout::LongHeader`] (128 B) then event rows |
+//! | 8    | StagesLong | `history_long_len` | 128 | as WaitsLong |
+//! | 9    | StatementsLong | `history_long_len` | 384 | [`layout::LongHeader`] then statement rows |
 //!
 //! ## Class entry (128 bytes)
 //!
@@ -115,6 +127,8 @@
 //! | 48     | 8    | `max`          | `MAX_TIMER_WAIT`, ps |
 //! | 56     | 8    | `bytes`        | sum of `NUMBER_OF_BYTES` |
 //! | 64     | 256  | `buckets[32]`  | latency histogram, per bucket (not cumulative) |
+//! | 320    | 40   | `errors`, `warnings`, `rows_affected`, `rows_sent`, `rows_examined` | statement classes: `SUM_*` |
+//! | 360    | 24   | reserved       | zero |
 //!
 //! Bucket 0 counts durations ≤ 2^13 ps (8.192 ns), bucket *i* (1..=30)
 //! counts (2^(12+i), 2^(13+i)] ps, bucket 31 counts everything above 2^43
@@ -141,26 +155,61 @@
 //! | 96     | 4    | `nesting_event_type` | 0 none, 1 WAIT, 2 STAGE, 3 STATEMENT |
 //! | 100    | 4    | `flags`              | 1 TIMED, 2 ENDED, 4 HAS_BYTES, 8 HAS_SPINS |
 //! | 104    | 4    | `event_type`         | as `nesting_event_type` |
+//! | 112    | 8    | `thread_id`          | `THREAD_ID` (set in `history_long` rows) |
 //!
-//! Timers are stored as raw ticks and converted by the reader:
+//! Flags also carry bit 16 HAS_PROGRESS (stages: `bytes` is
+//! `WORK_COMPLETED`, `spins` is `WORK_ESTIMATED`) and, in bits 8..10, the
+//! timer that took the timestamps (0 CYCLE, 1 NANOSECOND, 2 MICROSECOND,
+//! 3 MILLISECOND, 4 TICK). CYCLE timestamps are raw ticks:
 //! `ps = (ticks − timer_base_ticks) × timer_ps_per_tick_q32 >> 32` in
-//! 128-bit arithmetic. A 64-bit TSC at 3 GHz wraps after 194 years, so
-//! unlike MySQL's picosecond `TIMER_START` (213 days) nothing wraps.
+//! 128-bit arithmetic (a 64-bit TSC at 3 GHz wraps after 194 years, unlike
+//! MySQL's picosecond `TIMER_START`, 213 days); the other timers store
+//! nanoseconds: `ps = (ns − timer_base_ns) × 1000`. `END_EVENT_ID` is the
+//! thread's next event id when the event ended, so a parent's
+//! `[EVENT_ID, END_EVENT_ID)` contains its children.
 //!
-//! ## Thread header (448 bytes)
+//! ## Statement row (384 bytes)
+//!
+//! An event row (offsets 0..128, whose `seq` guards the whole row), then
+//! `errors`, `warnings`, `rows_affected`, `rows_sent`, `rows_examined`,
+//! `digest` (6 × u64 at 128..176; `digest` is a 64-bit FNV-1a of the
+//! application's digest text, 0 = none), `text_len` u32 at 176, reserved
+//! u32, and 200 bytes of UTF-8 `SQL_TEXT` at 184.
+//!
+//! ## Thread header (896 bytes)
 //!
 //! | offset | size | field                 | meaning |
 //! |-------:|-----:|-----------------------|---------|
 //! | 0      | 8    | `lock`                | `version << 2 \| state` ([`lockword`]) |
-//! | 8      | 8    | `seq`                 | sequence lock over identity |
+//! | 8      | 8    | `seq`                 | sequence lock over identity and actor |
 //! | 16     | 8    | `thread_id`           | `THREAD_ID` |
 //! | 24     | 8    | `os_tid`              | `THREAD_OS_ID` |
 //! | 32     | 4    | `name_len`            | ≤ 32 |
-//! | 36     | 4    | `waits_history_next`  | writer's next slot |
-//! | 40     | 8    | `waits_history_count` | events ever appended; slot of event *k* is *k* mod `history_len` |
-//! | 48     | 32   | `name`                | UTF-8 thread name |
-//! | 80     | 128  | `touched[16]`         | bit *c*: row *c* written in this lifetime |
-//! | 320    | 128  | `waits_current`       | event row |
+//! | 36     | 4    | `flags`               | 1 INSTRUMENTED, 2 HISTORY |
+//! | 40     | 32   | `name`                | UTF-8 thread name |
+//! | 72     | 12   | `user`, `host`, `role` | string indexes of the declared actor (`0xFFFFFFFF` none) |
+//! | 88     | 12   | `history_next[3]`     | writer's next slot per ring (waits, stages, statements) |
+//! | 104    | 24   | `history_count[3]`    | events ever appended per ring; event *k* is in slot *k* mod `history_len` |
+//! | 128    | 128  | `touched[16]`         | bit *c*: row *c* written in this lifetime |
+//! | 256    | 128  | `waits_current`       | event row |
+//! | 384    | 128  | `stages_current`      | event row |
+//! | 512    | 384  | `statements_current`  | statement row |
+//!
+//! ## Setup section (8192 bytes)
+//!
+//! | offset | size | field            | meaning |
+//! |-------:|-----:|------------------|---------|
+//! | 0      | 4    | `consumers`      | bit 0 global_instrumentation, 1 thread_instrumentation; kind *k* (0 waits, 1 stages, 2 statements) uses bits 2+4*k*.. : current, history, history_long, summaries |
+//! | 64     | 4    | `timers`         | 3 bits per kind (waits at bit 0, stages 3, statements 6): timer id |
+//! | 128    | 8    | `actors_version` | bumped on every actor change |
+//! | 192    | 6144 | `actors[48]`     | 128-byte rows: `seq` u64, `flags` u32 (1 ENABLED, 2 HISTORY, 4 USED), `host_len`, `user_len`, `role_len` u32, then 32 bytes each of UTF-8 host, user, role |
+//!
+//! ## history_long rings
+//!
+//! `LongHeader` (128 bytes): `next` u64 (tickets taken, alone on its cache
+//! line), then at 64 `len` u64 and `slot_size` u64. Slot *t* mod `len`
+//! holds ticket *t*; its `seq` is `(t + 1) << 1` once written (odd while a
+//! writer holds it, 0 never written). A reader orders rows by that value.
 //!
 //! ## Container and page states
 //!
@@ -179,6 +228,12 @@
 //!
 //! * **Sequence locks** ([`seqlock`]): one writer per row; readers retry a
 //!   bounded number of times, then skip and count.
+//! * **history_long slots**: many writers; a writer claims a slot by
+//!   compare-exchange only if it holds an older ticket, else counts the
+//!   event lost (see [`writer::SegmentWriter::append_long`]).
+//! * **Setup** ([`setup`]): the agent changes class flags, the consumers and
+//!   timers words with atomic read-modify-writes; writers read each with one
+//!   relaxed load per event.
 //! * **Records** ([`lockword`]): FREE → DIRTY by compare-exchange, DIRTY →
 //!   ALLOCATED(v+1) once initialised, ALLOCATED(v) → FREE(v) at thread exit.
 //!   Readers copy ALLOCATED records and keep a copy only if the lock word
