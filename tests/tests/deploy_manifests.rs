@@ -437,10 +437,19 @@ fn pod_problems(dir: &str, docs: &[Value], native: bool) -> Vec<String> {
                 format!("{n}: no downward-API env {var} = {field}"),
             );
         }
+        // The app names itself; the agent must not (OTEL_SERVICE_NAME
+        // would merge every service it exports into one OTLP resource).
+        let names_service = env.iter().any(|(k, e)| {
+            k == "OTEL_SERVICE_NAME"
+                || (k == "OTEL_RESOURCE_ATTRIBUTES"
+                    && e["value"]
+                        .as_str()
+                        .is_some_and(|v| v.contains("service.name=")))
+        });
         bad(
             &mut p,
-            env.iter().any(|(k, _)| k == "OTEL_SERVICE_NAME"),
-            format!("{n}: no OTEL_SERVICE_NAME"),
+            names_service == (n != AGENT),
+            format!("{n}: OTEL_SERVICE_NAME set: {names_service} (only the app names its service)"),
         );
         for (i, (k, e)) in env.iter().enumerate() {
             let v = e["value"].as_str().unwrap_or("");
@@ -575,7 +584,7 @@ fn pod_problems(dir: &str, docs: &[Value], native: bool) -> Vec<String> {
     bad(
         &mut p,
         ann["prometheus.io/scrape"] == "true"
-            && ann["prometheus.io/port"] == METRICS_PORT.to_string()
+            && ann["prometheus.io/port"].as_str() == Some(METRICS_PORT.to_string().as_str())
             && ann["prometheus.io/path"] == "/metrics",
         format!("pod prometheus.io annotations: {ann}"),
     );
@@ -690,11 +699,14 @@ fn rendered_pods_are_restricted_and_wired_as_sidecars() {
     assert!(all.is_empty(), "problems:\n{}", all.join("\n"));
 }
 
+/// A way to break a rendered object.
+type Breakage = fn(&mut Value);
+
 #[test]
 fn pod_checks_can_fail() {
     // Break the base in four ways; each must be reported.
     let docs = yaml_docs(&render("base"));
-    let breakages: [(&str, fn(&mut Value)); 4] = [
+    let breakages: [(&str, Breakage); 4] = [
         ("allowPrivilegeEscalation", |d| {
             d["spec"]["template"]["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] =
                 Value::Bool(true)
@@ -830,8 +842,8 @@ fn dockerfile_passes_hadolint_and_the_image_rules() {
     );
 
     // The build context: every COPY source exists, and every workspace
-    // member's manifest is copied (cargo needs them all to load the
-    // workspace), so a new crate cannot silently break the image build.
+    // member is copied (cargo needs them all to load the workspace), so a
+    // new crate cannot silently break the image build.
     let root = workspace_root();
     for (op, rest) in &ins {
         if op != "COPY" || rest.starts_with("--from") {
@@ -850,9 +862,46 @@ fn dockerfile_passes_hadolint_and_the_image_rules() {
         .expect("workspace members");
     for m in members.split('"').skip(1).step_by(2) {
         assert!(
-            text.contains(&format!("COPY {m}/Cargo.toml")),
-            "deploy/Dockerfile does not copy {m}/Cargo.toml (workspace member)"
+            text.contains(&format!("COPY {m} {m}\n")),
+            "deploy/Dockerfile does not copy the workspace member {m} (COPY {m} {m})"
         );
+    }
+
+    // Cargo loads the workspace from exactly what the build stage copies
+    // (a member's declared bin or bench outside them would break the
+    // image build).
+    let ctx = tempfile::tempdir().unwrap();
+    for (op, rest) in &ins {
+        if op != "COPY" || rest.starts_with("--from") {
+            continue;
+        }
+        let parts: Vec<&str> = rest.split_whitespace().collect();
+        for src in &parts[..parts.len() - 1] {
+            copy_tree(&root.join(src), &ctx.path().join(src));
+        }
+    }
+    let out = run(Command::new(env!("CARGO"))
+        .args(["metadata", "--locked", "--offline", "--format-version", "1"])
+        .current_dir(ctx.path()));
+    assert!(
+        out.ok,
+        "cargo cannot load the workspace from the Dockerfile's COPY paths:\n{}",
+        out.stderr
+    );
+}
+
+/// Copies a file or a directory tree (without `target/`).
+fn copy_tree(from: &Path, to: &Path) {
+    if from.is_dir() {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            if e.file_name() != "target" {
+                copy_tree(&e.path(), &to.join(e.file_name()));
+            }
+        }
+    } else {
+        std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
     }
 }
 
