@@ -58,15 +58,21 @@ async fn shutdown_signal() {
     }
 }
 
+/// The control token (if a file is given) and the setup defaults, checked
+/// before anything starts.
+fn control_options(
+    token_file: Option<&Path>,
+    defaults: &crate::cli::DefaultsArgs,
+) -> anyhow::Result<(Option<String>, Defaults)> {
+    let token = token_file.map(read_token).transpose()?;
+    let defaults = Defaults::parse(defaults)
+        .map_err(|e| anyhow::anyhow!("invalid --instrument/--consumer: {e}"))?;
+    Ok((token, defaults))
+}
+
 /// `pfs-agent serve`.
 pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
-    let token = a
-        .control_token_file
-        .as_deref()
-        .map(read_token)
-        .transpose()?;
-    let defaults = Defaults::parse(&a.defaults)
-        .map_err(|e| anyhow::anyhow!("invalid --instrument/--consumer: {e}"))?;
+    let (token, defaults) = control_options(a.control_token_file.as_deref(), &a.defaults)?;
     if !a.dir.shm_dir.is_dir() {
         tracing::warn!(dir = %a.dir.shm_dir.display(), "segment directory does not exist yet; waiting for instrumented processes to create it");
     }
@@ -149,13 +155,7 @@ fn remove_segments(dir: &Path) {
 
 /// `pfs-agent demo`: the agent plus a real instrumented workload process.
 pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
-    let token = a
-        .control_token_file
-        .as_deref()
-        .map(read_token)
-        .transpose()?;
-    let defaults = Defaults::parse(&a.defaults)
-        .map_err(|e| anyhow::anyhow!("invalid --instrument/--consumer: {e}"))?;
+    let (token, defaults) = control_options(a.control_token_file.as_deref(), &a.defaults)?;
     let pid = std::process::id();
     let base = if Path::new("/dev/shm").is_dir() {
         PathBuf::from("/dev/shm")

@@ -95,27 +95,11 @@ impl SeqLock {
     /// loads of the guarded atomics; its result is discarded unless the
     /// sequence word shows no write overlapped it.
     #[inline]
-    pub fn read<T>(&self, attempts: u32, mut f: impl FnMut() -> T) -> SeqRead<T> {
-        let mut retries = 0;
-        for _ in 0..attempts.max(1) {
-            let s1 = self.seq.load(Ordering::Acquire);
-            if s1 & 1 == 0 {
-                let value = f();
-                fence(Ordering::Acquire);
-                let s2 = self.seq.load(Ordering::Relaxed);
-                if s1 == s2 {
-                    return SeqRead {
-                        value: Some(value),
-                        retries,
-                    };
-                }
-            }
-            retries += 1;
-            std::hint::spin_loop();
-        }
+    pub fn read<T>(&self, attempts: u32, f: impl FnMut() -> T) -> SeqRead<T> {
+        let r = self.read_versioned(attempts, f);
         SeqRead {
-            value: None,
-            retries,
+            value: r.value.map(|(_, v)| v),
+            retries: r.retries,
         }
     }
 

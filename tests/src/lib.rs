@@ -733,3 +733,27 @@ impl Agent {
         Ok(agent)
     }
 }
+
+/// Starts a real `prometheus` with `config`, storing data in `data`, on
+/// 127.0.0.1:`port`, and waits (up to 30 s) until it is ready.
+pub fn start_prometheus(config: &Path, data: &Path, port: u16) -> Result<ChildGuard> {
+    let mut cmd = Command::new("prometheus");
+    cmd.arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", data.display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"));
+    let mut prom = ChildGuard::spawn("prometheus", cmd, false)?;
+    let ready = format!("http://127.0.0.1:{port}/-/ready");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(s) = prom.try_wait() {
+            bail!("prometheus exited with {s}\n{}", prom.describe());
+        }
+        if http_get(&ready).is_ok_and(|r| r.status == 200) {
+            return Ok(prom);
+        }
+        if Instant::now() > deadline {
+            bail!("prometheus not ready after 30 s\n{}", prom.describe());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -530,7 +530,7 @@ impl Drop for Graceful {
 
 #[test]
 fn every_panel_query_returns_data_from_a_real_prometheus() {
-    let Some(prom) = prometheus_on_path() else {
+    let Some(_) = prometheus_on_path() else {
         panic!(
             "the `prometheus` binary is not on PATH; run scripts/test (apt-get install prometheus)"
         );
@@ -570,24 +570,9 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
         ),
     )
     .unwrap();
-    let mut cmd = Command::new(prom);
-    cmd.arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            tsdb.path().join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"));
-    let mut prom = ChildGuard::spawn("prometheus", cmd, false).unwrap();
+    let prom = pfs_tests::start_prometheus(&config, &tsdb.path().join("data"), prom_port)
+        .unwrap_or_else(|e| panic!("prometheus not ready: {e:#}"));
     let base = format!("http://127.0.0.1:{prom_port}");
-    poll(Duration::from_secs(30), || {
-        if let Some(s) = prom.try_wait() {
-            anyhow::bail!("prometheus exited with {s}\n{}", prom.describe());
-        }
-        Ok(pfs_tests::http_get(&format!("{base}/-/ready"))
-            .ok()
-            .filter(|r| r.status == 200))
-    })
-    .unwrap_or_else(|e| panic!("prometheus not ready: {e:#}"));
     poll(Duration::from_secs(20), || {
         Ok((!query(&base, "pfs_agent_build_info").is_empty()).then_some(()))
     })

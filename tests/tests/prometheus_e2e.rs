@@ -50,7 +50,7 @@ fn pfs_files(dir: &Path) -> Vec<String> {
 
 #[test]
 fn prometheus_scrapes_the_demo() {
-    let Some(prom) = prometheus_on_path() else {
+    let Some(_) = prometheus_on_path() else {
         panic!(
             "the `prometheus` binary is not on PATH; run scripts/test, which installs it \
              (apt-get install prometheus), or install it yourself"
@@ -83,24 +83,9 @@ fn prometheus_scrapes_the_demo() {
         ),
     )
     .unwrap();
-    let mut cmd = Command::new(prom);
-    cmd.arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            tsdb.path().join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"));
-    let mut prom = ChildGuard::spawn("prometheus", cmd, false).unwrap();
+    let prom = pfs_tests::start_prometheus(&config, &tsdb.path().join("data"), prom_port)
+        .unwrap_or_else(|e| panic!("prometheus not ready: {e:#}"));
     let prom_base = format!("http://127.0.0.1:{prom_port}");
-    poll(Duration::from_secs(30), || {
-        if let Some(s) = prom.try_wait() {
-            anyhow::bail!("prometheus exited with {s}\n{}", prom.describe());
-        }
-        Ok(pfs_tests::http_get(&format!("{prom_base}/-/ready"))
-            .ok()
-            .filter(|r| r.status == 200))
-    })
-    .unwrap_or_else(|e| panic!("prometheus not ready: {e:#}\n{}", prom.describe()));
 
     let wanted = [
         "wait/synch/mutex/kvstore/",
