@@ -170,6 +170,26 @@ pub struct Writer {
     lines: Receiver<String>,
 }
 
+/// Takes the child's piped stdout and forwards its lines to a channel from
+/// a reader thread (so reads can time out).
+fn stdout_lines(guard: &mut ChildGuard) -> Result<Receiver<String>> {
+    let stdout = guard
+        .child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow!("no stdout pipe"))?;
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(rx)
+}
+
 impl Writer {
     /// Spawns `exe` (use [`writer_exe!`]) with `args`.
     pub fn spawn(exe: &Path, args: &[&str]) -> Result<Self> {
@@ -177,20 +197,7 @@ impl Writer {
         cmd.args(args);
         let mut guard = ChildGuard::spawn("pfs-test-writer", cmd, true)?;
         let stdin = guard.child.stdin.take();
-        let stdout = guard
-            .child
-            .stdout
-            .take()
-            .ok_or_else(|| anyhow!("no stdout pipe"))?;
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = stdout_lines(&mut guard)?;
         Ok(Self {
             guard,
             stdin,
@@ -625,20 +632,7 @@ impl OtlpReceiver {
             cmd.arg("--http-port").arg(p.to_string());
         }
         let mut guard = ChildGuard::spawn("otlp-receiver", cmd, true)?;
-        let stdout = guard
-            .child
-            .stdout
-            .take()
-            .ok_or_else(|| anyhow!("no stdout pipe"))?;
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = stdout_lines(&mut guard)?;
         let mut r = Self { guard, lines: rx };
         let ready = r.next(Duration::from_secs(30))?.ok_or_else(|| {
             anyhow!(
