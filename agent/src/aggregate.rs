@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use pfs_shm_layout::ClassKind;
 use pfs_shm_layout::layout::LOST_COUNTERS;
-use pfs_shm_layout::reader::{SegmentSnapshot, Summary};
+use pfs_shm_layout::reader::{MemoryStats, SegmentSnapshot, Summary};
 
 /// Totals by instrument name.
 pub type ByEventName = BTreeMap<String, (ClassKind, Summary)>;
@@ -38,6 +38,87 @@ pub fn segment_global(s: &SegmentSnapshot) -> ByEventName {
     out
 }
 
+/// Memory totals by instrument name.
+pub type MemoryByEventName = BTreeMap<String, MemoryStats>;
+
+/// `memory_summary_global_by_event_name` rows of one segment: every memory
+/// class (zero until used), the memory folded in by exited threads plus
+/// the live threads' rows (LOW and HIGH add: the sum of the children's),
+/// and the instrumentation's own memory as `memory/performance_schema/*`.
+pub fn segment_global_memory(s: &SegmentSnapshot) -> MemoryByEventName {
+    let names: HashMap<u32, &str> = s
+        .classes
+        .iter()
+        .filter(|c| c.kind == ClassKind::Memory)
+        .map(|c| (c.index, c.name.as_str()))
+        .collect();
+    let mut out = MemoryByEventName::new();
+    for n in names.values() {
+        out.insert((*n).to_string(), MemoryStats::default());
+    }
+    let rows = s
+        .exited_memory
+        .iter()
+        .chain(s.threads.iter().flat_map(|t| t.memory.iter()));
+    for (class, m) in rows {
+        if let Some(name) = names.get(class) {
+            out.entry((*name).to_string()).or_default().merge(m);
+        }
+    }
+    for (name, count, bytes) in own_memory(s) {
+        out.insert(name.to_string(), allocated(count, bytes));
+    }
+    out
+}
+
+/// A block that is allocated and never freed (the instrumentation's own).
+fn allocated(count: u64, bytes: u64) -> MemoryStats {
+    MemoryStats {
+        count_alloc: count,
+        bytes_alloc: bytes,
+        current_count: count as i64,
+        high_count: count as i64,
+        current_bytes: bytes as i64,
+        high_bytes: bytes as i64,
+        ..MemoryStats::default()
+    }
+}
+
+/// The instrumentation's own memory, from the segment geometry: the fixed
+/// sections (reserved at creation), the thread container pages added, and
+/// the `history_long` rings reserved on first use. Always "enabled".
+pub fn own_memory(s: &SegmentSnapshot) -> Vec<(&'static str, u64, u64)> {
+    let g = &s.geometry;
+    let mut v = vec![
+        (
+            "memory/performance_schema/segment_fixed_sections",
+            1,
+            g.pages_off as u64,
+        ),
+        (
+            "memory/performance_schema/thread_container_pages",
+            u64::from(s.pages),
+            u64::from(s.pages) * g.page_size as u64,
+        ),
+    ];
+    for (k, name) in [
+        "memory/performance_schema/events_waits_history_long",
+        "memory/performance_schema/events_stages_history_long",
+        "memory/performance_schema/events_statements_history_long",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let used = s.long_tickets[k] > 0;
+        v.push((
+            name,
+            u64::from(used),
+            if used { g.long_size(k) as u64 } else { 0 },
+        ));
+    }
+    v
+}
+
 /// What one service adds up to.
 #[derive(Debug, Clone, Default)]
 pub struct ServiceTotals {
@@ -47,6 +128,8 @@ pub struct ServiceTotals {
     pub lost: [u64; LOST_COUNTERS],
     /// Live instrumented threads.
     pub threads: u64,
+    /// Memory instruments by name.
+    pub memory: MemoryByEventName,
 }
 
 impl ServiceTotals {
@@ -57,6 +140,12 @@ impl ServiceTotals {
                 .or_insert((*kind, Summary::default()))
                 .1
                 .merge(sum);
+        }
+    }
+
+    fn add_memory(&mut self, s: &SegmentSnapshot) {
+        for (name, m) in segment_global_memory(s) {
+            self.memory.entry(name).or_default().merge(&m);
         }
     }
 
@@ -81,6 +170,7 @@ impl Retired {
     pub fn absorb(&mut self, s: &SegmentSnapshot) {
         let t = self.by_service.entry(s.service.clone()).or_default();
         t.add_classes(&segment_global(s));
+        t.add_memory(s);
         t.add_lost(&s.lost);
     }
 }
@@ -106,6 +196,7 @@ pub fn by_service<'a>(
     for s in segments {
         let t = out.entry(s.service.clone()).or_default();
         t.add_classes(&segment_global(s));
+        t.add_memory(s);
         t.add_lost(&s.lost);
         t.threads += s.threads.len() as u64;
     }

@@ -219,6 +219,11 @@ fn carry_forward(s: &mut SegmentSnapshot, prev: Option<&SegmentSnapshot>) -> u64
             continue;
         };
         for class in std::mem::take(&mut t.skipped_rows) {
+            if let Some(row) = p.memory.iter().find(|(c, _)| *c == class) {
+                t.memory.push(*row);
+                carried += 1;
+                continue;
+            }
             match p.rows.iter().find(|(c, _)| *c == class) {
                 Some(row) => {
                     t.rows.push(*row);

@@ -7,11 +7,13 @@ use std::collections::HashMap;
 
 use pfs_shm_layout::ClassKind;
 use pfs_shm_layout::layout::{TimerId, timer_of};
-use pfs_shm_layout::reader::{ClassInfo, Event, SegmentSnapshot, StatementEvent, Summary};
+use pfs_shm_layout::reader::{
+    ClassInfo, Event, MemoryStats, SegmentSnapshot, StatementEvent, Summary,
+};
 use pfs_shm_layout::setup::{TIMER_KINDS, consumers};
 use serde_json::{Map, Value, json};
 
-use crate::aggregate::segment_global;
+use crate::aggregate::{segment_global, segment_global_memory};
 use crate::snapshot::Snapshot;
 use crate::timers;
 use crate::truncate::Baselines;
@@ -47,7 +49,146 @@ pub fn names() -> Vec<String> {
             v.push(format!("events_{k}_{suffix}"));
         }
     }
+    for t in MEMORY_TABLES {
+        v.push(format!("memory_summary_{t}"));
+    }
     v
+}
+
+/// The memory tables (after `memory_summary_`).
+const MEMORY_TABLES: [&str; 5] = [
+    "global_by_event_name",
+    "by_thread_by_event_name",
+    "by_account_by_event_name",
+    "by_user_by_event_name",
+    "by_host_by_event_name",
+];
+
+const MEMORY_COLUMNS: [&str; 11] = [
+    "event_name",
+    "count_alloc",
+    "count_free",
+    "sum_number_of_bytes_alloc",
+    "sum_number_of_bytes_free",
+    "low_count_used",
+    "current_count_used",
+    "high_count_used",
+    "low_number_of_bytes_used",
+    "current_number_of_bytes_used",
+    "high_number_of_bytes_used",
+];
+
+fn memory_values(name: &str, m: &MemoryStats) -> Vec<Value> {
+    vec![
+        name.into(),
+        m.count_alloc.into(),
+        m.count_free.into(),
+        m.bytes_alloc.into(),
+        m.bytes_free.into(),
+        m.low_count.into(),
+        m.current_count.into(),
+        m.high_count.into(),
+        m.low_bytes.into(),
+        m.current_bytes.into(),
+        m.high_bytes.into(),
+    ]
+}
+
+/// The memory tables. Global: every memory class, exited threads' memory
+/// included, plus `memory/performance_schema/*`. By thread: live threads'
+/// touched rows. By account/user/host: the sum of the live threads that
+/// declared that actor (threads without an actor, and exited threads,
+/// count in the global table only); LOW and HIGH are the sums of the
+/// threads' (the manual's aggregation rule).
+fn build_memory(
+    which: &str,
+    segs: &[(&std::path::Path, &SegmentSnapshot)],
+    baselines: &Baselines,
+) -> Option<(Vec<&'static str>, Vec<Vec<Value>>)> {
+    let mut rows = Vec::new();
+    let group: fn(&str, &str) -> Vec<Value> = match which {
+        "global_by_event_name" => {
+            for (path, s) in segs {
+                for (n, m) in segment_global_memory(s) {
+                    let mut row = head(s);
+                    row.extend(memory_values(
+                        &n,
+                        &baselines.memory_global_view(path, &n, &m),
+                    ));
+                    rows.push(row);
+                }
+            }
+            let mut cols = vec!["service", "pid"];
+            cols.extend(MEMORY_COLUMNS);
+            return Some((cols, rows));
+        }
+        "by_thread_by_event_name" => {
+            for (path, s) in segs {
+                let classes = class_map(&s.classes);
+                for t in &s.threads {
+                    let mut by_name: Vec<(&str, MemoryStats)> = t
+                        .memory
+                        .iter()
+                        .filter_map(|(c, m)| {
+                            let ci = classes.get(c)?;
+                            Some((
+                                ci.name.as_str(),
+                                baselines.memory_thread_view(path, t.record, t.version, *c, m),
+                            ))
+                        })
+                        .collect();
+                    by_name.sort_by_key(|(n, _)| *n);
+                    for (n, m) in by_name {
+                        let mut row = head(s);
+                        row.push(t.thread_id.into());
+                        row.extend(memory_values(n, &m));
+                        rows.push(row);
+                    }
+                }
+            }
+            let mut cols = vec!["service", "pid", "thread_id"];
+            cols.extend(MEMORY_COLUMNS);
+            return Some((cols, rows));
+        }
+        "by_account_by_event_name" => |u, h| vec![u.into(), h.into()],
+        "by_user_by_event_name" => |u, _| vec![u.into()],
+        "by_host_by_event_name" => |_, h| vec![h.into()],
+        _ => return None,
+    };
+    for (path, s) in segs {
+        let classes = class_map(&s.classes);
+        let mut agg: std::collections::BTreeMap<(String, &str), (Vec<Value>, MemoryStats)> =
+            Default::default();
+        for t in &s.threads {
+            let Some((u, h, _)) = &t.actor else { continue };
+            let key = group(u, h);
+            for (c, m) in &t.memory {
+                let Some(ci) = classes.get(c) else { continue };
+                let v = baselines.memory_thread_view(path, t.record, t.version, *c, m);
+                agg.entry((
+                    serde_json::to_string(&key).unwrap_or_default(),
+                    ci.name.as_str(),
+                ))
+                .or_insert_with(|| (key.clone(), MemoryStats::default()))
+                .1
+                .merge(&v);
+            }
+        }
+        for ((_, n), (key, m)) in agg {
+            let mut row = head(s);
+            row.extend(key);
+            row.extend(memory_values(n, &m));
+            rows.push(row);
+        }
+    }
+    let mut cols = vec!["service", "pid"];
+    cols.extend(match which {
+        "by_account_by_event_name" => vec!["user", "host"],
+        "by_user_by_event_name" => vec!["user"],
+        _ => vec!["host"],
+    });
+    cols.extend(MEMORY_COLUMNS);
+    Some((cols, rows))
 }
 
 /// A table: column names and rows of JSON values in column order.
@@ -233,7 +374,17 @@ pub fn build(name: &str, snap: &Snapshot, filter: &Filter, baselines: &Baselines
                 "history",
             ]
         }
-        _ => return build_events(name, &segs, baselines),
+        _ => {
+            if let Some(which) = name.strip_prefix("memory_summary_") {
+                let (columns, rows) = build_memory(which, &segs, baselines)?;
+                return Some(Table {
+                    name: name.to_string(),
+                    columns,
+                    rows,
+                });
+            }
+            return build_events(name, &segs, baselines);
+        }
     };
     Some(Table {
         name: name.to_string(),

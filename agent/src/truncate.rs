@@ -12,6 +12,17 @@
 //! * `current`, `history` and `history_long` tables hide the events that
 //!   existed at truncation time.
 //!
+//! * memory tables (`memory_summary_*`) show COUNT_* and SUM_* since the
+//!   truncation, and LOW = HIGH = CURRENT at truncation time (then moving
+//!   again): the agent bumps the segment's `memory_truncate_gen`, and each
+//!   writer resets its row's watermarks on its next memory operation (a
+//!   reader shows a row not touched since with LOW = HIGH = CURRENT).
+//!   Nothing is freed. The watermark reset is segment-wide and the
+//!   count baselines are kept per thread, so truncating any memory table
+//!   also truncates the by-thread/account/user/host memory tables (the
+//!   latter are sums of thread rows); truncating the global table also
+//!   resets the global counts.
+//!
 //! `/metrics` and OTLP are unaffected. Baselines live in the agent: a
 //! restarted agent shows lifetime values again.
 
@@ -19,7 +30,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, bucket_upper_ps};
-use pfs_shm_layout::reader::Summary;
+use pfs_shm_layout::reader::{MemoryStats, Summary};
 
 use crate::aggregate::segment_global;
 use crate::snapshot::Snapshot;
@@ -31,6 +42,22 @@ pub struct Baselines {
     global: HashMap<(PathBuf, String), Summary>,
     events: HashMap<(PathBuf, u32, u64, usize), u64>,
     long: HashMap<(PathBuf, usize, u64), u64>,
+    mem_thread: HashMap<(PathBuf, u32, u64, u32), MemoryStats>,
+    mem_global: HashMap<(PathBuf, String), MemoryStats>,
+    /// Segments whose watermarks could not be reset in the segment (dead
+    /// or read-only): the view resets them (they no longer change).
+    mem_reset: std::collections::HashSet<PathBuf>,
+}
+
+/// `cur - base` for memory counts and sums; CURRENT, LOW, HIGH unchanged.
+pub fn since_memory(cur: &MemoryStats, base: &MemoryStats) -> MemoryStats {
+    MemoryStats {
+        count_alloc: cur.count_alloc.saturating_sub(base.count_alloc),
+        count_free: cur.count_free.saturating_sub(base.count_free),
+        bytes_alloc: cur.bytes_alloc.saturating_sub(base.bytes_alloc),
+        bytes_free: cur.bytes_free.saturating_sub(base.bytes_free),
+        ..*cur
+    }
 }
 
 const KINDS: [&str; 3] = ["waits", "stages", "statements"];
@@ -98,6 +125,9 @@ impl Baselines {
                 "{table} cannot be truncated; events_* tables (current, history, history_long, summaries) can"
             )
         };
+        if let Some(which) = table.strip_prefix("memory_summary_") {
+            return self.truncate_memory(which, snap).map_err(|()| bad());
+        }
         let rest = table.strip_prefix("events_").ok_or_else(bad)?;
         let k = KINDS
             .iter()
@@ -161,6 +191,79 @@ impl Baselines {
             }
         }
         Ok(())
+    }
+
+    fn truncate_memory(&mut self, which: &str, snap: &Snapshot) -> Result<(), ()> {
+        let global = match which {
+            "global_by_event_name" => true,
+            "by_thread_by_event_name"
+            | "by_account_by_event_name"
+            | "by_user_by_event_name"
+            | "by_host_by_event_name" => false,
+            _ => return Err(()),
+        };
+        for v in &snap.segments {
+            let path = &v.path;
+            let s = &v.data;
+            for t in &s.threads {
+                for (c, m) in &t.memory {
+                    self.mem_thread
+                        .insert((path.clone(), t.record, t.version, *c), *m);
+                }
+            }
+            if global {
+                for (name, m) in crate::aggregate::segment_global_memory(s) {
+                    self.mem_global.insert((path.clone(), name), m);
+                }
+            }
+            let bumped = v.live
+                && crate::setup::open_rw(path).is_ok_and(|seg| {
+                    seg.setup()
+                        .memory_truncate_gen
+                        .fetch_add(1, std::sync::atomic::Ordering::Release);
+                    true
+                });
+            if !bumped {
+                self.mem_reset.insert(path.clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// A thread's memory row as the memory tables show it.
+    pub fn memory_thread_view(
+        &self,
+        path: &Path,
+        record: u32,
+        version: u64,
+        class: u32,
+        m: &MemoryStats,
+    ) -> MemoryStats {
+        let m = self.memory_reset(path, m);
+        match self
+            .mem_thread
+            .get(&(path.to_path_buf(), record, version, class))
+        {
+            Some(base) => since_memory(&m, base),
+            None => m,
+        }
+    }
+
+    /// A global memory row as the global memory table shows it.
+    pub fn memory_global_view(&self, path: &Path, name: &str, m: &MemoryStats) -> MemoryStats {
+        let m = self.memory_reset(path, m);
+        match self.mem_global.get(&(path.to_path_buf(), name.to_string())) {
+            Some(base) => since_memory(&m, base),
+            None => m,
+        }
+    }
+
+    fn memory_reset(&self, path: &Path, m: &MemoryStats) -> MemoryStats {
+        if self.mem_reset.contains(path) {
+            m.reset_watermarks()
+        } else {
+            *m
+        }
     }
 
     /// A thread's row as the by-thread table shows it.

@@ -92,8 +92,10 @@ impl LazyRef {
         if runtime::get().is_none() {
             return ClassRef::DISABLED;
         }
+        // Registration allocates under the writer's lock: never account
+        // those allocations (see `crate::alloc`).
         *self
             .cell
-            .get_or_init(|| ClassRef::register(self.name, want, what))
+            .get_or_init(|| crate::thread::reentrant(|| ClassRef::register(self.name, want, what)))
     }
 }

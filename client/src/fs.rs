@@ -69,10 +69,10 @@ impl File {
     ) -> io::Result<Self> {
         let path = path.as_ref();
         let name = match runtime::get() {
-            Some(rt) if class.get().is_enabled() => rt
-                .writer
-                .intern(&path.to_string_lossy())
-                .unwrap_or(NONE_U32),
+            Some(rt) if class.get().is_enabled() => {
+                crate::thread::reentrant(|| rt.writer.intern(&path.to_string_lossy()))
+                    .unwrap_or(NONE_U32)
+            }
             _ => NONE_U32,
         };
         let loc = Location::caller();

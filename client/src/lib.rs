@@ -35,11 +35,13 @@
 
 #![deny(missing_docs)]
 
+pub mod alloc;
 mod class;
 mod config;
 mod error;
 mod event;
 pub mod fs;
+mod memory;
 mod runtime;
 mod source;
 mod stage;
@@ -51,6 +53,7 @@ mod wait;
 
 pub use config::{Config, DEFAULT_SHM_DIR, parse_consumer_rules, parse_instrument_rules};
 pub use error::InitError;
+pub use memory::{LazyMemoryClass, MemoryClass, MemoryScope, MemoryToken, memory_scope};
 pub use pfs_shm_layout::Operation;
 pub use stage::{LazyStageClass, StageClass, end_stage, stage_progress};
 pub use statement::{LazyStatementClass, StatementClass, StatementGuard};

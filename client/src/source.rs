@@ -54,9 +54,7 @@ fn intern_slow(rt: &Runtime, loc: &'static Location<'static>, slot: &Slot, key: 
         return NONE_U32; // lost the race for this slot; next event finds it
     }
     let file = loc.file().rsplit(['/', '\\']).next().unwrap_or(loc.file());
-    let id = rt
-        .writer
-        .intern(&format!("{file}:{}", loc.line()))
+    let id = crate::thread::reentrant(|| rt.writer.intern(&format!("{file}:{}", loc.line())))
         .unwrap_or(NONE_U32);
     slot.id.store(id, Release);
     id

@@ -59,6 +59,9 @@ struct Owner(Option<Box<ThreadCtx>>);
 
 impl Drop for Owner {
     fn drop(&mut self) {
+        // Folding takes the writer's lock and frees the context: not
+        // accounted by `crate::alloc` (neither block was).
+        IN_PFS.with(|f| f.set(true));
         // A stage still open at thread exit ends here, so it is counted.
         if let Some(ctx) = self.0.as_deref() {
             let p: *const ThreadCtx = ctx;
@@ -77,6 +80,7 @@ impl Drop for Owner {
         {
             rt.writer.segment().lost().counters[LostKind::Events as usize].fetch_add(lost, Relaxed);
         }
+        IN_PFS.with(|f| f.set(false));
     }
 }
 
@@ -87,6 +91,50 @@ thread_local! {
     static CTX: Cell<*const ThreadCtx> = const { Cell::new(std::ptr::null()) };
     static OWNER: RefCell<Owner> = const { RefCell::new(Owner(None)) };
     static LOST_EVENTS: Cell<u64> = const { Cell::new(0) };
+    /// Set while the client runs its own slow paths (registration, class
+    /// and string interning, fold): the `GlobalAlloc` wrapper does not
+    /// account allocations then, so it never recurses into them or waits
+    /// for a lock this thread holds. Const, no destructor: usable at any
+    /// point of thread teardown.
+    static IN_PFS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True while this thread is inside the client's own slow paths.
+#[inline(always)]
+pub(crate) fn in_pfs() -> bool {
+    IN_PFS.with(|f| f.get())
+}
+
+/// Runs `f` as a client slow path (see `IN_PFS`).
+#[inline]
+pub(crate) fn reentrant<R>(f: impl FnOnce() -> R) -> R {
+    let prev = IN_PFS.with(|c| c.replace(true));
+    let r = f();
+    IN_PFS.with(|c| c.set(prev));
+    r
+}
+
+/// Memory accounting's view of the thread: the context, registering the
+/// thread first if it has none yet (unless inside a client slow path);
+/// `None` for a thread without a record (lost, exiting, exited), without
+/// counting lost events (the caller accounts to the global row instead).
+#[inline(always)]
+pub(crate) fn with_ctx_memory<R>(
+    rt: &'static Runtime,
+    f: impl FnOnce(&'static ThreadCtx) -> R,
+) -> Option<R> {
+    let p = CTX.with(|c| c.get());
+    if p.is_null() {
+        if in_pfs() {
+            return None;
+        }
+        return reentrant(|| register(rt)).map(f);
+    }
+    if p == DEAD {
+        return None;
+    }
+    // SAFETY: as in `with_ctx`.
+    Some(f(unsafe { &*p }))
 }
 
 static NEXT_THREAD_ID: AtomicU64 = AtomicU64::new(1);
@@ -128,6 +176,10 @@ pub(crate) fn with_ctx<R>(
 #[cold]
 #[inline(never)]
 fn register(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
+    reentrant(|| register_inner(rt))
+}
+
+fn register_inner(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
     let thread_id = NEXT_THREAD_ID.fetch_add(1, Relaxed);
     let os_tid = rustix::thread::gettid().as_raw_nonzero().get() as u64;
     let cur = std::thread::current();

@@ -6,7 +6,7 @@
 //! platform this crate builds for (x86-64, aarch64); the header records the
 //! writer's byte order anyway so that a reader never guesses.
 
-use std::mem::{offset_of, size_of};
+use std::mem::{align_of, offset_of, size_of};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use crate::seqlock::SeqLock;
@@ -18,7 +18,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"PFSSHM\0\0");
 pub const LAYOUT_MAJOR: u32 = 2;
 /// Minor layout version: compatible additions (new section kinds, use of
 /// reserved fields). Readers accept any minor version of a known major.
-pub const LAYOUT_MINOR: u32 = 0;
+pub const LAYOUT_MINOR: u32 = 1;
 /// Written natively by the creator; a reader on the other byte order would
 /// read `0x0403_0201` and refuses the segment.
 pub const BYTE_ORDER_MARK: u32 = 0x0102_0304;
@@ -335,6 +335,43 @@ pub struct SummaryRow {
     pub reserved: [AtomicU64; 3],
 }
 
+/// Memory statistics of one memory instrument (384 bytes, the size of a
+/// [`SummaryRow`]): the summary row slot of a class of kind
+/// [`crate::ClassKind::Memory`] holds this instead (layout minor 1). Signed
+/// values are two's-complement `i64` in the `u64` words: a thread's
+/// `current` goes negative when it frees memory another thread allocated.
+#[repr(C)]
+#[derive(Debug)]
+pub struct MemoryRow {
+    /// Sequence lock over every other field.
+    pub seq: SeqLock,
+    /// `COUNT_ALLOC`.
+    pub count_alloc: AtomicU64,
+    /// `COUNT_FREE`.
+    pub count_free: AtomicU64,
+    /// `SUM_NUMBER_OF_BYTES_ALLOC`.
+    pub sum_bytes_alloc: AtomicU64,
+    /// `SUM_NUMBER_OF_BYTES_FREE`.
+    pub sum_bytes_free: AtomicU64,
+    /// `LOW_COUNT_USED` (i64).
+    pub low_count_used: AtomicU64,
+    /// `CURRENT_COUNT_USED` (i64).
+    pub current_count_used: AtomicU64,
+    /// `HIGH_COUNT_USED` (i64).
+    pub high_count_used: AtomicU64,
+    /// `LOW_NUMBER_OF_BYTES_USED` (i64).
+    pub low_bytes_used: AtomicU64,
+    /// `CURRENT_NUMBER_OF_BYTES_USED` (i64).
+    pub current_bytes_used: AtomicU64,
+    /// `HIGH_NUMBER_OF_BYTES_USED` (i64).
+    pub high_bytes_used: AtomicU64,
+    /// The segment's `memory_truncate_gen` as of the row's last update: an
+    /// older value means LOW and HIGH are to be read as CURRENT.
+    pub truncate_gen: AtomicU64,
+    /// Reserved, zero.
+    pub reserved: [AtomicU64; 36],
+}
+
 /// Event kinds, as PFS `NESTING_EVENT_TYPE` and the `kind` of an event row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
@@ -573,8 +610,11 @@ pub struct SetupSection {
     pub reserved1: [AtomicU32; 15],
     /// Bumped by the agent on every `setup_actors` change.
     pub actors_version: AtomicU64,
+    /// Bumped by the agent on every TRUNCATE of a memory table: a memory
+    /// row whose `truncate_gen` differs sets LOW = HIGH = CURRENT.
+    pub memory_truncate_gen: AtomicU64,
     /// Reserved, zero.
-    pub reserved2: [AtomicU64; 7],
+    pub reserved2: [AtomicU64; 6],
     /// `setup_actors` rows.
     pub actors: [ActorEntry; MAX_ACTORS],
     /// Pads the section to 8192 bytes.
@@ -807,6 +847,14 @@ const _: () = {
     assert!(offset_of!(SummaryRow, max) == 48);
     assert!(offset_of!(SummaryRow, bytes) == 56);
     assert!(offset_of!(SummaryRow, buckets) == 64);
+    assert!(size_of::<MemoryRow>() == size_of::<SummaryRow>());
+    assert!(size_of::<MemoryRow>() == 384);
+    assert!(align_of::<MemoryRow>() == align_of::<SummaryRow>());
+    assert!(offset_of!(MemoryRow, count_alloc) == 8);
+    assert!(offset_of!(MemoryRow, low_count_used) == 40);
+    assert!(offset_of!(MemoryRow, current_bytes_used) == 72);
+    assert!(offset_of!(MemoryRow, truncate_gen) == 88);
+    assert!(offset_of!(SetupSection, memory_truncate_gen) == 136);
     assert!(size_of::<EventRecord>() == 128);
     assert!(offset_of!(EventRecord, event_id) == 8);
     assert!(offset_of!(EventRecord, end_event_id) == 16);

@@ -134,6 +134,38 @@
 //! counts (2^(12+i), 2^(13+i)] ps, bucket 31 counts everything above 2^43
 //! ps (8.8 s): see [`layout::bucket_index`].
 //!
+//! ## Memory row (384 bytes, layout minor 1)
+//!
+//! For a class of kind `memory` (10), the summary row slot at its index,
+//! per thread and in the global section, is a [`layout::MemoryRow`]
+//! instead. Signed values are two's-complement `i64`. Written by the owning
+//! thread only, relaxed stores under `seq`; zeroed on first touch (thread)
+//! or at class registration (global).
+//!
+//! | offset | size | field                | meaning |
+//! |-------:|-----:|----------------------|---------|
+//! | 0      | 8    | `seq`                | sequence lock over the row |
+//! | 8      | 8    | `count_alloc`        | `COUNT_ALLOC` |
+//! | 16     | 8    | `count_free`         | `COUNT_FREE` |
+//! | 24     | 8    | `sum_bytes_alloc`    | `SUM_NUMBER_OF_BYTES_ALLOC` |
+//! | 32     | 8    | `sum_bytes_free`     | `SUM_NUMBER_OF_BYTES_FREE` |
+//! | 40     | 8    | `low_count_used`     | `LOW_COUNT_USED` (i64) |
+//! | 48     | 8    | `current_count_used` | `CURRENT_COUNT_USED` (i64) |
+//! | 56     | 8    | `high_count_used`    | `HIGH_COUNT_USED` (i64) |
+//! | 64     | 8    | `low_bytes_used`     | `LOW_NUMBER_OF_BYTES_USED` (i64) |
+//! | 72     | 8    | `current_bytes_used` | `CURRENT_NUMBER_OF_BYTES_USED` (i64) |
+//! | 80     | 8    | `high_bytes_used`    | `HIGH_NUMBER_OF_BYTES_USED` (i64) |
+//! | 88     | 8    | `truncate_gen`       | setup `memory_truncate_gen` at the last update |
+//! | 96     | 288  | reserved             | zero |
+//!
+//! The setup section's word at offset 136, `memory_truncate_gen`, is bumped
+//! by the agent when a memory table is truncated. A writer whose row holds
+//! an older generation sets LOW = HIGH = CURRENT before its next update; a
+//! reader shows such a row with LOW = HIGH = CURRENT. A thread's fold adds
+//! counts, sums, CURRENT, LOW and HIGH into the global row (aggregate
+//! watermarks are the sum of the children's, as in PFS), so the global
+//! CURRENT is exactly allocated − freed.
+//!
 //! ## Event row (128 bytes)
 //!
 //! | offset | size | field                | meaning |

@@ -205,6 +205,87 @@ impl Summary {
     }
 }
 
+/// Memory statistics of one memory class (one thread, or aggregated):
+/// the columns of the `memory_summary_*` tables.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// `COUNT_ALLOC`.
+    pub count_alloc: u64,
+    /// `COUNT_FREE`.
+    pub count_free: u64,
+    /// `SUM_NUMBER_OF_BYTES_ALLOC`.
+    pub bytes_alloc: u64,
+    /// `SUM_NUMBER_OF_BYTES_FREE`.
+    pub bytes_free: u64,
+    /// `LOW_COUNT_USED`.
+    pub low_count: i64,
+    /// `CURRENT_COUNT_USED`.
+    pub current_count: i64,
+    /// `HIGH_COUNT_USED`.
+    pub high_count: i64,
+    /// `LOW_NUMBER_OF_BYTES_USED`.
+    pub low_bytes: i64,
+    /// `CURRENT_NUMBER_OF_BYTES_USED`.
+    pub current_bytes: i64,
+    /// `HIGH_NUMBER_OF_BYTES_USED`.
+    pub high_bytes: i64,
+}
+
+impl MemoryStats {
+    /// Adds a child's statistics (PFS aggregation): counts, sums and
+    /// CURRENT add; LOW and HIGH add too, the worst case of the children
+    /// (the manual: 1–2 MB and 10–12 MB aggregate to 11–14 MB).
+    pub fn merge(&mut self, o: &MemoryStats) {
+        self.count_alloc += o.count_alloc;
+        self.count_free += o.count_free;
+        self.bytes_alloc += o.bytes_alloc;
+        self.bytes_free += o.bytes_free;
+        self.low_count += o.low_count;
+        self.current_count += o.current_count;
+        self.high_count += o.high_count;
+        self.low_bytes += o.low_bytes;
+        self.current_bytes += o.current_bytes;
+        self.high_bytes += o.high_bytes;
+    }
+
+    /// The statistics with LOW = HIGH = CURRENT (as just after TRUNCATE).
+    pub fn reset_watermarks(mut self) -> Self {
+        self.low_count = self.current_count;
+        self.high_count = self.current_count;
+        self.low_bytes = self.current_bytes;
+        self.high_bytes = self.current_bytes;
+        self
+    }
+
+    /// Loads `row`; if its truncation generation is older than `tgen`, the
+    /// writer has not touched it since a TRUNCATE, so LOW = HIGH = CURRENT.
+    fn load(row: &MemoryRow, tgen: u64) -> Self {
+        let i = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as i64;
+        let s = Self {
+            count_alloc: row.count_alloc.load(Relaxed),
+            count_free: row.count_free.load(Relaxed),
+            bytes_alloc: row.sum_bytes_alloc.load(Relaxed),
+            bytes_free: row.sum_bytes_free.load(Relaxed),
+            low_count: i(&row.low_count_used),
+            current_count: i(&row.current_count_used),
+            high_count: i(&row.high_count_used),
+            low_bytes: i(&row.low_bytes_used),
+            current_bytes: i(&row.current_bytes_used),
+            high_bytes: i(&row.high_bytes_used),
+        };
+        if row.truncate_gen.load(Relaxed) < tgen {
+            s.reset_watermarks()
+        } else {
+            s
+        }
+    }
+
+    /// True if nothing was ever accounted.
+    pub fn is_empty(&self) -> bool {
+        self.count_alloc == 0 && self.count_free == 0
+    }
+}
+
 /// One event row, decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
@@ -345,6 +426,8 @@ pub struct ThreadSnapshot {
     pub statements_history: Vec<StatementEvent>,
     /// Summary rows by class index (touched rows only).
     pub rows: Vec<(u32, Summary)>,
+    /// Memory rows by class index (touched memory classes only).
+    pub memory: Vec<(u32, MemoryStats)>,
     /// Classes whose row could not be read consistently.
     pub skipped_rows: Vec<u32>,
     actor_ids: Option<(u32, u32, u32)>,
@@ -369,6 +452,10 @@ pub struct SegmentSnapshot {
     pub threads: Vec<ThreadSnapshot>,
     /// Totals folded in by exited threads, by class index.
     pub exited: Vec<(u32, Summary)>,
+    /// Memory totals folded in by exited threads, by class index.
+    pub exited_memory: Vec<(u32, MemoryStats)>,
+    /// The segment's `memory_truncate_gen` when the snapshot was taken.
+    pub memory_truncate_gen: u64,
     /// Threads that have exited (folds).
     pub threads_exited: u64,
     /// Lost counters by [`LostKind`].
@@ -388,6 +475,8 @@ pub struct SegmentSnapshot {
     pub long_tickets: [u64; 3],
     /// Container pages added.
     pub pages: u32,
+    /// The segment's geometry (sizes of its sections).
+    pub geometry: crate::segment::Geometry,
     /// Reading effort.
     pub stats: ReadStats,
 }
@@ -432,6 +521,11 @@ fn try_snapshot(
     for (d, s) in lost.iter_mut().zip(&seg.lost().counters) {
         *d = s.load(Relaxed);
     }
+    let mut is_memory = vec![false; seg.classes().len()];
+    for c in classes.iter().filter(|c| c.kind == ClassKind::Memory) {
+        is_memory[c.index as usize] = true;
+    }
+    let tgen = seg.setup().memory_truncate_gen.load(Acquire);
     let gh = seg.global_header();
     let f0 = gh.fold_count.load(Acquire);
     let pages = seg.pages_added();
@@ -444,7 +538,7 @@ fn try_snapshot(
         }
         for slot in 0..g.records_per_page {
             let idx = page * g.records_per_page + slot;
-            if let Some(t) = read_thread(seg, idx, opts, &mut st) {
+            if let Some(t) = read_thread(seg, idx, &is_memory, tgen, opts, &mut st) {
                 threads.push(t);
             }
         }
@@ -454,11 +548,19 @@ fn try_snapshot(
     // an exiting thread's fold can invalidate the read as short as possible.
     let rows = seg.global_rows();
     let mut exited: Vec<(u32, Summary)> = Vec::with_capacity(rows.len());
+    let mem_rows = seg.global_memory_rows();
+    let mut exited_memory: Vec<(u32, MemoryStats)> = Vec::new();
     let mut log_words = [[0u64; 3]; FOLD_LOG_LEN];
     let read = gh.seq.read(opts.attempts.saturating_mul(16), || {
         exited.clear();
+        exited_memory.clear();
         for (i, r) in rows.iter().enumerate() {
-            if r.count.load(Relaxed) != 0 {
+            if is_memory[i] {
+                let m = MemoryStats::load(&mem_rows[i], tgen);
+                if !m.is_empty() {
+                    exited_memory.push((i as u32, m));
+                }
+            } else if r.count.load(Relaxed) != 0 {
                 exited.push((i as u32, Summary::load(r)));
             }
         }
@@ -514,9 +616,12 @@ fn try_snapshot(
         strings,
         threads,
         exited,
+        exited_memory,
+        memory_truncate_gen: tgen,
         threads_exited: f2,
         lost,
         pages,
+        geometry: g,
         stats: ReadStats::default(),
     })
 }
@@ -598,6 +703,8 @@ fn read_ring<R, T>(
 fn read_thread(
     seg: &Segment,
     idx: u32,
+    is_memory: &[bool],
+    tgen: u64,
     opts: &ReadOptions,
     st: &mut ReadStats,
 ) -> Option<ThreadSnapshot> {
@@ -645,6 +752,7 @@ fn read_thread(
         statements_current: None,
         statements_history: Vec::new(),
         rows: Vec::new(),
+        memory: Vec::new(),
         skipped_rows: Vec::new(),
         actor_ids: (actor[0] != NONE_U32).then_some((actor[0], actor[1], actor[2])),
     };
@@ -694,7 +802,21 @@ fn read_thread(
             st,
         );
     }
+    let mem_rows = rec.memory_rows();
     for class in touched_classes(h, rec.rows.len()) {
+        if is_memory.get(class).copied().unwrap_or(false) {
+            let row = &mem_rows[class];
+            let r = row.seq.read(opts.attempts, || MemoryStats::load(row, tgen));
+            st.retries += u64::from(r.retries);
+            match r.value {
+                Some(m) => t.memory.push((class as u32, m)),
+                None => {
+                    st.skipped_rows += 1;
+                    t.skipped_rows.push(class as u32);
+                }
+            }
+            continue;
+        }
         let row = &rec.rows[class];
         let r = row.seq.read(opts.attempts, || Summary::load(row));
         st.retries += u64::from(r.retries);

@@ -725,6 +725,15 @@ impl Segment {
         )
     }
 
+    /// The global rows viewed as [`MemoryRow`]s (meaningful only at the
+    /// indexes of memory classes): the same bytes as [`Self::global_rows`].
+    pub fn global_memory_rows(&self) -> &[MemoryRow] {
+        self.slice_at(
+            self.geom.global_off + GLOBAL_ROWS_OFFSET,
+            self.geom.max_classes as usize,
+        )
+    }
+
     /// The thread container header.
     pub fn container_header(&self) -> &ContainerHeader {
         self.at(self.geom.threads_off)
@@ -814,6 +823,21 @@ pub struct RecordRef<'a> {
     pub statements_history: &'a [StatementRecord],
     /// Summary rows by class index.
     pub rows: &'a [SummaryRow],
+}
+
+impl<'a> RecordRef<'a> {
+    /// The summary rows viewed as [`MemoryRow`]s (meaningful only at the
+    /// indexes of memory classes).
+    pub fn memory_rows(&self) -> &'a [MemoryRow] {
+        // SAFETY: `MemoryRow` has the size and alignment of `SummaryRow`
+        // (asserted in `layout`), so the slice covers exactly the bytes of
+        // `rows`, which were bounds- and alignment-checked by `slice_at`;
+        // both are `repr(C)` aggregates of atomics, valid for any bit
+        // pattern; the lifetime is that of `rows`.
+        unsafe {
+            std::slice::from_raw_parts(self.rows.as_ptr() as *const MemoryRow, self.rows.len())
+        }
+    }
 }
 
 /// Reserves `len` bytes at `off`: `fallocate`, or writing zeros where the

@@ -139,6 +139,14 @@ impl SegmentWriter {
             self.seg.count_lost(LostKind::Classes);
             return None;
         };
+        if kind == ClassKind::Memory {
+            // The global row of a memory class is a `MemoryRow`: zero it
+            // (creation left SummaryRow's MIN sentinel in it) before the
+            // class is published and before any fold can touch it.
+            let gh = self.seg.global_header();
+            let _w = gh.seq.write();
+            clear_memory_row(&self.seg.global_memory_rows()[i as usize], 0);
+        }
         e.kind.store(kind as u32, Relaxed);
         e.flags.store(flags, Relaxed);
         store_bytes(&e.name, &e.name_len, name.as_bytes());
@@ -279,6 +287,33 @@ impl SegmentWriter {
         }
     }
 
+    /// Accounts `count` frees of `bytes` in total, of memory class `class`,
+    /// made by a thread that has no record (it exited, is exiting, or never
+    /// got one) directly into the global row, like the fold of a thread
+    /// that did only these frees. Slow path: takes the writer's lock.
+    pub fn memory_free_global(&self, class: usize, count: u64, bytes: u64) {
+        let _slow = self.slow();
+        let Some(e) = self.seg.classes().get(class) else {
+            return;
+        };
+        if e.state.load(Acquire) != CLASS_READY || e.kind.load(Relaxed) != ClassKind::Memory as u32
+        {
+            return;
+        }
+        let tgen = self.seg.setup().memory_truncate_gen.load(Relaxed);
+        let gh = self.seg.global_header();
+        let row = &self.seg.global_memory_rows()[class];
+        let _w = gh.seq.write();
+        apply_truncation(row, tgen);
+        let add = |d: &AtomicU64, v: u64| d.store(d.load(Relaxed).wrapping_add(v), Relaxed);
+        add(&row.count_free, count);
+        add(&row.sum_bytes_free, bytes);
+        add(&row.current_count_used, count.wrapping_neg());
+        add(&row.current_bytes_used, bytes.wrapping_neg());
+        add(&row.low_count_used, count.wrapping_neg());
+        add(&row.low_bytes_used, bytes.wrapping_neg());
+    }
+
     /// Folds the record's summaries into the global rows and frees it.
     /// Readers see either the thread's own rows or the folded totals, never
     /// both and never neither (see the fold log in the crate docs).
@@ -288,10 +323,19 @@ impl SegmentWriter {
         let gh = self.seg.global_header();
         let rows = self.seg.global_rows();
         let ticket = gh.fold_count.load(Relaxed) + 1;
+        let classes = self.seg.classes();
+        let mem_rows = self.seg.global_memory_rows();
+        let tgen = self.seg.setup().memory_truncate_gen.load(Relaxed);
         {
             let _w = gh.seq.write();
             for class in touched_classes(rec.header, rows.len()) {
-                merge_row(&rows[class], &rec.rows[class]);
+                // Classes are immutable once ready: the kind says which
+                // view both rows have.
+                if classes[class].kind.load(Relaxed) == ClassKind::Memory as u32 {
+                    merge_memory_row(&mem_rows[class], &rec.memory_rows()[class], tgen);
+                } else {
+                    merge_row(&rows[class], &rec.rows[class]);
+                }
             }
             let log = &gh.fold_log[(ticket % FOLD_LOG_LEN as u64) as usize];
             log.ticket.store(ticket, Relaxed);
@@ -390,6 +434,63 @@ fn merge_row(dst: &SummaryRow, src: &SummaryRow) {
     ] {
         add(d, s);
     }
+}
+
+/// Zeroes a memory row and stamps it with truncation generation `tgen`.
+fn clear_memory_row(row: &MemoryRow, tgen: u64) {
+    for a in [
+        &row.count_alloc,
+        &row.count_free,
+        &row.sum_bytes_alloc,
+        &row.sum_bytes_free,
+        &row.low_count_used,
+        &row.current_count_used,
+        &row.high_count_used,
+        &row.low_bytes_used,
+        &row.current_bytes_used,
+        &row.high_bytes_used,
+    ] {
+        a.store(0, Relaxed);
+    }
+    row.truncate_gen.store(tgen, Relaxed);
+}
+
+/// If `row` predates truncation generation `tgen`, LOW = HIGH = CURRENT.
+#[inline(always)]
+fn apply_truncation(row: &MemoryRow, tgen: u64) {
+    if row.truncate_gen.load(Relaxed) != tgen {
+        let c = row.current_count_used.load(Relaxed);
+        let b = row.current_bytes_used.load(Relaxed);
+        row.low_count_used.store(c, Relaxed);
+        row.high_count_used.store(c, Relaxed);
+        row.low_bytes_used.store(b, Relaxed);
+        row.high_bytes_used.store(b, Relaxed);
+        row.truncate_gen.store(tgen, Relaxed);
+    }
+}
+
+/// Folds a thread's memory row into a global one (caller holds the global
+/// sequence lock): counts, sums and CURRENT add, so that the global
+/// CURRENT stays exactly allocated − freed; LOW and HIGH add too (the
+/// PFS aggregation rule: the worst case of the children). Both rows are
+/// first brought to truncation generation `tgen`.
+fn merge_memory_row(dst: &MemoryRow, src: &MemoryRow, tgen: u64) {
+    apply_truncation(dst, tgen);
+    let stale = src.truncate_gen.load(Relaxed) != tgen;
+    let add = |d: &AtomicU64, v: u64| d.store(d.load(Relaxed).wrapping_add(v), Relaxed);
+    let cc = src.current_count_used.load(Relaxed);
+    let cb = src.current_bytes_used.load(Relaxed);
+    let pick = |w: &AtomicU64, cur: u64| if stale { cur } else { w.load(Relaxed) };
+    add(&dst.count_alloc, src.count_alloc.load(Relaxed));
+    add(&dst.count_free, src.count_free.load(Relaxed));
+    add(&dst.sum_bytes_alloc, src.sum_bytes_alloc.load(Relaxed));
+    add(&dst.sum_bytes_free, src.sum_bytes_free.load(Relaxed));
+    add(&dst.current_count_used, cc);
+    add(&dst.current_bytes_used, cb);
+    add(&dst.low_count_used, pick(&src.low_count_used, cc));
+    add(&dst.high_count_used, pick(&src.high_count_used, cc));
+    add(&dst.low_bytes_used, pick(&src.low_bytes_used, cb));
+    add(&dst.high_bytes_used, pick(&src.high_bytes_used, cb));
 }
 
 /// `history_long` lost counter of each kind.
@@ -589,6 +690,76 @@ impl RecordRef<'_> {
         }
     }
 
+    /// Accounts one allocation of `size` bytes to memory class `class`
+    /// (PFS `memory_summary_by_thread_by_event_name`). `tgen` is the
+    /// segment's current `memory_truncate_gen` (one relaxed load by the
+    /// caller). Hot path: relaxed loads and stores of this thread's own
+    /// row under its sequence lock, no read-modify-write instruction.
+    #[inline(always)]
+    pub fn memory_alloc(&self, class: usize, size: u64, tgen: u64) {
+        self.memory_op(class, size, tgen, true);
+    }
+
+    /// Accounts one free of `size` bytes to memory class `class`; see
+    /// [`Self::memory_alloc`]. The row's CURRENT may go negative (memory
+    /// allocated by another thread).
+    #[inline(always)]
+    pub fn memory_free(&self, class: usize, size: u64, tgen: u64) {
+        self.memory_op(class, size, tgen, false);
+    }
+
+    #[inline(always)]
+    fn memory_op(&self, class: usize, size: u64, tgen: u64, alloc: bool) {
+        let Some(row) = self.memory_rows().get(class) else {
+            return;
+        };
+        let word = &self.header.touched[class / 64];
+        let bit = 1u64 << (class % 64);
+        let touched = word.load(Relaxed);
+        if touched & bit == 0 {
+            first_touch_memory(row, tgen);
+            word.store(touched | bit, Release);
+        }
+        let _w = row.seq.write();
+        apply_truncation(row, tgen);
+        let ld = |a: &AtomicU64| a.load(Relaxed);
+        let (c, b) = if alloc {
+            row.count_alloc.store(ld(&row.count_alloc) + 1, Relaxed);
+            row.sum_bytes_alloc
+                .store(ld(&row.sum_bytes_alloc).wrapping_add(size), Relaxed);
+            (
+                ld(&row.current_count_used).wrapping_add(1),
+                ld(&row.current_bytes_used).wrapping_add(size),
+            )
+        } else {
+            row.count_free.store(ld(&row.count_free) + 1, Relaxed);
+            row.sum_bytes_free
+                .store(ld(&row.sum_bytes_free).wrapping_add(size), Relaxed);
+            (
+                ld(&row.current_count_used).wrapping_sub(1),
+                ld(&row.current_bytes_used).wrapping_sub(size),
+            )
+        };
+        row.current_count_used.store(c, Relaxed);
+        row.current_bytes_used.store(b, Relaxed);
+        // Watermarks compare as signed values.
+        if alloc {
+            if (c as i64) > (ld(&row.high_count_used) as i64) {
+                row.high_count_used.store(c, Relaxed);
+            }
+            if (b as i64) > (ld(&row.high_bytes_used) as i64) {
+                row.high_bytes_used.store(b, Relaxed);
+            }
+        } else {
+            if (c as i64) < (ld(&row.low_count_used) as i64) {
+                row.low_count_used.store(c, Relaxed);
+            }
+            if (b as i64) < (ld(&row.low_bytes_used) as i64) {
+                row.low_bytes_used.store(b, Relaxed);
+            }
+        }
+    }
+
     /// Records the thread's actor and its setup_actors verdict.
     pub fn set_actor(&self, user: u32, host: u32, role: u32, flags: u32) {
         let h = self.header;
@@ -618,4 +789,11 @@ fn first_touch(row: &SummaryRow) {
     for b in &row.buckets {
         b.store(0, Relaxed);
     }
+}
+
+#[cold]
+#[inline(never)]
+fn first_touch_memory(row: &MemoryRow, tgen: u64) {
+    let _w = row.seq.write();
+    clear_memory_row(row, tgen);
 }

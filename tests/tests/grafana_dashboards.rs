@@ -16,7 +16,7 @@ use serde_json::Value;
 
 /// Metric-name prefixes of families the dashboards chart before the agent
 /// exports them. Empty this list as the families land.
-const PENDING: &[&str] = &["pfs_memory"];
+const PENDING: &[&str] = &[];
 
 /// `pfs_` families without a `service` label (measured by the agent
 /// itself); every other `pfs_` selector must filter by `$process`.
@@ -396,7 +396,11 @@ fn lint_rules_can_fail() {
         lint(file, uid, &good).is_empty(),
         "the dashboard itself must lint clean"
     );
-    for (want, breakage) in cases {
+    // The "mixes pending" rule can only fire while some family is pending.
+    for (want, breakage) in cases
+        .into_iter()
+        .filter(|(want, _)| *want != "mixes pending" || !PENDING.is_empty())
+    {
         let mut d = good.clone();
         breakage(&mut d);
         let problems = lint(file, uid, &d);

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, anyhow};
 use pfs_client::fs::File;
 use pfs_client::sync::{Condvar, Mutex, RwLock};
-use pfs_client::{LazyStageClass, LazyStatementClass, LazyWaitClass};
+use pfs_client::{LazyMemoryClass, LazyStageClass, LazyStatementClass, LazyWaitClass, MemoryToken};
 
 /// Protects the request queue (producers: connections; consumers: workers).
 static QUEUE_LOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/kvstore/queue_lock");
@@ -63,6 +63,15 @@ static STAGE_EXECUTING: LazyStageClass = LazyStageClass::new("stage/kvstore/exec
 static STAGE_SENDING: LazyStageClass = LazyStageClass::new("stage/kvstore/sending_data");
 static STAGE_CLEANUP: LazyStageClass = LazyStageClass::new("stage/kvstore/cleaning_up");
 static STAGE_CHECKPOINT: LazyStageClass = LazyStageClass::new("stage/kvstore/writing_snapshot");
+
+/// Memory: the values the store holds (grows with the key space, shrinks
+/// on DELETE and when a PUT replaces a value).
+static MEM_VALUES: LazyMemoryClass = LazyMemoryClass::new("memory/kvstore/store_values");
+/// Memory: a request's buffer, allocated by the connection thread and freed
+/// by the worker that served it (so per-thread CURRENT goes negative).
+static MEM_REQUEST: LazyMemoryClass = LazyMemoryClass::new("memory/kvstore/request_buffers");
+/// Memory: the row buffer a statement builds its answer in.
+static MEM_ROWS: LazyMemoryClass = LazyMemoryClass::new("memory/kvstore/row_buffers");
 
 /// Values larger than this are refused (an application rule of the demo
 /// store), which gives statements real errors.
@@ -269,7 +278,7 @@ struct CheckpointInfo {
 
 /// The key-value store and its write-ahead log.
 struct Store {
-    map: RwLock<HashMap<String, Vec<u8>>>,
+    map: RwLock<HashMap<String, (Vec<u8>, MemoryToken)>>,
     wal: Mutex<Wal>,
     wal_path: PathBuf,
     snapshot_path: PathBuf,
@@ -290,7 +299,7 @@ impl Store {
     }
 
     fn get(&self, key: &str) -> Option<Vec<u8>> {
-        relock(self.map.read()).get(key).cloned()
+        relock(self.map.read()).get(key).map(|(v, _)| v.clone())
     }
 
     /// Logs then applies; true if the key existed.
@@ -302,8 +311,10 @@ impl Store {
         record.extend_from_slice(&value);
         record.push(b'\n');
         relock(self.wal.lock()).append(&record);
+        let accounted = MEM_VALUES.alloc((key.len() + value.len()) as u64);
+        // A replaced value's token drops here: its memory is freed.
         relock(self.map.write())
-            .insert(key.to_owned(), value)
+            .insert(key.to_owned(), (value, accounted))
             .is_some()
     }
 
@@ -342,7 +353,7 @@ impl Store {
         {
             let map = relock(self.map.read());
             info.keys = map.len();
-            for (k, v) in &*map {
+            for (k, (v, _)) in &*map {
                 image.extend_from_slice(k.as_bytes());
                 image.push(b' ');
                 image.extend_from_slice(v);
@@ -437,6 +448,9 @@ enum OpKind {
 }
 
 struct Request {
+    /// The request's buffer, accounted to the connection thread that
+    /// built it and freed by the worker that serves it.
+    buf: MemoryToken,
     /// Key number in `0..KEY_SPACE`.
     slot: u64,
     key: String,
@@ -511,6 +525,7 @@ impl Shared {
             Op::Delete => (&STMT_DELETE, "DELETE"),
         };
         let mut stmt = class.start();
+        let _rows = MEM_ROWS.alloc(256);
         STAGE_PARSING.enter();
         stmt.set_text(&format!("{verb} {key}"));
         stmt.set_digest_text(&format!("{verb} ?"));
@@ -567,6 +582,7 @@ fn worker_loop(shared: &Shared) {
             }
         };
         let Some(Request {
+            buf,
             slot,
             key,
             op,
@@ -576,6 +592,7 @@ fn worker_loop(shared: &Shared) {
             return;
         };
         let found = shared.serve(slot, &key, op);
+        drop(buf);
         let mut st = relock(reply.state.lock());
         st.pending -= 1;
         st.found += usize::from(found);
@@ -595,7 +612,12 @@ fn make_request(rng: &mut XorShift, reply: &Arc<Reply>) -> Request {
         }
         _ => Op::Delete,
     };
+    let payload = match &op {
+        Op::Put(v) => v.len(),
+        _ => 0,
+    };
     Request {
+        buf: MEM_REQUEST.alloc((64 + payload) as u64),
         slot,
         key: key_name(slot),
         op,

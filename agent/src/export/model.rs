@@ -267,6 +267,99 @@ fn statement_figure_families() -> [Family; 4] {
     ]
 }
 
+/// Memory instrument families (`memory_summary_global_by_event_name`), by
+/// service and instrument: four counters, then six gauges (signed: a
+/// service-wide LOW can be negative when memory moves between threads).
+fn memory_families(
+    services: &std::collections::BTreeMap<String, crate::aggregate::ServiceTotals>,
+) -> Vec<Family> {
+    let c = |name, unit, otel, help| Family::new(name, unit, otel, Kind::Counter, help);
+    let g = |name, unit, otel, help| Family::new(name, unit, otel, Kind::Gauge, help);
+    let mut fams = [
+        c(
+            "pfs_memory_allocations",
+            None,
+            ("pfs.memory.allocations", "{allocation}"),
+            "Allocations accounted (COUNT_ALLOC), by memory instrument.",
+        ),
+        c(
+            "pfs_memory_frees",
+            None,
+            ("pfs.memory.frees", "{free}"),
+            "Frees accounted (COUNT_FREE), by memory instrument.",
+        ),
+        c(
+            "pfs_memory_allocated",
+            Some("bytes"),
+            ("pfs.memory.allocated", "By"),
+            "Bytes allocated (SUM_NUMBER_OF_BYTES_ALLOC), by memory instrument.",
+        ),
+        c(
+            "pfs_memory_freed",
+            Some("bytes"),
+            ("pfs.memory.freed", "By"),
+            "Bytes freed (SUM_NUMBER_OF_BYTES_FREE), by memory instrument.",
+        ),
+        g(
+            "pfs_memory_used",
+            Some("bytes"),
+            ("pfs.memory.used", "By"),
+            "Bytes in use (CURRENT_NUMBER_OF_BYTES_USED), by memory instrument.",
+        ),
+        g(
+            "pfs_memory_used_high",
+            Some("bytes"),
+            ("pfs.memory.used.high", "By"),
+            "High watermark of bytes in use (HIGH_NUMBER_OF_BYTES_USED; sum over threads).",
+        ),
+        g(
+            "pfs_memory_used_low",
+            Some("bytes"),
+            ("pfs.memory.used.low", "By"),
+            "Low watermark of bytes in use (LOW_NUMBER_OF_BYTES_USED; sum over threads).",
+        ),
+        g(
+            "pfs_memory_used_blocks",
+            None,
+            ("pfs.memory.used.blocks", "{block}"),
+            "Blocks in use (CURRENT_COUNT_USED), by memory instrument.",
+        ),
+        g(
+            "pfs_memory_used_high_blocks",
+            None,
+            ("pfs.memory.used.high_blocks", "{block}"),
+            "High watermark of blocks in use (HIGH_COUNT_USED; sum over threads).",
+        ),
+        g(
+            "pfs_memory_used_low_blocks",
+            None,
+            ("pfs.memory.used.low_blocks", "{block}"),
+            "Low watermark of blocks in use (LOW_COUNT_USED; sum over threads).",
+        ),
+    ];
+    for (svc, t) in services {
+        for (name, m) in &t.memory {
+            let labels = || vec![("service", svc.clone()), ("event_name", name.clone())];
+            let ints = [m.count_alloc, m.count_free, m.bytes_alloc, m.bytes_free];
+            for (f, v) in fams.iter_mut().zip(ints) {
+                f.push(labels(), Value::Int(v));
+            }
+            let signed = [
+                m.current_bytes,
+                m.high_bytes,
+                m.low_bytes,
+                m.current_count,
+                m.high_count,
+                m.low_count,
+            ];
+            for (f, v) in fams[4..].iter_mut().zip(signed) {
+                f.push(labels(), Value::Float(v as f64));
+            }
+        }
+    }
+    fams.into()
+}
+
 /// Every family for `snap`. `totals` are the agent's cumulative reading
 /// figures; `last_scrape_seconds` the previous scrape's duration.
 pub fn families(snap: &Snapshot, totals: &Totals, last_scrape_seconds: f64) -> Vec<Family> {
@@ -323,6 +416,7 @@ pub fn families(snap: &Snapshot, totals: &Totals, last_scrape_seconds: f64) -> V
     out.extend(stages.into_vec());
     out.extend(statements.into_vec());
     out.extend(figures);
+    out.extend(memory_families(&services));
     out.extend(timer_families(snap));
     out.push(threads);
     out.push(lost);

@@ -7,6 +7,7 @@
 //! pfs-test-writer churn --shm-dir D --service S --seconds T
 //! pfs-test-writer nested --shm-dir D --service S --threads N --statements K --history H
 //! pfs-test-writer loop --shm-dir D --service S --threads N
+//! pfs-test-writer memory --shm-dir D --service S
 //! ```
 //!
 //! Every mode prints JSON lines on stdout; see each function.
@@ -89,6 +90,7 @@ fn main() -> Result<()> {
         "churn" => churn(&args),
         "nested" => nested(&args),
         "loop" => loop_mode(&args),
+        "memory" => memory_mode(),
         m => bail!("unknown mode {m:?}"),
     }
 }
@@ -445,5 +447,104 @@ fn loop_mode(args: &Args) -> Result<()> {
         h.join().map_err(|_| anyhow!("loop thread panicked"))?;
     }
     print(json!({"done": true, "events": total.load(Relaxed)}));
+    Ok(())
+}
+
+static MEM_BUF: pfs_client::LazyMemoryClass = pfs_client::LazyMemoryClass::new("memory/test/buf");
+static MEM_CACHE: pfs_client::LazyMemoryClass =
+    pfs_client::LazyMemoryClass::new("memory/test/cache");
+
+/// Sets ENABLED of the instruments matching `pattern`, as the agent would.
+fn set_enabled(pattern: &str, on: bool) -> Result<()> {
+    let path = pfs_client::segment_path().ok_or_else(|| anyhow!("no segment"))?;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)?;
+    let seg = pfs_shm_layout::Segment::open(f, true)?;
+    pfs_shm_layout::setup::set_instruments(&seg, pattern, Some(on), None);
+    Ok(())
+}
+
+/// A scripted memory workload, every step ordered (the expected tables are
+/// computed by hand in `tests/tests/memory_exact.rs`):
+///
+/// * `mem-1` (alice@h1): buf 100, buf 200, free 100; cache 1000 kept;
+///   hands the 200-byte block to `mem-2`; stays alive.
+/// * `mem-2` (alice@h1): frees that 200-byte block, then buf 50 and its
+///   free; stays alive.
+/// * `mem-3` (bob@h2): buf 400 (handed to main), cache 10 and its free;
+///   exits.
+/// * main (no actor): frees mem-3's 400-byte block after mem-3 exited;
+///   cache 7, disables cache, frees the 7 (counted), cache 9 while
+///   disabled (not counted), enables cache, frees the 9 (not counted).
+///
+/// Prints `{"ready": true}` and waits for stdin EOF.
+fn memory_mode() -> Result<()> {
+    use std::sync::mpsc::channel;
+    MEM_BUF.get();
+    MEM_CACHE.get();
+    let (to_2, from_1) = channel::<pfs_client::MemoryToken>();
+    let (done_tx, done_rx) = channel::<&'static str>();
+    let stop = Arc::new(Barrier::new(3));
+    let s1 = stop.clone();
+    let d1 = done_tx.clone();
+    let t1 = std::thread::Builder::new()
+        .name("mem-1".into())
+        .spawn(move || {
+            pfs_client::set_thread_actor("alice", "h1", "");
+            let a = MEM_BUF.alloc(100);
+            let b = MEM_BUF.alloc(200);
+            a.free();
+            let c = MEM_CACHE.alloc(1000);
+            to_2.send(b).expect("send");
+            let _ = d1.send("mem-1");
+            s1.wait();
+            drop(c);
+        })?;
+    assert_eq!(done_rx.recv()?, "mem-1");
+    let s2 = stop.clone();
+    let d2 = done_tx.clone();
+    let t2 = std::thread::Builder::new()
+        .name("mem-2".into())
+        .spawn(move || {
+            pfs_client::set_thread_actor("alice", "h1", "");
+            let b = from_1.recv().expect("recv");
+            b.free();
+            MEM_BUF.alloc(50).free();
+            let _ = d2.send("mem-2");
+            s2.wait();
+        })?;
+    assert_eq!(done_rx.recv()?, "mem-2");
+    let e = std::thread::Builder::new()
+        .name("mem-3".into())
+        .spawn(move || {
+            pfs_client::set_thread_actor("bob", "h2", "");
+            let e = MEM_BUF.alloc(400);
+            MEM_CACHE.alloc(10).free();
+            e
+        })?
+        .join()
+        .map_err(|_| anyhow!("mem-3 panicked"))?;
+    e.free();
+    let g = MEM_CACHE.alloc(7);
+    set_enabled("memory/test/cache", false)?;
+    if MEM_CACHE.get().is_enabled() {
+        bail!("cache still enabled");
+    }
+    g.free();
+    let h = MEM_CACHE.alloc(9);
+    if h.counted() {
+        bail!("an allocation while disabled was counted");
+    }
+    set_enabled("memory/test/cache", true)?;
+    h.free();
+    print(json!({"ready": true, "segment": segment()}));
+    wait_stdin_eof();
+    stop.wait();
+    for t in [t1, t2] {
+        t.join().map_err(|_| anyhow!("memory thread panicked"))?;
+    }
+    print(json!({"done": true}));
     Ok(())
 }

@@ -1,0 +1,368 @@
+//! Agent scale (issue 9): a synthetic segment of N threads × M instruments
+//! (70 % waits, 20 % stages, 10 % statements) with every thread's summary
+//! rows touched and its three history rings full, written with the real
+//! writer API; then
+//!
+//! * `agent_scale/reader_snapshot/NxM`: `pfs_shm_layout::reader::snapshot`,
+//! * `agent_scale/take/NxM`: `Snapshotter::take` (discovery pass, snapshot,
+//!   carry-forward, the copy the cache keeps): what one scrape pays,
+//! * `agent_scale/render/NxM`: `/metrics` rendering of a cached snapshot
+//!   (model aggregation + OpenMetrics encoding),
+//!
+//! for N = 10, 100, 1 000 threads (and M = 50 at 1 000 threads, to show the
+//! instrument axis). Bytes rendered are printed. Last, the real
+//! `pfs-agent serve` is started against the 1 000 × 200 segment, scraped a
+//! few times, and its peak RSS (`VmHWM`) read from `/proc/PID/status`.
+//!
+//! `PFS_BENCH_OUT=FILE` writes the non-criterion figures as JSON (used by
+//! `scripts/bench`); `PFS_BENCH_QUICK=1` keeps only 10 and 1 000 threads.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion};
+use pfs_agent::discover::SegmentSet;
+use pfs_agent::export::prometheus::{registry, render};
+use pfs_agent::snapshot::Snapshotter;
+use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, EventType, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
+use pfs_shm_layout::reader::{ReadOptions, snapshot};
+use pfs_shm_layout::writer::{EventData, KIND_STAGE, KIND_STATEMENT, KIND_WAIT, StatementFigures};
+use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration};
+
+const TIMER: TimerCalibration = TimerCalibration {
+    kind: 2,
+    base_ticks: 0,
+    ps_per_tick_q32: 1000 << 32,
+    frequency_hz: 1_000_000_000,
+    base_ns: 0,
+};
+
+/// A live synthetic segment: the directory, the writer, and the file whose
+/// exclusive `flock` tells the agent its process is alive.
+struct Synthetic {
+    dir: tempfile::TempDir,
+    _lock: File,
+    _writer: SegmentWriter,
+}
+
+fn class_name(i: u32) -> (String, usize) {
+    match i % 10 {
+        0..=3 => (format!("wait/synch/mutex/bench/m{i}"), KIND_WAIT),
+        4 | 5 => (format!("wait/io/file/bench/f{i}"), KIND_WAIT),
+        6 => (format!("wait/synch/rwlock/bench/r{i}"), KIND_WAIT),
+        7 | 8 => (format!("stage/bench/s{i}"), KIND_STAGE),
+        _ => (format!("statement/bench/q{i}"), KIND_STATEMENT),
+    }
+}
+
+fn build(threads: u32, instruments: u32) -> Synthetic {
+    let dir = tempfile::Builder::new()
+        .prefix("pfs-agent-scale")
+        .tempdir_in(if Path::new("/dev/shm").is_dir() {
+            Path::new("/dev/shm")
+        } else {
+            Path::new("/tmp")
+        })
+        .expect("temp dir");
+    let path = dir.path().join(format!("bench.{}.pfs", std::process::id()));
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .expect("create segment file");
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).expect("flock");
+    let cfg = SegmentConfig {
+        service_name: "bench".into(),
+        max_classes: 256,
+        records_per_page: 16,
+        max_pages: 64,
+        ..SegmentConfig::default()
+    };
+    assert!(threads <= cfg.records_per_page * cfg.max_pages && instruments <= cfg.max_classes);
+    let seg = Segment::create(
+        file.try_clone().expect("dup"),
+        &cfg,
+        TIMER,
+        std::process::id(),
+        0,
+    )
+    .expect("create segment");
+    let w = SegmentWriter::new(seg);
+    let classes: Vec<(u32, usize)> = (0..instruments)
+        .map(|i| {
+            let (name, kind) = class_name(i);
+            let k = ClassKind::from_name(&name).expect("PFS name");
+            let idx = w
+                .register_class(&name, k, FLAG_ENABLED | FLAG_TIMED)
+                .expect("class slot");
+            (idx, kind)
+        })
+        .collect();
+    for t in 0..threads {
+        let tid = u64::from(t) + 1;
+        let slot = w
+            .alloc_thread(tid, 10_000 + tid, &format!("worker-{t}"))
+            .expect("thread record");
+        let rec = w.segment().record(slot.index);
+        let mut id = 0u64;
+        // Two events per instrument: every summary row touched, two
+        // histogram buckets each, and every history ring wrapped.
+        for round in 0..2u64 {
+            for &(class, kind) in &classes {
+                id += 1;
+                let wait_ps = (u64::from(class) + 1) * 7_919 * (round * 37 + tid % 11 + 1);
+                let stmt = (kind == KIND_STATEMENT).then_some(StatementFigures {
+                    rows_sent: id % 5,
+                    rows_examined: id % 17,
+                    digest: u64::from(class),
+                    ..StatementFigures::default()
+                });
+                let e = EventData {
+                    event_id: id,
+                    end_event_id: id,
+                    class,
+                    timer_start: id * 1_000,
+                    timer_end: id * 1_000 + wait_ps / 1_000,
+                    timer_wait: wait_ps,
+                    source: NONE_U32,
+                    object_name: NONE_U32,
+                    flags: EV_TIMED | EV_ENDED,
+                    event_type: match kind {
+                        KIND_WAIT => EventType::Wait,
+                        KIND_STAGE => EventType::Stage,
+                        _ => EventType::Statement,
+                    } as u32,
+                    thread_id: tid,
+                    ..EventData::default()
+                };
+                rec.end_event(kind, &e, stmt.as_ref(), true, true);
+                rec.summarize(class as usize, true, wait_ps, 0, stmt.as_ref());
+            }
+        }
+    }
+    Synthetic {
+        dir,
+        _lock: file,
+        _writer: w,
+    }
+}
+
+fn open_ro(dir: &Path) -> Segment {
+    let path = std::fs::read_dir(dir)
+        .expect("read dir")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "pfs"))
+        .expect("segment file");
+    Segment::open(File::open(path).expect("open"), false).expect("valid segment")
+}
+
+/// Rendered `/metrics` of `dir`, with its registry ready to render again
+/// from the cached snapshot.
+fn renderer(dir: &Path) -> prometheus_client::registry::Registry {
+    let snap = Arc::new(Snapshotter::new(
+        SegmentSet::new(dir, Duration::MAX),
+        Duration::MAX,
+    ));
+    let (reg, _) = registry(snap.clone());
+    snap.get(); // cache one snapshot: rendering then measures render only
+    reg
+}
+
+struct Scale {
+    threads: u32,
+    instruments: u32,
+    bytes: usize,
+    segment_mib: f64,
+}
+
+fn bench_scale(c: &mut Criterion, shapes: &[(u32, u32)]) -> Vec<Scale> {
+    let mut out = Vec::new();
+    let mut g = c.benchmark_group("agent_scale");
+    g.sample_size(10);
+    for &(threads, instruments) in shapes {
+        let t0 = Instant::now();
+        let syn = build(threads, instruments);
+        let built = t0.elapsed();
+        let id = format!("{threads}x{instruments}");
+        let seg = open_ro(syn.dir.path());
+        let s = snapshot(&seg, &ReadOptions::default()).expect("snapshot");
+        assert_eq!(s.threads.len(), threads as usize);
+        g.bench_function(BenchmarkId::new("reader_snapshot", &id), |b| {
+            b.iter(|| snapshot(&seg, &ReadOptions::default()).expect("snapshot"))
+        });
+        let snapper = Snapshotter::new(
+            SegmentSet::new(syn.dir.path(), Duration::MAX),
+            Duration::ZERO,
+        );
+        assert_eq!(snapper.take().segments.len(), 1);
+        g.bench_function(BenchmarkId::new("take", &id), |b| b.iter(|| snapper.take()));
+        let reg = renderer(syn.dir.path());
+        let text = render(&reg).expect("render");
+        assert!(
+            text.contains("pfs_events_waits_total"),
+            "renders the PFS families"
+        );
+        g.bench_function(BenchmarkId::new("render", &id), |b| {
+            b.iter(|| render(&reg).expect("render"))
+        });
+        let segment_mib = seg.geometry().total_size as f64 / (1024.0 * 1024.0);
+        println!(
+            "agent-scale-shape: threads={threads} instruments={instruments} bytes_rendered={} segment_mib={segment_mib:.1} build_ms={:.0}",
+            text.len(),
+            built.as_secs_f64() * 1e3
+        );
+        out.push(Scale {
+            threads,
+            instruments,
+            bytes: text.len(),
+            segment_mib,
+        });
+    }
+    g.finish();
+    out
+}
+
+fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, usize)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let head = String::from_utf8_lossy(&buf[..buf.len().min(64)]).into_owned();
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok((code, buf.len()))
+}
+
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find(|l| l.starts_with(field))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+struct Rss {
+    hwm_kib: u64,
+    anon_kib: u64,
+    file_kib: u64,
+    shmem_kib: u64,
+    scrape_ms: f64,
+}
+
+/// Peak RSS of the real agent serving a 1 000 × 200 segment.
+fn agent_rss(threads: u32, instruments: u32) -> Option<Rss> {
+    let exe = env!("CARGO_BIN_EXE_pfs-agent");
+    let syn = build(threads, instruments);
+    let port = TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new(exe)
+        .args(["serve", "--shm-dir"])
+        .arg(syn.dir.path())
+        .args(["--listen", &addr])
+        .env("PFS_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let pid = child.id();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut up = false;
+    while Instant::now() < deadline {
+        if matches!(http_get(&addr, "/healthz"), Ok((200, _))) {
+            up = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut result = None;
+    if up {
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            // Past the agent's 250 ms cache: every scrape takes a snapshot.
+            std::thread::sleep(Duration::from_millis(300));
+            let t = Instant::now();
+            match http_get(&addr, "/metrics") {
+                Ok((200, _)) => times.push(t.elapsed().as_secs_f64() * 1e3),
+                _ => break,
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        if times.len() == 5 {
+            result = Some(Rss {
+                hwm_kib: status_kib(pid, "VmHWM:").unwrap_or(0),
+                anon_kib: status_kib(pid, "RssAnon:").unwrap_or(0),
+                file_kib: status_kib(pid, "RssFile:").unwrap_or(0),
+                shmem_kib: status_kib(pid, "RssShmem:").unwrap_or(0),
+                scrape_ms: times[2],
+            });
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
+fn main() {
+    let quick = std::env::var_os("PFS_BENCH_QUICK").is_some_and(|v| v != "0");
+    let shapes: &[(u32, u32)] = if quick {
+        &[(10, 200), (1000, 200)]
+    } else {
+        &[(10, 200), (100, 200), (1000, 200), (1000, 50)]
+    };
+    let mut c = Criterion::default().configure_from_args();
+    let scales = bench_scale(&mut c, shapes);
+    c.final_summary();
+    // `cargo test --benches` runs this binary in test mode: skip the agent.
+    let testing = std::env::args().any(|a| a == "--test" || a == "--list");
+    let rss = if testing { None } else { agent_rss(1000, 200) };
+    match &rss {
+        Some(r) => println!(
+            "agent-rss: threads=1000 instruments=200 vmhwm_kib={} rss_anon_kib={} rss_file_kib={} rss_shmem_kib={} scrape_ms={:.1}",
+            r.hwm_kib, r.anon_kib, r.file_kib, r.shmem_kib, r.scrape_ms
+        ),
+        None if !testing => println!("agent-rss: unavailable (agent did not serve)"),
+        None => {}
+    }
+    if let Some(out) = std::env::var_os("PFS_BENCH_OUT") {
+        let shapes: Vec<String> = scales
+            .iter()
+            .map(|s| {
+                format!(
+                    "{{\"threads\":{},\"instruments\":{},\"bytes_rendered\":{},\"segment_mib\":{:.1}}}",
+                    s.threads, s.instruments, s.bytes, s.segment_mib
+                )
+            })
+            .collect();
+        let rss = rss.map_or("null".to_string(), |r| {
+            format!(
+                "{{\"vmhwm_kib\":{},\"rss_anon_kib\":{},\"rss_file_kib\":{},\"rss_shmem_kib\":{},\"scrape_ms\":{:.2}}}",
+                r.hwm_kib, r.anon_kib, r.file_kib, r.shmem_kib, r.scrape_ms
+            )
+        });
+        let json = format!(
+            "{{\"shapes\":[{}],\"agent_rss\":{rss}}}\n",
+            shapes.join(",")
+        );
+        std::fs::write(out, json).expect("write PFS_BENCH_OUT");
+    }
+}

@@ -1,0 +1,246 @@
+//! Client hot path, each case beside its baselines in the same run (issue 9).
+//!
+//! * `hot_path/*`: one thread.
+//!   - `timer_pair`: two raw TSC reads through `quanta::Clock::raw` — the
+//!     floor for any timed event.
+//!   - `disabled_lazy`: a `LazyWaitClass` whose class the setup flags
+//!     disabled; `disabled_const`: `WaitClass::disabled()`.
+//!   - `untimed_wait`: an enabled wait with TIMED off (current, history,
+//!     summary; no timer reads).
+//!   - `timed_wait`: an enabled, timed wait: two timer reads, current,
+//!     history ring, summary row and histogram bucket.
+//!   - `stage_change`: `LazyStageClass::enter` (ends the open stage, starts
+//!     the next; stages use the NANOSECOND timer by default).
+//!   - `statement`: a statement begin and end (NANOSECOND timer).
+//!   - `prom_client`: `prometheus_client` `Histogram::observe` of the
+//!     difference of two `Instant::now()`, what a user would write instead.
+//!   - `metrics_histogram`: the `metrics` crate's histogram handle over
+//!     `metrics-util`'s atomic storage (the storage of
+//!     `metrics-exporter-prometheus`), with two `Instant::now()`.
+//! * `hot_path_2t/*`: the same on two threads at once, reported per
+//!   operation per thread (wall time of the slower thread / iterations).
+//!   Baselines share one series, as every request handler of a service
+//!   would; pfs threads share one instrument but each writes its own record.
+//!
+//! Run through `scripts/bench`, which prints the summary line.
+
+use std::fs::File;
+use std::hint::black_box;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use pfs_client::{Config, LazyStageClass, LazyStatementClass, LazyWaitClass, Operation, WaitClass};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+
+static DISABLED: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/bench/disabled");
+static UNTIMED: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/bench/untimed");
+static TIMED: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/bench/timed");
+static STAGE: LazyStageClass = LazyStageClass::new("stage/bench/step");
+static STATEMENT: LazyStatementClass = LazyStatementClass::new("statement/bench/query");
+
+/// Initialises the client into a temporary directory and applies the
+/// setup the cases need, through the segment's own setup words (as the
+/// agent does).
+fn init() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    pfs_client::init_with(Config::new("hot-path-bench").shm_dir(dir.path())).expect("init");
+    // Register every class before changing its flags.
+    let _ = (DISABLED.get(), UNTIMED.get(), TIMED.get(), STAGE.get());
+    let _ = STATEMENT.get();
+    let path = pfs_client::segment_path().expect("segment path");
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .open(path)
+        .expect("open segment");
+    let seg = pfs_shm_layout::Segment::open(file, true).expect("map segment");
+    use pfs_shm_layout::setup::set_instruments;
+    assert_eq!(set_instruments(&seg, DISABLED.name(), Some(false), None), 1);
+    assert_eq!(set_instruments(&seg, UNTIMED.name(), None, Some(false)), 1);
+    assert!(!DISABLED.get().is_enabled());
+    assert!(TIMED.get().is_enabled() && UNTIMED.get().is_enabled());
+    dir
+}
+
+#[inline(always)]
+fn timer_pair(clock: &quanta::Clock) -> u64 {
+    let a = clock.raw();
+    let b = clock.raw();
+    b.wrapping_sub(a)
+}
+
+#[inline(always)]
+fn timed_wait() {
+    drop(black_box(&TIMED).get().start(Operation::Lock, 0));
+}
+
+#[inline(always)]
+fn prom_observe(h: &Histogram) {
+    let t0 = Instant::now();
+    let t1 = Instant::now();
+    h.observe(t1.duration_since(t0).as_secs_f64());
+}
+
+#[inline(always)]
+fn metrics_record(h: &metrics::Histogram) {
+    let t0 = Instant::now();
+    let t1 = Instant::now();
+    h.record(t1.duration_since(t0).as_secs_f64());
+}
+
+/// A `prometheus-client` histogram with buckets like ours (powers of two
+/// from 8.2 ns, 31 of them).
+fn prom_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(8.192e-9, 2.0, 31))
+}
+
+type Bucket = Arc<metrics_util::storage::AtomicBucket<f64>>;
+
+fn metrics_histogram() -> (metrics::Histogram, Bucket) {
+    let registry = metrics_util::registry::Registry::atomic();
+    let key = metrics::Key::from_name("bench_seconds");
+    let bucket: Bucket = registry.get_or_create_histogram(&key, |h| h.clone());
+    (metrics::Histogram::from_arc(bucket.clone()), bucket)
+}
+
+/// Runs `op` `iters` times on this thread and on one persistent helper
+/// thread at once (started together by a barrier); returns the slower
+/// thread's time, so `time / iters` is the per-operation cost of each
+/// thread under contention. The helper stays alive across samples so that
+/// its pfs thread record is registered once, outside the measurement.
+struct Pair {
+    go: Option<Sender<u64>>,
+    done: Receiver<Duration>,
+    barrier: Arc<Barrier>,
+    helper: Option<std::thread::JoinHandle<()>>,
+    op: Arc<dyn Fn() + Send + Sync>,
+}
+
+fn run(op: &dyn Fn(), iters: u64) -> Duration {
+    let start = Instant::now();
+    for _ in 0..iters {
+        op();
+    }
+    start.elapsed()
+}
+
+impl Pair {
+    fn new(op: impl Fn() + Send + Sync + 'static) -> Self {
+        let op: Arc<dyn Fn() + Send + Sync> = Arc::new(op);
+        let (go, go_rx) = channel::<u64>();
+        let (done_tx, done) = channel();
+        let barrier = Arc::new(Barrier::new(2));
+        let (b, o) = (barrier.clone(), op.clone());
+        let helper = std::thread::Builder::new()
+            .name("bench-helper".into())
+            .spawn(move || {
+                o(); // registers this thread's record before any measurement
+                while let Ok(iters) = go_rx.recv() {
+                    b.wait();
+                    let _ = done_tx.send(run(&*o, iters));
+                }
+            })
+            .expect("spawn helper");
+        op();
+        Self {
+            go: Some(go),
+            done,
+            barrier,
+            helper: Some(helper),
+            op,
+        }
+    }
+
+    fn measure(&self, iters: u64) -> Duration {
+        self.go
+            .as_ref()
+            .expect("helper")
+            .send(iters)
+            .expect("helper");
+        self.barrier.wait();
+        let mine = run(&*self.op, iters);
+        let theirs = self.done.recv().expect("helper result");
+        mine.max(theirs)
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        self.go.take();
+        if let Some(h) = self.helper.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn one_thread(c: &mut Criterion) {
+    let clock = quanta::Clock::new();
+    let prom = prom_histogram();
+    let (met, bucket) = metrics_histogram();
+    let mut g = c.benchmark_group("hot_path");
+    g.bench_function("timer_pair", |b| b.iter(|| timer_pair(black_box(&clock))));
+    g.bench_function("disabled_lazy", |b| {
+        b.iter(|| drop(black_box(&DISABLED).get().start(Operation::Lock, 0)))
+    });
+    g.bench_function("disabled_const", |b| {
+        let class = WaitClass::disabled();
+        b.iter(|| drop(black_box(&class).start(Operation::Lock, 0)))
+    });
+    g.bench_function("untimed_wait", |b| {
+        b.iter(|| drop(black_box(&UNTIMED).get().start(Operation::Lock, 0)))
+    });
+    g.bench_function("timed_wait", |b| b.iter(timed_wait));
+    g.bench_function("stage_change", |b| b.iter(|| black_box(&STAGE).enter()));
+    pfs_client::end_stage();
+    g.bench_function("statement", |b| {
+        b.iter(|| drop(black_box(&STATEMENT).start()))
+    });
+    g.bench_function("prom_client", |b| b.iter(|| prom_observe(black_box(&prom))));
+    g.bench_function("metrics_histogram", |b| {
+        b.iter_custom(|iters| {
+            let d = run(&|| metrics_record(black_box(&met)), iters);
+            bucket.clear(); // the exporter drains it on scrape; keep memory flat
+            d
+        })
+    });
+    g.finish();
+}
+
+fn two_threads(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hot_path_2t");
+    let clock = Arc::new(quanta::Clock::new());
+    let pair = Pair::new(move || {
+        black_box(timer_pair(black_box(&clock)));
+    });
+    g.bench_function("timer_pair", |b| b.iter_custom(|n| pair.measure(n)));
+    drop(pair);
+    let pair = Pair::new(timed_wait);
+    g.bench_function("timed_wait", |b| b.iter_custom(|n| pair.measure(n)));
+    drop(pair);
+    let prom = Arc::new(prom_histogram());
+    let pair = Pair::new(move || prom_observe(black_box(&prom)));
+    g.bench_function("prom_client", |b| b.iter_custom(|n| pair.measure(n)));
+    drop(pair);
+    let (met, bucket) = metrics_histogram();
+    let pair = Pair::new(move || metrics_record(black_box(&met)));
+    g.bench_function("metrics_histogram", |b| {
+        b.iter_custom(|n| {
+            let d = pair.measure(n);
+            bucket.clear();
+            d
+        })
+    });
+    drop(pair);
+    g.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    let _dir = init();
+    one_thread(c);
+    two_threads(c);
+}
+
+criterion_group!(hot_path, benches);
+criterion_main!(hot_path);

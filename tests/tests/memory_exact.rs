@@ -1,0 +1,269 @@
+//! Issue 5 across processes: the scripted `pfs-test-writer memory`
+//! workload (see its doc comment) read back through every memory table of
+//! the agent, every column equal to the hand-computed value; then TRUNCATE.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use pfs_tests::{ChildGuard, Writer, agent_bin, free_port, get_json, rows, wait_healthz};
+use serde_json::Value;
+
+const COLS: [&str; 10] = [
+    "count_alloc",
+    "count_free",
+    "sum_number_of_bytes_alloc",
+    "sum_number_of_bytes_free",
+    "low_count_used",
+    "current_count_used",
+    "high_count_used",
+    "low_number_of_bytes_used",
+    "current_number_of_bytes_used",
+    "high_number_of_bytes_used",
+];
+
+fn serve(dir: &Path, token_file: &Path) -> Result<(ChildGuard, String)> {
+    let port = free_port();
+    let mut cmd = Command::new(agent_bin());
+    cmd.arg("serve")
+        .arg("--shm-dir")
+        .arg(dir)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--control-token-file")
+        .arg(token_file);
+    let mut guard = ChildGuard::spawn("pfs-agent", cmd, false)?;
+    let base = format!("http://127.0.0.1:{port}");
+    wait_healthz(&base, &mut guard, Duration::from_secs(20))?;
+    Ok((guard, base))
+}
+
+fn truncate(base: &str, table: &str) -> Result<()> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into();
+    let url = format!("{base}/api/v1/tables/{table}/truncate");
+    agent
+        .post(&url)
+        .header("authorization", "Bearer memtoken")
+        .header("content-type", "application/json")
+        .send("{}")
+        .with_context(|| format!("POST {url}"))?;
+    Ok(())
+}
+
+fn values(row: &Value) -> Result<[i64; 10]> {
+    let mut out = [0i64; 10];
+    for (o, c) in out.iter_mut().zip(COLS) {
+        *o = row[c]
+            .as_i64()
+            .with_context(|| format!("column {c} of {row}"))?;
+    }
+    Ok(out)
+}
+
+/// The rows of `table` for the `memory/test/*` instruments, keyed by
+/// `key_cols` (plus event_name).
+fn memory_rows(base: &str, table: &str, key: &[&str]) -> Result<Vec<(String, [i64; 10])>> {
+    let t = get_json(&format!("{base}/api/v1/tables/{table}"))?;
+    let mut out = Vec::new();
+    for r in rows(&t)? {
+        let name = r["event_name"].as_str().unwrap_or_default();
+        if !name.starts_with("memory/test/") {
+            continue;
+        }
+        let mut k: Vec<String> = key
+            .iter()
+            .map(|c| match &r[*c] {
+                Value::String(s) => s.clone(),
+                v => v.to_string(),
+            })
+            .collect();
+        k.push(name.to_string());
+        out.push((k.join(" "), values(r)?));
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn expect(got: Vec<(String, [i64; 10])>, want: &[(&str, [i64; 10])], what: &str) {
+    let want: Vec<(String, [i64; 10])> = want.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    assert_eq!(got, want, "{what}: columns {COLS:?}");
+}
+
+#[test]
+fn memory_tables_are_exact() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let shm = dir.path().join("shm");
+    std::fs::create_dir(&shm)?;
+    let token = dir.path().join("token");
+    std::fs::write(&token, "memtoken\n")?;
+    let shm_s = shm.to_str().unwrap();
+    let mut w = Writer::spawn(
+        pfs_tests::writer_exe!(),
+        &["memory", "--shm-dir", shm_s, "--service", "memtest"],
+    )?;
+    let ready = w.read_json(Duration::from_secs(30))?;
+    if ready["ready"] != true {
+        bail!("unexpected first line {ready}");
+    }
+    let (_agent, base) = serve(&shm, &token)?;
+
+    // Global: exited mem-3 plus live mem-1, mem-2 and main. CURRENT is
+    // exactly alloc − free; LOW and HIGH are sums of the threads'.
+    const BUF: &str = "memory/test/buf";
+    const CACHE: &str = "memory/test/cache";
+    expect(
+        memory_rows(&base, "memory_summary_global_by_event_name", &[])?,
+        &[
+            (BUF, [4, 4, 750, 750, -2, 0, 3, -600, 0, 700]),
+            (CACHE, [3, 2, 1017, 17, 0, 1, 3, 0, 1000, 1017]),
+        ],
+        "global",
+    );
+
+    // By thread: names through the threads table.
+    let threads = get_json(&format!("{base}/api/v1/tables/threads"))?;
+    let id = |name: &str| -> Result<String> {
+        rows(&threads)?
+            .iter()
+            .find(|r| r["name"] == name)
+            .map(|r| r["thread_id"].to_string())
+            .with_context(|| format!("thread {name} in {threads}"))
+    };
+    let (t1, t2, tm) = (id("mem-1")?, id("mem-2")?, id("main")?);
+    let k = |t: &str, n: &str| format!("{t} {n}");
+    let mut want = [
+        (k(&t1, BUF), [2, 1, 300, 100, 0, 1, 2, 0, 200, 300]),
+        (k(&t1, CACHE), [1, 0, 1000, 0, 0, 1, 1, 0, 1000, 1000]),
+        (k(&t2, BUF), [1, 2, 50, 250, -1, -1, 0, -200, -200, 0]),
+        (k(&tm, BUF), [0, 1, 0, 400, -1, -1, 0, -400, -400, 0]),
+        (k(&tm, CACHE), [1, 1, 7, 7, 0, 0, 1, 0, 0, 7]),
+    ];
+    want.sort();
+    let want_ref: Vec<(&str, [i64; 10])> = want.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    expect(
+        memory_rows(
+            &base,
+            "memory_summary_by_thread_by_event_name",
+            &["thread_id"],
+        )?,
+        &want_ref,
+        "by thread",
+    );
+
+    // By account/user/host: mem-1 + mem-2 (alice@h1); mem-3 (bob@h2)
+    // exited, so its memory is in the global table only; main declared no
+    // actor.
+    let alice_buf = [3, 3, 350, 350, -1, 0, 2, -200, 0, 300];
+    let alice_cache = [1, 0, 1000, 0, 0, 1, 1, 0, 1000, 1000];
+    expect(
+        memory_rows(
+            &base,
+            "memory_summary_by_account_by_event_name",
+            &["user", "host"],
+        )?,
+        &[
+            ("alice h1 memory/test/buf", alice_buf),
+            ("alice h1 memory/test/cache", alice_cache),
+        ],
+        "by account",
+    );
+    expect(
+        memory_rows(&base, "memory_summary_by_user_by_event_name", &["user"])?,
+        &[
+            ("alice memory/test/buf", alice_buf),
+            ("alice memory/test/cache", alice_cache),
+        ],
+        "by user",
+    );
+    expect(
+        memory_rows(&base, "memory_summary_by_host_by_event_name", &["host"])?,
+        &[
+            ("h1 memory/test/buf", alice_buf),
+            ("h1 memory/test/cache", alice_cache),
+        ],
+        "by host",
+    );
+
+    // The instrumentation's own memory: global table only.
+    let g = get_json(&format!(
+        "{base}/api/v1/tables/memory_summary_global_by_event_name"
+    ))?;
+    let own: Vec<&Value> = rows(&g)?
+        .iter()
+        .filter(|r| {
+            r["event_name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("memory/performance_schema/"))
+        })
+        .collect();
+    assert!(
+        own.iter().any(|r| r["current_number_of_bytes_used"]
+            .as_i64()
+            .is_some_and(|b| b > 0)),
+        "{own:?}"
+    );
+    assert!(own.iter().all(|r| r["count_free"] == 0));
+
+    // Metrics: the global values by instrument.
+    let m = pfs_tests::parse_metrics(&pfs_tests::http_get(&format!("{base}/metrics"))?.body)?;
+    let labels = [("service", "memtest"), ("event_name", CACHE)];
+    assert_eq!(
+        pfs_tests::sample(&m, "pfs_memory_allocations_total", &labels)?,
+        3.0
+    );
+    assert_eq!(
+        pfs_tests::sample(&m, "pfs_memory_freed_bytes_total", &labels)?,
+        17.0
+    );
+    assert_eq!(
+        pfs_tests::sample(&m, "pfs_memory_used_bytes", &labels)?,
+        1000.0
+    );
+    assert_eq!(
+        pfs_tests::sample(&m, "pfs_memory_used_high_bytes", &labels)?,
+        1017.0
+    );
+
+    // TRUNCATE the global table: counts and sums restart, LOW = HIGH =
+    // CURRENT, nothing is freed; the dependent tables are truncated too.
+    truncate(&base, "memory_summary_global_by_event_name")?;
+    std::thread::sleep(Duration::from_millis(1100)); // snapshot cache
+    expect(
+        memory_rows(&base, "memory_summary_global_by_event_name", &[])?,
+        &[
+            (BUF, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+            (CACHE, [0, 0, 0, 0, 1, 1, 1, 1000, 1000, 1000]),
+        ],
+        "global after truncate",
+    );
+    let mut want = [
+        (k(&t1, BUF), [0, 0, 0, 0, 1, 1, 1, 200, 200, 200]),
+        (k(&t1, CACHE), [0, 0, 0, 0, 1, 1, 1, 1000, 1000, 1000]),
+        (k(&t2, BUF), [0, 0, 0, 0, -1, -1, -1, -200, -200, -200]),
+        (k(&tm, BUF), [0, 0, 0, 0, -1, -1, -1, -400, -400, -400]),
+        (k(&tm, CACHE), [0; 10]),
+    ];
+    want.sort();
+    let want_ref: Vec<(&str, [i64; 10])> = want.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    expect(
+        memory_rows(
+            &base,
+            "memory_summary_by_thread_by_event_name",
+            &["thread_id"],
+        )?,
+        &want_ref,
+        "by thread after truncate",
+    );
+    // /metrics never go backwards.
+    let m = pfs_tests::parse_metrics(&pfs_tests::http_get(&format!("{base}/metrics"))?.body)?;
+    assert_eq!(
+        pfs_tests::sample(&m, "pfs_memory_allocations_total", &labels)?,
+        3.0
+    );
+    w.finish(Duration::from_secs(20))?;
+    Ok(())
+}
