@@ -154,11 +154,22 @@ impl WaitGuard {
     }
 }
 
+impl WaitGuard {
+    /// Out of line, so that dropping a guard of a disabled instrument is a
+    /// test of `active` and nothing more.
+    #[inline(never)]
+    fn finish(&mut self) {
+        if let Some(mut a) = self.active.take() {
+            event::end(&mut a, None);
+        }
+    }
+}
+
 impl Drop for WaitGuard {
     #[inline(always)]
     fn drop(&mut self) {
-        if let Some(mut a) = self.active.take() {
-            event::end(&mut a, None);
+        if self.active.is_some() {
+            self.finish();
         }
     }
 }
