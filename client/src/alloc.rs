@@ -160,6 +160,24 @@ impl<A: GlobalAlloc> PfsAllocator<A> {
 // is suitably aligned and has `layout.size()` bytes after it. `dealloc`
 // and `realloc` recompute the same outer layout from the layout they are
 // given (GlobalAlloc's contract: the one used to allocate).
+impl<A: GlobalAlloc> PfsAllocator<A> {
+    /// Accounts a fresh block and writes its header; returns the user pointer.
+    ///
+    /// # Safety
+    /// `base` must be a non-null block allocated with `outer(layout)`.
+    #[inline]
+    unsafe fn finish_alloc(&self, base: *mut u8, layout: &Layout) -> *mut u8 {
+        let class = self.account(layout.size());
+        // SAFETY: `front` bytes lie before the user pointer within the block
+        // (caller contract: `base` has the outer layout).
+        unsafe {
+            let p = base.add(front(layout));
+            Self::write_header(p, layout.size(), class);
+            p
+        }
+    }
+}
+
 unsafe impl<A: GlobalAlloc> GlobalAlloc for PfsAllocator<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
@@ -171,13 +189,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for PfsAllocator<A> {
         if base.is_null() {
             return base;
         }
-        let class = self.account(layout.size());
-        // SAFETY: `front` bytes lie before the user pointer within the block.
-        unsafe {
-            let p = base.add(front(&layout));
-            Self::write_header(p, layout.size(), class);
-            p
-        }
+        // SAFETY: `base` is a fresh block of the outer layout of `layout`.
+        unsafe { self.finish_alloc(base, &layout) }
     }
 
     #[inline]
@@ -190,13 +203,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for PfsAllocator<A> {
         if base.is_null() {
             return base;
         }
-        let class = self.account(layout.size());
         // SAFETY: as in `alloc`.
-        unsafe {
-            let p = base.add(front(&layout));
-            Self::write_header(p, layout.size(), class);
-            p
-        }
+        unsafe { self.finish_alloc(base, &layout) }
     }
 
     #[inline]

@@ -751,3 +751,24 @@ pub fn start_prometheus(config: &Path, data: &Path, port: u16) -> Result<ChildGu
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Percent-encodes a URL query value (RFC 3986 unreserved characters kept).
+pub fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The `result` vector of a Prometheus instant query at `base`.
+pub fn prom_query(base: &str, q: &str) -> Result<Vec<Value>> {
+    let v = get_json(&format!("{base}/api/v1/query?query={}", url_encode(q)))?;
+    if v["status"] != "success" {
+        bail!("query {q} failed: {v}");
+    }
+    Ok(v["data"]["result"].as_array().cloned().unwrap_or_default())
+}

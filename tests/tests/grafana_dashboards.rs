@@ -451,23 +451,9 @@ fn prometheus_on_path() -> Option<PathBuf> {
     })
 }
 
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// An instant query's result vector.
 fn query(base: &str, q: &str) -> Vec<Value> {
-    let v = get_json(&format!("{base}/api/v1/query?query={}", encode(q)))
-        .unwrap_or_else(|e| panic!("query {q}: {e:#}"));
-    assert_eq!(v["status"], "success", "query {q}: {v}");
-    v["data"]["result"].as_array().cloned().unwrap_or_default()
+    pfs_tests::prom_query(base, q).unwrap_or_else(|e| panic!("query {q}: {e:#}"))
 }
 
 /// `label_values(metric{...}, label)` as Grafana runs it: the label's
@@ -480,7 +466,7 @@ fn label_values(base: &str, q: &str) -> BTreeSet<String> {
     let (sel, label) = inner.rsplit_once(',').unwrap();
     let v = get_json(&format!(
         "{base}/api/v1/series?match[]={}",
-        encode(sel.trim())
+        pfs_tests::url_encode(sel.trim())
     ))
     .unwrap_or_else(|e| panic!("series {sel}: {e:#}"));
     v["data"]

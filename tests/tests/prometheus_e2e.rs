@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use pfs_tests::{ChildGuard, agent_bin, free_port, get_json, poll, wait_healthz};
+use pfs_tests::{ChildGuard, agent_bin, free_port, poll, wait_healthz};
 use serde_json::Value;
 
 fn prometheus_on_path() -> Option<std::path::PathBuf> {
@@ -20,21 +20,7 @@ fn prometheus_on_path() -> Option<std::path::PathBuf> {
 
 /// `result` of a Prometheus instant query.
 fn query(base: &str, q: &str) -> anyhow::Result<Vec<Value>> {
-    let url = format!("{base}/api/v1/query?query={}", encode(q));
-    let v = get_json(&url)?;
-    anyhow::ensure!(v["status"] == "success", "query {q} failed: {v}");
-    Ok(v["data"]["result"].as_array().cloned().unwrap_or_default())
-}
-
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    pfs_tests::prom_query(base, q)
 }
 
 fn pfs_files(dir: &Path) -> Vec<String> {
