@@ -65,8 +65,8 @@ pub fn segment_global_memory(s: &SegmentSnapshot) -> MemoryByEventName {
             out.entry((*name).to_string()).or_default().merge(m);
         }
     }
-    for (name, count, bytes) in own_memory(s) {
-        out.insert(name.to_string(), allocated(count, bytes));
+    for (name, m) in own_memory(s) {
+        out.insert(name.to_string(), m);
     }
     out
 }
@@ -84,21 +84,42 @@ fn allocated(count: u64, bytes: u64) -> MemoryStats {
     }
 }
 
+/// Thread container pages as a memory row: a page is allocated when added
+/// or revived and freed when reclaimed; the high watermark is the pages
+/// ever added (a page is added only while no page is reclaimed, so all
+/// were in use then).
+fn container_memory(s: &SegmentSnapshot) -> MemoryStats {
+    let page = s.geometry.page_size as u64;
+    let alloc = u64::from(s.pages) + s.pages_revived;
+    let free = s.pages_reclaimed.min(alloc);
+    let current = (alloc - free) as i64;
+    MemoryStats {
+        count_alloc: alloc,
+        count_free: free,
+        bytes_alloc: alloc * page,
+        bytes_free: free * page,
+        current_count: current,
+        high_count: i64::from(s.pages),
+        current_bytes: current * page as i64,
+        high_bytes: i64::from(s.pages) * page as i64,
+        ..MemoryStats::default()
+    }
+}
+
 /// The instrumentation's own memory, from the segment geometry: the fixed
-/// sections (reserved at creation), the thread container pages added, and
-/// the `history_long` rings reserved on first use. Always "enabled".
-pub fn own_memory(s: &SegmentSnapshot) -> Vec<(&'static str, u64, u64)> {
+/// sections (reserved at creation), the thread container pages in use
+/// (added or revived, minus reclaimed), and the `history_long` rings
+/// reserved on first use. Always "enabled".
+pub fn own_memory(s: &SegmentSnapshot) -> Vec<(&'static str, MemoryStats)> {
     let g = &s.geometry;
     let mut v = vec![
         (
             "memory/performance_schema/segment_fixed_sections",
-            1,
-            g.pages_off as u64,
+            allocated(1, g.pages_off as u64),
         ),
         (
             "memory/performance_schema/thread_container_pages",
-            u64::from(s.pages),
-            u64::from(s.pages) * g.page_size as u64,
+            container_memory(s),
         ),
     ];
     for (k, name) in [
@@ -112,8 +133,10 @@ pub fn own_memory(s: &SegmentSnapshot) -> Vec<(&'static str, u64, u64)> {
         let used = s.long_tickets[k] > 0;
         v.push((
             name,
-            u64::from(used),
-            if used { g.long_size(k) as u64 } else { 0 },
+            allocated(
+                u64::from(used),
+                if used { g.long_size(k) as u64 } else { 0 },
+            ),
         ));
     }
     v

@@ -245,21 +245,7 @@ pub struct WorkloadArgs {
 
 /// Parses `300`, `300s`, `5m`, `1h`, `250ms`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map(|i| s.split_at(i))
-        .unwrap_or((s, "s"));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration; use e.g. 300s, 5m, 1h"))?;
-    Ok(match unit {
-        "ms" => Duration::from_millis(n),
-        "s" | "" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        _ => return Err(format!("unknown unit {unit:?} in {s:?}; use ms, s, m or h")),
-    })
+    pfs_client::parse_duration(s)
 }
 
 /// Reads a control token file: non-empty, first line, trimmed.

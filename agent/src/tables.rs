@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use pfs_shm_layout::ClassKind;
+use pfs_shm_layout::container::PageState;
 use pfs_shm_layout::layout::{TimerId, timer_of};
 use pfs_shm_layout::reader::{
     ClassInfo, Event, MemoryStats, SegmentSnapshot, StatementEvent, Summary,
@@ -34,6 +35,7 @@ pub fn names() -> Vec<String> {
         "setup_actors",
         "performance_timers",
         "threads",
+        "container_pages",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -372,6 +374,40 @@ pub fn build(name: &str, snap: &Snapshot, filter: &Filter, baselines: &Baselines
                 "thread_os_id",
                 "instrumented",
                 "history",
+            ]
+        }
+        "container_pages" => {
+            for (_, s) in &segs {
+                let rpp = s.geometry.records_per_page;
+                let mut used = vec![0u64; s.page_states.len()];
+                for t in &s.threads {
+                    if let Some(u) = used.get_mut((t.record / rpp) as usize) {
+                        *u += 1;
+                    }
+                }
+                for (page, state) in s.page_states.iter().enumerate() {
+                    let resident = *state == PageState::Active;
+                    let mut r = head(s);
+                    r.extend([
+                        "threads".into(),
+                        page.into(),
+                        state.name().to_uppercase().into(),
+                        rpp.into(),
+                        used[page].into(),
+                        (if resident { s.geometry.page_size } else { 0 }).into(),
+                    ]);
+                    rows.push(r);
+                }
+            }
+            vec![
+                "service",
+                "pid",
+                "container",
+                "page",
+                "state",
+                "records",
+                "records_used",
+                "bytes",
             ]
         }
         _ => {

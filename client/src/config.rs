@@ -1,6 +1,7 @@
 //! Client configuration, from code or from the environment.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED};
 
@@ -47,6 +48,10 @@ pub struct Config {
     /// Initial consumers by pattern (`PFS_CONSUMERS`, e.g.
     /// `events_waits_history_long=ON`), applied in order.
     pub consumer_rules: Vec<(String, bool)>,
+    /// Reclaim thread-container pages whose records have all been free for
+    /// this long, returning their memory to the OS (`None`: never). A
+    /// background thread `pfs-maintenance` runs the reclaimer.
+    pub reclaim_after: Option<Duration>,
 }
 
 /// Parses `pattern=VALUE` rules separated by `;` or `,`. Instrument values:
@@ -86,6 +91,35 @@ fn parse_rules<T>(s: &str, value: impl Fn(&str) -> Option<T>) -> Result<Vec<(Str
         .collect()
 }
 
+/// Default quiet time before an empty container page is reclaimed.
+pub const DEFAULT_RECLAIM_AFTER: Duration = Duration::from_secs(30);
+
+/// Parses a duration written as a number and a unit (`ms`, `s`, `m`, `h`;
+/// no unit means seconds), e.g. `500ms`, `30s`, `5m`.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(pfs_client::parse_duration("5m"), Ok(Duration::from_secs(300)));
+/// assert!(pfs_client::parse_duration("5 parsecs").is_err());
+/// ```
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration; use e.g. 300s, 5m, 1h"))?;
+    Ok(match unit {
+        "ms" => Duration::from_millis(n),
+        "s" | "" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        _ => return Err(format!("unknown unit {unit:?} in {s:?}; use ms, s, m or h")),
+    })
+}
+
 impl Config {
     /// Defaults for `service_name`.
     pub fn new(service_name: impl Into<String>) -> Self {
@@ -103,6 +137,7 @@ impl Config {
             history_long_len: 10_000,
             instrument_rules: Vec::new(),
             consumer_rules: Vec::new(),
+            reclaim_after: Some(DEFAULT_RECLAIM_AFTER),
         }
     }
 
@@ -142,6 +177,15 @@ impl Config {
             c.instrument_rules = parse_instrument_rules(&v)
                 .map_err(|e| InitError::BadEnv("PFS_INSTRUMENT".into(), e))?;
         }
+        if let Ok(v) = std::env::var("PFS_RECLAIM_AFTER") {
+            c.reclaim_after = match v.trim() {
+                "off" | "OFF" | "0" => None,
+                d => Some(
+                    parse_duration(d)
+                        .map_err(|e| InitError::BadEnv("PFS_RECLAIM_AFTER".into(), e))?,
+                ),
+            };
+        }
         if let Ok(v) = std::env::var("PFS_CONSUMERS") {
             c.consumer_rules = parse_consumer_rules(&v)
                 .map_err(|e| InitError::BadEnv("PFS_CONSUMERS".into(), e))?;
@@ -170,6 +214,13 @@ impl Config {
     /// Adds an initial consumer rule.
     pub fn consumer(mut self, pattern: &str, enabled: bool) -> Self {
         self.consumer_rules.push((pattern.to_string(), enabled));
+        self
+    }
+
+    /// Sets the quiet time after which empty container pages are reclaimed
+    /// (`None` turns reclamation and its background thread off).
+    pub fn reclaim_after(mut self, quiet: Option<Duration>) -> Self {
+        self.reclaim_after = quiet;
         self
     }
 

@@ -51,7 +51,10 @@ mod thread;
 mod timer;
 mod wait;
 
-pub use config::{Config, DEFAULT_SHM_DIR, parse_consumer_rules, parse_instrument_rules};
+pub use config::{
+    Config, DEFAULT_RECLAIM_AFTER, DEFAULT_SHM_DIR, parse_consumer_rules, parse_duration,
+    parse_instrument_rules,
+};
 pub use error::InitError;
 pub use memory::{LazyMemoryClass, MemoryClass, MemoryScope, MemoryToken, memory_scope};
 pub use pfs_shm_layout::Operation;

@@ -5,7 +5,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pfs_shm_layout::layout::SetupSection;
 use pfs_shm_layout::{Segment, SegmentConfig, SegmentWriter, TimerCalibration};
@@ -124,6 +124,10 @@ fn create(cfg: &Config) -> Result<Runtime, InitError> {
     for (pattern, on) in &cfg.consumer_rules {
         pfs_shm_layout::setup::set_consumers(writer.segment(), pattern, *on);
     }
+    if let Some(quiet) = cfg.reclaim_after {
+        writer.set_reclaim_after(Some(quiet));
+        spawn_maintenance(writer, quiet);
+    }
     tracing::info!(path = %path.display(), "pfs segment created");
     Ok(Runtime {
         writer,
@@ -133,6 +137,27 @@ fn create(cfg: &Config) -> Result<Runtime, InitError> {
         default_flags: cfg.default_flags(),
         instrument_rules: cfg.instrument_rules.clone(),
     })
+}
+
+/// Starts the `pfs-maintenance` thread: every quarter of the quiet time
+/// (between 10 ms and 5 s) it runs the container reclaimer, a slow path
+/// that never touches the event hot path. If the thread cannot be started
+/// the process runs on without reclamation.
+fn spawn_maintenance(writer: &'static SegmentWriter, quiet: Duration) {
+    let tick = (quiet / 4).clamp(Duration::from_millis(10), Duration::from_secs(5));
+    let started = std::thread::Builder::new()
+        .name("pfs-maintenance".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(tick);
+                writer.maintain();
+            }
+        });
+    if let Err(e) = started {
+        tracing::warn!(
+            "pfs: cannot start the maintenance thread ({e}); container pages will not be reclaimed"
+        );
+    }
 }
 
 fn open_new(path: &Path, mode: u32) -> Result<File, InitError> {

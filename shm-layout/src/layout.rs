@@ -15,10 +15,10 @@ use crate::seqlock::SeqLock;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"PFSSHM\0\0");
 /// Major layout version. Bumped on every incompatible change; a reader
 /// refuses any major version it does not know.
-pub const LAYOUT_MAJOR: u32 = 2;
+pub const LAYOUT_MAJOR: u32 = 3;
 /// Minor layout version: compatible additions (new section kinds, use of
 /// reserved fields). Readers accept any minor version of a known major.
-pub const LAYOUT_MINOR: u32 = 1;
+pub const LAYOUT_MINOR: u32 = 0;
 /// Written natively by the creator; a reader on the other byte order would
 /// read `0x0403_0201` and refuses the segment.
 pub const BYTE_ORDER_MARK: u32 = 0x0102_0304;
@@ -161,8 +161,13 @@ pub struct Header {
     pub timer_base_ns: AtomicU64,
     /// Events per `events_*_history_long` ring (0 = none).
     pub history_long_len: AtomicU64,
+    /// Bit *k* set: `history_long` ring *k* (0 waits, 1 stages, 2
+    /// statements) has been reserved and may be read. A reader must not
+    /// touch an unreserved ring: on a full volume, even reading a hole of a
+    /// shared mapping faults (SIGBUS).
+    pub long_reserved: AtomicU64,
     /// Reserved, zero.
-    pub reserved1: [AtomicU64; 10],
+    pub reserved1: [AtomicU64; 9],
     /// The section directory, at offset 0x100.
     pub sections: [SectionEntry; MAX_SECTIONS],
     /// Pads the header to [`PAGE`] bytes.
@@ -777,10 +782,19 @@ pub struct FoldLogEntry {
     pub version: AtomicU64,
 }
 
-/// Container page state: never used; its bytes are a hole.
+/// Container page state (low 2 bits of a page word): never used; its
+/// bytes are a hole.
 pub const PAGE_UNUSED: u64 = 0;
-/// Container page state: reserved (`fallocate`d) and part of the scan.
+/// Container page state: reserved (`fallocate`d) and part of every scan.
 pub const PAGE_ACTIVE: u64 = 1;
+/// Container page state: being checked and punched by its owner.
+pub const PAGE_RECLAIMING: u64 = 2;
+/// Container page state: its records were all FREE for the quiet time and
+/// its bytes went back to the OS (a hole) until it is revived.
+pub const PAGE_RECLAIMED: u64 = 3;
+/// The unit of the `users` count in bits 2..63 of a page word (allocators
+/// scanning the page; see [`crate::container`]).
+pub const PAGE_USER: u64 = 4;
 
 /// Header of the thread container section (64 bytes), followed by the page
 /// directory (`max_pages` × `AtomicU64` page states, padded to [`PAGE`])
@@ -798,10 +812,15 @@ pub struct ContainerHeader {
     pub page_size: AtomicU64,
     /// Offset of page 0 from the start of the section.
     pub pages_offset: AtomicU64,
-    /// Number of pages added so far (pages `0..pages_added` are ACTIVE).
+    /// Number of pages ever added (pages `0..pages_added` are ACTIVE,
+    /// RECLAIMING or RECLAIMED; the rest are UNUSED).
     pub pages_added: AtomicU64,
+    /// Pages reclaimed so far (each returned `page_size` bytes to the OS).
+    pub pages_reclaimed: AtomicU64,
+    /// Reclaimed pages revived so far.
+    pub pages_revived: AtomicU64,
     /// Reserved, zero.
-    pub reserved: [AtomicU64; 3],
+    pub reserved: AtomicU64,
 }
 
 // ---------------------------------------------------------------------------
@@ -830,6 +849,7 @@ const _: () = {
     assert!(offset_of!(Header, service_name) == 0x60);
     assert!(offset_of!(Header, timer_base_ns) == 0xA0);
     assert!(offset_of!(Header, history_long_len) == 0xA8);
+    assert!(offset_of!(Header, long_reserved) == 0xB0);
     assert!(offset_of!(Header, sections) == 0x100);
     assert!(size_of::<LostCounters>() == 128);
     assert!(size_of::<ClassEntry>() == 128);
@@ -903,6 +923,14 @@ const _: () = {
     assert!(size_of::<GlobalHeader>() == 64 + 24 * FOLD_LOG_LEN);
     assert!(offset_of!(SetupSection, consumers) == 0);
     assert!(size_of::<ContainerHeader>() == 64);
+    assert!(offset_of!(ContainerHeader, records_per_page) == 0);
+    assert!(offset_of!(ContainerHeader, max_pages) == 4);
+    assert!(offset_of!(ContainerHeader, record_size) == 8);
+    assert!(offset_of!(ContainerHeader, page_size) == 16);
+    assert!(offset_of!(ContainerHeader, pages_offset) == 24);
+    assert!(offset_of!(ContainerHeader, pages_added) == 32);
+    assert!(offset_of!(ContainerHeader, pages_reclaimed) == 40);
+    assert!(offset_of!(ContainerHeader, pages_revived) == 48);
     // Histogram bucket bounds are what the docs say.
     assert!(bucket_index(0) == 0);
     assert!(bucket_index(1 << 13) == 0);

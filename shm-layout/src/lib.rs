@@ -7,7 +7,7 @@
 //! [`layout`] are the same tables in Rust, with every size and offset
 //! checked at compile time.
 //!
-//! Layout version **2.0** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
+//! Layout version **3.0** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
 //! All integers are little-endian (the header's byte-order mark says so).
 //! Every field is an aligned 32- or 64-bit word, read and written with
 //! atomic instructions only.
@@ -54,9 +54,11 @@
 //!
 //! Section offsets are not fixed: read them from the directory. Every
 //! section starts on a 4096-byte boundary. Regions up to the first
-//! container page are reserved (`fallocate`) at creation; a page is
-//! reserved when it is added, before it is touched, so a full volume
-//! surfaces as an error and a lost count, never as a SIGBUS.
+//! container page are reserved (`fallocate`) at creation, except the
+//! `history_long` rings, reserved on first use (flagged in the header's
+//! `long_reserved`); a page is reserved when it is added or revived,
+//! before it is touched, so a full volume surfaces as an error and a lost
+//! count, never as a SIGBUS. Neither side touches an unreserved region.
 //!
 //! ## Header (offset 0, 4096 bytes)
 //!
@@ -81,6 +83,7 @@
 //! | 0x060  | 64   | `service_name`          | UTF-8, zero padded |
 //! | 0x0A0  | 8    | `timer_base_ns`         | `CLOCK_MONOTONIC` ns at creation (base of the non-CYCLE timers) |
 //! | 0x0A8  | 8    | `history_long_len`      | rows per `history_long` ring |
+//! | 0x0B0  | 8    | `long_reserved`         | bit *k*: `history_long` ring *k* is reserved and readable (readers never touch an unreserved ring) |
 //! | 0x100  | 512  | `sections[16]`          | section directory, below |
 //!
 //! Section directory entry (32 bytes): `kind` u32, reserved u32, `offset`
@@ -247,14 +250,36 @@
 //!
 //! | word            | values |
 //! |-----------------|--------|
-//! | page directory  | 0 UNUSED (hole), 1 ACTIVE |
+//! | page directory  | state in bits 0..1: 0 UNUSED (hole), 1 ACTIVE, 2 RECLAIMING, 3 RECLAIMED (hole again); bits 2..63: allocators scanning the page |
 //! | record `lock`   | state 0 FREE, 1 DIRTY, 2 ALLOCATED; version in bits 2..63 |
 //!
-//! `ContainerHeader`: `records_per_page` u32, `max_pages` u32,
-//! `record_size` u64, `page_size` u64, `pages_offset` u64 (from the section
-//! start), `pages_added` u64 (pages `0..pages_added` are in use).
+//! ```text
+//!            add (reserve)          all FREE for the quiet time, no user
+//!  UNUSED ─────────────────▶ ACTIVE ─────────────────────────────────────▶ RECLAIMING
+//!                              ▲  ▲            a record in use / punch failed │
+//!                              │  └───────────────────────────────────────────┤
+//!                              │                                  hole punched │
+//!                              │      revive (reserve, lock words FREE(base))  ▼
+//!                              └──────────────────────────────────────── RECLAIMED
+//! ```
+//!
+//! | offset | size | `ContainerHeader` field | meaning |
+//! |-------:|-----:|-------------------------|---------|
+//! | 0      | 4    | `records_per_page`      | records per page |
+//! | 4      | 4    | `max_pages`             | page directory length |
+//! | 8      | 8    | `record_size`           | bytes per record (multiple of 64) |
+//! | 16     | 8    | `page_size`             | bytes per page (multiple of 4096) |
+//! | 24     | 8    | `pages_offset`          | page 0, from the section start |
+//! | 32     | 8    | `pages_added`           | pages `0..pages_added` were added (ACTIVE, RECLAIMING or RECLAIMED) |
+//! | 40     | 8    | `pages_reclaimed`       | reclaims so far (owner's count) |
+//! | 48     | 8    | `pages_revived`         | revivals so far |
+//! | 56     | 8    | reserved                | zero |
+//!
 //! A zero lock word is FREE, so a hole or a zero-filled page never shows a
-//! thread.
+//! thread. Readers copy records only from ACTIVE pages (touching a
+//! reclaimed hole would make the filesystem allocate it again). The full
+//! protocol, and why it never hands a record to two owners nor reclaims a
+//! page in use, is in [`container`]; a `loom` model checks it.
 //!
 //! ## Protocols
 //!
@@ -306,6 +331,7 @@
 
 #![deny(missing_docs)]
 
+pub mod container;
 pub mod error;
 pub mod kinds;
 pub mod layout;

@@ -21,6 +21,52 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// The operations the record and page protocols need from a 64-bit atomic
+/// word. Implemented for [`AtomicU64`] (the shared-memory words) and, in
+/// this crate's tests, for `loom`'s model-checked atomic, so the very code
+/// that runs in production is the code the model checker explores.
+pub trait Word {
+    /// [`AtomicU64::load`].
+    fn load(&self, order: Ordering) -> u64;
+    /// [`AtomicU64::store`].
+    fn store(&self, value: u64, order: Ordering);
+    /// [`AtomicU64::compare_exchange`].
+    fn compare_exchange(
+        &self,
+        current: u64,
+        new: u64,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<u64, u64>;
+    /// [`AtomicU64::fetch_sub`].
+    fn fetch_sub(&self, value: u64, order: Ordering) -> u64;
+}
+
+impl Word for AtomicU64 {
+    #[inline]
+    fn load(&self, order: Ordering) -> u64 {
+        AtomicU64::load(self, order)
+    }
+    #[inline]
+    fn store(&self, value: u64, order: Ordering) {
+        AtomicU64::store(self, value, order)
+    }
+    #[inline]
+    fn compare_exchange(
+        &self,
+        current: u64,
+        new: u64,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<u64, u64> {
+        AtomicU64::compare_exchange(self, current, new, success, failure)
+    }
+    #[inline]
+    fn fetch_sub(&self, value: u64, order: Ordering) -> u64 {
+        AtomicU64::fetch_sub(self, value, order)
+    }
+}
+
 use crate::layout::{REC_ALLOCATED, REC_DIRTY, REC_FREE};
 
 /// Decoded state of a lock word.
@@ -56,7 +102,7 @@ pub const fn encode(state: u64, version: u64) -> u64 {
 
 /// Tries FREE → DIRTY. Returns the version observed if this caller won.
 #[inline]
-pub fn try_acquire(lock: &AtomicU64) -> Option<u64> {
+pub fn try_acquire<W: Word + ?Sized>(lock: &W) -> Option<u64> {
     let w = lock.load(Ordering::Relaxed);
     if w & 3 != REC_FREE {
         return None;
@@ -74,7 +120,7 @@ pub fn try_acquire(lock: &AtomicU64) -> Option<u64> {
 
 /// DIRTY → ALLOCATED with the next version; returns that version.
 #[inline]
-pub fn publish(lock: &AtomicU64, old_version: u64) -> u64 {
+pub fn publish<W: Word + ?Sized>(lock: &W, old_version: u64) -> u64 {
     let v = old_version.wrapping_add(1) & (u64::MAX >> 2);
     lock.store(encode(REC_ALLOCATED, v), Ordering::Release);
     v
@@ -82,7 +128,7 @@ pub fn publish(lock: &AtomicU64, old_version: u64) -> u64 {
 
 /// ALLOCATED(v) → FREE(v).
 #[inline]
-pub fn release(lock: &AtomicU64, version: u64) {
+pub fn release<W: Word + ?Sized>(lock: &W, version: u64) {
     lock.store(encode(REC_FREE, version), Ordering::Release);
 }
 

@@ -25,6 +25,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{Ordering::*, fence};
 
+use crate::container::PageState;
 use crate::error::SegmentError;
 use crate::kinds::{ClassKind, Operation};
 use crate::layout::*;
@@ -475,6 +476,12 @@ pub struct SegmentSnapshot {
     pub long_tickets: [u64; 3],
     /// Container pages added.
     pub pages: u32,
+    /// State of each added page (ACTIVE, RECLAIMED, ...), by page index.
+    pub page_states: Vec<PageState>,
+    /// Pages reclaimed since creation (the owner's running count).
+    pub pages_reclaimed: u64,
+    /// Reclaimed pages revived since creation.
+    pub pages_revived: u64,
     /// The segment's geometry (sizes of its sections).
     pub geometry: crate::segment::Geometry,
     /// Reading effort.
@@ -532,8 +539,13 @@ fn try_snapshot(
     let states = seg.page_states();
     let g = *seg.geometry();
     let mut threads = Vec::new();
+    let mut page_states = Vec::with_capacity(pages as usize);
     for page in 0..pages {
-        if states[page as usize].load(Acquire) != PAGE_ACTIVE {
+        // Only ACTIVE pages are read: touching a reclaimed page's hole
+        // would make the filesystem allocate it again.
+        let state = PageState::of(states[page as usize].load(Acquire));
+        page_states.push(state);
+        if state != PageState::Active {
             continue;
         }
         for slot in 0..g.records_per_page {
@@ -589,7 +601,15 @@ fn try_snapshot(
     let before = threads.len();
     threads.retain(|t| !log.contains(&(u64::from(t.record), t.version)));
     total.folded_copies += (before - threads.len()) as u64;
-    let long_tickets = [0, 1, 2].map(|k| seg.long_header(k).next.load(Acquire));
+    // Unreserved rings are holes: never touched (see `long_reserved`).
+    let reserved = seg.header().long_reserved.load(Acquire);
+    let long_tickets = [0, 1, 2].map(|k| {
+        if reserved & (1 << k) != 0 {
+            seg.long_header(k).next.load(Acquire)
+        } else {
+            0
+        }
+    });
     let (long, long_statements) = if opts.events {
         read_long(seg, &long_tickets, opts, total)
     } else {
@@ -621,6 +641,9 @@ fn try_snapshot(
         threads_exited: f2,
         lost,
         pages,
+        page_states,
+        pages_reclaimed: seg.container_header().pages_reclaimed.load(Acquire),
+        pages_revived: seg.container_header().pages_revived.load(Acquire),
         geometry: g,
         stats: ReadStats::default(),
     })

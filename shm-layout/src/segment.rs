@@ -810,6 +810,29 @@ impl Segment {
     }
 }
 
+impl Segment {
+    /// Returns the bytes of container page `page` to the operating system
+    /// (`fallocate(PUNCH_HOLE)`; the file keeps its size and the range reads
+    /// as zeros). Only the page's owner calls this, on a RECLAIMING page.
+    pub fn punch_page(&self, page: u32) -> Result<(), SegmentError> {
+        rustix::fs::fallocate(
+            self.file.as_fd(),
+            rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+            self.geom.page_off(page) as u64,
+            self.geom.page_size as u64,
+        )
+        .map_err(|e| SegmentError::Io("punch a hole in the segment file", std::io::Error::from(e)))
+    }
+
+    /// Bytes of storage the segment file holds (`st_blocks` × 512), which
+    /// shrinks when pages are reclaimed.
+    pub fn allocated_bytes(&self) -> Result<u64, SegmentError> {
+        let st = rustix::fs::fstat(self.file.as_fd())
+            .map_err(|e| SegmentError::Io("stat the segment file", std::io::Error::from(e)))?;
+        Ok(st.st_blocks as u64 * 512)
+    }
+}
+
 /// Views of one thread record.
 #[derive(Debug, Clone, Copy)]
 pub struct RecordRef<'a> {

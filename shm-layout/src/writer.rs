@@ -13,6 +13,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
+use std::time::{Duration, Instant};
+
+use crate::container::{self, PageState};
 use crate::kinds::ClassKind;
 use crate::layout::*;
 use crate::lockword;
@@ -26,12 +29,52 @@ pub struct SegmentWriter {
     slow: Mutex<SlowState>,
     /// Per `history_long` ring: 0 not reserved yet, 1 reserved, 2 failed.
     long_state: [std::sync::atomic::AtomicU8; 3],
+    /// Bumped (under the process lock) whenever a record may have become
+    /// free for an allocator that already scanned past it: a record
+    /// released, a page added, revived or given back ACTIVE by the
+    /// reclaimer. An allocator adds a page only if this did not move during
+    /// its whole scan, i.e. it really found every record taken.
+    epoch: AtomicU64,
+    /// Where the next scan starts: the page of the last record released or
+    /// taken (the most likely place for a free record). Only a hint: every
+    /// scan still wraps around all pages.
+    hint: AtomicU32,
 }
 
 #[derive(Debug, Default)]
 struct SlowState {
     classes: HashMap<String, u32>,
     strings: HashMap<String, u32>,
+    /// Per added page: the owner's bookkeeping for reclamation.
+    pages: Vec<PageBook>,
+    /// Reclaim pages quiet for this long; `None` never reclaims.
+    reclaim_after: Option<Duration>,
+    /// Totals since creation.
+    reclaim: ReclaimStats,
+}
+
+/// Process-local bookkeeping of one container page.
+#[derive(Debug, Clone, Copy)]
+struct PageBook {
+    /// When a record of the page was last released (or the page added or
+    /// revived): the page is quiet once this is `reclaim_after` old and
+    /// every record is FREE.
+    last_release: Instant,
+    /// Highest record version seen when the page was reclaimed.
+    base_version: u64,
+}
+
+/// What page reclamation did so far (see [`SegmentWriter::maintain`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReclaimStats {
+    /// Pages reclaimed (their bytes returned to the OS).
+    pub pages_reclaimed: u64,
+    /// Reclaimed pages brought back into use.
+    pub pages_revived: u64,
+    /// Bytes returned by the reclaims (page size × pages reclaimed).
+    pub bytes_reclaimed: u64,
+    /// Hole punches that failed (the page stayed ACTIVE).
+    pub punch_failures: u64,
 }
 
 /// A thread record owned by the calling thread.
@@ -109,10 +152,21 @@ pub const KIND_STATEMENT: usize = 2;
 impl SegmentWriter {
     /// Wraps a segment this process created.
     pub fn new(seg: Segment) -> Self {
+        let now = Instant::now();
+        let book = PageBook {
+            last_release: now,
+            base_version: 0,
+        };
+        let slow = SlowState {
+            pages: vec![book; seg.pages_added() as usize],
+            ..SlowState::default()
+        };
         Self {
             seg,
-            slow: Mutex::new(SlowState::default()),
+            slow: Mutex::new(slow),
             long_state: Default::default(),
+            epoch: AtomicU64::new(0),
+            hint: AtomicU32::new(0),
         }
     }
 
@@ -180,45 +234,191 @@ impl SegmentWriter {
     }
 
     /// Allocates a thread record and publishes its identity. Lock-free
-    /// except when a page must be added. `None` (and a lost count) when the
-    /// container is full or the volume cannot back a new page.
+    /// except when a page must be added or revived. `None` (and a lost
+    /// count) when the container is full or the volume cannot back a page.
+    ///
+    /// The scan never skips: it walks every record of every ACTIVE page
+    /// with a local cursor, starting at the page of the last record
+    /// released or taken (where a free record most likely is) and wrapping
+    /// around, each page from a slot derived from `thread_id` (so
+    /// concurrent allocators probe different records). A page is added, or a reclaimed one revived, only
+    /// under the process lock and only if no record was released and no
+    /// page changed since the scan began: every record really was taken.
     pub fn alloc_thread(&self, thread_id: u64, os_tid: u64, name: &str) -> Option<ThreadSlot> {
         let g = self.seg.geometry();
+        let rpp = g.records_per_page as usize;
+        // Fibonacci hashing of the thread id spreads starting slots.
+        let start = (thread_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % rpp;
         loop {
+            let epoch = self.epoch.load(Acquire);
             let pages = self.seg.pages_added();
-            if let Some((index, v)) = self.try_alloc_in(0..pages * g.records_per_page) {
+            if let Some((index, v)) = self.scan(pages, start) {
                 let rec = self.seg.record(index);
                 init_record(rec, thread_id, os_tid, name);
                 let version = lockword::publish(&rec.header.lock, v);
                 return Some(ThreadSlot { index, version });
             }
-            // Every record of every page was taken during this scan: add a
-            // page, unless another thread already did.
-            let _slow = self.slow();
-            if self.seg.pages_added() != pages {
+            let mut slow = self.slow();
+            if self.epoch.load(Relaxed) != epoch || self.seg.pages_added() != pages {
                 continue;
             }
-            if pages >= g.max_pages {
-                self.seg.count_lost(LostKind::Threads);
-                return None;
+            let states = self.seg.page_states();
+            let reclaimed = (0..pages)
+                .find(|&p| PageState::of(states[p as usize].load(Acquire)) == PageState::Reclaimed);
+            if let Some(p) = reclaimed {
+                if self.seg.reserve_page(p).is_err() {
+                    self.seg.count_lost(LostKind::Pages);
+                    self.seg.count_lost(LostKind::Threads);
+                    return None;
+                }
+                let book = &mut slow.pages[p as usize];
+                container::revive(
+                    &states[p as usize],
+                    rpp,
+                    |s| self.page_lock(p, s),
+                    book.base_version,
+                );
+                book.last_release = Instant::now();
+                slow.reclaim.pages_revived += 1;
+                self.seg
+                    .container_header()
+                    .pages_revived
+                    .store(slow.reclaim.pages_revived, Release);
+            } else {
+                if pages >= g.max_pages {
+                    self.seg.count_lost(LostKind::Threads);
+                    return None;
+                }
+                if self.seg.reserve_page(pages).is_err() {
+                    self.seg.count_lost(LostKind::Pages);
+                    self.seg.count_lost(LostKind::Threads);
+                    return None;
+                }
+                container::activate(&states[pages as usize]);
+                self.seg
+                    .container_header()
+                    .pages_added
+                    .store(u64::from(pages) + 1, Release);
+                slow.pages.push(PageBook {
+                    last_release: Instant::now(),
+                    base_version: 0,
+                });
             }
-            if self.seg.reserve_page(pages).is_err() {
-                self.seg.count_lost(LostKind::Pages);
-                self.seg.count_lost(LostKind::Threads);
-                return None;
-            }
-            self.seg.page_states()[pages as usize].store(PAGE_ACTIVE, Release);
-            self.seg
-                .container_header()
-                .pages_added
-                .store(u64::from(pages) + 1, Release);
+            self.epoch.fetch_add(1, Release);
         }
     }
 
-    fn try_alloc_in(&self, range: std::ops::Range<u32>) -> Option<(u32, u64)> {
-        range
-            .into_iter()
-            .find_map(|i| lockword::try_acquire(&self.seg.record(i).header.lock).map(|v| (i, v)))
+    /// The lock word of record `slot` of page `page`.
+    fn page_lock(&self, page: u32, slot: usize) -> &AtomicU64 {
+        &self
+            .seg
+            .record(page * self.seg.geometry().records_per_page + slot as u32)
+            .header
+            .lock
+    }
+
+    /// One full scan of pages `0..pages` for a FREE record, from the hint.
+    fn scan(&self, pages: u32, start: usize) -> Option<(u32, u64)> {
+        if pages == 0 {
+            return None;
+        }
+        let rpp = self.seg.geometry().records_per_page;
+        let states = self.seg.page_states();
+        let first = self.hint.load(Relaxed) % pages;
+        (0..pages).map(|k| (first + k) % pages).find_map(|p| {
+            let state = &states[p as usize];
+            // Lock words are touched only by a page user: a page being
+            // reclaimed may be a hole, and touching a hole on a full volume
+            // would fault.
+            if !container::enter(state) {
+                return None;
+            }
+            let got = container::take_free(rpp as usize, |s| self.page_lock(p, s), start);
+            container::leave(state);
+            if got.is_some() {
+                self.hint.store(p, Relaxed);
+            }
+            got.map(|(slot, v)| (p * rpp + slot as u32, v))
+        })
+    }
+
+    /// Sets how long a page's records must all have been FREE before
+    /// [`maintain`](Self::maintain) reclaims it; `None` turns reclamation
+    /// off (the default).
+    pub fn set_reclaim_after(&self, quiet: Option<Duration>) {
+        self.slow().reclaim_after = quiet;
+    }
+
+    /// The maintenance pass (a slow path: the owner calls it from a thread
+    /// exit or a periodic tick, never from the event hot path). Reclaims
+    /// every ACTIVE page whose records have all been FREE for the quiet
+    /// time: its bytes go back to the OS by a hole punch. Punches RECLAIMED
+    /// pages again, which drops any 4 KiB a reader faulted back in. Returns
+    /// the running totals.
+    pub fn maintain(&self) -> ReclaimStats {
+        let mut slow = self.slow();
+        self.maintain_locked(&mut slow, Instant::now());
+        slow.reclaim
+    }
+
+    /// Reclamation totals so far.
+    pub fn reclaim_stats(&self) -> ReclaimStats {
+        self.slow().reclaim
+    }
+
+    fn maintain_locked(&self, slow: &mut SlowState, now: Instant) {
+        let Some(quiet) = slow.reclaim_after else {
+            return;
+        };
+        let rpp = self.seg.geometry().records_per_page as usize;
+        let states = self.seg.page_states();
+        let page_size = self.seg.geometry().page_size as u64;
+        for (p, state) in states.iter().enumerate().take(slow.pages.len()) {
+            let page = p as u32;
+            match PageState::of(state.load(Acquire)) {
+                PageState::Active => {}
+                PageState::Reclaimed => {
+                    // Idempotent; failures change nothing.
+                    let _ = self.seg.punch_page(page);
+                    continue;
+                }
+                _ => continue,
+            }
+            if now.saturating_duration_since(slow.pages[p].last_release) < quiet
+                || !container::all_free(rpp, |s| self.page_lock(page, s))
+            {
+                continue;
+            }
+            let mut punched = false;
+            let r = container::try_reclaim(
+                state,
+                rpp,
+                |s| self.page_lock(page, s),
+                || {
+                    punched = self.seg.punch_page(page).is_ok();
+                    punched
+                },
+            );
+            match r {
+                Ok(base) => {
+                    slow.pages[p].base_version = base;
+                    slow.reclaim.pages_reclaimed += 1;
+                    slow.reclaim.bytes_reclaimed += page_size;
+                    self.seg
+                        .container_header()
+                        .pages_reclaimed
+                        .store(slow.reclaim.pages_reclaimed, Release);
+                }
+                Err(container::NotReclaimed::PunchFailed) => {
+                    slow.reclaim.punch_failures += 1;
+                    self.epoch.fetch_add(1, Release);
+                }
+                Err(container::NotReclaimed::InUse) => {
+                    self.epoch.fetch_add(1, Release);
+                }
+                Err(container::NotReclaimed::Busy) => {}
+            }
+        }
     }
 
     /// Appends an ended event to the `history_long` ring of `kind`.
@@ -281,6 +481,9 @@ impl SegmentWriter {
             2 => false,
             _ => {
                 let ok = self.seg.reserve_long(kind).is_ok();
+                if ok {
+                    self.seg.header().long_reserved.fetch_or(1 << kind, Release);
+                }
                 self.long_state[kind].store(if ok { 1 } else { 2 }, Release);
                 ok
             }
@@ -319,7 +522,7 @@ impl SegmentWriter {
     /// both and never neither (see the fold log in the crate docs).
     pub fn fold_and_free(&self, slot: ThreadSlot) {
         let rec = self.seg.record(slot.index);
-        let _slow = self.slow();
+        let mut slow = self.slow();
         let gh = self.seg.global_header();
         let rows = self.seg.global_rows();
         let ticket = gh.fold_count.load(Relaxed) + 1;
@@ -344,6 +547,12 @@ impl SegmentWriter {
             gh.fold_count.store(ticket, Relaxed);
         }
         lockword::release(&rec.header.lock, slot.version);
+        let page = slot.index / self.seg.geometry().records_per_page;
+        if let Some(book) = slow.pages.get_mut(page as usize) {
+            book.last_release = Instant::now();
+        }
+        self.hint.store(page, Relaxed);
+        self.epoch.fetch_add(1, Release);
     }
 }
 

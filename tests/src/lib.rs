@@ -237,6 +237,17 @@ impl Writer {
         }
     }
 
+    /// Writes one line to the writer's stdin (modes that wait for a step).
+    pub fn send_line(&mut self, line: &str) -> Result<()> {
+        use std::io::Write as _;
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| anyhow!("the writer's stdin is already closed"))?;
+        writeln!(stdin, "{line}").context("writing to the writer's stdin")?;
+        stdin.flush().context("flushing the writer's stdin")
+    }
+
     /// Closes the writer's stdin (it exits at EOF) and waits for a clean
     /// exit within `timeout`.
     pub fn finish(&mut self, timeout: Duration) -> Result<()> {

@@ -880,8 +880,13 @@ fn dockerfile_passes_hadolint_and_the_image_rules() {
             copy_tree(&root.join(src), &ctx.path().join(src));
         }
     }
+    // Resolved for the Linux target the image builds, so that crates only
+    // other platforms use (e.g. loom's Windows dependencies) need not be
+    // downloaded, exactly as in the image build.
+    let target = format!("{}-unknown-linux-gnu", std::env::consts::ARCH);
     let out = run(Command::new(env!("CARGO"))
         .args(["metadata", "--locked", "--offline", "--format-version", "1"])
+        .args(["--filter-platform", &target])
         .current_dir(ctx.path()));
     assert!(
         out.ok,

@@ -6,6 +6,7 @@
 //! becomes exactly the Prometheus name.
 
 use pfs_shm_layout::ClassKind;
+use pfs_shm_layout::container::PageState;
 use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, LostKind, bucket_upper_ps};
 use pfs_shm_layout::reader::Summary;
 
@@ -420,8 +421,40 @@ pub fn families(snap: &Snapshot, totals: &Totals, last_scrape_seconds: f64) -> V
     out.extend(timer_families(snap));
     out.push(threads);
     out.push(lost);
+    out.push(container_pages(snap));
     out.extend(agent_families(snap, totals, last_scrape_seconds));
     out
+}
+
+/// Thread-container pages by state, per service: `active` pages hold
+/// memory, `reclaimed` ones were returned to the OS after a quiet time.
+fn container_pages(snap: &Snapshot) -> Family {
+    let mut f = Family::new(
+        "pfs_container_pages",
+        None,
+        ("pfs.container.pages", "{page}"),
+        Kind::Gauge,
+        "Pages of the instrumentation's record containers, by state (active pages hold memory; reclaimed ones returned it to the OS).",
+    );
+    let mut by: std::collections::BTreeMap<(String, &'static str), u64> = Default::default();
+    for v in &snap.segments {
+        let s = &v.data;
+        for state in [PageState::Active, PageState::Reclaimed] {
+            let n = s.page_states.iter().filter(|p| **p == state).count();
+            *by.entry((s.service.clone(), state.name())).or_default() += n as u64;
+        }
+    }
+    for ((svc, state), n) in by {
+        f.push(
+            vec![
+                ("service", svc),
+                ("container", "threads".to_string()),
+                ("state", state.to_string()),
+            ],
+            Value::Int(n),
+        );
+    }
+    f
 }
 
 /// `performance_timers` as metrics: the frequency each service's segment

@@ -8,6 +8,7 @@
 //! pfs-test-writer nested --shm-dir D --service S --threads N --statements K --history H
 //! pfs-test-writer loop --shm-dir D --service S --threads N
 //! pfs-test-writer memory --shm-dir D --service S
+//! pfs-test-writer reclaim --shm-dir D --service S --waves W --threads N --reclaim-ms Q
 //! ```
 //!
 //! Every mode prints JSON lines on stdout; see each function.
@@ -76,7 +77,11 @@ fn main() -> Result<()> {
     let args = Args::parse()?;
     let cfg = pfs_client::Config::new(args.str("service")?)
         .shm_dir(args.str("shm-dir")?)
-        .history_len(args.num_or("history", 10)? as u32);
+        .history_len(args.num_or("history", 10)? as u32)
+        .reclaim_after(match args.opts.get("reclaim-ms") {
+            Some(ms) => Some(Duration::from_millis(ms.parse().context("--reclaim-ms")?)),
+            None => Some(pfs_client::DEFAULT_RECLAIM_AFTER),
+        });
     pfs_client::init_with(cfg).context("pfs_client::init_with")?;
     // Register the classes up front, in a fixed order (indexes 0, 1, 2).
     for c in CLASSES {
@@ -91,6 +96,7 @@ fn main() -> Result<()> {
         "nested" => nested(&args),
         "loop" => loop_mode(&args),
         "memory" => memory_mode(),
+        "reclaim" => reclaim_mode(&args),
         m => bail!("unknown mode {m:?}"),
     }
 }
@@ -109,6 +115,12 @@ fn wait_stdin_eof() {
             break;
         }
     }
+}
+
+/// Blocks until the test writes a line on stdin (or closes it).
+fn wait_stdin_line() {
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
 }
 
 fn segment() -> String {
@@ -546,5 +558,52 @@ fn memory_mode() -> Result<()> {
         t.join().map_err(|_| anyhow!("memory thread panicked"))?;
     }
     print(json!({"done": true}));
+    Ok(())
+}
+
+/// `reclaim`: W waves; in each, N threads named `w{wave}-{i}` record
+/// `5 * (i % 7 + 1)` waits each and stay alive together (the peak). The
+/// mode prints `{"phase": "peak", ...}` and waits for a stdin line; then
+/// every thread exits, it prints `{"phase": "idle", ...}` (the container's
+/// pages are now free and, after `--reclaim-ms`, reclaimed by the
+/// maintenance thread) and waits for another line. Ends with
+/// `{"done": true, "events": total}` and waits for stdin EOF.
+fn reclaim_mode(args: &Args) -> Result<()> {
+    let waves = args.num_or("waves", 3)?;
+    let threads = args.num_or("threads", 48)? as usize;
+    print(json!({"ready": true, "pid": std::process::id(), "segment": segment()}));
+    let mut events = 0u64;
+    for wave in 0..waves {
+        let up = Arc::new(Barrier::new(threads + 1));
+        let down = Arc::new(Barrier::new(threads + 1));
+        let mut handles = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let (up, down) = (up.clone(), down.clone());
+            handles.push(
+                std::thread::Builder::new()
+                    .name(format!("w{wave}-{i}"))
+                    .spawn(move || {
+                        let mut tally = Tally::default();
+                        for j in 0..5 * (i % 7 + 1) {
+                            one_wait(0, i * 1000 + j, None, &mut tally);
+                        }
+                        up.wait();
+                        down.wait();
+                        tally.count[0]
+                    })?,
+            );
+        }
+        up.wait();
+        print(json!({"phase": "peak", "wave": wave, "threads": threads}));
+        wait_stdin_line();
+        down.wait();
+        for h in handles {
+            events += h.join().map_err(|_| anyhow!("reclaim thread panicked"))?;
+        }
+        print(json!({"phase": "idle", "wave": wave, "events": events}));
+        wait_stdin_line();
+    }
+    print(json!({"done": true, "events": events}));
+    wait_stdin_eof();
     Ok(())
 }
