@@ -290,7 +290,7 @@ fn main() {
     let handles: Vec<_> = (0..threads)
         .map(|i| {
             let sh = sh.clone();
-            std::thread::spawn(move || worker(&sh, 0x9E37_79B9 ^ (i + 1) * 0x1000_0001, rounds))
+            std::thread::spawn(move || worker(&sh, 0x9E37_79B9 ^ ((i + 1) * 0x1000_0001), rounds))
         })
         .collect();
     for h in handles {
