@@ -216,7 +216,12 @@ impl SegmentSet {
                 retire.push(self.tracked.remove(&path).expect("tracked"));
             }
             if self.was_absorbed(&entry.file_name(), entry.ino()) {
-                continue; // retired, its removal failed or is pending
+                // Retired already (by an agent that died before removing
+                // it, or whose removal failed and was logged).
+                if self.role() == Role::Owner {
+                    let _ = std::fs::remove_file(&path);
+                }
+                continue;
             }
             self.consider(&path);
             self.adopt(&path, entry.ino());
