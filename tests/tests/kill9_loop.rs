@@ -137,10 +137,8 @@ impl Seen {
                 u128::from(u64_col(r, "min_timer_wait")?),
                 u128::from(u64_col(r, "max_timer_wait")?),
             );
-            if min > max || sum < count * min || sum > count * max {
-                if self.torn.len() < 20 {
-                    self.torn.push(format!("torn summary row: {r}"));
-                }
+            if (min > max || sum < count * min || sum > count * max) && self.torn.len() < 20 {
+                self.torn.push(format!("torn summary row: {r}"));
             }
         }
         Ok(())
@@ -206,7 +204,7 @@ fn kill_9_writers_in_a_loop() {
                     Ok(r) => seen.errors.push(format!("/metrics answered {}", r.status)),
                     Err(e) => seen.errors.push(format!("/metrics: {e:#}")),
                 }
-                if i % 3 == 0
+                if i.is_multiple_of(3)
                     && let Err(e) = seen.check_tables(&base)
                 {
                     seen.errors.push(format!("tables: {e:#}"));
