@@ -384,13 +384,19 @@ impl SegmentSet {
                 remove.push((t.path.clone(), t.ino));
             }
         }
+        self.retired_changed();
+        for (path, ino) in remove {
+            remove_retired(&path, ino);
+        }
+    }
+
+    /// Saves the state after `self.retired` changed (call after every
+    /// `self.retired.absorb`); a failed save is retried every pass.
+    fn retired_changed(&mut self) {
         if let Some(store) = &mut self.store {
             store.dirty = true;
         }
         self.save_if_dirty();
-        for (path, ino) in remove {
-            remove_retired(&path, ino);
-        }
     }
 
     fn save_if_dirty(&mut self) {
