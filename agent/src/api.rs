@@ -24,7 +24,9 @@
 //! * `/metrics` bodies are rendered once per snapshot and shared: every
 //!   request within the snapshot's lifetime gets the same reference-counted
 //!   bytes, so concurrent scrapes cost one render and one copy in memory,
-//!   and writing a body to a slow client holds no lock.
+//!   and writing a body to a slow client holds no lock. While one request
+//!   renders the next body, the others get the previous one (at most
+//!   [`STALE_WHILE_RENDERING`] old) instead of queueing.
 //! * At most `max_connections` connections are served at once; further
 //!   ones wait in the kernel's listen backlog until one ends.
 //! * Request headers must arrive within `header_timeout` (this also ends
@@ -57,11 +59,13 @@ use crate::snapshot::{Snapshot, Snapshotter};
 use crate::tables::{self, Filter};
 use crate::truncate::Baselines;
 
+/// While a render is in progress, bodies up to this old are served.
+pub const STALE_WHILE_RENDERING: Duration = Duration::from_secs(1);
+
 /// The last `/metrics` body and the snapshot it was rendered from.
 #[derive(Debug)]
 struct Rendered {
     from: Weak<Snapshot>,
-    at: Instant,
     body: Bytes,
 }
 
@@ -78,6 +82,9 @@ pub struct AppState {
     /// Held while rendering: identical concurrent scrapes wait for one
     /// render instead of each doing it.
     rendered: Mutex<Option<Rendered>>,
+    /// The newest body and its snapshot's time, readable while a render
+    /// is in progress (locked only to copy it).
+    latest: Mutex<Option<(Instant, Bytes)>>,
     /// Bodies younger than this are served without asking the snapshotter.
     max_age: Duration,
 }
@@ -104,6 +111,7 @@ impl AppState {
             read_token,
             baselines: std::sync::Mutex::new(Baselines::default()),
             rendered: Mutex::new(None),
+            latest: Mutex::new(None),
             max_age: crate::run::SNAPSHOT_MAX_AGE,
         })
     }
@@ -146,18 +154,30 @@ impl AppState {
         }
     }
 
-    /// The cached `/metrics` body if it is younger than a snapshot's
-    /// lifetime and nobody is rendering (never blocks).
+    /// The newest `/metrics` body without waiting: if its snapshot is
+    /// younger than a snapshot's lifetime, or, while another request is
+    /// rendering the next one, younger than [`STALE_WHILE_RENDERING`]
+    /// (a scrape storm then never queues behind a render). Bodies only
+    /// move forward, so a client never sees an older body than before.
     fn fresh_metrics(&self) -> Option<Bytes> {
-        let cache = self.rendered.try_lock().ok()?;
-        let r = cache.as_ref()?;
-        (r.at.elapsed() < self.max_age).then(|| r.body.clone())
+        let (at, body) = self
+            .latest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()?;
+        let age = at.elapsed();
+        if age < self.max_age {
+            return Some(body);
+        }
+        let rendering = self.rendered.try_lock().is_err();
+        (rendering && age < STALE_WHILE_RENDERING).then_some(body)
     }
 
     /// Drops the cached body (after a setup change).
     fn invalidate(&self) {
         self.snap.invalidate();
         *self.rendered.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Renders `/metrics`, or returns the body already rendered from the
@@ -177,9 +197,10 @@ impl AppState {
             .store(start.elapsed().as_secs_f64().to_bits(), Ordering::Relaxed);
         *cache = Some(Rendered {
             from: Arc::downgrade(&snap),
-            at: snap.taken_at,
             body: body.clone(),
         });
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((snap.taken_at, body.clone()));
         Ok(body)
     }
 }
