@@ -21,9 +21,9 @@
 //!
 //! Scrape storms and hostile clients (see `docs/SECURITY.md`):
 //!
-//! * `/metrics` bodies are rendered once per snapshot and shared: every
-//!   request within the snapshot's lifetime gets the same reference-counted
-//!   bytes, so concurrent scrapes cost one render and one copy in memory,
+//! * `/metrics` bodies are rendered at most once per snapshot lifetime
+//!   (250 ms) and shared: every request in that time gets the same
+//!   reference-counted bytes, so concurrent scrapes cost one render and one copy in memory,
 //!   and writing a body to a slow client holds no lock. While one request
 //!   renders the next body, the others get the previous one (at most
 //!   [`STALE_WHILE_RENDERING`] old) instead of queueing.
@@ -38,8 +38,8 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -55,19 +55,12 @@ use tokio::net::TcpListener;
 
 use crate::export::prometheus;
 use crate::setup::{self, Change};
-use crate::snapshot::{Snapshot, Snapshotter};
+use crate::snapshot::Snapshotter;
 use crate::tables::{self, Filter};
 use crate::truncate::Baselines;
 
 /// While a render is in progress, bodies up to this old are served.
 pub const STALE_WHILE_RENDERING: Duration = Duration::from_secs(1);
-
-/// The last `/metrics` body and the snapshot it was rendered from.
-#[derive(Debug)]
-struct Rendered {
-    from: Weak<Snapshot>,
-    body: Bytes,
-}
 
 /// Shared state of the server.
 #[derive(Debug)]
@@ -81,9 +74,9 @@ pub struct AppState {
     baselines: std::sync::Mutex<Baselines>,
     /// Held while rendering: identical concurrent scrapes wait for one
     /// render instead of each doing it.
-    rendered: Mutex<Option<Rendered>>,
-    /// The newest body and its snapshot's time, readable while a render
-    /// is in progress (locked only to copy it).
+    rendering: Mutex<()>,
+    /// The newest body and when its render started, readable while a
+    /// render is in progress (locked only to copy it).
     latest: Mutex<Option<(Instant, Bytes)>>,
     /// Bodies younger than this are served without asking the snapshotter.
     max_age: Duration,
@@ -110,7 +103,7 @@ impl AppState {
             token,
             read_token,
             baselines: std::sync::Mutex::new(Baselines::default()),
-            rendered: Mutex::new(None),
+            rendering: Mutex::new(()),
             latest: Mutex::new(None),
             max_age: crate::run::SNAPSHOT_MAX_AGE,
         })
@@ -169,38 +162,36 @@ impl AppState {
         if age < self.max_age {
             return Some(body);
         }
-        let rendering = self.rendered.try_lock().is_err();
+        let rendering = self.rendering.try_lock().is_err();
         (rendering && age < STALE_WHILE_RENDERING).then_some(body)
     }
 
     /// Drops the cached body (after a setup change).
     fn invalidate(&self) {
+        let _rendering = self.rendering.lock().unwrap_or_else(|p| p.into_inner());
         self.snap.invalidate();
-        *self.rendered.lock().unwrap_or_else(|p| p.into_inner()) = None;
         *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    /// Renders `/metrics`, or returns the body already rendered from the
-    /// current snapshot (blocking: walks the segments if the snapshot is
-    /// stale, and waits for a render in progress).
+    /// Renders `/metrics`, or returns the body rendered less than a
+    /// snapshot's lifetime ago (blocking: waits for a render in progress,
+    /// and the render walks the segments if the snapshot is stale).
     pub fn metrics(&self) -> Result<Bytes, std::fmt::Error> {
-        let mut cache = self.rendered.lock().unwrap_or_else(|p| p.into_inner());
-        let snap = self.snap.get();
-        if let Some(r) = cache.as_ref()
-            && Weak::ptr_eq(&r.from, &Arc::downgrade(&snap))
+        let _rendering = self.rendering.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, body)) = self
+            .latest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            && at.elapsed() < self.max_age
         {
-            return Ok(r.body.clone());
+            return Ok(body);
         }
         let start = Instant::now();
         let body = Bytes::from(prometheus::render(&self.registry)?);
         self.render_seconds
             .store(start.elapsed().as_secs_f64().to_bits(), Ordering::Relaxed);
-        *cache = Some(Rendered {
-            from: Arc::downgrade(&snap),
-            body: body.clone(),
-        });
-        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((snap.taken_at, body.clone()));
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((start, body.clone()));
         Ok(body)
     }
 }
