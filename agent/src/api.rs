@@ -80,32 +80,53 @@ pub struct AppState {
     latest: Mutex<Option<(Instant, Bytes)>>,
     /// Bodies younger than this are served without asking the snapshotter.
     max_age: Duration,
+    /// Where the TRUNCATE baselines are saved.
+    baselines_dir: Option<std::path::PathBuf>,
+}
+
+/// Options of the server beyond its snapshot source.
+#[derive(Debug, Default)]
+pub struct AppOptions {
+    /// Bearer token of the control endpoints (none: control refused, 403).
+    pub control_token: Option<String>,
+    /// Bearer token that reads must present (none: reads are open).
+    pub read_token: Option<String>,
+    /// Directory (the segment directory) where `TRUNCATE` baselines are
+    /// kept across restarts (none: in memory only).
+    pub baselines_dir: Option<std::path::PathBuf>,
 }
 
 impl AppState {
     /// State over `snap`; `token` enables the control endpoints.
     pub fn new(snap: Arc<Snapshotter>, token: Option<String>) -> Arc<Self> {
-        Self::with_read_token(snap, token, None)
+        Self::with_options(
+            snap,
+            AppOptions {
+                control_token: token,
+                ..AppOptions::default()
+            },
+        )
     }
 
-    /// State over `snap`; `token` enables the control endpoints;
-    /// `read_token`, if set, is required (or `token`) to read.
-    pub fn with_read_token(
-        snap: Arc<Snapshotter>,
-        token: Option<String>,
-        read_token: Option<String>,
-    ) -> Arc<Self> {
+    /// State over `snap` with `o` (loads saved `TRUNCATE` baselines).
+    pub fn with_options(snap: Arc<Snapshotter>, o: AppOptions) -> Arc<Self> {
         let (registry, render_seconds) = prometheus::registry(snap.clone());
+        let baselines = o
+            .baselines_dir
+            .as_deref()
+            .map(Baselines::load)
+            .unwrap_or_default();
         Arc::new(Self {
             snap,
             registry,
             render_seconds,
-            token,
-            read_token,
-            baselines: std::sync::Mutex::new(Baselines::default()),
+            token: o.control_token,
+            read_token: o.read_token,
+            baselines: std::sync::Mutex::new(baselines),
             rendering: Mutex::new(()),
             latest: Mutex::new(None),
             max_age: crate::run::SNAPSHOT_MAX_AGE,
+            baselines_dir: o.baselines_dir,
         })
     }
 
@@ -287,7 +308,14 @@ async fn control(
         let s = state.clone();
         let r = tokio::task::spawn_blocking(move || {
             let snap = s.snap.take();
-            s.baselines().truncate(&table, &snap).map(|()| table)
+            let mut b = s.baselines();
+            b.truncate(&table, &snap)?;
+            if let Some(dir) = &s.baselines_dir
+                && let Err(e) = b.save(dir)
+            {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot save the TRUNCATE baselines; a restarted agent would show lifetime values");
+            }
+            Ok::<_, String>(table)
         })
         .await;
         return match r {

@@ -90,14 +90,21 @@ struct FileV1 {
 
 #[derive(Serialize, Deserialize)]
 struct ServiceV1 {
-    classes: BTreeMap<String, SummaryV1>,
-    memory: BTreeMap<String, MemoryV1>,
+    classes: BTreeMap<String, ClassV1>,
+    memory: BTreeMap<String, MemoryJson>,
     lost: Vec<u64>,
 }
 
 #[derive(Serialize, Deserialize)]
-struct SummaryV1 {
+struct ClassV1 {
     kind: u32,
+    #[serde(flatten)]
+    summary: SummaryJson,
+}
+
+/// A [`Summary`] in the agent's JSON files.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SummaryJson {
     count: u64,
     timed_count: u64,
     /// Decimal: a `u128` does not fit a JSON number everywhere.
@@ -113,8 +120,9 @@ struct SummaryV1 {
     rows_examined: u64,
 }
 
-#[derive(Serialize, Deserialize)]
-struct MemoryV1 {
+/// [`MemoryStats`] in the agent's JSON files.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct MemoryJson {
     count_alloc: u64,
     count_free: u64,
     bytes_alloc: u64,
@@ -127,11 +135,26 @@ struct MemoryV1 {
     high_bytes: i64,
 }
 
-impl SummaryV1 {
+impl ClassV1 {
     fn from(kind: ClassKind, s: &Summary) -> Self {
-        let f = &s.statement;
         Self {
             kind: kind as u32,
+            summary: SummaryJson::of(s),
+        }
+    }
+
+    fn to(&self, name: &str) -> Result<(ClassKind, Summary), String> {
+        let kind = ClassKind::from_u32(self.kind)
+            .ok_or_else(|| format!("class {name}: unknown kind {}", self.kind))?;
+        Ok((kind, self.summary.get(name)?))
+    }
+}
+
+impl SummaryJson {
+    /// The JSON form of `s`.
+    pub(crate) fn of(s: &Summary) -> Self {
+        let f = &s.statement;
+        Self {
             count: s.count,
             timed_count: s.timed_count,
             sum_ps: s.sum_ps.to_string(),
@@ -147,9 +170,8 @@ impl SummaryV1 {
         }
     }
 
-    fn to(&self, name: &str) -> Result<(ClassKind, Summary), String> {
-        let kind = ClassKind::from_u32(self.kind)
-            .ok_or_else(|| format!("class {name}: unknown kind {}", self.kind))?;
+    /// Back to a [`Summary`]; `name` says where in errors.
+    pub(crate) fn get(&self, name: &str) -> Result<Summary, String> {
         if self.buckets.len() != HISTOGRAM_BUCKETS {
             return Err(format!(
                 "class {name}: {} histogram buckets, expected {HISTOGRAM_BUCKETS}",
@@ -175,11 +197,11 @@ impl SummaryV1 {
         f.rows_affected = self.rows_affected;
         f.rows_sent = self.rows_sent;
         f.rows_examined = self.rows_examined;
-        Ok((kind, s))
+        Ok(s)
     }
 }
 
-impl From<&MemoryStats> for MemoryV1 {
+impl From<&MemoryStats> for MemoryJson {
     fn from(m: &MemoryStats) -> Self {
         Self {
             count_alloc: m.count_alloc,
@@ -196,8 +218,8 @@ impl From<&MemoryStats> for MemoryV1 {
     }
 }
 
-impl From<&MemoryV1> for MemoryStats {
-    fn from(m: &MemoryV1) -> Self {
+impl From<&MemoryJson> for MemoryStats {
+    fn from(m: &MemoryJson) -> Self {
         Self {
             count_alloc: m.count_alloc,
             count_free: m.count_free,
@@ -223,12 +245,12 @@ pub fn encode(state: &State) -> Vec<u8> {
             let classes = t
                 .classes
                 .iter()
-                .map(|(n, (k, s))| (n.clone(), SummaryV1::from(*k, s)))
+                .map(|(n, (k, s))| (n.clone(), ClassV1::from(*k, s)))
                 .collect();
             let memory = t
                 .memory
                 .iter()
-                .map(|(n, m)| (n.clone(), MemoryV1::from(m)))
+                .map(|(n, m)| (n.clone(), MemoryJson::from(m)))
                 .collect();
             (
                 svc.clone(),
@@ -430,36 +452,48 @@ impl Store {
 
     /// Writes the state atomically (temporary file, fsync, rename).
     pub fn save(&mut self, state: &State) -> std::io::Result<()> {
-        let tmp = self.dir.join(format!("{STATE_FILE}.tmp"));
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(&tmp)?;
-        let written = f.write_all(&encode(state)).and_then(|()| f.sync_all());
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-        drop(f);
         let path = self.state_path();
-        if let Err(e) = std::fs::rename(&tmp, &path) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-        if let Ok(d) = File::open(&self.dir) {
-            let _ = d.sync_all();
-        }
+        write_atomic(&path, &encode(state))?;
         self.seen = std::fs::symlink_metadata(&path).ok().map(|m| stamp(&m));
         Ok(())
     }
 }
 
-type Loaded = Option<(State, (u64, i64, u64))>;
+/// Replaces `path` with `bytes` atomically: a temporary file beside it
+/// (`O_EXCL | O_NOFOLLOW`, mode 0600), `fsync`, `rename`, `fsync` of the
+/// directory. A link planted at `path` is replaced, never written through.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(&tmp)?;
+    let written = f.write_all(bytes).and_then(|()| f.sync_all());
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    drop(f);
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    if let Some(dir) = path.parent()
+        && let Ok(d) = File::open(dir)
+    {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
 
-fn read_state(path: &Path) -> Result<Loaded, String> {
+/// Reads an agent file of at most [`MAX_STATE_BYTES`] without following
+/// links: `Ok(None)` if it does not exist, `Err` says what is wrong.
+pub fn read_capped(path: &Path) -> Result<Option<(Vec<u8>, std::fs::Metadata)>, String> {
     let mut f = match open_nofollow(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -480,7 +514,16 @@ fn read_state(path: &Path) -> Result<Loaded, String> {
         .take(MAX_STATE_BYTES + 1)
         .read_to_end(&mut buf)
         .map_err(|e| format!("cannot read it: {e}"))?;
-    decode(&buf).map(|s| Some((s, stamp(&meta))))
+    Ok(Some((buf, meta)))
+}
+
+type Loaded = Option<(State, (u64, i64, u64))>;
+
+fn read_state(path: &Path) -> Result<Loaded, String> {
+    match read_capped(path)? {
+        None => Ok(None),
+        Some((buf, meta)) => decode(&buf).map(|s| Some((s, stamp(&meta)))),
+    }
 }
 
 #[cfg(test)]

@@ -81,7 +81,14 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     set.defaults = defaults;
     let snap = Arc::new(Snapshotter::new(set, SNAPSHOT_MAX_AGE));
     let reads_open = read_token.is_none();
-    let state = AppState::with_read_token(snap.clone(), token, read_token);
+    let state = AppState::with_options(
+        snap.clone(),
+        api::AppOptions {
+            control_token: token,
+            read_token,
+            baselines_dir: Some(a.dir.shm_dir.clone()),
+        },
+    );
     let limits = a.limits.limits();
     runtime()?.block_on(async move {
         let listener = bind(a.listen).await?;

@@ -5,6 +5,8 @@
 //! whose only process exited and was removed) and a service that lost one
 //! of its two processes to `kill -9`. New activity afterwards only adds.
 //!
+//! `TRUNCATE` baselines persist as well (tables keep their truncation).
+//!
 //! The restart also covers an agent that died between saving the state
 //! and removing a retired file: the file (restored through a hard link
 //! taken before retirement, so it is the same inode) is recognised and
@@ -247,4 +249,53 @@ fn a_second_agent_follows_then_takes_over() {
             .then_some(()))
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", second.guard.describe()));
+}
+
+/// `TRUNCATE` baselines survive a restart too: the tables keep showing
+/// counts since the truncation; `/metrics` keeps the lifetime counts.
+#[test]
+fn truncate_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let secrets = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let token_file = secrets.path().join("token");
+    std::fs::write(&token_file, "tok\n").unwrap();
+    let env = [(
+        "PFS_CONTROL_TOKEN_FILE",
+        token_file.to_string_lossy().into_owned(),
+    )];
+    let (_w, ready) = spawn_exact(writer_exe!(), d, "trunc", 2, 30, 0).unwrap();
+    let lifetime = ready_count(&ready, TEST_CLASSES[0]);
+    let table = "events_waits_summary_global_by_event_name";
+    let count_star = |agent: &Agent| -> u64 {
+        let t = agent.table(&format!("{table}?service=trunc")).unwrap();
+        let rows = pfs_tests::rows(&t).unwrap();
+        let row = rows
+            .iter()
+            .find(|r| r["event_name"] == TEST_CLASSES[0])
+            .unwrap_or_else(|| panic!("no {} row in {t}", TEST_CLASSES[0]));
+        pfs_tests::u64_col(row, "count_star").unwrap()
+    };
+    let mut agent = Agent::serve_with_env(d, &env).unwrap();
+    assert_eq!(count_star(&agent), lifetime);
+    let r = ureq::post(&format!("{}/api/v1/tables/{table}/truncate", agent.base))
+        .header("Authorization", "Bearer tok")
+        .send_empty()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(count_star(&agent), 0, "truncated");
+    let file = d.join(pfs_agent::truncate::BASELINES_FILE);
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    agent.guard.child.kill().unwrap();
+    agent.guard.child.wait().unwrap();
+    let agent = Agent::serve_with_env(d, &env).unwrap();
+    assert_eq!(count_star(&agent), 0, "still truncated after the restart");
+    assert_eq!(
+        count(&agent.metrics().unwrap(), "trunc", TEST_CLASSES[0]),
+        lifetime,
+        "/metrics is never truncated"
+    );
 }
