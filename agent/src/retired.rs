@@ -364,8 +364,9 @@ impl Store {
         self.dir.join(STATE_FILE)
     }
 
-    /// Tries to take the directory's lock. Returns true if this agent just
-    /// became the owner (the caller then reloads the state). An agent that
+    /// Tries to take the directory's lock. Returns true if this agent was
+    /// a follower and just became the owner (the caller then reloads the
+    /// state the previous owner left). An agent that
     /// cannot create the lock file (no directory yet, read-only directory)
     /// acts as the owner: there is nobody to share with, and its writes
     /// fail with a logged warning.
@@ -402,7 +403,7 @@ impl Store {
                 if was == Role::Follower {
                     tracing::info!(dir = %self.dir.display(), "the other agent on this directory exited; this agent now retires dead segments and keeps the state file");
                 }
-                true
+                was == Role::Follower
             }
             Err(_) => {
                 if was == Role::Owner {
@@ -636,8 +637,10 @@ mod tests {
         assert!(dir.path().join(CORRUPT_FILE).exists());
         assert!(!a.state_path().exists());
         // The follower takes over once the owner's lock is gone.
+        assert!(!b.elect(), "still a follower");
         drop(a);
         assert!(b.elect());
+        assert!(!b.elect(), "an owner stays the owner");
         assert_eq!(b.role(), Role::Owner);
     }
 
