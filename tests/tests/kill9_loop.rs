@@ -19,6 +19,10 @@
 //!
 //! `PFS_KILL9_ITERATIONS` (default 30) and `PFS_KILL9_SEED` override the
 //! run; the seed is printed.
+//!
+//! A second test replaces a dead segment's file under the same name (a
+//! restarted process that got the same pid): the old segment is folded in
+//! at once and the new one exported.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -375,4 +379,56 @@ fn kill_9_writers_in_a_loop() {
     // The retired totals are saved for the next agent.
     assert!(d.join(pfs_agent::retired::STATE_FILE).exists());
     let _ = agent.guard.child.kill();
+}
+
+/// A restarted process that gets the same pid (as a container's pid 1
+/// does) replaces the old segment file under the same name. The agent
+/// notices the new inode, folds the old segment into the service at once
+/// (its counters do not drop) and exports the new one, without removing
+/// the new process's file.
+#[test]
+fn a_segment_replaced_under_its_name_is_retired_not_lost() {
+    use pfs_tests::spawn_exact;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Long retention: only the replacement can retire the old segment.
+    let agent = Agent::serve_with_env(d, &[("PFS_DEAD_RETENTION", "1h".to_string())]).unwrap();
+    let (mut old, old_r) = spawn_exact(writer_exe!(), d, "re", 1, 40, 0).unwrap();
+    let name = old.segment_in(d, "re");
+    let count = |m: &[pfs_tests::Sample]| {
+        sample(
+            m,
+            "pfs_events_waits_total",
+            &[("service", "re"), ("event_name", TEST_CLASSES[0])],
+        )
+        .unwrap_or(0.0) as u64
+    };
+    let want_old = old_r["classes"][TEST_CLASSES[0]]["count"].as_u64().unwrap();
+    poll(Duration::from_secs(20), || {
+        Ok((count(&agent.metrics()?) == want_old).then_some(()))
+    })
+    .unwrap();
+    old.guard.child.kill().unwrap();
+    old.guard.child.wait().unwrap();
+    // The dead segment is kept (retention) ...
+    poll(Duration::from_secs(20), || {
+        let m = agent.metrics()?;
+        Ok((sample(&m, "pfs_agent_segments", &[("state", "dead")])? == 1.0).then_some(()))
+    })
+    .unwrap();
+    // ... until a new process's segment takes its name.
+    let (_new, new_r) = spawn_exact(writer_exe!(), d, "re", 1, 25, 0).unwrap();
+    let new_path = std::path::PathBuf::from(new_r["segment"].as_str().unwrap());
+    std::fs::rename(&new_path, &name).unwrap();
+    let want = want_old + new_r["classes"][TEST_CLASSES[0]]["count"].as_u64().unwrap();
+    let m = poll(Duration::from_secs(20), || {
+        let m = agent.metrics()?;
+        let retired = sample(&m, "pfs_agent_retired_segments_total", &[])?;
+        let live = sample(&m, "pfs_agent_segments", &[("state", "live")])?;
+        Ok((retired == 1.0 && live == 1.0).then_some(m))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.guard.describe()));
+    assert_eq!(count(&m), want, "old (retired) + new (live)");
+    assert!(name.exists(), "the new process's file was removed");
+    assert_eq!(segment_files(d).len(), 1);
 }
