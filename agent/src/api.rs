@@ -13,10 +13,32 @@
 //! `--control-token-file`, compared in constant time: a missing or wrong
 //! token gets 401, and with no token configured control is refused (403).
 //! Nothing is changed unless the token matches.
+//!
+//! Reads (`/metrics`, `/api/v1/tables*`) are open unless a read token is
+//! configured (`--read-token-file`): then they need `Authorization: Bearer`
+//! with the read token or the control token (401 otherwise). `/healthz`
+//! stays open for probes.
+//!
+//! Scrape storms and hostile clients (see `docs/SECURITY.md`):
+//!
+//! * `/metrics` bodies are rendered at most once per snapshot lifetime
+//!   (250 ms) and shared: every request in that time gets the same
+//!   reference-counted bytes, so concurrent scrapes cost one render and one copy in memory,
+//!   and writing a body to a slow client holds no lock. While one request
+//!   renders the next body, the others get the previous one (at most
+//!   [`STALE_WHILE_RENDERING`] old) instead of queueing.
+//! * At most `max_connections` connections are served at once; further
+//!   ones wait in the kernel's listen backlog until one ends.
+//! * Request headers must arrive within `header_timeout` (this also ends
+//!   idle keep-alive connections) and be at most [`MAX_HEADER_BYTES`] long
+//!   (431 otherwise); a connection lives at most `connection_timeout`
+//!   (which ends clients that never read their response); control bodies
+//!   are at most [`MAX_BODY`] bytes (413).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -37,6 +59,9 @@ use crate::snapshot::Snapshotter;
 use crate::tables::{self, Filter};
 use crate::truncate::Baselines;
 
+/// While a render is in progress, bodies up to this old are served.
+pub const STALE_WHILE_RENDERING: Duration = Duration::from_secs(1);
+
 /// Shared state of the server.
 #[derive(Debug)]
 pub struct AppState {
@@ -45,19 +70,63 @@ pub struct AppState {
     registry: Registry,
     render_seconds: Arc<AtomicU64>,
     token: Option<String>,
+    read_token: Option<String>,
     baselines: std::sync::Mutex<Baselines>,
+    /// Held while rendering: identical concurrent scrapes wait for one
+    /// render instead of each doing it.
+    rendering: Mutex<()>,
+    /// The newest body and when its render started, readable while a
+    /// render is in progress (locked only to copy it).
+    latest: Mutex<Option<(Instant, Bytes)>>,
+    /// Bodies younger than this are served without asking the snapshotter.
+    max_age: Duration,
+    /// Where the TRUNCATE baselines are saved.
+    baselines_dir: Option<std::path::PathBuf>,
+}
+
+/// Options of the server beyond its snapshot source.
+#[derive(Debug, Default)]
+pub struct AppOptions {
+    /// Bearer token of the control endpoints (none: control refused, 403).
+    pub control_token: Option<String>,
+    /// Bearer token that reads must present (none: reads are open).
+    pub read_token: Option<String>,
+    /// Directory (the segment directory) where `TRUNCATE` baselines are
+    /// kept across restarts (none: in memory only).
+    pub baselines_dir: Option<std::path::PathBuf>,
 }
 
 impl AppState {
     /// State over `snap`; `token` enables the control endpoints.
     pub fn new(snap: Arc<Snapshotter>, token: Option<String>) -> Arc<Self> {
+        Self::with_options(
+            snap,
+            AppOptions {
+                control_token: token,
+                ..AppOptions::default()
+            },
+        )
+    }
+
+    /// State over `snap` with `o` (loads saved `TRUNCATE` baselines).
+    pub fn with_options(snap: Arc<Snapshotter>, o: AppOptions) -> Arc<Self> {
         let (registry, render_seconds) = prometheus::registry(snap.clone());
+        let baselines = o
+            .baselines_dir
+            .as_deref()
+            .map(Baselines::load)
+            .unwrap_or_default();
         Arc::new(Self {
             snap,
             registry,
             render_seconds,
-            token,
-            baselines: std::sync::Mutex::new(Baselines::default()),
+            token: o.control_token,
+            read_token: o.read_token,
+            baselines: std::sync::Mutex::new(baselines),
+            rendering: Mutex::new(()),
+            latest: Mutex::new(None),
+            max_age: crate::run::SNAPSHOT_MAX_AGE,
+            baselines_dir: o.baselines_dir,
         })
     }
 
@@ -71,41 +140,107 @@ impl AppState {
         self.baselines.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Checks the bearer token: `Err` is the refusal to send.
+    /// Checks the control bearer token: `Err` is the refusal to send.
     fn authorize(&self, req: &Request<Incoming>) -> Result<(), Box<Resp>> {
-        use subtle::ConstantTimeEq;
         let Some(want) = &self.token else {
             return Err(Box::new(error(
                 StatusCode::FORBIDDEN,
                 "control is disabled: start the agent with --control-token-file to enable it",
             )));
         };
-        let got = req
-            .headers()
-            .get(hyper::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if bool::from(got.as_bytes().ct_eq(want.as_bytes())) {
+        if token_matches(req, [Some(want), None]) {
             Ok(())
         } else {
-            let mut r = error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
-            r.headers_mut().insert(
-                hyper::header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer"),
-            );
-            Err(Box::new(r))
+            Err(Box::new(unauthorized()))
         }
     }
 
-    /// Renders `/metrics` (blocking: walks the segments if the cache is stale).
-    pub fn metrics(&self) -> Result<String, std::fmt::Error> {
+    /// Checks the read token, if one is configured (the control token is
+    /// accepted too).
+    fn authorize_read(&self, req: &Request<Incoming>) -> Result<(), Box<Resp>> {
+        let Some(read) = &self.read_token else {
+            return Ok(());
+        };
+        if token_matches(req, [Some(read), self.token.as_ref()]) {
+            Ok(())
+        } else {
+            Err(Box::new(unauthorized()))
+        }
+    }
+
+    /// The newest `/metrics` body without waiting: if its snapshot is
+    /// younger than a snapshot's lifetime, or, while another request is
+    /// rendering the next one, younger than [`STALE_WHILE_RENDERING`]
+    /// (a scrape storm then never queues behind a render). Bodies only
+    /// move forward, so a client never sees an older body than before.
+    fn fresh_metrics(&self) -> Option<Bytes> {
+        let (at, body) = self
+            .latest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()?;
+        let age = at.elapsed();
+        if age < self.max_age {
+            return Some(body);
+        }
+        let rendering = self.rendering.try_lock().is_err();
+        (rendering && age < STALE_WHILE_RENDERING).then_some(body)
+    }
+
+    /// Drops the cached body (after a setup change).
+    fn invalidate(&self) {
+        let _rendering = self.rendering.lock().unwrap_or_else(|p| p.into_inner());
+        self.snap.invalidate();
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Renders `/metrics`, or returns the body rendered less than a
+    /// snapshot's lifetime ago (blocking: waits for a render in progress,
+    /// and the render walks the segments if the snapshot is stale).
+    pub fn metrics(&self) -> Result<Bytes, std::fmt::Error> {
+        let _rendering = self.rendering.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, body)) = self
+            .latest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            && at.elapsed() < self.max_age
+        {
+            return Ok(body);
+        }
         let start = Instant::now();
-        let out = prometheus::render(&self.registry);
+        let body = Bytes::from(prometheus::render(&self.registry)?);
         self.render_seconds
             .store(start.elapsed().as_secs_f64().to_bits(), Ordering::Relaxed);
-        out
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((start, body.clone()));
+        Ok(body)
     }
+}
+
+/// Whether the request's bearer token equals one of `want` (constant time
+/// in the token's content; every candidate is compared).
+fn token_matches(req: &Request<Incoming>, want: [Option<&String>; 2]) -> bool {
+    use subtle::ConstantTimeEq;
+    let got = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let mut ok = subtle::Choice::from(0);
+    for w in want.into_iter().flatten() {
+        ok |= got.as_bytes().ct_eq(w.as_bytes());
+    }
+    bool::from(ok)
+}
+
+fn unauthorized() -> Resp {
+    let mut r = error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+    r.headers_mut().insert(
+        hyper::header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer"),
+    );
+    r
 }
 
 type Resp = Response<Full<Bytes>>;
@@ -173,7 +308,14 @@ async fn control(
         let s = state.clone();
         let r = tokio::task::spawn_blocking(move || {
             let snap = s.snap.take();
-            s.baselines().truncate(&table, &snap).map(|()| table)
+            let mut b = s.baselines();
+            b.truncate(&table, &snap)?;
+            if let Some(dir) = &s.baselines_dir
+                && let Err(e) = b.save(dir)
+            {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot save the TRUNCATE baselines; a restarted agent would show lifetime values");
+            }
+            Ok::<_, String>(table)
         })
         .await;
         return match r {
@@ -228,7 +370,7 @@ async fn control(
     let out = tokio::task::spawn_blocking(move || {
         let paths = s.snap.live_paths();
         let out = setup::apply(&paths, &filter, &change);
-        s.snap.invalidate();
+        s.invalidate();
         out
     })
     .await;
@@ -259,9 +401,17 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
             "GET reads; POST changes setup or truncates",
         );
     }
+    if path != "/healthz"
+        && let Err(refusal) = state.authorize_read(&req)
+    {
+        return *refusal;
+    }
     match path.as_str() {
         "/healthz" => reply(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
         "/metrics" => {
+            if let Some(body) = state.fresh_metrics() {
+                return reply(StatusCode::OK, prometheus::CONTENT_TYPE, body);
+            }
             let s = state.clone();
             match tokio::task::spawn_blocking(move || s.metrics()).await {
                 Ok(Ok(body)) => reply(StatusCode::OK, prometheus::CONTENT_TYPE, body),
@@ -304,15 +454,59 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     }
 }
 
-/// Serves until `shutdown` completes. Connections get a header timeout, and
-/// requests are answered from the shared, cached snapshot.
+/// Largest request head (request line and headers) accepted; larger gets 431.
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// Connection limits of the server.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers (and the longest a
+    /// keep-alive connection may sit idle).
+    pub header_timeout: Duration,
+    /// Longest life of one connection.
+    pub connection_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 256,
+            header_timeout: Duration::from_secs(10),
+            connection_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Serves with the default [`Limits`] until `shutdown` completes.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
+    serve_with(listener, state, Limits::default(), shutdown).await
+}
+
+/// Serves until `shutdown` completes, within `limits`. Requests are
+/// answered from the shared, cached snapshot.
+pub async fn serve_with(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    limits: Limits,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     tokio::pin!(shutdown);
     loop {
+        // A slot first: beyond the limit, connections wait in the backlog.
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            _ = &mut shutdown => return,
+        };
         let (stream, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
@@ -326,20 +520,23 @@ pub async fn serve(
         };
         let state = state.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let svc = service_fn(move |req| {
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(handle(state, req).await) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
+                .header_read_timeout(limits.header_timeout)
+                .max_header_size(MAX_HEADER_BYTES)
                 .max_buf_size(64 * 1024)
                 .serve_connection(TokioIo::new(stream), svc);
-            if let Err(e) = tokio::time::timeout(Duration::from_secs(60), conn)
-                .await
-                .unwrap_or(Ok(()))
-            {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            match tokio::time::timeout(limits.connection_timeout, conn).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "connection ended with an error"),
+                Err(_) => {
+                    tracing::debug!(%peer, "connection closed: it outlived --connection-timeout")
+                }
             }
         });
     }

@@ -54,17 +54,51 @@ pub struct ServeArgs {
     pub listen: SocketAddr,
     /// How long a dead process's final counters keep being exported before
     /// they fold into the service totals and its file is removed (e.g. 300s, 5m).
-    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, env = "PFS_DEAD_RETENTION", default_value = "5m", value_parser = parse_duration)]
     pub dead_retention: Duration,
     /// File holding the bearer token that control requests must present.
-    #[arg(long)]
+    #[arg(long, env = "PFS_CONTROL_TOKEN_FILE")]
     pub control_token_file: Option<PathBuf>,
+    /// File holding a bearer token that reads (/metrics, /api/v1/tables)
+    /// must present; the control token is accepted too. /healthz stays
+    /// open. Without it, reads are open to anyone who can connect.
+    #[arg(long, env = "PFS_READ_TOKEN_FILE")]
+    pub read_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    /// Connection limits.
+    pub limits: LimitArgs,
     #[command(flatten)]
     /// Setup defaults applied to every segment found.
     pub defaults: DefaultsArgs,
     #[command(flatten)]
     /// OTLP metrics push.
     pub otlp: crate::export::otlp::OtlpArgs,
+}
+
+/// Limits that protect the agent from scrape storms and slow clients.
+#[derive(Debug, Args, Clone)]
+pub struct LimitArgs {
+    /// Connections served at once; further ones wait in the listen backlog.
+    #[arg(long, env = "PFS_MAX_CONNECTIONS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub max_connections: u32,
+    /// Time a client has to send its request headers; also ends idle
+    /// keep-alive connections (e.g. 10s, 500ms).
+    #[arg(long, env = "PFS_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub header_timeout: Duration,
+    /// Longest life of one connection, whatever it does (e.g. 60s).
+    #[arg(long, env = "PFS_CONNECTION_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub connection_timeout: Duration,
+}
+
+impl LimitArgs {
+    /// As the server's limits.
+    pub fn limits(&self) -> crate::api::Limits {
+        crate::api::Limits {
+            max_connections: self.max_connections as usize,
+            header_timeout: self.header_timeout,
+            connection_timeout: self.connection_timeout,
+        }
+    }
 }
 
 /// Setup defaults the agent applies to every segment it finds (and to
@@ -248,15 +282,15 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     pfs_client::parse_duration(s)
 }
 
-/// Reads a control token file: non-empty, first line, trimmed.
+/// Reads a token file: non-empty, first line, trimmed.
 pub fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
     use anyhow::Context;
     let raw = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the control token file {}", path.display()))?;
+        .with_context(|| format!("cannot read the token file {}", path.display()))?;
     let token = raw.lines().next().unwrap_or("").trim().to_string();
     anyhow::ensure!(
         !token.is_empty(),
-        "control token file {} is empty; put the token on its first line",
+        "token file {} is empty; put the token on its first line",
         path.display()
     );
     Ok(token)

@@ -12,11 +12,21 @@
 //!   namespace.
 //! * A dead process's segment keeps being exported for `dead_retention`;
 //!   then its final totals are folded into per-service retired totals (so
-//!   no counter goes backwards) and the file is removed.
+//!   no counter goes backwards) and the file is removed. When the death is
+//!   noticed, the segment is read one last time; a row its writer was
+//!   killed in the middle of updating cannot be read any more and keeps
+//!   its last good value (carried forward), and such a segment is retired
+//!   at once, so that value is saved before anything else can lose it.
+//! * A file replaced under the same name (a restarted process that got the
+//!   same pid, as in a container) is noticed by its inode: the old segment
+//!   is retired at once and the new one tracked.
+//! * With [`SegmentSet::persist`] the retired totals survive an agent
+//!   restart and only the directory's owning agent retires (see
+//!   [`crate::retired`]).
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{DirEntryExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -25,6 +35,7 @@ use pfs_shm_layout::{Segment, SegmentError};
 use rustix::fs::FlockOperation;
 
 use crate::aggregate::Retired;
+use crate::retired::{Absorbed, Role, State, Store};
 
 /// A segment being exported.
 #[derive(Debug)]
@@ -42,6 +53,23 @@ pub struct Tracked {
     rw: Option<Segment>,
     /// Classes the defaults have been applied to.
     classes_applied: usize,
+    /// Inode of the file (a file replaced under the same name differs).
+    ino: u64,
+}
+
+impl Tracked {
+    fn identity(&self) -> Absorbed {
+        Absorbed {
+            file: self
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            ino: self.ino,
+            pid: self.segment.pid(),
+            start_time_unix_ns: self.segment.start_time_unix_ns(),
+        }
+    }
 }
 
 /// A file that is not a usable segment.
@@ -72,6 +100,10 @@ pub struct SegmentSet {
     pub retired_segments: u64,
     /// Setup defaults applied to every segment.
     pub defaults: crate::setup::Defaults,
+    /// The state file, when retired totals persist.
+    store: Option<Store>,
+    /// Retired segments whose files may still exist.
+    absorbed: Vec<Absorbed>,
 }
 
 /// The metric label for a validation error.
@@ -102,6 +134,52 @@ impl SegmentSet {
             errors: HashMap::new(),
             retired_segments: 0,
             defaults: crate::setup::Defaults::default(),
+            store: None,
+            absorbed: Vec::new(),
+        }
+    }
+
+    /// Keeps the retired totals in the directory's state file (loaded now,
+    /// written at every retirement), so an agent restart loses none.
+    pub fn persist(mut self) -> Self {
+        let mut store = Store::new(&self.dir);
+        store.elect();
+        self.install(store.load());
+        self.store = Some(store);
+        self
+    }
+
+    /// This agent's role on the directory (`Owner` without persistence).
+    pub fn role(&self) -> Role {
+        self.store.as_ref().map_or(Role::Owner, Store::role)
+    }
+
+    fn install(&mut self, state: State) {
+        self.retired = state.retired;
+        self.retired_segments = state.retired_segments;
+        self.absorbed = state.absorbed;
+        // Segments the state already counts are not exported again.
+        let absorbed = &self.absorbed;
+        self.tracked
+            .retain(|_, t| !absorbed.contains(&t.identity()));
+    }
+
+    /// Whether the file `name` with inode `ino` was retired already.
+    fn was_absorbed(&self, name: &std::ffi::OsStr, ino: u64) -> bool {
+        self.absorbed
+            .iter()
+            .any(|a| a.ino == ino && std::ffi::OsStr::new(&a.file) == name)
+    }
+
+    /// Before a pass: elect, and (re)load the state when this agent just
+    /// became the owner or, as a follower, when the owner rewrote it.
+    fn sync_store(&mut self, force: bool) {
+        let Some(store) = &mut self.store else { return };
+        let reload =
+            store.elect() || (store.role() == Role::Follower && (force || store.changed()));
+        if reload {
+            let state = store.load();
+            self.install(state);
         }
     }
 
@@ -120,39 +198,71 @@ impl SegmentSet {
                 return;
             }
         };
+        self.sync_store(false);
         let mut seen = Vec::new();
+        let mut retire = Vec::new();
         for entry in entries.flatten() {
             let path = entry.path();
             if path.extension().is_none_or(|e| e != "pfs") {
                 continue;
             }
             seen.push(path.clone());
-            if self.tracked.contains_key(&path) {
+            if let Some(t) = self.tracked.get(&path) {
+                if t.ino == entry.ino() {
+                    continue;
+                }
+                // Replaced under the same name: retire the old one now.
+                tracing::info!(path = %path.display(), "segment file replaced by a new process; retiring the old one");
+                retire.push(self.tracked.remove(&path).expect("tracked"));
+            }
+            if self.was_absorbed(&entry.file_name(), entry.ino()) {
+                // Retired already (by an agent that died before removing
+                // it, or whose removal failed and was logged).
+                if self.role() == Role::Owner {
+                    let _ = std::fs::remove_file(&path);
+                }
                 continue;
             }
             self.consider(&path);
+            self.adopt(&path, entry.ino());
         }
-        // Files removed behind our back (by an operator, or a restarted agent's peer).
+        // Files removed behind our back (by an operator, or the owning agent).
         self.invalid.retain(|p, _| seen.contains(p));
+        let vanished = self.tracked.keys().any(|p| !seen.contains(p));
+        if vanished && self.role() == Role::Follower {
+            // The owner wrote the state before removing the file.
+            self.sync_store(true);
+            self.tracked.retain(|p, _| seen.contains(p));
+        }
         let now = Instant::now();
-        let mut retire = Vec::new();
+        let owner = self.role() == Role::Owner;
+        // Retiring a torn segment at once only helps when it is saved.
+        let persist = self.store.is_some();
+        let mut expired = Vec::new();
         for (path, t) in &mut self.tracked {
             if !seen.contains(path) && t.dead_since.is_none() {
                 t.dead_since = Some(now);
             }
+            let mut torn = false;
             if t.dead_since.is_none() && owner_is_dead(t.segment.file()) {
                 tracing::info!(path = %path.display(), service = t.segment.service(), "process exited; keeping its final counters for the retention period");
                 t.dead_since = Some(now);
+                torn = final_read(t);
             }
-            if t.dead_since
-                .is_some_and(|d| now.duration_since(d) >= self.dead_retention)
+            if owner
+                && ((torn && persist)
+                    || t.dead_since
+                        .is_some_and(|d| now.duration_since(d) >= self.dead_retention))
             {
-                retire.push(path.clone());
+                expired.push(path.clone());
             }
         }
-        for path in retire {
-            self.retire(&path);
+        for path in expired {
+            if let Some(t) = self.tracked.remove(&path) {
+                retire.push(t);
+            }
         }
+        self.retire(retire);
         if !self.defaults.is_empty() {
             for t in self.tracked.values_mut().filter(|t| t.dead_since.is_none()) {
                 if let Some(rw) = &t.rw {
@@ -211,6 +321,7 @@ impl SegmentSet {
                         last: None,
                         rw,
                         classes_applied: 0,
+                        ino: 0,
                     },
                 );
             }
@@ -231,30 +342,82 @@ impl SegmentSet {
         }
     }
 
-    /// Folds a dead segment's final totals into the retired totals and
-    /// removes its file.
-    fn retire(&mut self, path: &Path) {
-        let Some(t) = self.tracked.remove(path) else {
+    /// Records the inode of a newly tracked segment; drops it (and removes
+    /// its file) if the state says it was retired already (an agent killed
+    /// between writing the state and removing the file).
+    fn adopt(&mut self, path: &Path, listed_ino: u64) {
+        let Some(t) = self.tracked.get_mut(path) else {
             return;
         };
-        let final_snap = snapshot(
-            &t.segment,
-            &ReadOptions {
-                events: false,
-                ..Default::default()
-            },
-        )
-        .ok()
-        .or(t.last);
-        if let Some(s) = &final_snap {
-            self.retired.absorb(s);
+        t.ino = t.segment.file().metadata().map_or(listed_ino, |m| m.ino());
+        let id = t.identity();
+        if self.absorbed.contains(&id) {
+            self.tracked.remove(path);
+            if self.role() == Role::Owner {
+                remove_retired(path, id.ino);
+            }
         }
-        self.retired_segments += 1;
-        match std::fs::remove_file(path) {
-            Ok(()) => tracing::info!(path = %path.display(), "dead segment retired and removed"),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+    }
+
+    /// Folds dead segments' final totals into the retired totals, saves
+    /// the state, then removes their files (the order that makes a crash
+    /// in between harmless).
+    fn retire(&mut self, dead: Vec<Tracked>) {
+        if dead.is_empty() {
+            return self.save_if_dirty();
+        }
+        let mut remove = Vec::new();
+        for mut t in dead {
+            if t.dead_since.is_none() || t.last.is_none() {
+                final_read(&mut t);
+            }
+            if let Some(s) = &t.last {
+                self.retired.absorb(s);
+            }
+            self.retired_segments += 1;
+            let id = t.identity();
+            // A file replaced under the same name is not ours to remove.
+            if std::fs::symlink_metadata(&t.path).is_ok_and(|m| m.ino() == t.ino) {
+                if self.store.is_some() {
+                    self.absorbed.push(id);
+                }
+                remove.push((t.path.clone(), t.ino));
+            }
+        }
+        self.retired_changed();
+        for (path, ino) in remove {
+            remove_retired(&path, ino);
+        }
+    }
+
+    /// Saves the state after `self.retired` changed (call after every
+    /// `self.retired.absorb`); a failed save is retried every pass.
+    fn retired_changed(&mut self) {
+        if let Some(store) = &mut self.store {
+            store.dirty = true;
+        }
+        self.save_if_dirty();
+    }
+
+    fn save_if_dirty(&mut self) {
+        let Some(store) = &mut self.store else { return };
+        if !store.dirty || store.role() != Role::Owner {
+            return;
+        }
+        // Entries whose file is gone need no remembering.
+        let dir = &self.dir;
+        self.absorbed.retain(|a| {
+            std::fs::symlink_metadata(dir.join(&a.file)).is_ok_and(|m| m.ino() == a.ino)
+        });
+        let state = State {
+            retired: self.retired.clone(),
+            retired_segments: self.retired_segments,
+            absorbed: self.absorbed.clone(),
+        };
+        match store.save(&state) {
+            Ok(()) => store.dirty = false,
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "cannot remove retired segment")
+                tracing::warn!(path = %store.state_path().display(), error = %e, "cannot save the retired totals; retrying every pass (until then an agent restart would make retired services' counters go backwards)")
             }
         }
     }
@@ -267,8 +430,46 @@ impl SegmentSet {
             .filter(|(_, t)| t.dead_since.is_some())
             .map(|(p, _)| p.clone())
             .collect();
-        for p in dead {
-            self.retire(&p);
+        let dead = dead.iter().filter_map(|p| self.tracked.remove(p)).collect();
+        self.retire(dead);
+    }
+}
+
+/// Reads a dead segment one last time into `t.last`. Rows that cannot be
+/// read (their writer died in the middle of an update, leaving the row's
+/// sequence odd forever) keep their previous value. Returns true if there
+/// were such rows: the segment should then be retired at once, so its last
+/// good values are saved.
+fn final_read(t: &mut Tracked) -> bool {
+    // Events too: the tables keep showing a dead process's last events
+    // for the retention period.
+    match snapshot(&t.segment, &ReadOptions::default()) {
+        Ok(mut s) => {
+            let torn = s.threads.iter().any(|th| !th.skipped_rows.is_empty());
+            if torn {
+                tracing::info!(path = %t.path.display(), "a writer of this dead process was killed in the middle of an update; its row keeps its last good value");
+            }
+            crate::snapshot::carry_forward(&mut s, t.last.as_ref());
+            t.last = Some(s);
+            torn
+        }
+        Err(e) => {
+            tracing::warn!(path = %t.path.display(), error = %e, "cannot read the dead segment one last time; keeping its previous snapshot");
+            false
+        }
+    }
+}
+
+/// Removes a retired segment's file if it is still the same file.
+fn remove_retired(path: &Path, ino: u64) {
+    if !std::fs::symlink_metadata(path).is_ok_and(|m| m.ino() == ino) {
+        return;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => tracing::info!(path = %path.display(), "dead segment retired and removed"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove retired segment; check the directory's permissions")
         }
     }
 }

@@ -10,6 +10,7 @@
 //! | [`snapshot`] | version-checked snapshots, cached and shared |
 //! | [`aggregate`] | global, per-service and retired totals |
 //! | [`tables`] | PFS tables from a snapshot |
+//! | [`retired`] | retired totals kept in a state file across agent restarts |
 //! | [`truncate`] | `TRUNCATE TABLE` as per-view baselines |
 //! | [`timers`] | `performance_timers` measurements |
 //! | [`setup`] | live setup changes (instruments, consumers, timers, actors) |
@@ -27,6 +28,7 @@ pub mod cli;
 pub mod demo;
 pub mod discover;
 pub mod export;
+pub mod retired;
 pub mod run;
 pub mod setup;
 pub mod snapshot;

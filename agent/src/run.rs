@@ -73,20 +73,33 @@ fn control_options(
 /// `pfs-agent serve`.
 pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let (token, defaults) = control_options(a.control_token_file.as_deref(), &a.defaults)?;
+    let read_token = a.read_token_file.as_deref().map(read_token).transpose()?;
     if !a.dir.shm_dir.is_dir() {
         tracing::warn!(dir = %a.dir.shm_dir.display(), "segment directory does not exist yet; waiting for instrumented processes to create it");
     }
-    let mut set = SegmentSet::new(&a.dir.shm_dir, a.dead_retention);
+    let mut set = SegmentSet::new(&a.dir.shm_dir, a.dead_retention).persist();
     set.defaults = defaults;
     let snap = Arc::new(Snapshotter::new(set, SNAPSHOT_MAX_AGE));
-    let state = AppState::new(snap.clone(), token);
+    let reads_open = read_token.is_none();
+    let state = AppState::with_options(
+        snap.clone(),
+        api::AppOptions {
+            control_token: token,
+            read_token,
+            baselines_dir: Some(a.dir.shm_dir.clone()),
+        },
+    );
+    let limits = a.limits.limits();
     runtime()?.block_on(async move {
         let listener = bind(a.listen).await?;
-        tracing::info!(listen = %a.listen, dir = %a.dir.shm_dir.display(), "pfs-agent serving /metrics, /healthz, /api/v1/tables");
+        tracing::info!(listen = %a.listen, dir = %a.dir.shm_dir.display(), max_connections = limits.max_connections, "pfs-agent serving /metrics, /healthz, /api/v1/tables");
+        if reads_open && !a.listen.ip().is_loopback() {
+            tracing::info!("reads are open to anyone who can reach {}; use --read-token-file or a loopback --listen to restrict them", a.listen);
+        }
         let scrape = state.clone();
         let otlp = crate::export::otlp::start(&a.otlp, snap.clone(), move || scrape.last_scrape_seconds())?;
         spawn_discovery(snap);
-        api::serve(listener, state, shutdown_signal()).await;
+        api::serve_with(listener, state, limits, shutdown_signal()).await;
         if let Some(o) = otlp {
             o.shutdown(Duration::from_secs(5)).await;
         }

@@ -207,7 +207,7 @@ fn add_stats(a: &mut ReadStats, b: &ReadStats) {
 /// A row skipped because its writer kept it busy is replaced by the same
 /// thread's row from the previous snapshot, so totals never dip. Returns
 /// the number of rows carried.
-fn carry_forward(s: &mut SegmentSnapshot, prev: Option<&SegmentSnapshot>) -> u64 {
+pub(crate) fn carry_forward(s: &mut SegmentSnapshot, prev: Option<&SegmentSnapshot>) -> u64 {
     let Some(prev) = prev else { return 0 };
     let mut carried = 0;
     for t in s.threads.iter_mut().filter(|t| !t.skipped_rows.is_empty()) {

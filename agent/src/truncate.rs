@@ -23,14 +23,21 @@
 //!   latter are sums of thread rows); truncating the global table also
 //!   resets the global counts.
 //!
-//! `/metrics` and OTLP are unaffected. Baselines live in the agent: a
-//! restarted agent shows lifetime values again.
+//! `/metrics` and OTLP are unaffected. `pfs-agent serve` keeps the
+//! baselines in [`BASELINES_FILE`] in the segment directory (written
+//! atomically after every `TRUNCATE`, keyed by segment file name, entries of
+//! removed files dropped), so a restarted agent shows the same tables. With
+//! two agents on one directory, the last `TRUNCATE` of either is what a
+//! restarted agent loads.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, bucket_upper_ps};
 use pfs_shm_layout::reader::{MemoryStats, Summary};
+use serde::{Deserialize, Serialize};
+
+use crate::retired::{MemoryJson, SummaryJson};
 
 use crate::aggregate::segment_global;
 use crate::snapshot::Snapshot;
@@ -308,6 +315,168 @@ impl Baselines {
     }
 }
 
+/// The file, in the segment directory, that keeps the baselines.
+pub const BASELINES_FILE: &str = ".pfs-agent-truncate.json";
+const FORMAT: &str = "pfs-agent-truncate";
+
+type Name = String;
+
+/// The file's content: keys by segment file name (the directory is the
+/// agent's `--shm-dir`, wherever it is mounted).
+#[derive(Serialize, Deserialize)]
+struct FileV1 {
+    format: String,
+    version: u32,
+    thread: Vec<(Name, u32, u64, u32, SummaryJson)>,
+    global: Vec<(Name, String, SummaryJson)>,
+    events: Vec<(Name, u32, u64, usize, u64)>,
+    long: Vec<(Name, usize, u64, u64)>,
+    mem_thread: Vec<(Name, u32, u64, u32, MemoryJson)>,
+    mem_global: Vec<(Name, String, MemoryJson)>,
+    mem_reset: Vec<Name>,
+}
+
+fn name_of(p: &Path) -> Name {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+impl Baselines {
+    /// Whether nothing was truncated.
+    pub fn is_empty(&self) -> bool {
+        self.thread.is_empty()
+            && self.global.is_empty()
+            && self.events.is_empty()
+            && self.long.is_empty()
+            && self.mem_thread.is_empty()
+            && self.mem_global.is_empty()
+            && self.mem_reset.is_empty()
+    }
+
+    /// Forgets the baselines of segment files that no longer exist.
+    pub fn retain_existing(&mut self) {
+        let mut exists: HashMap<PathBuf, bool> = HashMap::new();
+        let mut keep = |p: &PathBuf| *exists.entry(p.clone()).or_insert_with(|| p.exists());
+        self.thread.retain(|k, _| keep(&k.0));
+        self.global.retain(|k, _| keep(&k.0));
+        self.events.retain(|k, _| keep(&k.0));
+        self.long.retain(|k, _| keep(&k.0));
+        self.mem_thread.retain(|k, _| keep(&k.0));
+        self.mem_global.retain(|k, _| keep(&k.0));
+        self.mem_reset.retain(|p| keep(p));
+    }
+
+    /// The baselines as the file's JSON text.
+    pub fn encode(&self) -> Vec<u8> {
+        let f = FileV1 {
+            format: FORMAT.into(),
+            version: 1,
+            thread: self
+                .thread
+                .iter()
+                .map(|(k, v)| (name_of(&k.0), k.1, k.2, k.3, SummaryJson::of(v)))
+                .collect(),
+            global: self
+                .global
+                .iter()
+                .map(|(k, v)| (name_of(&k.0), k.1.clone(), SummaryJson::of(v)))
+                .collect(),
+            events: self
+                .events
+                .iter()
+                .map(|(k, v)| (name_of(&k.0), k.1, k.2, k.3, *v))
+                .collect(),
+            long: self
+                .long
+                .iter()
+                .map(|(k, v)| (name_of(&k.0), k.1, k.2, *v))
+                .collect(),
+            mem_thread: self
+                .mem_thread
+                .iter()
+                .map(|(k, v)| (name_of(&k.0), k.1, k.2, k.3, MemoryJson::from(v)))
+                .collect(),
+            mem_global: self
+                .mem_global
+                .iter()
+                .map(|(k, v)| (name_of(&k.0), k.1.clone(), MemoryJson::from(v)))
+                .collect(),
+            mem_reset: self.mem_reset.iter().map(|p| name_of(p)).collect(),
+        };
+        serde_json::to_vec(&f).expect("baselines always serialize")
+    }
+
+    /// Parses the file's JSON text, placing the segments in `dir`.
+    pub fn decode(bytes: &[u8], dir: &Path) -> Result<Self, String> {
+        let f: FileV1 =
+            serde_json::from_slice(bytes).map_err(|e| format!("not valid JSON: {e}"))?;
+        if f.format != FORMAT || f.version != 1 {
+            return Err(format!(
+                "format {:?} version {}, expected {FORMAT:?} version 1",
+                f.format, f.version
+            ));
+        }
+        // A name must stay a name: no path can be smuggled in.
+        let path = |n: &str| -> Result<PathBuf, String> {
+            if n.is_empty() || n.contains('/') || n == "." || n == ".." {
+                return Err(format!("{n:?} is not a segment file name"));
+            }
+            Ok(dir.join(n))
+        };
+        let mut b = Baselines::default();
+        for (n, r, v, c, s) in &f.thread {
+            b.thread.insert((path(n)?, *r, *v, *c), s.get(n)?);
+        }
+        for (n, class, s) in &f.global {
+            b.global.insert((path(n)?, class.clone()), s.get(n)?);
+        }
+        for (n, r, v, k, id) in &f.events {
+            b.events.insert((path(n)?, *r, *v, *k), *id);
+        }
+        for (n, k, t, id) in &f.long {
+            b.long.insert((path(n)?, *k, *t), *id);
+        }
+        for (n, r, v, c, m) in &f.mem_thread {
+            b.mem_thread.insert((path(n)?, *r, *v, *c), m.into());
+        }
+        for (n, class, m) in &f.mem_global {
+            b.mem_global.insert((path(n)?, class.clone()), m.into());
+        }
+        for n in &f.mem_reset {
+            b.mem_reset.insert(path(n)?);
+        }
+        Ok(b)
+    }
+
+    /// Loads `dir`'s baselines file: empty if there is none; a file that
+    /// cannot be used is logged, set aside (`.corrupt`) and read as empty.
+    pub fn load(dir: &Path) -> Self {
+        let file = dir.join(BASELINES_FILE);
+        let result = crate::retired::read_capped(&file)
+            .and_then(|r| r.map(|(buf, _)| Self::decode(&buf, dir)).transpose());
+        match result {
+            Ok(Some(mut b)) => {
+                b.retain_existing();
+                b
+            }
+            Ok(None) => Self::default(),
+            Err(msg) => {
+                let aside = dir.join(format!("{BASELINES_FILE}.corrupt"));
+                let _ = std::fs::rename(&file, &aside);
+                tracing::error!(path = %file.display(), set_aside = %aside.display(), "TRUNCATE baselines file is unusable ({msg}); tables show lifetime values again");
+                Self::default()
+            }
+        }
+    }
+
+    /// Saves the baselines (of existing segments) in `dir`, atomically.
+    pub fn save(&mut self, dir: &Path) -> std::io::Result<()> {
+        self.retain_existing();
+        crate::retired::write_atomic(&dir.join(BASELINES_FILE), &self.encode())
+    }
+}
+
 fn t_max_event(t: &pfs_shm_layout::reader::ThreadSnapshot) -> u64 {
     let ids = t
         .waits_history
@@ -328,6 +497,64 @@ fn t_max_event(t: &pfs_shm_layout::reader::ThreadSnapshot) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn baselines_file_round_trip_and_refusals() {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = dir.path().join("svc.7.pfs");
+        std::fs::write(&seg, b"x").unwrap();
+        let gone = dir.path().join("svc.8.pfs");
+        let mut b = Baselines::default();
+        let mut sum = Summary {
+            count: 3,
+            timed_count: 3,
+            sum_ps: 3 << 70,
+            min_ps: 5,
+            max_ps: 9,
+            ..Summary::default()
+        };
+        sum.buckets[1] = 3;
+        b.thread.insert((seg.clone(), 1, 2, 3), sum);
+        b.thread.insert((gone.clone(), 1, 2, 3), sum);
+        b.global.insert((seg.clone(), "wait/x".into()), sum);
+        b.events.insert((seg.clone(), 1, 2, 0), 77);
+        b.long.insert((seg.clone(), 1, 4), 88);
+        let m = MemoryStats {
+            count_alloc: 4,
+            low_bytes: -3,
+            ..MemoryStats::default()
+        };
+        b.mem_thread.insert((seg.clone(), 1, 2, 5), m);
+        b.mem_global.insert((seg.clone(), "memory/x".into()), m);
+        b.mem_reset.insert(seg.clone());
+        b.save(dir.path()).unwrap();
+        let back = Baselines::load(dir.path());
+        assert_eq!(
+            back.thread.len(),
+            1,
+            "the removed segment's entry is dropped"
+        );
+        assert_eq!(back.thread[&(seg.clone(), 1, 2, 3)], sum);
+        assert_eq!(back.global[&(seg.clone(), "wait/x".to_string())], sum);
+        assert_eq!(back.events[&(seg.clone(), 1, 2, 0)], 77);
+        assert_eq!(back.long[&(seg.clone(), 1, 4)], 88);
+        assert_eq!(back.mem_thread[&(seg.clone(), 1, 2, 5)], m);
+        assert_eq!(back.mem_global[&(seg.clone(), "memory/x".to_string())], m);
+        assert!(back.mem_reset.contains(&seg));
+        // A name with a path in it is refused; the file is set aside.
+        let mut f: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join(BASELINES_FILE)).unwrap())
+                .unwrap();
+        f["mem_reset"] = serde_json::json!(["../../etc/passwd"]);
+        std::fs::write(dir.path().join(BASELINES_FILE), f.to_string()).unwrap();
+        assert!(Baselines::load(dir.path()).is_empty());
+        assert!(
+            dir.path()
+                .join(format!("{BASELINES_FILE}.corrupt"))
+                .exists()
+        );
+        assert!(Baselines::load(dir.path()).is_empty(), "no file: empty");
+    }
 
     #[test]
     fn since_subtracts_and_bounds_min_max() {

@@ -82,6 +82,9 @@ fn create(cfg: &Config) -> Result<Runtime, InitError> {
             .mode(dir_mode)
             .create(dir)
             .map_err(|e| InitError::Io(format!("create segment directory {}", dir.display()), e))?;
+        // The umask (typically 022) would take the group's write bit.
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(dir_mode))
+            .map_err(|e| InitError::Io(format!("chmod segment directory {}", dir.display()), e))?;
     }
     let meta = std::fs::metadata(dir)
         .map_err(|e| InitError::Io(format!("inspect segment directory {}", dir.display()), e))?;
@@ -90,7 +93,10 @@ fn create(cfg: &Config) -> Result<Runtime, InitError> {
     }
     let pid = std::process::id();
     let path = dir.join(segment_file_name(&cfg.service_name, pid));
-    let file = open_new(&path, if cfg.group_access { 0o660 } else { 0o600 })?;
+    let file_mode = if cfg.group_access { 0o660 } else { 0o600 };
+    let file = open_new(&path, file_mode)?;
+    file.set_permissions(std::fs::Permissions::from_mode(file_mode))
+        .map_err(|e| InitError::Io(format!("chmod {}", path.display()), e))?;
     rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive)
         .map_err(|e| InitError::Io(format!("lock {}", path.display()), e.into()))?;
     let records_per_page = cfg.records_per_page.max(1);

@@ -75,13 +75,15 @@ impl Args {
 
 fn main() -> Result<()> {
     let args = Args::parse()?;
-    let cfg = pfs_client::Config::new(args.str("service")?)
+    let mut cfg = pfs_client::Config::new(args.str("service")?)
         .shm_dir(args.str("shm-dir")?)
         .history_len(args.num_or("history", 10)? as u32)
         .reclaim_after(match args.opts.get("reclaim-ms") {
             Some(ms) => Some(Duration::from_millis(ms.parse().context("--reclaim-ms")?)),
             None => Some(pfs_client::DEFAULT_RECLAIM_AFTER),
         });
+    // As `Config::from_env` would: the access tests run the writer both ways.
+    cfg.group_access = std::env::var("PFS_GROUP_ACCESS").is_ok_and(|v| v == "1");
     pfs_client::init_with(cfg).context("pfs_client::init_with")?;
     // Register the classes up front, in a fixed order (indexes 0, 1, 2).
     for c in CLASSES {

@@ -1,0 +1,660 @@
+//! Retired totals that survive an agent restart.
+//!
+//! When a dead process's segment is retired, its final totals are folded
+//! into per-service [`Retired`] totals and its file is removed. Those
+//! totals would otherwise live only in the agent's memory, and a restarted
+//! agent would show every such service's counters going backwards. So the
+//! agent keeps them in a small JSON state file in the segment directory:
+//!
+//! * **Names**: [`STATE_FILE`] (`.pfs-agent-state.json`) and [`LOCK_FILE`]
+//!   (`.pfs-agent.lock`). Neither ends in `.pfs`, so discovery never takes
+//!   them for segments.
+//! * **Atomic writes**: a temporary file (`O_EXCL | O_NOFOLLOW`, mode
+//!   0600), `fsync`, `rename` over the state file, `fsync` of the
+//!   directory. A reader sees the old state or the new one, never half.
+//! * **Order**: the state (with the retired segment's identity in
+//!   `absorbed`) is written *before* the segment file is removed. An agent
+//!   killed between the two finds the file on restart, recognises it by
+//!   name, inode, pid and start time, and removes it without counting it
+//!   twice.
+//! * **Corruption**: a state file that cannot be parsed (or is larger than
+//!   [`MAX_STATE_BYTES`], or of an unknown version) is renamed to
+//!   `.pfs-agent-state.json.corrupt` and logged; the agent starts from
+//!   zero retired totals and never crashes on it.
+//! * **Two agents on one directory**: the agent that holds an exclusive
+//!   `flock` on the lock file owns the directory: it alone retires
+//!   segments, removes files and writes the state. Any other agent is a
+//!   follower: it exports the same segments, never removes anything,
+//!   re-reads the state file when it changes, and takes over when the
+//!   owner exits (the kernel drops the lock of a killed owner).
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use pfs_shm_layout::ClassKind;
+use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, LOST_COUNTERS};
+use pfs_shm_layout::reader::{MemoryStats, Summary};
+use rustix::fs::FlockOperation;
+use serde::{Deserialize, Serialize};
+
+use crate::aggregate::{Retired, ServiceTotals};
+
+/// Name of the state file in the segment directory.
+pub const STATE_FILE: &str = ".pfs-agent-state.json";
+/// Name of the lock file that elects the directory's owning agent.
+pub const LOCK_FILE: &str = ".pfs-agent.lock";
+/// Where a state file that cannot be read is set aside.
+pub const CORRUPT_FILE: &str = ".pfs-agent-state.json.corrupt";
+/// A larger state file is refused as corrupt.
+pub const MAX_STATE_BYTES: u64 = 16 << 20;
+
+const FORMAT: &str = "pfs-agent-retired";
+const VERSION: u32 = 1;
+
+/// A retired segment whose file may still exist (it is removed after the
+/// state is written).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Absorbed {
+    /// File name in the directory.
+    pub file: String,
+    /// Inode number of the file.
+    pub ino: u64,
+    /// Creator pid (from the segment header).
+    pub pid: u32,
+    /// Creation time, ns since the epoch (from the segment header).
+    pub start_time_unix_ns: u64,
+}
+
+/// Everything the state file holds.
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    /// Retired totals by service.
+    pub retired: Retired,
+    /// Segments retired so far (the `pfs_agent_retired_segments` counter).
+    pub retired_segments: u64,
+    /// Retired segments whose files were not yet known to be removed.
+    pub absorbed: Vec<Absorbed>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct FileV1 {
+    format: String,
+    version: u32,
+    retired_segments: u64,
+    services: BTreeMap<String, ServiceV1>,
+    absorbed: Vec<Absorbed>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ServiceV1 {
+    classes: BTreeMap<String, ClassV1>,
+    memory: BTreeMap<String, MemoryJson>,
+    lost: Vec<u64>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ClassV1 {
+    kind: u32,
+    #[serde(flatten)]
+    summary: SummaryJson,
+}
+
+/// A [`Summary`] in the agent's JSON files.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SummaryJson {
+    count: u64,
+    timed_count: u64,
+    /// Decimal: a `u128` does not fit a JSON number everywhere.
+    sum_ps: String,
+    min_ps: u64,
+    max_ps: u64,
+    bytes: u64,
+    buckets: Vec<u64>,
+    errors: u64,
+    warnings: u64,
+    rows_affected: u64,
+    rows_sent: u64,
+    rows_examined: u64,
+}
+
+/// [`MemoryStats`] in the agent's JSON files.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct MemoryJson {
+    count_alloc: u64,
+    count_free: u64,
+    bytes_alloc: u64,
+    bytes_free: u64,
+    low_count: i64,
+    current_count: i64,
+    high_count: i64,
+    low_bytes: i64,
+    current_bytes: i64,
+    high_bytes: i64,
+}
+
+impl ClassV1 {
+    fn from(kind: ClassKind, s: &Summary) -> Self {
+        Self {
+            kind: kind as u32,
+            summary: SummaryJson::of(s),
+        }
+    }
+
+    fn to(&self, name: &str) -> Result<(ClassKind, Summary), String> {
+        let kind = ClassKind::from_u32(self.kind)
+            .ok_or_else(|| format!("class {name}: unknown kind {}", self.kind))?;
+        Ok((kind, self.summary.get(name)?))
+    }
+}
+
+impl SummaryJson {
+    /// The JSON form of `s`.
+    pub(crate) fn of(s: &Summary) -> Self {
+        let f = &s.statement;
+        Self {
+            count: s.count,
+            timed_count: s.timed_count,
+            sum_ps: s.sum_ps.to_string(),
+            min_ps: s.min_ps,
+            max_ps: s.max_ps,
+            bytes: s.bytes,
+            buckets: s.buckets.to_vec(),
+            errors: f.errors,
+            warnings: f.warnings,
+            rows_affected: f.rows_affected,
+            rows_sent: f.rows_sent,
+            rows_examined: f.rows_examined,
+        }
+    }
+
+    /// Back to a [`Summary`]; `name` says where in errors.
+    pub(crate) fn get(&self, name: &str) -> Result<Summary, String> {
+        if self.buckets.len() != HISTOGRAM_BUCKETS {
+            return Err(format!(
+                "class {name}: {} histogram buckets, expected {HISTOGRAM_BUCKETS}",
+                self.buckets.len()
+            ));
+        }
+        let mut s = Summary {
+            count: self.count,
+            timed_count: self.timed_count,
+            sum_ps: self
+                .sum_ps
+                .parse()
+                .map_err(|_| format!("class {name}: sum_ps {:?} is not a number", self.sum_ps))?,
+            min_ps: self.min_ps,
+            max_ps: self.max_ps,
+            bytes: self.bytes,
+            ..Summary::default()
+        };
+        s.buckets.copy_from_slice(&self.buckets);
+        let f = &mut s.statement;
+        f.errors = self.errors;
+        f.warnings = self.warnings;
+        f.rows_affected = self.rows_affected;
+        f.rows_sent = self.rows_sent;
+        f.rows_examined = self.rows_examined;
+        Ok(s)
+    }
+}
+
+impl From<&MemoryStats> for MemoryJson {
+    fn from(m: &MemoryStats) -> Self {
+        Self {
+            count_alloc: m.count_alloc,
+            count_free: m.count_free,
+            bytes_alloc: m.bytes_alloc,
+            bytes_free: m.bytes_free,
+            low_count: m.low_count,
+            current_count: m.current_count,
+            high_count: m.high_count,
+            low_bytes: m.low_bytes,
+            current_bytes: m.current_bytes,
+            high_bytes: m.high_bytes,
+        }
+    }
+}
+
+impl From<&MemoryJson> for MemoryStats {
+    fn from(m: &MemoryJson) -> Self {
+        Self {
+            count_alloc: m.count_alloc,
+            count_free: m.count_free,
+            bytes_alloc: m.bytes_alloc,
+            bytes_free: m.bytes_free,
+            low_count: m.low_count,
+            current_count: m.current_count,
+            high_count: m.high_count,
+            low_bytes: m.low_bytes,
+            current_bytes: m.current_bytes,
+            high_bytes: m.high_bytes,
+        }
+    }
+}
+
+/// The state as the file's JSON text.
+pub fn encode(state: &State) -> Vec<u8> {
+    let services = state
+        .retired
+        .by_service
+        .iter()
+        .map(|(svc, t)| {
+            let classes = t
+                .classes
+                .iter()
+                .map(|(n, (k, s))| (n.clone(), ClassV1::from(*k, s)))
+                .collect();
+            let memory = t
+                .memory
+                .iter()
+                .map(|(n, m)| (n.clone(), MemoryJson::from(m)))
+                .collect();
+            (
+                svc.clone(),
+                ServiceV1 {
+                    classes,
+                    memory,
+                    lost: t.lost.to_vec(),
+                },
+            )
+        })
+        .collect();
+    let f = FileV1 {
+        format: FORMAT.to_string(),
+        version: VERSION,
+        retired_segments: state.retired_segments,
+        services,
+        absorbed: state.absorbed.clone(),
+    };
+    let mut out = serde_json::to_vec_pretty(&f).expect("the state always serializes");
+    out.push(b'\n');
+    out
+}
+
+/// Parses the file's JSON text; the error says what is wrong.
+pub fn decode(bytes: &[u8]) -> Result<State, String> {
+    let f: FileV1 = serde_json::from_slice(bytes).map_err(|e| format!("not valid JSON: {e}"))?;
+    if f.format != FORMAT {
+        return Err(format!("format {:?}, expected {FORMAT:?}", f.format));
+    }
+    if f.version != VERSION {
+        return Err(format!(
+            "version {} (this agent reads version {VERSION})",
+            f.version
+        ));
+    }
+    let mut retired = Retired::default();
+    for (svc, s) in f.services {
+        let mut t = ServiceTotals::default();
+        for (name, row) in &s.classes {
+            t.classes.insert(name.clone(), row.to(name)?);
+        }
+        for (name, m) in &s.memory {
+            t.memory.insert(name.clone(), m.into());
+        }
+        // A newer agent may count more kinds of loss: keep the ones we know.
+        for (a, b) in t.lost.iter_mut().zip(s.lost.iter().take(LOST_COUNTERS)) {
+            *a = *b;
+        }
+        retired.by_service.insert(svc, t);
+    }
+    Ok(State {
+        retired,
+        retired_segments: f.retired_segments,
+        absorbed: f.absorbed,
+    })
+}
+
+/// Who may retire segments in the directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// This agent holds the lock: it retires, removes and writes the state.
+    Owner,
+    /// Another agent holds the lock: this one only reads.
+    Follower,
+}
+
+/// The state file and the lock of one directory.
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+    lock: Option<File>,
+    role: Role,
+    /// `(inode, mtime ns, len)` of the state file last read or written.
+    seen: Option<(u64, i64, u64)>,
+    /// A write failed; retry on the next pass.
+    pub dirty: bool,
+    warned_lock: bool,
+}
+
+fn open_nofollow(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+}
+
+fn stamp(m: &std::fs::Metadata) -> (u64, i64, u64) {
+    (m.ino(), m.mtime() * 1_000_000_000 + m.mtime_nsec(), m.len())
+}
+
+impl Store {
+    /// A store over `dir`; [`Store::elect`] decides the role.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            lock: None,
+            role: Role::Owner,
+            seen: None,
+            dirty: false,
+            warned_lock: false,
+        }
+    }
+
+    /// This agent's role.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Path of the state file.
+    pub fn state_path(&self) -> PathBuf {
+        self.dir.join(STATE_FILE)
+    }
+
+    /// Tries to take the directory's lock. Returns true if this agent was
+    /// a follower and just became the owner (the caller then reloads the
+    /// state the previous owner left). An agent that
+    /// cannot create the lock file (no directory yet, read-only directory)
+    /// acts as the owner: there is nobody to share with, and its writes
+    /// fail with a logged warning.
+    pub fn elect(&mut self) -> bool {
+        if self.lock.is_some() && self.role == Role::Owner {
+            return false;
+        }
+        if self.lock.is_none() {
+            let opened = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+                .open(self.dir.join(LOCK_FILE));
+            match opened {
+                Ok(f) => self.lock = Some(f),
+                Err(e) => {
+                    if !self.warned_lock && e.kind() != std::io::ErrorKind::NotFound {
+                        tracing::warn!(dir = %self.dir.display(), error = %e, "cannot create the agent lock file; acting as the only agent on this directory");
+                        self.warned_lock = true;
+                    }
+                    self.role = Role::Owner;
+                    return false;
+                }
+            }
+        }
+        let Some(lock) = &self.lock else { return false };
+        let was = self.role;
+        match rustix::fs::flock(lock, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {
+                self.role = Role::Owner;
+                if was == Role::Follower {
+                    tracing::info!(dir = %self.dir.display(), "the other agent on this directory exited; this agent now retires dead segments and keeps the state file");
+                }
+                was == Role::Follower
+            }
+            Err(_) => {
+                if was == Role::Owner {
+                    tracing::warn!(dir = %self.dir.display(), "another pfs-agent owns this directory (it holds {LOCK_FILE}); this agent exports the same segments but leaves retiring them and the state file to it");
+                }
+                self.role = Role::Follower;
+                false
+            }
+        }
+    }
+
+    /// Whether the state file changed since it was last read or written.
+    pub fn changed(&self) -> bool {
+        let now = std::fs::symlink_metadata(self.state_path())
+            .ok()
+            .map(|m| stamp(&m));
+        now != self.seen
+    }
+
+    /// Reads the state file. A missing file is an empty state; a corrupt
+    /// one is set aside as [`CORRUPT_FILE`], logged, and read as empty.
+    pub fn load(&mut self) -> State {
+        let path = self.state_path();
+        match read_state(&path) {
+            Ok(Some((state, st))) => {
+                self.seen = Some(st);
+                tracing::info!(path = %path.display(), services = state.retired.by_service.len(), retired_segments = state.retired_segments, "retired totals loaded");
+                state
+            }
+            Ok(None) => {
+                self.seen = None;
+                State::default()
+            }
+            Err(msg) => {
+                let aside = self.dir.join(CORRUPT_FILE);
+                let moved = self.role == Role::Owner && std::fs::rename(&path, &aside).is_ok();
+                self.seen = std::fs::symlink_metadata(&path).ok().map(|m| stamp(&m));
+                if moved {
+                    tracing::error!(path = %path.display(), set_aside = %aside.display(), "state file is unusable ({msg}); it was set aside and retired totals start from zero, so services whose processes were retired may show one counter reset");
+                } else {
+                    tracing::error!(path = %path.display(), "state file is unusable ({msg}); retired totals start from zero");
+                }
+                State::default()
+            }
+        }
+    }
+
+    /// Writes the state atomically (temporary file, fsync, rename).
+    pub fn save(&mut self, state: &State) -> std::io::Result<()> {
+        let path = self.state_path();
+        write_atomic(&path, &encode(state))?;
+        self.seen = std::fs::symlink_metadata(&path).ok().map(|m| stamp(&m));
+        Ok(())
+    }
+}
+
+/// Replaces `path` with `bytes` atomically: a temporary file beside it
+/// (`O_EXCL | O_NOFOLLOW`, mode 0600), `fsync`, `rename`, `fsync` of the
+/// directory. A link planted at `path` is replaced, never written through.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(&tmp)?;
+    let written = f.write_all(bytes).and_then(|()| f.sync_all());
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    drop(f);
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    if let Some(dir) = path.parent()
+        && let Ok(d) = File::open(dir)
+    {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Reads an agent file of at most [`MAX_STATE_BYTES`] without following
+/// links: `Ok(None)` if it does not exist, `Err` says what is wrong.
+pub fn read_capped(path: &Path) -> Result<Option<(Vec<u8>, std::fs::Metadata)>, String> {
+    let mut f = match open_nofollow(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot open it: {e}")),
+    };
+    let meta = f.metadata().map_err(|e| format!("cannot stat it: {e}"))?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > MAX_STATE_BYTES {
+        return Err(format!(
+            "{} bytes, larger than {MAX_STATE_BYTES}",
+            meta.len()
+        ));
+    }
+    let mut buf = Vec::with_capacity(meta.len() as usize);
+    (&mut f)
+        .take(MAX_STATE_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    Ok(Some((buf, meta)))
+}
+
+type Loaded = Option<(State, (u64, i64, u64))>;
+
+fn read_state(path: &Path) -> Result<Loaded, String> {
+    match read_capped(path)? {
+        None => Ok(None),
+        Some((buf, meta)) => decode(&buf).map(|s| Some((s, stamp(&meta)))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> State {
+        let mut t = ServiceTotals::default();
+        let mut s = Summary {
+            count: 7,
+            timed_count: 6,
+            sum_ps: u128::from(u64::MAX) * 3,
+            min_ps: 10,
+            max_ps: 1 << 40,
+            bytes: 99,
+            ..Summary::default()
+        };
+        s.buckets[3] = 6;
+        s.statement.rows_sent = 5;
+        t.classes
+            .insert("statement/test/q".into(), (ClassKind::Statement, s));
+        t.classes.insert(
+            "wait/synch/mutex/test/a".into(),
+            (ClassKind::Mutex, Summary::default()),
+        );
+        t.memory.insert(
+            "memory/test/buf".into(),
+            MemoryStats {
+                count_alloc: 3,
+                low_bytes: -5,
+                high_bytes: 700,
+                ..MemoryStats::default()
+            },
+        );
+        t.lost[2] = 4;
+        let mut retired = Retired::default();
+        retired.by_service.insert("svc".into(), t);
+        State {
+            retired,
+            retired_segments: 12,
+            absorbed: vec![Absorbed {
+                file: "svc.42.pfs".into(),
+                ino: 17,
+                pid: 42,
+                start_time_unix_ns: 1_700_000_000_000_000_000,
+            }],
+        }
+    }
+
+    fn same(a: &State, b: &State) {
+        assert_eq!(a.retired_segments, b.retired_segments);
+        assert_eq!(a.absorbed, b.absorbed);
+        assert_eq!(
+            a.retired.by_service.keys().collect::<Vec<_>>(),
+            b.retired.by_service.keys().collect::<Vec<_>>()
+        );
+        for (k, x) in &a.retired.by_service {
+            let y = &b.retired.by_service[k];
+            assert_eq!(x.classes, y.classes);
+            assert_eq!(x.memory, y.memory);
+            assert_eq!(x.lost, y.lost);
+        }
+    }
+
+    #[test]
+    fn round_trip_is_exact() {
+        let s = sample();
+        let back = decode(&encode(&s)).unwrap();
+        same(&s, &back);
+    }
+
+    #[test]
+    fn corrupt_files_are_refused_with_a_reason() {
+        assert!(decode(b"{").unwrap_err().contains("JSON"));
+        let mut v: serde_json::Value = serde_json::from_slice(&encode(&sample())).unwrap();
+        v["version"] = 99.into();
+        assert!(
+            decode(v.to_string().as_bytes())
+                .unwrap_err()
+                .contains("version 99")
+        );
+        let mut v: serde_json::Value = serde_json::from_slice(&encode(&sample())).unwrap();
+        v["services"]["svc"]["classes"]["statement/test/q"]["buckets"] = serde_json::json!([1, 2]);
+        assert!(
+            decode(v.to_string().as_bytes())
+                .unwrap_err()
+                .contains("buckets")
+        );
+    }
+
+    #[test]
+    fn store_saves_loads_and_sets_corrupt_files_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = Store::new(dir.path());
+        a.elect();
+        assert_eq!(a.role(), Role::Owner);
+        assert!(a.load().retired.by_service.is_empty());
+        let s = sample();
+        a.save(&s).unwrap();
+        assert!(!a.changed());
+        // A second agent on the same directory follows and reads the same.
+        let mut b = Store::new(dir.path());
+        b.elect();
+        assert_eq!(b.role(), Role::Follower);
+        same(&s, &b.load());
+        // Corrupt the file: the owner sets it aside and starts empty.
+        std::fs::write(a.state_path(), b"{\"format\": 3").unwrap();
+        assert!(a.changed());
+        assert!(a.load().retired.by_service.is_empty());
+        assert!(dir.path().join(CORRUPT_FILE).exists());
+        assert!(!a.state_path().exists());
+        // The follower takes over once the owner's lock is gone.
+        assert!(!b.elect(), "still a follower");
+        drop(a);
+        assert!(b.elect());
+        assert!(!b.elect(), "an owner stays the owner");
+        assert_eq!(b.role(), Role::Owner);
+    }
+
+    #[test]
+    fn state_file_symlink_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("elsewhere.json");
+        std::fs::write(&target, encode(&sample())).unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join(STATE_FILE)).unwrap();
+        let mut a = Store::new(dir.path());
+        a.elect();
+        assert!(a.load().retired.by_service.is_empty());
+        // Saving replaces the link itself, never writes through it.
+        a.save(&State::default()).unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), encode(&sample()));
+    }
+}
