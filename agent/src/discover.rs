@@ -150,7 +150,8 @@ impl Identity {
     }
 }
 
-/// Files in `not_ready` state this long are reported (once) as stuck.
+/// Files in `not_ready` state this long are reported (once) as stuck
+/// (see [`SegmentSet::with_not_ready_grace`]).
 const NOT_READY_GRACE: Duration = Duration::from_secs(10);
 
 /// Every segment file of one directory.
@@ -176,6 +177,7 @@ pub struct SegmentSet {
     /// Files still being initialised by their creator: first seen, and
     /// whether the wait was already reported.
     pending: HashMap<PathBuf, (Instant, bool)>,
+    not_ready_grace: Duration,
 }
 
 /// The metric label for a validation error.
@@ -255,12 +257,20 @@ impl SegmentSet {
             policy: Policy::default(),
             identity: Identity::current(),
             pending: HashMap::new(),
+            not_ready_grace: NOT_READY_GRACE,
         }
     }
 
     /// Replaces the acceptance policy (before the first refresh).
     pub fn with_policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
+        self
+    }
+
+    /// Replaces how long a file may stay `not_ready` before it is
+    /// reported (default 10 s).
+    pub fn with_not_ready_grace(mut self, grace: Duration) -> Self {
+        self.not_ready_grace = grace;
         self
     }
 
@@ -426,9 +436,9 @@ impl SegmentSet {
                     .pending
                     .entry(path.to_path_buf())
                     .or_insert((now, false));
-                if !*reported && now.duration_since(*since) >= NOT_READY_GRACE {
+                if !*reported && now.duration_since(*since) >= self.not_ready_grace {
                     *reported = true;
-                    tracing::warn!(path = %path.display(), reason = "not_ready", "segment file still not initialised after {NOT_READY_GRACE:?}: {message}; its creator may have died");
+                    tracing::warn!(path = %path.display(), reason = "not_ready", "segment file still not initialised after {:?}: {message}; its creator may have died", self.not_ready_grace);
                     *self.errors.entry("not_ready").or_default() += 1;
                 }
             }
@@ -568,5 +578,108 @@ pub fn owner_is_dead(file: &File) -> bool {
             true
         }
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    fn segment_file(path: &Path) -> File {
+        let f = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .unwrap();
+        let cfg = pfs_shm_layout::SegmentConfig {
+            service_name: "unit".into(),
+            history_len: 2,
+            max_classes: 4,
+            max_strings: 4,
+            records_per_page: 1,
+            max_pages: 1,
+            history_long_len: 1,
+        };
+        let timer = pfs_shm_layout::TimerCalibration {
+            kind: 2,
+            base_ticks: 0,
+            ps_per_tick_q32: 1000 << 32,
+            frequency_hz: 1_000_000_000,
+            base_ns: 0,
+        };
+        drop(Segment::create(f.try_clone().unwrap(), &cfg, timer, 1, 0).unwrap());
+        f
+    }
+
+    #[test]
+    fn a_file_stuck_initialising_is_reported_once_and_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = segment_file(&dir.path().join("stuck.pfs"));
+        // state = SEGMENT_INITIALIZING, as a creator that died mid-way.
+        f.write_all_at(&0u64.to_le_bytes(), 0x20).unwrap();
+        let mut set = SegmentSet::new(dir.path(), Duration::from_secs(60))
+            .with_not_ready_grace(Duration::ZERO);
+        set.refresh();
+        set.refresh();
+        set.refresh();
+        assert_eq!(set.errors.get("not_ready"), Some(&1), "{:?}", set.errors);
+        assert!(set.tracked.is_empty() && set.invalid.is_empty());
+        // Finished after all: it is picked up on the next pass.
+        f.write_all_at(&1u64.to_le_bytes(), 0x20).unwrap();
+        set.refresh();
+        assert_eq!(set.tracked.len(), 1);
+        assert!(set.pending.is_empty());
+    }
+
+    #[test]
+    fn a_refused_file_is_retried_when_chmod_fixes_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("ww.pfs");
+        drop(segment_file(&p));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let mut set = SegmentSet::new(dir.path(), Duration::from_secs(60));
+        set.refresh();
+        set.refresh();
+        assert_eq!(set.errors.get("world_writable"), Some(&1));
+        assert_eq!(set.invalid[&p].reason, "world_writable");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        set.refresh();
+        assert_eq!(set.tracked.len(), 1, "ctime changed: retried and accepted");
+        assert!(set.invalid.is_empty());
+    }
+
+    #[test]
+    fn every_reason_is_listed_and_documented() {
+        let samples = [
+            SegmentError::Truncated { len: 0, need: 1 },
+            SegmentError::Truncated { len: 1, need: 2 },
+            SegmentError::BadMagic(0),
+            SegmentError::ByteOrder(0),
+            SegmentError::UnsupportedVersion {
+                found: 9,
+                supported: 2,
+            },
+            SegmentError::NotReady,
+            SegmentError::Corrupt(String::new()),
+            SegmentError::Shrunk { len: 0, need: 1 },
+            SegmentError::Unreadable,
+            SegmentError::Protect(String::new()),
+            SegmentError::Io("x", std::io::Error::other("x")),
+        ];
+        let listed: Vec<&str> = REASONS.iter().map(|(r, _)| *r).collect();
+        for e in &samples {
+            assert!(listed.contains(&reason(e)), "{} not in REASONS", reason(e));
+        }
+        let doc = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/SECURITY-segments.md"),
+        )
+        .unwrap();
+        for (r, meaning) in REASONS {
+            let row = format!("| `{r}` | {} |", meaning.replace('|', "\\|"));
+            assert!(doc.contains(&row), "docs/SECURITY-segments.md lacks {row}");
+        }
     }
 }

@@ -166,6 +166,104 @@ fn many_segments_fault_independently() {
     }
 }
 
+/// A private tmpfs of `size` bytes, unmounted on drop (needs root, as the
+/// test suite runs).
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: usize) -> Self {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let target = CString::new(dir.path().as_os_str().as_bytes()).unwrap();
+        let opts = CString::new(format!("size={size}")).unwrap();
+        // SAFETY: mount(2) with valid NUL-terminated strings.
+        let rc = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                target.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                opts.as_ptr().cast(),
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "mount tmpfs (this test needs root): {}",
+            std::io::Error::last_os_error()
+        );
+        Self(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let target = std::ffi::CString::new(self.0.path().as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: umount2(2) of the mount point we mounted.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// A segment whose header claims container pages that were never
+/// reserved, on a full tmpfs: reading a hole needs a page the volume
+/// cannot give, so the read raises SIGBUS although the file is long
+/// enough. The reader survives and `check` reports `Unreadable`.
+#[test]
+fn a_hole_on_a_full_tmpfs_is_survived_and_reported_unreadable() {
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+    let fs = Tmpfs::mount(1 << 20);
+    let path = fs.0.path().join("hostile.pfs");
+    let cfg = SegmentConfig {
+        service_name: "holes".into(),
+        history_len: 4,
+        max_classes: 8,
+        max_strings: 16,
+        records_per_page: 2,
+        max_pages: 64,
+        history_long_len: 4,
+    };
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .unwrap();
+    let seg = Segment::create(file, &cfg, TIMER, 1, 0).unwrap();
+    let g = *seg.geometry();
+    assert!(
+        g.total_size > 1 << 20,
+        "the segment ({} B) must not fit the volume",
+        g.total_size
+    );
+    // Hostile: every page "added" and active, none reserved.
+    let c = seg.container_header();
+    c.pages_added
+        .store(u64::from(g.max_pages), Ordering::Release);
+    for s in seg.page_states() {
+        s.store(PAGE_ACTIVE, Ordering::Release);
+    }
+    drop(seg);
+    // Fill the volume.
+    let mut filler = File::create(fs.0.path().join("filler")).unwrap();
+    let chunk = vec![1u8; 64 << 10];
+    while filler.write_all(&chunk).is_ok() {}
+
+    let reader = Segment::open(File::open(&path).unwrap(), false).unwrap();
+    let faults = pfs_shm_layout::sigbus::recovered_faults();
+    let _ = snapshot(&reader, &ReadOptions::default());
+    assert!(
+        pfs_shm_layout::sigbus::recovered_faults() > faults,
+        "reading an unbacked hole went through the SIGBUS handler"
+    );
+    assert!(
+        matches!(reader.check(), Err(SegmentError::Unreadable)),
+        "{:?}",
+        reader.check()
+    );
+}
+
 const CHILD_ENV: &str = "PFS_SIGBUS_TEST_CHILD";
 
 /// In a child process: installs the handler (by opening a segment), then
