@@ -16,6 +16,11 @@
 //! segment truncated to a few bytes while the agent has it mapped (its
 //! exported totals must not go backwards). Finally the junk is removed and
 //! the agent forgets it.
+//!
+//! A second test makes the agent itself take a `SIGBUS`: on a full tmpfs,
+//! a segment whose header claims container pages that were never reserved
+//! cannot be read (the kernel has no page to back the hole), and the agent
+//! must survive it, drop that segment as `unreadable`, and keep exporting.
 
 use std::fs::File;
 use std::io::Read;
@@ -45,9 +50,10 @@ fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// A small valid segment made with the layout API; `events` waits of
-/// class `TEST_CLASSES[0]` recorded on one thread.
-fn make_segment(path: &Path, service: &str, events: u64) -> SegmentWriter {
+/// A small valid segment (`max_pages` container pages) made with the
+/// layout API; `events` waits of class `TEST_CLASSES[0]` recorded on one
+/// thread.
+fn make_segment(path: &Path, service: &str, events: u64, max_pages: u32) -> SegmentWriter {
     let file = File::options()
         .read(true)
         .write(true)
@@ -60,7 +66,7 @@ fn make_segment(path: &Path, service: &str, events: u64) -> SegmentWriter {
         max_classes: 8,
         max_strings: 16,
         records_per_page: 2,
-        max_pages: 2,
+        max_pages,
         history_long_len: 4,
     };
     let timer = TimerCalibration {
@@ -256,10 +262,10 @@ fn agent_survives_every_hostile_file_while_exporting_a_real_workload() {
     h.expect("x.pfs", "not_regular", 1.0);
 
     // Valid segments that the policy refuses.
-    drop(make_segment(&h.path("foreign.pfs"), "foreign", 3));
+    drop(make_segment(&h.path("foreign.pfs"), "foreign", 3, 2));
     std::os::unix::fs::chown(h.path("foreign.pfs"), Some(12345), Some(12345)).unwrap();
     h.expect("foreign.pfs", "foreign_owner", 1.0);
-    drop(make_segment(&h.path("open.pfs"), "open", 3));
+    drop(make_segment(&h.path("open.pfs"), "open", 3, 2));
     std::fs::set_permissions(h.path("open.pfs"), std::fs::Permissions::from_mode(0o666)).unwrap();
     h.expect("open.pfs", "world_writable", 1.0);
     let m = h.agent.metrics().unwrap();
@@ -273,7 +279,7 @@ fn agent_survives_every_hostile_file_while_exporting_a_real_workload() {
     // A valid, live segment (its flock held), exported, then truncated to
     // a few bytes while the agent has it mapped.
     let victim_path = h.path("victim.pfs");
-    let victim = make_segment(&victim_path, "victim", 7);
+    let victim = make_segment(&victim_path, "victim", 7, 2);
     let lock = File::open(&victim_path).unwrap();
     // SAFETY: flock(2) on a descriptor we own.
     assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
@@ -341,4 +347,108 @@ fn agent_survives_every_hostile_file_while_exporting_a_real_workload() {
     .unwrap_or_else(|e| panic!("{e:#}\n{}", h.agent.guard.describe()));
     h.expect("random.pfs", "bad_magic", 1.0); // counters are monotonic
     writer.finish(Duration::from_secs(10)).unwrap();
+}
+
+/// A private tmpfs of `size` bytes, unmounted (lazily) on drop. Needs
+/// root, as the suite runs.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: usize) -> Self {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let target = CString::new(dir.path().as_os_str().as_bytes()).unwrap();
+        let opts = CString::new(format!("size={size},mode=0755")).unwrap();
+        // SAFETY: mount(2) with valid NUL-terminated strings.
+        let rc = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                target.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                opts.as_ptr().cast(),
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "mount tmpfs (this test needs root): {}",
+            std::io::Error::last_os_error()
+        );
+        Self(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        use std::os::unix::ffi::OsStrExt;
+        let target = std::ffi::CString::new(self.0.path().as_os_str().as_bytes()).unwrap();
+        // SAFETY: umount2(2) of the mount point we mounted.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+#[test]
+fn agent_survives_sigbus_from_a_full_tmpfs() {
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+    let fs = Tmpfs::mount(16 << 20);
+    let dir = fs.0.path().to_path_buf();
+    let mut writer = Writer::spawn(
+        writer_exe!(),
+        &[
+            "loop",
+            "--shm-dir",
+            dir.to_str().unwrap(),
+            "--service",
+            "goodsvc",
+            "--threads",
+            "2",
+        ],
+    )
+    .unwrap();
+    writer.read_json(Duration::from_secs(20)).unwrap();
+    let agent = Agent::serve(&dir).unwrap();
+    let first = poll(Duration::from_secs(20), || {
+        Harness::good_total(&agent.metrics()?).map(Some)
+    })
+    .unwrap_or_else(|e| {
+        panic!(
+            "good writer never exported: {e:#}\n{}",
+            agent.guard.describe()
+        )
+    });
+    let mut h = Harness {
+        agent,
+        dir: dir.clone(),
+        last_good: first,
+    };
+
+    // A segment claiming 64 active container pages, none reserved: built
+    // under another name, so the agent sees it only once the volume is full.
+    let staging = dir.join("holes.staging");
+    let seg = make_segment(&staging, "holes", 0, 8192);
+    let c = seg.segment().container_header();
+    let max_pages = seg.segment().geometry().max_pages;
+    assert!(
+        seg.segment().geometry().total_size > 16 << 20,
+        "the hostile segment must not fit the volume"
+    );
+    c.pages_added.store(u64::from(max_pages), Ordering::Release);
+    for s in seg.segment().page_states() {
+        s.store(pfs_shm_layout::layout::PAGE_ACTIVE, Ordering::Release);
+    }
+    drop(seg);
+    let mut filler = File::create(dir.join("filler")).unwrap();
+    let chunk = vec![1u8; 64 << 10];
+    while filler.write_all(&chunk).is_ok() {}
+    std::fs::rename(&staging, h.path("holes.pfs")).unwrap();
+    h.expect("holes.pfs", "unreadable", 1.0);
+    assert!(h.agent.guard.try_wait().is_none(), "agent exited");
+    let log = h.agent.guard.stderr();
+    assert!(log.contains("SIGBUS"), "the log explains the fault:\n{log}");
+    writer.finish(Duration::from_secs(10)).unwrap();
+    drop(h);
+    drop(fs);
 }
