@@ -327,6 +327,7 @@ impl SegmentSet {
     /// One discovery pass: opens new files, re-checks liveness, retires
     /// segments dead for longer than the retention.
     pub fn refresh(&mut self) {
+        self.drop_damaged();
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(e) => e,
             Err(e) => {
@@ -334,7 +335,6 @@ impl SegmentSet {
                 return;
             }
         };
-        self.drop_damaged();
         let mut seen = HashSet::new();
         for entry in entries.flatten() {
             let path = entry.path();
