@@ -71,6 +71,9 @@ pub struct ServeArgs {
     /// Setup defaults applied to every segment found.
     pub defaults: DefaultsArgs,
     #[command(flatten)]
+    /// Which segment files are accepted.
+    pub policy: PolicyArgs,
+    #[command(flatten)]
     /// OTLP metrics push.
     pub otlp: crate::export::otlp::OtlpArgs,
 }
@@ -99,6 +102,54 @@ impl LimitArgs {
             connection_timeout: self.connection_timeout,
         }
     }
+}
+
+/// Which files of the segment directory are accepted (`serve`, `query`).
+/// World-writable files are always refused.
+#[derive(Debug, Args, Clone)]
+pub struct PolicyArgs {
+    /// Owner a segment file must have: `any`, `uid` (the agent's effective
+    /// uid) or `group` (one of the agent's groups). Others are refused
+    /// with reason `foreign_owner`.
+    #[arg(long, value_enum, env = "PFS_REQUIRE_OWNER", default_value = "any")]
+    pub require_owner: crate::discover::OwnerPolicy,
+    /// Largest segment file accepted (bytes, or with a K, M, G or T
+    /// suffix); larger files are refused with reason `too_large`.
+    #[arg(long, env = "PFS_MAX_SEGMENT_SIZE", default_value = "4G", value_parser = parse_size)]
+    pub max_segment_size: u64,
+}
+
+impl PolicyArgs {
+    /// As a discovery policy.
+    pub fn policy(&self) -> crate::discover::Policy {
+        crate::discover::Policy {
+            owner: self.require_owner,
+            max_size: self.max_segment_size,
+        }
+    }
+}
+
+/// Parses `4096`, `512K`, `100M`, `4G`, `1T` (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("unknown size suffix in {s:?}; use K, M, G or T")),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size; use e.g. 4G, 512M, 1048576"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// Setup defaults the agent applies to every segment it finds (and to
@@ -235,6 +286,9 @@ pub struct QueryArgs {
     /// Only this pid.
     #[arg(long)]
     pub pid: Option<u32>,
+    #[command(flatten)]
+    /// Which segment files are accepted.
+    pub policy: PolicyArgs,
 }
 
 /// `demo` options.
@@ -307,5 +361,16 @@ mod tests {
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("m").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("512K").unwrap(), 512 << 10);
+        assert_eq!(parse_size("4g").unwrap(), 4 << 30);
+        assert_eq!(parse_size("1T").unwrap(), 1 << 40);
+        assert!(parse_size("4X").is_err());
+        assert!(parse_size("G").is_err());
+        assert!(parse_size("99999999999T").is_err());
     }
 }

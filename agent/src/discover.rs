@@ -2,10 +2,18 @@
 //! live, and retiring the dead.
 //!
 //! * A file is a candidate if its name ends in `.pfs`. It is opened with
-//!   `O_NOFOLLOW` (a symlink is refused, never followed) and must be a
-//!   regular file.
-//! * A file that fails validation is remembered with its reason and size,
-//!   logged once, and retried only when it changes.
+//!   `O_NOFOLLOW | O_NONBLOCK | O_NOCTTY` (a symlink is refused, never
+//!   followed; a FIFO swapped in cannot block the agent) and, checked on
+//!   the open descriptor, must be a regular file, not world-writable, owned
+//!   as [`Policy::owner`] requires, and at most [`Policy::max_size`] bytes.
+//! * A file that fails validation is remembered with its reason, logged
+//!   once, counted in `pfs_agent_segment_errors_total{reason}`, and retried
+//!   only when it changes (size, times, inode). Removed files are
+//!   forgotten, so the memory held is bounded by the directory's entries.
+//! * A tracked segment whose file shrinks under the mapping, or whose read
+//!   raised `SIGBUS` (see `pfs_shm_layout::sigbus`), is dropped with reason
+//!   `shrunk` or `unreadable`; its last good snapshot folds into the
+//!   service's retired totals so no counter goes backwards.
 //! * **Liveness through `flock`**: the owning process holds an exclusive
 //!   lock for its lifetime. If the agent can take a shared lock, the owner
 //!   is gone. Pids are never used: containers of a pod do not share a pid
@@ -24,9 +32,9 @@
 //!   restart and only the directory's owning agent retires (see
 //!   [`crate::retired`]).
 
-use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{DirEntryExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::collections::{HashMap, HashSet};
+use std::fs::{File, Metadata, OpenOptions};
+use std::os::unix::fs::{DirEntryExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -70,6 +78,15 @@ impl Tracked {
             start_time_unix_ns: self.segment.start_time_unix_ns(),
         }
     }
+
+    /// A snapshot of the segment, refused if the file shrank or the
+    /// mapping faulted during the read (the data would be zeros, not the
+    /// segment's); the next refresh then drops the segment.
+    pub fn snapshot(&self, opts: &ReadOptions) -> Result<SegmentSnapshot, SegmentError> {
+        let s = snapshot(&self.segment, opts)?;
+        self.segment.check()?;
+        Ok(s)
+    }
 }
 
 /// A file that is not a usable segment.
@@ -79,9 +96,89 @@ pub struct Invalid {
     pub reason: &'static str,
     /// Human-readable message.
     pub message: String,
-    len: u64,
-    modified: Option<std::time::SystemTime>,
+    stamp: Stamp,
 }
+
+/// What identifies a version of a file: a change to any field (content
+/// written, `chown`/`chmod`, replaced by another file) means a retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    ino: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(m: &Metadata) -> Self {
+        Self {
+            len: m.len(),
+            ino: m.ino(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+/// Who may own an accepted segment file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OwnerPolicy {
+    /// Any owner (the directory's permissions decide who can write there).
+    #[default]
+    Any,
+    /// Only the agent's effective uid.
+    Uid,
+    /// Only a group of the agent (effective or supplementary gid).
+    Group,
+}
+
+/// Which files are accepted as segments, beyond validation.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// Required owner.
+    pub owner: OwnerPolicy,
+    /// Largest file accepted, bytes. A segment's size bounds the memory
+    /// and time one snapshot of it can take; a file claiming more (e.g. a
+    /// huge sparse file) is refused with reason `too_large`.
+    pub max_size: u64,
+}
+
+/// Default [`Policy::max_size`]: 4 GiB (a default pfs-client segment is
+/// about 110 MiB, mostly sparse).
+pub const DEFAULT_MAX_SEGMENT_SIZE: u64 = 4 << 30;
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            owner: OwnerPolicy::Any,
+            max_size: DEFAULT_MAX_SEGMENT_SIZE,
+        }
+    }
+}
+
+/// The agent's identity, for the owner policy.
+#[derive(Debug, Clone)]
+struct Identity {
+    uid: u32,
+    gids: Vec<u32>,
+}
+
+impl Identity {
+    fn current() -> Self {
+        let mut gids = vec![rustix::process::getegid().as_raw()];
+        if let Ok(groups) = rustix::process::getgroups() {
+            gids.extend(groups.into_iter().map(|g| g.as_raw()));
+        }
+        Self {
+            uid: rustix::process::geteuid().as_raw(),
+            gids,
+        }
+    }
+}
+
+/// Files in `not_ready` state this long are reported (once) as stuck
+/// (see [`SegmentSet::with_not_ready_grace`]).
+const NOT_READY_GRACE: Duration = Duration::from_secs(10);
 
 /// Every segment file of one directory.
 #[derive(Debug)]
@@ -100,6 +197,13 @@ pub struct SegmentSet {
     pub retired_segments: u64,
     /// Setup defaults applied to every segment.
     pub defaults: crate::setup::Defaults,
+    /// Which files are accepted.
+    policy: Policy,
+    identity: Identity,
+    /// Files still being initialised by their creator: first seen, and
+    /// whether the wait was already reported.
+    pending: HashMap<PathBuf, (Instant, bool)>,
+    not_ready_grace: Duration,
     /// The state file, when retired totals persist.
     store: Option<Store>,
     /// Retired segments whose files may still exist.
@@ -109,6 +213,7 @@ pub struct SegmentSet {
 /// The metric label for a validation error.
 pub fn reason(e: &SegmentError) -> &'static str {
     match e {
+        SegmentError::Truncated { len: 0, .. } => "empty",
         SegmentError::Truncated { .. } => "truncated",
         SegmentError::BadMagic(_) => "bad_magic",
         SegmentError::ByteOrder(_) => "byte_order",
@@ -119,8 +224,53 @@ pub fn reason(e: &SegmentError) -> &'static str {
         SegmentError::NoSpace(_) => "no_space",
         SegmentError::Io(..) => "io",
         SegmentError::FoldStorm(_) => "fold_storm",
+        SegmentError::Shrunk { .. } => "shrunk",
+        SegmentError::Unreadable => "unreadable",
+        SegmentError::Protect(_) => "unprotected",
     }
 }
+
+/// Every `reason` label [`SegmentSet`] can count, with its meaning (the
+/// documentation's table is checked against this list).
+pub const REASONS: &[(&str, &str)] = &[
+    ("empty", "zero-length file"),
+    (
+        "truncated",
+        "shorter than its header (or than one header page)",
+    ),
+    ("bad_magic", "not a pfs segment (random bytes, other files)"),
+    ("byte_order", "written by a process of the other byte order"),
+    (
+        "unsupported_version",
+        "layout major version this agent does not read",
+    ),
+    (
+        "corrupt",
+        "inconsistent header: offsets, sizes or counts out of range",
+    ),
+    (
+        "not_ready",
+        "still not initialised by its creator after 10 s (kept being retried)",
+    ),
+    ("symlink", "a symbolic link (never followed)"),
+    ("not_regular", "a directory, FIFO, socket or device"),
+    ("world_writable", "file mode allows writes by any user"),
+    (
+        "foreign_owner",
+        "owner not allowed by --require-owner uid|group",
+    ),
+    ("too_large", "larger than --max-segment-size"),
+    ("shrunk", "file truncated while the agent had it mapped"),
+    (
+        "unreadable",
+        "reading the mapping raised SIGBUS (I/O error, full tmpfs)",
+    ),
+    (
+        "unprotected",
+        "the mapping could not be registered for SIGBUS recovery",
+    ),
+    ("io", "open, stat or mmap failed"),
+];
 
 impl SegmentSet {
     /// An empty set over `dir`.
@@ -134,6 +284,10 @@ impl SegmentSet {
             errors: HashMap::new(),
             retired_segments: 0,
             defaults: crate::setup::Defaults::default(),
+            policy: Policy::default(),
+            identity: Identity::current(),
+            pending: HashMap::new(),
+            not_ready_grace: NOT_READY_GRACE,
             store: None,
             absorbed: Vec::new(),
         }
@@ -183,6 +337,65 @@ impl SegmentSet {
         }
     }
 
+    /// Replaces the acceptance policy (before the first refresh).
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Replaces how long a file may stay `not_ready` before it is
+    /// reported (default 10 s).
+    pub fn with_not_ready_grace(mut self, grace: Duration) -> Self {
+        self.not_ready_grace = grace;
+        self
+    }
+
+    /// Counts and logs a refused file, remembering it until it changes.
+    fn refuse(&mut self, path: &Path, reason: &'static str, message: String, stamp: Stamp) {
+        tracing::warn!(path = %path.display(), reason, "refusing segment file: {message}");
+        *self.errors.entry(reason).or_default() += 1;
+        self.invalid.insert(
+            path.to_path_buf(),
+            Invalid {
+                reason,
+                message,
+                stamp,
+            },
+        );
+    }
+
+    /// Drops tracked segments whose file shrank or whose mapping faulted.
+    fn drop_damaged(&mut self) {
+        let damaged: Vec<(PathBuf, SegmentError)> = self
+            .tracked
+            .iter()
+            .filter_map(|(p, t)| t.segment.check().err().map(|e| (p.clone(), e)))
+            .collect();
+        for (path, e) in damaged {
+            let Some(t) = self.tracked.remove(&path) else {
+                continue;
+            };
+            if let Some(last) = &t.last {
+                self.retired.absorb(last);
+                self.retired_changed();
+            }
+            let stamp = std::fs::symlink_metadata(&path)
+                .map(|m| Stamp::of(&m))
+                .unwrap_or(Stamp {
+                    len: 0,
+                    ino: 0,
+                    mtime: (0, 0),
+                    ctime: (0, 0),
+                });
+            let message = format!(
+                "{e}; service {:?} pid {} keeps its last exported totals",
+                t.segment.service(),
+                t.segment.pid()
+            );
+            self.refuse(&path, reason(&e), message, stamp);
+        }
+    }
+
     /// The directory.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -191,6 +404,7 @@ impl SegmentSet {
     /// One discovery pass: opens new files, re-checks liveness, retires
     /// segments dead for longer than the retention.
     pub fn refresh(&mut self) {
+        self.drop_damaged();
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(e) => e,
             Err(e) => {
@@ -199,14 +413,14 @@ impl SegmentSet {
             }
         };
         self.sync_store(false);
-        let mut seen = Vec::new();
+        let mut seen = HashSet::new();
         let mut retire = Vec::new();
         for entry in entries.flatten() {
             let path = entry.path();
             if path.extension().is_none_or(|e| e != "pfs") {
                 continue;
             }
-            seen.push(path.clone());
+            seen.insert(path.clone());
             if let Some(t) = self.tracked.get(&path) {
                 if t.ino == entry.ino() {
                     continue;
@@ -228,6 +442,7 @@ impl SegmentSet {
         }
         // Files removed behind our back (by an operator, or the owning agent).
         self.invalid.retain(|p, _| seen.contains(p));
+        self.pending.retain(|p, _| seen.contains(p));
         let vanished = self.tracked.keys().any(|p| !seen.contains(p));
         if vanished && self.role() == Role::Follower {
             // The owner wrote the state before removing the file.
@@ -277,11 +492,8 @@ impl SegmentSet {
             Ok(m) => m,
             Err(_) => return, // vanished
         };
-        let (len, modified) = (meta.len(), meta.modified().ok());
-        if let Some(inv) = self.invalid.get(path)
-            && inv.len == len
-            && inv.modified == modified
-        {
+        let stamp = Stamp::of(&meta);
+        if self.invalid.get(path).is_some_and(|inv| inv.stamp == stamp) {
             return; // unchanged since refused
         }
         let result = if meta.file_type().is_symlink() {
@@ -289,15 +501,16 @@ impl SegmentSet {
                 "symlink",
                 "is a symbolic link; segments are never followed through links".to_string(),
             ))
-        } else if !meta.file_type().is_file() || meta.file_type().is_fifo() {
-            Err(("not_regular", "is not a regular file".to_string()))
+        } else if !meta.file_type().is_file() {
+            Err(("not_regular", not_regular(&meta)))
         } else {
-            open_segment(path).map_err(|e| (reason(&e), e.to_string()))
+            self.open_checked(path)
         };
         match result {
             Ok(segment) => {
                 tracing::info!(path = %path.display(), service = segment.service(), pid = segment.pid(), "segment found");
                 self.invalid.remove(path);
+                self.pending.remove(path);
                 let rw = if self.defaults.is_empty() {
                     None
                 } else {
@@ -325,21 +538,89 @@ impl SegmentSet {
                     },
                 );
             }
-            Err(("not_ready", _)) => {} // being created: next pass
-            Err((reason, message)) => {
-                tracing::warn!(path = %path.display(), reason, "refusing segment file: {message}");
-                *self.errors.entry(reason).or_default() += 1;
-                self.invalid.insert(
-                    path.to_path_buf(),
-                    Invalid {
-                        reason,
-                        message,
-                        len,
-                        modified,
-                    },
-                );
+            Err(("not_ready", message)) => {
+                // Being created: retried every pass; reported once if it
+                // stays so (a creator that died mid-initialisation).
+                let now = Instant::now();
+                let (since, reported) = self
+                    .pending
+                    .entry(path.to_path_buf())
+                    .or_insert((now, false));
+                if !*reported && now.duration_since(*since) >= self.not_ready_grace {
+                    *reported = true;
+                    tracing::warn!(path = %path.display(), reason = "not_ready", "segment file still not initialised after {:?}: {message}; its creator may have died", self.not_ready_grace);
+                    *self.errors.entry("not_ready").or_default() += 1;
+                }
             }
+            Err((reason, message)) => self.refuse(path, reason, message, stamp),
         }
+    }
+
+    /// Opens `path` without following links or blocking, applies the
+    /// policy to the open descriptor (so a file swapped in after the
+    /// `lstat` is judged itself), then validates it.
+    fn open_checked(&self, path: &Path) -> Result<Segment, (&'static str, String)> {
+        let file = open_nofollow(path).map_err(|e| {
+            if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
+                (
+                    "symlink",
+                    "is a symbolic link; segments are never followed through links".to_string(),
+                )
+            } else {
+                ("io", format!("cannot open the segment: {e}"))
+            }
+        })?;
+        let meta = file
+            .metadata()
+            .map_err(|e| ("io", format!("cannot stat the segment: {e}")))?;
+        if !meta.file_type().is_file() {
+            return Err(("not_regular", not_regular(&meta)));
+        }
+        let mode = meta.mode();
+        if mode & 0o002 != 0 {
+            return Err((
+                "world_writable",
+                format!(
+                    "has mode {:04o}: any user could write it; segments are created 0600 or 0660 (chmod o-w, or remove it)",
+                    mode & 0o7777
+                ),
+            ));
+        }
+        match self.policy.owner {
+            OwnerPolicy::Any => {}
+            OwnerPolicy::Uid if meta.uid() != self.identity.uid => {
+                return Err((
+                    "foreign_owner",
+                    format!(
+                        "is owned by uid {}, not the agent's uid {} (--require-owner uid); run the application as the same user or relax --require-owner",
+                        meta.uid(),
+                        self.identity.uid
+                    ),
+                ));
+            }
+            OwnerPolicy::Group if !self.identity.gids.contains(&meta.gid()) => {
+                return Err((
+                    "foreign_owner",
+                    format!(
+                        "has group {}, not one of the agent's groups {:?} (--require-owner group); share a group (e.g. fsGroup) or relax --require-owner",
+                        meta.gid(),
+                        self.identity.gids
+                    ),
+                ));
+            }
+            OwnerPolicy::Uid | OwnerPolicy::Group => {}
+        }
+        if meta.len() > self.policy.max_size {
+            return Err((
+                "too_large",
+                format!(
+                    "is {} bytes, more than --max-segment-size {}; raise it if this is a real, very large segment",
+                    meta.len(),
+                    self.policy.max_size
+                ),
+            ));
+        }
+        Segment::open(file, false).map_err(|e| (reason(&e), e.to_string()))
     }
 
     /// Records the inode of a newly tracked segment; drops it (and removes
@@ -443,7 +724,7 @@ impl SegmentSet {
 fn final_read(t: &mut Tracked) -> bool {
     // Events too: the tables keep showing a dead process's last events
     // for the retention period.
-    match snapshot(&t.segment, &ReadOptions::default()) {
+    match t.snapshot(&ReadOptions::default()) {
         Ok(mut s) => {
             let torn = s.threads.iter().any(|th| !th.skipped_rows.is_empty());
             if torn {
@@ -474,15 +755,20 @@ fn remove_retired(path: &Path, ino: u64) {
     }
 }
 
-fn open_segment(path: &Path) -> Result<Segment, SegmentError> {
-    let file = open_nofollow(path).map_err(|e| SegmentError::Io("open the segment", e))?;
-    Segment::open(file, false)
+fn not_regular(meta: &Metadata) -> String {
+    let what = if meta.is_dir() {
+        "a directory"
+    } else {
+        "a FIFO, socket or device"
+    };
+    format!("is {what}, not a regular file")
 }
 
 fn open_nofollow(path: &Path) -> std::io::Result<File> {
+    use rustix::fs::OFlags;
     OpenOptions::new()
         .read(true)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .custom_flags((OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY).bits() as i32)
         .open(path)
 }
 
@@ -494,5 +780,108 @@ pub fn owner_is_dead(file: &File) -> bool {
             true
         }
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    fn segment_file(path: &Path) -> File {
+        let f = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .unwrap();
+        let cfg = pfs_shm_layout::SegmentConfig {
+            service_name: "unit".into(),
+            history_len: 2,
+            max_classes: 4,
+            max_strings: 4,
+            records_per_page: 1,
+            max_pages: 1,
+            history_long_len: 1,
+        };
+        let timer = pfs_shm_layout::TimerCalibration {
+            kind: 2,
+            base_ticks: 0,
+            ps_per_tick_q32: 1000 << 32,
+            frequency_hz: 1_000_000_000,
+            base_ns: 0,
+        };
+        drop(Segment::create(f.try_clone().unwrap(), &cfg, timer, 1, 0).unwrap());
+        f
+    }
+
+    #[test]
+    fn a_file_stuck_initialising_is_reported_once_and_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = segment_file(&dir.path().join("stuck.pfs"));
+        // state = SEGMENT_INITIALIZING, as a creator that died mid-way.
+        f.write_all_at(&0u64.to_le_bytes(), 0x20).unwrap();
+        let mut set = SegmentSet::new(dir.path(), Duration::from_secs(60))
+            .with_not_ready_grace(Duration::ZERO);
+        set.refresh();
+        set.refresh();
+        set.refresh();
+        assert_eq!(set.errors.get("not_ready"), Some(&1), "{:?}", set.errors);
+        assert!(set.tracked.is_empty() && set.invalid.is_empty());
+        // Finished after all: it is picked up on the next pass.
+        f.write_all_at(&1u64.to_le_bytes(), 0x20).unwrap();
+        set.refresh();
+        assert_eq!(set.tracked.len(), 1);
+        assert!(set.pending.is_empty());
+    }
+
+    #[test]
+    fn a_refused_file_is_retried_when_chmod_fixes_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("ww.pfs");
+        drop(segment_file(&p));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let mut set = SegmentSet::new(dir.path(), Duration::from_secs(60));
+        set.refresh();
+        set.refresh();
+        assert_eq!(set.errors.get("world_writable"), Some(&1));
+        assert_eq!(set.invalid[&p].reason, "world_writable");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        set.refresh();
+        assert_eq!(set.tracked.len(), 1, "ctime changed: retried and accepted");
+        assert!(set.invalid.is_empty());
+    }
+
+    #[test]
+    fn every_reason_is_listed_and_documented() {
+        let samples = [
+            SegmentError::Truncated { len: 0, need: 1 },
+            SegmentError::Truncated { len: 1, need: 2 },
+            SegmentError::BadMagic(0),
+            SegmentError::ByteOrder(0),
+            SegmentError::UnsupportedVersion {
+                found: 9,
+                supported: 2,
+            },
+            SegmentError::NotReady,
+            SegmentError::Corrupt(String::new()),
+            SegmentError::Shrunk { len: 0, need: 1 },
+            SegmentError::Unreadable,
+            SegmentError::Protect(String::new()),
+            SegmentError::Io("x", std::io::Error::other("x")),
+        ];
+        let listed: Vec<&str> = REASONS.iter().map(|(r, _)| *r).collect();
+        for e in &samples {
+            assert!(listed.contains(&reason(e)), "{} not in REASONS", reason(e));
+        }
+        let doc = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/SECURITY-segments.md"),
+        )
+        .unwrap();
+        for (r, meaning) in REASONS {
+            let row = format!("| `{r}` | {} |", meaning.replace('|', "\\|"));
+            assert!(doc.contains(&row), "docs/SECURITY-segments.md lacks {row}");
+        }
     }
 }

@@ -77,7 +77,9 @@ pub fn serve(a: ServeArgs) -> anyhow::Result<()> {
     if !a.dir.shm_dir.is_dir() {
         tracing::warn!(dir = %a.dir.shm_dir.display(), "segment directory does not exist yet; waiting for instrumented processes to create it");
     }
-    let mut set = SegmentSet::new(&a.dir.shm_dir, a.dead_retention).persist();
+    let mut set = SegmentSet::new(&a.dir.shm_dir, a.dead_retention)
+        .with_policy(a.policy.policy())
+        .persist();
     set.defaults = defaults;
     let snap = Arc::new(Snapshotter::new(set, SNAPSHOT_MAX_AGE));
     let reads_open = read_token.is_none();
@@ -117,7 +119,7 @@ pub fn query(a: QueryArgs) -> anyhow::Result<()> {
         );
     }
     let snap = Snapshotter::new(
-        SegmentSet::new(&a.dir.shm_dir, Duration::MAX),
+        SegmentSet::new(&a.dir.shm_dir, Duration::MAX).with_policy(a.policy.policy()),
         Duration::ZERO,
     )
     .take();

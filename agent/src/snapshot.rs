@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pfs_shm_layout::reader::{ReadOptions, ReadStats, SegmentSnapshot, snapshot};
+use pfs_shm_layout::reader::{ReadOptions, ReadStats, SegmentSnapshot};
 
 use crate::aggregate::Retired;
 use crate::discover::SegmentSet;
@@ -144,7 +144,7 @@ impl Snapshotter {
             if !live && t.last.is_some() {
                 // A dead process's segment no longer changes.
             } else {
-                match snapshot(&t.segment, &ReadOptions::default()) {
+                match t.snapshot(&ReadOptions::default()) {
                     Ok(mut s) => {
                         carried += carry_forward(&mut s, t.last.as_ref());
                         add_stats(&mut stats, &s.stats);

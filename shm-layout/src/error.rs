@@ -51,6 +51,24 @@ pub enum SegmentError {
     /// An I/O call failed.
     #[error("cannot {0}: {1}")]
     Io(&'static str, #[source] std::io::Error),
+    /// The file became shorter than the segment while it was mapped.
+    #[error(
+        "segment file shrank to {len} bytes while mapped (the segment needs {need}); another process truncated it, so it is no longer read"
+    )]
+    Shrunk {
+        /// Length of the file now.
+        len: u64,
+        /// Length the segment needs.
+        need: u64,
+    },
+    /// Reading the mapping raised `SIGBUS` although the file is long enough.
+    #[error(
+        "reading the mapped segment raised SIGBUS (an I/O error, or a full tmpfs that cannot back a page); it is no longer read; check the volume"
+    )]
+    Unreadable,
+    /// The mapping could not be protected against truncation.
+    #[error("cannot protect the segment mapping against truncation: {0}")]
+    Protect(String),
     /// The fold log wrapped during every attempted snapshot.
     #[error(
         "threads exit faster than a snapshot can be reconciled ({0} folds during the read); will retry on the next pass"

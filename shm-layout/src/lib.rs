@@ -340,6 +340,7 @@ pub mod reader;
 pub mod segment;
 pub mod seqlock;
 pub mod setup;
+pub mod sigbus;
 pub mod writer;
 
 pub use error::SegmentError;

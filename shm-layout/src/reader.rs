@@ -149,21 +149,23 @@ impl Default for Summary {
 impl Summary {
     /// Adds `o` into `self` (the aggregation rule of PFS summaries).
     pub fn merge(&mut self, o: &Summary) {
-        self.count += o.count;
-        self.timed_count += o.timed_count;
-        self.sum_ps += o.sum_ps;
+        // Saturating: a segment's figures are untrusted, and a hostile
+        // one must not make the sum overflow (a panic in debug builds).
+        self.count = self.count.saturating_add(o.count);
+        self.timed_count = self.timed_count.saturating_add(o.timed_count);
+        self.sum_ps = self.sum_ps.saturating_add(o.sum_ps);
         self.min_ps = self.min_ps.min(o.min_ps);
         self.max_ps = self.max_ps.max(o.max_ps);
-        self.bytes += o.bytes;
+        self.bytes = self.bytes.saturating_add(o.bytes);
         for (a, b) in self.buckets.iter_mut().zip(&o.buckets) {
-            *a += b;
+            *a = a.saturating_add(*b);
         }
         let (a, b) = (&mut self.statement, &o.statement);
-        a.errors += b.errors;
-        a.warnings += b.warnings;
-        a.rows_affected += b.rows_affected;
-        a.rows_sent += b.rows_sent;
-        a.rows_examined += b.rows_examined;
+        a.errors = a.errors.saturating_add(b.errors);
+        a.warnings = a.warnings.saturating_add(b.warnings);
+        a.rows_affected = a.rows_affected.saturating_add(b.rows_affected);
+        a.rows_sent = a.rows_sent.saturating_add(b.rows_sent);
+        a.rows_examined = a.rows_examined.saturating_add(b.rows_examined);
     }
 
     /// `MIN_TIMER_WAIT` or `None` (PFS shows 0) when nothing was timed.
@@ -237,16 +239,17 @@ impl MemoryStats {
     /// CURRENT add; LOW and HIGH add too, the worst case of the children
     /// (the manual: 1–2 MB and 10–12 MB aggregate to 11–14 MB).
     pub fn merge(&mut self, o: &MemoryStats) {
-        self.count_alloc += o.count_alloc;
-        self.count_free += o.count_free;
-        self.bytes_alloc += o.bytes_alloc;
-        self.bytes_free += o.bytes_free;
-        self.low_count += o.low_count;
-        self.current_count += o.current_count;
-        self.high_count += o.high_count;
-        self.low_bytes += o.low_bytes;
-        self.current_bytes += o.current_bytes;
-        self.high_bytes += o.high_bytes;
+        // Saturating, as in `Summary::merge`.
+        self.count_alloc = self.count_alloc.saturating_add(o.count_alloc);
+        self.count_free = self.count_free.saturating_add(o.count_free);
+        self.bytes_alloc = self.bytes_alloc.saturating_add(o.bytes_alloc);
+        self.bytes_free = self.bytes_free.saturating_add(o.bytes_free);
+        self.low_count = self.low_count.saturating_add(o.low_count);
+        self.current_count = self.current_count.saturating_add(o.current_count);
+        self.high_count = self.high_count.saturating_add(o.high_count);
+        self.low_bytes = self.low_bytes.saturating_add(o.low_bytes);
+        self.current_bytes = self.current_bytes.saturating_add(o.current_bytes);
+        self.high_bytes = self.high_bytes.saturating_add(o.high_bytes);
     }
 
     /// The statistics with LOW = HIGH = CURRENT (as just after TRUNCATE).

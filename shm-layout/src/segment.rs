@@ -1,6 +1,7 @@
 //! Mapping a segment file: creation (by the instrumented process) and a
-//! validating open (by the agent). This module holds every `unsafe` of the
-//! crate: it turns checked offsets into typed references to atomics.
+//! validating open (by the agent). This module and [`crate::sigbus`] hold
+//! every `unsafe` of the crate: this one turns checked offsets into typed
+//! references to atomics.
 
 use std::fs::File;
 use std::mem::{align_of, size_of};
@@ -11,6 +12,16 @@ use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::SegmentError;
 use crate::layout::*;
+use crate::sigbus::Registration;
+
+/// Largest string table a segment may declare.
+pub const MAX_STRINGS: u32 = 1 << 20;
+/// Largest number of thread records per container page.
+pub const MAX_RECORDS_PER_PAGE: u32 = 4096;
+/// Largest number of container pages.
+pub const MAX_PAGES: u32 = 1 << 16;
+/// Largest `history_long` ring.
+pub const MAX_HISTORY_LONG_LEN: u32 = 1 << 24;
 
 /// Parameters fixed when a segment is created.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,19 +153,19 @@ impl Geometry {
         if cfg.max_classes == 0 || cfg.max_classes > MAX_CLASSES_LIMIT {
             return bad("max_classes must be in 1..=1024");
         }
-        if cfg.max_strings == 0 || cfg.max_strings > 1 << 20 {
+        if cfg.max_strings == 0 || cfg.max_strings > MAX_STRINGS {
             return bad("max_strings must be in 1..=1048576");
         }
-        if cfg.records_per_page == 0 || cfg.records_per_page > 4096 {
+        if cfg.records_per_page == 0 || cfg.records_per_page > MAX_RECORDS_PER_PAGE {
             return bad("records_per_page must be in 1..=4096");
         }
-        if cfg.max_pages == 0 || cfg.max_pages > 1 << 16 {
+        if cfg.max_pages == 0 || cfg.max_pages > MAX_PAGES {
             return bad("max_pages must be in 1..=65536");
         }
         if cfg.service_name.len() > SERVICE_NAME_BYTES {
             return bad("service_name must be at most 64 bytes");
         }
-        if cfg.history_long_len > 1 << 24 {
+        if cfg.history_long_len > MAX_HISTORY_LONG_LEN {
             return bad("history_long_len must be at most 16777216");
         }
         let record_size = thread_record_size(cfg.history_len, cfg.max_classes).next_multiple_of(64);
@@ -241,6 +252,9 @@ impl Geometry {
 /// [`Segment::create`], readers through [`Segment::open`].
 #[derive(Debug)]
 pub struct Segment {
+    /// SIGBUS protection of `map` (readers only). Declared before `map` so
+    /// that it is dropped, and the range unregistered, before the unmap.
+    guard: Option<Registration>,
     map: MmapRaw,
     file: File,
     geom: Geometry,
@@ -272,6 +286,7 @@ impl Segment {
             .map_raw(&file)
             .map_err(|e| SegmentError::Io("map the segment", e))?;
         let seg = Self {
+            guard: None,
             map,
             file,
             geom,
@@ -425,6 +440,43 @@ impl Segment {
             opts.map_raw_read_only(&file)
         }
         .map_err(|e| SegmentError::Io("map the segment", e))?;
+        // Protected from here on: the file may shrink under the mapping at
+        // any time, including while it is being validated.
+        let guard = Registration::new(map.as_ptr(), len)?;
+        let validated = Self::validate(&map, len);
+        let faulted = guard.faulted();
+        let seg = match validated {
+            Ok(v) => Self {
+                guard: Some(guard),
+                map,
+                file,
+                geom: v.geom,
+                timer: v.timer,
+                service: v.service,
+                pid: v.pid,
+                start_time_unix_ns: v.start_time_unix_ns,
+                minor: v.minor,
+            },
+            // Zeros read after a fault explain nothing: report the fault.
+            Err(_) if faulted => {
+                let now = file.metadata().map(|m| m.len()).unwrap_or(0);
+                return Err(if now < len as u64 {
+                    SegmentError::Shrunk {
+                        len: now,
+                        need: len as u64,
+                    }
+                } else {
+                    SegmentError::Unreadable
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        seg.check()?;
+        Ok(seg)
+    }
+
+    /// The checks of [`Self::open`] on a mapping of `len` bytes.
+    fn validate(map: &MmapRaw, len: usize) -> Result<Validated, SegmentError> {
         // Header fields are validated through a temporary view of page 0.
         // SAFETY: `len >= PAGE` was checked, the mapping is page aligned,
         // `Header` is `PAGE` bytes of atomics (valid for any bit pattern),
@@ -503,7 +555,10 @@ impl Segment {
             found[k as usize]
                 .ok_or_else(|| SegmentError::Corrupt(format!("required section {k:?} missing")))
         };
-        let (counters_off, _, _, _) = need(SectionKind::Counters)?;
+        let (counters_off, counters_size, _, _) = need(SectionKind::Counters)?;
+        if (counters_size as usize) < size_of::<LostCounters>() {
+            return corrupt("counters section too small".into());
+        }
         let (classes_off, _, max_classes, cstride) = need(SectionKind::Classes)?;
         let (strings_off, _, max_strings, sstride) = need(SectionKind::Strings)?;
         let (global_off, gsize, gcount, gstride) = need(SectionKind::Global)?;
@@ -513,6 +568,16 @@ impl Segment {
             return corrupt("setup section too small".into());
         }
         let long_len = h.history_long_len.load(r);
+        if long_len > u64::from(MAX_HISTORY_LONG_LEN) {
+            return corrupt(format!(
+                "history_long_len {long_len} exceeds {MAX_HISTORY_LONG_LEN}"
+            ));
+        }
+        if max_strings > MAX_STRINGS {
+            return corrupt(format!(
+                "string table of {max_strings} entries exceeds {MAX_STRINGS}"
+            ));
+        }
         let mut long_off = [0usize; 3];
         for (i, k) in [
             SectionKind::WaitsLong,
@@ -571,7 +636,14 @@ impl Segment {
         let pages_offset = c.pages_offset.load(r);
         let expect_record =
             thread_record_size(history_len, max_classes).next_multiple_of(64) as u64;
-        if records_per_page == 0 || max_pages == 0 || record_size != expect_record {
+        // The creator's own limits (`Geometry::new`): a header claiming more
+        // is not from a pfs-client, whatever the file's size.
+        if records_per_page == 0
+            || records_per_page > MAX_RECORDS_PER_PAGE
+            || max_pages == 0
+            || max_pages > MAX_PAGES
+            || record_size != expect_record
+        {
             return corrupt(format!(
                 "thread container: {records_per_page} records/page, {max_pages} pages, record size {record_size} (expected {expect_record})"
             ));
@@ -615,9 +687,7 @@ impl Segment {
         };
         let pid = h.creator_pid.load(r);
         let start_time_unix_ns = h.start_time_unix_ns.load(r);
-        Ok(Self {
-            map,
-            file,
+        Ok(Validated {
             geom,
             timer,
             service,
@@ -625,6 +695,27 @@ impl Segment {
             start_time_unix_ns,
             minor,
         })
+    }
+
+    /// Whether the mapping is still backed by the file: `Err(Shrunk)` if
+    /// the file is now shorter than the segment, `Err(Unreadable)` if an
+    /// access raised SIGBUS (the mapping then reads as zeros). A reader
+    /// calls it after each snapshot and drops the segment on error; data
+    /// read since the last successful check must be discarded.
+    pub fn check(&self) -> Result<(), SegmentError> {
+        let need = self.geom.total_size as u64;
+        let len = self
+            .file
+            .metadata()
+            .map_err(|e| SegmentError::Io("stat the segment", e))?
+            .len();
+        if len < need {
+            return Err(SegmentError::Shrunk { len, need });
+        }
+        if self.guard.as_ref().is_some_and(Registration::faulted) {
+            return Err(SegmentError::Unreadable);
+        }
+        Ok(())
     }
 
     /// The validated geometry.
@@ -831,6 +922,16 @@ impl Segment {
             .map_err(|e| SegmentError::Io("stat the segment file", std::io::Error::from(e)))?;
         Ok(st.st_blocks as u64 * 512)
     }
+}
+
+/// What [`Segment::validate`] derives from a header.
+struct Validated {
+    geom: Geometry,
+    timer: TimerCalibration,
+    service: String,
+    pid: u32,
+    start_time_unix_ns: u64,
+    minor: u32,
 }
 
 /// Views of one thread record.

@@ -114,12 +114,17 @@ impl Family {
 
 /// Histogram value of a summary row: timed events only, seconds.
 pub fn histogram(s: &Summary) -> Value {
+    // The encoder sums the buckets: clamp so a hostile segment's counts
+    // cannot overflow that sum.
+    let mut total = 0u64;
     let buckets = (0..HISTOGRAM_BUCKETS)
         .map(|i| {
             let le = bucket_upper_ps(i)
                 .map(|ps| ps as f64 / 1e12)
                 .unwrap_or(f64::INFINITY);
-            (le, s.buckets[i])
+            let n = s.buckets[i].min(u64::MAX - total);
+            total += n;
+            (le, n)
         })
         .collect();
     Value::Histogram {

@@ -1,0 +1,307 @@
+//! A segment file truncated while the reader has it mapped: reads must not
+//! kill the process (SIGBUS), the damage must be reported, and a SIGBUS
+//! outside any segment must still terminate the process as before.
+
+use std::fs::File;
+use std::os::unix::process::ExitStatusExt;
+use std::process::Command;
+
+use pfs_shm_layout::layout::*;
+use pfs_shm_layout::reader::{ReadOptions, snapshot};
+use pfs_shm_layout::writer::EventData;
+use pfs_shm_layout::{
+    ClassKind, Segment, SegmentConfig, SegmentError, SegmentWriter, TimerCalibration,
+};
+
+const TIMER: TimerCalibration = TimerCalibration {
+    kind: 2,
+    base_ticks: 0,
+    ps_per_tick_q32: 1000 << 32,
+    frequency_hz: 1_000_000_000,
+    base_ns: 0,
+};
+
+/// A segment file with one class, one thread and a few events.
+fn populated() -> (tempfile::NamedTempFile, SegmentWriter) {
+    let tmp = tempfile::NamedTempFile::new().unwrap();
+    let cfg = SegmentConfig {
+        service_name: "shrink".into(),
+        history_len: 4,
+        max_classes: 8,
+        max_strings: 16,
+        records_per_page: 2,
+        max_pages: 3,
+        history_long_len: 8,
+    };
+    let seg = Segment::create(tmp.reopen().unwrap(), &cfg, TIMER, 1, 0).unwrap();
+    let w = SegmentWriter::new(seg);
+    let c = w
+        .register_class("wait/synch/mutex/t/a", ClassKind::Mutex, FLAG_ENABLED)
+        .unwrap();
+    let slot = w.alloc_thread(1, 1, "t").unwrap();
+    let rec = w.segment().record(slot.index);
+    for id in 1..=5 {
+        let e = EventData {
+            event_id: id,
+            end_event_id: id,
+            class: c,
+            timer_wait: 1000,
+            flags: EV_TIMED | EV_ENDED,
+            event_type: EventType::Wait as u32,
+            source: NONE_U32,
+            object_name: NONE_U32,
+            ..Default::default()
+        };
+        rec.end_event(0, &e, None, true, true);
+        rec.summarize(c as usize, true, 1000, 0, None);
+    }
+    (tmp, w)
+}
+
+fn open(tmp: &tempfile::NamedTempFile, writable: bool) -> Segment {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(writable)
+        .open(tmp.path())
+        .unwrap();
+    Segment::open(f, writable).unwrap()
+}
+
+#[test]
+fn reading_a_segment_truncated_under_the_mapping_reports_it() {
+    let (tmp, _w) = populated();
+    let seg = open(&tmp, false);
+    let before = snapshot(&seg, &ReadOptions::default()).unwrap();
+    assert_eq!(before.threads.len(), 1);
+    assert!(seg.check().is_ok());
+
+    // Truncate to a few bytes: every page of the mapping is now past EOF.
+    File::options()
+        .write(true)
+        .open(tmp.path())
+        .unwrap()
+        .set_len(10)
+        .unwrap();
+    match seg.check() {
+        Err(SegmentError::Shrunk { len: 10, need }) => {
+            assert_eq!(need, seg.geometry().total_size as u64)
+        }
+        other => panic!("expected Shrunk, got {other:?}"),
+    }
+    let faults = pfs_shm_layout::sigbus::recovered_faults();
+    // This read faults on its first access; the process survives and the
+    // mapping reads as zeros.
+    let after = snapshot(&seg, &ReadOptions::default());
+    assert!(
+        pfs_shm_layout::sigbus::recovered_faults() > faults,
+        "the read went through the SIGBUS handler"
+    );
+    if let Ok(s) = after {
+        assert!(s.threads.is_empty(), "zeros hold no threads");
+        assert!(s.classes.is_empty(), "zeros hold no classes");
+    }
+    assert!(matches!(seg.check(), Err(SegmentError::Shrunk { .. })));
+    drop(seg);
+
+    // Opening the truncated file is an ordinary refusal.
+    let f = File::open(tmp.path()).unwrap();
+    assert!(matches!(
+        Segment::open(f, false),
+        Err(SegmentError::Truncated { len: 10, .. })
+    ));
+}
+
+#[test]
+fn a_fault_while_writing_setup_is_survived_too() {
+    let (tmp, _w) = populated();
+    let seg = open(&tmp, true);
+    File::options()
+        .write(true)
+        .open(tmp.path())
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    // A store into the (now missing) setup section.
+    pfs_shm_layout::setup::set_consumers(&seg, "%", false);
+    pfs_shm_layout::setup::set_instruments(&seg, "%", Some(false), None);
+    assert!(matches!(
+        seg.check(),
+        Err(SegmentError::Shrunk { len: 0, .. })
+    ));
+}
+
+#[test]
+fn a_file_regrown_after_the_fault_is_reported_unreadable() {
+    let (tmp, w) = populated();
+    let seg = open(&tmp, false);
+    let size = w.segment().geometry().total_size as u64;
+    let f = File::options().write(true).open(tmp.path()).unwrap();
+    f.set_len(0).unwrap();
+    let _ = snapshot(&seg, &ReadOptions::default());
+    f.set_len(size).unwrap();
+    assert!(matches!(seg.check(), Err(SegmentError::Unreadable)));
+}
+
+#[test]
+fn many_segments_fault_independently() {
+    let files: Vec<_> = (0..8).map(|_| populated()).collect();
+    let segs: Vec<_> = files.iter().map(|(t, _)| open(t, false)).collect();
+    for (i, (t, _)) in files.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+        File::options()
+            .write(true)
+            .open(t.path())
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        let _ = snapshot(&segs[i], &ReadOptions::default());
+    }
+    for (i, s) in segs.iter().enumerate() {
+        let snap = snapshot(s, &ReadOptions::default()).unwrap();
+        if i % 2 == 0 {
+            assert!(s.check().is_err(), "segment {i} was truncated");
+        } else {
+            assert!(s.check().is_ok(), "segment {i} is intact");
+            assert_eq!(snap.threads.len(), 1, "segment {i} still reads");
+        }
+    }
+}
+
+/// A private tmpfs of `size` bytes, unmounted on drop (needs root, as the
+/// test suite runs).
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: usize) -> Self {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let target = CString::new(dir.path().as_os_str().as_bytes()).unwrap();
+        let opts = CString::new(format!("size={size}")).unwrap();
+        // SAFETY: mount(2) with valid NUL-terminated strings.
+        let rc = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                target.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                opts.as_ptr().cast(),
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "mount tmpfs (this test needs root): {}",
+            std::io::Error::last_os_error()
+        );
+        Self(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let target = std::ffi::CString::new(self.0.path().as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: umount2(2) of the mount point we mounted.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// A segment whose header claims container pages that were never
+/// reserved, on a full tmpfs: reading a hole needs a page the volume
+/// cannot give, so the read raises SIGBUS although the file is long
+/// enough. The reader survives and `check` reports `Unreadable`.
+#[test]
+fn a_hole_on_a_full_tmpfs_is_survived_and_reported_unreadable() {
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+    let fs = Tmpfs::mount(1 << 20);
+    let path = fs.0.path().join("hostile.pfs");
+    let cfg = SegmentConfig {
+        service_name: "holes".into(),
+        history_len: 4,
+        max_classes: 8,
+        max_strings: 16,
+        records_per_page: 2,
+        max_pages: 64,
+        history_long_len: 4,
+    };
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .unwrap();
+    let seg = Segment::create(file, &cfg, TIMER, 1, 0).unwrap();
+    let g = *seg.geometry();
+    assert!(
+        g.total_size > 1 << 20,
+        "the segment ({} B) must not fit the volume",
+        g.total_size
+    );
+    // Hostile: every page "added" and active, none reserved.
+    let c = seg.container_header();
+    c.pages_added
+        .store(u64::from(g.max_pages), Ordering::Release);
+    for s in seg.page_states() {
+        s.store(PAGE_ACTIVE, Ordering::Release);
+    }
+    drop(seg);
+    // Fill the volume.
+    let mut filler = File::create(fs.0.path().join("filler")).unwrap();
+    let chunk = vec![1u8; 64 << 10];
+    while filler.write_all(&chunk).is_ok() {}
+
+    let reader = Segment::open(File::open(&path).unwrap(), false).unwrap();
+    let faults = pfs_shm_layout::sigbus::recovered_faults();
+    let _ = snapshot(&reader, &ReadOptions::default());
+    assert!(
+        pfs_shm_layout::sigbus::recovered_faults() > faults,
+        "reading an unbacked hole went through the SIGBUS handler"
+    );
+    assert!(
+        matches!(reader.check(), Err(SegmentError::Unreadable)),
+        "{:?}",
+        reader.check()
+    );
+}
+
+const CHILD_ENV: &str = "PFS_SIGBUS_TEST_CHILD";
+
+/// In a child process: installs the handler (by opening a segment), then
+/// faults on a truncated mapping that is NOT a segment. Must die of SIGBUS.
+#[test]
+fn a_fault_outside_segments_still_kills_the_process() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        let (tmp, _w) = populated();
+        let _seg = open(&tmp, false); // handler installed
+        let other = tempfile::tempfile().unwrap();
+        other.set_len(8192).unwrap();
+        let map = memmap2::MmapOptions::new()
+            .len(8192)
+            .map_raw_read_only(&other)
+            .unwrap();
+        other.set_len(0).unwrap();
+        // SAFETY (test): an in-bounds, aligned read of the mapping; the
+        // file behind it was truncated, so this raises SIGBUS.
+        let v = unsafe { std::ptr::read_volatile(map.as_ptr().add(4096)) };
+        println!("survived a foreign SIGBUS, read {v}");
+        std::process::exit(0);
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_fault_outside_segments_still_kills_the_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, "1")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGBUS),
+        "child status {:?}, stdout {}, stderr {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
