@@ -37,7 +37,7 @@ pub struct Tracked {
     pub dead_since: Option<Instant>,
     /// Last snapshot taken of it (kept for carry-forward and for dead
     /// segments, whose content no longer changes).
-    pub last: Option<SegmentSnapshot>,
+    pub last: Option<std::sync::Arc<SegmentSnapshot>>,
     /// Writable mapping for applying setup defaults (when there are any).
     rw: Option<Segment>,
     /// Classes the defaults have been applied to.
@@ -241,10 +241,12 @@ impl SegmentSet {
             &t.segment,
             &ReadOptions {
                 events: false,
+                per_thread_rows: false,
                 ..Default::default()
             },
         )
         .ok()
+        .map(std::sync::Arc::new)
         .or(t.last);
         if let Some(s) = &final_snap {
             self.retired.absorb(s);
