@@ -53,16 +53,12 @@ pub(crate) fn begin<const KIND: usize>(
     let event_id = ctx.next_event_id();
     let (nesting_event_id, nesting_event_type) = ctx.nesting_for(KIND);
     let source = source.map_or(NONE_U32, |l| crate::source::source_id(rt, l));
-    let data = EventData {
+    let mut data = EventData {
         event_id,
         end_event_id: 0,
         class: class.index,
         operation,
-        timer_start: if timed {
-            timer::now(&rt.calibration, timer)
-        } else {
-            0
-        },
+        timer_start: 0,
         timer_end: 0,
         timer_wait: 0,
         object_instance: object,
@@ -76,10 +72,25 @@ pub(crate) fn begin<const KIND: usize>(
         event_type: KIND as u32 + 1,
         thread_id: ctx.thread_id,
     };
+    // The start time is read last, once the row is written: the wait being
+    // measured starts when this function returns.
     if effective(consumers, KIND, ConsumerKind::Current) {
-        ctx.rec.begin_event(KIND, &data);
+        let row = ctx.rec.begin_event_open(KIND, &data);
+        data.timer_start = start_time(rt, timed, timer);
+        row.publish(data.timer_start);
+    } else {
+        data.timer_start = start_time(rt, timed, timer);
     }
     Some(Active { rt, ctx, data })
+}
+
+#[inline(always)]
+fn start_time(rt: &Runtime, timed: bool, timer: u32) -> u64 {
+    if timed {
+        timer::now(&rt.calibration, timer)
+    } else {
+        0
+    }
 }
 
 /// Ends an event of kind `KIND`; returns its `TIMER_WAIT` in ps if timed.

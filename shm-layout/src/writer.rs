@@ -113,6 +113,23 @@ pub fn read_tsc() -> u64 {
     unsafe { core::arch::x86_64::_rdtsc() }
 }
 
+/// An `events_*_current` row being started (see
+/// [`RecordRef::begin_event_open`]): published when `TIMER_START` is stored.
+#[must_use = "the row is published by `publish`"]
+#[derive(Debug)]
+pub struct StartedRow<'a> {
+    row: &'a EventRecord,
+    _write: crate::seqlock::SeqWriteGuard<'a>,
+}
+
+impl StartedRow<'_> {
+    /// Stores `TIMER_START` and publishes the row.
+    #[inline(always)]
+    pub fn publish(self, timer_start: u64) {
+        self.row.timer_start.store(timer_start, Relaxed);
+    }
+}
+
 /// Event kinds of the hot path, as indexes (waits 0, stages 1, statements 2).
 pub const KIND_WAIT: usize = 0;
 /// Stages.
@@ -539,6 +556,7 @@ fn store_event_fields(rec: &EventRecord, e: &EventData) {
 #[inline(always)]
 fn store_begin_fields(rec: &EventRecord, e: &EventData) {
     store_ids(rec, e);
+    rec.timer_start.store(e.timer_start, Relaxed);
     store_flags_counts(rec, e);
 }
 
@@ -553,16 +571,17 @@ fn store_end_fields(rec: &EventRecord, e: &EventData) {
 #[inline(always)]
 fn store_row(rec: &EventRecord, e: &EventData) {
     store_ids(rec, e);
+    rec.timer_start.store(e.timer_start, Relaxed);
     store_times(rec, e);
     store_flags_counts(rec, e);
 }
 
+/// Every field of a started event but `TIMER_START` and the flags.
 #[inline(always)]
 fn store_ids(rec: &EventRecord, e: &EventData) {
     rec.event_id.store(e.event_id, Relaxed);
     rec.class.store(e.class, Relaxed);
     rec.operation.store(e.operation, Relaxed);
-    rec.timer_start.store(e.timer_start, Relaxed);
     rec.object_instance.store(e.object_instance, Relaxed);
     rec.source.store(e.source, Relaxed);
     rec.object_name.store(e.object_name, Relaxed);
@@ -647,6 +666,31 @@ impl RecordRef<'_> {
             let cur = self.current(kind);
             let _w = cur.seq.write();
             store_begin_fields(cur, e);
+        }
+    }
+
+    /// [`RecordRef::begin_event`] with the start time written last: every
+    /// other field is stored and the row stays unpublished (its sequence
+    /// odd) until [`StartedRow::publish`] stores `TIMER_START`. The caller
+    /// reads its timer in between, so that the row's writes are not part of
+    /// the measured interval.
+    #[inline(always)]
+    pub fn begin_event_open(&self, kind: usize, e: &EventData) -> StartedRow<'_> {
+        let row = if kind == KIND_STATEMENT {
+            let cur = &self.header.statements_current;
+            let w = cur.ev.seq.write();
+            store_statement_fields(cur, &StatementFigures::default(), cur);
+            cur.text_len.store(0, Relaxed);
+            (&cur.ev, w)
+        } else {
+            let cur = self.current(kind);
+            (cur, cur.seq.write())
+        };
+        store_ids(row.0, e);
+        store_flags_counts(row.0, e);
+        StartedRow {
+            row: row.0,
+            _write: row.1,
         }
     }
 
