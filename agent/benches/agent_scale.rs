@@ -320,6 +320,9 @@ struct Rss {
     table_hwm_kib: u64,
     table_ms: f64,
     table_bytes: usize,
+    /// `VmRSS` 12 s later, scrapes going on (the agent drops a full
+    /// snapshot unused for 10 s).
+    later_rss_kib: u64,
 }
 
 /// Peak RSS of the real agent serving a 1 000 × 200 segment.
@@ -374,6 +377,7 @@ fn agent_rss(threads: u32, instruments: u32) -> Option<Rss> {
                 table_hwm_kib: 0,
                 table_ms: 0.0,
                 table_bytes: 0,
+                later_rss_kib: 0,
             };
             let t = Instant::now();
             if let Ok((200, bytes)) = http_get(
@@ -383,6 +387,11 @@ fn agent_rss(threads: u32, instruments: u32) -> Option<Rss> {
                 r.table_ms = t.elapsed().as_secs_f64() * 1e3;
                 r.table_bytes = bytes;
                 r.table_hwm_kib = status_kib(pid, "VmHWM:").unwrap_or(0);
+                for _ in 0..12 {
+                    std::thread::sleep(Duration::from_secs(1));
+                    let _ = http_get(&addr, "/metrics");
+                }
+                r.later_rss_kib = status_kib(pid, "VmRSS:").unwrap_or(0);
             }
             result = Some(r);
         }
@@ -408,7 +417,7 @@ fn main() {
     let rss = if testing { None } else { agent_rss(1000, 200) };
     match &rss {
         Some(r) => println!(
-            "agent-rss: threads=1000 instruments=200 vmhwm_kib={} rss_anon_kib={} rss_file_kib={} rss_shmem_kib={} scrape_ms={:.1} table_vmhwm_kib={} table_ms={:.0} table_bytes={}",
+            "agent-rss: threads=1000 instruments=200 vmhwm_kib={} rss_anon_kib={} rss_file_kib={} rss_shmem_kib={} scrape_ms={:.1} table_vmhwm_kib={} table_ms={:.0} table_bytes={} later_rss_kib={}",
             r.hwm_kib,
             r.anon_kib,
             r.file_kib,
@@ -416,7 +425,8 @@ fn main() {
             r.scrape_ms,
             r.table_hwm_kib,
             r.table_ms,
-            r.table_bytes
+            r.table_bytes,
+            r.later_rss_kib
         ),
         None if !testing => println!("agent-rss: unavailable (agent did not serve)"),
         None => {}
@@ -433,7 +443,7 @@ fn main() {
             .collect();
         let rss = rss.map_or("null".to_string(), |r| {
             format!(
-                "{{\"vmhwm_kib\":{},\"rss_anon_kib\":{},\"rss_file_kib\":{},\"rss_shmem_kib\":{},\"scrape_ms\":{:.2},\"table_vmhwm_kib\":{},\"table_ms\":{:.1},\"table_bytes\":{}}}",
+                "{{\"vmhwm_kib\":{},\"rss_anon_kib\":{},\"rss_file_kib\":{},\"rss_shmem_kib\":{},\"scrape_ms\":{:.2},\"table_vmhwm_kib\":{},\"table_ms\":{:.1},\"table_bytes\":{},\"later_rss_kib\":{}}}",
                 r.hwm_kib,
                 r.anon_kib,
                 r.file_kib,
@@ -441,7 +451,8 @@ fn main() {
                 r.scrape_ms,
                 r.table_hwm_kib,
                 r.table_ms,
-                r.table_bytes
+                r.table_bytes,
+                r.later_rss_kib
             )
         });
         let json = format!(

@@ -87,7 +87,12 @@ pub struct Snapshotter {
     summaries_last: Mutex<HashMap<PathBuf, Arc<SegmentSnapshot>>>,
     totals: Mutex<Totals>,
     max_age: Duration,
+    /// [`FULL_KEEP`] (shorter in tests).
+    full_keep: Duration,
 }
+
+/// How long an unused full snapshot is kept (see [`Snapshotter::refresh`]).
+pub const FULL_KEEP: Duration = Duration::from_secs(10);
 
 /// What a snapshot copies of each segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +111,7 @@ impl Snapshotter {
             summaries_last: Mutex::new(HashMap::new()),
             totals: Mutex::new(Totals::default()),
             max_age,
+            full_keep: FULL_KEEP,
         }
     }
 
@@ -135,9 +141,29 @@ impl Snapshotter {
             .unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    /// Discovery pass without a snapshot (background tick).
+    /// Discovery pass without a snapshot (background tick). Also drops
+    /// the full snapshot (the cache and each segment's copy kept for
+    /// carry-forward) once nobody asked for one for [`FULL_KEEP`]: at scale
+    /// it holds every thread's rows and events, and one table request
+    /// should not keep that memory for good.
     pub fn refresh(&self) {
-        self.set.lock().unwrap_or_else(|p| p.into_inner()).refresh();
+        let stale = {
+            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            if cache
+                .as_ref()
+                .is_some_and(|s| s.taken_at.elapsed() >= self.full_keep)
+            {
+                *cache = None;
+            }
+            cache.is_none()
+        };
+        let mut set = self.set.lock().unwrap_or_else(|p| p.into_inner());
+        set.refresh();
+        if stale {
+            for t in set.tracked.values_mut() {
+                t.last = None;
+            }
+        }
     }
 
     /// Retires dead segments immediately.
@@ -470,6 +496,53 @@ mod tests {
             t.merge(r);
         }
         t
+    }
+
+    #[test]
+    fn an_unused_full_snapshot_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.1.pfs");
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+        let cal = TimerCalibration {
+            kind: 2,
+            base_ticks: 0,
+            ps_per_tick_q32: 1000 << 32,
+            frequency_hz: 1_000_000_000,
+            base_ns: 0,
+        };
+        let cfg = SegmentConfig::default();
+        let w = SegmentWriter::new(Segment::create(file, &cfg, cal, 1, 0).unwrap());
+        let c = w
+            .register_class("wait/synch/mutex/t/a", ClassKind::Mutex, FLAG_ENABLED)
+            .unwrap();
+        let slot = w.alloc_thread(1, 1, "t").unwrap();
+        record(&w, slot.index, c, 3);
+        let mut snap = Snapshotter::new(
+            crate::discover::SegmentSet::new(dir.path(), Duration::MAX),
+            Duration::from_secs(60),
+        );
+        let full = snap.get();
+        assert_eq!(full.segments[0].data.threads[0].rows.len(), 1);
+        let kept = |s: &Snapshotter| {
+            let set = s.set.lock().unwrap();
+            set.tracked.values().filter(|t| t.last.is_some()).count()
+        };
+        snap.refresh();
+        assert_eq!(kept(&snap), 1, "a fresh full snapshot is kept");
+        assert!(Arc::ptr_eq(&snap.get(), &full), "and served from the cache");
+        snap.full_keep = Duration::ZERO;
+        snap.refresh();
+        assert_eq!(kept(&snap), 0, "an unused one is dropped");
+        assert!(snap.cache.lock().unwrap().is_none());
+        // Summaries are not affected, and a new full snapshot is taken.
+        assert_eq!(snap.summaries().segments[0].data.live_rows.len(), 1);
+        assert!(!Arc::ptr_eq(&snap.get(), &full));
     }
 
     #[test]
