@@ -70,7 +70,7 @@ impl WaitClass {
     /// site stays a load and a branch, without this function's frame.
     #[inline(never)]
     fn begin(
-        &self,
+        self,
         flags: u32,
         operation: Operation,
         object: u64,
