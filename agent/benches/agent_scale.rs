@@ -3,19 +3,31 @@
 //! rows touched and its three history rings full, written with the real
 //! writer API; then
 //!
-//! * `agent_scale/reader_snapshot/NxM`: `pfs_shm_layout::reader::snapshot`,
-//! * `agent_scale/take/NxM`: `Snapshotter::take` (discovery pass, snapshot,
-//!   carry-forward, the copy the cache keeps): what one scrape pays,
+//! * `agent_scale/reader_summaries/NxM`: `pfs_shm_layout::reader::snapshot`
+//!   with `ReadOptions::summaries()` (no events, rows summed by class,
+//!   pages given back): the read behind `/metrics`,
+//! * `agent_scale/reader_summaries_resident/NxM`: the same without giving
+//!   the pages back (what releasing them costs in re-faults),
+//! * `agent_scale/reader_full/NxM`: the same with every event and every
+//!   thread's rows (`ReadOptions::default()`: the read behind the tables),
+//! * `agent_scale/take/NxM`: `Snapshotter::take_summaries` (discovery
+//!   pass, summaries snapshot, carry-forward): what one scrape pays,
+//! * `agent_scale/take_full/NxM`: `Snapshotter::take` (tables, TRUNCATE),
 //! * `agent_scale/render/NxM`: `/metrics` rendering of a cached snapshot
 //!   (model aggregation + OpenMetrics encoding),
+//! * `agent_scale/scrape/NxM`: a fresh summaries snapshot and its render,
+//!   the whole `/metrics` request minus HTTP,
 //!
 //! for N = 10, 100, 1 000 threads (and M = 50 at 1 000 threads, to show the
 //! instrument axis). Bytes rendered are printed. Last, the real
 //! `pfs-agent serve` is started against the 1 000 × 200 segment, scraped a
-//! few times, and its peak RSS (`VmHWM`) read from `/proc/PID/status`.
+//! few times, and its peak RSS (`VmHWM`) read from `/proc/PID/status`; then
+//! one by-thread summary table is requested and the peak read again (the
+//! tables read every thread's rows: their cost is reported, not hidden).
 //!
 //! `PFS_BENCH_OUT=FILE` writes the non-criterion figures as JSON (used by
-//! `scripts/bench`); `PFS_BENCH_QUICK=1` keeps only 10 and 1 000 threads.
+//! `scripts/bench`); `PFS_BENCH_QUICK=1` keeps only 10 and 1 000 threads;
+//! `PFS_BENCH_NO_AGENT=1` skips the real agent (for profiling the rest).
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -171,7 +183,7 @@ fn renderer(dir: &Path) -> prometheus_client::registry::Registry {
         Duration::MAX,
     ));
     let (reg, _) = registry(snap.clone());
-    snap.get(); // cache one snapshot: rendering then measures render only
+    snap.summaries(); // cache one snapshot: rendering then measures render only
     reg
 }
 
@@ -183,34 +195,73 @@ struct Scale {
 }
 
 fn bench_scale(c: &mut Criterion, shapes: &[(u32, u32)]) -> Vec<Scale> {
-    let mut out = Vec::new();
     let mut g = c.benchmark_group("agent_scale");
     g.sample_size(10);
-    for &(threads, instruments) in shapes {
-        let t0 = Instant::now();
-        let syn = build(threads, instruments);
-        let built = t0.elapsed();
-        let id = format!("{threads}x{instruments}");
+    let built: Vec<(String, Synthetic, Duration)> = shapes
+        .iter()
+        .map(|&(threads, instruments)| {
+            let t0 = Instant::now();
+            let syn = build(threads, instruments);
+            (format!("{threads}x{instruments}"), syn, t0.elapsed())
+        })
+        .collect();
+    // The full reads first, for every shape: one allocates ~100 MiB at
+    // 1 000 x 200, and once thousands of small snapshots have moved glibc's
+    // heap thresholds, its trimming makes that memory re-fault on every
+    // iteration (~5x slower). Measured apart from that effect.
+    for (id, syn, _) in &built {
         let seg = open_ro(syn.dir.path());
-        let s = snapshot(&seg, &ReadOptions::default()).expect("snapshot");
-        assert_eq!(s.threads.len(), threads as usize);
-        g.bench_function(BenchmarkId::new("reader_snapshot", &id), |b| {
+        g.bench_function(BenchmarkId::new("reader_full", id), |b| {
             b.iter(|| snapshot(&seg, &ReadOptions::default()).expect("snapshot"))
         });
         let snapper = Snapshotter::new(
             SegmentSet::new(syn.dir.path(), Duration::MAX),
             Duration::ZERO,
         );
-        assert_eq!(snapper.take().segments.len(), 1);
-        g.bench_function(BenchmarkId::new("take", &id), |b| b.iter(|| snapper.take()));
+        g.bench_function(BenchmarkId::new("take_full", id), |b| {
+            b.iter(|| snapper.take())
+        });
+    }
+    let mut out = Vec::new();
+    for (&(threads, instruments), (id, syn, built)) in shapes.iter().zip(&built) {
+        let seg = open_ro(syn.dir.path());
+        let s = snapshot(&seg, &ReadOptions::summaries()).expect("snapshot");
+        assert_eq!(s.threads.len(), threads as usize);
+        assert_eq!(s.live_rows.len(), instruments as usize);
+        g.bench_function(BenchmarkId::new("reader_summaries", id), |b| {
+            b.iter(|| snapshot(&seg, &ReadOptions::summaries()).expect("snapshot"))
+        });
+        let resident = ReadOptions {
+            release_pages: false,
+            ..ReadOptions::summaries()
+        };
+        g.bench_function(BenchmarkId::new("reader_summaries_resident", id), |b| {
+            b.iter(|| snapshot(&seg, &resident).expect("snapshot"))
+        });
+        let snapper = Snapshotter::new(
+            SegmentSet::new(syn.dir.path(), Duration::MAX),
+            Duration::ZERO,
+        );
+        assert_eq!(snapper.take_summaries().segments.len(), 1);
+        g.bench_function(BenchmarkId::new("take", id), |b| {
+            b.iter(|| snapper.take_summaries())
+        });
         let reg = renderer(syn.dir.path());
         let text = render(&reg).expect("render");
         assert!(
             text.contains("pfs_events_waits_total"),
             "renders the PFS families"
         );
-        g.bench_function(BenchmarkId::new("render", &id), |b| {
+        g.bench_function(BenchmarkId::new("render", id), |b| {
             b.iter(|| render(&reg).expect("render"))
+        });
+        let fresh = Arc::new(Snapshotter::new(
+            SegmentSet::new(syn.dir.path(), Duration::MAX),
+            Duration::ZERO,
+        ));
+        let (fresh_reg, _) = registry(fresh);
+        g.bench_function(BenchmarkId::new("scrape", id), |b| {
+            b.iter(|| render(&fresh_reg).expect("render"))
         });
         let segment_mib = seg.geometry().total_size as f64 / (1024.0 * 1024.0);
         println!(
@@ -263,6 +314,15 @@ struct Rss {
     file_kib: u64,
     shmem_kib: u64,
     scrape_ms: f64,
+    /// `VmHWM` after one `events_waits_summary_by_thread_by_event_name`
+    /// request (a full snapshot: every thread's rows), and that request's
+    /// time and size.
+    table_hwm_kib: u64,
+    table_ms: f64,
+    table_bytes: usize,
+    /// `VmRSS` 12 s later, scrapes going on (the agent drops a full
+    /// snapshot unused for 10 s).
+    later_rss_kib: u64,
 }
 
 /// Peak RSS of the real agent serving a 1 000 × 200 segment.
@@ -308,13 +368,32 @@ fn agent_rss(threads: u32, instruments: u32) -> Option<Rss> {
         }
         times.sort_by(f64::total_cmp);
         if times.len() == 5 {
-            result = Some(Rss {
+            let mut r = Rss {
                 hwm_kib: status_kib(pid, "VmHWM:").unwrap_or(0),
                 anon_kib: status_kib(pid, "RssAnon:").unwrap_or(0),
                 file_kib: status_kib(pid, "RssFile:").unwrap_or(0),
                 shmem_kib: status_kib(pid, "RssShmem:").unwrap_or(0),
                 scrape_ms: times[2],
-            });
+                table_hwm_kib: 0,
+                table_ms: 0.0,
+                table_bytes: 0,
+                later_rss_kib: 0,
+            };
+            let t = Instant::now();
+            if let Ok((200, bytes)) = http_get(
+                &addr,
+                "/api/v1/tables/events_waits_summary_by_thread_by_event_name",
+            ) {
+                r.table_ms = t.elapsed().as_secs_f64() * 1e3;
+                r.table_bytes = bytes;
+                r.table_hwm_kib = status_kib(pid, "VmHWM:").unwrap_or(0);
+                for _ in 0..12 {
+                    std::thread::sleep(Duration::from_secs(1));
+                    let _ = http_get(&addr, "/metrics");
+                }
+                r.later_rss_kib = status_kib(pid, "VmRSS:").unwrap_or(0);
+            }
+            result = Some(r);
         }
     }
     let _ = child.kill();
@@ -333,12 +412,21 @@ fn main() {
     let scales = bench_scale(&mut c, shapes);
     c.final_summary();
     // `cargo test --benches` runs this binary in test mode: skip the agent.
-    let testing = std::env::args().any(|a| a == "--test" || a == "--list");
+    let testing = std::env::args().any(|a| a == "--test" || a == "--list")
+        || std::env::var_os("PFS_BENCH_NO_AGENT").is_some_and(|v| v != "0");
     let rss = if testing { None } else { agent_rss(1000, 200) };
     match &rss {
         Some(r) => println!(
-            "agent-rss: threads=1000 instruments=200 vmhwm_kib={} rss_anon_kib={} rss_file_kib={} rss_shmem_kib={} scrape_ms={:.1}",
-            r.hwm_kib, r.anon_kib, r.file_kib, r.shmem_kib, r.scrape_ms
+            "agent-rss: threads=1000 instruments=200 vmhwm_kib={} rss_anon_kib={} rss_file_kib={} rss_shmem_kib={} scrape_ms={:.1} table_vmhwm_kib={} table_ms={:.0} table_bytes={} later_rss_kib={}",
+            r.hwm_kib,
+            r.anon_kib,
+            r.file_kib,
+            r.shmem_kib,
+            r.scrape_ms,
+            r.table_hwm_kib,
+            r.table_ms,
+            r.table_bytes,
+            r.later_rss_kib
         ),
         None if !testing => println!("agent-rss: unavailable (agent did not serve)"),
         None => {}
@@ -355,8 +443,16 @@ fn main() {
             .collect();
         let rss = rss.map_or("null".to_string(), |r| {
             format!(
-                "{{\"vmhwm_kib\":{},\"rss_anon_kib\":{},\"rss_file_kib\":{},\"rss_shmem_kib\":{},\"scrape_ms\":{:.2}}}",
-                r.hwm_kib, r.anon_kib, r.file_kib, r.shmem_kib, r.scrape_ms
+                "{{\"vmhwm_kib\":{},\"rss_anon_kib\":{},\"rss_file_kib\":{},\"rss_shmem_kib\":{},\"scrape_ms\":{:.2},\"table_vmhwm_kib\":{},\"table_ms\":{:.1},\"table_bytes\":{},\"later_rss_kib\":{}}}",
+                r.hwm_kib,
+                r.anon_kib,
+                r.file_kib,
+                r.shmem_kib,
+                r.scrape_ms,
+                r.table_hwm_kib,
+                r.table_ms,
+                r.table_bytes,
+                r.later_rss_kib
             )
         });
         let json = format!(

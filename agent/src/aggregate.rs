@@ -26,6 +26,7 @@ pub fn segment_global(s: &SegmentSnapshot) -> ByEventName {
     let rows = s
         .exited
         .iter()
+        .chain(&s.live_rows)
         .chain(s.threads.iter().flat_map(|t| t.rows.iter()));
     for (class, sum) in rows {
         if let Some((name, kind)) = names.get(class) {

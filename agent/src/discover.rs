@@ -56,7 +56,11 @@ pub struct Tracked {
     pub dead_since: Option<Instant>,
     /// Last snapshot taken of it (kept for carry-forward and for dead
     /// segments, whose content no longer changes).
-    pub last: Option<SegmentSnapshot>,
+    pub last: Option<std::sync::Arc<SegmentSnapshot>>,
+    /// Last summaries snapshot (what `/metrics` and OTLP export, and what
+    /// retirement folds): carry-forward source, and, once the process is
+    /// dead, its final figures.
+    pub last_summaries: Option<std::sync::Arc<SegmentSnapshot>>,
     /// Writable mapping for applying setup defaults (when there are any).
     rw: Option<Segment>,
     /// Classes the defaults have been applied to.
@@ -66,6 +70,12 @@ pub struct Tracked {
 }
 
 impl Tracked {
+    /// The figures to fold when the segment retires: the last summaries
+    /// snapshot, else the last full one.
+    fn final_figures(&self) -> Option<&SegmentSnapshot> {
+        self.last_summaries.as_deref().or(self.last.as_deref())
+    }
+
     fn identity(&self) -> Absorbed {
         Absorbed {
             file: self
@@ -375,7 +385,7 @@ impl SegmentSet {
             let Some(t) = self.tracked.remove(&path) else {
                 continue;
             };
-            if let Some(last) = &t.last {
+            if let Some(last) = t.final_figures() {
                 self.retired.absorb(last);
                 self.retired_changed();
             }
@@ -532,6 +542,7 @@ impl SegmentSet {
                         path: path.to_path_buf(),
                         dead_since: None,
                         last: None,
+                        last_summaries: None,
                         rw,
                         classes_applied: 0,
                         ino: 0,
@@ -649,10 +660,10 @@ impl SegmentSet {
         }
         let mut remove = Vec::new();
         for mut t in dead {
-            if t.dead_since.is_none() || t.last.is_none() {
+            if t.dead_since.is_none() || t.last_summaries.is_none() {
                 final_read(&mut t);
             }
-            if let Some(s) = &t.last {
+            if let Some(s) = t.final_figures() {
                 self.retired.absorb(s);
             }
             self.retired_segments += 1;
@@ -716,22 +727,23 @@ impl SegmentSet {
     }
 }
 
-/// Reads a dead segment one last time into `t.last`. Rows that cannot be
-/// read (their writer died in the middle of an update, leaving the row's
-/// sequence odd forever) keep their previous value. Returns true if there
-/// were such rows: the segment should then be retired at once, so its last
-/// good values are saved.
+/// Reads a dead segment one last time into `t.last_summaries` (the
+/// figures retirement folds). Rows that cannot be read (their writer died
+/// in the middle of an update, leaving the row's sequence odd forever)
+/// keep their previous value. Returns true if there were such rows: the
+/// segment should then be retired at once, so its last good values are
+/// saved.
 fn final_read(t: &mut Tracked) -> bool {
-    // Events too: the tables keep showing a dead process's last events
-    // for the retention period.
-    match t.snapshot(&ReadOptions::default()) {
+    match t.snapshot(&ReadOptions::summaries()) {
         Ok(mut s) => {
             let torn = s.threads.iter().any(|th| !th.skipped_rows.is_empty());
             if torn {
                 tracing::info!(path = %t.path.display(), "a writer of this dead process was killed in the middle of an update; its row keeps its last good value");
             }
-            crate::snapshot::carry_forward(&mut s, t.last.as_ref());
-            t.last = Some(s);
+            if let Some(prev) = &t.last_summaries {
+                crate::snapshot::carry_forward_summed(&mut s, prev);
+            }
+            t.last_summaries = Some(std::sync::Arc::new(s));
             torn
         }
         Err(e) => {

@@ -252,7 +252,7 @@ pub fn build(name: &str, snap: &Snapshot, filter: &Filter, baselines: &Baselines
         .segments
         .iter()
         .filter(|v| filter.accepts(&v.data))
-        .map(|v| (v.path.as_path(), &v.data))
+        .map(|v| (v.path.as_path(), &*v.data))
         .collect();
     let mut rows = Vec::new();
     let columns: Vec<&'static str> = match name {

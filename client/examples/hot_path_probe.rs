@@ -15,6 +15,8 @@ use std::hint::black_box;
 use pfs_client::{Config, LazyStageClass, LazyStatementClass, LazyWaitClass, Operation, WaitClass};
 
 static TIMED: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/probe/timed");
+static DISABLED: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/probe/disabled");
+static UNTIMED: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/probe/untimed");
 static STAGE: LazyStageClass = LazyStageClass::new("stage/probe/step");
 static STATEMENT: LazyStatementClass = LazyStatementClass::new("statement/probe/query");
 
@@ -32,13 +34,27 @@ pub fn probe_disabled(class: &WaitClass) {
     drop(class.start(Operation::Lock, 0));
 }
 
-/// Two raw timer reads, the floor.
+/// One wait on a lazily registered class that the setup disabled.
 #[inline(never)]
 #[unsafe(no_mangle)]
-pub fn probe_timer_pair(clock: &quanta::Clock) -> u64 {
-    let a = clock.raw();
-    let b = clock.raw();
+pub fn probe_disabled_lazy(class: &LazyWaitClass) {
+    drop(class.get().start(Operation::Lock, 0));
+}
+
+/// Two raw timer reads (inlined `RDTSC`, as the CYCLE timer), the floor.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub fn probe_timer_pair() -> u64 {
+    let a = pfs_shm_layout::writer::read_tsc();
+    let b = pfs_shm_layout::writer::read_tsc();
     b.wrapping_sub(a)
+}
+
+/// An enabled wait whose class is not timed: the bookkeeping alone.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub fn probe_untimed_wait(class: &LazyWaitClass) {
+    drop(class.get().start(Operation::Lock, 0));
 }
 
 /// One stage change.
@@ -60,11 +76,17 @@ fn main() {
     let what = args.next().unwrap_or_else(|| "timed".into());
     let n: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(100_000);
     let dir = std::env::temp_dir().join(format!("pfs-probe-{}", std::process::id()));
-    pfs_client::init_with(Config::new("hot-path-probe").shm_dir(&dir)).expect("init");
-    let clock = quanta::Clock::new();
+    let cfg = Config::new("hot-path-probe")
+        .shm_dir(&dir)
+        .instrument(UNTIMED.name(), pfs_shm_layout::layout::FLAG_ENABLED)
+        .instrument(DISABLED.name(), 0);
+    pfs_client::init_with(cfg).expect("init");
     let disabled = WaitClass::disabled();
     // Warm up: register the thread, the classes and the call sites.
     probe_timed_wait(&TIMED);
+    probe_untimed_wait(&UNTIMED);
+    assert!(UNTIMED.get().is_enabled());
+    assert!(!DISABLED.get().is_enabled());
     probe_stage(&STAGE);
     probe_statement(&STATEMENT);
     let mut sink = 0u64;
@@ -72,10 +94,14 @@ fn main() {
         match what.as_str() {
             "timed" => probe_timed_wait(black_box(&TIMED)),
             "disabled" => probe_disabled(black_box(&disabled)),
-            "timer" => sink = sink.wrapping_add(probe_timer_pair(black_box(&clock))),
+            "disabled_lazy" => probe_disabled_lazy(black_box(&DISABLED)),
+            "timer" => sink = sink.wrapping_add(probe_timer_pair()),
+            "untimed" => probe_untimed_wait(black_box(&UNTIMED)),
             "stage" => probe_stage(black_box(&STAGE)),
             "statement" => probe_statement(black_box(&STATEMENT)),
-            other => panic!("unknown probe {other}: timed|disabled|timer|stage|statement"),
+            other => panic!(
+                "unknown probe {other}: timed|untimed|disabled|disabled_lazy|timer|stage|statement"
+            ),
         }
     }
     black_box(sink);

@@ -2,9 +2,11 @@
 //! setup words, event ids and nesting, timers, and where an ended event
 //! goes (current, history, history_long, summaries) by consumer.
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use pfs_shm_layout::layout::{
-    ConsumerKind, EV_ENDED, EV_HAS_BYTES, EV_HAS_PROGRESS, EV_TIMED, EV_TIMER_MASK, EV_TIMER_SHIFT,
-    FLAG_ENABLED, FLAG_TIMED, NONE_U32, TimerId, timer_of,
+    CONSUMER_GLOBAL, ConsumerKind, EV_ENDED, EV_HAS_BYTES, EV_HAS_PROGRESS, EV_TIMED,
+    EV_TIMER_MASK, EV_TIMER_SHIFT, FLAG_ENABLED, FLAG_TIMED, NONE_U32, timer_of,
 };
 use pfs_shm_layout::setup::effective;
 use pfs_shm_layout::writer::{EventData, KIND_STATEMENT, StatementFigures};
@@ -14,116 +16,120 @@ use crate::runtime::{self, Runtime};
 use crate::thread::{ThreadCtx, with_ctx};
 use crate::timer;
 
-/// An event in flight.
+/// An event in flight. Its kind is the `KIND` parameter of [`begin`] and
+/// [`end`] (a constant at every call site).
 pub(crate) struct Active {
     pub(crate) rt: &'static Runtime,
     pub(crate) ctx: &'static ThreadCtx,
     pub(crate) data: EventData,
-    pub(crate) kind: usize,
 }
 
-/// Starts an event of `kind` for `class` on the current thread, or `None`
-/// if the class, the thread or the consumers say no.
+/// Starts an event of kind `KIND` for `class`, whose setup flags the
+/// caller loaded (`flags`), on the current thread, or `None` if the class,
+/// the thread or the consumers say no.
 #[inline(always)]
-pub(crate) fn begin(
+pub(crate) fn begin<const KIND: usize>(
     class: ClassRef,
-    kind: usize,
+    flags: u32,
     operation: u32,
     object: u64,
     object_name: u32,
     source: Option<&'static std::panic::Location<'static>>,
 ) -> Option<Active> {
-    let flags = class.flags();
     if flags & FLAG_ENABLED == 0 {
         return None;
     }
     let rt = runtime::get()?;
-    let consumers = rt
-        .setup
-        .consumers
-        .load(std::sync::atomic::Ordering::Relaxed);
-    if consumers & pfs_shm_layout::layout::CONSUMER_GLOBAL == 0 {
+    let consumers = rt.setup.consumers.load(Relaxed);
+    if consumers & CONSUMER_GLOBAL == 0 {
         return None;
     }
-    with_ctx(rt, |ctx| {
-        if !ctx.instrumented.get() {
-            return None;
-        }
-        let timed = flags & FLAG_TIMED != 0;
-        let timer = timer_of(
-            rt.setup.timers.load(std::sync::atomic::Ordering::Relaxed),
-            kind,
-        );
-        let timer_id = TimerId::from_u32(timer).unwrap_or(TimerId::Cycle);
-        let event_id = ctx.next_event_id();
-        let (nesting_event_id, nesting_event_type) = ctx.nesting_for(kind);
-        let data = EventData {
-            event_id,
-            class: class.index,
-            operation,
-            timer_start: if timed { timer::now(timer_id) } else { 0 },
-            object_instance: object,
-            source: source.map_or(NONE_U32, |l| crate::source::source_id(rt, l)),
-            object_name,
-            nesting_event_id,
-            nesting_event_type,
-            flags: (if timed { EV_TIMED } else { 0 }) | (timer << EV_TIMER_SHIFT),
-            event_type: kind as u32 + 1,
-            thread_id: ctx.thread_id,
-            ..EventData::default()
-        };
-        if effective(consumers, kind, ConsumerKind::Current) {
-            ctx.rec.begin_event(kind, &data);
-        }
-        Some(Active {
-            rt,
-            ctx,
-            data,
-            kind,
-        })
-    })
-    .flatten()
+    let ctx = with_ctx(rt, |ctx| ctx)?;
+    if !ctx.instrumented.get() {
+        return None;
+    }
+    let timed = flags & FLAG_TIMED != 0;
+    let timer = timer_of(rt.setup.timers.load(Relaxed), KIND);
+    let event_id = ctx.next_event_id();
+    let (nesting_event_id, nesting_event_type) = ctx.nesting_for(KIND);
+    let source = source.map_or(NONE_U32, |l| crate::source::source_id(rt, l));
+    let mut data = EventData {
+        event_id,
+        end_event_id: 0,
+        class: class.index,
+        operation,
+        timer_start: 0,
+        timer_end: 0,
+        timer_wait: 0,
+        object_instance: object,
+        bytes: 0,
+        spins: 0,
+        source,
+        object_name,
+        nesting_event_id,
+        nesting_event_type,
+        flags: (if timed { EV_TIMED } else { 0 }) | (timer << EV_TIMER_SHIFT),
+        event_type: KIND as u32 + 1,
+        thread_id: ctx.thread_id,
+    };
+    // The start time is read last, once the row is written: the wait being
+    // measured starts when this function returns.
+    if effective(consumers, KIND, ConsumerKind::Current) {
+        let row = ctx.rec.begin_event_open(KIND, &data);
+        data.timer_start = start_time(rt, timed, timer);
+        row.publish(data.timer_start);
+    } else {
+        data.timer_start = start_time(rt, timed, timer);
+    }
+    Some(Active { rt, ctx, data })
 }
 
-/// Ends an event; returns its `TIMER_WAIT` in ps if timed.
 #[inline(always)]
-pub(crate) fn end(a: &mut Active, stmt: Option<&StatementFigures>) -> Option<u64> {
+fn start_time(rt: &Runtime, timed: bool, timer: u32) -> u64 {
+    if timed {
+        timer::now(&rt.calibration, timer)
+    } else {
+        0
+    }
+}
+
+/// Ends an event of kind `KIND`; returns its `TIMER_WAIT` in ps if timed.
+#[inline(always)]
+pub(crate) fn end<const KIND: usize>(
+    a: &mut Active,
+    stmt: Option<&StatementFigures>,
+) -> Option<u64> {
+    let rt = a.rt;
     let d = &mut a.data;
-    d.end_event_id = a.ctx.event_id.get() + 1;
-    d.flags |= EV_ENDED;
     let timed = d.flags & EV_TIMED != 0;
     if timed {
-        let t = TimerId::from_u32((d.flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT)
-            .unwrap_or(TimerId::Cycle);
-        d.timer_end = timer::now(t);
+        // First, so that the measured interval ends where the wait did.
+        let timer = (d.flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT;
+        d.timer_end = timer::now(&rt.calibration, timer);
         d.timer_wait = timer::to_ps(
-            &a.rt.calibration,
-            t,
+            &rt.calibration,
+            timer,
             d.timer_end.saturating_sub(d.timer_start),
         );
     }
-    let consumers =
-        a.rt.setup
-            .consumers
-            .load(std::sync::atomic::Ordering::Relaxed);
-    let kind = a.kind;
+    d.end_event_id = a.ctx.event_id.get() + 1;
+    d.flags |= EV_ENDED;
+    let consumers = rt.setup.consumers.load(Relaxed);
     let rec = &a.ctx.rec;
     let thread_history = a.ctx.history.get();
-    let history = thread_history && effective(consumers, kind, ConsumerKind::History);
+    let history = thread_history && effective(consumers, KIND, ConsumerKind::History);
     rec.end_event(
-        kind,
+        KIND,
         d,
         stmt,
-        effective(consumers, kind, ConsumerKind::Current),
+        effective(consumers, KIND, ConsumerKind::Current),
         history,
     );
-    if thread_history && effective(consumers, kind, ConsumerKind::HistoryLong) {
-        let stmt = stmt
-            .filter(|_| kind == KIND_STATEMENT)
-            .map(|f| (f, &rec.header.statements_current));
-        a.rt.writer.append_long(kind, d, stmt);
+    if thread_history && effective(consumers, KIND, ConsumerKind::HistoryLong) {
+        append_long::<KIND>(a, stmt);
     }
-    if effective(consumers, kind, ConsumerKind::Summaries) {
+    let d = &a.data;
+    if effective(consumers, KIND, ConsumerKind::Summaries) {
         let bytes = if d.flags & EV_HAS_BYTES != 0 && d.flags & EV_HAS_PROGRESS == 0 {
             d.bytes
         } else {
@@ -132,4 +138,14 @@ pub(crate) fn end(a: &mut Active, stmt: Option<&StatementFigures>) -> Option<u64
         rec.summarize(d.class as usize, timed, d.timer_wait, bytes, stmt);
     }
     timed.then_some(d.timer_wait)
+}
+
+/// `history_long` (off by default): the one multi-writer structure, out of
+/// line.
+#[inline(never)]
+fn append_long<const KIND: usize>(a: &Active, stmt: Option<&StatementFigures>) {
+    let stmt = stmt
+        .filter(|_| KIND == KIND_STATEMENT)
+        .map(|f| (f, &a.ctx.rec.header.statements_current));
+    a.rt.writer.append_long(KIND, &a.data, stmt);
 }

@@ -37,14 +37,15 @@ impl StageClass {
     pub fn enter(&self) {
         let loc = std::panic::Location::caller();
         with_registered(end_open_stage);
-        if let Some(a) = event::begin(
+        if let Some(a) = event::begin::<KIND_STAGE>(
             self.0,
-            KIND_STAGE,
+            self.0.flags(),
             0,
             0,
             pfs_shm_layout::layout::NONE_U32,
             Some(loc),
         ) {
+            a.ctx.stage_id.set(a.data.event_id);
             a.ctx.stage.set(Some(a.data));
         }
     }
@@ -101,13 +102,12 @@ pub fn stage_progress(completed: u64, estimated: u64) {
 }
 
 pub(crate) fn end_open_stage(ctx: &'static ThreadCtx) {
+    if ctx.stage_id.get() == 0 {
+        return;
+    }
+    ctx.stage_id.set(0);
     if let (Some(data), Some(rt)) = (ctx.stage.take(), crate::runtime::get()) {
-        let mut a = Active {
-            rt,
-            ctx,
-            data,
-            kind: KIND_STAGE,
-        };
-        event::end(&mut a, None);
+        let mut a = Active { rt, ctx, data };
+        event::end::<KIND_STAGE>(&mut a, None);
     }
 }

@@ -35,7 +35,8 @@ impl StatementClass {
     #[track_caller]
     pub fn start(&self) -> StatementGuard {
         let loc = std::panic::Location::caller();
-        let active = event::begin(self.0, KIND_STATEMENT, 0, 0, NONE_U32, Some(loc));
+        let active =
+            event::begin::<KIND_STATEMENT>(self.0, self.0.flags(), 0, 0, NONE_U32, Some(loc));
         let parent = active.as_ref().map_or(0, |a| {
             let parent = a.ctx.statement_id.get();
             a.ctx.statement_id.set(a.data.event_id);
@@ -159,26 +160,34 @@ impl StatementGuard {
 
     /// Ends the statement now; returns its `TIMER_WAIT` in ps if timed.
     pub fn end(mut self) -> Option<u64> {
-        self.finish()
+        let r = self.finish();
+        self.active = None;
+        r
     }
 
+    /// Ends the open stage if it nests in this statement, then the
+    /// statement itself, in place (no copy of the event).
+    #[inline(never)]
     fn finish(&mut self) -> Option<u64> {
-        let mut a = self.active.take()?;
-        if a.ctx
-            .stage
-            .get()
-            .is_some_and(|s| s.nesting_event_id == a.data.event_id)
+        let a = self.active.as_mut()?;
+        if a.ctx.stage_id.get() != 0
+            && a.ctx
+                .stage
+                .get()
+                .is_some_and(|s| s.nesting_event_id == a.data.event_id)
         {
             crate::stage::end_open_stage(a.ctx);
         }
         a.ctx.statement_id.set(self.parent);
-        let figures = self.figures;
-        event::end(&mut a, Some(&figures))
+        event::end::<KIND_STATEMENT>(a, Some(&self.figures))
     }
 }
 
 impl Drop for StatementGuard {
+    #[inline(always)]
     fn drop(&mut self) {
-        self.finish();
+        if self.active.is_some() {
+            self.finish();
+        }
     }
 }

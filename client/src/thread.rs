@@ -23,6 +23,9 @@ pub(crate) struct ThreadCtx {
     pub(crate) history: Cell<bool>,
     /// The open stage, if any (a new stage ends it).
     pub(crate) stage: Cell<Option<pfs_shm_layout::writer::EventData>>,
+    /// `EVENT_ID` of the open stage (0 = none): what a wait nests in,
+    /// without copying `stage`.
+    pub(crate) stage_id: Cell<u64>,
     /// Event id of the innermost open statement (0 = none).
     pub(crate) statement_id: Cell<u64>,
 }
@@ -42,10 +45,11 @@ impl ThreadCtx {
     #[inline(always)]
     pub(crate) fn nesting_for(&self, kind: usize) -> (u64, u32) {
         use pfs_shm_layout::layout::EventType;
-        if kind == pfs_shm_layout::writer::KIND_WAIT
-            && let Some(st) = self.stage.get()
-        {
-            return (st.event_id, EventType::Stage as u32);
+        if kind == pfs_shm_layout::writer::KIND_WAIT {
+            let stage = self.stage_id.get();
+            if stage != 0 {
+                return (stage, EventType::Stage as u32);
+            }
         }
         match self.statement_id.get() {
             0 => (0, EventType::None as u32),
@@ -199,6 +203,7 @@ fn register_inner(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
         instrumented: Cell::new(true),
         history: Cell::new(true),
         stage: Cell::new(None),
+        stage_id: Cell::new(0),
         statement_id: Cell::new(0),
     });
     let p: *const ThreadCtx = &*ctx;

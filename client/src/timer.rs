@@ -26,24 +26,49 @@ fn ns(id: ClockId) -> u64 {
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
-/// Reads `timer`.
+/// `TimerCalibration::kind` of a TSC-based CYCLE timer.
+const CAL_TSC: u32 = 1;
+
+/// Reads timer `timer` (a [`TimerId`] as `u32`, as the setup word holds
+/// it; an unknown value reads CYCLE). CYCLE on an invariant TSC is one
+/// inlined `RDTSC`; the other timers are out of line.
 #[inline(always)]
-pub(crate) fn now(timer: TimerId) -> u64 {
-    match timer {
-        TimerId::Cycle => clock().raw(),
-        TimerId::Nanosecond => ns(ClockId::Monotonic),
-        TimerId::Microsecond => ns(ClockId::Monotonic) / 1000 * 1000,
-        TimerId::Millisecond => ns(ClockId::Monotonic) / 1_000_000 * 1_000_000,
-        TimerId::Tick => ns(ClockId::MonotonicCoarse),
+pub(crate) fn now(cal: &TimerCalibration, timer: u32) -> u64 {
+    if timer == TimerId::Cycle as u32 {
+        cycle(cal)
+    } else {
+        now_other(timer)
+    }
+}
+
+#[inline(always)]
+fn cycle(cal: &TimerCalibration) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if cal.kind == CAL_TSC {
+        return pfs_shm_layout::writer::read_tsc();
+    }
+    let _ = cal;
+    clock().raw()
+}
+
+#[inline(never)]
+fn now_other(timer: u32) -> u64 {
+    match TimerId::from_u32(timer) {
+        Some(TimerId::Nanosecond) => ns(ClockId::Monotonic),
+        Some(TimerId::Microsecond) => ns(ClockId::Monotonic) / 1000 * 1000,
+        Some(TimerId::Millisecond) => ns(ClockId::Monotonic) / 1_000_000 * 1_000_000,
+        Some(TimerId::Tick) => ns(ClockId::MonotonicCoarse),
+        Some(TimerId::Cycle) | None => clock().raw(),
     }
 }
 
 /// Converts a duration measured with `timer` to picoseconds.
 #[inline(always)]
-pub(crate) fn to_ps(cal: &TimerCalibration, timer: TimerId, ticks: u64) -> u64 {
-    match timer {
-        TimerId::Cycle => cal.ticks_to_ps(ticks),
-        _ => ticks.saturating_mul(1000),
+pub(crate) fn to_ps(cal: &TimerCalibration, timer: u32, ticks: u64) -> u64 {
+    if timer == TimerId::Cycle as u32 || timer > TimerId::Tick as u32 {
+        cal.ticks_to_ps(ticks)
+    } else {
+        ticks.saturating_mul(1000)
     }
 }
 
@@ -80,6 +105,7 @@ mod tests {
     #[test]
     fn calibration_matches_wall_clock() {
         let cal = calibration();
+        let now = |t: TimerId| now(&cal, t as u32);
         let t0 = now(TimerId::Cycle);
         let n0 = now(TimerId::Nanosecond);
         let w0 = std::time::Instant::now();
@@ -92,12 +118,27 @@ mod tests {
             (ps / wall - 1.0).abs() < 0.05,
             "timer ps {ps} vs wall ps {wall}"
         );
-        let nps = to_ps(&cal, TimerId::Nanosecond, n1 - n0) as f64;
+        let nps = to_ps(&cal, TimerId::Nanosecond as u32, n1 - n0) as f64;
         assert!(
             (nps / wall - 1.0).abs() < 0.05,
             "ns timer {nps} vs wall {wall}"
         );
         assert_eq!(now(TimerId::Millisecond) % 1_000_000, 0);
         assert_eq!(now(TimerId::Microsecond) % 1000, 0);
+    }
+
+    #[test]
+    fn inline_cycle_reads_quanta_scale() {
+        // The inlined RDTSC and quanta's raw clock must be one counter:
+        // the calibration converts both.
+        let cal = calibration();
+        for _ in 0..1000 {
+            let a = now(&cal, TimerId::Cycle as u32);
+            let q = clock().raw();
+            let b = now(&cal, TimerId::Cycle as u32);
+            assert!(a <= q && q <= b, "cycle {a} / quanta {q} / cycle {b}");
+        }
+        // Unknown timer values read CYCLE and convert like it.
+        assert_eq!(to_ps(&cal, 7, 1 << 20), cal.ticks_to_ps(1 << 20));
     }
 }

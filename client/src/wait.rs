@@ -3,7 +3,7 @@
 use std::marker::PhantomData;
 use std::panic::Location;
 
-use pfs_shm_layout::layout::{EV_HAS_BYTES, EV_HAS_SPINS, NONE_U32};
+use pfs_shm_layout::layout::{EV_HAS_BYTES, EV_HAS_SPINS, FLAG_ENABLED, NONE_U32};
 use pfs_shm_layout::writer::KIND_WAIT;
 use pfs_shm_layout::{ClassKind, Operation};
 
@@ -42,10 +42,17 @@ impl WaitClass {
     #[inline(always)]
     #[track_caller]
     pub fn start(&self, operation: Operation, object: usize) -> WaitGuard {
-        if !self.0.enabled() {
+        let flags = self.0.flags();
+        if flags & FLAG_ENABLED == 0 {
             return WaitGuard::NONE;
         }
-        self.start_at(operation, object as u64, NONE_U32, Location::caller())
+        self.begin(
+            flags,
+            operation,
+            object as u64,
+            NONE_U32,
+            Location::caller(),
+        )
     }
 
     #[inline]
@@ -56,10 +63,24 @@ impl WaitClass {
         object_name: u32,
         loc: &'static Location<'static>,
     ) -> WaitGuard {
+        self.begin(self.0.flags(), operation, object, object_name, loc)
+    }
+
+    /// The enabled path, out of line: a disabled wait inlined at its call
+    /// site stays a load and a branch, without this function's frame.
+    #[inline(never)]
+    fn begin(
+        self,
+        flags: u32,
+        operation: Operation,
+        object: u64,
+        object_name: u32,
+        loc: &'static Location<'static>,
+    ) -> WaitGuard {
         WaitGuard {
-            active: event::begin(
+            active: event::begin::<KIND_WAIT>(
                 self.0,
-                KIND_WAIT,
+                flags,
                 operation as u32,
                 object,
                 object_name,
@@ -149,27 +170,25 @@ impl WaitGuard {
     /// (`None` if not recorded or not timed).
     #[inline]
     pub fn end(mut self) -> Option<u64> {
-        let mut a = self.active.take()?;
-        event::end(&mut a, None)
+        let r = self.active.as_mut().and_then(finish);
+        self.active = None;
+        r
     }
 }
 
-impl WaitGuard {
-    /// Out of line, so that dropping a guard of a disabled instrument is a
-    /// test of `active` and nothing more.
-    #[inline(never)]
-    fn finish(&mut self) {
-        if let Some(mut a) = self.active.take() {
-            event::end(&mut a, None);
-        }
-    }
+/// Ends a recorded wait. Out of line, so that dropping a guard of a
+/// disabled instrument is a test of `active` and nothing more; it works on
+/// the guard in place (no copy of the event).
+#[inline(never)]
+fn finish(a: &mut Active) -> Option<u64> {
+    event::end::<KIND_WAIT>(a, None)
 }
 
 impl Drop for WaitGuard {
     #[inline(always)]
     fn drop(&mut self) {
-        if self.active.is_some() {
-            self.finish();
+        if let Some(a) = &mut self.active {
+            finish(a);
         }
     }
 }

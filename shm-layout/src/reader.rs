@@ -41,6 +41,16 @@ pub struct ReadOptions {
     pub attempts: u32,
     /// Copy `events_waits_current` and history rings.
     pub events: bool,
+    /// Keep every live thread's summary rows in [`ThreadSnapshot::rows`].
+    /// When false they are summed by class, as they are read, into
+    /// [`SegmentSnapshot::live_rows`], so that the snapshot's size does not
+    /// grow with threads × instruments (all `/metrics` needs). Memory rows
+    /// are kept per thread either way.
+    pub per_thread_rows: bool,
+    /// Give back the mapping of each container page once it has been read
+    /// ([`Segment::release_page`]): the reader's resident memory then does
+    /// not grow with the segment's size.
+    pub release_pages: bool,
 }
 
 impl Default for ReadOptions {
@@ -48,6 +58,21 @@ impl Default for ReadOptions {
         Self {
             attempts: 256,
             events: true,
+            per_thread_rows: true,
+            release_pages: false,
+        }
+    }
+}
+
+impl ReadOptions {
+    /// What an exporter of summaries needs: no events, rows summed by
+    /// class, pages given back after reading.
+    pub fn summaries() -> Self {
+        Self {
+            events: false,
+            per_thread_rows: false,
+            release_pages: true,
+            ..Self::default()
         }
     }
 }
@@ -148,6 +173,7 @@ impl Default for Summary {
 
 impl Summary {
     /// Adds `o` into `self` (the aggregation rule of PFS summaries).
+    #[inline]
     pub fn merge(&mut self, o: &Summary) {
         // Saturating: a segment's figures are untrusted, and a hostile
         // one must not make the sum overflow (a panic in debug builds).
@@ -454,6 +480,11 @@ pub struct SegmentSnapshot {
     pub strings: HashMap<u32, String>,
     /// Live threads.
     pub threads: Vec<ThreadSnapshot>,
+    /// Summary rows of the live threads summed by class index, when read
+    /// without [`ReadOptions::per_thread_rows`] (empty otherwise: the rows
+    /// are in [`ThreadSnapshot::rows`]). Classes no live thread touched
+    /// have no entry.
+    pub live_rows: Vec<(u32, Summary)>,
     /// Totals folded in by exited threads, by class index.
     pub exited: Vec<(u32, Summary)>,
     /// Memory totals folded in by exited threads, by class index.
@@ -495,18 +526,26 @@ pub struct SegmentSnapshot {
 pub fn snapshot(seg: &Segment, opts: &ReadOptions) -> Result<SegmentSnapshot, SegmentError> {
     let mut stats = ReadStats::default();
     let mut folds = 0;
-    for _ in 0..4 {
-        match try_snapshot(seg, opts, &mut stats) {
+    // Summing rows during the walk cannot take back a copy that the fold
+    // log then shows as folded already: after two such walks, keep the
+    // rows per thread during the walk and sum them afterwards.
+    let mut folded_walks = 0;
+    let mut failures = 0;
+    while failures < 4 {
+        let sum_while_walking = !opts.per_thread_rows && folded_walks < 2;
+        match try_snapshot(seg, opts, sum_while_walking, &mut stats) {
             Ok(mut s) => {
                 s.stats = stats;
                 return Ok(s);
             }
             Err(Retry::LogWrapped(n)) => {
                 folds = folds.max(n);
-                stats.restarts += 1;
+                failures += 1;
             }
-            Err(Retry::GlobalBusy) => stats.restarts += 1,
+            Err(Retry::GlobalBusy) => failures += 1,
+            Err(Retry::FoldedCopy) => folded_walks += 1,
         }
+        stats.restarts += 1;
     }
     Err(SegmentError::FoldStorm(folds))
 }
@@ -517,11 +556,46 @@ enum Retry {
     GlobalBusy,
     /// More exits than the fold log holds happened during the walk.
     LogWrapped(u64),
+    /// A copy summed during the walk turned out to be folded already, or
+    /// its record's lifetime ended while it was being summed.
+    FoldedCopy,
+}
+
+/// Live threads' summary rows summed by class during a walk.
+struct ClassSums {
+    sums: Vec<Option<Summary>>,
+}
+
+impl ClassSums {
+    fn new(classes: usize) -> Self {
+        Self {
+            sums: vec![None; classes],
+        }
+    }
+
+    #[inline]
+    fn add(&mut self, class: u32, s: &Summary) {
+        if let Some(slot) = self.sums.get_mut(class as usize) {
+            match slot {
+                Some(sum) => sum.merge(s),
+                None => *slot = Some(*s),
+            }
+        }
+    }
+
+    fn into_rows(self) -> Vec<(u32, Summary)> {
+        self.sums
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.map(|s| (i as u32, s)))
+            .collect()
+    }
 }
 
 fn try_snapshot(
     seg: &Segment,
     opts: &ReadOptions,
+    sum_while_walking: bool,
     total: &mut ReadStats,
 ) -> Result<SegmentSnapshot, Retry> {
     let mut st = ReadStats::default();
@@ -543,6 +617,7 @@ fn try_snapshot(
     let g = *seg.geometry();
     let mut threads = Vec::new();
     let mut page_states = Vec::with_capacity(pages as usize);
+    let mut sums = ClassSums::new(seg.classes().len());
     for page in 0..pages {
         // Only ACTIVE pages are read: touching a reclaimed page's hole
         // would make the filesystem allocate it again.
@@ -553,9 +628,18 @@ fn try_snapshot(
         }
         for slot in 0..g.records_per_page {
             let idx = page * g.records_per_page + slot;
-            if let Some(t) = read_thread(seg, idx, &is_memory, tgen, opts, &mut st) {
-                threads.push(t);
+            let walk_sums = sum_while_walking.then_some(&mut sums);
+            match read_thread(seg, idx, &is_memory, tgen, opts, walk_sums, &mut st) {
+                Ok(Some(t)) => threads.push(t),
+                Ok(None) => {}
+                Err(retry) => {
+                    total.add(&st);
+                    return Err(retry);
+                }
             }
+        }
+        if opts.release_pages {
+            seg.release_page(page);
         }
     }
     // Global section, under its sequence lock. The retried closure only
@@ -603,7 +687,23 @@ fn try_snapshot(
         .collect();
     let before = threads.len();
     threads.retain(|t| !log.contains(&(u64::from(t.record), t.version)));
-    total.folded_copies += (before - threads.len()) as u64;
+    let folded = (before - threads.len()) as u64;
+    total.folded_copies += folded;
+    if sum_while_walking && folded > 0 {
+        return Err(Retry::FoldedCopy);
+    }
+    if !opts.per_thread_rows && !sum_while_walking {
+        for t in &mut threads {
+            for (class, s) in std::mem::take(&mut t.rows) {
+                sums.add(class, &s);
+            }
+        }
+    }
+    let live_rows = if opts.per_thread_rows {
+        Vec::new()
+    } else {
+        sums.into_rows()
+    };
     // Unreserved rings are holes: never touched (see `long_reserved`).
     let reserved = seg.header().long_reserved.load(Acquire);
     let long_tickets = [0, 1, 2].map(|k| {
@@ -638,6 +738,7 @@ fn try_snapshot(
         classes,
         strings,
         threads,
+        live_rows,
         exited,
         exited_memory,
         memory_truncate_gen: tgen,
@@ -732,8 +833,9 @@ fn read_thread(
     is_memory: &[bool],
     tgen: u64,
     opts: &ReadOptions,
+    mut sums: Option<&mut ClassSums>,
     st: &mut ReadStats,
-) -> Option<ThreadSnapshot> {
+) -> Result<Option<ThreadSnapshot>, Retry> {
     let rec = seg.record(idx);
     let h = rec.header;
     let lw1 = h.lock.load(Acquire);
@@ -742,9 +844,9 @@ fn read_thread(
         RecordState::Allocated => {}
         RecordState::Invalid => {
             st.invalid += 1;
-            return None;
+            return Ok(None);
         }
-        _ => return None,
+        _ => return Ok(None),
     }
     let timer = seg.timer();
     let id = h.seq.read(opts.attempts, || {
@@ -761,7 +863,9 @@ fn read_thread(
         )
     });
     st.retries += u64::from(id.retries);
-    let (thread_id, os_tid, name, flags, actor) = id.value?;
+    let Some((thread_id, os_tid, name, flags, actor)) = id.value else {
+        return Ok(None);
+    };
     let mut t = ThreadSnapshot {
         record: idx,
         version,
@@ -829,6 +933,7 @@ fn read_thread(
         );
     }
     let mem_rows = rec.memory_rows();
+    let mut summed = false;
     for class in touched_classes(h, rec.rows.len()) {
         if is_memory.get(class).copied().unwrap_or(false) {
             let row = &mem_rows[class];
@@ -846,9 +951,13 @@ fn read_thread(
         let row = &rec.rows[class];
         let r = row.seq.read(opts.attempts, || Summary::load(row));
         st.retries += u64::from(r.retries);
-        match r.value {
-            Some(s) => t.rows.push((class as u32, s)),
-            None => {
+        match (r.value, sums.as_deref_mut()) {
+            (Some(s), Some(sums)) => {
+                sums.add(class as u32, &s);
+                summed = true;
+            }
+            (Some(s), None) => t.rows.push((class as u32, s)),
+            (None, _) => {
                 st.skipped_rows += 1;
                 t.skipped_rows.push(class as u32);
             }
@@ -859,9 +968,14 @@ fn read_thread(
     // the global read that follows observes that lifetime's fold.
     if h.lock.load(Acquire) != lw1 {
         st.ended_records += 1;
-        return None;
+        // Rows already summed cannot be taken back: walk again.
+        return if summed {
+            Err(Retry::FoldedCopy)
+        } else {
+            Ok(None)
+        };
     }
-    Some(t)
+    Ok(Some(t))
 }
 
 /// Reads the `history_long` rings that have ever been used. Each accepted
@@ -909,4 +1023,174 @@ fn read_long(
         stmts.sort_by_key(|(s, _)| *s);
     }
     (events, stmts.into_iter().map(|(_, e)| e).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::writer::{EventData, SegmentWriter};
+    use crate::{SegmentConfig, TimerCalibration};
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    fn create(cfg: &SegmentConfig) -> (std::fs::File, SegmentWriter) {
+        let cal = TimerCalibration {
+            kind: 2,
+            base_ticks: 0,
+            ps_per_tick_q32: 1000 << 32,
+            frequency_hz: 1_000_000_000,
+            base_ns: 0,
+        };
+        let f = tempfile::tempfile().unwrap();
+        let seg = Segment::create(f.try_clone().unwrap(), cfg, cal, 1, 0).unwrap();
+        (f, SegmentWriter::new(seg))
+    }
+
+    fn wait(rec: crate::RecordRef<'_>, class: u32, id: u64, ps: u64) {
+        let e = EventData {
+            event_id: id,
+            end_event_id: id + 1,
+            class,
+            timer_wait: ps,
+            source: NONE_U32,
+            object_name: NONE_U32,
+            flags: EV_TIMED | EV_ENDED,
+            event_type: EventType::Wait as u32,
+            ..Default::default()
+        };
+        rec.end_event(0, &e, None, true, true);
+        rec.summarize(class as usize, true, ps, 3, None);
+    }
+
+    /// Totals by class: folded rows, plus live rows however they were read.
+    fn totals(s: &SegmentSnapshot) -> std::collections::BTreeMap<u32, Summary> {
+        let mut out = std::collections::BTreeMap::new();
+        let rows = s
+            .exited
+            .iter()
+            .chain(&s.live_rows)
+            .chain(s.threads.iter().flat_map(|t| &t.rows));
+        for (c, r) in rows {
+            out.entry(*c).or_insert_with(Summary::default).merge(r);
+        }
+        out
+    }
+
+    #[test]
+    fn summed_rows_equal_per_thread_rows() {
+        let cfg = SegmentConfig {
+            records_per_page: 4,
+            max_pages: 4,
+            ..SegmentConfig::default()
+        };
+        let (f, w) = create(&cfg);
+        let classes: Vec<u32> = (0..5)
+            .map(|i| {
+                w.register_class(
+                    &format!("wait/synch/mutex/t/m{i}"),
+                    ClassKind::Mutex,
+                    FLAG_ENABLED | FLAG_TIMED,
+                )
+                .unwrap()
+            })
+            .collect();
+        let mut slots = Vec::new();
+        for t in 0..10u64 {
+            let slot = w.alloc_thread(t + 1, t + 1, "w").unwrap();
+            let rec = w.segment().record(slot.index);
+            for (k, &c) in classes.iter().enumerate().skip(t as usize % 3) {
+                for n in 0..=t {
+                    wait(rec, c, n + 1, (k as u64 + 1) * 1_000_000 * (n + t + 1));
+                }
+            }
+            slots.push(slot);
+        }
+        // Two threads exit: their rows are folded into the global section.
+        w.fold_and_free(slots[3]);
+        w.fold_and_free(slots[7]);
+        let reader = Segment::open(f, false).unwrap();
+        let full = snapshot(&reader, &ReadOptions::default()).unwrap();
+        let summed = snapshot(&reader, &ReadOptions::summaries()).unwrap();
+        assert!(full.live_rows.is_empty());
+        assert_eq!(summed.threads.len(), 8);
+        assert!(summed.threads.iter().all(|t| t.rows.is_empty()));
+        assert!(summed.threads.iter().all(|t| t.waits_history.is_empty()));
+        assert_eq!(summed.live_rows.len(), classes.len());
+        assert_eq!(totals(&full), totals(&summed));
+        // Pages given back are read again from the file, unchanged.
+        let again = snapshot(&reader, &ReadOptions::summaries()).unwrap();
+        assert_eq!(totals(&again), totals(&full));
+        // Every thread's every event, folded or live.
+        assert_eq!(totals(&full)[&classes[4]].count, (1..=10).sum::<u64>());
+    }
+
+    #[test]
+    fn summed_rows_under_folding_never_lose_or_double_count() {
+        let cfg = SegmentConfig {
+            history_len: 4,
+            max_classes: 8,
+            records_per_page: 4,
+            max_pages: 8,
+            ..SegmentConfig::default()
+        };
+        let (f, w) = create(&cfg);
+        let w = Arc::new(w);
+        let c = w
+            .register_class(
+                "wait/synch/mutex/t/m",
+                ClassKind::Mutex,
+                FLAG_ENABLED | FLAG_TIMED,
+            )
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        const PER_THREAD: u64 = 200;
+        let writers: Vec<_> = (0..2)
+            .map(|k| {
+                let (w, stop) = (w.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut lifetimes = 0u64;
+                    while !stop.load(Relaxed) {
+                        let slot = w.alloc_thread(k, k, "churn").unwrap();
+                        let rec = w.segment().record(slot.index);
+                        for id in 1..=PER_THREAD {
+                            wait(rec, c, id, 1000);
+                        }
+                        w.fold_and_free(slot);
+                        lifetimes += 1;
+                        std::thread::sleep(std::time::Duration::from_micros(50));
+                    }
+                    lifetimes
+                })
+            })
+            .collect();
+        let reader = Segment::open(f, false).unwrap();
+        let count = |s: &SegmentSnapshot| totals(s).get(&c).map_or(0, |r| r.count);
+        let (mut last, mut snapshots, mut storms, mut restarts) = (0, 0, 0, 0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < deadline {
+            let s = match snapshot(&reader, &ReadOptions::summaries()) {
+                Ok(s) => s,
+                Err(SegmentError::FoldStorm(_)) => {
+                    storms += 1;
+                    continue;
+                }
+                Err(e) => panic!("{e}"),
+            };
+            restarts += s.stats.restarts;
+            if s.stats.skipped_rows > 0 {
+                continue;
+            }
+            let n = count(&s);
+            assert!(n >= last, "total went backwards: {last} -> {n}");
+            last = n;
+            snapshots += 1;
+        }
+        stop.store(true, Relaxed);
+        let lifetimes: u64 = writers.into_iter().map(|h| h.join().unwrap()).sum();
+        let s = snapshot(&reader, &ReadOptions::summaries()).unwrap();
+        assert_eq!(count(&s), lifetimes * PER_THREAD);
+        assert!(snapshots > 10, "{snapshots} snapshots");
+        assert!(storms * 10 < snapshots, "{storms} gave up of {snapshots}");
+        eprintln!("{snapshots} summed snapshots, {restarts} restarts, {storms} gave up");
+    }
 }

@@ -844,6 +844,32 @@ impl Segment {
         n.min(u64::from(self.geom.max_pages)) as u32
     }
 
+    /// Gives back this process's mapping of container page `page`: its
+    /// resident pages stop counting in this process's RSS, the file keeps
+    /// every byte, and the next access maps the same bytes again. A reader
+    /// calls it after copying the page (see [`crate::reader::ReadOptions`]).
+    /// Advice only: failures are ignored.
+    pub fn release_page(&self, page: u32) {
+        if page >= self.geom.max_pages {
+            return;
+        }
+        let off = self.geom.page_off(page);
+        // SAFETY: every mapping of a segment is MAP_SHARED over a file.
+        // MADV_DONTNEED on a shared file mapping only removes this
+        // process's page-table entries: the data stays in the file (the
+        // page cache, or tmpfs), and a later access faults the very same
+        // bytes back in, so references into the mapping stay valid and see
+        // unchanged memory (unlike a private mapping, where the advice
+        // would discard private copies). The range is inside the mapping.
+        let _ = unsafe {
+            self.map.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                off,
+                self.geom.page_size,
+            )
+        };
+    }
+
     /// Thread record `idx`. Panics if `idx >= max_records()`.
     pub fn record(&self, idx: u32) -> RecordRef<'_> {
         assert!(idx < self.geom.max_records(), "record index out of range");

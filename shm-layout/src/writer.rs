@@ -142,6 +142,37 @@ pub struct StatementFigures {
     pub digest: u64,
 }
 
+/// Reads the CPU's time-stamp counter with `RDTSC`, inlined into the
+/// caller: the CYCLE timer of the writer's hot path (two of these bound the
+/// cost of a timed event). Meaningful only where the TSC is invariant; the
+/// client calls it only when its calibration chose the TSC.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub fn read_tsc() -> u64 {
+    // SAFETY: RDTSC is part of the x86-64 baseline instruction set, reads
+    // a register and touches no memory. (A process that asked the kernel
+    // to trap it with `prctl(PR_SET_TSC)` would get SIGSEGV, exactly as
+    // with `quanta`, which the client uses otherwise.)
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// An `events_*_current` row being started (see
+/// [`RecordRef::begin_event_open`]): published when `TIMER_START` is stored.
+#[must_use = "the row is published by `publish`"]
+#[derive(Debug)]
+pub struct StartedRow<'a> {
+    row: &'a EventRecord,
+    _write: crate::seqlock::SeqWriteGuard<'a>,
+}
+
+impl StartedRow<'_> {
+    /// Stores `TIMER_START` and publishes the row.
+    #[inline(always)]
+    pub fn publish(self, timer_start: u64) {
+        self.row.timer_start.store(timer_start, Relaxed);
+    }
+}
+
 /// Event kinds of the hot path, as indexes (waits 0, stages 1, statements 2).
 pub const KIND_WAIT: usize = 0;
 /// Stages.
@@ -730,10 +761,67 @@ fn store_event_fields(rec: &EventRecord, e: &EventData) {
     rec.thread_id.store(e.thread_id, Relaxed);
 }
 
+/// The fields of a started event (see [`RecordRef::begin_event`]).
 #[inline(always)]
-fn write_event(rec: &EventRecord, e: &EventData) {
+fn store_begin_fields(rec: &EventRecord, e: &EventData) {
+    store_ids(rec, e);
+    rec.timer_start.store(e.timer_start, Relaxed);
+    store_flags_counts(rec, e);
+}
+
+/// The fields an event's end changes.
+#[inline(always)]
+fn store_end_fields(rec: &EventRecord, e: &EventData) {
+    store_times(rec, e);
+    store_flags_counts(rec, e);
+}
+
+/// Every field a reader of a per-thread row shows (all but `thread_id`).
+#[inline(always)]
+fn store_row(rec: &EventRecord, e: &EventData) {
+    store_ids(rec, e);
+    rec.timer_start.store(e.timer_start, Relaxed);
+    store_times(rec, e);
+    store_flags_counts(rec, e);
+}
+
+/// Every field of a started event but `TIMER_START` and the flags.
+#[inline(always)]
+fn store_ids(rec: &EventRecord, e: &EventData) {
+    rec.event_id.store(e.event_id, Relaxed);
+    rec.class.store(e.class, Relaxed);
+    rec.operation.store(e.operation, Relaxed);
+    rec.object_instance.store(e.object_instance, Relaxed);
+    rec.source.store(e.source, Relaxed);
+    rec.object_name.store(e.object_name, Relaxed);
+    rec.nesting_event_id.store(e.nesting_event_id, Relaxed);
+    rec.nesting_event_type.store(e.nesting_event_type, Relaxed);
+    rec.event_type.store(e.event_type, Relaxed);
+}
+
+#[inline(always)]
+fn store_times(rec: &EventRecord, e: &EventData) {
+    rec.end_event_id.store(e.end_event_id, Relaxed);
+    rec.timer_end.store(e.timer_end, Relaxed);
+    rec.timer_wait.store(e.timer_wait, Relaxed);
+}
+
+/// Flags, and `NUMBER_OF_BYTES` and `SPINS` (or a stage's progress) when
+/// flagged.
+#[inline(always)]
+fn store_flags_counts(rec: &EventRecord, e: &EventData) {
+    rec.flags.store(e.flags, Relaxed);
+    if e.flags & (EV_HAS_BYTES | EV_HAS_SPINS) != 0 {
+        rec.bytes.store(e.bytes, Relaxed);
+        rec.spins.store(e.spins, Relaxed);
+    }
+}
+
+/// A per-thread history slot.
+#[inline(always)]
+fn write_history(rec: &EventRecord, e: &EventData) {
     let _w = rec.seq.write();
-    store_event_fields(rec, e);
+    store_row(rec, e);
 }
 
 /// Copies figures and, from `cur` (the writer's own current row), the text.
@@ -769,17 +857,49 @@ impl RecordRef<'_> {
 
     /// Publishes an event that has started as `events_*_current` of its
     /// kind. Hot path: one sequence-locked write of this thread's own lines.
+    /// Only the fields a running event shows are written: `END_EVENT_ID`,
+    /// `TIMER_END` and `TIMER_WAIT` are read only with [`EV_ENDED`],
+    /// `NUMBER_OF_BYTES` and `SPINS` only with their flags (written here
+    /// when set, as by a stage's progress), and per-thread rows leave
+    /// `thread_id` alone (the record header has it).
     #[inline(always)]
     pub fn begin_event(&self, kind: usize, e: &EventData) {
         if kind == KIND_STATEMENT {
             // A new statement starts with no text.
             let cur = &self.header.statements_current;
             let _w = cur.ev.seq.write();
-            store_event_fields(&cur.ev, e);
+            store_begin_fields(&cur.ev, e);
             store_statement_fields(cur, &StatementFigures::default(), cur);
             cur.text_len.store(0, Relaxed);
         } else {
-            write_event(self.current(kind), e);
+            let cur = self.current(kind);
+            let _w = cur.seq.write();
+            store_begin_fields(cur, e);
+        }
+    }
+
+    /// [`RecordRef::begin_event`] with the start time written last: every
+    /// other field is stored and the row stays unpublished (its sequence
+    /// odd) until [`StartedRow::publish`] stores `TIMER_START`. The caller
+    /// reads its timer in between, so that the row's writes are not part of
+    /// the measured interval.
+    #[inline(always)]
+    pub fn begin_event_open(&self, kind: usize, e: &EventData) -> StartedRow<'_> {
+        let row = if kind == KIND_STATEMENT {
+            let cur = &self.header.statements_current;
+            let w = cur.ev.seq.write();
+            store_statement_fields(cur, &StatementFigures::default(), cur);
+            cur.text_len.store(0, Relaxed);
+            (&cur.ev, w)
+        } else {
+            let cur = self.current(kind);
+            (cur, cur.seq.write())
+        };
+        store_ids(row.0, e);
+        store_flags_counts(row.0, e);
+        StartedRow {
+            row: row.0,
+            _write: row.1,
         }
     }
 
@@ -797,6 +917,12 @@ impl RecordRef<'_> {
     /// Ends an event: updates `events_*_current` (if `current`), appends it
     /// to the kind's history ring (if `history`). Summaries are separate
     /// ([`RecordRef::summarize`]) because their consumer is separate.
+    ///
+    /// If the current row still holds this event (its `EVENT_ID` is
+    /// `e.event_id`: [`RecordRef::begin_event`] published it and no other
+    /// event of the kind has since), only the fields that change at the end
+    /// are stored; otherwise (the current consumer was off at the start, or
+    /// an inner event of the same kind replaced it) the whole row is.
     #[inline(always)]
     pub fn end_event(
         &self,
@@ -808,13 +934,19 @@ impl RecordRef<'_> {
     ) {
         let h = self.header;
         if current {
-            if let (KIND_STATEMENT, Some(f)) = (kind, stmt) {
-                let cur = &h.statements_current;
-                let _w = cur.ev.seq.write();
-                store_event_fields(&cur.ev, e);
-                store_statement_fields(cur, f, cur);
+            let cur = self.current(kind);
+            // This thread is the row's only writer: the load sees its own
+            // last store.
+            let ours = cur.event_id.load(Relaxed) == e.event_id;
+            let _w = cur.seq.write();
+            if ours {
+                store_end_fields(cur, e);
             } else {
-                write_event(self.current(kind), e);
+                store_row(cur, e);
+            }
+            if let (KIND_STATEMENT, Some(f)) = (kind, stmt) {
+                let sc = &h.statements_current;
+                store_statement_fields(sc, f, sc);
             }
         }
         if !history {
@@ -828,12 +960,12 @@ impl RecordRef<'_> {
         let slot = h.history_next[kind].load(Relaxed) as usize;
         let slot = if slot < len { slot } else { 0 };
         match kind {
-            KIND_WAIT => write_event(&self.history[slot], e),
-            KIND_STAGE => write_event(&self.stages_history[slot], e),
+            KIND_WAIT => write_history(&self.history[slot], e),
+            KIND_STAGE => write_history(&self.stages_history[slot], e),
             _ => {
                 let dst = &self.statements_history[slot];
                 let _w = dst.ev.seq.write();
-                store_event_fields(&dst.ev, e);
+                store_row(&dst.ev, e);
                 store_statement_fields(
                     dst,
                     &stmt.copied().unwrap_or_default(),
@@ -1005,4 +1137,101 @@ fn first_touch(row: &SummaryRow) {
 fn first_touch_memory(row: &MemoryRow, tgen: u64) {
     let _w = row.seq.write();
     clear_memory_row(row, tgen);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reader::{Event, ReadOptions, snapshot};
+    use crate::{SegmentConfig, TimerCalibration};
+
+    fn writer() -> SegmentWriter {
+        let cal = TimerCalibration {
+            kind: 2,
+            base_ticks: 0,
+            ps_per_tick_q32: 1000 << 32,
+            frequency_hz: 1_000_000_000,
+            base_ns: 0,
+        };
+        let f = tempfile::tempfile().unwrap();
+        let seg = Segment::create(f, &SegmentConfig::default(), cal, 1, 0).unwrap();
+        SegmentWriter::new(seg)
+    }
+
+    fn started(id: u64, object: u64) -> EventData {
+        EventData {
+            event_id: id,
+            class: 0,
+            timer_start: id * 100,
+            object_instance: object,
+            source: NONE_U32,
+            object_name: NONE_U32,
+            flags: EV_TIMED,
+            event_type: EventType::Wait as u32,
+            ..Default::default()
+        }
+    }
+
+    fn ended(mut e: EventData, bytes: Option<u64>) -> EventData {
+        e.end_event_id = e.event_id + 1;
+        e.timer_end = e.timer_start + 7;
+        e.timer_wait = 7_000;
+        e.flags |= EV_ENDED;
+        if let Some(b) = bytes {
+            e.bytes = b;
+            e.flags |= EV_HAS_BYTES;
+        }
+        e
+    }
+
+    fn current(w: &SegmentWriter) -> Event {
+        let s = snapshot(w.segment(), &ReadOptions::default()).unwrap();
+        s.threads[0].waits_current.unwrap()
+    }
+
+    #[test]
+    fn end_completes_the_row_begin_published() {
+        let w = writer();
+        let slot = w.alloc_thread(1, 1, "t").unwrap();
+        let rec = w.segment().record(slot.index);
+        let e = started(1, 42);
+        rec.begin_event(KIND_WAIT, &e);
+        let running = current(&w);
+        assert_eq!((running.event_id, running.end_event_id), (1, None));
+        assert_eq!(running.bytes, None);
+        let e = ended(e, Some(512));
+        rec.end_event(KIND_WAIT, &e, None, true, true);
+        let c = current(&w);
+        assert_eq!(c.end_event_id, Some(2));
+        assert_eq!(c.object_instance, 42);
+        assert_eq!(c.timer_wait, Some(7_000));
+        assert_eq!(c.bytes, Some(512));
+        let s = snapshot(w.segment(), &ReadOptions::default()).unwrap();
+        assert_eq!(s.threads[0].waits_history, vec![c]);
+    }
+
+    #[test]
+    fn an_outer_event_rewrites_the_row_an_inner_one_replaced() {
+        let w = writer();
+        let slot = w.alloc_thread(1, 1, "t").unwrap();
+        let rec = w.segment().record(slot.index);
+        let outer = started(1, 10);
+        rec.begin_event(KIND_WAIT, &outer);
+        let inner = started(2, 20);
+        rec.begin_event(KIND_WAIT, &inner);
+        rec.end_event(KIND_WAIT, &ended(inner, Some(1)), None, true, true);
+        // The outer one ends without bytes, over the inner one's row.
+        let outer = ended(outer, None);
+        rec.end_event(KIND_WAIT, &outer, None, true, true);
+        let c = current(&w);
+        assert_eq!((c.event_id, c.object_instance, c.bytes), (1, 10, None));
+        assert_eq!(c.end_event_id, Some(2));
+        // Begun while the current consumer was off: ending with it on
+        // writes the whole row.
+        let late = started(3, 30);
+        rec.end_event(KIND_WAIT, &ended(late, None), None, true, false);
+        let c = current(&w);
+        assert_eq!((c.event_id, c.object_instance), (3, 30));
+        assert_eq!(c.timer_start, Some(u128::from(late.timer_start) * 1000));
+    }
 }

@@ -369,7 +369,7 @@ fn memory_families(
 /// Every family for `snap`. `totals` are the agent's cumulative reading
 /// figures; `last_scrape_seconds` the previous scrape's duration.
 pub fn families(snap: &Snapshot, totals: &Totals, last_scrape_seconds: f64) -> Vec<Family> {
-    let services = by_service(snap.segments.iter().map(|v| &v.data), &snap.retired);
+    let services = by_service(snap.segments.iter().map(|v| &*v.data), &snap.retired);
     let mut waits = EventFamilies::waits();
     let mut stages = EventFamilies::stages();
     let mut statements = EventFamilies::statements();

@@ -1168,7 +1168,7 @@ async fn collect(
     // One snapshot per cycle (the shared, cached one), read off the runtime
     // threads since it may walk the segments.
     tokio::task::spawn_blocking(move || {
-        let s = snap.get();
+        let s = snap.summaries();
         model::families(&s, &snap.totals(), last())
     })
     .await

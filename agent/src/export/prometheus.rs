@@ -3,7 +3,7 @@
 //! snapshot on every scrape. See the README for what each metric means.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
@@ -36,10 +36,16 @@ pub fn registry(snap: Arc<Snapshotter>) -> (Registry, Arc<AtomicU64>) {
     (r, render)
 }
 
+/// Size of the previous rendering: the next one starts with that much room,
+/// so the text is written once, without growing (and copying) the buffer.
+static LAST_LEN: AtomicUsize = AtomicUsize::new(64 * 1024);
+
 /// Renders the registry as OpenMetrics text.
 pub fn render(registry: &Registry) -> Result<String, std::fmt::Error> {
-    let mut out = String::with_capacity(64 * 1024);
+    let room = LAST_LEN.load(Ordering::Relaxed);
+    let mut out = String::with_capacity(room + room / 8);
     prometheus_client::encoding::text::encode(&mut out, registry)?;
+    LAST_LEN.store(out.len(), Ordering::Relaxed);
     Ok(out)
 }
 
@@ -53,7 +59,7 @@ fn unit(u: &str) -> Unit {
 
 impl Collector for PfsCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
-        let snap = self.snap.get();
+        let snap = self.snap.summaries();
         let last = f64::from_bits(self.last_render_seconds.load(Ordering::Relaxed));
         for f in model::families(&snap, &self.snap.totals(), last) {
             let u = f.unit.map(unit);
