@@ -90,19 +90,23 @@ fn allocated(count: u64, bytes: u64) -> MemoryStats {
 /// ever added (a page is added only while no page is reclaimed, so all
 /// were in use then).
 fn container_memory(s: &SegmentSnapshot) -> MemoryStats {
+    // The counters come from shared memory: saturate, never overflow.
     let page = s.geometry.page_size as u64;
-    let alloc = u64::from(s.pages) + s.pages_revived;
+    let added = u64::from(s.pages);
+    let alloc = added.saturating_add(s.pages_revived);
     let free = s.pages_reclaimed.min(alloc);
-    let current = (alloc - free) as i64;
+    let current = i64::try_from(alloc - free).unwrap_or(i64::MAX);
+    let bytes = |n: u64| n.saturating_mul(page);
+    let signed = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     MemoryStats {
         count_alloc: alloc,
         count_free: free,
-        bytes_alloc: alloc * page,
-        bytes_free: free * page,
+        bytes_alloc: bytes(alloc),
+        bytes_free: bytes(free),
         current_count: current,
-        high_count: i64::from(s.pages),
-        current_bytes: current * page as i64,
-        high_bytes: i64::from(s.pages) * page as i64,
+        high_count: signed(added),
+        current_bytes: signed(bytes(alloc - free)),
+        high_bytes: signed(bytes(added)),
         ..MemoryStats::default()
     }
 }
