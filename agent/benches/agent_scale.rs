@@ -366,11 +366,15 @@ struct Rss {
     table_ms: f64,
     table_bytes: usize,
     table_hash: u64,
-    /// `VmRSS` right after the table request.
+    /// `VmRSS`, `RssAnon` and `RssShmem` right after the table request.
     table_rss_kib: u64,
+    table_anon_kib: u64,
+    table_shmem_kib: u64,
     /// `VmRSS` 12 s later, scrapes going on (the agent drops a full
     /// snapshot unused for 10 s).
     later_rss_kib: u64,
+    later_anon_kib: u64,
+    later_shmem_kib: u64,
 }
 
 /// Peak RSS of the agent `exe` serving the segments in `dir`.
@@ -425,7 +429,11 @@ fn agent_rss(exe: &Path, dir: &Path) -> Option<Rss> {
                 table_bytes: 0,
                 table_hash: 0,
                 table_rss_kib: 0,
+                table_anon_kib: 0,
+                table_shmem_kib: 0,
                 later_rss_kib: 0,
+                later_anon_kib: 0,
+                later_shmem_kib: 0,
             };
             let t = Instant::now();
             if let Ok(g) = http_get(
@@ -438,11 +446,15 @@ fn agent_rss(exe: &Path, dir: &Path) -> Option<Rss> {
                 r.table_hash = g.hash;
                 r.table_hwm_kib = status_kib(pid, "VmHWM:").unwrap_or(0);
                 r.table_rss_kib = status_kib(pid, "VmRSS:").unwrap_or(0);
+                r.table_anon_kib = status_kib(pid, "RssAnon:").unwrap_or(0);
+                r.table_shmem_kib = status_kib(pid, "RssShmem:").unwrap_or(0);
                 for _ in 0..12 {
                     std::thread::sleep(Duration::from_secs(1));
                     let _ = http_get(&addr, "/metrics");
                 }
                 r.later_rss_kib = status_kib(pid, "VmRSS:").unwrap_or(0);
+                r.later_anon_kib = status_kib(pid, "RssAnon:").unwrap_or(0);
+                r.later_shmem_kib = status_kib(pid, "RssShmem:").unwrap_or(0);
             }
             result = Some(r);
         }
@@ -454,7 +466,7 @@ fn agent_rss(exe: &Path, dir: &Path) -> Option<Rss> {
 
 fn rss_line(label: &str, r: &Rss) -> String {
     format!(
-        "{label}: threads=1000 instruments=200 vmhwm_kib={} rss_anon_kib={} rss_file_kib={} rss_shmem_kib={} scrape_ms={:.1} table_vmhwm_kib={} table_ms={:.0} table_bytes={} table_rss_kib={} later_rss_kib={}",
+        "{label}: threads=1000 instruments=200 vmhwm_kib={} rss_anon_kib={} rss_file_kib={} rss_shmem_kib={} scrape_ms={:.1} table_vmhwm_kib={} table_ms={:.0} table_bytes={} table_rss_kib={} table_anon_kib={} table_shmem_kib={} later_rss_kib={} later_anon_kib={} later_shmem_kib={}",
         r.hwm_kib,
         r.anon_kib,
         r.file_kib,
@@ -464,13 +476,17 @@ fn rss_line(label: &str, r: &Rss) -> String {
         r.table_ms,
         r.table_bytes,
         r.table_rss_kib,
-        r.later_rss_kib
+        r.table_anon_kib,
+        r.table_shmem_kib,
+        r.later_rss_kib,
+        r.later_anon_kib,
+        r.later_shmem_kib
     )
 }
 
 fn rss_json(r: &Rss) -> String {
     format!(
-        "{{\"vmhwm_kib\":{},\"rss_anon_kib\":{},\"rss_file_kib\":{},\"rss_shmem_kib\":{},\"scrape_ms\":{:.2},\"table_vmhwm_kib\":{},\"table_ms\":{:.1},\"table_bytes\":{},\"table_rss_kib\":{},\"later_rss_kib\":{}}}",
+        "{{\"vmhwm_kib\":{},\"rss_anon_kib\":{},\"rss_file_kib\":{},\"rss_shmem_kib\":{},\"scrape_ms\":{:.2},\"table_vmhwm_kib\":{},\"table_ms\":{:.1},\"table_bytes\":{},\"table_rss_kib\":{},\"table_anon_kib\":{},\"table_shmem_kib\":{},\"later_rss_kib\":{},\"later_anon_kib\":{},\"later_shmem_kib\":{}}}",
         r.hwm_kib,
         r.anon_kib,
         r.file_kib,
@@ -480,7 +496,11 @@ fn rss_json(r: &Rss) -> String {
         r.table_ms,
         r.table_bytes,
         r.table_rss_kib,
-        r.later_rss_kib
+        r.table_anon_kib,
+        r.table_shmem_kib,
+        r.later_rss_kib,
+        r.later_anon_kib,
+        r.later_shmem_kib
     )
 }
 
