@@ -17,6 +17,11 @@
 //!   (model aggregation + OpenMetrics encoding),
 //! * `agent_scale/scrape/NxM`: a fresh summaries snapshot and its render,
 //!   the whole `/metrics` request minus HTTP,
+//! * `agent_tables/stream/NxM`: the by-thread waits table of a cached full
+//!   snapshot written as JSON the way the API streams it, and
+//!   `agent_tables/values/NxM` the previous way (`tables::build`, a
+//!   `serde_json::Value` per cell, `to_json().to_string()`); both checked
+//!   to give the same bytes,
 //!
 //! for N = 10, 100, 1 000 threads (and M = 50 at 1 000 threads, to show the
 //! instrument axis). Bytes rendered are printed. Last, the real
@@ -45,6 +50,8 @@ use criterion::{BenchmarkId, Criterion};
 use pfs_agent::discover::SegmentSet;
 use pfs_agent::export::prometheus::{registry, render};
 use pfs_agent::snapshot::Snapshotter;
+use pfs_agent::tables::{self, Filter};
+use pfs_agent::truncate::Baselines;
 use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, EventType, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
 use pfs_shm_layout::reader::{ReadOptions, snapshot};
 use pfs_shm_layout::writer::{EventData, KIND_STAGE, KIND_STATEMENT, KIND_WAIT, StatementFigures};
@@ -278,6 +285,41 @@ fn bench_scale(c: &mut Criterion, shapes: &[(u32, u32)]) -> Vec<Scale> {
             instruments,
             bytes: text.len(),
             segment_mib,
+        });
+    }
+    g.finish();
+    // One by-thread table from a cached full snapshot: written as the API
+    // streams it (rows serialised one at a time into a reused buffer), and
+    // the previous way (a `Value` per cell, an object per row, the text).
+    let mut g = c.benchmark_group("agent_tables");
+    g.sample_size(10);
+    let name = "events_waits_summary_by_thread_by_event_name";
+    for (id, syn, _) in &built {
+        let snapper = Snapshotter::new(
+            SegmentSet::new(syn.dir.path(), Duration::MAX),
+            Duration::MAX,
+        );
+        let snap = snapper.get();
+        let (f, b) = (Filter::default(), Baselines::default());
+        let mut buf = Vec::new();
+        assert!(tables::write_json(name, &snap, &f, &b, &mut buf).expect("write"));
+        let old = tables::build(name, &snap, &f, &b).expect("table");
+        assert!(buf == old.to_json().to_string().into_bytes(), "same JSON");
+        drop(old);
+        g.bench_function(BenchmarkId::new("stream", id), |bch| {
+            bch.iter(|| {
+                buf.clear();
+                tables::write_json(name, &snap, &f, &b, &mut buf).expect("write")
+            })
+        });
+        g.bench_function(BenchmarkId::new("values", id), |bch| {
+            bch.iter(|| {
+                tables::build(name, &snap, &f, &b)
+                    .expect("table")
+                    .to_json()
+                    .to_string()
+                    .len()
+            })
         });
     }
     g.finish();

@@ -12,7 +12,7 @@ use pfs_shm_layout::reader::{
     ClassInfo, Event, MemoryStats, SegmentSnapshot, StatementEvent, Summary,
 };
 use pfs_shm_layout::setup::{TIMER_KINDS, consumers};
-use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde::ser::{Serialize, Serializer};
 use serde_json::{Map, Value, json};
 
 use crate::aggregate::{segment_global, segment_global_memory};
@@ -301,34 +301,32 @@ impl Sink for Collect {
     }
 }
 
-/// Writes a table as the JSON of [`Table::to_json`] (compact), row by row.
+/// Writes a table as the JSON of [`Table::to_json`] (compact), row by row:
+/// each row is made in `row` (its keys written once, in `keys`) and handed
+/// to `out` in one write.
 struct JsonSink<'w> {
     out: &'w mut dyn std::io::Write,
     name: &'w str,
-    columns: Vec<&'static str>,
+    /// Per column: `"name":` as serde_json writes a key, with the `{` or
+    /// `,` before it.
+    keys: Vec<Vec<u8>>,
+    row: Vec<u8>,
     rows: usize,
     error: Option<std::io::Error>,
 }
 
-/// A row as a JSON object: columns as keys, in column order.
-struct RowObject<'r, 'a> {
-    columns: &'r [&'static str],
-    cells: &'r [Cell<'a>],
-}
-
-impl Serialize for RowObject<'_, '_> {
-    fn serialize<S: Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
-        let mut m = ser.serialize_map(Some(self.columns.len().min(self.cells.len())))?;
-        for (c, v) in self.columns.iter().zip(self.cells) {
-            m.serialize_entry(c, v)?;
-        }
-        m.end()
-    }
-}
-
 impl Sink for JsonSink<'_> {
     fn columns(&mut self, columns: &[&'static str]) {
-        self.columns = columns.to_vec();
+        self.keys = columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut k = vec![if i == 0 { b'{' } else { b',' }];
+                serde_json::to_writer(&mut k, c).expect("a str serialises");
+                k.push(b':');
+                k
+            })
+            .collect();
         if self.error.is_some() {
             return;
         }
@@ -347,20 +345,20 @@ impl Sink for JsonSink<'_> {
         if self.error.is_some() {
             return;
         }
-        let out = &mut *self.out;
-        let row = RowObject {
-            columns: &self.columns,
-            cells,
-        };
-        let first = self.rows == 1;
-        let r = (|| {
-            if !first {
-                out.write_all(b",")?;
-            }
-            serde_json::to_writer(&mut *out, &row)?;
-            Ok::<_, std::io::Error>(())
-        })();
-        self.error = r.err();
+        let row = &mut self.row;
+        row.clear();
+        if self.rows > 1 {
+            row.push(b',');
+        }
+        for (k, c) in self.keys.iter().zip(cells) {
+            row.extend_from_slice(k);
+            serde_json::to_writer(&mut *row, c).expect("a cell serialises");
+        }
+        if self.keys.is_empty() || cells.is_empty() {
+            row.push(b'{');
+        }
+        row.push(b'}');
+        self.error = self.out.write_all(row).err();
     }
 }
 
@@ -448,7 +446,8 @@ pub fn write_json(
     let mut sink = JsonSink {
         out,
         name,
-        columns: Vec::new(),
+        keys: Vec::new(),
+        row: Vec::with_capacity(1024),
         rows: 0,
         error: None,
     };
@@ -739,23 +738,22 @@ fn build_events(
             let mut cols = vec!["service", "pid", "thread_id", "event_name"];
             cols.extend(summary_columns(k));
             sink.columns(&cols);
-            let mut by_name: Vec<(&str, Summary)> = Vec::new();
+            // Sorted by reference (a `Summary` is ~350 bytes).
+            let mut by_name: Vec<(&str, u32, &Summary)> = Vec::new();
             for (path, s) in segs {
                 let classes = class_map(&s.classes);
                 for t in &s.threads {
                     by_name.clear();
                     by_name.extend(t.rows.iter().filter_map(|(c, sum)| {
                         let ci = classes.get(c).filter(|ci| kind_matches(k, ci.kind))?;
-                        Some((
-                            ci.name.as_str(),
-                            baselines.thread_view(path, t.record, t.version, *c, sum),
-                        ))
+                        Some((ci.name.as_str(), *c, sum))
                     }));
-                    by_name.sort_by_key(|(n, _)| *n);
-                    for (n, sum) in &by_name {
+                    by_name.sort_by_key(|(n, _, _)| *n);
+                    for &(n, c, sum) in &by_name {
+                        let sum = baselines.thread_view(path, t.record, t.version, c, sum);
                         let mut row = head(s);
-                        row.extend([t.thread_id.into(), (*n).into()]);
-                        row.extend(summary_values(sum, k));
+                        row.extend([t.thread_id.into(), n.into()]);
+                        row.extend(summary_values(&sum, k));
                         sink.row(&row);
                     }
                 }
