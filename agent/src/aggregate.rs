@@ -91,18 +91,20 @@ fn allocated(count: u64, bytes: u64) -> MemoryStats {
 /// were in use then).
 fn container_memory(s: &SegmentSnapshot) -> MemoryStats {
     let page = s.geometry.page_size as u64;
-    let alloc = u64::from(s.pages) + s.pages_revived;
+    // Saturating: the counters come from another process's memory.
+    let alloc = u64::from(s.pages).saturating_add(s.pages_revived);
     let free = s.pages_reclaimed.min(alloc);
-    let current = (alloc - free) as i64;
+    let current = i64::try_from(alloc - free).unwrap_or(i64::MAX);
+    let page_i = i64::try_from(page).unwrap_or(i64::MAX);
     MemoryStats {
         count_alloc: alloc,
         count_free: free,
-        bytes_alloc: alloc * page,
-        bytes_free: free * page,
+        bytes_alloc: alloc.saturating_mul(page),
+        bytes_free: free.saturating_mul(page),
         current_count: current,
         high_count: i64::from(s.pages),
-        current_bytes: current * page as i64,
-        high_bytes: i64::from(s.pages) * page as i64,
+        current_bytes: current.saturating_mul(page_i),
+        high_bytes: i64::from(s.pages).saturating_mul(page_i),
         ..MemoryStats::default()
     }
 }
