@@ -5,7 +5,7 @@
 //! | GET | `/metrics` | OpenMetrics text |
 //! | GET | `/healthz` | `ok` |
 //! | GET | `/api/v1/tables` | `{"tables": [...]}` |
-//! | GET | `/api/v1/tables/{table}?service=S&pid=N` | `{"table", "columns", "rows"}` |
+//! | GET | `/api/v1/tables/{table}?service=S&pid=N` | `{"table", "columns", "rows"}` (chunked) |
 //! | POST | `/api/v1/setup/{instruments,consumers,timers,actors}[?service=S&pid=N]` | `{"matched": n, "segments": m}` |
 //! | POST | `/api/v1/tables/{table}/truncate` | `{"truncated": table}` |
 //!
@@ -34,6 +34,14 @@
 //!   (431 otherwise); a connection lives at most `connection_timeout`
 //!   (which ends clients that never read their response); control bodies
 //!   are at most [`MAX_BODY`] bytes (413).
+//! * Tables are streamed: a blocking task serialises the rows one at a
+//!   time into [`TABLE_CHUNK`]-byte chunks, at most
+//!   [`TABLE_CHUNKS_QUEUED`] ahead of the client, so a request holds the
+//!   (shared) full snapshot and a few chunks, never the whole JSON. A
+//!   client that stops reading stalls its task, which then keeps that
+//!   snapshot alive until `connection_timeout` ends the connection; a
+//!   failure after the headers closes the connection without the final
+//!   chunk, so a cut table is never taken for a whole one.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -291,10 +299,10 @@ impl hyper::body::Body for Body {
 }
 
 /// Size of the chunks a streamed table is sent in.
-const TABLE_CHUNK: usize = 64 * 1024;
+pub const TABLE_CHUNK: usize = 64 * 1024;
 
 /// Chunks in flight between the task writing a table and the connection.
-const TABLE_CHUNKS_QUEUED: usize = 4;
+pub const TABLE_CHUNKS_QUEUED: usize = 4;
 
 /// Where a streamed table is written: chunks of [`TABLE_CHUNK`] bytes,
 /// each sent to the connection once full (blocking while
