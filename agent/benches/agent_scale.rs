@@ -17,6 +17,11 @@
 //!   (model aggregation + OpenMetrics encoding),
 //! * `agent_scale/scrape/NxM`: a fresh summaries snapshot and its render,
 //!   the whole `/metrics` request minus HTTP,
+//! * `agent_tables/stream/NxM`: the by-thread waits table of a cached full
+//!   snapshot written as JSON the way the API streams it, and
+//!   `agent_tables/values/NxM` the previous way (`tables::build`, a
+//!   `serde_json::Value` per cell, `to_json().to_string()`); both checked
+//!   to give the same bytes,
 //!
 //! for N = 10, 100, 1 000 threads (and M = 50 at 1 000 threads, to show the
 //! instrument axis). Bytes rendered are printed. Last, the real
@@ -27,7 +32,11 @@
 //!
 //! `PFS_BENCH_OUT=FILE` writes the non-criterion figures as JSON (used by
 //! `scripts/bench`); `PFS_BENCH_QUICK=1` keeps only 10 and 1 000 threads;
-//! `PFS_BENCH_NO_AGENT=1` skips the real agent (for profiling the rest).
+//! `PFS_BENCH_NO_AGENT=1` skips the real agent (for profiling the rest);
+//! `PFS_BENCH_AGENT_ONLY=1` runs only the real agent;
+//! `PFS_BENCH_AGENT_BEFORE=EXE` measures another agent binary (a previous
+//! commit's) on the same segment first, and says whether both answered the
+//! table request with the same bytes.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -41,6 +50,8 @@ use criterion::{BenchmarkId, Criterion};
 use pfs_agent::discover::SegmentSet;
 use pfs_agent::export::prometheus::{registry, render};
 use pfs_agent::snapshot::Snapshotter;
+use pfs_agent::tables::{self, Filter};
+use pfs_agent::truncate::Baselines;
 use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, EventType, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
 use pfs_shm_layout::reader::{ReadOptions, snapshot};
 use pfs_shm_layout::writer::{EventData, KIND_STAGE, KIND_STATEMENT, KIND_WAIT, StatementFigures};
@@ -277,10 +288,52 @@ fn bench_scale(c: &mut Criterion, shapes: &[(u32, u32)]) -> Vec<Scale> {
         });
     }
     g.finish();
+    // One by-thread table from a cached full snapshot: written as the API
+    // streams it (rows serialised one at a time into a reused buffer), and
+    // the previous way (a `Value` per cell, an object per row, the text).
+    let mut g = c.benchmark_group("agent_tables");
+    g.sample_size(10);
+    let name = "events_waits_summary_by_thread_by_event_name";
+    for (id, syn, _) in &built {
+        let snapper = Snapshotter::new(
+            SegmentSet::new(syn.dir.path(), Duration::MAX),
+            Duration::MAX,
+        );
+        let snap = snapper.get();
+        let (f, b) = (Filter::default(), Baselines::default());
+        let mut buf = Vec::new();
+        assert!(tables::write_json(name, &snap, &f, &b, &mut buf).expect("write"));
+        let old = tables::build(name, &snap, &f, &b).expect("table");
+        assert!(buf == old.to_json().to_string().into_bytes(), "same JSON");
+        drop(old);
+        g.bench_function(BenchmarkId::new("stream", id), |bch| {
+            bch.iter(|| {
+                buf.clear();
+                tables::write_json(name, &snap, &f, &b, &mut buf).expect("write")
+            })
+        });
+        g.bench_function(BenchmarkId::new("values", id), |bch| {
+            bch.iter(|| {
+                tables::build(name, &snap, &f, &b)
+                    .expect("table")
+                    .to_json()
+                    .to_string()
+                    .len()
+            })
+        });
+    }
+    g.finish();
     out
 }
 
-fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, usize)> {
+/// A response: status, body length (de-chunked), a hash of the body.
+struct Got {
+    code: u16,
+    len: usize,
+    hash: u64,
+}
+
+fn http_get(addr: &str, path: &str) -> std::io::Result<Got> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     write!(
@@ -289,13 +342,47 @@ fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, usize)> {
     )?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf)?;
-    let head = String::from_utf8_lossy(&buf[..buf.len().min(64)]).into_owned();
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(buf.len(), |p| p + 4);
+    let head = String::from_utf8_lossy(&buf[..split]).to_ascii_lowercase();
     let code = head
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    Ok((code, buf.len()))
+    let body = if head.contains("transfer-encoding: chunked") {
+        dechunk(&buf[split..])
+    } else {
+        buf[split..].to_vec()
+    };
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    body.hash(&mut h);
+    Ok(Got {
+        code,
+        len: body.len(),
+        hash: h.finish(),
+    })
+}
+
+/// The body of a `Transfer-Encoding: chunked` message.
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
+        let size = std::str::from_utf8(&b[..eol])
+            .ok()
+            .and_then(|l| usize::from_str_radix(l.split(';').next()?.trim(), 16).ok())
+            .unwrap_or(0);
+        b = &b[eol + 2..];
+        if size == 0 || b.len() < size {
+            break;
+        }
+        out.extend_from_slice(&b[..size]);
+        b = b.get(size + 2..).unwrap_or_default();
+    }
+    out
 }
 
 fn status_kib(pid: u32, field: &str) -> Option<u64> {
@@ -316,19 +403,24 @@ struct Rss {
     scrape_ms: f64,
     /// `VmHWM` after one `events_waits_summary_by_thread_by_event_name`
     /// request (a full snapshot: every thread's rows), and that request's
-    /// time and size.
+    /// time, body size and body hash (to compare two agents' answers).
     table_hwm_kib: u64,
     table_ms: f64,
     table_bytes: usize,
+    table_hash: u64,
+    /// `VmRSS`, `RssAnon` and `RssShmem` right after the table request.
+    table_rss_kib: u64,
+    table_anon_kib: u64,
+    table_shmem_kib: u64,
     /// `VmRSS` 12 s later, scrapes going on (the agent drops a full
     /// snapshot unused for 10 s).
     later_rss_kib: u64,
+    later_anon_kib: u64,
+    later_shmem_kib: u64,
 }
 
-/// Peak RSS of the real agent serving a 1 000 × 200 segment.
-fn agent_rss(threads: u32, instruments: u32) -> Option<Rss> {
-    let exe = env!("CARGO_BIN_EXE_pfs-agent");
-    let syn = build(threads, instruments);
+/// Peak RSS of the agent `exe` serving the segments in `dir`.
+fn agent_rss(exe: &Path, dir: &Path) -> Option<Rss> {
     let port = TcpListener::bind("127.0.0.1:0")
         .ok()?
         .local_addr()
@@ -337,7 +429,7 @@ fn agent_rss(threads: u32, instruments: u32) -> Option<Rss> {
     let addr = format!("127.0.0.1:{port}");
     let mut child = Command::new(exe)
         .args(["serve", "--shm-dir"])
-        .arg(syn.dir.path())
+        .arg(dir)
         .args(["--listen", &addr])
         .env("PFS_LOG", "warn")
         .stdout(Stdio::null())
@@ -348,7 +440,7 @@ fn agent_rss(threads: u32, instruments: u32) -> Option<Rss> {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut up = false;
     while Instant::now() < deadline {
-        if matches!(http_get(&addr, "/healthz"), Ok((200, _))) {
+        if http_get(&addr, "/healthz").is_ok_and(|g| g.code == 200) {
             up = true;
             break;
         }
@@ -362,7 +454,7 @@ fn agent_rss(threads: u32, instruments: u32) -> Option<Rss> {
             std::thread::sleep(Duration::from_millis(300));
             let t = Instant::now();
             match http_get(&addr, "/metrics") {
-                Ok((200, _)) => times.push(t.elapsed().as_secs_f64() * 1e3),
+                Ok(g) if g.code == 200 => times.push(t.elapsed().as_secs_f64() * 1e3),
                 _ => break,
             }
         }
@@ -377,21 +469,34 @@ fn agent_rss(threads: u32, instruments: u32) -> Option<Rss> {
                 table_hwm_kib: 0,
                 table_ms: 0.0,
                 table_bytes: 0,
+                table_hash: 0,
+                table_rss_kib: 0,
+                table_anon_kib: 0,
+                table_shmem_kib: 0,
                 later_rss_kib: 0,
+                later_anon_kib: 0,
+                later_shmem_kib: 0,
             };
             let t = Instant::now();
-            if let Ok((200, bytes)) = http_get(
+            if let Ok(g) = http_get(
                 &addr,
                 "/api/v1/tables/events_waits_summary_by_thread_by_event_name",
-            ) {
+            ) && g.code == 200
+            {
                 r.table_ms = t.elapsed().as_secs_f64() * 1e3;
-                r.table_bytes = bytes;
+                r.table_bytes = g.len;
+                r.table_hash = g.hash;
                 r.table_hwm_kib = status_kib(pid, "VmHWM:").unwrap_or(0);
+                r.table_rss_kib = status_kib(pid, "VmRSS:").unwrap_or(0);
+                r.table_anon_kib = status_kib(pid, "RssAnon:").unwrap_or(0);
+                r.table_shmem_kib = status_kib(pid, "RssShmem:").unwrap_or(0);
                 for _ in 0..12 {
                     std::thread::sleep(Duration::from_secs(1));
                     let _ = http_get(&addr, "/metrics");
                 }
                 r.later_rss_kib = status_kib(pid, "VmRSS:").unwrap_or(0);
+                r.later_anon_kib = status_kib(pid, "RssAnon:").unwrap_or(0);
+                r.later_shmem_kib = status_kib(pid, "RssShmem:").unwrap_or(0);
             }
             result = Some(r);
         }
@@ -401,6 +506,46 @@ fn agent_rss(threads: u32, instruments: u32) -> Option<Rss> {
     result
 }
 
+fn rss_line(label: &str, r: &Rss) -> String {
+    format!(
+        "{label}: threads=1000 instruments=200 vmhwm_kib={} rss_anon_kib={} rss_file_kib={} rss_shmem_kib={} scrape_ms={:.1} table_vmhwm_kib={} table_ms={:.0} table_bytes={} table_rss_kib={} table_anon_kib={} table_shmem_kib={} later_rss_kib={} later_anon_kib={} later_shmem_kib={}",
+        r.hwm_kib,
+        r.anon_kib,
+        r.file_kib,
+        r.shmem_kib,
+        r.scrape_ms,
+        r.table_hwm_kib,
+        r.table_ms,
+        r.table_bytes,
+        r.table_rss_kib,
+        r.table_anon_kib,
+        r.table_shmem_kib,
+        r.later_rss_kib,
+        r.later_anon_kib,
+        r.later_shmem_kib
+    )
+}
+
+fn rss_json(r: &Rss) -> String {
+    format!(
+        "{{\"vmhwm_kib\":{},\"rss_anon_kib\":{},\"rss_file_kib\":{},\"rss_shmem_kib\":{},\"scrape_ms\":{:.2},\"table_vmhwm_kib\":{},\"table_ms\":{:.1},\"table_bytes\":{},\"table_rss_kib\":{},\"table_anon_kib\":{},\"table_shmem_kib\":{},\"later_rss_kib\":{},\"later_anon_kib\":{},\"later_shmem_kib\":{}}}",
+        r.hwm_kib,
+        r.anon_kib,
+        r.file_kib,
+        r.shmem_kib,
+        r.scrape_ms,
+        r.table_hwm_kib,
+        r.table_ms,
+        r.table_bytes,
+        r.table_rss_kib,
+        r.table_anon_kib,
+        r.table_shmem_kib,
+        r.later_rss_kib,
+        r.later_anon_kib,
+        r.later_shmem_kib
+    )
+}
+
 fn main() {
     let quick = std::env::var_os("PFS_BENCH_QUICK").is_some_and(|v| v != "0");
     let shapes: &[(u32, u32)] = if quick {
@@ -408,28 +553,45 @@ fn main() {
     } else {
         &[(10, 200), (100, 200), (1000, 200), (1000, 50)]
     };
+    let agent_only = std::env::var_os("PFS_BENCH_AGENT_ONLY").is_some_and(|v| v != "0");
     let mut c = Criterion::default().configure_from_args();
-    let scales = bench_scale(&mut c, shapes);
+    let scales = if agent_only {
+        Vec::new()
+    } else {
+        bench_scale(&mut c, shapes)
+    };
     c.final_summary();
     // `cargo test --benches` runs this binary in test mode: skip the agent.
     let testing = std::env::args().any(|a| a == "--test" || a == "--list")
         || std::env::var_os("PFS_BENCH_NO_AGENT").is_some_and(|v| v != "0");
-    let rss = if testing { None } else { agent_rss(1000, 200) };
+    let (rss, before) = if testing {
+        (None, None)
+    } else {
+        let syn = build(1000, 200);
+        // `PFS_BENCH_AGENT_BEFORE=EXE`: another agent binary (e.g. the
+        // previous commit's) measured on the same segment just before.
+        let before = std::env::var_os("PFS_BENCH_AGENT_BEFORE")
+            .and_then(|exe| agent_rss(Path::new(&exe), syn.dir.path()));
+        let exe = Path::new(env!("CARGO_BIN_EXE_pfs-agent"));
+        (agent_rss(exe, syn.dir.path()), before)
+    };
+    if let Some(b) = &before {
+        println!("{}", rss_line("agent-rss-before", b));
+    }
     match &rss {
-        Some(r) => println!(
-            "agent-rss: threads=1000 instruments=200 vmhwm_kib={} rss_anon_kib={} rss_file_kib={} rss_shmem_kib={} scrape_ms={:.1} table_vmhwm_kib={} table_ms={:.0} table_bytes={} later_rss_kib={}",
-            r.hwm_kib,
-            r.anon_kib,
-            r.file_kib,
-            r.shmem_kib,
-            r.scrape_ms,
-            r.table_hwm_kib,
-            r.table_ms,
-            r.table_bytes,
-            r.later_rss_kib
-        ),
+        Some(r) => println!("{}", rss_line("agent-rss", r)),
         None if !testing => println!("agent-rss: unavailable (agent did not serve)"),
         None => {}
+    }
+    if let (Some(b), Some(r)) = (&before, &rss) {
+        println!(
+            "agent-rss-table-identical: {}",
+            if b.table_hash == r.table_hash && b.table_bytes == r.table_bytes {
+                "yes"
+            } else {
+                "NO"
+            }
+        );
     }
     if let Some(out) = std::env::var_os("PFS_BENCH_OUT") {
         let shapes: Vec<String> = scales
@@ -441,22 +603,10 @@ fn main() {
                 )
             })
             .collect();
-        let rss = rss.map_or("null".to_string(), |r| {
-            format!(
-                "{{\"vmhwm_kib\":{},\"rss_anon_kib\":{},\"rss_file_kib\":{},\"rss_shmem_kib\":{},\"scrape_ms\":{:.2},\"table_vmhwm_kib\":{},\"table_ms\":{:.1},\"table_bytes\":{},\"later_rss_kib\":{}}}",
-                r.hwm_kib,
-                r.anon_kib,
-                r.file_kib,
-                r.shmem_kib,
-                r.scrape_ms,
-                r.table_hwm_kib,
-                r.table_ms,
-                r.table_bytes,
-                r.later_rss_kib
-            )
-        });
+        let rss = rss.as_ref().map_or("null".to_string(), rss_json);
+        let before = before.as_ref().map_or("null".to_string(), rss_json);
         let json = format!(
-            "{{\"shapes\":[{}],\"agent_rss\":{rss}}}\n",
+            "{{\"shapes\":[{}],\"agent_rss\":{rss},\"agent_rss_before\":{before}}}\n",
             shapes.join(",")
         );
         std::fs::write(out, json).expect("write PFS_BENCH_OUT");

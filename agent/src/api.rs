@@ -5,7 +5,7 @@
 //! | GET | `/metrics` | OpenMetrics text |
 //! | GET | `/healthz` | `ok` |
 //! | GET | `/api/v1/tables` | `{"tables": [...]}` |
-//! | GET | `/api/v1/tables/{table}?service=S&pid=N` | `{"table", "columns", "rows"}` |
+//! | GET | `/api/v1/tables/{table}?service=S&pid=N` | `{"table", "columns", "rows"}` (chunked) |
 //! | POST | `/api/v1/setup/{instruments,consumers,timers,actors}[?service=S&pid=N]` | `{"matched": n, "segments": m}` |
 //! | POST | `/api/v1/tables/{table}/truncate` | `{"truncated": table}` |
 //!
@@ -34,6 +34,14 @@
 //!   (431 otherwise); a connection lives at most `connection_timeout`
 //!   (which ends clients that never read their response); control bodies
 //!   are at most [`MAX_BODY`] bytes (413).
+//! * Tables are streamed: a blocking task serialises the rows one at a
+//!   time into [`TABLE_CHUNK`]-byte chunks, at most
+//!   [`TABLE_CHUNKS_QUEUED`] ahead of the client, so a request holds the
+//!   (shared) full snapshot and a few chunks, never the whole JSON. A
+//!   client that stops reading stalls its task, which then keeps that
+//!   snapshot alive until `connection_timeout` ends the connection; a
+//!   failure after the headers closes the connection without the final
+//!   chunk, so a cut table is never taken for a whole one.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -243,10 +251,132 @@ fn unauthorized() -> Resp {
     r
 }
 
-type Resp = Response<Full<Bytes>>;
+type Resp = Response<Body>;
+
+/// A response body: whole, or a table written by a blocking task while it
+/// is sent ([`stream_table`]).
+#[derive(Debug)]
+pub enum Body {
+    /// The whole body.
+    Full(Full<Bytes>),
+    /// Chunks as they are written; an error ends the response abnormally
+    /// (the connection is closed without the last chunk, so the client
+    /// cannot take a cut table for a whole one).
+    Stream(tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>),
+}
+
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            Body::Full(f) => std::pin::Pin::new(f)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
+            Body::Stream(rx) => rx
+                .poll_recv(cx)
+                .map(|c| c.map(|c| c.map(hyper::body::Frame::data))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Body::Full(f) => f.is_end_stream(),
+            Body::Stream(_) => false,
+        }
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            Body::Full(f) => f.size_hint(),
+            Body::Stream(_) => hyper::body::SizeHint::default(),
+        }
+    }
+}
+
+/// Size of the chunks a streamed table is sent in.
+pub const TABLE_CHUNK: usize = 64 * 1024;
+
+/// Chunks in flight between the task writing a table and the connection.
+pub const TABLE_CHUNKS_QUEUED: usize = 4;
+
+/// Where a streamed table is written: chunks of [`TABLE_CHUNK`] bytes,
+/// each sent to the connection once full (blocking while
+/// [`TABLE_CHUNKS_QUEUED`] wait), so that the JSON is never held whole.
+struct ChunkWriter {
+    buf: Vec<u8>,
+    tx: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+}
+
+impl ChunkWriter {
+    fn send(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(TABLE_CHUNK + 1024));
+        self.tx
+            .blocking_send(Ok(Bytes::from(chunk)))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "client gone"))
+    }
+}
+
+impl std::io::Write for ChunkWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(b);
+        if self.buf.len() >= TABLE_CHUNK {
+            self.send()?;
+        }
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.send()
+    }
+}
+
+/// Answers a table request (`name` must exist, [`tables::exists`]): its
+/// JSON is written row by row by a blocking task into [`Body::Stream`], so
+/// the request holds the snapshot and a few chunks, not a `Value` per cell
+/// and the whole text.
+fn stream_table(state: Arc<AppState>, name: String, filter: Filter) -> Resp {
+    let (tx, rx) = tokio::sync::mpsc::channel(TABLE_CHUNKS_QUEUED);
+    tokio::task::spawn_blocking(move || {
+        let mut out = ChunkWriter {
+            buf: Vec::with_capacity(TABLE_CHUNK + 1024),
+            tx: tx.clone(),
+        };
+        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let snap = state.snap.get();
+            let baselines = state.baselines().clone();
+            tables::write_json(&name, &snap, &filter, &baselines, &mut out)
+        }));
+        let failed = match written {
+            Ok(Ok(true)) => match std::io::Write::flush(&mut out) {
+                Ok(()) => None,
+                Err(_) => return, // the client went away
+            },
+            Ok(Ok(false)) => Some("no such table".to_string()),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => return,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some("building the table panicked".to_string()),
+        };
+        if let Some(why) = failed {
+            tracing::warn!(table = %name, "table response cut short: {why}");
+            let _ = tx.blocking_send(Err(std::io::Error::other(why)));
+        }
+    });
+    let mut r = Response::new(Body::Stream(rx));
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
 
 fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Resp {
-    let mut r = Response::new(Full::new(body.into()));
+    let mut r = Response::new(Body::Full(Full::new(body.into())));
     *r.status_mut() = status;
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -427,25 +557,16 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
                 Ok(f) => f,
                 Err(e) => return error(StatusCode::BAD_REQUEST, e),
             };
-            let s = state.clone();
-            let table = tokio::task::spawn_blocking(move || {
-                let snap = s.snap.get();
-                let baselines = s.baselines().clone();
-                tables::build(&name, &snap, &filter, &baselines)
-            })
-            .await
-            .ok()
-            .flatten();
-            match table {
-                Some(t) => json_reply(StatusCode::OK, t.to_json()),
-                None => error(
+            if !tables::exists(&name) {
+                return error(
                     StatusCode::NOT_FOUND,
                     format!(
                         "no such table; GET /api/v1/tables lists them: {}",
                         tables::names().join(", ")
                     ),
-                ),
+                );
             }
+            stream_table(state, name, filter)
         }
         _ => error(
             StatusCode::NOT_FOUND,

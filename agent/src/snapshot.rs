@@ -142,14 +142,17 @@ impl Snapshotter {
     /// carry-forward) once nobody asked for one for [`FULL_KEEP`]: at scale
     /// it holds every thread's rows and events, and one table request
     /// should not keep that memory for good.
+    /// Once dropped, the allocator is asked to give the freed memory back
+    /// (glibc keeps it otherwise).
     pub fn refresh(&self) {
+        let mut dropped = false;
         let stale = {
             let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
             if cache
                 .as_ref()
                 .is_some_and(|s| s.taken_at.elapsed() >= self.full_keep)
             {
-                *cache = None;
+                dropped |= cache.take().is_some();
             }
             cache.is_none()
         };
@@ -157,8 +160,12 @@ impl Snapshotter {
         set.refresh();
         if stale {
             for t in set.tracked.values_mut() {
-                t.last = None;
+                dropped |= t.last.take().is_some();
             }
+        }
+        drop(set);
+        if dropped {
+            pfs_shm_layout::heap::release_free_memory();
         }
     }
 
@@ -213,7 +220,13 @@ impl Snapshotter {
         let mut set = self.set.lock().unwrap_or_else(|p| p.into_inner());
         set.refresh();
         let opts = match mode {
-            Mode::Full => ReadOptions::default(),
+            // Pages given back too: a table request at scale would
+            // otherwise keep the whole segment resident (RssShmem) until
+            // the next scrape releases it.
+            Mode::Full => ReadOptions {
+                release_pages: true,
+                ..ReadOptions::default()
+            },
             Mode::Summaries => ReadOptions::summaries(),
         };
         let mut segments = Vec::with_capacity(set.tracked.len());

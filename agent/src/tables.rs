@@ -12,6 +12,7 @@ use pfs_shm_layout::reader::{
     ClassInfo, Event, MemoryStats, SegmentSnapshot, StatementEvent, Summary,
 };
 use pfs_shm_layout::setup::{TIMER_KINDS, consumers};
+use serde::ser::{Serialize, Serializer};
 use serde_json::{Map, Value, json};
 
 use crate::aggregate::{segment_global, segment_global_memory};
@@ -80,7 +81,7 @@ const MEMORY_COLUMNS: [&str; 11] = [
     "high_number_of_bytes_used",
 ];
 
-fn memory_values(name: &str, m: &MemoryStats) -> Vec<Value> {
+fn memory_values<'a>(name: &'a str, m: &MemoryStats) -> Vec<Cell<'a>> {
     vec![
         name.into(),
         m.count_alloc.into(),
@@ -106,10 +107,13 @@ fn build_memory(
     which: &str,
     segs: &[(&std::path::Path, &SegmentSnapshot)],
     baselines: &Baselines,
-) -> Option<(Vec<&'static str>, Vec<Vec<Value>>)> {
-    let mut rows = Vec::new();
-    let group: fn(&str, &str) -> Vec<Value> = match which {
+    sink: &mut dyn Sink,
+) -> bool {
+    let group: for<'x> fn(&'x str, &'x str) -> Vec<Cell<'x>> = match which {
         "global_by_event_name" => {
+            let mut cols = vec!["service", "pid"];
+            cols.extend(MEMORY_COLUMNS);
+            sink.columns(&cols);
             for (path, s) in segs {
                 for (n, m) in segment_global_memory(s) {
                     let mut row = head(s);
@@ -117,14 +121,15 @@ fn build_memory(
                         &n,
                         &baselines.memory_global_view(path, &n, &m),
                     ));
-                    rows.push(row);
+                    sink.row(&row);
                 }
             }
-            let mut cols = vec!["service", "pid"];
-            cols.extend(MEMORY_COLUMNS);
-            return Some((cols, rows));
+            return true;
         }
         "by_thread_by_event_name" => {
+            let mut cols = vec!["service", "pid", "thread_id"];
+            cols.extend(MEMORY_COLUMNS);
+            sink.columns(&cols);
             for (path, s) in segs {
                 let classes = class_map(&s.classes);
                 for t in &s.threads {
@@ -144,22 +149,28 @@ fn build_memory(
                         let mut row = head(s);
                         row.push(t.thread_id.into());
                         row.extend(memory_values(n, &m));
-                        rows.push(row);
+                        sink.row(&row);
                     }
                 }
             }
-            let mut cols = vec!["service", "pid", "thread_id"];
-            cols.extend(MEMORY_COLUMNS);
-            return Some((cols, rows));
+            return true;
         }
         "by_account_by_event_name" => |u, h| vec![u.into(), h.into()],
         "by_user_by_event_name" => |u, _| vec![u.into()],
         "by_host_by_event_name" => |_, h| vec![h.into()],
-        _ => return None,
+        _ => return false,
     };
+    let mut cols = vec!["service", "pid"];
+    cols.extend(match which {
+        "by_account_by_event_name" => vec!["user", "host"],
+        "by_user_by_event_name" => vec!["user"],
+        _ => vec!["host"],
+    });
+    cols.extend(MEMORY_COLUMNS);
+    sink.columns(&cols);
     for (path, s) in segs {
         let classes = class_map(&s.classes);
-        let mut agg: std::collections::BTreeMap<(String, &str), (Vec<Value>, MemoryStats)> =
+        let mut agg: std::collections::BTreeMap<(String, &str), (Vec<Cell>, MemoryStats)> =
             Default::default();
         for t in &s.threads {
             let Some((u, h, _)) = &t.actor else { continue };
@@ -180,17 +191,175 @@ fn build_memory(
             let mut row = head(s);
             row.extend(key);
             row.extend(memory_values(n, &m));
-            rows.push(row);
+            sink.row(&row);
         }
     }
-    let mut cols = vec!["service", "pid"];
-    cols.extend(match which {
-        "by_account_by_event_name" => vec!["user", "host"],
-        "by_user_by_event_name" => vec!["user"],
-        _ => vec!["host"],
-    });
-    cols.extend(MEMORY_COLUMNS);
-    Some((cols, rows))
+    true
+}
+
+/// One cell of a table row, borrowed from the snapshot where it can be.
+/// Rows are handed to a [`Sink`] as cells, one row at a time, so that a
+/// table is never held whole unless a caller collects it ([`build`]). A
+/// cell serialises exactly as the `serde_json::Value` it stands for
+/// ([`Cell::to_value`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cell<'a> {
+    /// SQL NULL: JSON `null`.
+    Null,
+    /// An unsigned number.
+    U64(u64),
+    /// A signed number.
+    I64(i64),
+    /// Picoseconds: a number when it fits in 64 bits, else its decimal
+    /// text as a string.
+    Ps(u128),
+    /// Text borrowed from the snapshot.
+    Str(&'a str),
+    /// Text made for this cell.
+    Owned(String),
+}
+
+impl Cell<'_> {
+    /// The JSON value of this cell.
+    pub fn to_value(&self) -> Value {
+        match self {
+            Cell::Null => Value::Null,
+            Cell::U64(v) => (*v).into(),
+            Cell::I64(v) => (*v).into(),
+            Cell::Ps(v) => ps(*v),
+            Cell::Str(s) => (*s).into(),
+            Cell::Owned(s) => s.as_str().into(),
+        }
+    }
+}
+
+impl Serialize for Cell<'_> {
+    fn serialize<S: Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Cell::Null => ser.serialize_unit(),
+            Cell::U64(v) => ser.serialize_u64(*v),
+            Cell::I64(v) => ser.serialize_i64(*v),
+            Cell::Ps(v) => match u64::try_from(*v) {
+                Ok(v) => ser.serialize_u64(v),
+                Err(_) => ser.serialize_str(&v.to_string()),
+            },
+            Cell::Str(s) => ser.serialize_str(s),
+            Cell::Owned(s) => ser.serialize_str(s),
+        }
+    }
+}
+
+macro_rules! cell_from {
+    ($variant:ident: $($t:ty),*) => {$(
+        impl From<$t> for Cell<'_> {
+            fn from(v: $t) -> Self {
+                Cell::$variant(v.into())
+            }
+        }
+    )*};
+}
+cell_from!(U64: u64, u32, u8);
+cell_from!(I64: i64);
+cell_from!(Owned: String);
+
+impl From<usize> for Cell<'_> {
+    fn from(v: usize) -> Self {
+        Cell::U64(v as u64)
+    }
+}
+
+impl<'a> From<&'a str> for Cell<'a> {
+    fn from(v: &'a str) -> Self {
+        Cell::Str(v)
+    }
+}
+
+impl<'a, T: Into<Cell<'a>>> From<Option<T>> for Cell<'a> {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Cell::Null, Into::into)
+    }
+}
+
+/// Receives a table as it is built: [`Sink::columns`] once, before any
+/// row, then [`Sink::row`] for each row (as long as the columns).
+pub trait Sink {
+    /// The table's column names.
+    fn columns(&mut self, columns: &[&'static str]);
+    /// One row, cells in column order.
+    fn row(&mut self, row: &[Cell<'_>]);
+}
+
+/// Collects a [`Table`].
+struct Collect(Table);
+
+impl Sink for Collect {
+    fn columns(&mut self, columns: &[&'static str]) {
+        self.0.columns = columns.to_vec();
+    }
+    fn row(&mut self, row: &[Cell<'_>]) {
+        self.0.rows.push(row.iter().map(Cell::to_value).collect());
+    }
+}
+
+/// Writes a table as the JSON of [`Table::to_json`] (compact), row by row:
+/// each row is made in `row` (its keys written once, in `keys`) and handed
+/// to `out` in one write.
+struct JsonSink<'w> {
+    out: &'w mut dyn std::io::Write,
+    name: &'w str,
+    /// Per column: `"name":` as serde_json writes a key, with the `{` or
+    /// `,` before it.
+    keys: Vec<Vec<u8>>,
+    row: Vec<u8>,
+    rows: usize,
+    error: Option<std::io::Error>,
+}
+
+impl Sink for JsonSink<'_> {
+    fn columns(&mut self, columns: &[&'static str]) {
+        self.keys = columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut k = vec![if i == 0 { b'{' } else { b',' }];
+                serde_json::to_writer(&mut k, c).expect("a str serialises");
+                k.push(b':');
+                k
+            })
+            .collect();
+        if self.error.is_some() {
+            return;
+        }
+        let out = &mut *self.out;
+        let r = (|| {
+            out.write_all(b"{\"table\":")?;
+            serde_json::to_writer(&mut *out, self.name)?;
+            out.write_all(b",\"columns\":")?;
+            serde_json::to_writer(&mut *out, columns)?;
+            out.write_all(b",\"rows\":[")
+        })();
+        self.error = r.err();
+    }
+    fn row(&mut self, cells: &[Cell<'_>]) {
+        self.rows += 1;
+        if self.error.is_some() {
+            return;
+        }
+        let row = &mut self.row;
+        row.clear();
+        if self.rows > 1 {
+            row.push(b',');
+        }
+        for (k, c) in self.keys.iter().zip(cells) {
+            row.extend_from_slice(k);
+            serde_json::to_writer(&mut *row, c).expect("a cell serialises");
+        }
+        if self.keys.is_empty() || cells.is_empty() {
+            row.push(b'{');
+        }
+        row.push(b'}');
+        self.error = self.out.write_all(row).err();
+    }
 }
 
 /// A table: column names and rows of JSON values in column order.
@@ -226,12 +395,12 @@ fn ps(v: u128) -> Value {
         .unwrap_or_else(|_| Value::from(v.to_string()))
 }
 
-fn opt<T: Into<Value>>(v: Option<T>) -> Value {
-    v.map(Into::into).unwrap_or(Value::Null)
+fn opt<'a, T: Into<Cell<'a>>>(v: Option<T>) -> Cell<'a> {
+    v.into()
 }
 
-fn yes_no(b: bool) -> Value {
-    Value::from(if b { "YES" } else { "NO" })
+fn yes_no(b: bool) -> Cell<'static> {
+    Cell::Str(if b { "YES" } else { "NO" })
 }
 
 fn kind_matches(k: usize, c: ClassKind) -> bool {
@@ -241,37 +410,75 @@ fn kind_matches(k: usize, c: ClassKind) -> bool {
     }
 }
 
-fn head(s: &SegmentSnapshot) -> Vec<Value> {
-    vec![s.service.clone().into(), s.pid.into()]
+fn head(s: &SegmentSnapshot) -> Vec<Cell<'_>> {
+    vec![s.service.as_str().into(), s.pid.into()]
 }
 
 /// Builds table `name` from `snap`; `None` if there is no such table.
-/// `baselines` hold what `TRUNCATE` removed from view.
+/// `baselines` hold what `TRUNCATE` removed from view. Holds every row: a
+/// large table is better written with [`write_json`] or [`emit`].
 pub fn build(name: &str, snap: &Snapshot, filter: &Filter, baselines: &Baselines) -> Option<Table> {
+    let mut t = Collect(Table {
+        name: name.to_string(),
+        columns: Vec::new(),
+        rows: Vec::new(),
+    });
+    emit(name, snap, filter, baselines, &mut t).then_some(t.0)
+}
+
+/// True if `name` is a table ([`names`]): [`emit`] and [`write_json`]
+/// answer it.
+pub fn exists(name: &str) -> bool {
+    names().iter().any(|n| n == name)
+}
+
+/// Writes table `name` to `out` as the JSON of [`Table::to_json`]
+/// (compact: the bytes of `to_json().to_string()`), one row at a time, so
+/// that no more than a row is held beside the snapshot. `Ok(false)` if
+/// there is no such table (nothing written).
+pub fn write_json(
+    name: &str,
+    snap: &Snapshot,
+    filter: &Filter,
+    baselines: &Baselines,
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<bool> {
+    let mut sink = JsonSink {
+        out,
+        name,
+        keys: Vec::new(),
+        row: Vec::with_capacity(1024),
+        rows: 0,
+        error: None,
+    };
+    if !emit(name, snap, filter, baselines, &mut sink) {
+        return Ok(false);
+    }
+    if let Some(e) = sink.error {
+        return Err(e);
+    }
+    sink.out.write_all(b"]}")?;
+    Ok(true)
+}
+
+/// Hands table `name` of `snap` to `sink`: its columns, then its rows.
+/// `false` (and nothing handed) if there is no such table.
+pub fn emit(
+    name: &str,
+    snap: &Snapshot,
+    filter: &Filter,
+    baselines: &Baselines,
+    sink: &mut dyn Sink,
+) -> bool {
     let segs: Vec<(&std::path::Path, &SegmentSnapshot)> = snap
         .segments
         .iter()
         .filter(|v| filter.accepts(&v.data))
         .map(|v| (v.path.as_path(), &*v.data))
         .collect();
-    let mut rows = Vec::new();
-    let columns: Vec<&'static str> = match name {
+    match name {
         "setup_instruments" => {
-            for (_, s) in &segs {
-                for c in &s.classes {
-                    let mut r = head(s);
-                    r.extend([
-                        c.name.clone().into(),
-                        yes_no(c.enabled()),
-                        yes_no(c.timed()),
-                        "".into(),
-                        0.into(),
-                        Value::Null,
-                    ]);
-                    rows.push(r);
-                }
-            }
-            vec![
+            sink.columns(&[
                 "service",
                 "pid",
                 "name",
@@ -280,74 +487,100 @@ pub fn build(name: &str, snap: &Snapshot, filter: &Filter, baselines: &Baselines
                 "properties",
                 "volatility",
                 "documentation",
-            ]
+            ]);
+            for (_, s) in &segs {
+                for c in &s.classes {
+                    let mut r = head(s);
+                    r.extend([
+                        c.name.as_str().into(),
+                        yes_no(c.enabled()),
+                        yes_no(c.timed()),
+                        "".into(),
+                        0u64.into(),
+                        Cell::Null,
+                    ]);
+                    sink.row(&r);
+                }
+            }
         }
         "setup_consumers" => {
+            sink.columns(&["service", "pid", "name", "enabled"]);
             for (_, s) in &segs {
                 for (n, bit) in consumers() {
                     let mut r = head(s);
                     r.extend([n.into(), yes_no(s.consumers & bit != 0)]);
-                    rows.push(r);
+                    sink.row(&r);
                 }
             }
-            vec!["service", "pid", "name", "enabled"]
         }
         "setup_timers" => {
+            sink.columns(&["service", "pid", "name", "timer_name"]);
             for (_, s) in &segs {
                 for (k, n) in TIMER_KINDS.iter().enumerate() {
                     let t = TimerId::from_u32(timer_of(s.timers, k)).unwrap_or(TimerId::Cycle);
                     let mut r = head(s);
                     r.extend([(*n).into(), t.name().into()]);
-                    rows.push(r);
+                    sink.row(&r);
                 }
             }
-            vec!["service", "pid", "name", "timer_name"]
         }
         "setup_actors" => {
+            sink.columns(&[
+                "service", "pid", "host", "user", "role", "enabled", "history",
+            ]);
             for (_, s) in &segs {
                 for a in &s.actors {
                     let mut r = head(s);
                     r.extend([
-                        a.host.clone().into(),
-                        a.user.clone().into(),
-                        a.role.clone().into(),
+                        a.host.as_str().into(),
+                        a.user.as_str().into(),
+                        a.role.as_str().into(),
                         yes_no(a.enabled),
                         yes_no(a.history),
                     ]);
-                    rows.push(r);
+                    sink.row(&r);
                 }
             }
-            vec![
-                "service", "pid", "host", "user", "role", "enabled", "history",
-            ]
         }
         "performance_timers" => {
+            sink.columns(&[
+                "timer_name",
+                "timer_frequency",
+                "timer_resolution",
+                "timer_overhead",
+            ]);
             for t in timers::measure() {
-                rows.push(vec![
+                sink.row(&[
                     t.timer.name().into(),
                     opt(t.frequency),
                     opt(t.resolution),
                     opt(t.overhead),
                 ]);
             }
-            vec![
-                "timer_name",
-                "timer_frequency",
-                "timer_resolution",
-                "timer_overhead",
-            ]
         }
         "threads" => {
+            sink.columns(&[
+                "service",
+                "pid",
+                "thread_id",
+                "name",
+                "type",
+                "processlist_user",
+                "processlist_host",
+                "thread_os_id",
+                "instrumented",
+                "history",
+            ]);
             for (_, s) in &segs {
                 for t in &s.threads {
                     let (user, host) = match &t.actor {
-                        Some((u, h, _)) => (Value::from(u.clone()), Value::from(h.clone())),
-                        None => (Value::Null, Value::Null),
+                        Some((u, h, _)) => (Cell::Str(u), Cell::Str(h)),
+                        None => (Cell::Null, Cell::Null),
                     };
                     let mut r = head(s);
                     r.extend([
                         t.thread_id.into(),
-                        t.name.clone().into(),
+                        t.name.as_str().into(),
                         (if t.actor.is_some() {
                             "FOREGROUND"
                         } else {
@@ -360,23 +593,21 @@ pub fn build(name: &str, snap: &Snapshot, filter: &Filter, baselines: &Baselines
                         yes_no(t.instrumented),
                         yes_no(t.history),
                     ]);
-                    rows.push(r);
+                    sink.row(&r);
                 }
             }
-            vec![
-                "service",
-                "pid",
-                "thread_id",
-                "name",
-                "type",
-                "processlist_user",
-                "processlist_host",
-                "thread_os_id",
-                "instrumented",
-                "history",
-            ]
         }
         "container_pages" => {
+            sink.columns(&[
+                "service",
+                "pid",
+                "container",
+                "page",
+                "state",
+                "records",
+                "records_used",
+                "bytes",
+            ]);
             for (_, s) in &segs {
                 let rpp = s.geometry.records_per_page;
                 let mut used = vec![0u64; s.page_states.len()];
@@ -396,58 +627,47 @@ pub fn build(name: &str, snap: &Snapshot, filter: &Filter, baselines: &Baselines
                         used[page].into(),
                         (if resident { s.geometry.page_size } else { 0 }).into(),
                     ]);
-                    rows.push(r);
+                    sink.row(&r);
                 }
             }
-            vec![
-                "service",
-                "pid",
-                "container",
-                "page",
-                "state",
-                "records",
-                "records_used",
-                "bytes",
-            ]
         }
         _ => {
             if let Some(which) = name.strip_prefix("memory_summary_") {
-                let (columns, rows) = build_memory(which, &segs, baselines)?;
-                return Some(Table {
-                    name: name.to_string(),
-                    columns,
-                    rows,
-                });
+                return build_memory(which, &segs, baselines, sink);
             }
-            return build_events(name, &segs, baselines);
+            return build_events(name, &segs, baselines, sink);
         }
-    };
-    Some(Table {
-        name: name.to_string(),
-        columns,
-        rows,
-    })
+    }
+    true
 }
 
 fn build_events(
     name: &str,
     segs: &[(&std::path::Path, &SegmentSnapshot)],
     baselines: &Baselines,
-) -> Option<Table> {
-    let rest = name.strip_prefix("events_")?;
-    let (k, word) = KINDS
+    sink: &mut dyn Sink,
+) -> bool {
+    let Some(rest) = name.strip_prefix("events_") else {
+        return false;
+    };
+    let Some((k, word)) = KINDS
         .iter()
         .enumerate()
         .map(|(i, (w, _))| (i, *w))
-        .find(|(_, w)| rest.starts_with(w))?;
-    let suffix = rest[word.len()..].strip_prefix('_')?;
-    let mut rows = Vec::new();
-    let columns = match suffix {
+        .find(|(_, w)| rest.starts_with(w))
+    else {
+        return false;
+    };
+    let Some(suffix) = rest[word.len()..].strip_prefix('_') else {
+        return false;
+    };
+    match suffix {
         "current" | "history" | "history_long" => {
+            sink.columns(&event_columns(k));
             for (path, s) in segs {
                 let classes = class_map(&s.classes);
                 let mut push = |tid: u64, e: &Event, st: Option<&StatementEvent>| {
-                    rows.push(event_row(s, &classes, tid, e, st, k));
+                    sink.row(&event_row(s, &classes, tid, e, st, k));
                 };
                 if suffix == "history_long" {
                     match k {
@@ -513,37 +733,36 @@ fn build_events(
                     }
                 }
             }
-            event_columns(k)
         }
         "summary_by_thread_by_event_name" => {
+            let mut cols = vec!["service", "pid", "thread_id", "event_name"];
+            cols.extend(summary_columns(k));
+            sink.columns(&cols);
+            // Sorted by reference (a `Summary` is ~350 bytes).
+            let mut by_name: Vec<(&str, u32, &Summary)> = Vec::new();
             for (path, s) in segs {
                 let classes = class_map(&s.classes);
                 for t in &s.threads {
-                    let mut by_name: Vec<(&str, Summary)> = t
-                        .rows
-                        .iter()
-                        .filter_map(|(c, sum)| {
-                            let ci = classes.get(c).filter(|ci| kind_matches(k, ci.kind))?;
-                            Some((
-                                ci.name.as_str(),
-                                baselines.thread_view(path, t.record, t.version, *c, sum),
-                            ))
-                        })
-                        .collect();
-                    by_name.sort_by_key(|(n, _)| *n);
-                    for (n, sum) in by_name {
+                    by_name.clear();
+                    by_name.extend(t.rows.iter().filter_map(|(c, sum)| {
+                        let ci = classes.get(c).filter(|ci| kind_matches(k, ci.kind))?;
+                        Some((ci.name.as_str(), *c, sum))
+                    }));
+                    by_name.sort_by_key(|(n, _, _)| *n);
+                    for &(n, c, sum) in &by_name {
+                        let sum = baselines.thread_view(path, t.record, t.version, c, sum);
                         let mut row = head(s);
                         row.extend([t.thread_id.into(), n.into()]);
                         row.extend(summary_values(&sum, k));
-                        rows.push(row);
+                        sink.row(&row);
                     }
                 }
             }
-            let mut cols = vec!["service", "pid", "thread_id", "event_name"];
-            cols.extend(summary_columns(k));
-            cols
         }
         "summary_global_by_event_name" => {
+            let mut cols = vec!["service", "pid", "event_name"];
+            cols.extend(summary_columns(k));
+            sink.columns(&cols);
             for (path, s) in segs {
                 for (n, (kind, sum)) in segment_global(s) {
                     if kind_matches(k, kind) {
@@ -551,21 +770,14 @@ fn build_events(
                         let mut row = head(s);
                         row.push(n.into());
                         row.extend(summary_values(&sum, k));
-                        rows.push(row);
+                        sink.row(&row);
                     }
                 }
             }
-            let mut cols = vec!["service", "pid", "event_name"];
-            cols.extend(summary_columns(k));
-            cols
         }
-        _ => return None,
-    };
-    Some(Table {
-        name: name.to_string(),
-        columns,
-        rows,
-    })
+        _ => return false,
+    }
+    true
 }
 
 const SUMMARY_COLUMNS: [&str; 5] = [
@@ -591,10 +803,10 @@ fn summary_columns(k: usize) -> Vec<&'static str> {
     v
 }
 
-fn summary_values(s: &Summary, k: usize) -> Vec<Value> {
+fn summary_values(s: &Summary, k: usize) -> Vec<Cell<'static>> {
     let mut v = vec![
         s.count.into(),
-        ps(s.sum_ps),
+        Cell::Ps(s.sum_ps),
         s.min().unwrap_or(0).into(),
         s.avg_ps().into(),
         s.max_ps.into(),
@@ -661,25 +873,25 @@ fn class_map(classes: &[ClassInfo]) -> HashMap<u32, &ClassInfo> {
     classes.iter().map(|c| (c.index, c)).collect()
 }
 
-fn event_row(
-    s: &SegmentSnapshot,
-    classes: &HashMap<u32, &ClassInfo>,
+fn event_row<'a>(
+    s: &'a SegmentSnapshot,
+    classes: &HashMap<u32, &'a ClassInfo>,
     thread_id: u64,
     e: &Event,
-    st: Option<&StatementEvent>,
+    st: Option<&'a StatementEvent>,
     k: usize,
-) -> Vec<Value> {
-    let class = classes.get(&e.class);
-    let string = |i: Option<u32>| opt(i.and_then(|i| s.strings.get(&i).cloned()));
+) -> Vec<Cell<'a>> {
+    let class = classes.get(&e.class).copied();
+    let string = |i: Option<u32>| opt(i.and_then(|i| s.strings.get(&i).map(String::as_str)));
     let mut row = head(s);
     row.extend([
         thread_id.into(),
         e.event_id.into(),
         opt(e.end_event_id),
-        opt(class.map(|c| c.name.clone())),
+        opt(class.map(|c| c.name.as_str())),
         string(e.source),
-        e.timer_start.map(ps).unwrap_or(Value::Null),
-        e.timer_end.map(ps).unwrap_or(Value::Null),
+        e.timer_start.map_or(Cell::Null, Cell::Ps),
+        e.timer_end.map_or(Cell::Null, Cell::Ps),
         opt(e.timer_wait),
     ]);
     let nesting = [
@@ -709,7 +921,7 @@ fn event_row(
         _ => {
             let (text, f) = match st {
                 Some(st) => (
-                    Some(st.text.clone()).filter(|t| !t.is_empty()),
+                    Some(st.text.as_str()).filter(|t| !t.is_empty()),
                     Some(st.figures),
                 ),
                 None => (None, None),
@@ -765,5 +977,192 @@ impl Table {
             self.rows.len(),
             if self.rows.len() == 1 { "" } else { "s" }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, EventType, FLAG_ENABLED, FLAG_TIMED};
+    use pfs_shm_layout::writer::{
+        EventData, KIND_STAGE, KIND_STATEMENT, KIND_WAIT, StatementFigures,
+    };
+    use pfs_shm_layout::{Segment, SegmentConfig, SegmentWriter, TimerCalibration};
+    use std::time::Duration;
+
+    /// A live segment in `dir` with two threads, every kind of event,
+    /// strings that need escaping, an actor and memory rows.
+    fn populated(dir: &std::path::Path) -> (std::fs::File, SegmentWriter) {
+        let path = dir.join("svc\"x.42.pfs");
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+        let cal = TimerCalibration {
+            kind: 2,
+            base_ticks: 0,
+            ps_per_tick_q32: 1000 << 32,
+            frequency_hz: 1_000_000_000,
+            base_ns: 0,
+        };
+        let cfg = SegmentConfig {
+            service_name: "svc\"x".into(),
+            ..SegmentConfig::default()
+        };
+        let w = SegmentWriter::new(
+            Segment::create(file.try_clone().unwrap(), &cfg, cal, 42, 0).unwrap(),
+        );
+        let names = [
+            ("wait/io/file/t/f\\ö", KIND_WAIT),
+            ("wait/synch/mutex/t/m", KIND_WAIT),
+            ("stage/t/s", KIND_STAGE),
+            ("statement/t/q", KIND_STATEMENT),
+        ];
+        let classes: Vec<(u32, usize)> = names
+            .iter()
+            .map(|(n, k)| {
+                let kind = ClassKind::from_name(n).unwrap();
+                (
+                    w.register_class(n, kind, FLAG_ENABLED | FLAG_TIMED)
+                        .unwrap(),
+                    *k,
+                )
+            })
+            .collect();
+        let mem = w
+            .register_class("memory/t/buf", ClassKind::Memory, FLAG_ENABLED)
+            .unwrap();
+        let source = w.intern("src/a\"b.rs:7\n").unwrap();
+        let object = w.intern("/tmp/x\u{1}y").unwrap();
+        let (user, host, role) = (
+            w.intern("bob").unwrap(),
+            w.intern("h\\1").unwrap(),
+            w.intern("").unwrap(),
+        );
+        for t in 0..2u64 {
+            let slot = w.alloc_thread(t + 1, 100 + t, &format!("w\t{t}")).unwrap();
+            let rec = w.segment().record(slot.index);
+            if t == 0 {
+                rec.set_actor(user, host, role, 3);
+            }
+            rec.memory_alloc(mem as usize, 4096, 0);
+            rec.memory_free(mem as usize, 100 + t, 0);
+            let mut id = 0;
+            for round in 0..3u64 {
+                for &(class, kind) in &classes {
+                    id += 1;
+                    let stmt = (kind == KIND_STATEMENT).then_some(StatementFigures {
+                        rows_sent: id,
+                        digest: if round == 0 { 0 } else { 0xabc },
+                        ..StatementFigures::default()
+                    });
+                    let e = EventData {
+                        event_id: id,
+                        end_event_id: id,
+                        class,
+                        timer_start: id * 1_000,
+                        timer_end: id * 1_000 + 5,
+                        timer_wait: 5_000 * (round + 1),
+                        source,
+                        object_name: if round == 1 { object } else { NONE },
+                        bytes: round * 10,
+                        flags: EV_TIMED | if round == 2 { 0 } else { EV_ENDED },
+                        event_type: match kind {
+                            KIND_WAIT => EventType::Wait,
+                            KIND_STAGE => EventType::Stage,
+                            _ => EventType::Statement,
+                        } as u32,
+                        thread_id: t + 1,
+                        ..EventData::default()
+                    };
+                    rec.begin_event(kind, &e);
+                    if kind == KIND_STATEMENT && round == 1 {
+                        rec.set_statement_text("SELECT \"é\" FROM t WHERE a = '\\'");
+                    }
+                    rec.end_event(kind, &e, stmt.as_ref(), true, true);
+                    rec.summarize(class as usize, true, 5_000 * (round + 1), 0, stmt.as_ref());
+                }
+            }
+        }
+        (file, w)
+    }
+
+    const NONE: u32 = pfs_shm_layout::layout::NONE_U32;
+
+    #[test]
+    fn streamed_json_is_the_collected_tables_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let _seg = populated(dir.path());
+        let snap = crate::snapshot::Snapshotter::new(
+            crate::discover::SegmentSet::new(dir.path(), Duration::MAX),
+            Duration::ZERO,
+        )
+        .take();
+        assert_eq!(snap.segments.len(), 1, "the segment is read");
+        let base = Baselines::default();
+        let filters = [
+            Filter::default(),
+            Filter {
+                service: Some("svc\"x".into()),
+                pid: Some(42),
+            },
+            Filter {
+                service: Some("other".into()),
+                pid: None,
+            },
+        ];
+        let mut rows = 0;
+        for f in &filters {
+            for name in names() {
+                assert!(exists(&name));
+                if name == "performance_timers" {
+                    continue; // measured anew on every call
+                }
+                let t = build(&name, &snap, f, &base).unwrap();
+                rows += t.rows.len();
+                let mut out = Vec::new();
+                assert!(write_json(&name, &snap, f, &base, &mut out).unwrap());
+                assert_eq!(
+                    String::from_utf8(out).unwrap(),
+                    t.to_json().to_string(),
+                    "{name}"
+                );
+            }
+        }
+        assert!(rows > 50, "the tables have rows ({rows})");
+        for name in [
+            "nope",
+            "events_waits_",
+            "events_waits_nope",
+            "memory_summary_x",
+        ] {
+            assert!(!exists(name));
+            let mut out = Vec::new();
+            assert!(!write_json(name, &snap, &Filter::default(), &base, &mut out).unwrap());
+            assert!(out.is_empty());
+        }
+    }
+
+    #[test]
+    fn cells_serialise_as_their_values() {
+        for c in [
+            Cell::Null,
+            Cell::U64(u64::MAX),
+            Cell::I64(-5),
+            Cell::I64(5),
+            Cell::Ps(7),
+            Cell::Ps(u128::from(u64::MAX) + 1),
+            Cell::Str("a\"\\\u{0}é"),
+            Cell::Owned("x".into()),
+        ] {
+            assert_eq!(serde_json::to_string(&c).unwrap(), c.to_value().to_string());
+        }
+        assert_eq!(
+            Cell::Ps(u128::from(u64::MAX) + 1).to_value(),
+            Value::from("18446744073709551616")
+        );
     }
 }

@@ -333,6 +333,7 @@
 
 pub mod container;
 pub mod error;
+pub mod heap;
 pub mod kinds;
 pub mod layout;
 pub mod lockword;
