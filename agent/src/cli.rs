@@ -333,7 +333,7 @@ pub struct WorkloadArgs {
 
 /// Parses `300`, `300s`, `5m`, `1h`, `250ms`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    pfs_client::parse_duration(s)
+    pfs_client::parse_duration(s).map_err(|e| e.to_string())
 }
 
 /// Reads a token file: non-empty, first line, trimmed.

@@ -183,8 +183,10 @@ impl Defaults {
     /// Parses `--instrument` and `--consumer` values.
     pub fn parse(a: &crate::cli::DefaultsArgs) -> Result<Self, String> {
         Ok(Self {
-            instruments: pfs_client::parse_instrument_rules(&a.instruments.join(";"))?,
-            consumers: pfs_client::parse_consumer_rules(&a.consumers.join(";"))?,
+            instruments: pfs_client::parse_instrument_rules(&a.instruments.join(";"))
+                .map_err(|e| e.to_string())?,
+            consumers: pfs_client::parse_consumer_rules(&a.consumers.join(";"))
+                .map_err(|e| e.to_string())?,
         })
     }
 

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED};
+pub use pfs_shm_layout::rules::{parse_consumer_rules, parse_duration, parse_instrument_rules};
 
 use crate::error::InitError;
 
@@ -54,71 +55,8 @@ pub struct Config {
     pub reclaim_after: Option<Duration>,
 }
 
-/// Parses `pattern=VALUE` rules separated by `;` or `,`. Instrument values:
-/// `ON`/`YES`/`TRUE`/`1` (enabled and timed), `COUNTED` (enabled, not
-/// timed), `OFF`/`NO`/`FALSE`/`0` (disabled). Returns the pattern and the
-/// `FLAG_*` bits.
-pub fn parse_instrument_rules(s: &str) -> Result<Vec<(String, u32)>, String> {
-    parse_rules(s, |v| match v.to_ascii_uppercase().as_str() {
-        "ON" | "YES" | "TRUE" | "1" => Some(FLAG_ENABLED | FLAG_TIMED),
-        "COUNTED" => Some(FLAG_ENABLED),
-        "OFF" | "NO" | "FALSE" | "0" => Some(0),
-        _ => None,
-    })
-}
-
-/// Parses consumer rules (`pattern=ON|OFF`).
-pub fn parse_consumer_rules(s: &str) -> Result<Vec<(String, bool)>, String> {
-    parse_rules(s, |v| match v.to_ascii_uppercase().as_str() {
-        "ON" | "YES" | "TRUE" | "1" => Some(true),
-        "OFF" | "NO" | "FALSE" | "0" => Some(false),
-        _ => None,
-    })
-}
-
-fn parse_rules<T>(s: &str, value: impl Fn(&str) -> Option<T>) -> Result<Vec<(String, T)>, String> {
-    s.split([';', ','])
-        .map(str::trim)
-        .filter(|r| !r.is_empty())
-        .map(|r| {
-            let (p, v) = r
-                .split_once('=')
-                .ok_or_else(|| format!("{r:?} is not pattern=VALUE"))?;
-            let v =
-                value(v.trim()).ok_or_else(|| format!("{r:?}: unknown value {:?}", v.trim()))?;
-            Ok((p.trim().to_string(), v))
-        })
-        .collect()
-}
-
 /// Default quiet time before an empty container page is reclaimed.
 pub const DEFAULT_RECLAIM_AFTER: Duration = Duration::from_secs(30);
-
-/// Parses a duration written as a number and a unit (`ms`, `s`, `m`, `h`;
-/// no unit means seconds), e.g. `500ms`, `30s`, `5m`.
-///
-/// ```
-/// use std::time::Duration;
-/// assert_eq!(pfs_client::parse_duration("5m"), Ok(Duration::from_secs(300)));
-/// assert!(pfs_client::parse_duration("5 parsecs").is_err());
-/// ```
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map(|i| s.split_at(i))
-        .unwrap_or((s, "s"));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration; use e.g. 300s, 5m, 1h"))?;
-    Ok(match unit {
-        "ms" => Duration::from_millis(n),
-        "s" | "" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        _ => return Err(format!("unknown unit {unit:?} in {s:?}; use ms, s, m or h")),
-    })
-}
 
 impl Config {
     /// Defaults for `service_name`.
@@ -175,20 +113,20 @@ impl Config {
         c.history_long_len = num("PFS_HISTORY_LONG_SIZE", c.history_long_len)?;
         if let Ok(v) = std::env::var("PFS_INSTRUMENT") {
             c.instrument_rules = parse_instrument_rules(&v)
-                .map_err(|e| InitError::BadEnv("PFS_INSTRUMENT".into(), e))?;
+                .map_err(|e| InitError::BadEnv("PFS_INSTRUMENT".into(), e.to_string()))?;
         }
         if let Ok(v) = std::env::var("PFS_RECLAIM_AFTER") {
-            c.reclaim_after = match v.trim() {
-                "off" | "OFF" | "0" => None,
-                d => Some(
-                    parse_duration(d)
-                        .map_err(|e| InitError::BadEnv("PFS_RECLAIM_AFTER".into(), e))?,
-                ),
-            };
+            c.reclaim_after =
+                match v.trim() {
+                    "off" | "OFF" | "0" => None,
+                    d => Some(parse_duration(d).map_err(|e| {
+                        InitError::BadEnv("PFS_RECLAIM_AFTER".into(), e.to_string())
+                    })?),
+                };
         }
         if let Ok(v) = std::env::var("PFS_CONSUMERS") {
             c.consumer_rules = parse_consumer_rules(&v)
-                .map_err(|e| InitError::BadEnv("PFS_CONSUMERS".into(), e))?;
+                .map_err(|e| InitError::BadEnv("PFS_CONSUMERS".into(), e.to_string()))?;
         }
         Ok(c)
     }

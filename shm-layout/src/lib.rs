@@ -338,6 +338,7 @@ pub mod kinds;
 pub mod layout;
 pub mod lockword;
 pub mod reader;
+pub mod rules;
 pub mod segment;
 pub mod seqlock;
 pub mod setup;

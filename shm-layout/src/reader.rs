@@ -194,6 +194,88 @@ impl Summary {
         a.rows_examined = a.rows_examined.saturating_add(b.rows_examined);
     }
 
+    /// Applies `op` to every additive field of `self` and `o` (counts,
+    /// sums, histogram buckets, statement figures); MIN and MAX are
+    /// `self`'s. The one place that lists the additive fields.
+    fn zip_additive(&self, o: &Summary, op: impl Fn(u128, u128) -> u128) -> Summary {
+        let u = |a: u64, b: u64| op(a.into(), b.into()).min(u128::from(u64::MAX)) as u64;
+        let mut r = *self;
+        r.count = u(self.count, o.count);
+        r.timed_count = u(self.timed_count, o.timed_count);
+        r.sum_ps = op(self.sum_ps, o.sum_ps);
+        r.bytes = u(self.bytes, o.bytes);
+        for (x, y) in r.buckets.iter_mut().zip(&o.buckets) {
+            *x = u(*x, *y);
+        }
+        let (x, y) = (&mut r.statement, &o.statement);
+        x.errors = u(x.errors, y.errors);
+        x.warnings = u(x.warnings, y.warnings);
+        x.rows_affected = u(x.rows_affected, y.rows_affected);
+        x.rows_sent = u(x.rows_sent, y.rows_sent);
+        x.rows_examined = u(x.rows_examined, y.rows_examined);
+        r
+    }
+
+    /// `self - o` for the additive fields (saturating at zero); MIN and MAX
+    /// are `self`'s.
+    ///
+    /// ```
+    /// use pfs_shm_layout::reader::Summary;
+    /// let a = Summary { count: 5, sum_ps: 50, ..Summary::default() };
+    /// let b = Summary { count: 7, sum_ps: 20, ..Summary::default() };
+    /// let d = a.saturating_sub(&b);
+    /// assert_eq!((d.count, d.sum_ps), (0, 30));
+    /// ```
+    pub fn saturating_sub(&self, o: &Summary) -> Summary {
+        self.zip_additive(o, u128::saturating_sub)
+    }
+
+    /// Field by field the larger of two totals of one class, and the
+    /// smaller minimum: a lower bound of a total known to be at least both.
+    pub fn at_least(&self, o: &Summary) -> Summary {
+        let mut r = self.zip_additive(o, u128::max);
+        r.min_ps = self.min_ps.min(o.min_ps);
+        r.max_ps = self.max_ps.max(o.max_ps);
+        r
+    }
+
+    /// What happened since `base` was taken (PFS `TRUNCATE` of a summary):
+    /// counts, sums and buckets are `self - base`; MIN and MAX since then
+    /// are known to histogram-bucket precision: the lifetime value when it
+    /// lies in the lowest (highest) bucket that grew, else that bucket's
+    /// bound.
+    pub fn since(&self, base: &Summary) -> Summary {
+        let mut out = Summary {
+            min_ps: Summary::default().min_ps,
+            max_ps: Summary::default().max_ps,
+            ..self.saturating_sub(base)
+        };
+        let lower = |i: usize| {
+            if i == 0 {
+                0
+            } else {
+                bucket_upper_ps(i - 1).unwrap_or(0) + 1
+            }
+        };
+        if let Some(lo) = out.buckets.iter().position(|&n| n > 0) {
+            let (lo_bound, hi_bound) = (lower(lo), bucket_upper_ps(lo).unwrap_or(u64::MAX));
+            out.min_ps = if (lo_bound..=hi_bound).contains(&self.min_ps) {
+                self.min_ps
+            } else {
+                lo_bound
+            };
+        }
+        if let Some(hi) = out.buckets.iter().rposition(|&n| n > 0) {
+            let hi_bound = bucket_upper_ps(hi).unwrap_or(u64::MAX);
+            out.max_ps = if (lower(hi)..=hi_bound).contains(&self.max_ps) {
+                self.max_ps
+            } else {
+                hi_bound.min(self.max_ps)
+            };
+        }
+        out
+    }
+
     /// `MIN_TIMER_WAIT` or `None` (PFS shows 0) when nothing was timed.
     pub fn min(&self) -> Option<u64> {
         (self.timed_count > 0).then_some(self.min_ps)
@@ -276,6 +358,19 @@ impl MemoryStats {
         self.low_bytes = self.low_bytes.saturating_add(o.low_bytes);
         self.current_bytes = self.current_bytes.saturating_add(o.current_bytes);
         self.high_bytes = self.high_bytes.saturating_add(o.high_bytes);
+    }
+
+    /// What happened since `base` (PFS `TRUNCATE` of a memory table):
+    /// COUNT_* and SUM_* are `self - base` (saturating); LOW, CURRENT and
+    /// HIGH are `self`'s.
+    pub fn counts_since(&self, base: &MemoryStats) -> MemoryStats {
+        MemoryStats {
+            count_alloc: self.count_alloc.saturating_sub(base.count_alloc),
+            count_free: self.count_free.saturating_sub(base.count_free),
+            bytes_alloc: self.bytes_alloc.saturating_sub(base.bytes_alloc),
+            bytes_free: self.bytes_free.saturating_sub(base.bytes_free),
+            ..*self
+        }
     }
 
     /// The statistics with LOW = HIGH = CURRENT (as just after TRUNCATE).

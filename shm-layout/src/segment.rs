@@ -73,6 +73,22 @@ pub struct TimerCalibration {
 }
 
 impl TimerCalibration {
+    /// A nanosecond clock starting at 0 (one tick is one nanosecond, 1 GHz,
+    /// kind NANOSECOND): for tests and tools that write segments with
+    /// made-up tick values.
+    ///
+    /// ```
+    /// use pfs_shm_layout::TimerCalibration;
+    /// assert_eq!(TimerCalibration::NANOSECONDS.ticks_to_ps(3), 3_000);
+    /// ```
+    pub const NANOSECONDS: Self = Self {
+        kind: 2,
+        base_ticks: 0,
+        ps_per_tick_q32: 1000 << 32,
+        frequency_hz: 1_000_000_000,
+        base_ns: 0,
+    };
+
     /// Converts a tick count difference to picoseconds (128-bit multiply,
     /// saturating at `u64::MAX`: 213 days for a single duration).
     #[inline(always)]
