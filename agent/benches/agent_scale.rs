@@ -47,23 +47,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
-use pfs_agent::discover::SegmentSet;
 use pfs_agent::export::prometheus::{registry, render};
+use pfs_agent::filter::Filter;
+use pfs_agent::segments::SegmentSet;
 use pfs_agent::snapshot::Snapshotter;
-use pfs_agent::tables::{self, Filter};
+use pfs_agent::tables;
 use pfs_agent::truncate::Baselines;
 use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, EventType, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
 use pfs_shm_layout::reader::{ReadOptions, snapshot};
 use pfs_shm_layout::writer::{EventData, KIND_STAGE, KIND_STATEMENT, KIND_WAIT, StatementFigures};
 use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration};
 
-const TIMER: TimerCalibration = TimerCalibration {
-    kind: 2,
-    base_ticks: 0,
-    ps_per_tick_q32: 1000 << 32,
-    frequency_hz: 1_000_000_000,
-    base_ns: 0,
-};
+const TIMER: TimerCalibration = TimerCalibration::NANOSECONDS;
 
 /// A live synthetic segment: the directory, the writer, and the file whose
 /// exclusive `flock` tells the agent its process is alive.
@@ -193,7 +188,7 @@ fn renderer(dir: &Path) -> prometheus_client::registry::Registry {
         SegmentSet::new(dir, Duration::MAX),
         Duration::MAX,
     ));
-    let (reg, _) = registry(snap.clone());
+    let reg = registry(snap.clone(), Default::default());
     snap.summaries(); // cache one snapshot: rendering then measures render only
     reg
 }
@@ -270,7 +265,7 @@ fn bench_scale(c: &mut Criterion, shapes: &[(u32, u32)]) -> Vec<Scale> {
             SegmentSet::new(syn.dir.path(), Duration::MAX),
             Duration::ZERO,
         ));
-        let (fresh_reg, _) = registry(fresh);
+        let fresh_reg = registry(fresh, Default::default());
         g.bench_function(BenchmarkId::new("scrape", id), |b| {
             b.iter(|| render(&fresh_reg).expect("render"))
         });
@@ -293,7 +288,7 @@ fn bench_scale(c: &mut Criterion, shapes: &[(u32, u32)]) -> Vec<Scale> {
     // the previous way (a `Value` per cell, an object per row, the text).
     let mut g = c.benchmark_group("agent_tables");
     g.sample_size(10);
-    let name = "events_waits_summary_by_thread_by_event_name";
+    let name = tables::lookup("events_waits_summary_by_thread_by_event_name").expect("table");
     for (id, syn, _) in &built {
         let snapper = Snapshotter::new(
             SegmentSet::new(syn.dir.path(), Duration::MAX),
@@ -302,8 +297,8 @@ fn bench_scale(c: &mut Criterion, shapes: &[(u32, u32)]) -> Vec<Scale> {
         let snap = snapper.get();
         let (f, b) = (Filter::default(), Baselines::default());
         let mut buf = Vec::new();
-        assert!(tables::write_json(name, &snap, &f, &b, &mut buf).expect("write"));
-        let old = tables::build(name, &snap, &f, &b).expect("table");
+        tables::write_json(name, &snap, &f, &b, &mut buf).expect("write");
+        let old = tables::build(name, &snap, &f, &b);
         assert!(buf == old.to_json().to_string().into_bytes(), "same JSON");
         drop(old);
         g.bench_function(BenchmarkId::new("stream", id), |bch| {
@@ -315,7 +310,6 @@ fn bench_scale(c: &mut Criterion, shapes: &[(u32, u32)]) -> Vec<Scale> {
         g.bench_function(BenchmarkId::new("values", id), |bch| {
             bch.iter(|| {
                 tables::build(name, &snap, &f, &b)
-                    .expect("table")
                     .to_json()
                     .to_string()
                     .len()

@@ -1,4 +1,4 @@
-//! Aggregation: per segment, per service, and the retired totals of dead
+//! Layer 1: aggregation per segment, per service, and the retired totals of dead
 //! processes. The rule is PFS's: a global row is the sum of the live
 //! threads' rows and of the rows folded in by threads that exited.
 

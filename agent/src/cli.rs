@@ -1,10 +1,14 @@
-//! Command-line interface.
+//! Layer 8 (binary): the command-line interface, every command's flags.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use pfs_agent::export::otlp::OtlpArgs;
+use pfs_agent::segments::{DEFAULT_MAX_SEGMENT_SIZE, OwnerPolicy, Policy};
+use pfs_agent::server::Limits;
+use pfs_agent::util::text::{ByteSize, HumanDuration, parse_duration};
 
 /// pfs-agent: exports pfs-exporter segments as Prometheus metrics and
 /// Performance-Schema tables.
@@ -24,11 +28,13 @@ pub enum Command {
     /// Print one PFS table read directly from the segments.
     Query(QueryArgs),
     /// Run the agent with a real instrumented workload process (one-command demo).
+    #[cfg(feature = "demo")]
     Demo(DemoArgs),
     /// Change live setup directly in the segments (local admin, by file permission).
     #[command(subcommand)]
     Setup(SetupCommand),
     /// The demo's workload process (started by `demo`).
+    #[cfg(feature = "demo")]
     #[command(hide = true)]
     Workload(WorkloadArgs),
 }
@@ -75,31 +81,31 @@ pub struct ServeArgs {
     pub policy: PolicyArgs,
     #[command(flatten)]
     /// OTLP metrics push.
-    pub otlp: crate::export::otlp::OtlpArgs,
+    pub otlp: OtlpArgs,
 }
 
 /// Limits that protect the agent from scrape storms and slow clients.
 #[derive(Debug, Args, Clone)]
 pub struct LimitArgs {
     /// Connections served at once; further ones wait in the listen backlog.
-    #[arg(long, env = "PFS_MAX_CONNECTIONS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    #[arg(long, env = "PFS_MAX_CONNECTIONS", default_value_t = Limits::DEFAULT.max_connections as u32, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub max_connections: u32,
     /// Time a client has to send its request headers; also ends idle
     /// keep-alive connections (e.g. 10s, 500ms).
-    #[arg(long, env = "PFS_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
-    pub header_timeout: Duration,
+    #[arg(long, env = "PFS_HEADER_TIMEOUT", default_value_t = HumanDuration(Limits::DEFAULT.header_timeout))]
+    pub header_timeout: HumanDuration,
     /// Longest life of one connection, whatever it does (e.g. 60s).
-    #[arg(long, env = "PFS_CONNECTION_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
-    pub connection_timeout: Duration,
+    #[arg(long, env = "PFS_CONNECTION_TIMEOUT", default_value_t = HumanDuration(Limits::DEFAULT.connection_timeout))]
+    pub connection_timeout: HumanDuration,
 }
 
 impl LimitArgs {
     /// As the server's limits.
-    pub fn limits(&self) -> crate::api::Limits {
-        crate::api::Limits {
+    pub fn limits(&self) -> Limits {
+        Limits {
             max_connections: self.max_connections as usize,
-            header_timeout: self.header_timeout,
-            connection_timeout: self.connection_timeout,
+            header_timeout: self.header_timeout.0,
+            connection_timeout: self.connection_timeout.0,
         }
     }
 }
@@ -112,44 +118,21 @@ pub struct PolicyArgs {
     /// uid) or `group` (one of the agent's groups). Others are refused
     /// with reason `foreign_owner`.
     #[arg(long, value_enum, env = "PFS_REQUIRE_OWNER", default_value = "any")]
-    pub require_owner: crate::discover::OwnerPolicy,
+    pub require_owner: OwnerPolicy,
     /// Largest segment file accepted (bytes, or with a K, M, G or T
     /// suffix); larger files are refused with reason `too_large`.
-    #[arg(long, env = "PFS_MAX_SEGMENT_SIZE", default_value = "4G", value_parser = parse_size)]
-    pub max_segment_size: u64,
+    #[arg(long, env = "PFS_MAX_SEGMENT_SIZE", default_value_t = ByteSize(DEFAULT_MAX_SEGMENT_SIZE))]
+    pub max_segment_size: ByteSize,
 }
 
 impl PolicyArgs {
     /// As a discovery policy.
-    pub fn policy(&self) -> crate::discover::Policy {
-        crate::discover::Policy {
+    pub fn policy(&self) -> Policy {
+        Policy {
             owner: self.require_owner,
-            max_size: self.max_segment_size,
+            max_size: self.max_segment_size.0,
         }
     }
-}
-
-/// Parses `4096`, `512K`, `100M`, `4G`, `1T` (powers of 1024).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, shift) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let shift = match c.to_ascii_uppercase() {
-                'K' => 10,
-                'M' => 20,
-                'G' => 30,
-                'T' => 40,
-                _ => return Err(format!("unknown size suffix in {s:?}; use K, M, G or T")),
-            };
-            (&t[..i], shift)
-        }
-        _ => (t, 0),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size; use e.g. 4G, 512M, 1048576"))?;
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// Setup defaults the agent applies to every segment it finds (and to
@@ -292,6 +275,7 @@ pub struct QueryArgs {
 }
 
 /// `demo` options.
+#[cfg(feature = "demo")]
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Address to serve on.
@@ -311,10 +295,11 @@ pub struct DemoArgs {
     pub defaults: DefaultsArgs,
     #[command(flatten)]
     /// OTLP metrics push.
-    pub otlp: crate::export::otlp::OtlpArgs,
+    pub otlp: OtlpArgs,
 }
 
 /// Hidden `workload` options.
+#[cfg(feature = "demo")]
 #[derive(Debug, Args)]
 pub struct WorkloadArgs {
     /// Segment directory.
@@ -329,11 +314,6 @@ pub struct WorkloadArgs {
     /// Worker threads.
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
-}
-
-/// Parses `300`, `300s`, `5m`, `1h`, `250ms`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    pfs_client::parse_duration(s).map_err(|e| e.to_string())
 }
 
 /// Reads a token file: non-empty, first line, trimmed.
@@ -353,24 +333,38 @@ pub fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
 
     #[test]
-    fn durations() {
-        assert_eq!(parse_duration("300").unwrap(), Duration::from_secs(300));
-        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
-        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        assert!(parse_duration("5 parsecs").is_err());
-        assert!(parse_duration("m").is_err());
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
     }
 
+    /// Defaults are written once (in the library) and shown as they were.
     #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert_eq!(parse_size("512K").unwrap(), 512 << 10);
-        assert_eq!(parse_size("4g").unwrap(), 4 << 30);
-        assert_eq!(parse_size("1T").unwrap(), 1 << 40);
-        assert!(parse_size("4X").is_err());
-        assert!(parse_size("G").is_err());
-        assert!(parse_size("99999999999T").is_err());
+    fn defaults_come_from_the_library() {
+        let cli = Cli::try_parse_from(["pfs-agent", "serve"]).unwrap();
+        let Command::Serve(a) = cli.command else {
+            panic!("serve")
+        };
+        let l = a.limits.limits();
+        assert_eq!(l.max_connections, Limits::DEFAULT.max_connections);
+        assert_eq!(l.header_timeout, Duration::from_secs(10));
+        assert_eq!(l.connection_timeout, Duration::from_secs(60));
+        assert_eq!(a.policy.policy().max_size, 4 << 30);
+        assert_eq!(a.dead_retention, Duration::from_secs(300));
+        let help = Cli::command()
+            .find_subcommand_mut("serve")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        for d in [
+            "[default: 10s]",
+            "[default: 60s]",
+            "[default: 4G]",
+            "[default: 256]",
+        ] {
+            assert!(help.contains(d), "serve --help lacks {d}");
+        }
     }
 }

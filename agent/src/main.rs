@@ -1,7 +1,14 @@
-//! `pfs-agent` binary entry point.
+//! `pfs-agent`: the command line over the `pfs_agent` library. The
+//! binary's own modules are the top layers of the agent: [`cli`] (layer
+//! 8, the flags) and [`commands`] (layer 9, one file per command); see the
+//! layer table in the library's documentation.
 
 use clap::Parser;
-use pfs_agent::cli::{Cli, Command};
+
+mod cli;
+mod commands;
+
+use cli::{Cli, Command};
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -18,24 +25,12 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
-        Command::Serve(a) => pfs_agent::run::serve(a),
-        Command::Query(a) => pfs_agent::run::query(a),
-        Command::Demo(a) => pfs_agent::run::demo(a),
-        Command::Setup(c) => pfs_agent::run::setup(c),
-        Command::Workload(a) => {
-            // The workload belongs to its `demo` parent: if the parent dies
-            // (even by SIGKILL), the kernel stops the workload too.
-            let parent = rustix::process::getppid();
-            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))?;
-            if rustix::process::getppid() != parent {
-                anyhow::bail!("the demo process exited before its workload started");
-            }
-            pfs_agent::demo::workload::run(pfs_agent::demo::workload::WorkloadOptions {
-                shm_dir: a.shm_dir,
-                service: a.service,
-                data_dir: a.data_dir,
-                workers: a.workers,
-            })
-        }
+        Command::Serve(a) => commands::serve::run(a),
+        Command::Query(a) => commands::query::run(a),
+        Command::Setup(c) => commands::setup::run(c),
+        #[cfg(feature = "demo")]
+        Command::Demo(a) => commands::demo::run(a),
+        #[cfg(feature = "demo")]
+        Command::Workload(a) => commands::demo::workload(a),
     }
 }

@@ -1,4 +1,4 @@
-//! Retired totals that survive an agent restart.
+//! Layer 2: retired totals that survive an agent restart.
 //!
 //! When a dead process's segment is retired, its final totals are folded
 //! into per-service [`Retired`] totals and its file is removed. Those
@@ -30,17 +30,18 @@
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use pfs_shm_layout::ClassKind;
-use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, LOST_COUNTERS};
-use pfs_shm_layout::reader::{MemoryStats, Summary};
+use pfs_shm_layout::layout::LOST_COUNTERS;
+use pfs_shm_layout::reader::Summary;
 use rustix::fs::FlockOperation;
 use serde::{Deserialize, Serialize};
 
 use crate::aggregate::{Retired, ServiceTotals};
+use crate::persist::{JsonError, MemoryJson, SummaryJson};
+use crate::util::fs::{ReadError, read_capped, write_atomic};
 
 /// Name of the state file in the segment directory.
 pub const STATE_FILE: &str = ".pfs-agent-state.json";
@@ -53,6 +54,35 @@ pub const MAX_STATE_BYTES: u64 = 16 << 20;
 
 const FORMAT: &str = "pfs-agent-retired";
 const VERSION: u32 = 1;
+
+/// A state file that cannot be used (it is then set aside, see
+/// [`Store::load`]).
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// Opening or reading it failed, or it is too large.
+    #[error(transparent)]
+    File(#[from] ReadError),
+    /// Not JSON of the expected shape.
+    #[error("not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Another file's format.
+    #[error("format {0:?}, expected {FORMAT:?}")]
+    Format(String),
+    /// A version this agent does not read.
+    #[error("version {0} (this agent reads version {VERSION})")]
+    Version(u32),
+    /// A class of a kind this agent does not know.
+    #[error("class {name}: unknown kind {kind}")]
+    Kind {
+        /// The class (instrument) name.
+        name: String,
+        /// The kind number found.
+        kind: u32,
+    },
+    /// A summary that cannot be read back.
+    #[error(transparent)]
+    Summary(#[from] JsonError),
+}
 
 /// A retired segment whose file may still exist (it is removed after the
 /// state is written).
@@ -102,39 +132,6 @@ struct ClassV1 {
     summary: SummaryJson,
 }
 
-/// A [`Summary`] in the agent's JSON files.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct SummaryJson {
-    count: u64,
-    timed_count: u64,
-    /// Decimal: a `u128` does not fit a JSON number everywhere.
-    sum_ps: String,
-    min_ps: u64,
-    max_ps: u64,
-    bytes: u64,
-    buckets: Vec<u64>,
-    errors: u64,
-    warnings: u64,
-    rows_affected: u64,
-    rows_sent: u64,
-    rows_examined: u64,
-}
-
-/// [`MemoryStats`] in the agent's JSON files.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct MemoryJson {
-    count_alloc: u64,
-    count_free: u64,
-    bytes_alloc: u64,
-    bytes_free: u64,
-    low_count: i64,
-    current_count: i64,
-    high_count: i64,
-    low_bytes: i64,
-    current_bytes: i64,
-    high_bytes: i64,
-}
-
 impl ClassV1 {
     fn from(kind: ClassKind, s: &Summary) -> Self {
         Self {
@@ -143,95 +140,12 @@ impl ClassV1 {
         }
     }
 
-    fn to(&self, name: &str) -> Result<(ClassKind, Summary), String> {
-        let kind = ClassKind::from_u32(self.kind)
-            .ok_or_else(|| format!("class {name}: unknown kind {}", self.kind))?;
+    fn to(&self, name: &str) -> Result<(ClassKind, Summary), StateError> {
+        let kind = ClassKind::from_u32(self.kind).ok_or_else(|| StateError::Kind {
+            name: name.to_string(),
+            kind: self.kind,
+        })?;
         Ok((kind, self.summary.get(name)?))
-    }
-}
-
-impl SummaryJson {
-    /// The JSON form of `s`.
-    pub(crate) fn of(s: &Summary) -> Self {
-        let f = &s.statement;
-        Self {
-            count: s.count,
-            timed_count: s.timed_count,
-            sum_ps: s.sum_ps.to_string(),
-            min_ps: s.min_ps,
-            max_ps: s.max_ps,
-            bytes: s.bytes,
-            buckets: s.buckets.to_vec(),
-            errors: f.errors,
-            warnings: f.warnings,
-            rows_affected: f.rows_affected,
-            rows_sent: f.rows_sent,
-            rows_examined: f.rows_examined,
-        }
-    }
-
-    /// Back to a [`Summary`]; `name` says where in errors.
-    pub(crate) fn get(&self, name: &str) -> Result<Summary, String> {
-        if self.buckets.len() != HISTOGRAM_BUCKETS {
-            return Err(format!(
-                "class {name}: {} histogram buckets, expected {HISTOGRAM_BUCKETS}",
-                self.buckets.len()
-            ));
-        }
-        let mut s = Summary {
-            count: self.count,
-            timed_count: self.timed_count,
-            sum_ps: self
-                .sum_ps
-                .parse()
-                .map_err(|_| format!("class {name}: sum_ps {:?} is not a number", self.sum_ps))?,
-            min_ps: self.min_ps,
-            max_ps: self.max_ps,
-            bytes: self.bytes,
-            ..Summary::default()
-        };
-        s.buckets.copy_from_slice(&self.buckets);
-        let f = &mut s.statement;
-        f.errors = self.errors;
-        f.warnings = self.warnings;
-        f.rows_affected = self.rows_affected;
-        f.rows_sent = self.rows_sent;
-        f.rows_examined = self.rows_examined;
-        Ok(s)
-    }
-}
-
-impl From<&MemoryStats> for MemoryJson {
-    fn from(m: &MemoryStats) -> Self {
-        Self {
-            count_alloc: m.count_alloc,
-            count_free: m.count_free,
-            bytes_alloc: m.bytes_alloc,
-            bytes_free: m.bytes_free,
-            low_count: m.low_count,
-            current_count: m.current_count,
-            high_count: m.high_count,
-            low_bytes: m.low_bytes,
-            current_bytes: m.current_bytes,
-            high_bytes: m.high_bytes,
-        }
-    }
-}
-
-impl From<&MemoryJson> for MemoryStats {
-    fn from(m: &MemoryJson) -> Self {
-        Self {
-            count_alloc: m.count_alloc,
-            count_free: m.count_free,
-            bytes_alloc: m.bytes_alloc,
-            bytes_free: m.bytes_free,
-            low_count: m.low_count,
-            current_count: m.current_count,
-            high_count: m.high_count,
-            low_bytes: m.low_bytes,
-            current_bytes: m.current_bytes,
-            high_bytes: m.high_bytes,
-        }
     }
 }
 
@@ -275,16 +189,13 @@ pub fn encode(state: &State) -> Vec<u8> {
 }
 
 /// Parses the file's JSON text; the error says what is wrong.
-pub fn decode(bytes: &[u8]) -> Result<State, String> {
-    let f: FileV1 = serde_json::from_slice(bytes).map_err(|e| format!("not valid JSON: {e}"))?;
+pub fn decode(bytes: &[u8]) -> Result<State, StateError> {
+    let f: FileV1 = serde_json::from_slice(bytes)?;
     if f.format != FORMAT {
-        return Err(format!("format {:?}, expected {FORMAT:?}", f.format));
+        return Err(StateError::Format(f.format));
     }
     if f.version != VERSION {
-        return Err(format!(
-            "version {} (this agent reads version {VERSION})",
-            f.version
-        ));
+        return Err(StateError::Version(f.version));
     }
     let mut retired = Retired::default();
     for (svc, s) in f.services {
@@ -328,13 +239,6 @@ pub struct Store {
     /// A write failed; retry on the next pass.
     pub dirty: bool,
     warned_lock: bool,
-}
-
-fn open_nofollow(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-        .open(path)
 }
 
 fn stamp(m: &std::fs::Metadata) -> (u64, i64, u64) {
@@ -460,68 +364,10 @@ impl Store {
     }
 }
 
-/// Replaces `path` with `bytes` atomically: a temporary file beside it
-/// (`O_EXCL | O_NOFOLLOW`, mode 0600), `fsync`, `rename`, `fsync` of the
-/// directory. A link planted at `path` is replaced, never written through.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-        .open(&tmp)?;
-    let written = f.write_all(bytes).and_then(|()| f.sync_all());
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    drop(f);
-    if let Err(e) = std::fs::rename(&tmp, path) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    if let Some(dir) = path.parent()
-        && let Ok(d) = File::open(dir)
-    {
-        let _ = d.sync_all();
-    }
-    Ok(())
-}
-
-/// Reads an agent file of at most [`MAX_STATE_BYTES`] without following
-/// links: `Ok(None)` if it does not exist, `Err` says what is wrong.
-pub fn read_capped(path: &Path) -> Result<Option<(Vec<u8>, std::fs::Metadata)>, String> {
-    let mut f = match open_nofollow(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot open it: {e}")),
-    };
-    let meta = f.metadata().map_err(|e| format!("cannot stat it: {e}"))?;
-    if !meta.is_file() {
-        return Err("not a regular file".into());
-    }
-    if meta.len() > MAX_STATE_BYTES {
-        return Err(format!(
-            "{} bytes, larger than {MAX_STATE_BYTES}",
-            meta.len()
-        ));
-    }
-    let mut buf = Vec::with_capacity(meta.len() as usize);
-    (&mut f)
-        .take(MAX_STATE_BYTES + 1)
-        .read_to_end(&mut buf)
-        .map_err(|e| format!("cannot read it: {e}"))?;
-    Ok(Some((buf, meta)))
-}
-
 type Loaded = Option<(State, (u64, i64, u64))>;
 
-fn read_state(path: &Path) -> Result<Loaded, String> {
-    match read_capped(path)? {
+fn read_state(path: &Path) -> Result<Loaded, StateError> {
+    match read_capped(path, MAX_STATE_BYTES)? {
         None => Ok(None),
         Some((buf, meta)) => decode(&buf).map(|s| Some((s, stamp(&meta)))),
     }
@@ -530,6 +376,7 @@ fn read_state(path: &Path) -> Result<Loaded, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pfs_shm_layout::reader::MemoryStats;
 
     fn sample() -> State {
         let mut t = ServiceTotals::default();
@@ -598,21 +445,19 @@ mod tests {
 
     #[test]
     fn corrupt_files_are_refused_with_a_reason() {
-        assert!(decode(b"{").unwrap_err().contains("JSON"));
+        assert!(matches!(decode(b"{"), Err(StateError::Json(_))));
         let mut v: serde_json::Value = serde_json::from_slice(&encode(&sample())).unwrap();
         v["version"] = 99.into();
-        assert!(
-            decode(v.to_string().as_bytes())
-                .unwrap_err()
-                .contains("version 99")
-        );
+        assert!(matches!(
+            decode(v.to_string().as_bytes()),
+            Err(StateError::Version(99))
+        ));
         let mut v: serde_json::Value = serde_json::from_slice(&encode(&sample())).unwrap();
         v["services"]["svc"]["classes"]["statement/test/q"]["buckets"] = serde_json::json!([1, 2]);
-        assert!(
-            decode(v.to_string().as_bytes())
-                .unwrap_err()
-                .contains("buckets")
-        );
+        assert!(matches!(
+            decode(v.to_string().as_bytes()),
+            Err(StateError::Summary(JsonError::Buckets { found: 2, .. }))
+        ));
     }
 
     #[test]

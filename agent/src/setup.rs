@@ -1,18 +1,18 @@
-//! Live setup changes, shared by the HTTP control API and `pfs-agent
-//! setup`: each opens the matching segments read-write (`O_NOFOLLOW`) and
-//! changes the setup words in place. Writers see a change at their next
+//! Layer 2: changing setup inside segments, shared by the HTTP control
+//! API, `pfs-agent setup` and the defaults given on the agent's command
+//! line. A change opens the matching segments read-write (`O_NOFOLLOW`)
+//! and changes the setup words in place; writers see it at their next
 //! event.
 
-use std::fs::OpenOptions;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use pfs_shm_layout::Segment;
 use pfs_shm_layout::layout::TimerId;
-use pfs_shm_layout::setup;
+use pfs_shm_layout::rules::{SyntaxError, parse_consumer_rules, parse_instrument_rules};
+use pfs_shm_layout::{Segment, SegmentError, setup};
 use serde::Deserialize;
 
-use crate::tables::Filter;
+use crate::filter::Filter;
+use crate::util::fs::open_rw_nofollow;
 
 /// One change, as the API's JSON bodies spell it.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -84,51 +84,84 @@ pub enum Change {
 }
 
 /// What a change did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct Outcome {
     /// Rows matched, summed over segments.
     pub matched: usize,
     /// Segments changed.
     pub segments: usize,
     /// Segments that could not be opened for writing, with the reason.
-    pub errors: Vec<String>,
+    pub errors: Vec<OpenError>,
+}
+
+/// A change that cannot be applied, found before touching any segment.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidChange {
+    /// A timer name PFS does not have.
+    #[error("unknown timer_name {0:?}; use CYCLE, NANOSECOND, MICROSECOND, MILLISECOND or TICK")]
+    Timer(String),
+    /// An instrument change that changes nothing.
+    #[error("nothing to change: give \"enabled\" and/or \"timed\"")]
+    Nothing,
+    /// An actor column outside 1..=32 bytes.
+    #[error("host, user and role must be 1 to 32 bytes (\"%\" matches any)")]
+    ActorLength,
 }
 
 /// Checks a change before touching any segment.
-pub fn validate(change: &Change) -> Result<(), String> {
+pub fn validate(change: &Change) -> Result<(), InvalidChange> {
     match change {
-        Change::Timers(t) if TimerId::from_name(&t.timer_name).is_none() => Err(format!(
-            "unknown timer_name {:?}; use CYCLE, NANOSECOND, MICROSECOND, MILLISECOND or TICK",
-            t.timer_name
-        )),
+        Change::Timers(t) if TimerId::from_name(&t.timer_name).is_none() => {
+            Err(InvalidChange::Timer(t.timer_name.clone()))
+        }
         Change::Instruments(i) if i.enabled.is_none() && i.timed.is_none() => {
-            Err("nothing to change: give \"enabled\" and/or \"timed\"".into())
+            Err(InvalidChange::Nothing)
         }
         Change::Actors(a)
             if [&a.host, &a.user, &a.role]
                 .iter()
                 .any(|s| s.is_empty() || s.len() > 32) =>
         {
-            Err("host, user and role must be 1 to 32 bytes (\"%\" matches any)".into())
+            Err(InvalidChange::ActorLength)
         }
         _ => Ok(()),
     }
 }
 
+/// A segment that cannot be opened for writing.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// `open` failed (permissions, a link, gone).
+    #[error(
+        "{}: cannot open for writing: {source} (the agent needs the segment's uid or group)",
+        path.display()
+    )]
+    Open {
+        /// The segment file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Not a usable segment.
+    #[error("{}: {source}", path.display())]
+    Segment {
+        /// The segment file.
+        path: PathBuf,
+        /// Why.
+        source: SegmentError,
+    },
+}
+
 /// Opens `path` for writing, refusing symlinks.
-pub fn open_rw(path: &Path) -> Result<Segment, String> {
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-        .open(path)
-        .map_err(|e| {
-            format!(
-                "{}: cannot open for writing: {e} (the agent needs the segment's uid or group)",
-                path.display()
-            )
-        })?;
-    Segment::open(f, true).map_err(|e| format!("{}: {e}", path.display()))
+pub fn open_rw(path: &Path) -> Result<Segment, OpenError> {
+    let f = open_rw_nofollow(path).map_err(|source| OpenError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Segment::open(f, true).map_err(|source| OpenError::Segment {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Applies `change` to every segment among `paths` that passes `filter`.
@@ -142,9 +175,7 @@ pub fn apply(paths: &[PathBuf], filter: &Filter, change: &Change) -> Outcome {
                 continue;
             }
         };
-        if filter.service.as_ref().is_some_and(|s| s != seg.service())
-            || filter.pid.is_some_and(|x| x != seg.pid())
-        {
+        if !filter.matches(seg.service(), seg.pid()) {
             continue;
         }
         out.matched += apply_one(&seg, change);
@@ -180,19 +211,38 @@ pub struct Defaults {
 }
 
 impl Defaults {
-    /// Parses `--instrument` and `--consumer` values.
-    pub fn parse(a: &crate::cli::DefaultsArgs) -> Result<Self, String> {
+    /// Parses `--instrument` and `--consumer` values (`PATTERN=VALUE`
+    /// each, as `PFS_INSTRUMENT` and `PFS_CONSUMERS` spell them).
+    pub fn parse(instruments: &[String], consumers: &[String]) -> Result<Self, SyntaxError> {
         Ok(Self {
-            instruments: pfs_client::parse_instrument_rules(&a.instruments.join(";"))
-                .map_err(|e| e.to_string())?,
-            consumers: pfs_client::parse_consumer_rules(&a.consumers.join(";"))
-                .map_err(|e| e.to_string())?,
+            instruments: parse_instrument_rules(&instruments.join(";"))?,
+            consumers: parse_consumer_rules(&consumers.join(";"))?,
         })
     }
 
     /// True if there is nothing to apply.
     pub fn is_empty(&self) -> bool {
         self.instruments.is_empty() && self.consumers.is_empty()
+    }
+
+    /// Starts applying the defaults to the segment at `path`: consumers
+    /// now, instruments as they register ([`Applied::catch_up`]). `None`
+    /// (with a warning) if it cannot be opened for writing, or if there
+    /// is nothing to apply.
+    pub fn attach(&self, path: &Path) -> Option<Applied> {
+        if self.is_empty() {
+            return None;
+        }
+        match open_rw(path) {
+            Ok(rw) => {
+                self.apply_consumers(&rw);
+                Some(Applied { rw, classes: 0 })
+            }
+            Err(e) => {
+                tracing::warn!("cannot apply setup defaults: {e}");
+                None
+            }
+        }
     }
 
     /// Applies consumer rules (once, when a segment is found).
@@ -229,5 +279,21 @@ impl Defaults {
             }
         }
         n
+    }
+}
+
+/// The defaults being applied to one segment: a writable mapping of it,
+/// and how many of its classes were covered so far.
+#[derive(Debug)]
+pub struct Applied {
+    rw: Segment,
+    classes: usize,
+}
+
+impl Applied {
+    /// Applies the instrument defaults to classes registered since the
+    /// last call.
+    pub fn catch_up(&mut self, defaults: &Defaults) {
+        self.classes = defaults.apply_instruments(&self.rw, self.classes);
     }
 }

@@ -1,4 +1,4 @@
-//! `performance_timers`: each timer's frequency, resolution and overhead,
+//! Layer 1: `performance_timers`, each timer's frequency, resolution and overhead,
 //! measured whenever the table is read, on the machine the agent (and its
 //! sidecar neighbours) run on.
 //!

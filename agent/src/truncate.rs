@@ -1,4 +1,6 @@
-//! `TRUNCATE TABLE` with PFS's meaning, for the tables the agent serves.
+//! Layer 5: `TRUNCATE TABLE` with PFS's meaning, as baselines the
+//! tables subtract (which table truncates what is the table's own
+//! decision: each table implements its `TRUNCATE`).
 //!
 //! The agent never writes a thread's rows (each has exactly one writer, the
 //! thread), and Prometheus counters must never go backwards, so truncation
@@ -30,185 +32,102 @@
 //! two agents on one directory, the last `TRUNCATE` of either is what a
 //! restarted agent loads.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, bucket_upper_ps};
-use pfs_shm_layout::reader::{MemoryStats, Summary};
+use pfs_shm_layout::reader::{MemoryStats, Summary, ThreadSnapshot};
 use serde::{Deserialize, Serialize};
 
-use crate::retired::{MemoryJson, SummaryJson};
-
-use crate::aggregate::segment_global;
+use crate::aggregate::{segment_global, segment_global_memory};
+use crate::event_kind::EventKind;
+use crate::persist::{JsonError, MemoryJson, SummaryJson};
+use crate::setup::open_rw;
 use crate::snapshot::Snapshot;
+use crate::util::fs::{ReadError, read_capped, write_atomic};
 
 /// What TRUNCATE removed from view.
 #[derive(Debug, Default, Clone)]
 pub struct Baselines {
     thread: HashMap<(PathBuf, u32, u64, u32), Summary>,
     global: HashMap<(PathBuf, String), Summary>,
-    events: HashMap<(PathBuf, u32, u64, usize), u64>,
-    long: HashMap<(PathBuf, usize, u64), u64>,
+    events: HashMap<(PathBuf, u32, u64, EventKind), u64>,
+    long: HashMap<(PathBuf, EventKind, u64), u64>,
     mem_thread: HashMap<(PathBuf, u32, u64, u32), MemoryStats>,
     mem_global: HashMap<(PathBuf, String), MemoryStats>,
     /// Segments whose watermarks could not be reset in the segment (dead
     /// or read-only): the view resets them (they no longer change).
-    mem_reset: std::collections::HashSet<PathBuf>,
-}
-
-/// `cur - base` for memory counts and sums; CURRENT, LOW, HIGH unchanged.
-pub fn since_memory(cur: &MemoryStats, base: &MemoryStats) -> MemoryStats {
-    MemoryStats {
-        count_alloc: cur.count_alloc.saturating_sub(base.count_alloc),
-        count_free: cur.count_free.saturating_sub(base.count_free),
-        bytes_alloc: cur.bytes_alloc.saturating_sub(base.bytes_alloc),
-        bytes_free: cur.bytes_free.saturating_sub(base.bytes_free),
-        ..*cur
-    }
-}
-
-const KINDS: [&str; 3] = ["waits", "stages", "statements"];
-
-fn class_kind_matches(k: usize, c: pfs_shm_layout::ClassKind) -> bool {
-    match k {
-        0 => c.is_wait(),
-        1 => c == pfs_shm_layout::ClassKind::Stage,
-        _ => c == pfs_shm_layout::ClassKind::Statement,
-    }
-}
-
-/// `cur - base`, with MIN/MAX bounded by the histogram buckets that grew.
-pub fn since(cur: &Summary, base: &Summary) -> Summary {
-    let mut out = Summary {
-        count: cur.count.saturating_sub(base.count),
-        timed_count: cur.timed_count.saturating_sub(base.timed_count),
-        sum_ps: cur.sum_ps.saturating_sub(base.sum_ps),
-        bytes: cur.bytes.saturating_sub(base.bytes),
-        ..Summary::default()
-    };
-    for i in 0..HISTOGRAM_BUCKETS {
-        out.buckets[i] = cur.buckets[i].saturating_sub(base.buckets[i]);
-    }
-    let f = (&cur.statement, &base.statement);
-    out.statement.errors = f.0.errors.saturating_sub(f.1.errors);
-    out.statement.warnings = f.0.warnings.saturating_sub(f.1.warnings);
-    out.statement.rows_affected = f.0.rows_affected.saturating_sub(f.1.rows_affected);
-    out.statement.rows_sent = f.0.rows_sent.saturating_sub(f.1.rows_sent);
-    out.statement.rows_examined = f.0.rows_examined.saturating_sub(f.1.rows_examined);
-    let lower = |i: usize| {
-        if i == 0 {
-            0
-        } else {
-            bucket_upper_ps(i - 1).unwrap_or(0) + 1
-        }
-    };
-    if let Some(lo) = out.buckets.iter().position(|&n| n > 0) {
-        // The lifetime minimum is exact if it lies in the lowest new bucket.
-        let lo_bound = lower(lo);
-        let hi_bound = bucket_upper_ps(lo).unwrap_or(u64::MAX);
-        out.min_ps = if (lo_bound..=hi_bound).contains(&cur.min_ps) {
-            cur.min_ps
-        } else {
-            lo_bound
-        };
-    }
-    if let Some(hi) = out.buckets.iter().rposition(|&n| n > 0) {
-        let hi_bound = bucket_upper_ps(hi).unwrap_or(u64::MAX);
-        out.max_ps = if (lower(hi)..=hi_bound).contains(&cur.max_ps) {
-            cur.max_ps
-        } else {
-            hi_bound.min(cur.max_ps)
-        };
-    }
-    out
+    mem_reset: HashSet<PathBuf>,
 }
 
 impl Baselines {
-    /// Truncates `table` as of `snap`. Errors name the tables that can be
-    /// truncated.
-    pub fn truncate(&mut self, table: &str, snap: &Snapshot) -> Result<(), String> {
-        let bad = || {
-            format!(
-                "{table} cannot be truncated; events_* tables (current, history, history_long, summaries) can"
-            )
-        };
-        if let Some(which) = table.strip_prefix("memory_summary_") {
-            return self.truncate_memory(which, snap).map_err(|()| bad());
-        }
-        let rest = table.strip_prefix("events_").ok_or_else(bad)?;
-        let k = KINDS
-            .iter()
-            .position(|w| rest.starts_with(w))
-            .ok_or_else(bad)?;
-        let suffix = rest[KINDS[k].len()..].strip_prefix('_').ok_or_else(bad)?;
+    /// Truncates the summaries of `kind` as of `snap`: the by-thread rows,
+    /// and with `global` the global rows too (truncating a global table
+    /// also truncates the by-thread table of the same kind, as in PFS).
+    pub fn truncate_summaries(&mut self, snap: &Snapshot, kind: EventKind, global: bool) {
         for v in &snap.segments {
-            let path = &v.path;
-            let s = &v.data;
-            match suffix {
-                "summary_global_by_event_name" | "summary_by_thread_by_event_name" => {
-                    let kinds: HashMap<u32, pfs_shm_layout::ClassKind> =
-                        s.classes.iter().map(|c| (c.index, c.kind)).collect();
-                    for t in &s.threads {
-                        for (c, sum) in &t.rows {
-                            if kinds
-                                .get(c)
-                                .is_some_and(|kind| class_kind_matches(k, *kind))
-                            {
-                                self.thread
-                                    .insert((path.clone(), t.record, t.version, *c), *sum);
-                            }
-                        }
-                    }
-                    if suffix == "summary_global_by_event_name" {
-                        for (name, (kind, sum)) in segment_global(s) {
-                            if class_kind_matches(k, kind) {
-                                self.global.insert((path.clone(), name), sum);
-                            }
-                        }
+            let (path, s) = (&v.path, &v.data);
+            let kinds: HashMap<u32, pfs_shm_layout::ClassKind> =
+                s.classes.iter().map(|c| (c.index, c.kind)).collect();
+            for t in &s.threads {
+                for (c, sum) in &t.rows {
+                    if kinds.get(c).is_some_and(|ck| kind.matches(*ck)) {
+                        self.thread
+                            .insert((path.clone(), t.record, t.version, *c), *sum);
                     }
                 }
-                "current" | "history" => {
-                    for t in &s.threads {
-                        self.events
-                            .insert((path.clone(), t.record, t.version, k), t_max_event(t));
+            }
+            if global {
+                for (name, (ck, sum)) in segment_global(s) {
+                    if kind.matches(ck) {
+                        self.global.insert((path.clone(), name), sum);
                     }
                 }
-                "history_long" => {
-                    let mut max: HashMap<u64, u64> = HashMap::new();
-                    let ids: Vec<(u64, u64)> = match k {
-                        2 => s
-                            .long_statements
-                            .iter()
-                            .map(|e| (e.ev.thread_id, e.ev.event_id))
-                            .collect(),
-                        _ => s.long[k]
-                            .iter()
-                            .map(|e| (e.thread_id, e.event_id))
-                            .collect(),
-                    };
-                    for (tid, id) in ids {
-                        let m = max.entry(tid).or_default();
-                        *m = (*m).max(id);
-                    }
-                    for (tid, id) in max {
-                        self.long.insert((path.clone(), k, tid), id);
-                    }
-                }
-                _ => return Err(bad()),
             }
         }
-        Ok(())
     }
 
-    fn truncate_memory(&mut self, which: &str, snap: &Snapshot) -> Result<(), ()> {
-        let global = match which {
-            "global_by_event_name" => true,
-            "by_thread_by_event_name"
-            | "by_account_by_event_name"
-            | "by_user_by_event_name"
-            | "by_host_by_event_name" => false,
-            _ => return Err(()),
-        };
+    /// Hides the `current` and `history` events of `kind` that exist in
+    /// `snap` (each thread's events up to its newest id).
+    pub fn truncate_events(&mut self, snap: &Snapshot, kind: EventKind) {
+        for v in &snap.segments {
+            for t in &v.data.threads {
+                self.events
+                    .insert((v.path.clone(), t.record, t.version, kind), newest_event(t));
+            }
+        }
+    }
+
+    /// Hides the `history_long` events of `kind` that exist in `snap`.
+    pub fn truncate_long(&mut self, snap: &Snapshot, kind: EventKind) {
+        for v in &snap.segments {
+            let s = &v.data;
+            let mut max: HashMap<u64, u64> = HashMap::new();
+            let ids: Vec<(u64, u64)> = match kind {
+                EventKind::Statement => s
+                    .long_statements
+                    .iter()
+                    .map(|e| (e.ev.thread_id, e.ev.event_id))
+                    .collect(),
+                _ => s.long[kind.index()]
+                    .iter()
+                    .map(|e| (e.thread_id, e.event_id))
+                    .collect(),
+            };
+            for (tid, id) in ids {
+                let m = max.entry(tid).or_default();
+                *m = (*m).max(id);
+            }
+            for (tid, id) in max {
+                self.long.insert((v.path.clone(), kind, tid), id);
+            }
+        }
+    }
+
+    /// Truncates the memory tables as of `snap`: counts by thread (the
+    /// by-thread, account, user and host tables), with `global` the global
+    /// counts too, and the watermarks of every live segment (its writers
+    /// reset them; see the module docs).
+    pub fn truncate_memory(&mut self, snap: &Snapshot, global: bool) {
         for v in &snap.segments {
             let path = &v.path;
             let s = &v.data;
@@ -219,12 +138,12 @@ impl Baselines {
                 }
             }
             if global {
-                for (name, m) in crate::aggregate::segment_global_memory(s) {
+                for (name, m) in segment_global_memory(s) {
                     self.mem_global.insert((path.clone(), name), m);
                 }
             }
             let bumped = v.live
-                && crate::setup::open_rw(path).is_ok_and(|seg| {
+                && open_rw(path).is_ok_and(|seg| {
                     seg.setup()
                         .memory_truncate_gen
                         .fetch_add(1, std::sync::atomic::Ordering::Release);
@@ -234,7 +153,6 @@ impl Baselines {
                 self.mem_reset.insert(path.clone());
             }
         }
-        Ok(())
     }
 
     /// A thread's memory row as the memory tables show it.
@@ -251,7 +169,7 @@ impl Baselines {
             .mem_thread
             .get(&(path.to_path_buf(), record, version, class))
         {
-            Some(base) => since_memory(&m, base),
+            Some(base) => m.counts_since(base),
             None => m,
         }
     }
@@ -260,7 +178,7 @@ impl Baselines {
     pub fn memory_global_view(&self, path: &Path, name: &str, m: &MemoryStats) -> MemoryStats {
         let m = self.memory_reset(path, m);
         match self.mem_global.get(&(path.to_path_buf(), name.to_string())) {
-            Some(base) => since_memory(&m, base),
+            Some(base) => m.counts_since(base),
             None => m,
         }
     }
@@ -286,7 +204,7 @@ impl Baselines {
             .thread
             .get(&(path.to_path_buf(), record, version, class))
         {
-            Some(base) => since(sum, base),
+            Some(base) => sum.since(base),
             None => *sum,
         }
     }
@@ -294,13 +212,13 @@ impl Baselines {
     /// A global row as the global table shows it.
     pub fn global_view(&self, path: &Path, name: &str, sum: &Summary) -> Summary {
         match self.global.get(&(path.to_path_buf(), name.to_string())) {
-            Some(base) => since(sum, base),
+            Some(base) => sum.since(base),
             None => *sum,
         }
     }
 
     /// Events with ids at or below this were truncated from view.
-    pub fn event_floor(&self, path: &Path, record: u32, version: u64, kind: usize) -> u64 {
+    pub fn event_floor(&self, path: &Path, record: u32, version: u64, kind: EventKind) -> u64 {
         self.events
             .get(&(path.to_path_buf(), record, version, kind))
             .copied()
@@ -308,7 +226,7 @@ impl Baselines {
     }
 
     /// Whether a `history_long` row is still visible.
-    pub fn keep_long(&self, path: &Path, kind: usize, event_id: u64, thread_id: u64) -> bool {
+    pub fn keep_long(&self, path: &Path, kind: EventKind, event_id: u64, thread_id: u64) -> bool {
         self.long
             .get(&(path.to_path_buf(), kind, thread_id))
             .is_none_or(|&floor| event_id > floor)
@@ -318,6 +236,38 @@ impl Baselines {
 /// The file, in the segment directory, that keeps the baselines.
 pub const BASELINES_FILE: &str = ".pfs-agent-truncate.json";
 const FORMAT: &str = "pfs-agent-truncate";
+const VERSION: u32 = 1;
+/// A larger baselines file is refused as corrupt.
+pub const MAX_BASELINES_BYTES: u64 = 16 << 20;
+
+/// A baselines file that cannot be used (it is then set aside, see
+/// [`Baselines::load`]).
+#[derive(Debug, thiserror::Error)]
+pub enum BaselinesError {
+    /// Opening or reading it failed, or it is too large.
+    #[error(transparent)]
+    File(#[from] ReadError),
+    /// Not JSON of the expected shape.
+    #[error("not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Another file's format, or a version this agent does not read.
+    #[error("format {format:?} version {version}, expected {FORMAT:?} version {VERSION}")]
+    Format {
+        /// The format found.
+        format: String,
+        /// The version found.
+        version: u32,
+    },
+    /// A segment name that is not a plain file name.
+    #[error("{0:?} is not a segment file name")]
+    Name(String),
+    /// An event kind this agent does not know.
+    #[error("event kind {0} is unknown")]
+    Kind(usize),
+    /// A summary that cannot be read back.
+    #[error(transparent)]
+    Summary(#[from] JsonError),
+}
 
 type Name = String;
 
@@ -371,7 +321,7 @@ impl Baselines {
     pub fn encode(&self) -> Vec<u8> {
         let f = FileV1 {
             format: FORMAT.into(),
-            version: 1,
+            version: VERSION,
             thread: self
                 .thread
                 .iter()
@@ -385,12 +335,12 @@ impl Baselines {
             events: self
                 .events
                 .iter()
-                .map(|(k, v)| (name_of(&k.0), k.1, k.2, k.3, *v))
+                .map(|(k, v)| (name_of(&k.0), k.1, k.2, k.3.index(), *v))
                 .collect(),
             long: self
                 .long
                 .iter()
-                .map(|(k, v)| (name_of(&k.0), k.1, k.2, *v))
+                .map(|(k, v)| (name_of(&k.0), k.1.index(), k.2, *v))
                 .collect(),
             mem_thread: self
                 .mem_thread
@@ -408,22 +358,22 @@ impl Baselines {
     }
 
     /// Parses the file's JSON text, placing the segments in `dir`.
-    pub fn decode(bytes: &[u8], dir: &Path) -> Result<Self, String> {
-        let f: FileV1 =
-            serde_json::from_slice(bytes).map_err(|e| format!("not valid JSON: {e}"))?;
-        if f.format != FORMAT || f.version != 1 {
-            return Err(format!(
-                "format {:?} version {}, expected {FORMAT:?} version 1",
-                f.format, f.version
-            ));
+    pub fn decode(bytes: &[u8], dir: &Path) -> Result<Self, BaselinesError> {
+        let f: FileV1 = serde_json::from_slice(bytes)?;
+        if f.format != FORMAT || f.version != VERSION {
+            return Err(BaselinesError::Format {
+                format: f.format,
+                version: f.version,
+            });
         }
         // A name must stay a name: no path can be smuggled in.
-        let path = |n: &str| -> Result<PathBuf, String> {
+        let path = |n: &str| -> Result<PathBuf, BaselinesError> {
             if n.is_empty() || n.contains('/') || n == "." || n == ".." {
-                return Err(format!("{n:?} is not a segment file name"));
+                return Err(BaselinesError::Name(n.to_string()));
             }
             Ok(dir.join(n))
         };
+        let kind = |k: usize| EventKind::from_index(k).ok_or(BaselinesError::Kind(k));
         let mut b = Baselines::default();
         for (n, r, v, c, s) in &f.thread {
             b.thread.insert((path(n)?, *r, *v, *c), s.get(n)?);
@@ -432,10 +382,10 @@ impl Baselines {
             b.global.insert((path(n)?, class.clone()), s.get(n)?);
         }
         for (n, r, v, k, id) in &f.events {
-            b.events.insert((path(n)?, *r, *v, *k), *id);
+            b.events.insert((path(n)?, *r, *v, kind(*k)?), *id);
         }
         for (n, k, t, id) in &f.long {
-            b.long.insert((path(n)?, *k, *t), *id);
+            b.long.insert((path(n)?, kind(*k)?, *t), *id);
         }
         for (n, r, v, c, m) in &f.mem_thread {
             b.mem_thread.insert((path(n)?, *r, *v, *c), m.into());
@@ -453,7 +403,8 @@ impl Baselines {
     /// cannot be used is logged, set aside (`.corrupt`) and read as empty.
     pub fn load(dir: &Path) -> Self {
         let file = dir.join(BASELINES_FILE);
-        let result = crate::retired::read_capped(&file)
+        let result = read_capped(&file, MAX_BASELINES_BYTES)
+            .map_err(BaselinesError::from)
             .and_then(|r| r.map(|(buf, _)| Self::decode(&buf, dir)).transpose());
         match result {
             Ok(Some(mut b)) => {
@@ -473,11 +424,12 @@ impl Baselines {
     /// Saves the baselines (of existing segments) in `dir`, atomically.
     pub fn save(&mut self, dir: &Path) -> std::io::Result<()> {
         self.retain_existing();
-        crate::retired::write_atomic(&dir.join(BASELINES_FILE), &self.encode())
+        write_atomic(&dir.join(BASELINES_FILE), &self.encode())
     }
 }
 
-fn t_max_event(t: &pfs_shm_layout::reader::ThreadSnapshot) -> u64 {
+/// The newest event id of a thread, over every kind.
+fn newest_event(t: &ThreadSnapshot) -> u64 {
     let ids = t
         .waits_history
         .iter()
@@ -517,8 +469,8 @@ mod tests {
         b.thread.insert((seg.clone(), 1, 2, 3), sum);
         b.thread.insert((gone.clone(), 1, 2, 3), sum);
         b.global.insert((seg.clone(), "wait/x".into()), sum);
-        b.events.insert((seg.clone(), 1, 2, 0), 77);
-        b.long.insert((seg.clone(), 1, 4), 88);
+        b.events.insert((seg.clone(), 1, 2, EventKind::Wait), 77);
+        b.long.insert((seg.clone(), EventKind::Stage, 4), 88);
         let m = MemoryStats {
             count_alloc: 4,
             low_bytes: -3,
@@ -536,8 +488,8 @@ mod tests {
         );
         assert_eq!(back.thread[&(seg.clone(), 1, 2, 3)], sum);
         assert_eq!(back.global[&(seg.clone(), "wait/x".to_string())], sum);
-        assert_eq!(back.events[&(seg.clone(), 1, 2, 0)], 77);
-        assert_eq!(back.long[&(seg.clone(), 1, 4)], 88);
+        assert_eq!(back.events[&(seg.clone(), 1, 2, EventKind::Wait)], 77);
+        assert_eq!(back.long[&(seg.clone(), EventKind::Stage, 4)], 88);
         assert_eq!(back.mem_thread[&(seg.clone(), 1, 2, 5)], m);
         assert_eq!(back.mem_global[&(seg.clone(), "memory/x".to_string())], m);
         assert!(back.mem_reset.contains(&seg));
@@ -573,7 +525,7 @@ mod tests {
         cur.sum_ps = 10_000 + 2 * 50_000;
         cur.buckets[3] += 2; // (2^15, 2^16] ps
         cur.max_ps = 50_000;
-        let v = since(&cur, &base);
+        let v = cur.since(&base);
         assert_eq!((v.count, v.sum_ps), (2, 100_000));
         assert_eq!(v.max_ps, 50_000, "lifetime max lies in the new top bucket");
         assert_eq!(

@@ -16,10 +16,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fuzzgen::{Case, case, case_file, frac};
-use pfs_agent::discover::SegmentSet;
 use pfs_agent::export::prometheus;
+use pfs_agent::filter::Filter;
+use pfs_agent::segments::SegmentSet;
 use pfs_agent::snapshot::Snapshotter;
-use pfs_agent::tables::{self, Filter};
+use pfs_agent::tables;
 use pfs_agent::truncate::Baselines;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -33,16 +34,16 @@ struct Tally {
 
 fn exercise(snapshotter: &Arc<Snapshotter>, tally: &Tally) {
     let snap = snapshotter.take();
-    for name in tables::names() {
-        let t = tables::build(&name, &snap, &Filter::default(), &Baselines::default())
-            .unwrap_or_else(|| panic!("table {name} listed but not built"));
+    for table in tables::registry() {
+        let name = table.name();
+        let t = tables::build(&**table, &snap, &Filter::default(), &Baselines::default());
         tally.rows.fetch_add(t.rows.len() as u64, Ordering::Relaxed);
         let json = t.to_json().to_string();
         if name != "performance_timers" {
             // The API streams the same bytes (timers are measured anew).
             let mut streamed = Vec::new();
             tables::write_json(
-                &name,
+                &**table,
                 &snap,
                 &Filter::default(),
                 &Baselines::default(),
@@ -53,7 +54,7 @@ fn exercise(snapshotter: &Arc<Snapshotter>, tally: &Tally) {
         }
         let _ = t.to_text();
     }
-    let (registry, _) = prometheus::registry(snapshotter.clone());
+    let registry = prometheus::registry(snapshotter.clone(), Default::default());
     prometheus::render(&registry).expect("/metrics renders");
 }
 

@@ -135,10 +135,11 @@ impl ChildGuard {
 
     /// Sends `signal` (e.g. `libc::SIGTERM`).
     pub fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) with a pid we spawned and have not reaped yet.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, signal);
-        }
+        let sig = rustix::process::Signal::from_named_raw(signal)
+            .unwrap_or_else(|| panic!("{signal} is not a signal"));
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).expect("a child's pid");
+        // A child that already exited (not reaped yet) ignores it.
+        let _ = rustix::process::kill_process(pid, sig);
     }
 
     /// A description for assertion messages: name and its logs.

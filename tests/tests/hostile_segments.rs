@@ -24,7 +24,6 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -69,14 +68,14 @@ fn make_segment(path: &Path, service: &str, events: u64, max_pages: u32) -> Segm
         max_pages,
         history_long_len: 4,
     };
-    let timer = TimerCalibration {
-        kind: 2,
-        base_ticks: 0,
-        ps_per_tick_q32: 1000 << 32,
-        frequency_hz: 1_000_000_000,
-        base_ns: 0,
-    };
-    let seg = Segment::create(file, &cfg, timer, std::process::id(), 0).unwrap();
+    let seg = Segment::create(
+        file,
+        &cfg,
+        TimerCalibration::NANOSECONDS,
+        std::process::id(),
+        0,
+    )
+    .unwrap();
     let w = SegmentWriter::new(seg);
     let c = w
         .register_class(TEST_CLASSES[0], ClassKind::Mutex, FLAG_ENABLED | FLAG_TIMED)
@@ -281,8 +280,7 @@ fn agent_survives_every_hostile_file_while_exporting_a_real_workload() {
     let victim_path = h.path("victim.pfs");
     let victim = make_segment(&victim_path, "victim", 7, 2);
     let lock = File::open(&victim_path).unwrap();
-    // SAFETY: flock(2) on a descriptor we own.
-    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
     let victim_labels = [("service", "victim"), ("event_name", TEST_CLASSES[0])];
     poll(Duration::from_secs(20), || {
         let m = h.agent.metrics()?;
@@ -355,37 +353,23 @@ struct Tmpfs(tempfile::TempDir);
 
 impl Tmpfs {
     fn mount(size: usize) -> Self {
-        use std::ffi::CString;
-        use std::os::unix::ffi::OsStrExt;
         let dir = tempfile::tempdir().unwrap();
-        let target = CString::new(dir.path().as_os_str().as_bytes()).unwrap();
-        let opts = CString::new(format!("size={size},mode=0755")).unwrap();
-        // SAFETY: mount(2) with valid NUL-terminated strings.
-        let rc = unsafe {
-            libc::mount(
-                c"tmpfs".as_ptr(),
-                target.as_ptr(),
-                c"tmpfs".as_ptr(),
-                0,
-                opts.as_ptr().cast(),
-            )
-        };
-        assert_eq!(
-            rc,
-            0,
-            "mount tmpfs (this test needs root): {}",
-            std::io::Error::last_os_error()
-        );
+        let opts = std::ffi::CString::new(format!("size={size},mode=0755")).unwrap();
+        rustix::mount::mount(
+            "tmpfs",
+            dir.path(),
+            "tmpfs",
+            rustix::mount::MountFlags::empty(),
+            opts.as_c_str(),
+        )
+        .unwrap_or_else(|e| panic!("mount tmpfs (this test needs root): {e}"));
         Self(dir)
     }
 }
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        use std::os::unix::ffi::OsStrExt;
-        let target = std::ffi::CString::new(self.0.path().as_os_str().as_bytes()).unwrap();
-        // SAFETY: umount2(2) of the mount point we mounted.
-        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        let _ = rustix::mount::unmount(self.0.path(), rustix::mount::UnmountFlags::DETACH);
     }
 }
 

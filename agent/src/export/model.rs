@@ -5,13 +5,67 @@
 //! suffix added unless present, `_total` for monotonic sums) the OTel name
 //! becomes exactly the Prometheus name.
 
-use pfs_shm_layout::ClassKind;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
 use pfs_shm_layout::container::PageState;
 use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, LostKind, bucket_upper_ps};
 use pfs_shm_layout::reader::Summary;
 
-use crate::aggregate::by_service;
+use crate::aggregate::{ServiceTotals, by_service};
+use crate::event_kind::EventKind;
 use crate::snapshot::{Snapshot, Totals};
+use crate::timers;
+
+/// The agent's own figures that are not in a snapshot, shared by the
+/// parts that make them (the `/metrics` cache, the OTLP exporter) and
+/// every exporter that reports them.
+#[derive(Debug, Default)]
+pub struct AgentStats {
+    /// Seconds the previous `/metrics` scrape took, as `f64` bits.
+    scrape_seconds: AtomicU64,
+    /// OTLP export is configured.
+    otlp_enabled: AtomicBool,
+    otlp_success: AtomicU64,
+    otlp_failure: AtomicU64,
+}
+
+impl AgentStats {
+    /// Records how long a `/metrics` scrape took.
+    pub fn set_scrape_seconds(&self, s: f64) {
+        self.scrape_seconds.store(s.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Seconds the previous `/metrics` scrape took.
+    pub fn scrape_seconds(&self) -> f64 {
+        f64::from_bits(self.scrape_seconds.load(Ordering::Relaxed))
+    }
+
+    /// Marks OTLP export as configured (its counter is exported from now).
+    pub fn enable_otlp(&self) {
+        self.otlp_enabled.store(true, Ordering::Relaxed);
+    }
+
+    /// Counts one OTLP export.
+    pub fn count_otlp_export(&self, success: bool) {
+        let c = if success {
+            &self.otlp_success
+        } else {
+            &self.otlp_failure
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// OTLP exports `(success, failure)`, if OTLP is configured.
+    pub fn otlp_exports(&self) -> Option<(u64, u64)> {
+        self.otlp_enabled.load(Ordering::Relaxed).then(|| {
+            (
+                self.otlp_success.load(Ordering::Relaxed),
+                self.otlp_failure.load(Ordering::Relaxed),
+            )
+        })
+    }
+}
 
 /// The instrument type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,28 +197,53 @@ struct EventFamilies {
 }
 
 impl EventFamilies {
-    fn waits() -> Self {
-        Self {
-            count: Family::new(
-                "pfs_events_waits",
-                None,
-                ("pfs.events.waits", "{event}"),
-                Kind::Counter,
+    /// `pfs_events_{waits,stages,statements}_total`, `..._seconds_total`
+    /// and `..._duration_seconds` of `kind`.
+    fn of(kind: EventKind) -> Self {
+        let (count, seconds, duration, counted, timed, latency) = match kind {
+            EventKind::Wait => (
+                ("pfs_events_waits", "pfs.events.waits"),
+                "pfs.events.waits.seconds",
+                ("pfs_events_waits_duration", "pfs.events.waits.duration"),
                 "Waits completed (COUNT_STAR), by instrument.",
-            ),
-            seconds: Family::new(
-                "pfs_events_waits",
-                Some("seconds"),
-                ("pfs.events.waits.seconds", "s"),
-                Kind::Counter,
                 "Time spent in timed waits (SUM_TIMER_WAIT), by instrument.",
+                "Latency of timed waits, by instrument.",
+            ),
+            EventKind::Stage => (
+                ("pfs_events_stages", "pfs.events.stages"),
+                "pfs.events.stages.seconds",
+                ("pfs_events_stages_duration", "pfs.events.stages.duration"),
+                "Stages completed (COUNT_STAR), by instrument.",
+                "Time spent in timed stages (SUM_TIMER_WAIT), by instrument.",
+                "Latency of timed stages, by instrument.",
+            ),
+            EventKind::Statement => (
+                ("pfs_events_statements", "pfs.events.statements"),
+                "pfs.events.statements.seconds",
+                (
+                    "pfs_events_statements_duration",
+                    "pfs.events.statements.duration",
+                ),
+                "Statements completed (COUNT_STAR), by instrument.",
+                "Time spent in timed statements (SUM_TIMER_WAIT), by instrument.",
+                "Latency of timed statements, by instrument.",
+            ),
+        };
+        Self {
+            count: Family::new(count.0, None, (count.1, "{event}"), Kind::Counter, counted),
+            seconds: Family::new(
+                count.0,
+                Some("seconds"),
+                (seconds, "s"),
+                Kind::Counter,
+                timed,
             ),
             duration: Family::new(
-                "pfs_events_waits_duration",
+                duration.0,
                 Some("seconds"),
-                ("pfs.events.waits.duration", "s"),
+                (duration.1, "s"),
                 Kind::Histogram,
-                "Latency of timed waits, by instrument.",
+                latency,
             ),
         }
     }
@@ -180,58 +259,6 @@ impl EventFamilies {
         self.seconds
             .push(labels(), Value::Float(s.sum_ps as f64 / 1e12));
         self.duration.push(labels(), histogram(s));
-    }
-
-    fn stages() -> Self {
-        Self {
-            count: Family::new(
-                "pfs_events_stages",
-                None,
-                ("pfs.events.stages", "{event}"),
-                Kind::Counter,
-                "Stages completed (COUNT_STAR), by instrument.",
-            ),
-            seconds: Family::new(
-                "pfs_events_stages",
-                Some("seconds"),
-                ("pfs.events.stages.seconds", "s"),
-                Kind::Counter,
-                "Time spent in timed stages (SUM_TIMER_WAIT), by instrument.",
-            ),
-            duration: Family::new(
-                "pfs_events_stages_duration",
-                Some("seconds"),
-                ("pfs.events.stages.duration", "s"),
-                Kind::Histogram,
-                "Latency of timed stages, by instrument.",
-            ),
-        }
-    }
-
-    fn statements() -> Self {
-        Self {
-            count: Family::new(
-                "pfs_events_statements",
-                None,
-                ("pfs.events.statements", "{event}"),
-                Kind::Counter,
-                "Statements completed (COUNT_STAR), by instrument.",
-            ),
-            seconds: Family::new(
-                "pfs_events_statements",
-                Some("seconds"),
-                ("pfs.events.statements.seconds", "s"),
-                Kind::Counter,
-                "Time spent in timed statements (SUM_TIMER_WAIT), by instrument.",
-            ),
-            duration: Family::new(
-                "pfs_events_statements_duration",
-                Some("seconds"),
-                ("pfs.events.statements.duration", "s"),
-                Kind::Histogram,
-                "Latency of timed statements, by instrument.",
-            ),
-        }
     }
 
     fn into_vec(self) -> [Family; 3] {
@@ -276,9 +303,7 @@ fn statement_figure_families() -> [Family; 4] {
 /// Memory instrument families (`memory_summary_global_by_event_name`), by
 /// service and instrument: four counters, then six gauges (signed: a
 /// service-wide LOW can be negative when memory moves between threads).
-fn memory_families(
-    services: &std::collections::BTreeMap<String, crate::aggregate::ServiceTotals>,
-) -> Vec<Family> {
+fn memory_families(services: &BTreeMap<String, ServiceTotals>) -> Vec<Family> {
     let c = |name, unit, otel, help| Family::new(name, unit, otel, Kind::Counter, help);
     let g = |name, unit, otel, help| Family::new(name, unit, otel, Kind::Gauge, help);
     let mut fams = [
@@ -367,12 +392,10 @@ fn memory_families(
 }
 
 /// Every family for `snap`. `totals` are the agent's cumulative reading
-/// figures; `last_scrape_seconds` the previous scrape's duration.
-pub fn families(snap: &Snapshot, totals: &Totals, last_scrape_seconds: f64) -> Vec<Family> {
+/// figures; `stats` its other own figures.
+pub fn families(snap: &Snapshot, totals: &Totals, stats: &AgentStats) -> Vec<Family> {
     let services = by_service(snap.segments.iter().map(|v| &*v.data), &snap.retired);
-    let mut waits = EventFamilies::waits();
-    let mut stages = EventFamilies::stages();
-    let mut statements = EventFamilies::statements();
+    let mut events = EventKind::ALL.map(|k| (k, EventFamilies::of(k)));
     let mut figures = statement_figure_families();
     let mut threads = Family::new(
         "pfs_threads",
@@ -390,24 +413,24 @@ pub fn families(snap: &Snapshot, totals: &Totals, last_scrape_seconds: f64) -> V
     );
     for (svc, t) in &services {
         for (name, (kind, s)) in &t.classes {
-            match kind {
-                k if k.is_wait() => waits.add(svc, name, s),
-                ClassKind::Stage => stages.add(svc, name, s),
-                ClassKind::Statement => {
-                    statements.add(svc, name, s);
-                    let f = &s.statement;
-                    for (fam, v) in
-                        figures
-                            .iter_mut()
-                            .zip([f.errors, f.warnings, f.rows_affected, f.rows_sent])
-                    {
-                        fam.push(
-                            vec![("service", svc.clone()), ("event_name", name.clone())],
-                            Value::Int(v),
-                        );
-                    }
+            let Some(kind) = EventKind::of_class(*kind) else {
+                continue;
+            };
+            if let Some((_, fams)) = events.iter_mut().find(|(k, _)| *k == kind) {
+                fams.add(svc, name, s);
+            }
+            if kind == EventKind::Statement {
+                let f = &s.statement;
+                for (fam, v) in
+                    figures
+                        .iter_mut()
+                        .zip([f.errors, f.warnings, f.rows_affected, f.rows_sent])
+                {
+                    fam.push(
+                        vec![("service", svc.clone()), ("event_name", name.clone())],
+                        Value::Int(v),
+                    );
                 }
-                _ => {}
             }
         }
         threads.push(vec![("service", svc.clone())], Value::Int(t.threads));
@@ -418,16 +441,14 @@ pub fn families(snap: &Snapshot, totals: &Totals, last_scrape_seconds: f64) -> V
             );
         }
     }
-    let mut out: Vec<Family> = waits.into_vec().into();
-    out.extend(stages.into_vec());
-    out.extend(statements.into_vec());
+    let mut out: Vec<Family> = events.into_iter().flat_map(|(_, f)| f.into_vec()).collect();
     out.extend(figures);
     out.extend(memory_families(&services));
     out.extend(timer_families(snap));
     out.push(threads);
     out.push(lost);
     out.push(container_pages(snap));
-    out.extend(agent_families(snap, totals, last_scrape_seconds));
+    out.extend(agent_families(snap, totals, stats));
     out
 }
 
@@ -441,7 +462,7 @@ fn container_pages(snap: &Snapshot) -> Family {
         Kind::Gauge,
         "Pages of the instrumentation's record containers, by state (active pages hold memory; reclaimed ones returned it to the OS).",
     );
-    let mut by: std::collections::BTreeMap<(String, &'static str), u64> = Default::default();
+    let mut by: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
     for v in &snap.segments {
         let s = &v.data;
         for state in [PageState::Active, PageState::Reclaimed] {
@@ -480,7 +501,7 @@ fn timer_families(snap: &Snapshot) -> [Family; 2] {
         Kind::Gauge,
         "Cost of one timer read in CPU cycles (performance_timers.TIMER_OVERHEAD), by timer.",
     );
-    let mut seen = std::collections::BTreeSet::new();
+    let mut seen = BTreeSet::new();
     for v in &snap.segments {
         if seen.insert(v.data.service.clone()) {
             freq.push(
@@ -492,7 +513,7 @@ fn timer_families(snap: &Snapshot) -> [Family; 2] {
             );
         }
     }
-    for t in crate::timers::cached() {
+    for t in timers::cached() {
         if let Some(o) = t.overhead {
             overhead.push(vec![("timer", t.timer.name().to_string())], Value::Int(o));
         }
@@ -500,7 +521,7 @@ fn timer_families(snap: &Snapshot) -> [Family; 2] {
     [freq, overhead]
 }
 
-fn agent_families(snap: &Snapshot, tot: &Totals, last_scrape_seconds: f64) -> Vec<Family> {
+fn agent_families(snap: &Snapshot, tot: &Totals, stats: &AgentStats) -> Vec<Family> {
     let mut out = Vec::new();
     let live = snap.segments.iter().filter(|s| s.live).count() as u64;
     let dead = snap.segments.len() as u64 - live;
@@ -526,10 +547,10 @@ fn agent_families(snap: &Snapshot, tot: &Totals, last_scrape_seconds: f64) -> Ve
         Kind::Counter,
         "Segment files refused, by reason.",
     );
-    let mut reasons: Vec<_> = snap.errors.iter().collect();
+    let mut reasons: Vec<(&str, u64)> = snap.errors.iter().map(|(r, n)| (r.label(), *n)).collect();
     reasons.sort();
     for (reason, n) in reasons {
-        errors.push(vec![("reason", reason.to_string())], Value::Int(*n));
+        errors.push(vec![("reason", reason.to_string())], Value::Int(n));
     }
     out.push(errors);
     for (name, otel, help, v) in [
@@ -596,7 +617,7 @@ fn agent_families(snap: &Snapshot, tot: &Totals, last_scrape_seconds: f64) -> Ve
         Kind::Gauge,
         "Time the previous /metrics scrape took to snapshot and render.",
     );
-    f.push(Vec::new(), Value::Float(last_scrape_seconds));
+    f.push(Vec::new(), Value::Float(stats.scrape_seconds()));
     out.push(f);
     let mut f = Family::new(
         "pfs_agent_build",
@@ -610,6 +631,17 @@ fn agent_families(snap: &Snapshot, tot: &Totals, last_scrape_seconds: f64) -> Ve
         Value::Int(1),
     );
     out.push(f);
-    out.extend(crate::export::otlp::families());
+    if let Some((ok, failed)) = stats.otlp_exports() {
+        let mut f = Family::new(
+            "pfs_agent_otlp_exports",
+            None,
+            ("pfs.agent.otlp.exports", "{export}"),
+            Kind::Counter,
+            "OTLP metric exports, by result.",
+        );
+        f.push(vec![("result", "success".to_string())], Value::Int(ok));
+        f.push(vec![("result", "failure".to_string())], Value::Int(failed));
+        out.push(f);
+    }
     out
 }

@@ -3,14 +3,14 @@
 //! snapshot on every scrape. See the README for what each metric means.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::model::{self, Kind, Value};
+use super::model::{self, AgentStats, Kind, Value};
 use crate::snapshot::Snapshotter;
 
 /// The OpenMetrics content type served on `/metrics`.
@@ -20,20 +20,14 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 #[derive(Debug)]
 pub struct PfsCollector {
     snap: Arc<Snapshotter>,
-    /// Render time of the previous scrape, seconds as `f64` bits.
-    pub last_render_seconds: Arc<AtomicU64>,
+    stats: Arc<AgentStats>,
 }
 
-/// A registry with the PFS collector, and the cell where the caller stores
-/// each scrape's duration.
-pub fn registry(snap: Arc<Snapshotter>) -> (Registry, Arc<AtomicU64>) {
-    let render = Arc::new(AtomicU64::new(0));
+/// A registry with the PFS collector over `snap`, reporting `stats`.
+pub fn registry(snap: Arc<Snapshotter>, stats: Arc<AgentStats>) -> Registry {
     let mut r = Registry::default();
-    r.register_collector(Box::new(PfsCollector {
-        snap,
-        last_render_seconds: render.clone(),
-    }));
-    (r, render)
+    r.register_collector(Box::new(PfsCollector { snap, stats }));
+    r
 }
 
 /// Size of the previous rendering: the next one starts with that much room,
@@ -60,8 +54,7 @@ fn unit(u: &str) -> Unit {
 impl Collector for PfsCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
         let snap = self.snap.summaries();
-        let last = f64::from_bits(self.last_render_seconds.load(Ordering::Relaxed));
-        for f in model::families(&snap, &self.snap.totals(), last) {
+        for f in model::families(&snap, &self.snap.totals(), &self.stats) {
             let u = f.unit.map(unit);
             let t = match f.kind {
                 Kind::Counter => MetricType::Counter,

@@ -1,5 +1,6 @@
 //! The instrumented demo application that `pfs-agent demo` runs as a child
 //! process: an in-memory key-value store with a write-ahead log on disk.
+//! Layer 0 (the crate's only module).
 //!
 //! * Short-lived connection threads (`conn-N`) submit bursts of GET / PUT /
 //!   DELETE requests to a queue (mutex + condvar) and wait for the replies

@@ -1,0 +1,151 @@
+//! `pfs-agent demo`: the agent plus a real instrumented workload process
+//! (the `pfs-demo` crate, run as `pfs-agent workload` in a child process),
+//! serving on 127.0.0.1:9464; and the hidden `workload` command itself.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use pfs_agent::export::model::AgentStats;
+use pfs_agent::export::otlp;
+use pfs_agent::segments::SegmentSet;
+use pfs_agent::server::{self, AppOptions, AppState, Tokens};
+use pfs_agent::snapshot::{DEFAULT_MAX_AGE, Snapshotter};
+
+use super::{bind, control_options, runtime, shutdown_signal, spawn_discovery};
+use crate::cli::{DemoArgs, WorkloadArgs};
+
+struct DemoDirs {
+    shm: PathBuf,
+    data: PathBuf,
+    remove_shm: bool,
+}
+
+impl Drop for DemoDirs {
+    fn drop(&mut self) {
+        if self.remove_shm {
+            let _ = std::fs::remove_dir_all(&self.shm);
+        } else {
+            remove_segments(&self.shm);
+        }
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+fn remove_segments(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.path().extension().is_some_and(|x| x == "pfs") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// Runs the agent and the workload until Ctrl-C, then removes the
+/// segments and the workload's data.
+pub fn run(a: DemoArgs) -> anyhow::Result<()> {
+    let (token, defaults) = control_options(a.control_token_file.as_deref(), &a.defaults)?;
+    let pid = std::process::id();
+    let base = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let dirs = DemoDirs {
+        remove_shm: a.shm_dir.is_none(),
+        shm: a
+            .shm_dir
+            .clone()
+            .unwrap_or_else(|| base.join(format!("pfs-demo-{pid}"))),
+        data: std::env::temp_dir().join(format!("pfs-demo-{pid}-data")),
+    };
+    for d in [&dirs.shm, &dirs.data] {
+        std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+    }
+    let rt = runtime()?;
+    rt.block_on(async {
+        let listener = bind(a.listen).await?;
+        let exe = std::env::current_exe().context("cannot find the pfs-agent executable to start the workload")?;
+        let mut child = tokio::process::Command::new(exe)
+            .arg("workload")
+            .arg("--shm-dir")
+            .arg(&dirs.shm)
+            .arg("--data-dir")
+            .arg(&dirs.data)
+            .arg("--workers")
+            .arg(a.workers.to_string())
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start the demo workload process")?;
+        let mut set = SegmentSet::new(&dirs.shm, Duration::from_secs(300));
+        set.defaults = defaults;
+        let snap = Arc::new(Snapshotter::new(set, DEFAULT_MAX_AGE));
+        let stats = Arc::new(AgentStats::default());
+        let state = AppState::with_options(
+            snap.clone(),
+            AppOptions {
+                tokens: Tokens {
+                    control: token,
+                    read: None,
+                },
+                baselines_dir: None,
+                stats: Some(stats.clone()),
+            },
+        );
+        let otlp = otlp::start(&a.otlp, snap.clone(), stats)?;
+        spawn_discovery(snap);
+        let url = format!("http://{}", a.listen);
+        println!("pfs-agent demo: workload pid {} writing segments in {}", child.id().unwrap_or(0), dirs.shm.display());
+        println!("  metrics:  {url}/metrics");
+        println!("  tables:   {url}/api/v1/tables/events_waits_summary_global_by_event_name");
+        println!("  query:    pfs-agent query events_waits_summary_global_by_event_name --shm-dir {}", dirs.shm.display());
+        println!("Ctrl-C stops the demo.");
+        let server = server::serve(listener, state, shutdown_signal());
+        let outcome = tokio::select! {
+            _ = server => Ok(()),
+            status = child.wait() => Err(anyhow::anyhow!("the demo workload exited unexpectedly: {status:?}")),
+        };
+        stop_child(&mut child).await;
+        if let Some(o) = otlp {
+            o.shutdown(Duration::from_secs(5)).await;
+        }
+        outcome
+    })?;
+    // Stop background discovery before the directory disappears under it.
+    rt.shutdown_timeout(Duration::from_secs(2));
+    drop(dirs);
+    println!("pfs-agent demo stopped; segments removed");
+    Ok(())
+}
+
+async fn stop_child(child: &mut tokio::process::Child) {
+    if let Some(id) = child.id()
+        && let Some(pid) = rustix::process::Pid::from_raw(id as i32)
+    {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
+    if tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
+    }
+}
+
+/// The workload process: belongs to its `demo` parent (if the parent dies,
+/// even by SIGKILL, the kernel stops the workload too).
+pub fn workload(a: WorkloadArgs) -> anyhow::Result<()> {
+    let parent = rustix::process::getppid();
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))?;
+    if rustix::process::getppid() != parent {
+        anyhow::bail!("the demo process exited before its workload started");
+    }
+    pfs_demo::workload::run(pfs_demo::workload::WorkloadOptions {
+        shm_dir: a.shm_dir,
+        service: a.service,
+        data_dir: a.data_dir,
+        workers: a.workers,
+    })
+}

@@ -1,0 +1,86 @@
+//! Layer 9 (binary): the commands, one file each, and what the
+//! long-running ones share (the async runtime, listening, background
+//! discovery, stopping on a signal). This is the binary's edge: errors
+//! become `anyhow` here, with the context a user needs.
+
+#[cfg(feature = "demo")]
+pub mod demo;
+pub mod query;
+pub mod serve;
+pub mod setup;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use pfs_agent::setup::Defaults;
+use pfs_agent::snapshot::Snapshotter;
+use tokio::net::TcpListener;
+
+use crate::cli::{DefaultsArgs, read_token};
+
+/// The runtime of `serve` and `demo`: two workers (the agent is I/O
+/// bound), and a few blocking threads for snapshots and table streams.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(4)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+async fn bind(addr: std::net::SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.with_context(|| {
+        format!(
+            "cannot listen on {addr}; is another process using it? choose another with --listen"
+        )
+    })
+}
+
+/// Background discovery so dead processes are noticed without scrapes.
+fn spawn_discovery(snap: Arc<Snapshotter>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let s = snap.clone();
+            let _ = tokio::task::spawn_blocking(move || s.refresh()).await;
+        }
+    });
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+}
+
+/// The control token (if a file is given) and the setup defaults, checked
+/// before anything starts.
+fn control_options(
+    token_file: Option<&Path>,
+    defaults: &DefaultsArgs,
+) -> anyhow::Result<(Option<String>, Defaults)> {
+    let token = token_file.map(read_token).transpose()?;
+    let defaults = Defaults::parse(&defaults.instruments, &defaults.consumers)
+        .context("invalid --instrument/--consumer")?;
+    Ok((token, defaults))
+}
+
+/// Fails with a hint if the segment directory does not exist.
+fn require_dir(dir: &Path) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        dir.is_dir(),
+        "segment directory {} does not exist; pass --shm-dir (or PFS_SHM_DIR)",
+        dir.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,593 @@
+//! OTLP metrics push (the run loop; settings in [`config`], requests in
+//! [`request`], names in [`names`], sending in [`transport`]): every export interval, the [`super::model`] families
+//! of one snapshot (the same cached snapshot `/metrics` serves) are sent to
+//! an OpenTelemetry Collector (or any OTLP endpoint) over gRPC or
+//! HTTP/protobuf.
+//!
+//! # Why `opentelemetry-proto` messages, not the SDK's meter pipeline
+//!
+//! The 0.33 SDK's metric data model (`opentelemetry_sdk::metrics::data`)
+//! is read-only: no public constructors and no producer hook, and its
+//! observable instruments cannot report a pre-aggregated histogram. Our
+//! histograms already are aggregated (per-bucket counts in shared memory),
+//! so the exporter builds the OTLP `ExportMetricsServiceRequest` itself
+//! from `opentelemetry-proto` (the message types `opentelemetry-otlp`
+//! sends) and sends it with tonic (gRPC) or hyper (HTTP/protobuf). This
+//! gives full control over histograms (our explicit bounds), temporality,
+//! one resource per service, and failure behaviour. The OpenTelemetry
+//! environment variable names come from `opentelemetry-otlp`, and
+//! `OTEL_RESOURCE_ATTRIBUTES` is parsed by `opentelemetry_sdk`'s
+//! environment resource detector.
+//!
+//! # Failure behaviour
+//!
+//! One export at a time, from one task: while an export is in flight (at
+//! most the configured timeout), missed ticks are skipped, never queued;
+//! each export is built fresh from the current snapshot, so memory does not
+//! grow while a collector is down. After a failure, exports pause for an
+//! exponentially growing delay (interval × 2ⁿ, capped at
+//! [`MAX_BACKOFF`]). `/metrics` never waits for the exporter. Results are
+//! counted in `pfs_agent_otlp_exports_total{result}`; the error is logged
+//! when the state changes (first failure, recovery), not on every cycle.
+
+pub mod config;
+pub mod names;
+pub mod request;
+pub mod transport;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::model::{self, AgentStats, Family};
+use crate::snapshot::Snapshotter;
+pub use config::{Config, ConfigError, OtlpArgs, Temporality, Transport};
+use request::RequestBuilder;
+use transport::{SendError, Sender};
+
+/// Longest pause between exports after repeated failures.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// The running exporter; [`OtlpExporter::shutdown`] sends a final export.
+#[derive(Debug)]
+pub struct OtlpExporter {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// The pause before the next export after `failures` consecutive failures.
+pub fn backoff(interval: Duration, failures: u32) -> Duration {
+    if failures == 0 {
+        return Duration::ZERO;
+    }
+    let factor = 1u32 << (failures - 1).min(16);
+    interval
+        .saturating_mul(factor)
+        .min(MAX_BACKOFF.max(interval))
+}
+
+/// Starts the exporter if `args` or the environment configure an endpoint
+/// (must be called inside the tokio runtime). Export results are counted
+/// in `stats`, which also gives the agent's other own figures.
+pub fn start(
+    args: &OtlpArgs,
+    snap: Arc<Snapshotter>,
+    stats: Arc<AgentStats>,
+) -> Result<Option<OtlpExporter>, ConfigError> {
+    let Some(cfg) = Config::from_env(args)? else {
+        return Ok(None);
+    };
+    let sender = Sender::new(&cfg)?;
+    stats.enable_otlp();
+    tracing::info!(
+        endpoint = %cfg.endpoint,
+        protocol = match cfg.transport { Transport::Grpc => "grpc", Transport::HttpProtobuf => "http/protobuf" },
+        interval = ?cfg.interval,
+        temporality = ?cfg.temporality,
+        "OTLP metrics export enabled"
+    );
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(run(cfg, sender, snap, stats, stopped));
+    Ok(Some(OtlpExporter { stop, task }))
+}
+
+impl OtlpExporter {
+    /// Stops the loop after one final export (bounded by the export
+    /// timeout, and by `limit` overall).
+    pub async fn shutdown(self, limit: Duration) {
+        let _ = self.stop.send(true);
+        let mut task = self.task;
+        if tokio::time::timeout(limit, &mut task).await.is_err() {
+            task.abort();
+            tracing::warn!("OTLP exporter did not finish its final export in time");
+        }
+    }
+}
+
+async fn collect(snap: &Arc<Snapshotter>, stats: &Arc<AgentStats>) -> Option<Vec<Family>> {
+    let snap = snap.clone();
+    let stats = stats.clone();
+    // One snapshot per cycle (the shared, cached one), read off the runtime
+    // threads since it may walk the segments.
+    tokio::task::spawn_blocking(move || {
+        let s = snap.summaries();
+        model::families(&s, &snap.totals(), &stats)
+    })
+    .await
+    .ok()
+}
+
+async fn run(
+    cfg: Config,
+    sender: Sender,
+    snap: Arc<Snapshotter>,
+    stats: Arc<AgentStats>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut builder = RequestBuilder::new(cfg.clone());
+    let mut tick = tokio::time::interval(cfg.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    tick.tick().await; // the first tick is immediate: export after one interval
+    let mut failures = 0u32;
+    let mut paused_until = Instant::now();
+    let mut last_error: Option<String> = None;
+    loop {
+        let stopping = tokio::select! {
+            _ = tick.tick() => false,
+            _ = stopped.changed() => true,
+        };
+        if !stopping && Instant::now() < paused_until {
+            continue;
+        }
+        let Some(families) = collect(&snap, &stats).await else {
+            continue;
+        };
+        let built = builder.build(&families, SystemTime::now());
+        let points = built.points;
+        let req = built.request.clone();
+        let result = tokio::select! {
+            r = tokio::time::timeout(cfg.timeout, sender.send(&cfg, req)) => {
+                r.unwrap_or(Err(SendError::Timeout(cfg.timeout)))
+            }
+            // Stopping while an export is in flight: give it up.
+            _ = stopped.changed(), if !stopping => {
+                tracing::debug!("OTLP export abandoned: the agent is stopping");
+                break;
+            }
+        };
+        match result {
+            Ok(rejected) => {
+                stats.count_otlp_export(true);
+                builder.commit(built);
+                if rejected > 0 {
+                    tracing::warn!(rejected, points, "OTLP collector rejected some data points");
+                }
+                if last_error.take().is_some() {
+                    tracing::info!(endpoint = %cfg.endpoint, after_failures = failures, "OTLP export recovered");
+                } else {
+                    tracing::debug!(points, "OTLP export succeeded");
+                }
+                failures = 0;
+                paused_until = Instant::now();
+            }
+            Err(e) => {
+                stats.count_otlp_export(false);
+                failures = failures.saturating_add(1);
+                let pause = backoff(cfg.interval, failures);
+                // Ticks keep coming every interval; those before the end of
+                // the pause are skipped (half an interval of slack so the
+                // tick that ends it is not).
+                paused_until = Instant::now() + pause.saturating_sub(cfg.interval / 2);
+                let e = e.to_string();
+                if last_error.as_deref() != Some(e.as_str()) {
+                    tracing::warn!(endpoint = %cfg.endpoint, error = %e, retry_in = ?pause, "OTLP export failed; dropping this export and backing off");
+                    last_error = Some(e);
+                }
+            }
+        }
+        if stopping {
+            break;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::model::Kind;
+    use config::{int_value, parse_pairs, str_value};
+    use names::{mapping_table, prometheus_name, translated_name};
+    use opentelemetry_otlp::{
+        OTEL_EXPORTER_OTLP_COMPRESSION, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_HEADERS,
+        OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, OTEL_EXPORTER_OTLP_METRICS_HEADERS,
+        OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, OTEL_EXPORTER_OTLP_PROTOCOL,
+        OTEL_EXPORTER_OTLP_TIMEOUT,
+    };
+    use opentelemetry_proto::tonic::metrics::v1::{
+        AggregationTemporality, ResourceMetrics, metric, number_data_point,
+    };
+    use request::AGENT_SERVICE_NAME;
+    use std::collections::HashMap;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    fn resolve(args: &OtlpArgs, pairs: &[(&str, &str)]) -> Result<Option<Config>, ConfigError> {
+        Config::resolve(args, &env_of(pairs))
+    }
+
+    #[test]
+    fn off_without_endpoint() {
+        assert!(resolve(&OtlpArgs::default(), &[]).unwrap().is_none());
+        assert!(
+            resolve(
+                &OtlpArgs::default(),
+                &[(OTEL_EXPORTER_OTLP_PROTOCOL, "grpc")]
+            )
+            .unwrap()
+            .is_none()
+        );
+    }
+
+    #[test]
+    fn endpoints_follow_the_specification() {
+        let a = OtlpArgs::default();
+        let c = resolve(&a, &[(OTEL_EXPORTER_OTLP_ENDPOINT, "http://c:4318")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.transport, Transport::HttpProtobuf);
+        assert_eq!(c.endpoint, "http://c:4318/v1/metrics");
+        let c = resolve(&a, &[(OTEL_EXPORTER_OTLP_ENDPOINT, "http://c:4318/otlp/")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.endpoint, "http://c:4318/otlp/v1/metrics");
+        // The per-signal variable is used as is, and wins.
+        let c = resolve(
+            &a,
+            &[
+                (OTEL_EXPORTER_OTLP_ENDPOINT, "http://c:4318"),
+                (OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, "http://m:9/custom"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.endpoint, "http://m:9/custom");
+        // gRPC: as is; the flag beats the environment.
+        let c = resolve(
+            &a,
+            &[
+                (OTEL_EXPORTER_OTLP_ENDPOINT, "http://c:4317"),
+                (OTEL_EXPORTER_OTLP_PROTOCOL, "grpc"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (c.transport, c.endpoint.as_str()),
+            (Transport::Grpc, "http://c:4317")
+        );
+        let flag = OtlpArgs {
+            endpoint: Some("http://f:1".into()),
+            protocol: Some("http/protobuf".into()),
+            ..Default::default()
+        };
+        let c = resolve(
+            &flag,
+            &[
+                (OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, "http://m:9/custom"),
+                (OTEL_EXPORTER_OTLP_PROTOCOL, "grpc"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.endpoint, "http://f:1/v1/metrics");
+        // A gRPC endpoint without a scheme is secure, which needs TLS.
+        let e = resolve(
+            &a,
+            &[
+                (OTEL_EXPORTER_OTLP_ENDPOINT, "c:4317"),
+                (OTEL_EXPORTER_OTLP_PROTOCOL, "grpc"),
+            ],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("https://c:4317"), "{e}");
+        assert!(
+            resolve(
+                &a,
+                &[
+                    (OTEL_EXPORTER_OTLP_ENDPOINT, "http://c:1"),
+                    (OTEL_EXPORTER_OTLP_PROTOCOL, "http/json")
+                ]
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn other_settings() {
+        let c = resolve(
+            &OtlpArgs::default(),
+            &[
+                (OTEL_EXPORTER_OTLP_ENDPOINT, "http://c:4318"),
+                (OTEL_EXPORTER_OTLP_HEADERS, "a=1, b = x%20y ,bad"),
+                (OTEL_EXPORTER_OTLP_METRICS_HEADERS, "api-key=s3cret"),
+                (OTEL_EXPORTER_OTLP_TIMEOUT, "2500"),
+                (OTEL_EXPORTER_OTLP_COMPRESSION, "gzip"),
+                (config::OTEL_METRIC_EXPORT_INTERVAL, "1000"),
+                (OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, "Delta"),
+                (config::OTEL_SERVICE_NAME, "svc"),
+                (
+                    config::OTEL_RESOURCE_ATTRIBUTES,
+                    "deployment.environment=prod,host.name=h1",
+                ),
+                ("K8S_POD_NAME", "pod-1"),
+                ("K8S_NAMESPACE", "ns"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.headers, vec![("api-key".into(), "s3cret".into())]);
+        assert_eq!(c.timeout, Duration::from_millis(2500));
+        assert!(c.gzip);
+        assert_eq!(c.interval, Duration::from_secs(1));
+        assert_eq!(c.temporality, Temporality::Delta);
+        assert_eq!(c.service_name.as_deref(), Some("svc"));
+        let get = |k: &str| {
+            c.resource
+                .iter()
+                .find(|(rk, _)| rk == k)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(get("host.name"), Some(str_value("h1")));
+        assert_eq!(get("deployment.environment"), Some(str_value("prod")));
+        assert_eq!(get("k8s.pod.name"), Some(str_value("pod-1")));
+        assert_eq!(get("k8s.namespace.name"), Some(str_value("ns")));
+        assert_eq!(get("service.instance.id"), Some(str_value("ns.pod-1")));
+        assert_eq!(
+            get("process.pid"),
+            Some(int_value(i64::from(std::process::id())))
+        );
+        assert_eq!(parse_pairs("a=1, b = x%20y ,bad").len(), 2);
+        assert_eq!(parse_pairs("b=x%20y")[0].1, "x y");
+
+        let flags = OtlpArgs {
+            endpoint: Some("http://f:1".into()),
+            temporality: Some(Temporality::Cumulative),
+            interval: Some(Duration::from_secs(5)),
+            timeout: Some(Duration::from_secs(3)),
+            headers: vec!["API-KEY=flag".into()],
+            compression: Some("none".into()),
+            ..Default::default()
+        };
+        let c = resolve(
+            &flags,
+            &[
+                (OTEL_EXPORTER_OTLP_HEADERS, "api-key=env"),
+                (OTEL_EXPORTER_OTLP_COMPRESSION, "gzip"),
+                (OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, "delta"),
+                (config::OTEL_METRIC_EXPORT_INTERVAL, "1000"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.headers, vec![("API-KEY".into(), "flag".into())]);
+        assert!(!c.gzip);
+        assert_eq!(c.temporality, Temporality::Cumulative);
+        assert_eq!(c.interval, Duration::from_secs(5));
+        assert_eq!(c.timeout, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn backoff_is_exponential_and_capped() {
+        let i = Duration::from_secs(1);
+        let b: Vec<u64> = (0..12).map(|n| backoff(i, n).as_secs()).collect();
+        assert_eq!(b, [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        assert_eq!(
+            backoff(Duration::from_secs(600), 3),
+            Duration::from_secs(600)
+        );
+    }
+
+    /// A snapshot with real data: this process records waits into a
+    /// segment in a temporary directory.
+    fn live_families() -> Vec<Family> {
+        static SHM: std::sync::OnceLock<(tempfile::TempDir, std::path::PathBuf)> =
+            std::sync::OnceLock::new();
+        let (_, shm) = SHM.get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            pfs_client::init_with(pfs_client::Config::new("otlp-names").shm_dir(dir.path()))
+                .expect("pfs_client::init_with");
+            let shm = pfs_client::segment_path()
+                .expect("pfs_client initialised")
+                .parent()
+                .unwrap()
+                .to_path_buf();
+            (dir, shm)
+        });
+        let class = pfs_client::WaitClass::register("wait/synch/rwlock/otlp/names");
+        for _ in 0..3 {
+            class.start(pfs_client::Operation::ReadLock, 0).end();
+        }
+        let snap = Snapshotter::new(
+            crate::segments::SegmentSet::new(shm, Duration::from_secs(60)),
+            Duration::ZERO,
+        );
+        let stats = AgentStats::default();
+        stats.enable_otlp();
+        let s = snap.get();
+        let fams = model::families(&s, &snap.totals(), &stats);
+        assert!(
+            fams.iter()
+                .any(|f| f.kind == Kind::Histogram && !f.points.is_empty()),
+            "the snapshot has histogram points"
+        );
+        fams
+    }
+
+    #[test]
+    fn translation_rules() {
+        assert_eq!(
+            prometheus_name("system.filesystem.usage", "By", false, true),
+            "system_filesystem_usage_bytes"
+        );
+        assert_eq!(
+            prometheus_name("system.network.dropped", "{packets}", true, false),
+            "system_network_dropped_total"
+        );
+        assert_eq!(
+            prometheus_name("system.memory.utilization", "1", false, true),
+            "system_memory_utilization_ratio"
+        );
+        assert_eq!(
+            prometheus_name("x.count", "1", true, false),
+            "x_count_total"
+        );
+        assert_eq!(
+            prometheus_name("(lambda).function.executions(#)", "", false, true),
+            "lambda_function_executions"
+        );
+        assert_eq!(
+            prometheus_name("net.io", "By/s", false, true),
+            "net_io_bytes_per_second"
+        );
+        assert_eq!(
+            prometheus_name("a.b.seconds", "s", true, false),
+            "a_b_seconds_total"
+        );
+    }
+
+    #[test]
+    fn otel_names_translate_to_the_prometheus_names() {
+        let fams = live_families();
+        let mut wrong = Vec::new();
+        for f in &fams {
+            let got = translated_name(f);
+            if got != f.prometheus_name() {
+                wrong.push(format!(
+                    "{} ({:?}, unit {:?}) translates to {got}, /metrics says {}",
+                    f.otel_name,
+                    f.kind,
+                    f.otel_unit,
+                    f.prometheus_name()
+                ));
+            }
+            assert!(
+                !f.otel_name.contains('_') || f.otel_name.starts_with("pfs."),
+                "{}",
+                f.otel_name
+            );
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        assert!(fams.iter().any(|f| f.name == "pfs_agent_otlp_exports"));
+    }
+
+    #[test]
+    fn docs_list_every_family() {
+        let fams = live_families();
+        let table = mapping_table(&fams);
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/OTLP.md"),
+        )
+        .expect("docs/OTLP.md");
+        assert!(
+            doc.contains(&table),
+            "docs/OTLP.md must contain the current name mapping table:\n\n{table}"
+        );
+    }
+
+    #[test]
+    fn request_from_families() {
+        let fams = live_families();
+        let cfg = resolve(
+            &OtlpArgs::default(),
+            &[(OTEL_EXPORTER_OTLP_ENDPOINT, "http://c:4318")],
+        )
+        .unwrap()
+        .unwrap();
+        let mut b = RequestBuilder::new(cfg.clone());
+        let t0 = SystemTime::now();
+        let built = b.build(&fams, t0);
+        let names = |r: &ResourceMetrics| {
+            r.resource
+                .as_ref()
+                .unwrap()
+                .attributes
+                .iter()
+                .find(|a| a.key == "service.name")
+                .and_then(|a| a.value.clone())
+        };
+        let rms = &built.request.resource_metrics;
+        assert!(
+            rms.iter()
+                .any(|r| names(r) == Some(str_value("otlp-names")))
+        );
+        assert!(
+            rms.iter()
+                .any(|r| names(r) == Some(str_value(AGENT_SERVICE_NAME)))
+        );
+        let svc = rms
+            .iter()
+            .find(|r| names(r) == Some(str_value("otlp-names")))
+            .unwrap();
+        let metrics = &svc.scope_metrics[0].metrics;
+        let h = metrics
+            .iter()
+            .find(|m| m.name == "pfs.events.waits.duration")
+            .unwrap();
+        let Some(metric::Data::Histogram(h)) = &h.data else {
+            panic!("not a histogram")
+        };
+        let p = h
+            .data_points
+            .iter()
+            .find(|p| {
+                p.attributes
+                    .iter()
+                    .any(|a| a.value == Some(str_value("wait/synch/rwlock/otlp/names")))
+            })
+            .unwrap();
+        assert!(p.attributes.iter().all(|a| a.key != "service"));
+        assert_eq!(p.bucket_counts.len(), p.explicit_bounds.len() + 1);
+        assert_eq!(p.bucket_counts.iter().sum::<u64>(), p.count);
+        assert!(p.count >= 3);
+        assert_eq!(
+            h.aggregation_temporality,
+            AggregationTemporality::Cumulative as i32
+        );
+        b.commit(built);
+
+        // Delta: the second export carries only what changed.
+        let mut d = RequestBuilder::new(Config {
+            temporality: Temporality::Delta,
+            service_name: Some("forced".into()),
+            ..cfg
+        });
+        let first = d.build(&fams, t0);
+        assert_eq!(
+            first.request.resource_metrics.len(),
+            1,
+            "one forced resource"
+        );
+        d.commit(first);
+        let second = d.build(&fams, t0 + Duration::from_secs(1));
+        let m = &second.request.resource_metrics[0].scope_metrics[0].metrics;
+        let waits = m.iter().find(|m| m.name == "pfs.events.waits").unwrap();
+        let Some(metric::Data::Sum(s)) = &waits.data else {
+            panic!("not a sum")
+        };
+        assert!(s.is_monotonic);
+        assert_eq!(
+            s.aggregation_temporality,
+            AggregationTemporality::Delta as i32
+        );
+        for p in &s.data_points {
+            assert!(p.attributes.iter().any(|a| a.key == "service"));
+            assert_eq!(p.value, Some(number_data_point::Value::AsInt(0)));
+            assert!(p.start_time_unix_nano < p.time_unix_nano);
+        }
+    }
+}

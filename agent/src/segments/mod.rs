@@ -1,0 +1,450 @@
+//! Layer 3: the segment directory. Finds the segment files, decides
+//! whether their processes live, and retires the dead. One concern per
+//! submodule: [`refusal`] (why a file is not exported), [`policy`] (which
+//! files are accepted), [`liveness`] (`flock`), [`tracked`] (a segment
+//! being exported), [`retirement`] (folding the dead into retired totals);
+//! this module runs the discovery pass over them.
+//!
+//! * A file is a candidate if its name ends in `.pfs`. It is opened with
+//!   `O_NOFOLLOW | O_NONBLOCK | O_NOCTTY` (a symlink is refused, never
+//!   followed; a FIFO swapped in cannot block the agent) and, checked on
+//!   the open descriptor, must be a regular file, not world-writable, owned
+//!   as [`Policy::owner`] requires, and at most [`Policy::max_size`] bytes.
+//! * A file that fails validation is remembered with its reason, logged
+//!   once, counted in `pfs_agent_segment_errors_total{reason}`, and retried
+//!   only when it changes (size, times, inode). Removed files are
+//!   forgotten, so the memory held is bounded by the directory's entries.
+//! * A tracked segment whose file shrinks under the mapping, or whose read
+//!   raised `SIGBUS` (see `pfs_shm_layout::sigbus`), is dropped with reason
+//!   `shrunk` or `unreadable`; its last good snapshot folds into the
+//!   service's retired totals so no counter goes backwards.
+//! * **Liveness through `flock`**: the owning process holds an exclusive
+//!   lock for its lifetime. If the agent can take a shared lock, the owner
+//!   is gone. Pids are never used: containers of a pod do not share a pid
+//!   namespace.
+//! * A dead process's segment keeps being exported for `dead_retention`;
+//!   then its final totals are folded into per-service retired totals (so
+//!   no counter goes backwards) and the file is removed. When the death is
+//!   noticed, the segment is read one last time; a row its writer was
+//!   killed in the middle of updating cannot be read any more and keeps
+//!   its last good value (carried forward), and such a segment is retired
+//!   at once, so that value is saved before anything else can lose it.
+//! * A file replaced under the same name (a restarted process that got the
+//!   same pid, as in a container) is noticed by its inode: the old segment
+//!   is retired at once and the new one tracked.
+//! * With [`SegmentSet::persist`] the retired totals survive an agent
+//!   restart and only the directory's owning agent retires (see
+//!   [`crate::retired`]).
+//! * With setup defaults ([`crate::setup::Defaults`]), each new segment
+//!   gets them through a writable mapping, and instruments registered later
+//!   get them at the next pass.
+
+pub mod liveness;
+pub mod policy;
+pub mod refusal;
+mod retirement;
+pub mod tracked;
+
+use std::collections::{HashMap, HashSet};
+use std::fs::Metadata;
+use std::os::unix::fs::{DirEntryExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use pfs_shm_layout::SegmentError;
+
+use crate::aggregate::Retired;
+use crate::retired::Role;
+use crate::setup::Defaults;
+pub use liveness::owner_is_dead;
+pub use policy::{DEFAULT_MAX_SEGMENT_SIZE, OwnerPolicy, Policy};
+pub use refusal::{Refusal, Refused};
+use retirement::{Retirement, remove_retired};
+pub use tracked::Tracked;
+
+/// A file that is not a usable segment.
+#[derive(Debug, Clone)]
+pub struct Invalid {
+    /// Why.
+    pub reason: Refusal,
+    /// Human-readable message.
+    pub message: String,
+    stamp: Stamp,
+}
+
+/// What identifies a version of a file: a change to any field (content
+/// written, `chown`/`chmod`, replaced by another file) means a retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Stamp {
+    len: u64,
+    ino: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(m: &Metadata) -> Self {
+        Self {
+            len: m.len(),
+            ino: m.ino(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+/// Files in `not_ready` state this long are reported (once) as stuck
+/// (see [`SegmentSet::with_not_ready_grace`]).
+const NOT_READY_GRACE: Duration = Duration::from_secs(10);
+
+/// Every segment file of one directory.
+#[derive(Debug)]
+pub struct SegmentSet {
+    dir: PathBuf,
+    dead_retention: Duration,
+    /// Live and recently dead segments, by path.
+    pub tracked: HashMap<PathBuf, Tracked>,
+    /// Files refused, by path.
+    pub invalid: HashMap<PathBuf, Invalid>,
+    /// Count of segment errors by reason (monotonic).
+    pub errors: HashMap<Refusal, u64>,
+    /// Setup defaults applied to every segment.
+    pub defaults: Defaults,
+    retirement: Retirement,
+    /// Which files are accepted.
+    policy: Policy,
+    identity: policy::Identity,
+    /// Files still being initialised by their creator: first seen, and
+    /// whether the wait was already reported.
+    pending: HashMap<PathBuf, (Instant, bool)>,
+    not_ready_grace: Duration,
+}
+
+impl SegmentSet {
+    /// An empty set over `dir`; dead segments are exported for
+    /// `dead_retention`, then retired.
+    pub fn new(dir: impl Into<PathBuf>, dead_retention: Duration) -> Self {
+        let dir = dir.into();
+        Self {
+            retirement: Retirement::new(&dir),
+            dir,
+            dead_retention,
+            tracked: HashMap::new(),
+            invalid: HashMap::new(),
+            errors: HashMap::new(),
+            defaults: Defaults::default(),
+            policy: Policy::default(),
+            identity: policy::Identity::current(),
+            pending: HashMap::new(),
+            not_ready_grace: NOT_READY_GRACE,
+        }
+    }
+
+    /// Keeps the retired totals in the directory's state file (loaded now,
+    /// written at every retirement), so an agent restart loses none.
+    pub fn persist(mut self) -> Self {
+        self.retirement.persist();
+        self.forget_absorbed();
+        self
+    }
+
+    /// Replaces the acceptance policy (before the first refresh).
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Replaces how long a file may stay `not_ready` before it is
+    /// reported (default 10 s).
+    pub fn with_not_ready_grace(mut self, grace: Duration) -> Self {
+        self.not_ready_grace = grace;
+        self
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// This agent's role on the directory (`Owner` without persistence).
+    pub fn role(&self) -> Role {
+        self.retirement.role()
+    }
+
+    /// Totals of retired (dead and removed) segments, by service.
+    pub fn retired(&self) -> &Retired {
+        &self.retirement.retired
+    }
+
+    /// Segments retired so far.
+    pub fn retired_segments(&self) -> u64 {
+        self.retirement.retired_segments
+    }
+
+    /// Segments the state counts already are not exported again.
+    fn forget_absorbed(&mut self) {
+        let r = &self.retirement;
+        self.tracked.retain(|_, t| !r.is_absorbed(&t.identity()));
+    }
+
+    fn sync_state(&mut self, force: bool) {
+        if self.retirement.sync(force) {
+            self.forget_absorbed();
+        }
+    }
+
+    /// Counts and logs a refused file, remembering it until it changes.
+    fn refuse(&mut self, path: &Path, refused: Refused, stamp: Stamp) {
+        let Refused { reason, message } = refused;
+        tracing::warn!(path = %path.display(), reason = reason.label(), "refusing segment file: {message}");
+        *self.errors.entry(reason).or_default() += 1;
+        self.invalid.insert(
+            path.to_path_buf(),
+            Invalid {
+                reason,
+                message,
+                stamp,
+            },
+        );
+    }
+
+    /// Drops tracked segments whose file shrank or whose mapping faulted.
+    fn drop_damaged(&mut self) {
+        let damaged: Vec<(PathBuf, SegmentError)> = self
+            .tracked
+            .iter()
+            .filter_map(|(p, t)| t.segment.check().err().map(|e| (p.clone(), e)))
+            .collect();
+        for (path, e) in damaged {
+            let Some(t) = self.tracked.remove(&path) else {
+                continue;
+            };
+            if let Some(last) = t.final_figures() {
+                self.retirement.absorb(last);
+            }
+            let stamp = std::fs::symlink_metadata(&path)
+                .map(|m| Stamp::of(&m))
+                .unwrap_or_default();
+            let message = format!(
+                "{e}; service {:?} pid {} keeps its last exported totals",
+                t.segment.service(),
+                t.segment.pid()
+            );
+            self.refuse(&path, Refused::new(Refusal::of(&e), message), stamp);
+        }
+    }
+
+    /// One discovery pass: opens new files, re-checks liveness, retires
+    /// segments dead for longer than the retention.
+    pub fn refresh(&mut self) {
+        self.drop_damaged();
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "cannot list the segment directory; check --shm-dir and its permissions");
+                return;
+            }
+        };
+        self.sync_state(false);
+        let mut seen = HashSet::new();
+        let mut retire = Vec::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_none_or(|e| e != "pfs") {
+                continue;
+            }
+            seen.insert(path.clone());
+            if let Some(t) = self.tracked.get(&path) {
+                if t.ino == entry.ino() {
+                    continue;
+                }
+                // Replaced under the same name: retire the old one now.
+                tracing::info!(path = %path.display(), "segment file replaced by a new process; retiring the old one");
+                retire.push(self.tracked.remove(&path).expect("tracked"));
+            }
+            if self
+                .retirement
+                .was_absorbed(&entry.file_name(), entry.ino())
+            {
+                // Retired already (by an agent that died before removing
+                // it, or whose removal failed and was logged).
+                if self.role() == Role::Owner {
+                    let _ = std::fs::remove_file(&path);
+                }
+                continue;
+            }
+            self.consider(&path);
+            self.adopt(&path, entry.ino());
+        }
+        // Files removed behind our back (by an operator, or the owning agent).
+        self.invalid.retain(|p, _| seen.contains(p));
+        self.pending.retain(|p, _| seen.contains(p));
+        let vanished = self.tracked.keys().any(|p| !seen.contains(p));
+        if vanished && self.role() == Role::Follower {
+            // The owner wrote the state before removing the file.
+            self.sync_state(true);
+            self.tracked.retain(|p, _| seen.contains(p));
+        }
+        let now = Instant::now();
+        let owner = self.role() == Role::Owner;
+        // Retiring a torn segment at once only helps when it is saved.
+        let persist = self.retirement.persists();
+        let mut expired = Vec::new();
+        for (path, t) in &mut self.tracked {
+            if !seen.contains(path) && t.dead_since.is_none() {
+                t.dead_since = Some(now);
+            }
+            let mut torn = false;
+            if t.dead_since.is_none() && owner_is_dead(t.segment.file()) {
+                tracing::info!(path = %path.display(), service = t.segment.service(), "process exited; keeping its final counters for the retention period");
+                t.dead_since = Some(now);
+                torn = t.final_read();
+            }
+            if owner
+                && ((torn && persist)
+                    || t.dead_since
+                        .is_some_and(|d| now.duration_since(d) >= self.dead_retention))
+            {
+                expired.push(path.clone());
+            }
+        }
+        for path in expired {
+            if let Some(t) = self.tracked.remove(&path) {
+                retire.push(t);
+            }
+        }
+        self.retirement.retire(retire);
+        for t in self.tracked.values_mut().filter(|t| t.dead_since.is_none()) {
+            if let Some(applied) = &mut t.defaults {
+                applied.catch_up(&self.defaults);
+            }
+        }
+    }
+
+    fn consider(&mut self, path: &Path) {
+        let meta = match std::fs::symlink_metadata(path) {
+            Ok(m) => m,
+            Err(_) => return, // vanished
+        };
+        let stamp = Stamp::of(&meta);
+        if self.invalid.get(path).is_some_and(|inv| inv.stamp == stamp) {
+            return; // unchanged since refused
+        }
+        let result = if meta.file_type().is_symlink() {
+            Err(policy::symlink())
+        } else if !meta.file_type().is_file() {
+            Err(policy::not_regular(&meta))
+        } else {
+            self.policy.open(path, &self.identity)
+        };
+        match result {
+            Ok(segment) => {
+                tracing::info!(path = %path.display(), service = segment.service(), pid = segment.pid(), "segment found");
+                self.invalid.remove(path);
+                self.pending.remove(path);
+                let defaults = self.defaults.attach(path);
+                self.tracked.insert(
+                    path.to_path_buf(),
+                    Tracked::new(segment, path.to_path_buf(), defaults),
+                );
+            }
+            Err(Refused {
+                reason: Refusal::NotReady,
+                message,
+            }) => {
+                // Being created: retried every pass; reported once if it
+                // stays so (a creator that died mid-initialisation).
+                let now = Instant::now();
+                let (since, reported) = self
+                    .pending
+                    .entry(path.to_path_buf())
+                    .or_insert((now, false));
+                if !*reported && now.duration_since(*since) >= self.not_ready_grace {
+                    *reported = true;
+                    tracing::warn!(path = %path.display(), reason = Refusal::NotReady.label(), "segment file still not initialised after {:?}: {message}; its creator may have died", self.not_ready_grace);
+                    *self.errors.entry(Refusal::NotReady).or_default() += 1;
+                }
+            }
+            Err(refused) => self.refuse(path, refused, stamp),
+        }
+    }
+
+    /// Records the inode of a newly tracked segment; drops it (and removes
+    /// its file) if the state says it was retired already (an agent killed
+    /// between writing the state and removing the file).
+    fn adopt(&mut self, path: &Path, listed_ino: u64) {
+        let Some(t) = self.tracked.get_mut(path) else {
+            return;
+        };
+        t.ino = t.segment.file().metadata().map_or(listed_ino, |m| m.ino());
+        let id = t.identity();
+        if self.retirement.is_absorbed(&id) {
+            self.tracked.remove(path);
+            if self.role() == Role::Owner {
+                remove_retired(path, id.ino);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    fn segment_file(path: &Path) -> std::fs::File {
+        let cfg = pfs_shm_layout::SegmentConfig {
+            service_name: "unit".into(),
+            history_len: 2,
+            max_classes: 4,
+            max_strings: 4,
+            records_per_page: 1,
+            max_pages: 1,
+            history_long_len: 1,
+        };
+        crate::testing::segment_at(path, &cfg, 1, false).0
+    }
+
+    #[test]
+    fn a_file_stuck_initialising_is_reported_once_and_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = segment_file(&dir.path().join("stuck.pfs"));
+        // state = SEGMENT_INITIALIZING, as a creator that died mid-way.
+        f.write_all_at(&0u64.to_le_bytes(), 0x20).unwrap();
+        let mut set = SegmentSet::new(dir.path(), Duration::from_secs(60))
+            .with_not_ready_grace(Duration::ZERO);
+        set.refresh();
+        set.refresh();
+        set.refresh();
+        assert_eq!(
+            set.errors.get(&Refusal::NotReady),
+            Some(&1),
+            "{:?}",
+            set.errors
+        );
+        assert!(set.tracked.is_empty() && set.invalid.is_empty());
+        // Finished after all: it is picked up on the next pass.
+        f.write_all_at(&1u64.to_le_bytes(), 0x20).unwrap();
+        set.refresh();
+        assert_eq!(set.tracked.len(), 1);
+        assert!(set.pending.is_empty());
+    }
+
+    #[test]
+    fn a_refused_file_is_retried_when_chmod_fixes_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("ww.pfs");
+        drop(segment_file(&p));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let mut set = SegmentSet::new(dir.path(), Duration::from_secs(60));
+        set.refresh();
+        set.refresh();
+        assert_eq!(set.errors.get(&Refusal::WorldWritable), Some(&1));
+        assert_eq!(set.invalid[&p].reason, Refusal::WorldWritable);
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        set.refresh();
+        assert_eq!(set.tracked.len(), 1, "ctime changed: retried and accepted");
+        assert!(set.invalid.is_empty());
+    }
+}

@@ -1,0 +1,85 @@
+//! Responses: a whole body, or a table's chunks as they are written.
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Response, StatusCode};
+use serde_json::json;
+
+/// A response.
+pub type Resp = Response<Body>;
+
+/// A response body: whole, or a table written by a blocking task while it
+/// is sent ([`super::stream`]).
+#[derive(Debug)]
+pub enum Body {
+    /// The whole body.
+    Full(Full<Bytes>),
+    /// Chunks as they are written; an error ends the response abnormally
+    /// (the connection is closed without the last chunk, so the client
+    /// cannot take a cut table for a whole one).
+    Stream(tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>),
+}
+
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            Body::Full(f) => std::pin::Pin::new(f)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
+            Body::Stream(rx) => rx
+                .poll_recv(cx)
+                .map(|c| c.map(|c| c.map(hyper::body::Frame::data))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Body::Full(f) => f.is_end_stream(),
+            Body::Stream(_) => false,
+        }
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            Body::Full(f) => f.size_hint(),
+            Body::Stream(_) => hyper::body::SizeHint::default(),
+        }
+    }
+}
+
+/// A whole response.
+pub fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Resp {
+    let mut r = Response::new(Body::Full(Full::new(body.into())));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+/// A JSON response.
+pub fn json_reply(status: StatusCode, v: serde_json::Value) -> Resp {
+    reply(status, "application/json", v.to_string())
+}
+
+/// An error as `{"error": msg}`.
+pub fn error(status: StatusCode, msg: impl Into<String>) -> Resp {
+    json_reply(status, json!({ "error": msg.into() }))
+}
+
+/// 404 for a table name that is not in the registry, listing the tables.
+pub fn no_such_table() -> Resp {
+    error(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no such table; GET /api/v1/tables lists them: {}",
+            crate::tables::names().join(", ")
+        ),
+    )
+}

@@ -1,0 +1,112 @@
+//! Control requests (POST): live setup changes and `TRUNCATE TABLE`, each
+//! allowed only with the control token. Nothing changes unless the token
+//! matches.
+
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use hyper::{Request, StatusCode};
+use serde_json::json;
+
+use super::body::{Resp, error, json_reply, no_such_table};
+use super::state::AppState;
+use crate::filter::Filter;
+use crate::setup::{self, Change};
+use crate::tables;
+
+/// Largest control request body accepted.
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// `POST /api/v1/tables/{table}/truncate`: the table's baselines as of a
+/// fresh snapshot, saved in the segment directory.
+pub async fn truncate(state: Arc<AppState>, name: &str) -> Resp {
+    let Some(table) = tables::lookup(name) else {
+        return no_such_table();
+    };
+    let s = state.clone();
+    let r = tokio::task::spawn_blocking(move || {
+        let snap = s.snap.take();
+        let mut b = s.baselines();
+        table.truncate(&mut b, &snap)?;
+        if let Some(dir) = &s.baselines_dir
+            && let Err(e) = b.save(dir)
+        {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot save the TRUNCATE baselines; a restarted agent would show lifetime values");
+        }
+        Ok::<_, tables::NotTruncatable>(table.name())
+    })
+    .await;
+    match r {
+        Ok(Ok(t)) => json_reply(StatusCode::OK, json!({ "truncated": t })),
+        Ok(Err(e)) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "truncate failed"),
+    }
+}
+
+/// `POST /api/v1/setup/{what}` with a JSON body: applied to every live
+/// segment that passes `filter`.
+pub async fn setup(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+    what: &str,
+    filter: Filter,
+) -> Resp {
+    use http_body_util::BodyExt;
+    let body = match http_body_util::Limited::new(req.into_body(), MAX_BODY)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("body larger than {MAX_BODY} bytes"),
+            );
+        }
+    };
+    let parsed: Result<Change, serde_json::Error> = match what {
+        "instruments" => serde_json::from_slice(&body).map(Change::Instruments),
+        "consumers" => serde_json::from_slice(&body).map(Change::Consumers),
+        "timers" => serde_json::from_slice(&body).map(Change::Timers),
+        "actors" => serde_json::from_slice(&body).map(Change::Actors),
+        _ => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "setup tables: instruments, consumers, timers, actors",
+            );
+        }
+    };
+    let change = match parsed {
+        Ok(c) => c,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("invalid JSON body for setup/{what}: {e}"),
+            );
+        }
+    };
+    if let Err(e) = setup::validate(&change) {
+        return error(StatusCode::BAD_REQUEST, e.to_string());
+    }
+    let s = state.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        let paths = s.snap.live_paths();
+        let out = setup::apply(&paths, &filter, &change);
+        s.metrics.invalidate(&s.snap);
+        out
+    })
+    .await;
+    match out {
+        Ok(o) => {
+            let errors: Vec<String> = o.errors.iter().map(ToString::to_string).collect();
+            for e in &errors {
+                tracing::warn!("setup change not applied: {e}");
+            }
+            json_reply(
+                StatusCode::OK,
+                json!({ "matched": o.matched, "segments": o.segments, "errors": errors }),
+            )
+        }
+        Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "setup change failed"),
+    }
+}

@@ -1,0 +1,157 @@
+//! Layer 7: the HTTP server: `/metrics`, `/healthz`, the PFS tables as
+//! JSON, and control. One concern per submodule: [`body`] (responses),
+//! [`auth`] (bearer tokens), [`metrics_cache`] (the shared `/metrics`
+//! body), [`state`] (what requests share), [`stream`] (tables written
+//! while they are sent), [`control`] (setup changes and `TRUNCATE`),
+//! [`routes`] (which request goes where); this module runs the accept
+//! loop within the connection [`Limits`].
+//!
+//! The routes are listed in [`routes`].
+//!
+//! Control (POST) needs `Authorization: Bearer <token>` matching the
+//! `--control-token-file`, compared in constant time: a missing or wrong
+//! token gets 401, and with no token configured control is refused (403).
+//! Nothing is changed unless the token matches.
+//!
+//! Reads (`/metrics`, `/api/v1/tables*`) are open unless a read token is
+//! configured (`--read-token-file`): then they need `Authorization: Bearer`
+//! with the read token or the control token (401 otherwise). `/healthz`
+//! stays open for probes.
+//!
+//! Scrape storms and hostile clients (see `docs/SECURITY.md`):
+//!
+//! * `/metrics` bodies are rendered at most once per snapshot lifetime
+//!   (250 ms) and shared: every request in that time gets the same
+//!   reference-counted bytes, so concurrent scrapes cost one render and one copy in memory,
+//!   and writing a body to a slow client holds no lock. While one request
+//!   renders the next body, the others get the previous one (at most
+//!   [`metrics_cache::STALE_WHILE_RENDERING`] old) instead of queueing.
+//! * At most `max_connections` connections are served at once; further
+//!   ones wait in the kernel's listen backlog until one ends.
+//! * Request headers must arrive within `header_timeout` (this also ends
+//!   idle keep-alive connections) and be at most [`MAX_HEADER_BYTES`] long
+//!   (431 otherwise); a connection lives at most `connection_timeout`
+//!   (which ends clients that never read their response); control bodies
+//!   are at most [`control::MAX_BODY`] bytes (413).
+//! * Tables are streamed: a blocking task serialises the rows one at a
+//!   time into [`stream::TABLE_CHUNK`]-byte chunks, at most
+//!   [`stream::TABLE_CHUNKS_QUEUED`] ahead of the client, so a request holds the
+//!   (shared) full snapshot and a few chunks, never the whole JSON. A
+//!   client that stops reading stalls its task, which then keeps that
+//!   snapshot alive until `connection_timeout` ends the connection; a
+//!   failure after the headers closes the connection without the final
+//!   chunk, so a cut table is never taken for a whole one.
+
+pub mod auth;
+pub mod body;
+pub mod control;
+pub mod metrics_cache;
+pub mod routes;
+pub mod state;
+pub mod stream;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+
+pub use auth::Tokens;
+pub use routes::handle;
+pub use state::{AppOptions, AppState};
+
+/// Largest request head (request line and headers) accepted; larger gets 431.
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// Connection limits of the server.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers (and the longest a
+    /// keep-alive connection may sit idle).
+    pub header_timeout: Duration,
+    /// Longest life of one connection.
+    pub connection_timeout: Duration,
+}
+
+impl Limits {
+    /// The defaults (also the command line's).
+    pub const DEFAULT: Limits = Limits {
+        max_connections: 256,
+        header_timeout: Duration::from_secs(10),
+        connection_timeout: Duration::from_secs(60),
+    };
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits::DEFAULT
+    }
+}
+
+/// Serves with the default [`Limits`] until `shutdown` completes.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    serve_with(listener, state, Limits::default(), shutdown).await
+}
+
+/// Serves until `shutdown` completes, within `limits`. Requests are
+/// answered from the shared, cached snapshot.
+pub async fn serve_with(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    limits: Limits,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    tokio::pin!(shutdown);
+    loop {
+        // A slot first: beyond the limit, connections wait in the backlog.
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            _ = &mut shutdown => return,
+        };
+        let (stream, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => return,
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let svc = service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(handle(state, req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .max_header_size(MAX_HEADER_BYTES)
+                .max_buf_size(64 * 1024)
+                .serve_connection(TokioIo::new(stream), svc);
+            match tokio::time::timeout(limits.connection_timeout, conn).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "connection ended with an error"),
+                Err(_) => {
+                    tracing::debug!(%peer, "connection closed: it outlived --connection-timeout")
+                }
+            }
+        });
+    }
+}

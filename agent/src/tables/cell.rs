@@ -1,0 +1,273 @@
+//! Tables as they are handed out: rows of [`Cell`]s given to a [`Sink`]
+//! one at a time, written as JSON while they are made ([`JsonSink`]) or
+//! collected into a [`Table`] (for the `query` command's text).
+
+use serde::ser::{Serialize, Serializer};
+use serde_json::{Map, Value, json};
+
+/// One cell of a table row, borrowed from the snapshot where it can be.
+/// Rows are handed to a [`Sink`] as cells, one row at a time, so that a
+/// table is never held whole unless a caller collects it ([`build`]). A
+/// cell serialises exactly as the `serde_json::Value` it stands for
+/// ([`Cell::to_value`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cell<'a> {
+    /// SQL NULL: JSON `null`.
+    Null,
+    /// An unsigned number.
+    U64(u64),
+    /// A signed number.
+    I64(i64),
+    /// Picoseconds: a number when it fits in 64 bits, else its decimal
+    /// text as a string.
+    Ps(u128),
+    /// Text borrowed from the snapshot.
+    Str(&'a str),
+    /// Text made for this cell.
+    Owned(String),
+}
+
+impl Cell<'_> {
+    /// The JSON value of this cell.
+    pub fn to_value(&self) -> Value {
+        match self {
+            Cell::Null => Value::Null,
+            Cell::U64(v) => (*v).into(),
+            Cell::I64(v) => (*v).into(),
+            Cell::Ps(v) => ps(*v),
+            Cell::Str(s) => (*s).into(),
+            Cell::Owned(s) => s.as_str().into(),
+        }
+    }
+}
+
+impl Serialize for Cell<'_> {
+    fn serialize<S: Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Cell::Null => ser.serialize_unit(),
+            Cell::U64(v) => ser.serialize_u64(*v),
+            Cell::I64(v) => ser.serialize_i64(*v),
+            Cell::Ps(v) => match u64::try_from(*v) {
+                Ok(v) => ser.serialize_u64(v),
+                Err(_) => ser.serialize_str(&v.to_string()),
+            },
+            Cell::Str(s) => ser.serialize_str(s),
+            Cell::Owned(s) => ser.serialize_str(s),
+        }
+    }
+}
+
+macro_rules! cell_from {
+    ($variant:ident: $($t:ty),*) => {$(
+        impl From<$t> for Cell<'_> {
+            fn from(v: $t) -> Self {
+                Cell::$variant(v.into())
+            }
+        }
+    )*};
+}
+cell_from!(U64: u64, u32, u8);
+cell_from!(I64: i64);
+cell_from!(Owned: String);
+
+impl From<usize> for Cell<'_> {
+    fn from(v: usize) -> Self {
+        Cell::U64(v as u64)
+    }
+}
+
+impl<'a> From<&'a str> for Cell<'a> {
+    fn from(v: &'a str) -> Self {
+        Cell::Str(v)
+    }
+}
+
+impl<'a, T: Into<Cell<'a>>> From<Option<T>> for Cell<'a> {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Cell::Null, Into::into)
+    }
+}
+
+/// Receives a table as it is built: [`Sink::columns`] once, before any
+/// row, then [`Sink::row`] for each row (as long as the columns).
+pub trait Sink {
+    /// The table's column names.
+    fn columns(&mut self, columns: &[&'static str]);
+    /// One row, cells in column order.
+    fn row(&mut self, row: &[Cell<'_>]);
+}
+
+/// Collects a [`Table`].
+pub(super) struct Collect(pub(super) Table);
+
+impl Sink for Collect {
+    fn columns(&mut self, columns: &[&'static str]) {
+        self.0.columns = columns.to_vec();
+    }
+    fn row(&mut self, row: &[Cell<'_>]) {
+        self.0.rows.push(row.iter().map(Cell::to_value).collect());
+    }
+}
+
+/// Writes a table as the JSON of [`Table::to_json`] (compact), row by row:
+/// each row is made in `row` (its keys written once, in `keys`) and handed
+/// to `out` in one write.
+pub(super) struct JsonSink<'w> {
+    out: &'w mut dyn std::io::Write,
+    name: &'w str,
+    /// Per column: `"name":` as serde_json writes a key, with the `{` or
+    /// `,` before it.
+    keys: Vec<Vec<u8>>,
+    row: Vec<u8>,
+    rows: usize,
+    error: Option<std::io::Error>,
+}
+
+impl<'w> JsonSink<'w> {
+    /// A sink writing table `name` to `out`.
+    pub(super) fn new(out: &'w mut dyn std::io::Write, name: &'w str) -> Self {
+        Self {
+            out,
+            name,
+            keys: Vec::new(),
+            row: Vec::with_capacity(1024),
+            rows: 0,
+            error: None,
+        }
+    }
+
+    /// Ends the JSON (after every row was handed), or reports the first
+    /// write that failed.
+    pub(super) fn finish(self) -> std::io::Result<()> {
+        match self.error {
+            Some(e) => Err(e),
+            None => self.out.write_all(b"]}"),
+        }
+    }
+}
+
+impl Sink for JsonSink<'_> {
+    fn columns(&mut self, columns: &[&'static str]) {
+        self.keys = columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut k = vec![if i == 0 { b'{' } else { b',' }];
+                serde_json::to_writer(&mut k, c).expect("a str serialises");
+                k.push(b':');
+                k
+            })
+            .collect();
+        if self.error.is_some() {
+            return;
+        }
+        let out = &mut *self.out;
+        let r = (|| {
+            out.write_all(b"{\"table\":")?;
+            serde_json::to_writer(&mut *out, self.name)?;
+            out.write_all(b",\"columns\":")?;
+            serde_json::to_writer(&mut *out, columns)?;
+            out.write_all(b",\"rows\":[")
+        })();
+        self.error = r.err();
+    }
+    fn row(&mut self, cells: &[Cell<'_>]) {
+        self.rows += 1;
+        if self.error.is_some() {
+            return;
+        }
+        let row = &mut self.row;
+        row.clear();
+        if self.rows > 1 {
+            row.push(b',');
+        }
+        for (k, c) in self.keys.iter().zip(cells) {
+            row.extend_from_slice(k);
+            serde_json::to_writer(&mut *row, c).expect("a cell serialises");
+        }
+        if self.keys.is_empty() || cells.is_empty() {
+            row.push(b'{');
+        }
+        row.push(b'}');
+        self.error = self.out.write_all(row).err();
+    }
+}
+
+/// A table: column names and rows of JSON values in column order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Table {
+    /// Table name.
+    pub name: String,
+    /// Column names.
+    pub columns: Vec<&'static str>,
+    /// Rows, each as long as `columns`.
+    pub rows: Vec<Vec<Value>>,
+}
+
+fn ps(v: u128) -> Value {
+    u64::try_from(v)
+        .map(Value::from)
+        .unwrap_or_else(|_| Value::from(v.to_string()))
+}
+
+impl Table {
+    /// The JSON form served by the API: `{"table", "columns", "rows": [{..}]}`.
+    pub fn to_json(&self) -> Value {
+        let rows: Vec<Value> = self
+            .rows
+            .iter()
+            .map(|r| {
+                let mut m = Map::new();
+                for (c, v) in self.columns.iter().zip(r) {
+                    m.insert((*c).to_string(), v.clone());
+                }
+                Value::Object(m)
+            })
+            .collect();
+        json!({ "table": self.name, "columns": self.columns, "rows": rows })
+    }
+
+    /// An aligned text table, as the `mysql` client prints one.
+    pub fn to_text(&self) -> String {
+        let mut t = comfy_table::Table::new();
+        t.load_preset(comfy_table::presets::ASCII_FULL_CONDENSED);
+        t.set_header(self.columns.iter().map(|c| c.to_uppercase()));
+        for r in &self.rows {
+            t.add_row(r.iter().map(|v| match v {
+                Value::Null => "NULL".to_string(),
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            }));
+        }
+        format!(
+            "{t}\n{} row{} in set\n",
+            self.rows.len(),
+            if self.rows.len() == 1 { "" } else { "s" }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_serialise_as_their_values() {
+        for c in [
+            Cell::Null,
+            Cell::U64(u64::MAX),
+            Cell::I64(-5),
+            Cell::I64(5),
+            Cell::Ps(7),
+            Cell::Ps(u128::from(u64::MAX) + 1),
+            Cell::Str("a\"\\\u{0}é"),
+            Cell::Owned("x".into()),
+        ] {
+            assert_eq!(serde_json::to_string(&c).unwrap(), c.to_value().to_string());
+        }
+        assert_eq!(
+            Cell::Ps(u128::from(u64::MAX) + 1).to_value(),
+            Value::from("18446744073709551616")
+        );
+    }
+}

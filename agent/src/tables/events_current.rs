@@ -1,0 +1,18 @@
+//! `events_{waits,stages,statements}_current`: each thread's current
+//! event of one kind. `TRUNCATE` hides the events that exist at that time
+//! (here and in the history table of the same kind).
+
+use super::columns::{Ring, emit_thread_events};
+use super::view::KindTable;
+use crate::event_kind::EventKind;
+use crate::truncate::Baselines;
+
+/// The `events_*_current` table of `kind`.
+pub fn table(kind: EventKind) -> KindTable {
+    KindTable::new(
+        kind,
+        "current",
+        |view, sink, kind| emit_thread_events(view, sink, kind, Ring::Current),
+        Baselines::truncate_events,
+    )
+}

@@ -1,0 +1,18 @@
+//! `events_{waits,stages,statements}_history`: each thread's last events
+//! of one kind (its history ring). `TRUNCATE` hides the events that exist
+//! at that time (here and in the current table of the same kind).
+
+use super::columns::{Ring, emit_thread_events};
+use super::view::KindTable;
+use crate::event_kind::EventKind;
+use crate::truncate::Baselines;
+
+/// The `events_*_history` table of `kind`.
+pub fn table(kind: EventKind) -> KindTable {
+    KindTable::new(
+        kind,
+        "history",
+        |view, sink, kind| emit_thread_events(view, sink, kind, Ring::History),
+        Baselines::truncate_events,
+    )
+}

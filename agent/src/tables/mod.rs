@@ -1,0 +1,349 @@
+//! Layer 6: the PFS-style tables, as pure functions of a snapshot: the
+//! same rows for the HTTP JSON API and the `query` command. Column names
+//! are PFS's, in lower case; timers are picoseconds; NULL is JSON `null`.
+//! Every row of a per-process table starts with `service` and `pid`.
+//!
+//! One file per table (or per table of each event kind), each an
+//! implementation of [`PfsTable`], listed once in [`registry`]: the list
+//! of names, the lookup of a request's table and `TRUNCATE TABLE` all
+//! come from it. Shared pieces: [`cell`] (how rows are handed out),
+//! [`view`] (the trait and its input), [`columns`] (columns several tables
+//! share).
+
+pub mod cell;
+mod columns;
+pub mod view;
+
+mod container_pages;
+mod events_current;
+mod events_history;
+mod events_history_long;
+mod events_summary_by_thread_by_event_name;
+mod events_summary_global_by_event_name;
+mod memory_summary_by_actor;
+mod memory_summary_by_thread_by_event_name;
+mod memory_summary_global_by_event_name;
+mod performance_timers;
+mod setup_actors;
+mod setup_consumers;
+mod setup_instruments;
+mod setup_timers;
+mod threads;
+
+use std::sync::OnceLock;
+
+pub use cell::{Cell, Sink, Table};
+pub use view::{KindTable, NotTruncatable, PfsTable, View};
+
+use crate::event_kind::EventKind;
+use crate::filter::Filter;
+use crate::snapshot::Snapshot;
+use crate::truncate::Baselines;
+use cell::{Collect, JsonSink};
+use memory_summary_by_actor::{Actor, MemoryByActor};
+
+/// Every table served, in display order (the order of
+/// `GET /api/v1/tables`).
+pub fn registry() -> &'static [Box<dyn PfsTable>] {
+    static REGISTRY: OnceLock<Vec<Box<dyn PfsTable>>> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let mut v: Vec<Box<dyn PfsTable>> = vec![
+            Box::new(setup_instruments::SetupInstruments),
+            Box::new(setup_consumers::SetupConsumers),
+            Box::new(setup_timers::SetupTimers),
+            Box::new(setup_actors::SetupActors),
+            Box::new(performance_timers::PerformanceTimers),
+            Box::new(threads::Threads),
+            Box::new(container_pages::ContainerPages),
+        ];
+        for kind in EventKind::ALL {
+            v.push(Box::new(events_current::table(kind)));
+            v.push(Box::new(events_history::table(kind)));
+            v.push(Box::new(events_history_long::table(kind)));
+            v.push(Box::new(events_summary_by_thread_by_event_name::table(
+                kind,
+            )));
+            v.push(Box::new(events_summary_global_by_event_name::table(kind)));
+        }
+        v.push(Box::new(memory_summary_global_by_event_name::MemoryGlobal));
+        v.push(Box::new(
+            memory_summary_by_thread_by_event_name::MemoryByThread,
+        ));
+        for actor in Actor::ALL {
+            v.push(Box::new(MemoryByActor::new(actor)));
+        }
+        v
+    })
+}
+
+/// The names of every table, in display order.
+pub fn names() -> Vec<&'static str> {
+    registry().iter().map(|t| t.name()).collect()
+}
+
+/// The table called `name`, if there is one.
+///
+/// ```
+/// assert!(pfs_agent::tables::lookup("events_waits_current").is_some());
+/// assert!(pfs_agent::tables::lookup("events_waits_nope").is_none());
+/// ```
+pub fn lookup(name: &str) -> Option<&'static dyn PfsTable> {
+    registry().iter().find(|t| t.name() == name).map(|t| &**t)
+}
+
+/// Builds `table` from `snap`, every row held (a large table is better
+/// written with [`write_json`]). `baselines` hold what `TRUNCATE` removed
+/// from view.
+pub fn build(
+    table: &dyn PfsTable,
+    snap: &Snapshot,
+    filter: &Filter,
+    baselines: &Baselines,
+) -> Table {
+    let mut t = Collect(Table {
+        name: table.name().to_string(),
+        columns: Vec::new(),
+        rows: Vec::new(),
+    });
+    table.emit(&View::new(snap, filter, baselines), &mut t);
+    t.0
+}
+
+/// Writes `table` to `out` as the JSON of [`Table::to_json`] (compact:
+/// the bytes of `to_json().to_string()`), one row at a time, so that no
+/// more than a row is held beside the snapshot.
+pub fn write_json(
+    table: &dyn PfsTable,
+    snap: &Snapshot,
+    filter: &Filter,
+    baselines: &Baselines,
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<()> {
+    let mut sink = JsonSink::new(out, table.name());
+    table.emit(&View::new(snap, filter, baselines), &mut sink);
+    sink.finish()
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, EventType, FLAG_ENABLED, FLAG_TIMED};
+    use pfs_shm_layout::writer::{
+        EventData, KIND_STAGE, KIND_STATEMENT, KIND_WAIT, StatementFigures,
+    };
+    use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration};
+    use std::time::Duration;
+
+    /// A live segment in `dir` with two threads, every kind of event,
+    /// strings that need escaping, an actor and memory rows.
+    fn populated(dir: &std::path::Path) -> (std::fs::File, SegmentWriter) {
+        let path = dir.join("svc\"x.42.pfs");
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+        let cfg = SegmentConfig {
+            service_name: "svc\"x".into(),
+            ..SegmentConfig::default()
+        };
+        let w = SegmentWriter::new(
+            Segment::create(
+                file.try_clone().unwrap(),
+                &cfg,
+                TimerCalibration::NANOSECONDS,
+                42,
+                0,
+            )
+            .unwrap(),
+        );
+        let names = [
+            ("wait/io/file/t/f\\ö", KIND_WAIT),
+            ("wait/synch/mutex/t/m", KIND_WAIT),
+            ("stage/t/s", KIND_STAGE),
+            ("statement/t/q", KIND_STATEMENT),
+        ];
+        let classes: Vec<(u32, usize)> = names
+            .iter()
+            .map(|(n, k)| {
+                let kind = ClassKind::from_name(n).unwrap();
+                (
+                    w.register_class(n, kind, FLAG_ENABLED | FLAG_TIMED)
+                        .unwrap(),
+                    *k,
+                )
+            })
+            .collect();
+        let mem = w
+            .register_class("memory/t/buf", ClassKind::Memory, FLAG_ENABLED)
+            .unwrap();
+        let source = w.intern("src/a\"b.rs:7\n").unwrap();
+        let object = w.intern("/tmp/x\u{1}y").unwrap();
+        let (user, host, role) = (
+            w.intern("bob").unwrap(),
+            w.intern("h\\1").unwrap(),
+            w.intern("").unwrap(),
+        );
+        for t in 0..2u64 {
+            let slot = w.alloc_thread(t + 1, 100 + t, &format!("w\t{t}")).unwrap();
+            let rec = w.segment().record(slot.index);
+            if t == 0 {
+                rec.set_actor(user, host, role, 3);
+            }
+            rec.memory_alloc(mem as usize, 4096, 0);
+            rec.memory_free(mem as usize, 100 + t, 0);
+            let mut id = 0;
+            for round in 0..3u64 {
+                for &(class, kind) in &classes {
+                    id += 1;
+                    let stmt = (kind == KIND_STATEMENT).then_some(StatementFigures {
+                        rows_sent: id,
+                        digest: if round == 0 { 0 } else { 0xabc },
+                        ..StatementFigures::default()
+                    });
+                    let e = EventData {
+                        event_id: id,
+                        end_event_id: id,
+                        class,
+                        timer_start: id * 1_000,
+                        timer_end: id * 1_000 + 5,
+                        timer_wait: 5_000 * (round + 1),
+                        source,
+                        object_name: if round == 1 { object } else { NONE },
+                        bytes: round * 10,
+                        flags: EV_TIMED | if round == 2 { 0 } else { EV_ENDED },
+                        event_type: match kind {
+                            KIND_WAIT => EventType::Wait,
+                            KIND_STAGE => EventType::Stage,
+                            _ => EventType::Statement,
+                        } as u32,
+                        thread_id: t + 1,
+                        ..EventData::default()
+                    };
+                    rec.begin_event(kind, &e);
+                    if kind == KIND_STATEMENT && round == 1 {
+                        rec.set_statement_text("SELECT \"é\" FROM t WHERE a = '\\'");
+                    }
+                    rec.end_event(kind, &e, stmt.as_ref(), true, true);
+                    rec.summarize(class as usize, true, 5_000 * (round + 1), 0, stmt.as_ref());
+                }
+            }
+        }
+        (file, w)
+    }
+
+    const NONE: u32 = pfs_shm_layout::layout::NONE_U32;
+
+    #[test]
+    fn streamed_json_is_the_collected_tables_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let _seg = populated(dir.path());
+        let snap = crate::snapshot::Snapshotter::new(
+            crate::segments::SegmentSet::new(dir.path(), Duration::MAX),
+            Duration::ZERO,
+        )
+        .take();
+        assert_eq!(snap.segments.len(), 1, "the segment is read");
+        let base = Baselines::default();
+        let filters = [
+            Filter::default(),
+            Filter {
+                service: Some("svc\"x".into()),
+                pid: Some(42),
+            },
+            Filter {
+                service: Some("other".into()),
+                pid: None,
+            },
+        ];
+        let mut rows = 0;
+        for f in &filters {
+            for table in registry() {
+                let name = table.name();
+                assert!(lookup(name).is_some());
+                if name == "performance_timers" {
+                    continue; // measured anew on every call
+                }
+                let t = build(&**table, &snap, f, &base);
+                rows += t.rows.len();
+                let mut out = Vec::new();
+                write_json(&**table, &snap, f, &base, &mut out).unwrap();
+                assert_eq!(
+                    String::from_utf8(out).unwrap(),
+                    t.to_json().to_string(),
+                    "{name}"
+                );
+            }
+        }
+        assert!(rows > 50, "the tables have rows ({rows})");
+        for name in [
+            "nope",
+            "events_waits_",
+            "events_waits_nope",
+            "memory_summary_x",
+        ] {
+            assert!(lookup(name).is_none());
+        }
+    }
+}
+
+#[cfg(test)]
+mod registry_tests {
+    use super::*;
+
+    /// The served names, as they were before the registry (clients and
+    /// dashboards rely on them and on their order).
+    #[test]
+    fn names_are_the_pfs_tables_in_display_order() {
+        let mut want: Vec<String> = [
+            "setup_instruments",
+            "setup_consumers",
+            "setup_timers",
+            "setup_actors",
+            "performance_timers",
+            "threads",
+            "container_pages",
+        ]
+        .map(String::from)
+        .to_vec();
+        for k in ["waits", "stages", "statements"] {
+            for suffix in [
+                "current",
+                "history",
+                "history_long",
+                "summary_by_thread_by_event_name",
+                "summary_global_by_event_name",
+            ] {
+                want.push(format!("events_{k}_{suffix}"));
+            }
+        }
+        for t in [
+            "global_by_event_name",
+            "by_thread_by_event_name",
+            "by_account_by_event_name",
+            "by_user_by_event_name",
+            "by_host_by_event_name",
+        ] {
+            want.push(format!("memory_summary_{t}"));
+        }
+        assert_eq!(names(), want);
+    }
+
+    #[test]
+    fn only_event_and_memory_tables_truncate() {
+        let snap = crate::snapshot::Snapshotter::new(
+            crate::segments::SegmentSet::new("/nonexistent-pfs-dir", std::time::Duration::MAX),
+            std::time::Duration::ZERO,
+        )
+        .take();
+        for t in registry() {
+            let truncatable = t.name().starts_with("events_") || t.name().starts_with("memory_");
+            let r = t.truncate(&mut Baselines::default(), &snap);
+            assert_eq!(r.is_ok(), truncatable, "{}", t.name());
+            if let Err(e) = r {
+                assert!(e.to_string().starts_with(t.name()));
+            }
+        }
+    }
+}

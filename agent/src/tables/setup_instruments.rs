@@ -1,0 +1,41 @@
+//! `setup_instruments`: every instrument of every process, with its
+//! ENABLED and TIMED flags.
+
+use super::cell::{Cell, Sink};
+use super::columns::{head, with_head, yes_no};
+use super::view::{PfsTable, View};
+
+/// The `setup_instruments` table.
+#[derive(Debug)]
+pub struct SetupInstruments;
+
+impl PfsTable for SetupInstruments {
+    fn name(&self) -> &str {
+        "setup_instruments"
+    }
+
+    fn emit(&self, view: &View<'_>, sink: &mut dyn Sink) {
+        sink.columns(&with_head(&[
+            "name",
+            "enabled",
+            "timed",
+            "properties",
+            "volatility",
+            "documentation",
+        ]));
+        for (_, s) in &view.segments {
+            for c in &s.classes {
+                let mut r = head(s);
+                r.extend([
+                    c.name.as_str().into(),
+                    yes_no(c.enabled()),
+                    yes_no(c.timed()),
+                    "".into(),
+                    0u64.into(),
+                    Cell::Null,
+                ]);
+                sink.row(&r);
+            }
+        }
+    }
+}

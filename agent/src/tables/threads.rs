@@ -1,0 +1,54 @@
+//! `threads`: every instrumented thread, with its actor and whether it is
+//! instrumented and keeps history.
+
+use super::cell::{Cell, Sink};
+use super::columns::{head, with_head, yes_no};
+use super::view::{PfsTable, View};
+
+/// The `threads` table.
+#[derive(Debug)]
+pub struct Threads;
+
+impl PfsTable for Threads {
+    fn name(&self) -> &str {
+        "threads"
+    }
+
+    fn emit(&self, view: &View<'_>, sink: &mut dyn Sink) {
+        sink.columns(&with_head(&[
+            "thread_id",
+            "name",
+            "type",
+            "processlist_user",
+            "processlist_host",
+            "thread_os_id",
+            "instrumented",
+            "history",
+        ]));
+        for (_, s) in &view.segments {
+            for t in &s.threads {
+                let (user, host) = match &t.actor {
+                    Some((u, h, _)) => (Cell::Str(u), Cell::Str(h)),
+                    None => (Cell::Null, Cell::Null),
+                };
+                let kind = if t.actor.is_some() {
+                    "FOREGROUND"
+                } else {
+                    "BACKGROUND"
+                };
+                let mut r = head(s);
+                r.extend([
+                    t.thread_id.into(),
+                    t.name.as_str().into(),
+                    kind.into(),
+                    user,
+                    host,
+                    t.os_tid.into(),
+                    yes_no(t.instrumented),
+                    yes_no(t.history),
+                ]);
+                sink.row(&r);
+            }
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! What every table is: the [`PfsTable`] trait, and the [`View`] of a
+//! snapshot a table is built from.
+
+use std::path::Path;
+
+use pfs_shm_layout::reader::SegmentSnapshot;
+
+use super::cell::Sink;
+use crate::event_kind::EventKind;
+use crate::filter::Filter;
+use crate::snapshot::Snapshot;
+use crate::truncate::Baselines;
+
+/// The segments a table shows (those that pass the request's filter), and
+/// what `TRUNCATE` removed from view.
+#[derive(Debug)]
+pub struct View<'a> {
+    /// Segment file and content, in path order.
+    pub segments: Vec<(&'a Path, &'a SegmentSnapshot)>,
+    /// `TRUNCATE` baselines.
+    pub baselines: &'a Baselines,
+}
+
+impl<'a> View<'a> {
+    /// The segments of `snap` that pass `filter`.
+    pub fn new(snap: &'a Snapshot, filter: &Filter, baselines: &'a Baselines) -> Self {
+        Self {
+            segments: snap
+                .segments
+                .iter()
+                .filter(|v| filter.accepts(&v.data))
+                .map(|v| (v.path.as_path(), &*v.data))
+                .collect(),
+            baselines,
+        }
+    }
+}
+
+/// `TRUNCATE` of a table that has nothing to truncate (setup tables,
+/// `threads`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0} cannot be truncated; the events_* and memory_summary_* tables can")]
+pub struct NotTruncatable(pub String);
+
+/// A PFS table the agent serves: one implementation per table (or per
+/// table of each event kind), listed once in the registry
+/// ([`super::registry`]).
+pub trait PfsTable: Send + Sync {
+    /// The table's name (`events_waits_current`).
+    fn name(&self) -> &str;
+
+    /// Hands the table to `sink`: [`Sink::columns`], then each row.
+    fn emit(&self, view: &View<'_>, sink: &mut dyn Sink);
+
+    /// `TRUNCATE TABLE`: records in `baselines` what the table stops
+    /// showing as of `snap`. Tables without anything to truncate refuse.
+    fn truncate(&self, baselines: &mut Baselines, snap: &Snapshot) -> Result<(), NotTruncatable> {
+        let _ = (baselines, snap);
+        Err(NotTruncatable(self.name().to_string()))
+    }
+}
+
+/// A table of one event kind, `events_{kind}_{suffix}`, defined by what it
+/// shows and what its `TRUNCATE` hides.
+#[derive(Debug)]
+pub struct KindTable {
+    kind: EventKind,
+    name: String,
+    emit: fn(&View<'_>, &mut dyn Sink, EventKind),
+    truncate: fn(&mut Baselines, &Snapshot, EventKind),
+}
+
+impl KindTable {
+    /// The table `events_{kind}_{suffix}`.
+    pub fn new(
+        kind: EventKind,
+        suffix: &str,
+        emit: fn(&View<'_>, &mut dyn Sink, EventKind),
+        truncate: fn(&mut Baselines, &Snapshot, EventKind),
+    ) -> Self {
+        Self {
+            kind,
+            name: format!("events_{}_{suffix}", kind.table_word()),
+            emit,
+            truncate,
+        }
+    }
+}
+
+impl PfsTable for KindTable {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn emit(&self, view: &View<'_>, sink: &mut dyn Sink) {
+        (self.emit)(view, sink, self.kind)
+    }
+
+    fn truncate(&self, baselines: &mut Baselines, snap: &Snapshot) -> Result<(), NotTruncatable> {
+        (self.truncate)(baselines, snap, self.kind);
+        Ok(())
+    }
+}
