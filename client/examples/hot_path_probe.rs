@@ -10,15 +10,24 @@
 //! Each `probe_*` function is one operation, kept out of line so that its
 //! code and its cost per call can be read on their own.
 
+use std::alloc::{GlobalAlloc, Layout};
 use std::hint::black_box;
 
-use pfs_client::{Config, LazyStageClass, LazyStatementClass, LazyWaitClass, Operation, WaitClass};
+use pfs_client::alloc::PfsAllocator;
+use pfs_client::{
+    Config, LazyMemoryClass, LazyStageClass, LazyStatementClass, LazyWaitClass, Operation,
+    WaitClass, memory_scope,
+};
 
 static TIMED: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/probe/timed");
 static DISABLED: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/probe/disabled");
 static UNTIMED: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/probe/untimed");
 static STAGE: LazyStageClass = LazyStageClass::new("stage/probe/step");
 static STATEMENT: LazyStatementClass = LazyStatementClass::new("statement/probe/query");
+static BUF: LazyMemoryClass = LazyMemoryClass::new("memory/probe/buf");
+/// Not the global allocator: the probe calls it directly, so that only
+/// the probed allocation goes through it.
+static PFS_ALLOC: PfsAllocator = PfsAllocator::new();
 
 /// One timed wait: timer, current, history, summary, histogram.
 #[inline(never)]
@@ -71,6 +80,56 @@ pub fn probe_statement(class: &LazyStatementClass) {
     drop(class.start());
 }
 
+/// One accounted allocation and its free through the token API.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub fn probe_memory_token(class: &LazyMemoryClass) {
+    class.alloc(64).free();
+}
+
+/// One 64-byte allocation and its free through the `GlobalAlloc` wrapper,
+/// in a memory scope (the system allocator's own cost included).
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub fn probe_global_alloc(a: &PfsAllocator) {
+    let l = Layout::new::<[u64; 8]>();
+    // SAFETY: `l` has a non-zero size; the block is freed once, at once,
+    // with the layout it was allocated with, by the allocator that
+    // returned it, and never read or written (a null result is passed to
+    // `dealloc` only if non-null).
+    unsafe {
+        let p = a.alloc(l);
+        if !p.is_null() {
+            a.dealloc(p, l);
+        }
+    }
+}
+
+/// One 64-byte allocation grown to 128 bytes, then freed, through the
+/// `GlobalAlloc` wrapper (the system allocator's own cost included).
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub fn probe_global_realloc(a: &PfsAllocator) {
+    let l = Layout::new::<[u64; 8]>();
+    let grown = Layout::new::<[u64; 16]>();
+    // SAFETY: `l` has a non-zero size, and `grown` is a valid layout of
+    // `l`'s alignment, so its size is a valid `realloc` target. Each block
+    // is used only if non-null, never read or written, and freed once by
+    // the allocator that returned it, with the layout it has then (a
+    // successful `realloc` took ownership of `p`; a failed one left it).
+    unsafe {
+        let p = a.alloc(l);
+        if !p.is_null() {
+            let q = a.realloc(p, l, grown.size());
+            if q.is_null() {
+                a.dealloc(p, l);
+            } else {
+                a.dealloc(q, grown);
+            }
+        }
+    }
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let what = args.next().unwrap_or_else(|| "timed".into());
@@ -89,6 +148,10 @@ fn main() {
     assert!(!DISABLED.get().is_enabled());
     probe_stage(&STAGE);
     probe_statement(&STATEMENT);
+    let _scope = memory_scope(&BUF);
+    probe_memory_token(&BUF);
+    probe_global_alloc(&PFS_ALLOC);
+    probe_global_realloc(&PFS_ALLOC);
     let mut sink = 0u64;
     for _ in 0..n {
         match what.as_str() {
@@ -99,8 +162,11 @@ fn main() {
             "untimed" => probe_untimed_wait(black_box(&UNTIMED)),
             "stage" => probe_stage(black_box(&STAGE)),
             "statement" => probe_statement(black_box(&STATEMENT)),
+            "memory_token" => probe_memory_token(black_box(&BUF)),
+            "global_alloc" => probe_global_alloc(black_box(&PFS_ALLOC)),
+            "global_realloc" => probe_global_realloc(black_box(&PFS_ALLOC)),
             other => panic!(
-                "unknown probe {other}: timed|untimed|disabled|disabled_lazy|timer|stage|statement"
+                "unknown probe {other}: timed|untimed|disabled|disabled_lazy|timer|stage|statement|memory_token|global_alloc|global_realloc"
             ),
         }
     }

@@ -1,5 +1,5 @@
-//! A `GlobalAlloc` wrapper that accounts every heap allocation of an
-//! instrumented thread to the memory instrument in scope
+//! Layer 7. A `GlobalAlloc` wrapper that accounts every heap allocation
+//! of an instrumented thread to the memory instrument in scope
 //! ([`crate::memory_scope`]) or to a default instrument
 //! (`memory/pfs_client/default`).
 //!
@@ -34,13 +34,22 @@
 //! that run later), its allocations are not accounted and its frees of
 //! accounted blocks go to the global row directly, so that the global
 //! `CURRENT_NUMBER_OF_BYTES_USED` stays exactly allocated − freed.
+//!
+//! # Unsafe code
+//!
+//! A global allocator is unsafe by nature: the `GlobalAlloc` impl (five
+//! blocks: the calls to the inner allocator and the header reads and
+//! writes of `dealloc` and `realloc`), the allocation path shared by
+//! `alloc` and `alloc_zeroed` (two blocks), and the two header accessors
+//! (one block each, `unsafe fn`s whose contract their callers meet).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
 use pfs_shm_layout::layout::NONE_U32;
 
-use crate::LazyMemoryClass;
-use crate::memory::{account_alloc, account_free, scope};
+use crate::memory::{LazyMemoryClass, account_alloc, account_free, scope};
+use crate::reentry::in_pfs;
+use crate::runtime;
 
 /// Bytes of the block header.
 const HEADER: usize = 16;
@@ -51,6 +60,17 @@ const MAGIC: u32 = 0x5046_534d; // "PFSM"
 pub static DEFAULT_CLASS: LazyMemoryClass = LazyMemoryClass::new("memory/pfs_client/default");
 
 /// The accounting allocator; see the module documentation.
+///
+/// It can also wrap another allocator, with another default instrument:
+///
+/// ```no_run
+/// use std::alloc::System;
+/// use pfs_client::{LazyMemoryClass, alloc::PfsAllocator};
+///
+/// static UNSCOPED: LazyMemoryClass = LazyMemoryClass::new("memory/app/unscoped");
+/// #[global_allocator]
+/// static ALLOC: PfsAllocator = PfsAllocator::with(System, &UNSCOPED);
+/// ```
 #[derive(Debug)]
 pub struct PfsAllocator<A = System> {
     inner: A,
@@ -59,7 +79,7 @@ pub struct PfsAllocator<A = System> {
 
 impl PfsAllocator<System> {
     /// Wraps the system allocator; unscoped allocations go to
-    /// `memory/pfs_client/default`.
+    /// `memory/pfs_client/default` ([`DEFAULT_CLASS`]).
     pub const fn new() -> Self {
         Self {
             inner: System,
@@ -88,11 +108,55 @@ fn front(l: &Layout) -> usize {
     l.align().max(HEADER)
 }
 
-/// The layout of the whole block (header area + user bytes).
+/// The layout of the whole block (header area + user bytes): `front(l)`
+/// bytes more than `l`, aligned to `max(16, l.align())`. Never zero-sized.
 #[inline(always)]
 fn outer(l: &Layout) -> Option<Layout> {
     let size = l.size().checked_add(front(l))?;
     Layout::from_size_align(size, l.align().max(HEADER)).ok()
+}
+
+/// Writes the header of a block of `size` requested bytes accounted to
+/// `class` in front of user pointer `p`; returns `p`.
+///
+/// # Safety
+/// `p` must be 16-aligned, and the 16 bytes before it must be memory of
+/// one live block that the caller may write (the header area of a block
+/// of this allocator).
+#[allow(unsafe_code)]
+#[inline(always)]
+unsafe fn write_header(p: *mut u8, size: usize, class: u32) -> *mut u8 {
+    // SAFETY: by the contract, `p - 16` is in the same block as `p` (so
+    // `sub` stays in bounds) and the two words there are writable; `p` and
+    // so `p - 16` are 16-aligned, so both `u64` writes are aligned. No
+    // reference to those bytes exists: the program only ever sees the
+    // memory from `p` on.
+    unsafe {
+        let h = p.sub(HEADER).cast::<u64>();
+        h.write(size as u64);
+        h.add(1).write(u64::from(class) | (u64::from(MAGIC) << 32));
+    }
+    p
+}
+
+/// Reads `(size, class)` from the header in front of user pointer `p`.
+///
+/// # Safety
+/// `p` must have been returned by a [`PfsAllocator`] and not freed yet.
+#[allow(unsafe_code)]
+#[inline(always)]
+unsafe fn read_header(p: *mut u8) -> (u64, u32) {
+    // SAFETY: such a `p` is 16-aligned with the block's header in the 16
+    // bytes before it, written by `write_header` when the block was
+    // handed out (allocation or `realloc`) and not touched since: the
+    // program only ever sees the memory from `p` on. So both reads are in
+    // bounds, aligned and of initialised `u64`s.
+    unsafe {
+        let h = p.sub(HEADER).cast::<u64>();
+        let w = h.add(1).read();
+        debug_assert_eq!((w >> 32) as u32, MAGIC, "block not from PfsAllocator");
+        (h.read(), w as u32)
+    }
 }
 
 impl<A: GlobalAlloc> PfsAllocator<A> {
@@ -100,7 +164,7 @@ impl<A: GlobalAlloc> PfsAllocator<A> {
     /// `NONE_U32`).
     #[inline(always)]
     fn account(&self, size: usize) -> u32 {
-        if crate::thread::in_pfs() || crate::runtime::get().is_none() {
+        if in_pfs() || runtime::get().is_none() {
             return NONE_U32;
         }
         // Resolving the default class registers it once (a slow path,
@@ -116,105 +180,76 @@ impl<A: GlobalAlloc> PfsAllocator<A> {
         }
     }
 
-    /// Writes the header in front of user pointer `p`.
-    ///
-    /// # Safety
-    /// `p` must be at least [`HEADER`] bytes into a block we allocated.
-    #[inline(always)]
-    unsafe fn write_header(p: *mut u8, size: usize, class: u32) {
-        // SAFETY: the caller guarantees the 16 bytes before `p` are ours;
-        // `p` is at least 16-aligned, so both words are aligned.
-        unsafe {
-            let h = p.sub(HEADER) as *mut u64;
-            h.write(size as u64);
-            h.add(1).write(u64::from(class) | (u64::from(MAGIC) << 32));
-        }
-    }
-
-    /// Reads `(size, class)` from the header of user pointer `p`.
-    ///
-    /// # Safety
-    /// `p` must have been returned by this allocator and not yet freed.
-    #[inline(always)]
-    unsafe fn read_header(p: *mut u8) -> (u64, u32) {
-        // SAFETY: as in `write_header`; the header was written at alloc.
-        unsafe {
-            let h = p.sub(HEADER) as *const u64;
-            let w = h.add(1).read();
-            debug_assert_eq!((w >> 32) as u32, MAGIC, "block not from PfsAllocator");
-            (h.read(), w as u32)
-        }
-    }
-
+    /// Accounts the free of a block whose header says `(size, class)`.
     #[inline(always)]
     fn release(size: u64, class: u32) {
         if class != NONE_U32 {
             account_free(class, size);
         }
     }
+
+    /// `alloc` and `alloc_zeroed`: takes a block of `outer(layout)` from
+    /// the inner allocator (zeroed if asked), accounts it and writes its
+    /// header; returns the user pointer, or null. Safe to call with any
+    /// layout: the outer layout is never zero-sized.
+    #[allow(unsafe_code)]
+    #[inline(always)]
+    fn alloc_block(&self, layout: &Layout, zeroed: bool) -> *mut u8 {
+        let Some(o) = outer(layout) else {
+            return std::ptr::null_mut();
+        };
+        // SAFETY: `o` has a non-zero size (at least `HEADER` bytes), the
+        // one precondition of `GlobalAlloc::alloc` and `alloc_zeroed`.
+        let base = unsafe {
+            if zeroed {
+                self.inner.alloc_zeroed(o)
+            } else {
+                self.inner.alloc(o)
+            }
+        };
+        if base.is_null() {
+            return base;
+        }
+        let class = self.account(layout.size());
+        // SAFETY: `base` is a live block of layout `o`, aligned to
+        // `o.align()` and `front(layout) + layout.size()` bytes long, that
+        // nobody else uses yet. So `base + front(layout)` is in bounds, and
+        // 16-aligned as `front` and `o.align()` are multiples of 16; the 16
+        // bytes before it are in the block (`front >= 16`).
+        unsafe { write_header(base.add(front(layout)), layout.size(), class) }
+    }
 }
 
 // SAFETY: every block is obtained from `inner` with `outer(layout)`, whose
 // alignment is at least the requested one and at least 16; the user
 // pointer is `front(layout)` bytes in, a multiple of the alignment, so it
-// is suitably aligned and has `layout.size()` bytes after it. `dealloc`
-// and `realloc` recompute the same outer layout from the layout they are
-// given (GlobalAlloc's contract: the one used to allocate).
-impl<A: GlobalAlloc> PfsAllocator<A> {
-    /// Accounts a fresh block and writes its header; returns the user pointer.
-    ///
-    /// # Safety
-    /// `base` must be a non-null block allocated with `outer(layout)`.
-    #[inline]
-    unsafe fn finish_alloc(&self, base: *mut u8, layout: &Layout) -> *mut u8 {
-        let class = self.account(layout.size());
-        // SAFETY: `front` bytes lie before the user pointer within the block
-        // (caller contract: `base` has the outer layout).
-        unsafe {
-            let p = base.add(front(layout));
-            Self::write_header(p, layout.size(), class);
-            p
-        }
-    }
-}
-
+// is suitably aligned and has `layout.size()` bytes after it, which are
+// the program's alone (the header lies before them). `dealloc` and
+// `realloc` recompute the same outer layout from the layout they are given
+// (GlobalAlloc's contract: the one used to allocate), and `realloc` keeps
+// the alignment, so the header stays `front(layout)` bytes in front.
+#[allow(unsafe_code)]
 unsafe impl<A: GlobalAlloc> GlobalAlloc for PfsAllocator<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let Some(o) = outer(&layout) else {
-            return std::ptr::null_mut();
-        };
-        // SAFETY: `o` has a non-zero size.
-        let base = unsafe { self.inner.alloc(o) };
-        if base.is_null() {
-            return base;
-        }
-        // SAFETY: `base` is a fresh block of the outer layout of `layout`.
-        unsafe { self.finish_alloc(base, &layout) }
+        self.alloc_block(&layout, false)
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let Some(o) = outer(&layout) else {
-            return std::ptr::null_mut();
-        };
-        // SAFETY: `o` has a non-zero size.
-        let base = unsafe { self.inner.alloc_zeroed(o) };
-        if base.is_null() {
-            return base;
-        }
-        // SAFETY: as in `alloc`.
-        unsafe { self.finish_alloc(base, &layout) }
+        self.alloc_block(&layout, true)
     }
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `alloc` with `layout` (caller contract).
-        let (size, class) = unsafe { Self::read_header(ptr) };
+        // SAFETY: `ptr` was returned by this allocator and not freed yet
+        // (the caller's contract), as `read_header` requires.
+        let (size, class) = unsafe { read_header(ptr) };
         Self::release(size, class);
         let o = outer(&layout).expect("layout was valid at allocation");
-        // SAFETY: the block starts `front` bytes before `ptr`, allocated
-        // from `inner` with layout `o`.
+        // SAFETY: `ptr` was allocated with `layout` (the caller's
+        // contract), so its block starts `front(&layout)` bytes before it
+        // and was allocated from `inner` with `o`, and is freed once.
         unsafe { self.inner.dealloc(ptr.sub(front(&layout)), o) }
     }
 
@@ -222,24 +257,31 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for PfsAllocator<A> {
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let f = front(&layout);
         let o = outer(&layout).expect("layout was valid at allocation");
-        let Some(new_outer) = new_size.checked_add(f) else {
+        // The new outer size must be a valid size at the same alignment
+        // (`inner.realloc`'s contract): too large is an allocation failure.
+        let Some(new_o) = new_size
+            .checked_add(f)
+            .and_then(|n| Layout::from_size_align(n, o.align()).ok())
+        else {
             return std::ptr::null_mut();
         };
-        // SAFETY: `ptr` came from `alloc` with `layout`.
-        let (old_size, old_class) = unsafe { Self::read_header(ptr) };
-        // SAFETY: the block was allocated from `inner` with `o`; the
-        // alignment is unchanged, so the header stays `f` bytes in front.
-        let base = unsafe { self.inner.realloc(ptr.sub(f), o, new_outer) };
+        // SAFETY: `ptr` was returned by this allocator and not freed yet
+        // (the caller's contract).
+        let (old_size, old_class) = unsafe { read_header(ptr) };
+        // SAFETY: the block starts `f` bytes before `ptr` and was allocated
+        // from `inner` with `o` (as in `dealloc`); `new_o.size()` is
+        // non-zero and does not overflow `isize` once rounded up to
+        // `o.align()` (`Layout::from_size_align` checked it).
+        let base = unsafe { self.inner.realloc(ptr.sub(f), o, new_o.size()) };
         if base.is_null() {
             return base; // the old block is untouched, still accounted
         }
         Self::release(old_size, old_class);
         let class = self.account(new_size);
-        // SAFETY: as in `alloc`.
-        unsafe {
-            let p = base.add(f);
-            Self::write_header(p, new_size, class);
-            p
-        }
+        // SAFETY: `base` is a live block of `new_o` (alignment kept), `f +
+        // new_size` bytes long, the header area copied from the old block
+        // or not: either way its 16 bytes before `base + f` are ours to
+        // overwrite (`f >= 16`, a multiple of 16, as is the alignment).
+        unsafe { write_header(base.add(f), new_size, class) }
     }
 }

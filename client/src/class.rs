@@ -1,4 +1,7 @@
-//! Instrument classes: registration and lazily registered statics.
+//! Layer 3. Instrument classes: registration in the segment's class
+//! registry (checking that a name is of the family the caller expects),
+//! the live setup flags word of each class, and lazily registered
+//! statics.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
@@ -6,11 +9,44 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use pfs_shm_layout::ClassKind;
 use pfs_shm_layout::layout::{FLAG_ENABLED, NONE_U32};
 
+use crate::reentry::reentrant;
 use crate::runtime;
 
 /// Flags of an instrument that does not exist (client not initialised,
 /// registry full, wrong name): permanently disabled.
 static DISABLED: AtomicU32 = AtomicU32::new(0);
+
+/// The instrument family an API accepts: a `wait/...`, `stage/...`,
+/// `statement/...` or `memory/...` name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Family {
+    Wait,
+    Stage,
+    Statement,
+    Memory,
+}
+
+impl Family {
+    /// Whether a class of `kind` belongs to this family.
+    fn accepts(self, kind: ClassKind) -> bool {
+        match self {
+            Family::Wait => kind.is_wait(),
+            Family::Stage => kind == ClassKind::Stage,
+            Family::Statement => kind == ClassKind::Statement,
+            Family::Memory => kind == ClassKind::Memory,
+        }
+    }
+
+    /// The family's word, for the warning about a wrong name.
+    fn what(self) -> &'static str {
+        match self {
+            Family::Wait => "wait",
+            Family::Stage => "stage",
+            Family::Statement => "statement",
+            Family::Memory => "memory",
+        }
+    }
+}
 
 /// A registered class: its index and its live setup flags word.
 #[derive(Clone, Copy, Debug)]
@@ -25,13 +61,14 @@ impl ClassRef {
         flags: &DISABLED,
     };
 
-    /// Registers `name` if its kind is accepted by `want`.
-    pub(crate) fn register(name: &str, want: fn(ClassKind) -> bool, what: &str) -> Self {
+    /// Registers `name` if it names an instrument of `family`; a disabled
+    /// class otherwise (and before `init`, or with the registry full).
+    pub(crate) fn register(name: &str, family: Family) -> Self {
         let Some(rt) = runtime::get() else {
             return Self::DISABLED;
         };
         match ClassKind::from_name(name) {
-            Some(kind) if want(kind) => rt
+            Some(kind) if family.accepts(kind) => rt
                 .writer
                 .register_class(name, kind, rt.flags_for(name))
                 .map(|index| Self {
@@ -42,7 +79,8 @@ impl ClassRef {
             _ => {
                 tracing::warn!(
                     name,
-                    "not a PFS {what} instrument name; instrument disabled"
+                    "not a PFS {} instrument name; instrument disabled",
+                    family.what()
                 );
                 Self::DISABLED
             }
@@ -79,23 +117,25 @@ impl LazyRef {
         self.name
     }
 
+    /// The class, registered on the first call after `init` (disabled,
+    /// and not cached, before).
     #[inline(always)]
-    pub(crate) fn get(&self, want: fn(ClassKind) -> bool, what: &str) -> ClassRef {
+    pub(crate) fn get(&self, family: Family) -> ClassRef {
         match self.cell.get() {
             Some(c) => *c,
-            None => self.resolve(want, what),
+            None => self.resolve(family),
         }
     }
 
     #[cold]
-    fn resolve(&self, want: fn(ClassKind) -> bool, what: &str) -> ClassRef {
+    fn resolve(&self, family: Family) -> ClassRef {
         if runtime::get().is_none() {
             return ClassRef::DISABLED;
         }
         // Registration allocates under the writer's lock: never account
-        // those allocations (see `crate::alloc`).
+        // those allocations (see the `reentry` module).
         *self
             .cell
-            .get_or_init(|| crate::thread::reentrant(|| ClassRef::register(self.name, want, what)))
+            .get_or_init(|| reentrant(|| ClassRef::register(self.name, family)))
     }
 }

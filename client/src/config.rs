@@ -1,4 +1,4 @@
-//! Client configuration, from code or from the environment.
+//! Layer 1. Client configuration, from code or from the environment.
 
 use std::path::PathBuf;
 use std::time::Duration;

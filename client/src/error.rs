@@ -1,5 +1,5 @@
-//! Initialisation errors. Instrumentation never fails after `init`: what
-//! does not fit is counted as lost.
+//! Layer 0. Initialisation errors. Instrumentation never fails after
+//! `init`: what does not fit is counted as lost.
 
 use std::path::PathBuf;
 

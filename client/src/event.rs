@@ -1,6 +1,12 @@
-//! The event core shared by waits, stages and statements: thread checks,
-//! setup words, event ids and nesting, timers, and where an ended event
-//! goes (current, history, history_long, summaries) by consumer.
+//! Layer 4. The event core shared by waits, stages and statements: the
+//! checks of class, consumers and thread, event ids and nesting, timers,
+//! and where an ended event goes (current, history, history_long,
+//! summaries) by consumer.
+//!
+//! It works on a thread context it is given: [`begin`] takes the function
+//! that finds (or registers) the current thread's, so that this module
+//! stays below the thread registry, whose exit path ends the open stage
+//! through [`end_open_stage`].
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -9,12 +15,12 @@ use pfs_shm_layout::layout::{
     EV_TIMER_MASK, EV_TIMER_SHIFT, FLAG_ENABLED, FLAG_TIMED, NONE_U32, timer_of,
 };
 use pfs_shm_layout::setup::effective;
-use pfs_shm_layout::writer::{EventData, KIND_STATEMENT, StatementFigures};
+use pfs_shm_layout::writer::{EventData, KIND_STAGE, KIND_STATEMENT, StatementFigures};
 
 use crate::class::ClassRef;
+use crate::context::ThreadCtx;
 use crate::runtime::{self, Runtime};
-use crate::thread::{ThreadCtx, with_ctx};
-use crate::timer;
+use crate::{source, timer};
 
 /// An event in flight. Its kind is the `KIND` parameter of [`begin`] and
 /// [`end`] (a constant at every call site).
@@ -26,9 +32,13 @@ pub(crate) struct Active {
 
 /// Starts an event of kind `KIND` for `class`, whose setup flags the
 /// caller loaded (`flags`), on the current thread, or `None` if the class,
-/// the thread or the consumers say no.
+/// the thread or the consumers say no. `current` gives the current
+/// thread's context (registering the thread on its first event), or
+/// `None` for a thread without a record; it is called only once the class
+/// and the consumers said yes.
 #[inline(always)]
 pub(crate) fn begin<const KIND: usize>(
+    current: impl FnOnce(&'static Runtime) -> Option<&'static ThreadCtx>,
     class: ClassRef,
     flags: u32,
     operation: u32,
@@ -44,7 +54,7 @@ pub(crate) fn begin<const KIND: usize>(
     if consumers & CONSUMER_GLOBAL == 0 {
         return None;
     }
-    let ctx = with_ctx(rt, |ctx| ctx)?;
+    let ctx = current(rt)?;
     if !ctx.instrumented.get() {
         return None;
     }
@@ -52,7 +62,7 @@ pub(crate) fn begin<const KIND: usize>(
     let timer = timer_of(rt.setup.timers.load(Relaxed), KIND);
     let event_id = ctx.next_event_id();
     let (nesting_event_id, nesting_event_type) = ctx.nesting_for(KIND);
-    let source = source.map_or(NONE_U32, |l| crate::source::source_id(rt, l));
+    let source = source.map_or(NONE_U32, |l| source::source_id(rt, l));
     let mut data = EventData {
         event_id,
         end_event_id: 0,
@@ -148,4 +158,17 @@ fn append_long<const KIND: usize>(a: &Active, stmt: Option<&StatementFigures>) {
         .filter(|_| KIND == KIND_STATEMENT)
         .map(|f| (f, &a.ctx.rec.header.statements_current));
     a.rt.writer.append_long(KIND, &a.data, stmt);
+}
+
+/// Ends the thread's open stage, if any: when a new stage starts, when the
+/// statement it nests in ends, on [`crate::end_stage`], and at thread exit.
+pub(crate) fn end_open_stage(ctx: &'static ThreadCtx) {
+    if ctx.stage_id.get() == 0 {
+        return;
+    }
+    ctx.stage_id.set(0);
+    if let (Some(data), Some(rt)) = (ctx.stage.take(), runtime::get()) {
+        let mut a = Active { rt, ctx, data };
+        end::<KIND_STAGE>(&mut a, None);
+    }
 }

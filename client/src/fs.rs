@@ -1,5 +1,6 @@
-//! An instrumented file: `open`, `read`, `write`, `sync` and `close` become
-//! `wait/io/file/...` waits carrying byte counts and the file name.
+//! Layer 7. An instrumented file: `open`, `read`, `write`, `sync`, `seek`
+//! and `close` become `wait/io/file/...` waits carrying byte counts and
+//! the file name.
 
 use std::fs::OpenOptions;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -10,6 +11,7 @@ use std::path::Path;
 use pfs_shm_layout::Operation;
 use pfs_shm_layout::layout::NONE_U32;
 
+use crate::reentry::reentrant;
 use crate::runtime;
 use crate::wait::{LazyWaitClass, WaitGuard};
 
@@ -70,8 +72,7 @@ impl File {
         let path = path.as_ref();
         let name = match runtime::get() {
             Some(rt) if class.get().is_enabled() => {
-                crate::thread::reentrant(|| rt.writer.intern(&path.to_string_lossy()))
-                    .unwrap_or(NONE_U32)
+                reentrant(|| rt.writer.intern(&path.to_string_lossy())).unwrap_or(NONE_U32)
             }
             _ => NONE_U32,
         };
@@ -108,143 +109,122 @@ impl File {
         self.inner.as_mut().expect("file is open until dropped")
     }
 
+    /// Starts an `op` wait on this file, attributed to `loc`.
+    #[inline]
+    fn wait(&self, op: Operation, loc: &'static Location<'static>) -> WaitGuard {
+        Self::begin(self.class, op, self.id, self.name, loc)
+    }
+
+    /// Runs `f` on the open file as one `op` wait attributed to `loc`;
+    /// `bytes` gives the wait's `NUMBER_OF_BYTES` when `f` succeeds (`None`
+    /// for operations that move no data).
+    #[inline]
+    fn io<R>(
+        &mut self,
+        op: Operation,
+        loc: &'static Location<'static>,
+        f: impl FnOnce(&mut std::fs::File) -> io::Result<R>,
+        bytes: impl FnOnce(&R) -> Option<u64>,
+    ) -> io::Result<R> {
+        let mut w = self.wait(op, loc);
+        let r = f(self.file());
+        if let Some(n) = r.as_ref().ok().and_then(bytes) {
+            w.set_bytes(n);
+        }
+        r
+    }
+
     /// Flushes data and metadata (`sync` wait).
     #[track_caller]
     pub fn sync_all(&mut self) -> io::Result<()> {
-        let _w = Self::begin(
-            self.class,
-            Operation::Sync,
-            self.id,
-            self.name,
-            Location::caller(),
-        );
-        self.file().sync_all()
+        self.io(Operation::Sync, Location::caller(), |f| f.sync_all(), none)
     }
 
     /// Flushes data (`sync` wait).
     #[track_caller]
     pub fn sync_data(&mut self) -> io::Result<()> {
-        let _w = Self::begin(
-            self.class,
-            Operation::Sync,
-            self.id,
-            self.name,
-            Location::caller(),
-        );
-        self.file().sync_data()
+        self.io(Operation::Sync, Location::caller(), |f| f.sync_data(), none)
     }
 
     /// File metadata (`stat` wait).
     #[track_caller]
     pub fn metadata(&mut self) -> io::Result<std::fs::Metadata> {
-        let _w = Self::begin(
-            self.class,
-            Operation::Stat,
-            self.id,
-            self.name,
-            Location::caller(),
-        );
-        self.file().metadata()
+        self.io(Operation::Stat, Location::caller(), |f| f.metadata(), none)
     }
 
     /// Truncates or extends (`chsize` wait).
     #[track_caller]
     pub fn set_len(&mut self, len: u64) -> io::Result<()> {
-        let _w = Self::begin(
-            self.class,
+        self.io(
             Operation::Chsize,
-            self.id,
-            self.name,
             Location::caller(),
-        );
-        self.file().set_len(len)
+            |f| f.set_len(len),
+            none,
+        )
     }
+}
+
+/// `NUMBER_OF_BYTES` of an operation that moves no data: not set.
+fn none<R>(_: &R) -> Option<u64> {
+    None
+}
+
+/// `NUMBER_OF_BYTES` of a read or write that reports its count.
+fn count(n: &usize) -> Option<u64> {
+    Some(*n as u64)
 }
 
 impl Read for File {
     #[track_caller]
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let mut w = Self::begin(
-            self.class,
-            Operation::Read,
-            self.id,
-            self.name,
-            Location::caller(),
-        );
-        let r = self.file().read(buf);
-        if let Ok(n) = r {
-            w.set_bytes(n as u64);
-        }
-        r
+        self.io(Operation::Read, Location::caller(), |f| f.read(buf), count)
     }
 
     /// One `read` wait for the whole buffer, attributed to the caller.
     #[track_caller]
     fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
-        let mut w = Self::begin(
-            self.class,
+        let n = buf.len() as u64;
+        self.io(
             Operation::Read,
-            self.id,
-            self.name,
             Location::caller(),
-        );
-        let r = self.file().read_exact(buf);
-        if r.is_ok() {
-            w.set_bytes(buf.len() as u64);
-        }
-        r
+            |f| f.read_exact(buf),
+            |_| Some(n),
+        )
     }
 
     /// One `read` wait for the whole file, attributed to the caller.
     #[track_caller]
     fn read_to_end(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
-        let mut w = Self::begin(
-            self.class,
+        self.io(
             Operation::Read,
-            self.id,
-            self.name,
             Location::caller(),
-        );
-        let r = self.file().read_to_end(buf);
-        if let Ok(n) = r {
-            w.set_bytes(n as u64);
-        }
-        r
+            |f| f.read_to_end(buf),
+            count,
+        )
     }
 }
 
 impl Write for File {
     #[track_caller]
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let mut w = Self::begin(
-            self.class,
+        self.io(
             Operation::Write,
-            self.id,
-            self.name,
             Location::caller(),
-        );
-        let r = self.file().write(buf);
-        if let Ok(n) = r {
-            w.set_bytes(n as u64);
-        }
-        r
+            |f| f.write(buf),
+            count,
+        )
     }
 
     /// One `write` wait for the whole buffer, attributed to the caller.
     #[track_caller]
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        let mut w = Self::begin(
-            self.class,
+        let n = buf.len() as u64;
+        self.io(
             Operation::Write,
-            self.id,
-            self.name,
             Location::caller(),
-        );
-        let r = self.file().write_all(buf);
-        if r.is_ok() {
-            w.set_bytes(buf.len() as u64);
-        }
-        r
+            |f| f.write_all(buf),
+            |_| Some(n),
+        )
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -255,26 +235,13 @@ impl Write for File {
 impl Seek for File {
     #[track_caller]
     fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
-        let _w = Self::begin(
-            self.class,
-            Operation::Seek,
-            self.id,
-            self.name,
-            Location::caller(),
-        );
-        self.file().seek(pos)
+        self.io(Operation::Seek, Location::caller(), |f| f.seek(pos), none)
     }
 }
 
 impl Drop for File {
     fn drop(&mut self) {
-        let _w = Self::begin(
-            self.class,
-            Operation::Close,
-            self.id,
-            self.name,
-            Location::caller(),
-        );
+        let _w = self.wait(Operation::Close, Location::caller());
         drop(self.inner.take());
     }
 }

@@ -1,12 +1,13 @@
 //! # pfs-client: instrument a process
 //!
 //! Link this crate into an application, call [`init`] once, and its
-//! threads record timed waits (mutex, rwlock, condvar, file I/O) into a
-//! shared-memory segment that `pfs-agent` exports as Prometheus metrics and
-//! Performance-Schema tables.
+//! threads record timed waits (mutex, rwlock, condvar, file I/O, or any
+//! wait of your own), the stages and statements those waits nest in, and
+//! memory allocations, into a shared-memory segment that `pfs-agent`
+//! exports as Prometheus metrics and Performance-Schema tables.
 //!
 //! * **Hot path**: a disabled instrument costs one relaxed load and a
-//!   branch. An enabled wait writes only the calling thread's own record:
+//!   branch. An enabled event writes only the calling thread's own record:
 //!   no lock, no syscall, no allocation, no shared cache line.
 //! * **Never harms the application**: if the segment cannot be created,
 //!   [`init`] returns an error and every instrument stays a no-op; a thread
@@ -32,16 +33,60 @@
 //!     drop(w);
 //! }
 //! ```
+//!
+//! # Modules, in layers
+//!
+//! Each module has one job and uses only modules of lower layers, never
+//! one of its own layer or above (`crate::x`, `super::x` and doc links
+//! alike), so the modules form no cycle. Layer 0 is the bottom; each
+//! module's header comment states its layer.
+//!
+//! | layer | module | job |
+//! | --- | --- | --- |
+//! | 0 | `reentry` | the re-entrancy guard: a thread-local flag set during the client's own slow paths, whose allocations are then not accounted |
+//! | 0 | `context` | the per-thread context the hot path works on: the thread's record and its event state |
+//! | 0 | `timer` | the timers (CYCLE, NANOSECOND, ...) and their conversion to picoseconds |
+//! | 0 | `error` | [`InitError`], why `init` failed |
+//! | 1 | `config` | [`Config`], from code or from `PFS_*` variables |
+//! | 2 | `runtime` | the process-wide segment: created once by `init`, read by every event |
+//! | 3 | `class` | instrument classes: registration, live setup flags, lazily registered statics |
+//! | 3 | `source` | `SOURCE`: call sites interned once, found again without formatting |
+//! | 4 | `event` | the event core: begin and end of waits, stages and statements, by consumer |
+//! | 5 | `thread` | the thread registry: registers a thread on its first event, folds its record at exit |
+//! | 6 | `memory` | memory instruments: tokens, scopes and the accounting of allocations and frees |
+//! | 6 | `wait` | waits: [`WaitClass`], [`LazyWaitClass`] and the [`WaitGuard`] of one wait |
+//! | 6 | `stage` | stages: [`StageClass`], [`LazyStageClass`], [`end_stage`] |
+//! | 6 | `statement` | statements: [`StatementClass`], [`LazyStatementClass`], [`StatementGuard`] |
+//! | 7 | [`alloc`] | the `GlobalAlloc` wrapper that accounts heap allocations |
+//! | 7 | [`sync`] | instrumented `Mutex`, `RwLock` and `Condvar` |
+//! | 7 | [`fs`] | an instrumented `File` |
+//!
+//! # Unsafe code
+//!
+//! The crate denies `unsafe_code`; two modules allow it on the items that
+//! need it, each block with a `// SAFETY:` argument:
+//!
+//! * [`alloc`], 9 blocks: a global allocator is unsafe by nature. It
+//!   calls the inner allocator (3 blocks) and reads and writes the header
+//!   it keeps in front of every block (6 blocks, of which the two
+//!   `unsafe fn` header accessors).
+//! * `thread`, 2 blocks: the current thread's context is reached through a
+//!   thread-local raw pointer, so that the hot path pays one thread-local
+//!   load and no borrow flag or lazy-initialisation check; one block turns
+//!   that pointer into a reference, one frees the context at thread exit.
 
 #![deny(missing_docs)]
+#![deny(unsafe_code)]
 
 pub mod alloc;
 mod class;
 mod config;
+mod context;
 mod error;
 mod event;
 pub mod fs;
 mod memory;
+mod reentry;
 mod runtime;
 mod source;
 mod stage;
@@ -66,7 +111,15 @@ pub use wait::{LazyWaitClass, WaitClass, WaitGuard};
 /// its most specific matching row, whether the thread is instrumented
 /// (`INSTRUMENTED`) and whether its events go to the history tables
 /// (`HISTORY`). Threads that never declare an actor are instrumented, like
-/// PFS background threads. Returns the `(instrumented, history)` verdict.
+/// PFS background threads. Returns the `(instrumented, history)` verdict,
+/// `(false, false)` before [`init`].
+///
+/// ```
+/// // A request handler serving user `alice` from `10.0.0.7`:
+/// let (instrumented, history) = pfs_client::set_thread_actor("alice", "10.0.0.7", "%");
+/// // Not initialised here, so nothing is instrumented.
+/// assert_eq!((instrumented, history), (false, false));
+/// ```
 pub fn set_thread_actor(user: &str, host: &str, role: &str) -> (bool, bool) {
     thread::set_actor(user, host, role)
 }
@@ -80,17 +133,37 @@ pub fn init() -> Result<(), InitError> {
     init_with(Config::from_env()?)
 }
 
-/// Initialises instrumentation with an explicit configuration.
+/// Initialises instrumentation with an explicit configuration. Fails if
+/// this process already initialised it (see [`InitError`]).
+///
+/// ```no_run
+/// use pfs_client::Config;
+///
+/// let cfg = Config::new("checkout")
+///     .shm_dir("/var/run/pfs")
+///     .instrument("wait/io/file/%", 0); // file waits off from the start
+/// if let Err(e) = pfs_client::init_with(cfg) {
+///     eprintln!("instrumentation disabled: {e}");
+/// }
+/// println!("writing {:?}", pfs_client::segment_path());
+/// ```
 pub fn init_with(config: Config) -> Result<(), InitError> {
     runtime::init(config).map(|_| ())
 }
 
-/// The segment file this process writes, once initialised.
+/// The segment file this process writes, once initialised (`None`
+/// before, or if `init` failed).
 pub fn segment_path() -> Option<&'static Path> {
     runtime::get().map(|rt| rt.path.as_path())
 }
 
-/// The segment file name a process with this service name and pid uses.
+/// The segment file name a process with this service name and pid uses:
+/// `<service>.<pid>.pfs`, characters other than ASCII letters, digits, `-`
+/// and `_` replaced by `_`.
+///
+/// ```
+/// assert_eq!(pfs_client::segment_file_name("checkout api", 42), "checkout_api.42.pfs");
+/// ```
 pub fn segment_file_name(service: &str, pid: u32) -> String {
     runtime::segment_file_name(service, pid)
 }

@@ -1,6 +1,7 @@
-//! Memory instruments (`memory/<area>/<name>`): explicit accounting with
-//! tokens, and the scope that the [`crate::alloc::PfsAllocator`] attributes
-//! heap allocations to.
+//! Layer 6. Memory instruments (`memory/<area>/<name>`): explicit
+//! accounting with tokens, the accounting itself (shared with the
+//! `GlobalAlloc` wrapper of the `alloc` module), and the scope that the
+//! wrapper attributes heap allocations to.
 //!
 //! Rules (the MySQL manual's): a block is instrumented only if both the
 //! thread (`INSTRUMENTED`) and the instrument (`ENABLED`) are enabled when
@@ -11,11 +12,11 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use pfs_shm_layout::ClassKind;
 use pfs_shm_layout::layout::{MAX_CLASSES_LIMIT, NONE_U32};
 
-use crate::class::{ClassRef, LazyRef};
-use crate::runtime;
+use crate::class::{ClassRef, Family, LazyRef};
+use crate::reentry::{in_pfs, reentrant};
+use crate::runtime::{self, Runtime};
 use crate::thread;
 
 /// A memory instrument registered on first use after [`crate::init`].
@@ -31,10 +32,6 @@ use crate::thread;
 #[derive(Debug)]
 pub struct LazyMemoryClass(LazyRef);
 
-fn is_memory(k: ClassKind) -> bool {
-    k == ClassKind::Memory
-}
-
 impl LazyMemoryClass {
     /// Declares a memory instrument named `memory/<area>/<name>`.
     pub const fn new(name: &'static str) -> Self {
@@ -49,7 +46,7 @@ impl LazyMemoryClass {
     /// The registered instrument (disabled before `init`).
     #[inline(always)]
     pub fn get(&self) -> MemoryClass {
-        MemoryClass(self.0.get(is_memory, "memory"))
+        MemoryClass(self.0.get(Family::Memory))
     }
 
     /// Accounts an allocation of `size` bytes; see [`MemoryClass::alloc`].
@@ -163,8 +160,8 @@ pub(crate) fn account_free(class: u32, size: u64) {
 
 #[cold]
 #[inline(never)]
-fn free_without_record(rt: &'static runtime::Runtime, class: u32, size: u64) {
-    if thread::in_pfs() {
+fn free_without_record(rt: &'static Runtime, class: u32, size: u64) {
+    if in_pfs() {
         if let Some(p) = PENDING.get(class as usize) {
             p[0].fetch_add(1, Relaxed);
             p[1].fetch_add(size, Relaxed);
@@ -172,7 +169,7 @@ fn free_without_record(rt: &'static runtime::Runtime, class: u32, size: u64) {
         }
         return;
     }
-    thread::reentrant(|| {
+    reentrant(|| {
         rt.writer.memory_free_global(class as usize, 1, size);
         if PENDING_ANY.swap(0, Relaxed) != 0 {
             for (i, p) in PENDING.iter().enumerate() {
@@ -198,9 +195,21 @@ pub(crate) fn scope() -> Option<ClassRef> {
     SCOPE.with(|s| s.get())
 }
 
-/// Attributes this thread's heap allocations (through
-/// [`crate::alloc::PfsAllocator`]) to `class` until the guard drops.
-/// Cheap: two thread-local writes. Scopes nest.
+/// Attributes this thread's heap allocations (through the global
+/// allocator wrapper `pfs_client::alloc::PfsAllocator`) to `class` until
+/// the guard drops. Cheap: the class lookup and two thread-local writes
+/// (one now, one at the drop). Scopes nest.
+///
+/// ```
+/// use pfs_client::{LazyMemoryClass, memory_scope};
+/// static CACHE: LazyMemoryClass = LazyMemoryClass::new("memory/kv/cache");
+///
+/// let entries = {
+///     let _scope = memory_scope(&CACHE);
+///     vec![0u8; 1 << 16] // counted as memory/kv/cache, with PfsAllocator
+/// }; // the scope ends, `entries` stays counted until it is freed
+/// # drop(entries);
+/// ```
 #[must_use = "the scope ends when the guard drops"]
 pub fn memory_scope(class: &'static LazyMemoryClass) -> MemoryScope {
     let c = class.get().0;

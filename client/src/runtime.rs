@@ -1,5 +1,5 @@
-//! Process-wide state: the segment this process owns, created once by
-//! [`crate::init`] and kept for the life of the process.
+//! Layer 2. Process-wide state: the segment this process owns, created once
+//! by [`crate::init`] and kept for the life of the process.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};

@@ -1,13 +1,14 @@
-//! `SOURCE` capture without formatting on the hot path: each call site's
-//! `&'static Location` is interned once into the segment's string table;
-//! later events find its index in a small process-local lock-free table
-//! keyed by the location's address.
+//! Layer 3. `SOURCE` capture without formatting on the hot path: each call
+//! site's `&'static Location` is interned once into the segment's string
+//! table; later events find its index in a small process-local lock-free
+//! table keyed by the location's address.
 
 use std::panic::Location;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 
 use pfs_shm_layout::layout::NONE_U32;
 
+use crate::reentry::reentrant;
 use crate::runtime::Runtime;
 
 const SLOTS: usize = 4096;
@@ -54,8 +55,7 @@ fn intern_slow(rt: &Runtime, loc: &'static Location<'static>, slot: &Slot, key: 
         return NONE_U32; // lost the race for this slot; next event finds it
     }
     let file = loc.file().rsplit(['/', '\\']).next().unwrap_or(loc.file());
-    let id = crate::thread::reentrant(|| rt.writer.intern(&format!("{file}:{}", loc.line())))
-        .unwrap_or(NONE_U32);
+    let id = reentrant(|| rt.writer.intern(&format!("{file}:{}", loc.line()))).unwrap_or(NONE_U32);
     slot.id.store(id, Release);
     id
 }

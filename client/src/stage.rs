@@ -1,18 +1,14 @@
-//! Stages (`stage/<area>/<name>`): the phases of a statement. Entering a
-//! stage ends the thread's previous stage, so stages never overlap; the
-//! open stage ends when the statement ends (or with [`end_stage`]).
+//! Layer 6. Stages (`stage/<area>/<name>`): the phases of a statement.
+//! Entering a stage ends the thread's previous stage, so stages never
+//! overlap; the open stage ends when the statement ends (or with
+//! [`end_stage`]).
 
-use pfs_shm_layout::ClassKind;
-use pfs_shm_layout::layout::{EV_HAS_BYTES, EV_HAS_PROGRESS, EV_HAS_SPINS};
+use pfs_shm_layout::layout::{EV_HAS_BYTES, EV_HAS_PROGRESS, EV_HAS_SPINS, NONE_U32};
 use pfs_shm_layout::writer::KIND_STAGE;
 
-use crate::class::{ClassRef, LazyRef};
-use crate::event::{self, Active};
-use crate::thread::{ThreadCtx, with_registered};
-
-fn is_stage(k: ClassKind) -> bool {
-    k == ClassKind::Stage
-}
+use crate::class::{ClassRef, Family, LazyRef};
+use crate::event::{self, end_open_stage};
+use crate::thread::{self, with_registered};
 
 /// A registered stage instrument.
 #[derive(Clone, Copy, Debug)]
@@ -21,7 +17,7 @@ pub struct StageClass(ClassRef);
 impl StageClass {
     /// Registers (or finds) `stage/<area>/<name>`.
     pub fn register(name: &str) -> Self {
-        Self(ClassRef::register(name, is_stage, "stage"))
+        Self(ClassRef::register(name, Family::Stage))
     }
 
     /// PFS `ENABLED`.
@@ -38,11 +34,12 @@ impl StageClass {
         let loc = std::panic::Location::caller();
         with_registered(end_open_stage);
         if let Some(a) = event::begin::<KIND_STAGE>(
+            thread::current,
             self.0,
             self.0.flags(),
             0,
             0,
-            pfs_shm_layout::layout::NONE_U32,
+            NONE_U32,
             Some(loc),
         ) {
             a.ctx.stage_id.set(a.data.event_id);
@@ -71,7 +68,7 @@ impl LazyStageClass {
     /// The registered class.
     #[inline(always)]
     pub fn get(&self) -> StageClass {
-        StageClass(self.0.get(is_stage, "stage"))
+        StageClass(self.0.get(Family::Stage))
     }
 
     /// Shorthand for `get().enter()`.
@@ -89,6 +86,18 @@ pub fn end_stage() {
 
 /// Reports progress of the open stage (`WORK_COMPLETED`,
 /// `WORK_ESTIMATED`), shown in `events_stages_current`.
+///
+/// ```
+/// use pfs_client::{LazyStageClass, end_stage, stage_progress};
+/// static COPYING: LazyStageClass = LazyStageClass::new("stage/kv/copying");
+///
+/// COPYING.enter();
+/// for chunk in 1..=4 {
+///     // ... copy one chunk ...
+///     stage_progress(chunk, 4);
+/// }
+/// end_stage();
+/// ```
 pub fn stage_progress(completed: u64, estimated: u64) {
     with_registered(|ctx| {
         if let Some(mut d) = ctx.stage.get() {
@@ -99,15 +108,4 @@ pub fn stage_progress(completed: u64, estimated: u64) {
             ctx.rec.begin_event(KIND_STAGE, &d);
         }
     });
-}
-
-pub(crate) fn end_open_stage(ctx: &'static ThreadCtx) {
-    if ctx.stage_id.get() == 0 {
-        return;
-    }
-    ctx.stage_id.set(0);
-    if let (Some(data), Some(rt)) = (ctx.stage.take(), crate::runtime::get()) {
-        let mut a = Active { rt, ctx, data };
-        event::end::<KIND_STAGE>(&mut a, None);
-    }
 }

@@ -1,18 +1,14 @@
-//! Statements (`statement/<area>/<name>`): the unit of work a thread
-//! serves (a request, a query, a job step), with its own figures.
+//! Layer 6. Statements (`statement/<area>/<name>`): the unit of work a
+//! thread serves (a request, a query, a job step), with its own figures.
 
 use std::marker::PhantomData;
 
-use pfs_shm_layout::ClassKind;
 use pfs_shm_layout::layout::NONE_U32;
 use pfs_shm_layout::writer::{KIND_STATEMENT, StatementFigures};
 
-use crate::class::{ClassRef, LazyRef};
-use crate::event::{self, Active};
-
-fn is_statement(k: ClassKind) -> bool {
-    k == ClassKind::Statement
-}
+use crate::class::{ClassRef, Family, LazyRef};
+use crate::event::{self, Active, end_open_stage};
+use crate::thread;
 
 /// A registered statement instrument.
 #[derive(Clone, Copy, Debug)]
@@ -21,7 +17,7 @@ pub struct StatementClass(ClassRef);
 impl StatementClass {
     /// Registers (or finds) `statement/<area>/<name>`.
     pub fn register(name: &str) -> Self {
-        Self(ClassRef::register(name, is_statement, "statement"))
+        Self(ClassRef::register(name, Family::Statement))
     }
 
     /// PFS `ENABLED`.
@@ -35,8 +31,15 @@ impl StatementClass {
     #[track_caller]
     pub fn start(&self) -> StatementGuard {
         let loc = std::panic::Location::caller();
-        let active =
-            event::begin::<KIND_STATEMENT>(self.0, self.0.flags(), 0, 0, NONE_U32, Some(loc));
+        let active = event::begin::<KIND_STATEMENT>(
+            thread::current,
+            self.0,
+            self.0.flags(),
+            0,
+            0,
+            NONE_U32,
+            Some(loc),
+        );
         let parent = active.as_ref().map_or(0, |a| {
             let parent = a.ctx.statement_id.get();
             a.ctx.statement_id.set(a.data.event_id);
@@ -76,7 +79,7 @@ impl LazyStatementClass {
     /// The registered class.
     #[inline(always)]
     pub fn get(&self) -> StatementClass {
-        StatementClass(self.0.get(is_statement, "statement"))
+        StatementClass(self.0.get(Family::Statement))
     }
 
     /// Shorthand for `get().start()`.
@@ -89,6 +92,12 @@ impl LazyStatementClass {
 
 /// A statement in progress; dropping it ends the open stage and the
 /// statement. Not `Send`.
+///
+/// Keep it on the stack (or in what the stack owns), not in a
+/// `thread_local!`: the thread's context is freed by a thread-local
+/// destructor at thread exit, and a guard dropped by a thread-local
+/// destructor that runs after that one would end its event through freed
+/// memory.
 #[must_use = "the statement ends when the guard is dropped"]
 pub struct StatementGuard {
     active: Option<Active>,
@@ -176,7 +185,7 @@ impl StatementGuard {
                 .get()
                 .is_some_and(|s| s.nesting_event_id == a.data.event_id)
         {
-            crate::stage::end_open_stage(a.ctx);
+            end_open_stage(a.ctx);
         }
         a.ctx.statement_id.set(self.parent);
         event::end::<KIND_STATEMENT>(a, Some(&self.figures))

@@ -1,9 +1,10 @@
-//! Instrumented drop-in wrappers for `std::sync::{Mutex, RwLock, Condvar}`.
-//! Every acquisition is a `wait/synch/...` wait whose `SPINS` is 1 when the
-//! lock was contended (a non-blocking attempt failed first) and 0 otherwise.
+//! Layer 7. Instrumented drop-in wrappers for
+//! `std::sync::{Mutex, RwLock, Condvar}`. Every acquisition is a
+//! `wait/synch/...` wait whose `SPINS` is 1 when the lock was contended (a
+//! non-blocking attempt failed first) and 0 otherwise.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::{self, LockResult, PoisonError, TryLockError};
+use std::sync::{self, LockResult, PoisonError, TryLockError, TryLockResult};
 use std::time::Duration;
 
 use pfs_shm_layout::Operation;
@@ -18,6 +19,28 @@ fn object<T: ?Sized>(t: &T) -> usize {
 #[track_caller]
 fn start(class: &'static LazyWaitClass, op: Operation, obj: usize) -> WaitGuard {
     class.get().start(op, obj)
+}
+
+/// Acquires a lock for the wait `w`: without blocking if it is free
+/// (`SPINS` 0), else, once that attempt failed, blocking (`SPINS` 1). The
+/// wait ends when the lock is held.
+#[inline(always)]
+fn acquire<G>(
+    mut w: WaitGuard,
+    try_acquire: impl FnOnce() -> TryLockResult<G>,
+    block: impl FnOnce() -> LockResult<G>,
+) -> LockResult<G> {
+    match try_acquire() {
+        Ok(g) => {
+            w.set_spins(0);
+            Ok(g)
+        }
+        Err(TryLockError::Poisoned(p)) => Err(p),
+        Err(TryLockError::WouldBlock) => {
+            w.set_spins(1);
+            block()
+        }
+    }
 }
 
 fn map_poison<G, H>(r: LockResult<G>, f: impl FnOnce(G) -> H) -> LockResult<H> {
@@ -66,19 +89,8 @@ impl<T: ?Sized> Mutex<T> {
     /// Locks, recording a `lock` wait.
     #[track_caller]
     pub fn lock(&self) -> LockResult<MutexGuard<'_, T>> {
-        let mut w = start(self.class, Operation::Lock, object(self));
-        let r = match self.inner.try_lock() {
-            Ok(g) => {
-                w.set_spins(0);
-                Ok(g)
-            }
-            Err(TryLockError::Poisoned(p)) => Err(p),
-            Err(TryLockError::WouldBlock) => {
-                w.set_spins(1);
-                self.inner.lock()
-            }
-        };
-        drop(w);
+        let w = start(self.class, Operation::Lock, object(self));
+        let r = acquire(w, || self.inner.try_lock(), || self.inner.lock());
         map_poison(r, MutexGuard)
     }
 
@@ -116,6 +128,14 @@ impl<T: ?Sized> DerefMut for MutexGuard<'_, T> {
 
 /// A `std::sync::RwLock` whose acquisitions are `wait/synch/rwlock/...`
 /// waits (`read_lock`, `write_lock`).
+///
+/// ```
+/// use pfs_client::{LazyWaitClass, sync::RwLock};
+/// static CONFIG_LOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/rwlock/kv/config");
+/// let config = RwLock::new(&CONFIG_LOCK, String::from("v1"));
+/// config.write().unwrap().push_str("+patch");
+/// assert_eq!(*config.read().unwrap(), "v1+patch");
+/// ```
 #[derive(Debug)]
 pub struct RwLock<T: ?Sized> {
     class: &'static LazyWaitClass,
@@ -141,40 +161,34 @@ impl<T: ?Sized> RwLock<T> {
     /// Shared lock, recording a `read_lock` wait.
     #[track_caller]
     pub fn read(&self) -> LockResult<RwLockReadGuard<'_, T>> {
-        let mut w = start(self.class, Operation::ReadLock, object(self));
-        match self.inner.try_read() {
-            Ok(g) => {
-                w.set_spins(0);
-                Ok(g)
-            }
-            Err(TryLockError::Poisoned(p)) => Err(p),
-            Err(TryLockError::WouldBlock) => {
-                w.set_spins(1);
-                self.inner.read()
-            }
-        }
+        let w = start(self.class, Operation::ReadLock, object(self));
+        acquire(w, || self.inner.try_read(), || self.inner.read())
     }
 
     /// Exclusive lock, recording a `write_lock` wait.
     #[track_caller]
     pub fn write(&self) -> LockResult<RwLockWriteGuard<'_, T>> {
-        let mut w = start(self.class, Operation::WriteLock, object(self));
-        match self.inner.try_write() {
-            Ok(g) => {
-                w.set_spins(0);
-                Ok(g)
-            }
-            Err(TryLockError::Poisoned(p)) => Err(p),
-            Err(TryLockError::WouldBlock) => {
-                w.set_spins(1);
-                self.inner.write()
-            }
-        }
+        let w = start(self.class, Operation::WriteLock, object(self));
+        acquire(w, || self.inner.try_write(), || self.inner.write())
     }
 }
 
 /// A `std::sync::Condvar` whose waits are `wait/synch/cond/...` waits
 /// (`wait`, `timed_wait`), used with an instrumented [`Mutex`].
+///
+/// ```
+/// use std::time::Duration;
+/// use pfs_client::{LazyWaitClass, sync::{Condvar, Mutex}};
+/// static QUEUE_LOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/kv/queue");
+/// static NOT_EMPTY: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/kv/not_empty");
+///
+/// let queue = Mutex::new(&QUEUE_LOCK, Vec::<u32>::new());
+/// let not_empty = Condvar::new(&NOT_EMPTY);
+/// let guard = queue.lock().unwrap();
+/// // Nobody notifies: the wait times out.
+/// let (guard, timeout) = not_empty.wait_timeout(guard, Duration::from_millis(1)).unwrap();
+/// assert!(timeout.timed_out() && guard.is_empty());
+/// ```
 #[derive(Debug)]
 pub struct Condvar {
     class: &'static LazyWaitClass,

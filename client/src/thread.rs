@@ -1,90 +1,61 @@
-//! Per-thread state: the thread's record, registered lazily on its first
-//! event and folded into the process totals when the thread exits.
+//! Layer 5. The thread registry: gives the current thread its context
+//! (registering it lazily, on its first event, into a record of the
+//! segment's thread container) and takes it back when the thread exits,
+//! ending its open stage and folding its record into the process totals.
+//!
+//! Holds unsafe code, two blocks: [`lookup`] turns the thread-local
+//! pointer to the thread's context into a reference, and `Owner::drop`
+//! frees the context at thread exit.
 
 use std::cell::{Cell, RefCell};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use pfs_shm_layout::layout::LostKind;
-use pfs_shm_layout::{RecordRef, ThreadSlot};
+use pfs_shm_layout::layout::{LostKind, NONE_U32, THREAD_HISTORY, THREAD_INSTRUMENTED};
+use pfs_shm_layout::setup::{match_actor, read_actors};
 
+use crate::context::ThreadCtx;
+use crate::event::end_open_stage;
+use crate::reentry::{in_pfs, reentrant};
 use crate::runtime::{self, Runtime};
 
-/// What the hot path needs of the current thread.
-pub(crate) struct ThreadCtx {
-    pub(crate) rec: RecordRef<'static>,
-    slot: ThreadSlot,
-    /// `THREAD_ID`.
-    pub(crate) thread_id: u64,
-    /// Last `EVENT_ID` used (per thread, shared by all event kinds).
-    pub(crate) event_id: Cell<u64>,
-    /// `INSTRUMENTED` (setup_actors verdict; yes until an actor is declared).
-    pub(crate) instrumented: Cell<bool>,
-    /// `HISTORY`.
-    pub(crate) history: Cell<bool>,
-    /// The open stage, if any (a new stage ends it).
-    pub(crate) stage: Cell<Option<pfs_shm_layout::writer::EventData>>,
-    /// `EVENT_ID` of the open stage (0 = none): what a wait nests in,
-    /// without copying `stage`.
-    pub(crate) stage_id: Cell<u64>,
-    /// Event id of the innermost open statement (0 = none).
-    pub(crate) statement_id: Cell<u64>,
-}
-
-impl ThreadCtx {
-    /// Takes the next `EVENT_ID`.
-    #[inline(always)]
-    pub(crate) fn next_event_id(&self) -> u64 {
-        let id = self.event_id.get() + 1;
-        self.event_id.set(id);
-        id
-    }
-
-    /// `NESTING_EVENT_ID` and `NESTING_EVENT_TYPE` for a new event of
-    /// `kind`: waits nest in the open stage, else the open statement;
-    /// stages and statements nest in the open statement.
-    #[inline(always)]
-    pub(crate) fn nesting_for(&self, kind: usize) -> (u64, u32) {
-        use pfs_shm_layout::layout::EventType;
-        if kind == pfs_shm_layout::writer::KIND_WAIT {
-            let stage = self.stage_id.get();
-            if stage != 0 {
-                return (stage, EventType::Stage as u32);
-            }
-        }
-        match self.statement_id.get() {
-            0 => (0, EventType::None as u32),
-            id => (id, EventType::Statement as u32),
-        }
-    }
-}
-
-/// Owns the context; dropping it (at thread exit) folds and frees the record.
-struct Owner(Option<Box<ThreadCtx>>);
+/// Owns the context (leaked from its box at registration, so that no
+/// `Box` asserts unique access while the hot path reads it through
+/// [`CTX`]); dropping it, at thread exit, ends the open stage, folds the
+/// record and frees the context.
+struct Owner(Option<NonNull<ThreadCtx>>);
 
 impl Drop for Owner {
+    #[allow(unsafe_code)]
     fn drop(&mut self) {
-        // Folding takes the writer's lock and frees the context: not
-        // accounted by `crate::alloc` (neither block was).
-        IN_PFS.with(|f| f.set(true));
-        // A stage still open at thread exit ends here, so it is counted.
-        if let Some(ctx) = self.0.as_deref() {
-            let p: *const ThreadCtx = ctx;
-            // SAFETY: the box behind `p` is freed at the end of this
-            // function at the earliest; `end_open_stage` keeps no reference
-            // past its return.
-            crate::stage::end_open_stage(unsafe { &*p });
-        }
-        CTX.with(|c| c.set(DEAD));
-        if let (Some(ctx), Some(rt)) = (self.0.take(), runtime::get()) {
-            rt.writer.fold_and_free(ctx.slot);
-        }
-        let lost = LOST_EVENTS.with(|c| c.get());
-        if lost > 0
-            && let Some(rt) = runtime::get()
-        {
-            rt.writer.segment().lost().counters[LostKind::Events as usize].fetch_add(lost, Relaxed);
-        }
-        IN_PFS.with(|f| f.set(false));
+        // Folding takes the writer's lock and frees the context: neither
+        // block was accounted, so neither free is.
+        reentrant(|| {
+            // A stage still open at thread exit ends here, so it is
+            // counted (CTX still points to the context).
+            with_registered(end_open_stage);
+            CTX.with(|c| c.set(DEAD));
+            if let Some(p) = self.0.take() {
+                // SAFETY: `p` comes from `Box::leak` in `register_inner`
+                // and is stored here only, so it is a live allocation of
+                // the global allocator with `ThreadCtx`'s layout, and
+                // `take` makes this the only `Box::from_raw` of it. CTX
+                // was set to DEAD just above, so no new reference to the
+                // context can be made; the references made before do not
+                // outlive this destructor (see `lookup`).
+                let ctx = unsafe { Box::from_raw(p.as_ptr()) };
+                if let Some(rt) = runtime::get() {
+                    rt.writer.fold_and_free(ctx.slot);
+                }
+            }
+            let lost = LOST_EVENTS.with(|c| c.get());
+            if lost > 0
+                && let Some(rt) = runtime::get()
+            {
+                rt.writer.segment().lost().counters[LostKind::Events as usize]
+                    .fetch_add(lost, Relaxed);
+            }
+        });
     }
 }
 
@@ -92,30 +63,70 @@ impl Drop for Owner {
 const DEAD: *const ThreadCtx = std::ptr::dangling::<ThreadCtx>();
 
 thread_local! {
+    /// The current thread's context: null before registration, [`DEAD`]
+    /// when it has none, else the context that [`OWNER`] holds. Const, no
+    /// destructor: readable during thread teardown.
     static CTX: Cell<*const ThreadCtx> = const { Cell::new(std::ptr::null()) };
     static OWNER: RefCell<Owner> = const { RefCell::new(Owner(None)) };
     static LOST_EVENTS: Cell<u64> = const { Cell::new(0) };
-    /// Set while the client runs its own slow paths (registration, class
-    /// and string interning, fold): the `GlobalAlloc` wrapper does not
-    /// account allocations then, so it never recurses into them or waits
-    /// for a lock this thread holds. Const, no destructor: usable at any
-    /// point of thread teardown.
-    static IN_PFS: Cell<bool> = const { Cell::new(false) };
 }
 
-/// True while this thread is inside the client's own slow paths.
+/// The three states of the current thread.
+enum Lookup {
+    /// Not registered yet.
+    New,
+    /// No record: lost, exiting or exited.
+    Dead,
+    /// Registered.
+    Live(&'static ThreadCtx),
+}
+
+/// The current thread's state.
+#[allow(unsafe_code)]
 #[inline(always)]
-pub(crate) fn in_pfs() -> bool {
-    IN_PFS.with(|f| f.get())
+fn lookup() -> Lookup {
+    let p = CTX.with(|c| c.get());
+    if p.is_null() {
+        Lookup::New
+    } else if p == DEAD {
+        Lookup::Dead
+    } else {
+        // SAFETY: CTX is private to this module and set to a context in
+        // one place only: `register_inner` stores the pointer that it
+        // leaked from a box and handed to this thread's OWNER, and
+        // `Owner::drop` stores DEAD before it frees the context. So a
+        // pointer other than null and DEAD points to a live, initialised
+        // `ThreadCtx`, and no `Box` or `&mut` to it exists meanwhile: the
+        // context is only ever shared (its mutable state is in `Cell`s).
+        // The reference stays on this thread: `ThreadCtx` is not `Sync`,
+        // so `&ThreadCtx` is not `Send`, nor are the guards that hold it.
+        //
+        // The `'static` lifetime is the one thing the compiler does not
+        // check: the reference must not be used after OWNER's destructor
+        // freed the context. The client keeps none past a call; events in
+        // flight live in the application's guards, which are dropped
+        // before the thread-local destructors run when they live on the
+        // thread's stack (or in what it owns). A guard kept in a
+        // thread-local (directly, or in the tasks of a thread-local
+        // executor) whose destructor runs after OWNER's would end its
+        // event through a freed context: the documented limit of this
+        // argument.
+        Lookup::Live(unsafe { &*p })
+    }
 }
 
-/// Runs `f` as a client slow path (see `IN_PFS`).
-#[inline]
-pub(crate) fn reentrant<R>(f: impl FnOnce() -> R) -> R {
-    let prev = IN_PFS.with(|c| c.replace(true));
-    let r = f();
-    IN_PFS.with(|c| c.set(prev));
-    r
+/// The current thread's context, registering the thread on its first
+/// event; `None` (counted as a lost event) if it has no record.
+#[inline(always)]
+pub(crate) fn current(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
+    match lookup() {
+        Lookup::Live(ctx) => Some(ctx),
+        Lookup::New => register(rt),
+        Lookup::Dead => {
+            LOST_EVENTS.with(|c| c.set(c.get() + 1));
+            None
+        }
+    }
 }
 
 /// Memory accounting's view of the thread: the context, registering the
@@ -127,55 +138,24 @@ pub(crate) fn with_ctx_memory<R>(
     rt: &'static Runtime,
     f: impl FnOnce(&'static ThreadCtx) -> R,
 ) -> Option<R> {
-    let p = CTX.with(|c| c.get());
-    if p.is_null() {
-        if in_pfs() {
-            return None;
-        }
-        return reentrant(|| register(rt)).map(f);
+    match lookup() {
+        Lookup::Live(ctx) => Some(f(ctx)),
+        Lookup::New if !in_pfs() => reentrant(|| register(rt)).map(f),
+        Lookup::New | Lookup::Dead => None,
     }
-    if p == DEAD {
-        return None;
-    }
-    // SAFETY: as in `with_ctx`.
-    Some(f(unsafe { &*p }))
 }
-
-static NEXT_THREAD_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Runs `f` with the current thread's context if it is already
 /// registered (never registers it).
 #[inline(always)]
 pub(crate) fn with_registered<R>(f: impl FnOnce(&'static ThreadCtx) -> R) -> Option<R> {
-    let p = CTX.with(|c| c.get());
-    if p.is_null() || p == DEAD {
-        return None;
+    match lookup() {
+        Lookup::Live(ctx) => Some(f(ctx)),
+        Lookup::New | Lookup::Dead => None,
     }
-    // SAFETY: as in `with_ctx`.
-    Some(f(unsafe { &*p }))
 }
 
-/// Runs `f` with the current thread's context, registering the thread on
-/// its first event. `None` if the thread has no record.
-#[inline(always)]
-pub(crate) fn with_ctx<R>(
-    rt: &'static Runtime,
-    f: impl FnOnce(&'static ThreadCtx) -> R,
-) -> Option<R> {
-    let p = CTX.with(|c| c.get());
-    if p.is_null() {
-        return register(rt).map(f);
-    }
-    if p == DEAD {
-        LOST_EVENTS.with(|c| c.set(c.get() + 1));
-        return None;
-    }
-    // SAFETY: a non-null, non-DEAD pointer was set by `register` to the
-    // boxed context owned by this thread's `OWNER`, which lives until the
-    // thread-local destructor runs, and that destructor sets CTX to DEAD
-    // before freeing it. The context is only used on this thread.
-    Some(f(unsafe { &*p }))
-}
+static NEXT_THREAD_ID: AtomicU64 = AtomicU64::new(1);
 
 #[cold]
 #[inline(never)]
@@ -195,45 +175,42 @@ fn register_inner(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
         CTX.with(|c| c.set(DEAD));
         return None;
     };
-    let ctx = Box::new(ThreadCtx {
-        rec: rt.writer.segment().record(slot.index),
+    let ctx = Box::new(ThreadCtx::new(
+        rt.writer.segment().record(slot.index),
         slot,
         thread_id,
-        event_id: Cell::new(0),
-        instrumented: Cell::new(true),
-        history: Cell::new(true),
-        stage: Cell::new(None),
-        stage_id: Cell::new(0),
-        statement_id: Cell::new(0),
+    ));
+    // Not run if the thread is already being torn down: `ctx` is then
+    // dropped with the closure.
+    let installed = OWNER.try_with(|o| {
+        let p = NonNull::from(Box::leak(ctx));
+        o.borrow_mut().0 = Some(p);
+        p
     });
-    let p: *const ThreadCtx = &*ctx;
-    let installed = OWNER.try_with(|o| o.borrow_mut().0 = Some(ctx)).is_ok();
-    if !installed {
-        // The thread is already being torn down: give the record back.
+    let Ok(p) = installed else {
+        // Give the record back.
         rt.writer.fold_and_free(slot);
         CTX.with(|c| c.set(DEAD));
         return None;
-    }
-    CTX.with(|c| c.set(p));
-    // SAFETY: `p` points into the box now owned by OWNER (see `with_ctx`).
-    Some(unsafe { &*p })
+    };
+    CTX.with(|c| c.set(p.as_ptr()));
+    with_registered(|ctx| ctx)
 }
 
 /// See [`crate::set_thread_actor`].
 pub(crate) fn set_actor(user: &str, host: &str, role: &str) -> (bool, bool) {
-    use pfs_shm_layout::layout::{NONE_U32, THREAD_HISTORY, THREAD_INSTRUMENTED};
     let Some(rt) = runtime::get() else {
         return (false, false);
     };
-    let actors = pfs_shm_layout::setup::read_actors(rt.writer.segment());
-    let (instrumented, history) = pfs_shm_layout::setup::match_actor(&actors, user, host, role);
-    with_ctx(rt, |ctx| {
+    let actors = read_actors(rt.writer.segment());
+    let (instrumented, history) = match_actor(&actors, user, host, role);
+    if let Some(ctx) = current(rt) {
         ctx.instrumented.set(instrumented);
         ctx.history.set(history);
         let id = |s: &str| rt.writer.intern(s).unwrap_or(NONE_U32);
         let flags = if instrumented { THREAD_INSTRUMENTED } else { 0 }
             | if history { THREAD_HISTORY } else { 0 };
         ctx.rec.set_actor(id(user), id(host), id(role), flags);
-    });
+    }
     (instrumented, history)
 }

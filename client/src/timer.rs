@@ -1,10 +1,10 @@
-//! Timers. CYCLE is the TSC through `quanta` (or the monotonic clock where
-//! no invariant TSC exists), converted to picoseconds by one 128-bit
-//! multiply and a shift. NANOSECOND, MICROSECOND and MILLISECOND read
-//! `CLOCK_MONOTONIC` (through the vDSO: no system call) and truncate to
-//! their resolution by multiplication-based constant division; TICK reads
-//! `CLOCK_MONOTONIC_COARSE`. Those four store nanoseconds. Never a runtime
-//! division on the hot path.
+//! Layer 0. Timers. CYCLE is the TSC through `quanta` (or the monotonic
+//! clock where no invariant TSC exists), converted to picoseconds by one
+//! 128-bit multiply and a shift. NANOSECOND, MICROSECOND and MILLISECOND
+//! read `CLOCK_MONOTONIC` (through the vDSO: no system call) and truncate
+//! to their resolution by multiplication-based constant division; TICK
+//! reads `CLOCK_MONOTONIC_COARSE`. Those four store nanoseconds. Never a
+//! runtime division on the hot path.
 
 use std::sync::OnceLock;
 

@@ -1,17 +1,34 @@
-//! Timed waits: instrument classes and the guard that records one wait.
+//! Layer 6. Timed waits (`wait/...`): instrument classes and the guard
+//! that records one wait.
 
 use std::marker::PhantomData;
 use std::panic::Location;
 
+use pfs_shm_layout::Operation;
 use pfs_shm_layout::layout::{EV_HAS_BYTES, EV_HAS_SPINS, FLAG_ENABLED, NONE_U32};
 use pfs_shm_layout::writer::KIND_WAIT;
-use pfs_shm_layout::{ClassKind, Operation};
 
-use crate::class::{ClassRef, LazyRef};
+use crate::class::{ClassRef, Family, LazyRef};
 use crate::event::{self, Active};
+use crate::thread;
 
 /// A registered wait instrument. Cheap to copy; checking whether it is
 /// enabled is one relaxed load.
+///
+/// For instruments named at run time; a `static` one is a
+/// [`LazyWaitClass`].
+///
+/// ```
+/// use pfs_client::{Operation, WaitClass};
+///
+/// let replica = "eu-1";
+/// let send = WaitClass::register(&format!("wait/io/socket/kv/send_{replica}"));
+/// let mut w = send.start(Operation::Send, 7);
+/// w.set_bytes(1500);
+/// // Not recorded: the client is not initialised here.
+/// assert_eq!(w.end(), None);
+/// assert!(!WaitClass::disabled().is_enabled());
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct WaitClass(ClassRef);
 
@@ -22,7 +39,7 @@ impl WaitClass {
     /// Returns a disabled class if the client is not initialised, the name
     /// is not a wait name, or the registry is full (counted as lost).
     pub fn register(name: &str) -> Self {
-        Self(ClassRef::register(name, ClassKind::is_wait, "wait"))
+        Self(ClassRef::register(name, Family::Wait))
     }
 
     /// A class that never records.
@@ -79,6 +96,7 @@ impl WaitClass {
     ) -> WaitGuard {
         WaitGuard {
             active: event::begin::<KIND_WAIT>(
+                thread::current,
                 self.0,
                 flags,
                 operation as u32,
@@ -112,7 +130,7 @@ impl LazyWaitClass {
     /// The registered class (disabled, and not cached, before `init`).
     #[inline(always)]
     pub fn get(&self) -> WaitClass {
-        WaitClass(self.0.get(ClassKind::is_wait, "wait"))
+        WaitClass(self.0.get(Family::Wait))
     }
 
     /// The instrument name.
@@ -123,6 +141,12 @@ impl LazyWaitClass {
 
 /// One wait in progress; dropping it (or [`WaitGuard::end`]) records it.
 /// Not `Send`: a wait belongs to the thread that started it.
+///
+/// Keep it on the stack (or in what the stack owns), not in a
+/// `thread_local!`: the thread's context is freed by a thread-local
+/// destructor at thread exit, and a guard dropped by a thread-local
+/// destructor that runs after that one would end its event through freed
+/// memory.
 #[must_use = "the wait ends when the guard is dropped"]
 pub struct WaitGuard {
     active: Option<Active>,

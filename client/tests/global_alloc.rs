@@ -40,16 +40,29 @@ fn storm_totals_are_exact() {
                         std::hint::black_box(&b);
                         drop(b);
                         let l = Layout::from_size_align(size, 256).unwrap();
-                        // SAFETY: non-zero size; freed with the same layout.
+                        let l2 = Layout::from_size_align(size * 2, 256).unwrap();
+                        // SAFETY: `l` has a non-zero size (`size >= 1`), as
+                        // `alloc` and `alloc_zeroed` require, and `size * 2`
+                        // is a valid size at alignment 256 (`l2` exists), as
+                        // `realloc` requires. Every pointer is checked
+                        // non-null before use. `z` is valid for `size`
+                        // initialised (zeroed) bytes while no other
+                        // reference to them exists; the slice ends before
+                        // `realloc`. Each block is freed once, with the
+                        // layout it has then (`l`, then `l2` after
+                        // `realloc`, which took ownership of `z`).
                         unsafe {
                             let p = std::alloc::alloc(l);
+                            assert!(!p.is_null());
                             assert_eq!(p as usize % 256, 0, "alignment kept");
                             std::alloc::dealloc(p, l);
                             let z = std::alloc::alloc_zeroed(l);
+                            assert!(!z.is_null());
                             assert!(std::slice::from_raw_parts(z, size).iter().all(|&x| x == 0));
-                            let r = std::alloc::realloc(z, l, size * 2);
+                            let r = std::alloc::realloc(z, l, l2.size());
+                            assert!(!r.is_null());
                             assert_eq!(r as usize % 256, 0);
-                            std::alloc::dealloc(r, Layout::from_size_align(size * 2, 256).unwrap());
+                            std::alloc::dealloc(r, l2);
                         }
                     }
                     if i % 100 == 0 {

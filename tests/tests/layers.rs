@@ -249,3 +249,30 @@ fn the_check_finds_upward_imports_and_missing_rows() {
     write("stray.rs", "//! Somewhere.\n");
     assert_eq!(problems(dir.path(), None).len(), 1);
 }
+
+/// The sidecar built without the demo (as a production image is) links no
+/// `pfs-client`: the agent only reads segments.
+#[test]
+fn the_agent_without_its_demo_does_not_link_the_client() {
+    let tree = |features: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO"))
+            .args(["tree", "--offline", "-e", "normal", "-p", "pfs-agent"])
+            .args(features)
+            .current_dir(workspace_root())
+            .output()
+            .expect("cargo tree");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert!(
+        tree(&[]).contains("pfs-client"),
+        "the default build has the demo"
+    );
+    let lean = tree(&["--no-default-features"]);
+    assert!(!lean.contains("pfs-client"), "{lean}");
+    assert!(!lean.contains("pfs-demo"), "{lean}");
+}
