@@ -968,7 +968,7 @@ fn release_binary_runs_the_pod_as_written() {
     let app = &spec["containers"][0];
     let uid = spec["securityContext"]["runAsUser"].as_u64().unwrap() as u32;
     let gid = spec["securityContext"]["runAsGroup"].as_u64().unwrap() as u32;
-    let as_root = unsafe { libc::geteuid() } == 0;
+    let as_root = rustix::process::geteuid().is_root();
 
     // The pod's filesystem: the image's /pfs-agent, the emptyDir (0777, as
     // the kubelet makes it), /data and the Secret.
@@ -1074,7 +1074,7 @@ fn release_binary_runs_the_pod_as_written() {
         if as_root {
             uid
         } else {
-            unsafe { libc::geteuid() }
+            rustix::process::geteuid().as_raw()
         },
         if as_root {
             "setuid from root"
