@@ -110,36 +110,33 @@ impl SummaryJson {
     }
 }
 
-impl From<&MemoryStats> for MemoryJson {
-    fn from(m: &MemoryStats) -> Self {
-        Self {
-            count_alloc: m.count_alloc,
-            count_free: m.count_free,
-            bytes_alloc: m.bytes_alloc,
-            bytes_free: m.bytes_free,
-            low_count: m.low_count,
-            current_count: m.current_count,
-            high_count: m.high_count,
-            low_bytes: m.low_bytes,
-            current_bytes: m.current_bytes,
-            high_bytes: m.high_bytes,
+/// `MemoryJson` and `MemoryStats` have the same fields: the conversions
+/// both ways, from one list of them.
+macro_rules! memory_json {
+    ($($field:ident),* $(,)?) => {
+        impl From<&MemoryStats> for MemoryJson {
+            fn from(m: &MemoryStats) -> Self {
+                Self { $($field: m.$field),* }
+            }
         }
-    }
+
+        impl From<&MemoryJson> for MemoryStats {
+            fn from(m: &MemoryJson) -> Self {
+                Self { $($field: m.$field),* }
+            }
+        }
+    };
 }
 
-impl From<&MemoryJson> for MemoryStats {
-    fn from(m: &MemoryJson) -> Self {
-        Self {
-            count_alloc: m.count_alloc,
-            count_free: m.count_free,
-            bytes_alloc: m.bytes_alloc,
-            bytes_free: m.bytes_free,
-            low_count: m.low_count,
-            current_count: m.current_count,
-            high_count: m.high_count,
-            low_bytes: m.low_bytes,
-            current_bytes: m.current_bytes,
-            high_bytes: m.high_bytes,
-        }
-    }
-}
+memory_json!(
+    count_alloc,
+    count_free,
+    bytes_alloc,
+    bytes_free,
+    low_count,
+    current_count,
+    high_count,
+    low_bytes,
+    current_bytes,
+    high_bytes,
+);

@@ -29,19 +29,19 @@
 //!   owner exits (the kernel drops the lock of a killed owner).
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use pfs_shm_layout::ClassKind;
 use pfs_shm_layout::layout::LOST_COUNTERS;
 use pfs_shm_layout::reader::Summary;
-use rustix::fs::FlockOperation;
+use rustix::fs::{FlockOperation, OFlags};
 use serde::{Deserialize, Serialize};
 
 use crate::aggregate::{Retired, ServiceTotals};
 use crate::persist::{JsonError, MemoryJson, SummaryJson};
-use crate::util::fs::{ReadError, read_capped, write_atomic};
+use crate::util::fs::{ReadError, nofollow, read_capped, write_atomic};
 
 /// Name of the state file in the segment directory.
 pub const STATE_FILE: &str = ".pfs-agent-state.json";
@@ -279,13 +279,11 @@ impl Store {
             return false;
         }
         if self.lock.is_none() {
-            let opened = OpenOptions::new()
+            let opened = nofollow(OFlags::empty())
                 .read(true)
                 .write(true)
                 .create(true)
                 .truncate(false)
-                .mode(0o600)
-                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
                 .open(self.dir.join(LOCK_FILE));
             match opened {
                 Ok(f) => self.lock = Some(f),

@@ -3,17 +3,13 @@
 //! serving on 127.0.0.1:9464; and the hidden `workload` command itself.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use pfs_agent::export::model::AgentStats;
-use pfs_agent::export::otlp;
 use pfs_agent::segments::SegmentSet;
-use pfs_agent::server::{self, AppOptions, AppState, Tokens};
-use pfs_agent::snapshot::{DEFAULT_MAX_AGE, Snapshotter};
+use pfs_agent::server::{self, Tokens};
 
-use super::{bind, control_options, runtime, shutdown_signal, spawn_discovery};
+use super::{agent, bind, control_options, runtime, shutdown_signal};
 use crate::cli::{DemoArgs, WorkloadArgs};
 
 struct DemoDirs {
@@ -81,21 +77,11 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
             .context("cannot start the demo workload process")?;
         let mut set = SegmentSet::new(&dirs.shm, Duration::from_secs(300));
         set.defaults = defaults;
-        let snap = Arc::new(Snapshotter::new(set, DEFAULT_MAX_AGE));
-        let stats = Arc::new(AgentStats::default());
-        let state = AppState::with_options(
-            snap.clone(),
-            AppOptions {
-                tokens: Tokens {
-                    control: token,
-                    read: None,
-                },
-                baselines_dir: None,
-                stats: Some(stats.clone()),
-            },
-        );
-        let otlp = otlp::start(&a.otlp, snap.clone(), stats)?;
-        spawn_discovery(snap);
+        let tokens = Tokens {
+            control: token,
+            read: None,
+        };
+        let (state, otlp) = agent(set, tokens, None, &a.otlp)?;
         let url = format!("http://{}", a.listen);
         println!("pfs-agent demo: workload pid {} writing segments in {}", child.id().unwrap_or(0), dirs.shm.display());
         println!("  metrics:  {url}/metrics");

@@ -14,8 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use pfs_agent::export::model::AgentStats;
+use pfs_agent::export::otlp::{self, OtlpArgs, OtlpExporter};
+use pfs_agent::segments::SegmentSet;
+use pfs_agent::server::{AppOptions, AppState, Tokens};
 use pfs_agent::setup::Defaults;
-use pfs_agent::snapshot::Snapshotter;
+use pfs_agent::snapshot::{DEFAULT_MAX_AGE, Snapshotter};
 use tokio::net::TcpListener;
 
 use crate::cli::{DefaultsArgs, read_token};
@@ -37,6 +41,30 @@ async fn bind(addr: std::net::SocketAddr) -> anyhow::Result<TcpListener> {
             "cannot listen on {addr}; is another process using it? choose another with --listen"
         )
     })
+}
+
+/// What a running agent is made of: the snapshot source over `set`, the
+/// HTTP server's state, and the OTLP exporter if one is configured (which
+/// needs the runtime). Discovery runs in the background from now on.
+fn agent(
+    set: SegmentSet,
+    tokens: Tokens,
+    baselines_dir: Option<std::path::PathBuf>,
+    otlp_args: &OtlpArgs,
+) -> anyhow::Result<(Arc<AppState>, Option<OtlpExporter>)> {
+    let snap = Arc::new(Snapshotter::new(set, DEFAULT_MAX_AGE));
+    let stats = Arc::new(AgentStats::default());
+    let state = AppState::with_options(
+        snap.clone(),
+        AppOptions {
+            tokens,
+            baselines_dir,
+            stats: Some(stats.clone()),
+        },
+    );
+    let otlp = otlp::start(otlp_args, snap.clone(), stats)?;
+    spawn_discovery(snap);
+    Ok((state, otlp))
 }
 
 /// Background discovery so dead processes are noticed without scrapes.

@@ -1,15 +1,11 @@
 //! `pfs-agent serve`: the sidecar.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use pfs_agent::export::model::AgentStats;
-use pfs_agent::export::otlp;
 use pfs_agent::segments::SegmentSet;
-use pfs_agent::server::{self, AppOptions, AppState, Tokens};
-use pfs_agent::snapshot::{DEFAULT_MAX_AGE, Snapshotter};
+use pfs_agent::server::{self, Tokens};
 
-use super::{bind, control_options, runtime, shutdown_signal, spawn_discovery};
+use super::{agent, bind, control_options, runtime, shutdown_signal};
 use crate::cli::{ServeArgs, read_token};
 
 /// Serves `/metrics`, `/healthz`, the tables and control until a signal.
@@ -23,20 +19,11 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         .with_policy(a.policy.policy())
         .persist();
     set.defaults = defaults;
-    let snap = Arc::new(Snapshotter::new(set, DEFAULT_MAX_AGE));
     let reads_open = read_token.is_none();
-    let stats = Arc::new(AgentStats::default());
-    let state = AppState::with_options(
-        snap.clone(),
-        AppOptions {
-            tokens: Tokens {
-                control: token,
-                read: read_token,
-            },
-            baselines_dir: Some(a.dir.shm_dir.clone()),
-            stats: Some(stats.clone()),
-        },
-    );
+    let tokens = Tokens {
+        control: token,
+        read: read_token,
+    };
     let limits = a.limits.limits();
     runtime()?.block_on(async move {
         let listener = bind(a.listen).await?;
@@ -44,8 +31,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         if reads_open && !a.listen.ip().is_loopback() {
             tracing::info!("reads are open to anyone who can reach {}; use --read-token-file or a loopback --listen to restrict them", a.listen);
         }
-        let otlp = otlp::start(&a.otlp, snap.clone(), stats)?;
-        spawn_discovery(snap);
+        let (state, otlp) = agent(set, tokens, Some(a.dir.shm_dir.clone()), &a.otlp)?;
         server::serve_with(listener, state, limits, shutdown_signal()).await;
         if let Some(o) = otlp {
             o.shutdown(Duration::from_secs(5)).await;

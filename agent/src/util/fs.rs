@@ -8,22 +8,25 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::OFlags;
 
-/// Opens `path` for reading with `O_NOFOLLOW` and the `extra` flags: a
-/// symbolic link is refused (`ELOOP`), never followed.
+/// Options that never follow a symbolic link (`O_NOFOLLOW`: a link is
+/// refused with `ELOOP`) plus the `extra` flags, and that create files
+/// private to the agent (mode 0600). Every file the agent opens in a
+/// directory others can write to is opened through these.
+pub fn nofollow(extra: OFlags) -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.mode(0o600)
+        .custom_flags((OFlags::NOFOLLOW | extra).bits() as i32);
+    o
+}
+
+/// Opens `path` for reading with `O_NOFOLLOW` and the `extra` flags.
 pub fn open_nofollow(path: &Path, extra: OFlags) -> std::io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags((OFlags::NOFOLLOW | extra).bits() as i32)
-        .open(path)
+    nofollow(extra).read(true).open(path)
 }
 
 /// Opens `path` for reading and writing with `O_NOFOLLOW`.
 pub fn open_rw_nofollow(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(OFlags::NOFOLLOW.bits() as i32)
-        .open(path)
+    nofollow(OFlags::empty()).read(true).write(true).open(path)
 }
 
 /// Replaces `path` with `bytes` atomically: a temporary file beside it
@@ -34,11 +37,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
     let _ = std::fs::remove_file(&tmp);
-    let mut f = OpenOptions::new()
+    let mut f = nofollow(OFlags::empty())
         .write(true)
         .create_new(true)
-        .mode(0o600)
-        .custom_flags(OFlags::NOFOLLOW.bits() as i32)
         .open(&tmp)?;
     let written = f.write_all(bytes).and_then(|()| f.sync_all());
     if let Err(e) = written {
