@@ -261,13 +261,7 @@ fn main() {
         max_pages: MAX_PAGES,
         history_long_len: 8,
     };
-    let timer = TimerCalibration {
-        kind: 2,
-        base_ticks: 0,
-        ps_per_tick_q32: 1000 << 32,
-        frequency_hz: 1_000_000_000,
-        base_ns: 0,
-    };
+    let timer = TimerCalibration::NANOSECONDS;
     let seg = Segment::create(file, &cfg, timer, std::process::id(), 0).expect("create segment");
     let page_size = seg.geometry().page_size as u64;
     let record_words = seg.geometry().record_size / 8;

@@ -47,6 +47,9 @@
 //!
 //! The functions are generic over [`Word`] so that `loom` explores this very
 //! code (see the tests at the bottom of this file).
+//!
+//! Layer 3 (see the crate docs): depends on [`crate::layout`] (the page and
+//! record states) and [`crate::lockword`] (taking a record).
 
 use std::sync::atomic::Ordering::*;
 

@@ -1,5 +1,7 @@
 //! Typed errors. Every message says what is wrong and, where it helps,
 //! what to do about it.
+//!
+//! Layer 0 (see the crate docs): depends on no other module of the crate.
 
 /// Why a segment could not be created, opened or read.
 #[derive(Debug, thiserror::Error)]

@@ -1,4 +1,6 @@
 //! Instrument class kinds and wait operations, as stored in the segment.
+//!
+//! Layer 0 (see the crate docs): depends on no other module of the crate.
 
 /// The kind of an instrument class, derived from its PFS name prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -5,6 +5,11 @@
 //! is their machine-checked form. All integers are little-endian on every
 //! platform this crate builds for (x86-64, aarch64); the header records the
 //! writer's byte order anyway so that a reader never guesses.
+//!
+//! Layer 1 (see the crate docs): depends only on [`crate::seqlock`] (the
+//! sequence word inside rows). The protocols over these words live above:
+//! the record lock word in the `lockword` module, the page words in the
+//! `container` module.
 
 use std::mem::{align_of, offset_of, size_of};
 use std::sync::atomic::{AtomicU32, AtomicU64};
@@ -250,7 +255,7 @@ pub struct ClassEntry {
     /// [`FLAG_ENABLED`] | [`FLAG_TIMED`]. Written by the agent at any time,
     /// read by writers on every event with one `Relaxed` load.
     pub flags: AtomicU32,
-    /// [`crate::ClassKind`] as `u32`.
+    /// [`crate::kinds::ClassKind`] as `u32`.
     pub kind: AtomicU32,
     /// Length in bytes of `name`.
     pub name_len: AtomicU32,
@@ -342,7 +347,7 @@ pub struct SummaryRow {
 
 /// Memory statistics of one memory instrument (384 bytes, the size of a
 /// [`SummaryRow`]): the summary row slot of a class of kind
-/// [`crate::ClassKind::Memory`] holds this instead (layout minor 1). Signed
+/// [`crate::kinds::ClassKind::Memory`] holds this instead. Signed
 /// values are two's-complement `i64` in the `u64` words: a thread's
 /// `current` goes negative when it frees memory another thread allocated.
 #[repr(C)]
@@ -418,7 +423,7 @@ impl EventType {
 pub const EV_TIMED: u32 = 1;
 /// Event flag: the event has ended (`end_event_id` valid).
 pub const EV_ENDED: u32 = 2;
-/// Event flag: `number_of_bytes` is valid.
+/// Event flag: `bytes` (`NUMBER_OF_BYTES`) is valid.
 pub const EV_HAS_BYTES: u32 = 4;
 /// Event flag: `spins` is valid.
 pub const EV_HAS_SPINS: u32 = 8;
@@ -627,7 +632,8 @@ pub struct SetupSection {
 }
 
 /// Header of a `history_long` section (128 bytes): the shared ticket
-/// counter alone on its cache line, then the ring geometry.
+/// counter alone on its cache line, then two words reserved for the ring
+/// geometry (zero in layout 3.0: the directory entry has it).
 #[repr(C)]
 #[derive(Debug)]
 pub struct LongHeader {
@@ -636,9 +642,12 @@ pub struct LongHeader {
     pub next: AtomicU64,
     /// Reserved, zero.
     pub reserved0: [AtomicU64; 7],
-    /// Slots in the ring.
+    /// Reserved for the number of slots: zero in layout 3.0, whose
+    /// writers never store it. A reader takes the ring's length from the
+    /// header's `history_long_len` (equal to its directory entry's `count`).
     pub len: AtomicU64,
-    /// Bytes per slot.
+    /// Reserved for the bytes per slot: zero in layout 3.0. A reader takes
+    /// the slot size from the ring's directory entry (`stride`).
     pub slot_size: AtomicU64,
     /// Reserved, zero.
     pub reserved1: [AtomicU64; 6],
@@ -667,7 +676,7 @@ pub struct EventRecord {
     pub end_event_id: AtomicU64,
     /// Class index into the class registry.
     pub class: AtomicU32,
-    /// [`crate::Operation`] as `u32`.
+    /// [`crate::kinds::Operation`] as `u32`.
     pub operation: AtomicU32,
     /// `TIMER_START` as raw timer ticks (valid with [`EV_TIMED`]).
     pub timer_start: AtomicU64,
@@ -715,7 +724,8 @@ pub const REC_ALLOCATED: u64 = 2;
 #[repr(C)]
 #[derive(Debug)]
 pub struct ThreadHeader {
-    /// PFS-style lock word: `version << 2 | state` (see [`crate::lockword`]).
+    /// PFS-style lock word: `version << 2 | state` (protocol in the
+    /// `lockword` module).
     pub lock: AtomicU64,
     /// Sequence lock over the identity fields below.
     pub seq: SeqLock,
@@ -793,7 +803,7 @@ pub const PAGE_RECLAIMING: u64 = 2;
 /// its bytes went back to the OS (a hole) until it is revived.
 pub const PAGE_RECLAIMED: u64 = 3;
 /// The unit of the `users` count in bits 2..63 of a page word (allocators
-/// scanning the page; see [`crate::container`]).
+/// scanning the page; protocol in the `container` module).
 pub const PAGE_USER: u64 = 4;
 
 /// Header of the thread container section (64 bytes), followed by the page

@@ -5,51 +5,67 @@
 //! is the only contract between the two; this page is its specification,
 //! precise enough to write a reader in another language. The structures in
 //! [`layout`] are the same tables in Rust, with every size and offset
-//! checked at compile time.
+//! checked at compile time, and `tests/spec.rs` checks every number of the
+//! tables below against them.
 //!
 //! Layout version **3.0** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
 //! All integers are little-endian (the header's byte-order mark says so).
 //! Every field is an aligned 32- or 64-bit word, read and written with
 //! atomic instructions only.
 //!
+//! A segment is a plain file mapped with `memmap2`, not a POSIX shared
+//! memory object: the `shared_memory` crate was considered and rejected,
+//! because it can only place memory in `/dev/shm` by `shm_open` name, is
+//! unmaintained since 2022, and a sidecar needs a file on a volume both
+//! containers mount.
+//!
 //! ## The file
 //!
 //! ```text
-//!  offset 0       ┌──────────────────────────────────────────────┐
-//!                 │ Header (4096 B): magic, versions, sizes,     │
-//!                 │ pid, start time, service, timer calibration, │
-//!                 │ section directory at 0x100                   │
-//!  0x1000         ├──────────────────────────────────────────────┤
-//!                 │ Counters: 16 × u64 lost counters             │
-//!  0x2000         ├──────────────────────────────────────────────┤
-//!                 │ Classes: max_classes × 128 B                 │  setup_instruments
-//!                 ├──────────────────────────────────────────────┤
-//!                 │ Strings: max_strings × 64 B                  │  SOURCE, OBJECT_NAME
-//!                 ├──────────────────────────────────────────────┤
-//!                 │ Global: seq, fold_count, fold log (256),     │  exited threads'
-//!                 │         max_classes × SummaryRow (384 B)     │  totals
-//!                 ├──────────────────────────────────────────────┤
-//!                 │ Setup (8192 B): consumers, timers, actors    │  written by the agent
-//!                 ├──────────────────────────────────────────────┤
-//!                 │ Threads: ContainerHeader (64 B)              │
-//!                 │          page directory: max_pages × u64     │
-//!                 │          page 0 │ page 1 │ ... (holes until  │
-//!                 │          added; each page_size bytes)        │
-//!                 ├──────────────────────────────────────────────┤
-//!                 │ WaitsLong: LongHeader + len × Event (128 B)  │  history_long rings,
-//!                 │ StagesLong: LongHeader + len × Event         │  holes until first
-//!                 │ StatementsLong: LongHeader + len × Stmt(384) │  used
-//!                 └──────────────────────────────────────────────┘
+//!  offset 0    ┌──────────────────────────────────────────────────┐
+//!              │ Header (4096 B): magic, versions, sizes, pid,    │
+//!              │ start time, service, timer calibration, section  │
+//!              │ directory                                        │
+//!  0x1000      ├──────────────────────────────────────────────────┤
+//!              │ Counters: LostCounters (128 B)                   │
+//!  0x2000      ├──────────────────────────────────────────────────┤
+//!              │ Classes: max_classes × ClassEntry (128 B)        │  setup_instruments
+//!              ├──────────────────────────────────────────────────┤
+//!              │ Strings: max_strings × StringEntry (64 B)        │  SOURCE, OBJECT_NAME
+//!              ├──────────────────────────────────────────────────┤
+//!              │ Global: GlobalHeader (6208 B): seq, fold_count,  │  exited threads'
+//!              │ fold log; max_classes × SummaryRow (384 B)       │  totals
+//!              ├──────────────────────────────────────────────────┤
+//!              │ Setup: SetupSection (8192 B): consumers, timers, │  written by the agent
+//!              │ actors                                           │
+//!              ├──────────────────────────────────────────────────┤
+//!              │ Threads: ContainerHeader (64 B), page directory  │
+//!              │ (max_pages × u64), page 0 │ page 1 │ ...         │
+//!              │ (holes until added; each page_size bytes)        │
+//!              ├──────────────────────────────────────────────────┤
+//!              │ WaitsLong: LongHeader (128 B) + history_long_len │  history_long rings,
+//!              │   × EventRecord (128 B)                          │  holes until first
+//!              │ StagesLong: the same                             │  used
+//!              │ StatementsLong: LongHeader (128 B) +             │
+//!              │   history_long_len × StatementRecord (384 B)     │
+//!              └──────────────────────────────────────────────────┘
 //!
-//!  page = records_per_page × thread record (record_size B, 64-aligned)
+//!  page = records_per_page × thread record (record_size bytes, a multiple of 64)
 //!
 //!  thread record
-//!  ┌──────────────────────┬──────────────┬──────────────┬───────────────┬───────────────────────────┐
-//!  │ ThreadHeader (896 B) │ N × Event    │ N × Event    │ N × Statement │ max_classes × Summary     │
-//!  │ lock, identity,      │ waits        │ stages       │ statements    │ (384 B), one per class:   │
-//!  │ actor, touched,      │ history ring │ history ring │ history ring  │ events_*_summary_by_      │
-//!  │ 3 × current          │ (128 B each) │              │ (384 B each)  │ thread_by_event_name      │
-//!  └──────────────────────┴──────────────┴──────────────┴───────────────┴───────────────────────────┘
+//!  ┌──────────────────────────────────────────────┐
+//!  │ ThreadHeader (896 B): lock, identity, actor, │
+//!  │ touched, the three current events            │
+//!  ├──────────────────────────────────────────────┤
+//!  │ history_len × EventRecord (128 B)            │  events_waits_history ring
+//!  ├──────────────────────────────────────────────┤
+//!  │ history_len × EventRecord (128 B)            │  events_stages_history ring
+//!  ├──────────────────────────────────────────────┤
+//!  │ history_len × StatementRecord (384 B)        │  events_statements_history ring
+//!  ├──────────────────────────────────────────────┤
+//!  │ max_classes × SummaryRow (384 B), one per    │  events_*_summary_by_thread_
+//!  │ class                                        │  by_event_name
+//!  └──────────────────────────────────────────────┘
 //! ```
 //!
 //! Section offsets are not fixed: read them from the directory. Every
@@ -60,141 +76,212 @@
 //! before it is touched, so a full volume surfaces as an error and a lost
 //! count, never as a SIGBUS. Neither side touches an unreserved region.
 //!
-//! ## Header (offset 0, 4096 bytes)
+//! Every table below lists a structure's fields in order, from offset 0 to
+//! its end (reserved words included). `name[N]` is an array of N elements;
+//! a reserved field reads as zero.
 //!
-//! | offset | size | field                   | meaning |
-//! |-------:|-----:|-------------------------|---------|
-//! | 0x000  | 8    | `magic`                 | `"PFSSHM\0\0"` |
-//! | 0x008  | 4    | `major`                 | 1; refuse any other |
-//! | 0x00C  | 4    | `minor`                 | compatible additions |
-//! | 0x010  | 4    | `byte_order`            | `0x01020304` as written by the creator |
-//! | 0x014  | 4    | `header_size`           | 4096 |
-//! | 0x018  | 8    | `segment_size`          | file size set by the creator; must be ≤ the file's length |
-//! | 0x020  | 8    | `state`                 | 0 initialising, 1 ready (stored last, release) |
-//! | 0x028  | 4    | `creator_pid`           | informative only |
-//! | 0x02C  | 4    | `section_count`         | used directory entries (≤ 16) |
-//! | 0x030  | 8    | `start_time_unix_ns`    | creation wall-clock time |
-//! | 0x038  | 8    | `timer_base_ticks`      | tick value of `TIMER_START` = 0 |
-//! | 0x040  | 8    | `timer_ps_per_tick_q32` | ps per tick, 32.32 fixed point |
-//! | 0x048  | 8    | `timer_frequency_hz`    | ticks per second |
-//! | 0x050  | 4    | `timer_kind`            | 1 CYCLE (TSC), 2 NANOSECOND |
-//! | 0x054  | 4    | `history_len`           | events per history ring (1..=1024) |
-//! | 0x058  | 4    | `service_name_len`      | bytes of UTF-8 in `service_name` (≤ 64) |
-//! | 0x060  | 64   | `service_name`          | UTF-8, zero padded |
-//! | 0x0A0  | 8    | `timer_base_ns`         | `CLOCK_MONOTONIC` ns at creation (base of the non-CYCLE timers) |
-//! | 0x0A8  | 8    | `history_long_len`      | rows per `history_long` ring |
-//! | 0x0B0  | 8    | `long_reserved`         | bit *k*: `history_long` ring *k* is reserved and readable (readers never touch an unreserved ring) |
-//! | 0x100  | 512  | `sections[16]`          | section directory, below |
+//! ## Header: [`layout::Header`], 4096 bytes
 //!
-//! Section directory entry (32 bytes): `kind` u32, reserved u32, `offset`
-//! u64, `size` u64, `count` u32, `stride` u32. A reader checks that
-//! `offset` is 4096-aligned, `offset + size ≤ segment_size` and
-//! `count × stride ≤ size`, and ignores kinds it does not know.
+//! At offset 0.
 //!
-//! | kind | section  | count          | stride | content |
-//! |-----:|----------|----------------|-------:|---------|
-//! | 1    | Counters | 16             | 8      | lost counters ([`layout::LostKind`]) |
-//! | 2    | Classes  | `max_classes`  | 128    | [`layout::ClassEntry`] |
-//! | 3    | Strings  | `max_strings`  | 64     | [`layout::StringEntry`] |
-//! | 4    | Global   | `max_classes`  | 384    | [`layout::GlobalHeader`] (6208 B) then rows |
-//! | 5    | Threads  | `max_pages`    | page size | [`layout::ContainerHeader`], page directory, pages |
-//! | 6    | Setup    | 48             | 128    | [`layout::SetupSection`]: consumers, timers, actor rows |
-//! | 7    | WaitsLong | `history_long_len` | 128 | [`layout::LongHeader`] (128 B) then event rows |
-//! | 8    | StagesLong | `history_long_len` | 128 | as WaitsLong |
-//! | 9    | StatementsLong | `history_long_len` | 384 | [`layout::LongHeader`] then statement rows |
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0x000 | 8 | `magic` | `"PFSSHM\0\0"` |
+//! | 0x008 | 4 | `major` | 3; refuse any other |
+//! | 0x00C | 4 | `minor` | 0; compatible additions (new section kinds, use of reserved fields): accept any |
+//! | 0x010 | 4 | `byte_order` | `0x01020304` as written by the creator |
+//! | 0x014 | 4 | `header_size` | 4096 |
+//! | 0x018 | 8 | `segment_size` | file size set by the creator; must be ≤ the file's length |
+//! | 0x020 | 8 | `state` | 0 initialising, 1 ready (stored last, release) |
+//! | 0x028 | 4 | `creator_pid` | informative only |
+//! | 0x02C | 4 | `section_count` | used directory entries (≤ 16) |
+//! | 0x030 | 8 | `start_time_unix_ns` | creation wall-clock time |
+//! | 0x038 | 8 | `timer_base_ticks` | tick value of `TIMER_START` = 0 |
+//! | 0x040 | 8 | `timer_ps_per_tick_q32` | ps per tick, 32.32 fixed point |
+//! | 0x048 | 8 | `timer_frequency_hz` | ticks per second |
+//! | 0x050 | 4 | `timer_kind` | 1 CYCLE (TSC), 2 NANOSECOND |
+//! | 0x054 | 4 | `history_len` | events per history ring (≤ 1024, at least 1) |
+//! | 0x058 | 4 | `service_name_len` | bytes of UTF-8 in `service_name` (≤ 64) |
+//! | 0x05C | 4 | `reserved0` | reserved |
+//! | 0x060 | 64 | `service_name` | UTF-8, zero padded |
+//! | 0x0A0 | 8 | `timer_base_ns` | `CLOCK_MONOTONIC` ns at creation (base of the non-CYCLE timers) |
+//! | 0x0A8 | 8 | `history_long_len` | rows per `history_long` ring (≤ 16777216) |
+//! | 0x0B0 | 8 | `long_reserved` | bit *k*: `history_long` ring *k* is reserved and readable (readers never touch an unreserved ring) |
+//! | 0x0B8 | 72 | `reserved1` | reserved |
+//! | 0x100 | 512 | `sections[16]` | section directory, below |
+//! | 0x300 | 3328 | `padding` | reserved, up to the end of the header |
 //!
-//! ## Class entry (128 bytes)
+//! ## Section directory entry: [`layout::SectionEntry`], 32 bytes
 //!
-//! | offset | size | field      | meaning |
-//! |-------:|-----:|------------|---------|
-//! | 0      | 4    | `state`    | 0 empty, 2 ready (stored last, release) |
-//! | 4      | 4    | `flags`    | bit 0 ENABLED, bit 1 TIMED; the agent may rewrite it at any time |
-//! | 8      | 4    | `kind`     | [`ClassKind`] |
-//! | 12     | 4    | `name_len` | ≤ 112 |
-//! | 16     | 112  | `name`     | UTF-8 PFS name, e.g. `wait/synch/mutex/kv/store` |
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 4 | `kind` | [`layout::SectionKind`]; 0 = unused entry |
+//! | 4 | 4 | `reserved` | reserved |
+//! | 8 | 8 | `offset` | from the start of the file, a multiple of 4096 |
+//! | 16 | 8 | `size` | bytes |
+//! | 24 | 4 | `count` | entries, as below |
+//! | 28 | 4 | `stride` | bytes per entry, as below |
 //!
-//! ## String entry (64 bytes)
+//! A reader checks that `offset` is 4096-aligned, `offset + size ≤
+//! segment_size` and `count × stride ≤ size`, and ignores kinds it does not
+//! know.
 //!
-//! `state` u32 (2 = ready), `len` u32 (≤ 56), 56 bytes of UTF-8. Published
-//! in index order. Used for `SOURCE` (`file.rs:123`) and `OBJECT_NAME`.
+//! | kind | section | count | stride | content |
+//! |-----:|---------|-------|--------|---------|
+//! | 1 | Counters | 16 | 8 | [`layout::LostCounters`] |
+//! | 2 | Classes | `max_classes` | 128 | [`layout::ClassEntry`] |
+//! | 3 | Strings | `max_strings` | 64 | [`layout::StringEntry`] |
+//! | 4 | Global | `max_classes` | 384 | [`layout::GlobalHeader`], then the rows |
+//! | 5 | Threads | `max_pages` | `page_size` | [`layout::ContainerHeader`], page directory, pages |
+//! | 6 | Setup | 48 | 128 | [`layout::SetupSection`]: consumers, timers, actor rows |
+//! | 7 | WaitsLong | `history_long_len` | 128 | [`layout::LongHeader`], then event rows |
+//! | 8 | StagesLong | `history_long_len` | 128 | as WaitsLong |
+//! | 9 | StatementsLong | `history_long_len` | 384 | [`layout::LongHeader`], then statement rows |
 //!
-//! ## Summary row (320 bytes)
+//! ## Lost counters: [`layout::LostCounters`], 128 bytes
 //!
-//! | offset | size | field          | meaning |
-//! |-------:|-----:|----------------|---------|
-//! | 0      | 8    | `seq`          | sequence lock over the row |
-//! | 8      | 8    | `count`        | `COUNT_STAR` |
-//! | 16     | 8    | `timed_count`  | events with timers |
-//! | 24     | 16   | `sum_lo/hi`    | `SUM_TIMER_WAIT`, ps, 128-bit |
-//! | 40     | 8    | `min`          | `MIN_TIMER_WAIT`, ps (`u64::MAX`: none) |
-//! | 48     | 8    | `max`          | `MAX_TIMER_WAIT`, ps |
-//! | 56     | 8    | `bytes`        | sum of `NUMBER_OF_BYTES` |
-//! | 64     | 256  | `buckets[32]`  | latency histogram, per bucket (not cumulative) |
-//! | 320    | 40   | `errors`, `warnings`, `rows_affected`, `rows_sent`, `rows_examined` | statement classes: `SUM_*` |
-//! | 360    | 24   | reserved       | zero |
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 128 | `counters[16]` | by index, below; multi-writer (`fetch_add`, slow paths only) |
+//!
+//! | index | counter |
+//! |------:|---------|
+//! | 0 | `thread_instances` |
+//! | 1 | `instrument_classes` |
+//! | 2 | `strings` |
+//! | 3 | `container_pages` |
+//! | 4 | `events_no_thread_record` |
+//! | 5 | `events_waits_history_long` |
+//! | 6 | `events_stages_history_long` |
+//! | 7 | `events_statements_history_long` |
+//!
+//! Indexes 8 and up are reserved ([`layout::LostKind`]).
+//!
+//! ## Class entry: [`layout::ClassEntry`], 128 bytes
+//!
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 4 | `state` | 0 empty, 2 ready (stored last, release) |
+//! | 4 | 4 | `flags` | bit 0 ENABLED, bit 1 TIMED; the agent may rewrite it at any time |
+//! | 8 | 4 | `kind` | [`ClassKind`] |
+//! | 12 | 4 | `name_len` | ≤ 112 |
+//! | 16 | 112 | `name` | UTF-8 PFS name, e.g. `wait/synch/mutex/kv/store` |
+//!
+//! ## String entry: [`layout::StringEntry`], 64 bytes
+//!
+//! Published in index order. Used for `SOURCE` (`file.rs:123`) and
+//! `OBJECT_NAME`.
+//!
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 4 | `state` | 0 unused, 2 ready (stored last, release) |
+//! | 4 | 4 | `len` | ≤ 56 |
+//! | 8 | 56 | `bytes` | UTF-8, zero padded |
+//!
+//! ## Global section header: [`layout::GlobalHeader`], 6208 bytes
+//!
+//! Followed, at offset 6208 of the section, by `max_classes` summary rows,
+//! the totals of the threads that exited. `seq` guards the whole section.
+//!
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 8 | `seq` | sequence lock over the rows, `fold_count` and the fold log |
+//! | 8 | 8 | `fold_count` | thread folds completed (the last fold ticket) |
+//! | 16 | 48 | `reserved` | reserved |
+//! | 64 | 6144 | `fold_log[256]` | the last folds, fold *t* at index *t* mod 256 |
+//!
+//! ### Fold log entry: [`layout::FoldLogEntry`], 24 bytes
+//!
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 8 | `ticket` | fold ticket (from 1); 0 = empty |
+//! | 8 | 8 | `record` | record index in the thread container |
+//! | 16 | 8 | `version` | lock-word version of the folded record lifetime |
+//!
+//! ## Summary row: [`layout::SummaryRow`], 384 bytes
+//!
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 8 | `seq` | sequence lock over the row |
+//! | 8 | 8 | `count` | `COUNT_STAR` |
+//! | 16 | 8 | `timed_count` | events with timers |
+//! | 24 | 8 | `sum_lo` | `SUM_TIMER_WAIT`, ps, low 64 bits |
+//! | 32 | 8 | `sum_hi` | `SUM_TIMER_WAIT`, ps, high 64 bits |
+//! | 40 | 8 | `min` | `MIN_TIMER_WAIT`, ps (`u64::MAX`: none) |
+//! | 48 | 8 | `max` | `MAX_TIMER_WAIT`, ps |
+//! | 56 | 8 | `bytes` | sum of `NUMBER_OF_BYTES` |
+//! | 64 | 256 | `buckets[32]` | latency histogram, per bucket (not cumulative) |
+//! | 320 | 8 | `errors` | statement classes: `SUM_ERRORS` |
+//! | 328 | 8 | `warnings` | `SUM_WARNINGS` |
+//! | 336 | 8 | `rows_affected` | `SUM_ROWS_AFFECTED` |
+//! | 344 | 8 | `rows_sent` | `SUM_ROWS_SENT` |
+//! | 352 | 8 | `rows_examined` | `SUM_ROWS_EXAMINED` |
+//! | 360 | 24 | `reserved` | reserved |
 //!
 //! Bucket 0 counts durations ≤ 2^13 ps (8.192 ns), bucket *i* (1..=30)
 //! counts (2^(12+i), 2^(13+i)] ps, bucket 31 counts everything above 2^43
 //! ps (8.8 s): see [`layout::bucket_index`].
 //!
-//! ## Memory row (384 bytes, layout minor 1)
+//! ## Memory row: [`layout::MemoryRow`], 384 bytes
 //!
 //! For a class of kind `memory` (10), the summary row slot at its index,
-//! per thread and in the global section, is a [`layout::MemoryRow`]
-//! instead. Signed values are two's-complement `i64`. Written by the owning
-//! thread only, relaxed stores under `seq`; zeroed on first touch (thread)
-//! or at class registration (global).
+//! per thread and in the global section, is a memory row instead. Signed
+//! values are two's-complement `i64`. Written by the owning thread only,
+//! relaxed stores under `seq`; zeroed on first touch (thread) or at class
+//! registration (global).
 //!
-//! | offset | size | field                | meaning |
-//! |-------:|-----:|----------------------|---------|
-//! | 0      | 8    | `seq`                | sequence lock over the row |
-//! | 8      | 8    | `count_alloc`        | `COUNT_ALLOC` |
-//! | 16     | 8    | `count_free`         | `COUNT_FREE` |
-//! | 24     | 8    | `sum_bytes_alloc`    | `SUM_NUMBER_OF_BYTES_ALLOC` |
-//! | 32     | 8    | `sum_bytes_free`     | `SUM_NUMBER_OF_BYTES_FREE` |
-//! | 40     | 8    | `low_count_used`     | `LOW_COUNT_USED` (i64) |
-//! | 48     | 8    | `current_count_used` | `CURRENT_COUNT_USED` (i64) |
-//! | 56     | 8    | `high_count_used`    | `HIGH_COUNT_USED` (i64) |
-//! | 64     | 8    | `low_bytes_used`     | `LOW_NUMBER_OF_BYTES_USED` (i64) |
-//! | 72     | 8    | `current_bytes_used` | `CURRENT_NUMBER_OF_BYTES_USED` (i64) |
-//! | 80     | 8    | `high_bytes_used`    | `HIGH_NUMBER_OF_BYTES_USED` (i64) |
-//! | 88     | 8    | `truncate_gen`       | setup `memory_truncate_gen` at the last update |
-//! | 96     | 288  | reserved             | zero |
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 8 | `seq` | sequence lock over the row |
+//! | 8 | 8 | `count_alloc` | `COUNT_ALLOC` |
+//! | 16 | 8 | `count_free` | `COUNT_FREE` |
+//! | 24 | 8 | `sum_bytes_alloc` | `SUM_NUMBER_OF_BYTES_ALLOC` |
+//! | 32 | 8 | `sum_bytes_free` | `SUM_NUMBER_OF_BYTES_FREE` |
+//! | 40 | 8 | `low_count_used` | `LOW_COUNT_USED` (i64) |
+//! | 48 | 8 | `current_count_used` | `CURRENT_COUNT_USED` (i64) |
+//! | 56 | 8 | `high_count_used` | `HIGH_COUNT_USED` (i64) |
+//! | 64 | 8 | `low_bytes_used` | `LOW_NUMBER_OF_BYTES_USED` (i64) |
+//! | 72 | 8 | `current_bytes_used` | `CURRENT_NUMBER_OF_BYTES_USED` (i64) |
+//! | 80 | 8 | `high_bytes_used` | `HIGH_NUMBER_OF_BYTES_USED` (i64) |
+//! | 88 | 8 | `truncate_gen` | setup `memory_truncate_gen` at the last update |
+//! | 96 | 288 | `reserved` | reserved |
 //!
-//! The setup section's word at offset 136, `memory_truncate_gen`, is bumped
-//! by the agent when a memory table is truncated. A writer whose row holds
-//! an older generation sets LOW = HIGH = CURRENT before its next update; a
-//! reader shows such a row with LOW = HIGH = CURRENT. A thread's fold adds
-//! counts, sums, CURRENT, LOW and HIGH into the global row (aggregate
-//! watermarks are the sum of the children's, as in PFS), so the global
-//! CURRENT is exactly allocated − freed.
+//! The setup section's `memory_truncate_gen` is bumped by the agent when a
+//! memory table is truncated. A writer whose row holds an older generation
+//! sets LOW = HIGH = CURRENT before its next update; a reader shows such a
+//! row with LOW = HIGH = CURRENT. A thread's fold adds counts, sums,
+//! CURRENT, LOW and HIGH into the global row (aggregate watermarks are the
+//! sum of the children's, as in PFS), so the global CURRENT is exactly
+//! allocated − freed.
 //!
-//! ## Event row (128 bytes)
+//! ## Event row: [`layout::EventRecord`], 128 bytes
 //!
-//! | offset | size | field                | meaning |
-//! |-------:|-----:|----------------------|---------|
-//! | 0      | 8    | `seq`                | sequence lock over the row |
-//! | 8      | 8    | `event_id`           | per-thread, from 1; 0 = empty row |
-//! | 16     | 8    | `end_event_id`       | valid if flag ENDED |
-//! | 24     | 4    | `class`              | class index |
-//! | 28     | 4    | `operation`          | [`Operation`] |
-//! | 32     | 8    | `timer_start`        | raw ticks, valid if flag TIMED |
-//! | 40     | 8    | `timer_end`          | raw ticks, valid if TIMED and ENDED |
-//! | 48     | 8    | `timer_wait`         | ps, valid if TIMED and ENDED |
-//! | 56     | 8    | `object_instance`    | `OBJECT_INSTANCE_BEGIN` |
-//! | 64     | 8    | `bytes`              | valid if flag HAS_BYTES |
-//! | 72     | 8    | `spins`              | valid if flag HAS_SPINS |
-//! | 80     | 4    | `source`             | string index, `0xFFFFFFFF` none |
-//! | 84     | 4    | `object_name`        | string index, `0xFFFFFFFF` none |
-//! | 88     | 8    | `nesting_event_id`   | 0 = NULL |
-//! | 96     | 4    | `nesting_event_type` | 0 none, 1 WAIT, 2 STAGE, 3 STATEMENT |
-//! | 100    | 4    | `flags`              | 1 TIMED, 2 ENDED, 4 HAS_BYTES, 8 HAS_SPINS |
-//! | 104    | 4    | `event_type`         | as `nesting_event_type` |
-//! | 112    | 8    | `thread_id`          | `THREAD_ID` (set in `history_long` rows) |
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 8 | `seq` | sequence lock over the row |
+//! | 8 | 8 | `event_id` | per-thread, from 1; 0 = empty row |
+//! | 16 | 8 | `end_event_id` | valid if flag ENDED |
+//! | 24 | 4 | `class` | class index |
+//! | 28 | 4 | `operation` | [`Operation`] |
+//! | 32 | 8 | `timer_start` | raw ticks, valid if flag TIMED |
+//! | 40 | 8 | `timer_end` | raw ticks, valid if TIMED and ENDED |
+//! | 48 | 8 | `timer_wait` | ps, valid if TIMED and ENDED |
+//! | 56 | 8 | `object_instance` | `OBJECT_INSTANCE_BEGIN` |
+//! | 64 | 8 | `bytes` | valid if flag HAS_BYTES |
+//! | 72 | 8 | `spins` | valid if flag HAS_SPINS |
+//! | 80 | 4 | `source` | string index, `0xFFFFFFFF` none |
+//! | 84 | 4 | `object_name` | string index, `0xFFFFFFFF` none |
+//! | 88 | 8 | `nesting_event_id` | 0 = NULL |
+//! | 96 | 4 | `nesting_event_type` | 0 none, 1 WAIT, 2 STAGE, 3 STATEMENT |
+//! | 100 | 4 | `flags` | 1 TIMED, 2 ENDED, 4 HAS_BYTES, 8 HAS_SPINS, 16 HAS_PROGRESS; timer in bits 8..=10 |
+//! | 104 | 4 | `event_type` | as `nesting_event_type` |
+//! | 108 | 4 | `reserved32` | reserved |
+//! | 112 | 8 | `thread_id` | `THREAD_ID` (set in `history_long` rows) |
+//! | 120 | 8 | `reserved` | reserved |
 //!
-//! Flags also carry bit 16 HAS_PROGRESS (stages: `bytes` is
-//! `WORK_COMPLETED`, `spins` is `WORK_ESTIMATED`) and, in bits 8..10, the
-//! timer that took the timestamps (0 CYCLE, 1 NANOSECOND, 2 MICROSECOND,
+//! With flag HAS_PROGRESS (stages), `bytes` is `WORK_COMPLETED` and
+//! `spins` is `WORK_ESTIMATED`. Bits 8..=10 of the flags name the timer
+//! that took the timestamps (0 CYCLE, 1 NANOSECOND, 2 MICROSECOND,
 //! 3 MILLISECOND, 4 TICK). CYCLE timestamps are raw ticks:
 //! `ps = (ticks − timer_base_ticks) × timer_ps_per_tick_q32 >> 32` in
 //! 128-bit arithmetic (a 64-bit TSC at 3 GHz wraps after 194 years, unlike
@@ -203,55 +290,108 @@
 //! thread's next event id when the event ended, so a parent's
 //! `[EVENT_ID, END_EVENT_ID)` contains its children.
 //!
-//! ## Statement row (384 bytes)
+//! ## Statement row: [`layout::StatementRecord`], 384 bytes
 //!
-//! An event row (offsets 0..128, whose `seq` guards the whole row), then
-//! `errors`, `warnings`, `rows_affected`, `rows_sent`, `rows_examined`,
-//! `digest` (6 × u64 at 128..176; `digest` is a 64-bit FNV-1a of the
-//! application's digest text, 0 = none), `text_len` u32 at 176, reserved
-//! u32, and 200 bytes of UTF-8 `SQL_TEXT` at 184.
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 128 | `ev` | an event row, whose `seq` guards the whole statement row |
+//! | 128 | 8 | `errors` | `ERRORS` |
+//! | 136 | 8 | `warnings` | `WARNINGS` |
+//! | 144 | 8 | `rows_affected` | `ROWS_AFFECTED` |
+//! | 152 | 8 | `rows_sent` | `ROWS_SENT` |
+//! | 160 | 8 | `rows_examined` | `ROWS_EXAMINED` |
+//! | 168 | 8 | `digest` | 64-bit FNV-1a of the application's digest text, 0 = none |
+//! | 176 | 4 | `text_len` | ≤ 200 |
+//! | 180 | 4 | `reserved` | reserved |
+//! | 184 | 200 | `text` | `SQL_TEXT`, UTF-8, truncated |
 //!
-//! ## Thread header (896 bytes)
+//! ## Thread header: [`layout::ThreadHeader`], 896 bytes
 //!
-//! | offset | size | field                 | meaning |
-//! |-------:|-----:|-----------------------|---------|
-//! | 0      | 8    | `lock`                | `version << 2 \| state` ([`lockword`]) |
-//! | 8      | 8    | `seq`                 | sequence lock over identity and actor |
-//! | 16     | 8    | `thread_id`           | `THREAD_ID` |
-//! | 24     | 8    | `os_tid`              | `THREAD_OS_ID` |
-//! | 32     | 4    | `name_len`            | ≤ 32 |
-//! | 36     | 4    | `flags`               | 1 INSTRUMENTED, 2 HISTORY |
-//! | 40     | 32   | `name`                | UTF-8 thread name |
-//! | 72     | 12   | `user`, `host`, `role` | string indexes of the declared actor (`0xFFFFFFFF` none) |
-//! | 88     | 12   | `history_next[3]`     | writer's next slot per ring (waits, stages, statements) |
-//! | 104    | 24   | `history_count[3]`    | events ever appended per ring; event *k* is in slot *k* mod `history_len` |
-//! | 128    | 128  | `touched[16]`         | bit *c*: row *c* written in this lifetime |
-//! | 256    | 128  | `waits_current`       | event row |
-//! | 384    | 128  | `stages_current`      | event row |
-//! | 512    | 384  | `statements_current`  | statement row |
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 8 | `lock` | `version << 2 \| state` ([`lockword`]) |
+//! | 8 | 8 | `seq` | sequence lock over identity and actor |
+//! | 16 | 8 | `thread_id` | `THREAD_ID` |
+//! | 24 | 8 | `os_tid` | `THREAD_OS_ID` |
+//! | 32 | 4 | `name_len` | ≤ 32 |
+//! | 36 | 4 | `flags` | 1 INSTRUMENTED, 2 HISTORY |
+//! | 40 | 32 | `name` | UTF-8 thread name |
+//! | 72 | 4 | `user` | string index of the declared actor's user (`0xFFFFFFFF` none) |
+//! | 76 | 4 | `host` | string index of its host |
+//! | 80 | 4 | `role` | string index of its role |
+//! | 84 | 4 | `reserved0` | reserved |
+//! | 88 | 12 | `history_next[3]` | writer's next slot per ring (waits, stages, statements) |
+//! | 100 | 4 | `reserved1` | reserved |
+//! | 104 | 24 | `history_count[3]` | events ever appended per ring; event *k* is in slot *k* mod `history_len` |
+//! | 128 | 128 | `touched[16]` | bit *c*: row *c* written in this lifetime |
+//! | 256 | 128 | `waits_current` | event row |
+//! | 384 | 128 | `stages_current` | event row |
+//! | 512 | 384 | `statements_current` | statement row |
 //!
-//! ## Setup section (8192 bytes)
+//! ## Setup section: [`layout::SetupSection`], 8192 bytes
 //!
-//! | offset | size | field            | meaning |
-//! |-------:|-----:|------------------|---------|
-//! | 0      | 4    | `consumers`      | bit 0 global_instrumentation, 1 thread_instrumentation; kind *k* (0 waits, 1 stages, 2 statements) uses bits 2+4*k*.. : current, history, history_long, summaries |
-//! | 64     | 4    | `timers`         | 3 bits per kind (waits at bit 0, stages 3, statements 6): timer id |
-//! | 128    | 8    | `actors_version` | bumped on every actor change |
-//! | 192    | 6144 | `actors[48]`     | 128-byte rows: `seq` u64, `flags` u32 (1 ENABLED, 2 HISTORY, 4 USED), `host_len`, `user_len`, `role_len` u32, then 32 bytes each of UTF-8 host, user, role |
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 4 | `consumers` | bit 0 global_instrumentation, 1 thread_instrumentation; kind *k* (0 waits, 1 stages, 2 statements) uses bits 2+4*k*.. : current, history, history_long, summaries |
+//! | 4 | 60 | `reserved0[15]` | reserved |
+//! | 64 | 4 | `timers` | 3 bits per kind (waits at bit 0, stages 3, statements 6): timer id |
+//! | 68 | 60 | `reserved1[15]` | reserved |
+//! | 128 | 8 | `actors_version` | bumped on every actor change |
+//! | 136 | 8 | `memory_truncate_gen` | bumped on every TRUNCATE of a memory table |
+//! | 144 | 48 | `reserved2[6]` | reserved |
+//! | 192 | 6144 | `actors[48]` | `setup_actors` rows, below |
+//! | 6336 | 1856 | `padding` | reserved |
 //!
-//! ## history_long rings
+//! ### Actor row: [`layout::ActorEntry`], 128 bytes
 //!
-//! `LongHeader` (128 bytes): `next` u64 (tickets taken, alone on its cache
-//! line), then at 64 `len` u64 and `slot_size` u64. Slot *t* mod `len`
-//! holds ticket *t*; its `seq` is `(t + 1) << 1` once written (odd while a
-//! writer holds it, 0 never written). A reader orders rows by that value.
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 8 | `seq` | sequence lock over the row |
+//! | 8 | 4 | `flags` | 1 ENABLED, 2 HISTORY, 4 USED |
+//! | 12 | 4 | `host_len` | ≤ 32 |
+//! | 16 | 4 | `user_len` | ≤ 32 |
+//! | 20 | 4 | `role_len` | ≤ 32 |
+//! | 24 | 32 | `host` | UTF-8 `HOST` (`%` = any) |
+//! | 56 | 32 | `user` | UTF-8 `USER` (`%` = any) |
+//! | 88 | 32 | `role` | UTF-8 `ROLE` (`%` = any) |
+//! | 120 | 8 | `reserved` | reserved |
+//!
+//! ## history_long ring header: [`layout::LongHeader`], 128 bytes
+//!
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 8 | `next` | tickets taken (alone on its cache line) |
+//! | 8 | 56 | `reserved0` | reserved |
+//! | 64 | 8 | `len` | reserved: the ring's length is `history_long_len` |
+//! | 72 | 8 | `slot_size` | reserved: the slot size is the directory entry's `stride` |
+//! | 80 | 48 | `reserved1` | reserved |
+//!
+//! Slot *t* mod `history_long_len` holds ticket *t*; its `seq` is
+//! `(t + 1) << 1` once written (odd while a writer holds it, 0 never
+//! written). A reader orders rows by that value.
+//!
+//! ## Container header: [`layout::ContainerHeader`], 64 bytes
+//!
+//! At the start of the Threads section; the page directory follows it.
+//!
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 4 | `records_per_page` | records per page |
+//! | 4 | 4 | `max_pages` | page directory length |
+//! | 8 | 8 | `record_size` | bytes per record (multiple of 64) |
+//! | 16 | 8 | `page_size` | bytes per page (multiple of 4096) |
+//! | 24 | 8 | `pages_offset` | page 0, from the section start |
+//! | 32 | 8 | `pages_added` | pages `0..pages_added` were added (ACTIVE, RECLAIMING or RECLAIMED) |
+//! | 40 | 8 | `pages_reclaimed` | reclaims so far (owner's count) |
+//! | 48 | 8 | `pages_revived` | revivals so far |
+//! | 56 | 8 | `reserved` | reserved |
 //!
 //! ## Container and page states
 //!
-//! | word            | values |
-//! |-----------------|--------|
-//! | page directory  | state in bits 0..1: 0 UNUSED (hole), 1 ACTIVE, 2 RECLAIMING, 3 RECLAIMED (hole again); bits 2..63: allocators scanning the page |
-//! | record `lock`   | state 0 FREE, 1 DIRTY, 2 ALLOCATED; version in bits 2..63 |
+//! | word | values |
+//! |------|--------|
+//! | page directory | state in bits 0..1: 0 UNUSED (hole), 1 ACTIVE, 2 RECLAIMING, 3 RECLAIMED (hole again); bits 2..63: allocators scanning the page |
+//! | record `lock` | state 0 FREE, 1 DIRTY, 2 ALLOCATED; version in bits 2..63 |
 //!
 //! ```text
 //!            add (reserve)          all FREE for the quiet time, no user
@@ -262,18 +402,6 @@
 //!                              │      revive (reserve, lock words FREE(base))  ▼
 //!                              └──────────────────────────────────────── RECLAIMED
 //! ```
-//!
-//! | offset | size | `ContainerHeader` field | meaning |
-//! |-------:|-----:|-------------------------|---------|
-//! | 0      | 4    | `records_per_page`      | records per page |
-//! | 4      | 4    | `max_pages`             | page directory length |
-//! | 8      | 8    | `record_size`           | bytes per record (multiple of 64) |
-//! | 16     | 8    | `page_size`             | bytes per page (multiple of 4096) |
-//! | 24     | 8    | `pages_offset`          | page 0, from the section start |
-//! | 32     | 8    | `pages_added`           | pages `0..pages_added` were added (ACTIVE, RECLAIMING or RECLAIMED) |
-//! | 40     | 8    | `pages_reclaimed`       | reclaims so far (owner's count) |
-//! | 48     | 8    | `pages_revived`         | revivals so far |
-//! | 56     | 8    | reserved                | zero |
 //!
 //! A zero lock word is FREE, so a hole or a zero-filled page never shows a
 //! thread. Readers copy records only from ACTIVE pages (touching a
@@ -295,12 +423,55 @@
 //!   ALLOCATED(v+1) once initialised, ALLOCATED(v) → FREE(v) at thread exit.
 //!   Readers copy ALLOCATED records and keep a copy only if the lock word
 //!   is unchanged afterwards.
-//! * **Thread exit** ([`reader`]): the exiting thread, under the creator's
-//!   process-local lock, adds its rows into the global rows, appends
-//!   `(ticket, record, version)` to the fold log and sets `fold_count =
-//!   ticket`, all inside the global sequence lock, then frees its record.
-//!   Readers drop copies that the fold log shows as already folded, so each
-//!   event is counted exactly once and totals never go down.
+//! * **Thread exit** ([`writer::SegmentWriter::fold_and_free`], reconciled
+//!   by [`reader`]): the exiting thread, under the creator's process-local
+//!   lock, adds its rows into the global rows, appends `(ticket, record,
+//!   version)` to the fold log and sets `fold_count = ticket`, all inside
+//!   the global sequence lock, then frees its record. Readers drop copies
+//!   that the fold log shows as already folded, so each event is counted
+//!   exactly once and totals never go down.
+//!
+//! ## Modules and layers
+//!
+//! Each module has one job and builds only on modules of lower layers: it
+//! names no module of its own or a higher layer, in code or in doc links
+//! (tests at the end of a file excepted). There are no module cycles.
+//!
+//! | layer | module | job |
+//! |------:|--------|-----|
+//! | 0 | [`error`] | typed errors |
+//! | 0 | [`kinds`] | instrument class kinds and wait operations |
+//! | 0 | [`seqlock`] | the sequence lock (one writer, readers retry) |
+//! | 0 | [`text`] | UTF-8 strings in arrays of atomic words |
+//! | 0 | [`tsc`] | reading the CPU time-stamp counter (unsafe) |
+//! | 1 | [`layout`] | offsets and sizes of every section: the `repr(C)` types and constants |
+//! | 1 | [`sigbus`] | surviving a mapped file that shrinks (unsafe) |
+//! | 2 | [`actors`] | `setup_actors` rows: writing, clearing, matching |
+//! | 2 | [`lockword`] | the record lock word (version and state) |
+//! | 2 | [`rules`] | text syntax of setup rules and durations |
+//! | 2 | [`values`] | summary, memory and statement figures, and their arithmetic |
+//! | 3 | [`container`] | the thread container's page protocol |
+//! | 3 | [`segment`] | creating, validating and mapping a segment; typed views (unsafe) |
+//! | 4 | [`setup`] | live setup: instruments, consumers, timers, actors |
+//! | 4 | [`writer`] | the writer side: registration, allocation, the hot path, folding |
+//! | 5 | [`reader`] | the reader side: lock-free, version-checked snapshots |
+//!
+//! Items that moved between modules stay reachable at their old paths:
+//! `segment::truncate_utf8` (now [`text`]), `setup::{Actor, write_actor,
+//! clear_actor, match_actor}` (now [`actors`]), `reader::{Summary,
+//! MemoryStats}` and `writer::StatementFigures` (now [`values`]),
+//! `writer::read_tsc` (now [`tsc`]).
+//!
+//! ## Unsafe code
+//!
+//! The crate root denies `unsafe_code`; three modules are allowed it, and
+//! every `unsafe` block in them argues its soundness in a `// SAFETY:`
+//! comment:
+//!
+//! * [`segment`]: typed references into the mapping, at offsets checked
+//!   against the validated geometry, and `madvise` on it;
+//! * [`sigbus`]: the `SIGBUS` handler (`sigaction`, `mmap`, `errno`);
+//! * [`tsc`]: the `RDTSC` intrinsic.
 //!
 //! ## Example: create, write, read back
 //!
@@ -311,7 +482,7 @@
 //! use pfs_shm_layout::reader::{snapshot, ReadOptions};
 //!
 //! let file = tempfile::tempfile().unwrap();
-//! let timer = TimerCalibration { kind: 2, base_ticks: 0, ps_per_tick_q32: 1000 << 32, frequency_hz: 1_000_000_000, base_ns: 0 };
+//! let timer = TimerCalibration::NANOSECONDS;
 //! let cfg = SegmentConfig { service_name: "doc".into(), ..Default::default() };
 //! let seg = Segment::create(file.try_clone().unwrap(), &cfg, timer, std::process::id(), 0).unwrap();
 //! let w = SegmentWriter::new(seg);
@@ -330,19 +501,26 @@
 //! ```
 
 #![deny(missing_docs)]
+#![deny(unsafe_code)]
 
+pub mod actors;
 pub mod container;
 pub mod error;
-pub mod heap;
 pub mod kinds;
 pub mod layout;
 pub mod lockword;
 pub mod reader;
 pub mod rules;
+#[allow(unsafe_code)]
 pub mod segment;
 pub mod seqlock;
 pub mod setup;
+#[allow(unsafe_code)]
 pub mod sigbus;
+pub mod text;
+#[allow(unsafe_code)]
+pub mod tsc;
+pub mod values;
 pub mod writer;
 
 pub use error::SegmentError;

@@ -18,6 +18,9 @@
 //! (hole) page reads as. A reader copies a record only if it sees
 //! ALLOCATED, and accepts the copy only if the word is unchanged after the
 //! copy: a changed word means the lifetime it copied has ended.
+//!
+//! Layer 2 (see the crate docs): depends only on [`crate::layout`] (the
+//! `REC_*` state values).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -21,6 +21,11 @@
 //!
 //! If more than [`FOLD_LOG_LEN`] folds happened between steps 1 and 3, the
 //! log may have lost entries and the snapshot is retried.
+//!
+//! Layer 5, the top (see the crate docs): builds on [`crate::segment`],
+//! [`crate::setup`], [`crate::container`], [`crate::lockword`],
+//! [`crate::values`] and the layers below. It shares no code with the
+//! writer, only the format.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{Ordering::*, fence};
@@ -30,9 +35,14 @@ use crate::error::SegmentError;
 use crate::kinds::{ClassKind, Operation};
 use crate::layout::*;
 use crate::lockword::{self, RecordState};
-use crate::segment::{Segment, TimerCalibration, load_string};
+use crate::segment::{Segment, TimerCalibration, touched_classes};
 use crate::setup::{Actor, read_actors};
-use crate::writer::{StatementFigures, touched_classes};
+use crate::text::load_string;
+use crate::values::StatementFigures;
+
+// Moved to `values` (below the reader and the writer); re-exported at
+// their old paths.
+pub use crate::values::{MemoryStats, Summary};
 
 /// Tuning of a snapshot.
 #[derive(Debug, Clone, Copy)]
@@ -134,162 +144,7 @@ impl ClassInfo {
     }
 }
 
-/// Summary statistics of one class (one thread, or aggregated).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Summary {
-    /// `COUNT_STAR`.
-    pub count: u64,
-    /// Events with timers (those in sum/min/max/buckets).
-    pub timed_count: u64,
-    /// `SUM_TIMER_WAIT`, ps.
-    pub sum_ps: u128,
-    /// `MIN_TIMER_WAIT`, ps; `u64::MAX` when no timed event.
-    pub min_ps: u64,
-    /// `MAX_TIMER_WAIT`, ps.
-    pub max_ps: u64,
-    /// Sum of `NUMBER_OF_BYTES`.
-    pub bytes: u64,
-    /// Per-bucket (non-cumulative) counts; see [`bucket_index`].
-    pub buckets: [u64; HISTOGRAM_BUCKETS],
-    /// Statements: `SUM_ERRORS`, `SUM_WARNINGS`, `SUM_ROWS_AFFECTED`,
-    /// `SUM_ROWS_SENT`, `SUM_ROWS_EXAMINED`.
-    pub statement: StatementFigures,
-}
-
-impl Default for Summary {
-    fn default() -> Self {
-        Self {
-            count: 0,
-            timed_count: 0,
-            sum_ps: 0,
-            min_ps: u64::MAX,
-            max_ps: 0,
-            bytes: 0,
-            buckets: [0; HISTOGRAM_BUCKETS],
-            statement: StatementFigures::default(),
-        }
-    }
-}
-
 impl Summary {
-    /// Adds `o` into `self` (the aggregation rule of PFS summaries).
-    #[inline]
-    pub fn merge(&mut self, o: &Summary) {
-        // Saturating: a segment's figures are untrusted, and a hostile
-        // one must not make the sum overflow (a panic in debug builds).
-        self.count = self.count.saturating_add(o.count);
-        self.timed_count = self.timed_count.saturating_add(o.timed_count);
-        self.sum_ps = self.sum_ps.saturating_add(o.sum_ps);
-        self.min_ps = self.min_ps.min(o.min_ps);
-        self.max_ps = self.max_ps.max(o.max_ps);
-        self.bytes = self.bytes.saturating_add(o.bytes);
-        for (a, b) in self.buckets.iter_mut().zip(&o.buckets) {
-            *a = a.saturating_add(*b);
-        }
-        let (a, b) = (&mut self.statement, &o.statement);
-        a.errors = a.errors.saturating_add(b.errors);
-        a.warnings = a.warnings.saturating_add(b.warnings);
-        a.rows_affected = a.rows_affected.saturating_add(b.rows_affected);
-        a.rows_sent = a.rows_sent.saturating_add(b.rows_sent);
-        a.rows_examined = a.rows_examined.saturating_add(b.rows_examined);
-    }
-
-    /// Applies `op` to every additive field of `self` and `o` (counts,
-    /// sums, histogram buckets, statement figures); MIN and MAX are
-    /// `self`'s. The one place that lists the additive fields.
-    fn zip_additive(&self, o: &Summary, op: impl Fn(u128, u128) -> u128) -> Summary {
-        let u = |a: u64, b: u64| op(a.into(), b.into()).min(u128::from(u64::MAX)) as u64;
-        let mut r = *self;
-        r.count = u(self.count, o.count);
-        r.timed_count = u(self.timed_count, o.timed_count);
-        r.sum_ps = op(self.sum_ps, o.sum_ps);
-        r.bytes = u(self.bytes, o.bytes);
-        for (x, y) in r.buckets.iter_mut().zip(&o.buckets) {
-            *x = u(*x, *y);
-        }
-        let (x, y) = (&mut r.statement, &o.statement);
-        x.errors = u(x.errors, y.errors);
-        x.warnings = u(x.warnings, y.warnings);
-        x.rows_affected = u(x.rows_affected, y.rows_affected);
-        x.rows_sent = u(x.rows_sent, y.rows_sent);
-        x.rows_examined = u(x.rows_examined, y.rows_examined);
-        r
-    }
-
-    /// `self - o` for the additive fields (saturating at zero); MIN and MAX
-    /// are `self`'s.
-    ///
-    /// ```
-    /// use pfs_shm_layout::reader::Summary;
-    /// let a = Summary { count: 5, sum_ps: 50, ..Summary::default() };
-    /// let b = Summary { count: 7, sum_ps: 20, ..Summary::default() };
-    /// let d = a.saturating_sub(&b);
-    /// assert_eq!((d.count, d.sum_ps), (0, 30));
-    /// ```
-    pub fn saturating_sub(&self, o: &Summary) -> Summary {
-        self.zip_additive(o, u128::saturating_sub)
-    }
-
-    /// Field by field the larger of two totals of one class, and the
-    /// smaller minimum: a lower bound of a total known to be at least both.
-    pub fn at_least(&self, o: &Summary) -> Summary {
-        let mut r = self.zip_additive(o, u128::max);
-        r.min_ps = self.min_ps.min(o.min_ps);
-        r.max_ps = self.max_ps.max(o.max_ps);
-        r
-    }
-
-    /// What happened since `base` was taken (PFS `TRUNCATE` of a summary):
-    /// counts, sums and buckets are `self - base`; MIN and MAX since then
-    /// are known to histogram-bucket precision: the lifetime value when it
-    /// lies in the lowest (highest) bucket that grew, else that bucket's
-    /// bound.
-    pub fn since(&self, base: &Summary) -> Summary {
-        let mut out = Summary {
-            min_ps: Summary::default().min_ps,
-            max_ps: Summary::default().max_ps,
-            ..self.saturating_sub(base)
-        };
-        let lower = |i: usize| {
-            if i == 0 {
-                0
-            } else {
-                bucket_upper_ps(i - 1).unwrap_or(0) + 1
-            }
-        };
-        if let Some(lo) = out.buckets.iter().position(|&n| n > 0) {
-            let (lo_bound, hi_bound) = (lower(lo), bucket_upper_ps(lo).unwrap_or(u64::MAX));
-            out.min_ps = if (lo_bound..=hi_bound).contains(&self.min_ps) {
-                self.min_ps
-            } else {
-                lo_bound
-            };
-        }
-        if let Some(hi) = out.buckets.iter().rposition(|&n| n > 0) {
-            let hi_bound = bucket_upper_ps(hi).unwrap_or(u64::MAX);
-            out.max_ps = if (lower(hi)..=hi_bound).contains(&self.max_ps) {
-                self.max_ps
-            } else {
-                hi_bound.min(self.max_ps)
-            };
-        }
-        out
-    }
-
-    /// `MIN_TIMER_WAIT` or `None` (PFS shows 0) when nothing was timed.
-    pub fn min(&self) -> Option<u64> {
-        (self.timed_count > 0).then_some(self.min_ps)
-    }
-
-    /// `AVG_TIMER_WAIT` in ps, over timed events.
-    pub fn avg_ps(&self) -> u64 {
-        if self.timed_count == 0 {
-            0
-        } else {
-            (self.sum_ps / u128::from(self.timed_count)) as u64
-        }
-    }
-
     fn load(row: &SummaryRow) -> Self {
         let mut buckets = [0; HISTOGRAM_BUCKETS];
         for (d, s) in buckets.iter_mut().zip(&row.buckets) {
@@ -316,72 +171,7 @@ impl Summary {
     }
 }
 
-/// Memory statistics of one memory class (one thread, or aggregated):
-/// the columns of the `memory_summary_*` tables.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct MemoryStats {
-    /// `COUNT_ALLOC`.
-    pub count_alloc: u64,
-    /// `COUNT_FREE`.
-    pub count_free: u64,
-    /// `SUM_NUMBER_OF_BYTES_ALLOC`.
-    pub bytes_alloc: u64,
-    /// `SUM_NUMBER_OF_BYTES_FREE`.
-    pub bytes_free: u64,
-    /// `LOW_COUNT_USED`.
-    pub low_count: i64,
-    /// `CURRENT_COUNT_USED`.
-    pub current_count: i64,
-    /// `HIGH_COUNT_USED`.
-    pub high_count: i64,
-    /// `LOW_NUMBER_OF_BYTES_USED`.
-    pub low_bytes: i64,
-    /// `CURRENT_NUMBER_OF_BYTES_USED`.
-    pub current_bytes: i64,
-    /// `HIGH_NUMBER_OF_BYTES_USED`.
-    pub high_bytes: i64,
-}
-
 impl MemoryStats {
-    /// Adds a child's statistics (PFS aggregation): counts, sums and
-    /// CURRENT add; LOW and HIGH add too, the worst case of the children
-    /// (the manual: 1–2 MB and 10–12 MB aggregate to 11–14 MB).
-    pub fn merge(&mut self, o: &MemoryStats) {
-        // Saturating, as in `Summary::merge`.
-        self.count_alloc = self.count_alloc.saturating_add(o.count_alloc);
-        self.count_free = self.count_free.saturating_add(o.count_free);
-        self.bytes_alloc = self.bytes_alloc.saturating_add(o.bytes_alloc);
-        self.bytes_free = self.bytes_free.saturating_add(o.bytes_free);
-        self.low_count = self.low_count.saturating_add(o.low_count);
-        self.current_count = self.current_count.saturating_add(o.current_count);
-        self.high_count = self.high_count.saturating_add(o.high_count);
-        self.low_bytes = self.low_bytes.saturating_add(o.low_bytes);
-        self.current_bytes = self.current_bytes.saturating_add(o.current_bytes);
-        self.high_bytes = self.high_bytes.saturating_add(o.high_bytes);
-    }
-
-    /// What happened since `base` (PFS `TRUNCATE` of a memory table):
-    /// COUNT_* and SUM_* are `self - base` (saturating); LOW, CURRENT and
-    /// HIGH are `self`'s.
-    pub fn counts_since(&self, base: &MemoryStats) -> MemoryStats {
-        MemoryStats {
-            count_alloc: self.count_alloc.saturating_sub(base.count_alloc),
-            count_free: self.count_free.saturating_sub(base.count_free),
-            bytes_alloc: self.bytes_alloc.saturating_sub(base.bytes_alloc),
-            bytes_free: self.bytes_free.saturating_sub(base.bytes_free),
-            ..*self
-        }
-    }
-
-    /// The statistics with LOW = HIGH = CURRENT (as just after TRUNCATE).
-    pub fn reset_watermarks(mut self) -> Self {
-        self.low_count = self.current_count;
-        self.high_count = self.current_count;
-        self.low_bytes = self.current_bytes;
-        self.high_bytes = self.current_bytes;
-        self
-    }
-
     /// Loads `row`; if its truncation generation is older than `tgen`, the
     /// writer has not touched it since a TRUNCATE, so LOW = HIGH = CURRENT.
     fn load(row: &MemoryRow, tgen: u64) -> Self {
@@ -403,11 +193,6 @@ impl MemoryStats {
         } else {
             s
         }
-    }
-
-    /// True if nothing was ever accounted.
-    pub fn is_empty(&self) -> bool {
-        self.count_alloc == 0 && self.count_free == 0
     }
 }
 
@@ -1118,174 +903,4 @@ fn read_long(
         stmts.sort_by_key(|(s, _)| *s);
     }
     (events, stmts.into_iter().map(|(_, e)| e).collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::writer::{EventData, SegmentWriter};
-    use crate::{SegmentConfig, TimerCalibration};
-    use std::sync::Arc;
-    use std::sync::atomic::AtomicBool;
-
-    fn create(cfg: &SegmentConfig) -> (std::fs::File, SegmentWriter) {
-        let cal = TimerCalibration {
-            kind: 2,
-            base_ticks: 0,
-            ps_per_tick_q32: 1000 << 32,
-            frequency_hz: 1_000_000_000,
-            base_ns: 0,
-        };
-        let f = tempfile::tempfile().unwrap();
-        let seg = Segment::create(f.try_clone().unwrap(), cfg, cal, 1, 0).unwrap();
-        (f, SegmentWriter::new(seg))
-    }
-
-    fn wait(rec: crate::RecordRef<'_>, class: u32, id: u64, ps: u64) {
-        let e = EventData {
-            event_id: id,
-            end_event_id: id + 1,
-            class,
-            timer_wait: ps,
-            source: NONE_U32,
-            object_name: NONE_U32,
-            flags: EV_TIMED | EV_ENDED,
-            event_type: EventType::Wait as u32,
-            ..Default::default()
-        };
-        rec.end_event(0, &e, None, true, true);
-        rec.summarize(class as usize, true, ps, 3, None);
-    }
-
-    /// Totals by class: folded rows, plus live rows however they were read.
-    fn totals(s: &SegmentSnapshot) -> std::collections::BTreeMap<u32, Summary> {
-        let mut out = std::collections::BTreeMap::new();
-        let rows = s
-            .exited
-            .iter()
-            .chain(&s.live_rows)
-            .chain(s.threads.iter().flat_map(|t| &t.rows));
-        for (c, r) in rows {
-            out.entry(*c).or_insert_with(Summary::default).merge(r);
-        }
-        out
-    }
-
-    #[test]
-    fn summed_rows_equal_per_thread_rows() {
-        let cfg = SegmentConfig {
-            records_per_page: 4,
-            max_pages: 4,
-            ..SegmentConfig::default()
-        };
-        let (f, w) = create(&cfg);
-        let classes: Vec<u32> = (0..5)
-            .map(|i| {
-                w.register_class(
-                    &format!("wait/synch/mutex/t/m{i}"),
-                    ClassKind::Mutex,
-                    FLAG_ENABLED | FLAG_TIMED,
-                )
-                .unwrap()
-            })
-            .collect();
-        let mut slots = Vec::new();
-        for t in 0..10u64 {
-            let slot = w.alloc_thread(t + 1, t + 1, "w").unwrap();
-            let rec = w.segment().record(slot.index);
-            for (k, &c) in classes.iter().enumerate().skip(t as usize % 3) {
-                for n in 0..=t {
-                    wait(rec, c, n + 1, (k as u64 + 1) * 1_000_000 * (n + t + 1));
-                }
-            }
-            slots.push(slot);
-        }
-        // Two threads exit: their rows are folded into the global section.
-        w.fold_and_free(slots[3]);
-        w.fold_and_free(slots[7]);
-        let reader = Segment::open(f, false).unwrap();
-        let full = snapshot(&reader, &ReadOptions::default()).unwrap();
-        let summed = snapshot(&reader, &ReadOptions::summaries()).unwrap();
-        assert!(full.live_rows.is_empty());
-        assert_eq!(summed.threads.len(), 8);
-        assert!(summed.threads.iter().all(|t| t.rows.is_empty()));
-        assert!(summed.threads.iter().all(|t| t.waits_history.is_empty()));
-        assert_eq!(summed.live_rows.len(), classes.len());
-        assert_eq!(totals(&full), totals(&summed));
-        // Pages given back are read again from the file, unchanged.
-        let again = snapshot(&reader, &ReadOptions::summaries()).unwrap();
-        assert_eq!(totals(&again), totals(&full));
-        // Every thread's every event, folded or live.
-        assert_eq!(totals(&full)[&classes[4]].count, (1..=10).sum::<u64>());
-    }
-
-    #[test]
-    fn summed_rows_under_folding_never_lose_or_double_count() {
-        let cfg = SegmentConfig {
-            history_len: 4,
-            max_classes: 8,
-            records_per_page: 4,
-            max_pages: 8,
-            ..SegmentConfig::default()
-        };
-        let (f, w) = create(&cfg);
-        let w = Arc::new(w);
-        let c = w
-            .register_class(
-                "wait/synch/mutex/t/m",
-                ClassKind::Mutex,
-                FLAG_ENABLED | FLAG_TIMED,
-            )
-            .unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        const PER_THREAD: u64 = 200;
-        let writers: Vec<_> = (0..2)
-            .map(|k| {
-                let (w, stop) = (w.clone(), stop.clone());
-                std::thread::spawn(move || {
-                    let mut lifetimes = 0u64;
-                    while !stop.load(Relaxed) {
-                        let slot = w.alloc_thread(k, k, "churn").unwrap();
-                        let rec = w.segment().record(slot.index);
-                        for id in 1..=PER_THREAD {
-                            wait(rec, c, id, 1000);
-                        }
-                        w.fold_and_free(slot);
-                        lifetimes += 1;
-                        std::thread::sleep(std::time::Duration::from_micros(50));
-                    }
-                    lifetimes
-                })
-            })
-            .collect();
-        let reader = Segment::open(f, false).unwrap();
-        let count = |s: &SegmentSnapshot| totals(s).get(&c).map_or(0, |r| r.count);
-        let (mut last, mut snapshots, mut storms, mut restarts) = (0, 0, 0, 0);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while std::time::Instant::now() < deadline {
-            let s = match snapshot(&reader, &ReadOptions::summaries()) {
-                Ok(s) => s,
-                Err(SegmentError::FoldStorm(_)) => {
-                    storms += 1;
-                    continue;
-                }
-                Err(e) => panic!("{e}"),
-            };
-            restarts += s.stats.restarts;
-            if s.stats.skipped_rows > 0 {
-                continue;
-            }
-            let n = count(&s);
-            assert!(n >= last, "total went backwards: {last} -> {n}");
-            last = n;
-            snapshots += 1;
-        }
-        stop.store(true, Relaxed);
-        let lifetimes: u64 = writers.into_iter().map(|h| h.join().unwrap()).sum();
-        let s = snapshot(&reader, &ReadOptions::summaries()).unwrap();
-        assert_eq!(count(&s), lifetimes * PER_THREAD);
-        assert!(snapshots > 10, "{snapshots} snapshots");
-        assert!(storms * 10 < snapshots, "{storms} gave up of {snapshots}");
-        eprintln!("{snapshots} summed snapshots, {restarts} restarts, {storms} gave up");
-    }
 }

@@ -2,7 +2,8 @@
 //! that `PFS_INSTRUMENT` (client) and `--instrument` (agent), or
 //! `PFS_RECLAIM_AFTER` and `--dead-retention`, read the same way.
 //!
-//! Layer: bottom (depends only on [`crate::layout`]'s flag bits).
+//! Layer 2 (see the crate docs): depends only on [`crate::layout`]'s flag
+//! bits.
 
 use std::time::Duration;
 

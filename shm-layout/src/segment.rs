@@ -1,7 +1,14 @@
-//! Mapping a segment file: creation (by the instrumented process) and a
-//! validating open (by the agent). This module and [`crate::sigbus`] hold
-//! every `unsafe` of the crate: this one turns checked offsets into typed
-//! references to atomics.
+//! Mapping a segment file: creation (by the instrumented process), a
+//! validating open (by the agent), and typed views of every section.
+//!
+//! One of the three modules allowed to use `unsafe` (with
+//! [`crate::sigbus`] and [`crate::tsc`]; the crate root denies
+//! `unsafe_code` everywhere else): this one turns offsets, checked against
+//! the validated geometry, into typed references to atomics.
+//!
+//! Layer 3 (see the crate docs): builds on [`crate::layout`],
+//! [`crate::sigbus`], [`crate::actors`] (the default actor row written at
+//! creation), [`crate::text`] and [`crate::error`].
 
 use std::fs::File;
 use std::mem::{align_of, size_of};
@@ -13,6 +20,11 @@ use memmap2::{MmapOptions, MmapRaw};
 use crate::error::SegmentError;
 use crate::layout::*;
 use crate::sigbus::Registration;
+use crate::text::{load_string, store_bytes};
+
+// Moved to `text` (below every user of strings); re-exported at its old
+// path.
+pub use crate::text::truncate_utf8;
 
 /// Largest string table a segment may declare.
 pub const MAX_STRINGS: u32 = 1 << 20;
@@ -413,7 +425,7 @@ impl Segment {
         let setup = seg.setup();
         setup.consumers.store(CONSUMERS_DEFAULT, r);
         setup.timers.store(TIMERS_DEFAULT, r);
-        crate::setup::write_actor(
+        crate::actors::write_actor(
             &setup.actors[0],
             "%",
             "%",
@@ -494,9 +506,12 @@ impl Segment {
     /// The checks of [`Self::open`] on a mapping of `len` bytes.
     fn validate(map: &MmapRaw, len: usize) -> Result<Validated, SegmentError> {
         // Header fields are validated through a temporary view of page 0.
-        // SAFETY: `len >= PAGE` was checked, the mapping is page aligned,
-        // `Header` is `PAGE` bytes of atomics (valid for any bit pattern),
-        // and the reference does not outlive `map` (used only in this fn).
+        // SAFETY: `len >= PAGE` was checked and `Header` is `PAGE` bytes,
+        // so it is in bounds; the mapping is page aligned; `Header` is made
+        // of atomics only (valid for any bit pattern, changed by other
+        // processes only atomically); the reference borrows `map` and is
+        // used only in this function. The caller registered the mapping
+        // with `sigbus` first, so a file shrinking now cannot kill us.
         let h: &Header = unsafe { &*(map.as_ptr() as *const Header) };
         let r = Ordering::Relaxed;
         let magic = h.magic.load(r);
@@ -641,8 +656,12 @@ impl Segment {
         if (size_of::<ContainerHeader>() as u64) > tsize {
             return corrupt("thread section too small".into());
         }
-        // SAFETY: threads_off + 64 <= seg_size <= len was checked above, the
-        // offset is PAGE aligned, and ContainerHeader is made of atomics.
+        // SAFETY: the directory loop checked that `threads_off` is a
+        // multiple of PAGE (so aligned) and `threads_off + tsize <=
+        // seg_size <= len`, and `size_of::<ContainerHeader>() <= tsize` was
+        // checked just above: the header is inside the mapping.
+        // `ContainerHeader` is made of atomics only (valid for any bit
+        // pattern); the reference borrows `map`, used only in this function.
         let c: &ContainerHeader =
             unsafe { &*(map.as_ptr().add(threads_off as usize) as *const ContainerHeader) };
         let records_per_page = c.records_per_page.load(r);
@@ -775,11 +794,19 @@ impl Segment {
             off.is_multiple_of(align_of::<T>()) && off + size_of::<T>() <= self.geom.total_size,
             "internal error: offset {off} out of the validated geometry"
         );
-        // SAFETY: bounds and alignment checked just above against the
-        // validated total size, which is <= the mapping's length; `T` is
-        // always a `repr(C)` aggregate of atomics, valid for any bit
-        // pattern and safe to share between threads and processes; the
-        // reference borrows `self`, so the mapping outlives it.
+        // SAFETY: in bounds: `off + size_of::<T>()` is at most the
+        // validated total size (asserted), itself at most the mapping's
+        // length (`create` maps exactly `total_size`; `open` checked
+        // `segment_size <= len`). Aligned: the mapping starts on a page
+        // boundary and `off` is a multiple of `align_of::<T>()` (asserted).
+        // Valid: every caller (all in this module) names a `layout` type, a
+        // `repr(C)` aggregate of atomics, for which every bit pattern is a
+        // value, and whose every mutation, by this process or another, is
+        // an atomic store (`UnsafeCell`), so a shared reference never
+        // observes a non-atomic write. Lifetime: the reference borrows
+        // `self`, which owns the mapping. A file shrunk under the mapping
+        // raises SIGBUS, which `sigbus` turns into zero pages (readers);
+        // creators reserve every byte before touching it.
         unsafe { &*(self.map.as_ptr().add(off) as *const T) }
     }
 
@@ -790,7 +817,11 @@ impl Segment {
                 && off + size_of::<T>() * count <= self.geom.total_size,
             "internal error: slice at {off} x {count} out of the validated geometry"
         );
-        // SAFETY: as in `at`, for `count` consecutive elements.
+        // SAFETY: as in `at`, for `count` consecutive elements: the whole
+        // slice ends within the validated size (asserted; every caller's
+        // count is bounded by the validated geometry, so the product does
+        // not overflow), each element is aligned (`size_of` is a multiple of
+        // `align_of`), and `T` is a `layout` type or `AtomicU64`.
         unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(off) as *const T, count) }
     }
 
@@ -863,20 +894,25 @@ impl Segment {
     /// Gives back this process's mapping of container page `page`: its
     /// resident pages stop counting in this process's RSS, the file keeps
     /// every byte, and the next access maps the same bytes again. A reader
-    /// calls it after copying the page (see [`crate::reader::ReadOptions`]).
+    /// calls it after copying the page (the reader's `release_pages`
+    /// option).
     /// Advice only: failures are ignored.
     pub fn release_page(&self, page: u32) {
         if page >= self.geom.max_pages {
             return;
         }
         let off = self.geom.page_off(page);
-        // SAFETY: every mapping of a segment is MAP_SHARED over a file.
-        // MADV_DONTNEED on a shared file mapping only removes this
-        // process's page-table entries: the data stays in the file (the
-        // page cache, or tmpfs), and a later access faults the very same
-        // bytes back in, so references into the mapping stay valid and see
-        // unchanged memory (unlike a private mapping, where the advice
-        // would discard private copies). The range is inside the mapping.
+        // SAFETY: the range is inside the mapping: `page < max_pages` was
+        // checked, and the validated geometry places every page below
+        // `total_size`. Every mapping of a segment is MAP_SHARED over a
+        // file, and MADV_DONTNEED on a shared file mapping only removes
+        // this process's page-table entries: the data stays in the file
+        // (the page cache, or tmpfs), and a later access faults the very
+        // same bytes back in, so references into the mapping stay valid and
+        // see unchanged memory (unlike a private mapping, where the advice
+        // would discard private copies). The one private range, the zero
+        // pages `sigbus` puts in after a fault, reads as zeros again: also
+        // unchanged.
         let _ = unsafe {
             self.map.unchecked_advise_range(
                 memmap2::UncheckedAdvice::DontNeed,
@@ -1032,43 +1068,21 @@ fn reserve(file: &File, off: usize, len: usize) -> Result<(), SegmentError> {
     }
 }
 
-/// Stores `bytes` (truncated to the array) into an array of atomics.
-pub(crate) fn store_bytes(dst: &[AtomicU64], len: &std::sync::atomic::AtomicU32, bytes: &[u8]) {
-    let n = bytes.len().min(dst.len() * 8);
-    let mut buf = [0u8; 8];
-    for (i, word) in dst.iter().enumerate() {
-        buf.fill(0);
-        let start = (i * 8).min(n);
-        let end = ((i + 1) * 8).min(n);
-        buf[..end - start].copy_from_slice(&bytes[start..end]);
-        word.store(u64::from_le_bytes(buf), Ordering::Relaxed);
-    }
-    len.store(n as u32, Ordering::Relaxed);
-}
-
-/// Loads a string stored by [`store_bytes`]; `None` if the length is out of
-/// range or the bytes are not UTF-8.
-pub(crate) fn load_string(src: &[AtomicU64], len: u32) -> Option<String> {
-    let len = len as usize;
-    if len > src.len() * 8 {
-        return None;
-    }
-    let mut bytes = Vec::with_capacity(src.len() * 8);
-    for w in src {
-        bytes.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
-    }
-    bytes.truncate(len);
-    String::from_utf8(bytes).ok()
-}
-
-/// Truncates `s` to at most `max` bytes on a character boundary.
-pub fn truncate_utf8(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+/// Class indexes whose touched bit is set in a thread record's header,
+/// below `limit` (used by the writer's fold and by the reader).
+pub(crate) fn touched_classes(h: &ThreadHeader, limit: usize) -> impl Iterator<Item = usize> + '_ {
+    h.touched.iter().enumerate().flat_map(move |(w, word)| {
+        let mut bits = word.load(Ordering::Acquire);
+        std::iter::from_fn(move || {
+            while bits != 0 {
+                let b = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let c = w * 64 + b;
+                if c < limit {
+                    return Some(c);
+                }
+            }
+            None
+        })
+    })
 }

@@ -1,6 +1,8 @@
 //! Sequence locks over shared memory: one writer, any number of readers, and
 //! a reader never blocks the writer.
 //!
+//! Layer 0 (see the crate docs): depends on no other module of the crate.
+//!
 //! # Protocol
 //!
 //! Every field a sequence lock guards is an atomic, accessed with `Relaxed`

@@ -12,11 +12,19 @@
 //! assert!(like("wait/io/file/kv/wa_", "wait/io/file/kv/wal"));
 //! assert!(!like("wait/synch/%", "stage/kv/parsing"));
 //! ```
+//!
+//! Layer 4 (see the crate docs): works on a mapped [`crate::segment`];
+//! the `setup_actors` row format is [`crate::actors`]'s.
 
 use std::sync::atomic::Ordering::*;
 
 use crate::layout::*;
-use crate::segment::{Segment, load_string, store_bytes, truncate_utf8};
+use crate::segment::Segment;
+use crate::text::load_string;
+
+// Moved to `actors` (below `segment`, which writes the default row at
+// creation); re-exported at their old paths.
+pub use crate::actors::{Actor, clear_actor, match_actor, write_actor};
 
 /// SQL `LIKE`: `%` matches any run of characters, `_` exactly one, `\`
 /// escapes the next character. Case-sensitive, as instrument names are.
@@ -86,49 +94,6 @@ pub const fn effective(word: u32, kind: usize, which: ConsumerKind) -> bool {
     }
 }
 
-/// One `setup_actors` row, decoded.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Actor {
-    /// `HOST` or `%`.
-    pub host: String,
-    /// `USER` or `%`.
-    pub user: String,
-    /// `ROLE` or `%`.
-    pub role: String,
-    /// `ENABLED`.
-    pub enabled: bool,
-    /// `HISTORY`.
-    pub history: bool,
-}
-
-/// Writes an actor row under its sequence lock (single writer: the
-/// creator at creation, then the agent).
-pub fn write_actor(e: &ActorEntry, host: &str, user: &str, role: &str, flags: u32) {
-    let _w = e.seq.write();
-    store_bytes(
-        &e.host,
-        &e.host_len,
-        truncate_utf8(host, ACTOR_FIELD_BYTES).as_bytes(),
-    );
-    store_bytes(
-        &e.user,
-        &e.user_len,
-        truncate_utf8(user, ACTOR_FIELD_BYTES).as_bytes(),
-    );
-    store_bytes(
-        &e.role,
-        &e.role_len,
-        truncate_utf8(role, ACTOR_FIELD_BYTES).as_bytes(),
-    );
-    e.flags.store(flags | ACTOR_USED, Relaxed);
-}
-
-/// Clears an actor row.
-pub fn clear_actor(e: &ActorEntry) {
-    let _w = e.seq.write();
-    e.flags.store(0, Relaxed);
-}
-
 /// Reads the actor rows that exist (rows that cannot be read consistently
 /// or hold invalid UTF-8 are skipped).
 pub fn read_actors(seg: &Segment) -> Vec<Actor> {
@@ -154,20 +119,6 @@ pub fn read_actors(seg: &Segment) -> Vec<Actor> {
                 .flatten()
         })
         .collect()
-}
-
-/// PFS's rule for a thread that declares `user`@`host` with `role`: the
-/// most specific matching row decides (a literal beats `%`, compared on
-/// host, then user, then role). No matching row: not instrumented.
-/// Returns `(INSTRUMENTED, HISTORY)`.
-pub fn match_actor(actors: &[Actor], user: &str, host: &str, role: &str) -> (bool, bool) {
-    let fits = |pat: &str, v: &str| pat == "%" || pat == v;
-    actors
-        .iter()
-        .filter(|a| fits(&a.host, host) && fits(&a.user, user) && fits(&a.role, role))
-        .max_by_key(|a| (a.host != "%", a.user != "%", a.role != "%"))
-        .map(|a| (a.enabled, a.enabled && a.history))
-        .unwrap_or((false, false))
 }
 
 /// Sets ENABLED and/or TIMED on every class whose name matches the `LIKE`
@@ -315,29 +266,5 @@ mod tests {
         assert!(effective(no_current, 0, ConsumerKind::Summaries));
         assert!(!effective(w & !CONSUMER_GLOBAL, 2, ConsumerKind::Summaries));
         assert_eq!(consumers().len(), 14);
-    }
-
-    #[test]
-    fn actor_specificity() {
-        let a = |h: &str, u: &str, e: bool| Actor {
-            host: h.into(),
-            user: u.into(),
-            role: "%".into(),
-            enabled: e,
-            history: true,
-        };
-        let rows = vec![
-            a("%", "%", true),
-            a("%", "batch", false),
-            a("db1", "%", true),
-        ];
-        assert_eq!(match_actor(&rows, "web", "h", ""), (true, true));
-        assert_eq!(match_actor(&rows, "batch", "h", ""), (false, false));
-        assert_eq!(
-            match_actor(&rows, "batch", "db1", ""),
-            (true, true),
-            "host is compared first"
-        );
-        assert_eq!(match_actor(&[], "x", "y", ""), (false, false));
     }
 }

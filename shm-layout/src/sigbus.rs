@@ -9,7 +9,7 @@
 //!
 //! # Design
 //!
-//! * Every mapping made by [`Segment::open`](crate::Segment::open) is
+//! * Every mapping made by `Segment::open` (in the `segment` module) is
 //!   registered in a fixed-size, lock-free table of `(start, end)` ranges
 //!   ([`Registration`]); it is removed when the segment is dropped, before
 //!   the mapping is unmapped.
@@ -34,6 +34,11 @@
 //! The handler is async-signal-safe: it only loads and stores atomics of a
 //! static table and calls `mmap`/`sigaction` (system calls); it never
 //! allocates, locks or logs, and it preserves `errno`.
+//!
+//! One of the three modules allowed to use `unsafe` (see the crate docs):
+//! installing a signal handler and patching a mapping are system calls.
+//!
+//! Layer 1 (see the crate docs): depends only on [`crate::error`].
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -150,30 +155,42 @@ pub fn recovered_faults() -> u64 {
 /// Installs the handler once; true if it is in place.
 fn install() -> bool {
     *INSTALLED.get_or_init(|| {
-        // SAFETY: all-zero bytes are a valid `sigaction` (SIG_DFL, empty
-        // flags); it is only an out-parameter here.
+        // SAFETY: `libc::sigaction` is a C struct of integers only (on
+        // Linux `sa_sigaction` is a `sighandler_t`, i.e. a `usize`, not a
+        // Rust function pointer, and `sa_mask` is an array of integers), so
+        // the all-zero bit pattern is a valid value of every field. It is
+        // used only as an out-parameter.
         let mut prev: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: a null new action only reads the current disposition
-        // into `prev`, which is valid for writes.
+        // SAFETY: sigaction(2) with a null new action only reads the
+        // current disposition into `*oldact`; `&mut prev` is a live,
+        // aligned, writable `libc::sigaction`, the type libc's wrapper
+        // expects, and nothing else is written.
         if unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut prev) } != 0 {
             return false;
         }
         // Stored before the handler can run, so the handler always finds it.
         let _ = PREVIOUS.set(prev);
-        // SAFETY: as above, a zeroed `sigaction` is valid.
+        // SAFETY: as for `prev`: all-zero is a valid `libc::sigaction`.
         let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
         act.sa_sigaction = handler as *const () as libc::sighandler_t;
         act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-        // SAFETY: `act.sa_mask` is a valid, writable sigset_t.
+        // SAFETY: `&mut act.sa_mask` is a live, aligned, writable
+        // `sigset_t`; sigemptyset(3) writes that set and nothing else.
         unsafe { libc::sigemptyset(&mut act.sa_mask) };
-        // SAFETY: installs a fully initialised action whose handler has
-        // the SA_SIGINFO signature; the old action is not wanted.
+        // SAFETY: `act` is fully initialised: its handler is `handler`, an
+        // `extern "C" fn(c_int, *mut siginfo_t, *mut c_void)`, exactly the
+        // signature the kernel calls with SA_SIGINFO; the mask is empty and
+        // the flags are valid. `handler` is async-signal-safe (module
+        // docs), which is what installing it for a synchronous fault
+        // requires. A null `oldact` is allowed (the old action was read
+        // above).
         unsafe { libc::sigaction(libc::SIGBUS, &act, std::ptr::null_mut()) == 0 }
     })
 }
 
-/// The registered slot containing `addr`, if any (async-signal-safe).
-fn find(addr: usize) -> Option<&'static Slot> {
+/// The registered slot containing `addr`, and its range as read
+/// consistently, if any (async-signal-safe).
+fn find(addr: usize) -> Option<(&'static Slot, usize, usize)> {
     let high = HIGH.load(Ordering::Acquire).min(MAX_REGISTRATIONS);
     for slot in &SLOTS[..high] {
         let s1 = slot.state.load(Ordering::Acquire);
@@ -189,30 +206,45 @@ fn find(addr: usize) -> Option<&'static Slot> {
             continue; // reused while we read it: not the faulting mapping
         }
         if (start..end).contains(&addr) {
-            return Some(slot);
+            return Some((slot, start, end));
         }
     }
     None
 }
 
 extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
-    // SAFETY: errno is thread-local; saving and restoring it keeps the
-    // interrupted code's value intact across our system calls.
+    // SAFETY: `__errno_location` (async-signal-safe, no lock) returns a
+    // non-null, aligned pointer to this thread's `errno`, valid for the
+    // thread's lifetime; this is a plain read of an initialised `int`. It
+    // is saved so that our system calls do not change the value the
+    // interrupted code sees.
     let errno = unsafe { *libc::__errno_location() };
-    // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler;
-    // `si_addr` is meaningful for kernel-generated SIGBUS (si_code > 0).
+    // SAFETY: the handler is installed with SA_SIGINFO only, so the kernel
+    // passes `info` pointing to a `siginfo_t` that it wrote in full and that
+    // stays valid until the handler returns (a chaining handler passes the
+    // kernel's pointer on). `si_addr()` is unsafe because it reads a union
+    // field: the read is of initialised bytes and yields an address that is
+    // only compared, never dereferenced; it is meaningful for
+    // kernel-generated faults (`si_code > 0`), the only ones used.
     let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
-    let slot = if code > 0 { find(addr) } else { None };
-    if let Some(slot) = slot {
-        let (start, end) = (
-            slot.start.load(Ordering::Relaxed),
-            slot.end.load(Ordering::Relaxed),
-        );
-        // SAFETY: `[start, end)` is a live mapping owned by a `Segment`
-        // (the faulting thread is accessing it, so it cannot be unmapped
-        // concurrently: the segment is borrowed). Replacing it with
-        // private anonymous memory of the same extent keeps every address
-        // valid; memmap2's later `munmap` of the range removes it.
+    let found = if code > 0 { find(addr) } else { None };
+    if let Some((slot, start, end)) = found {
+        // SAFETY: `[start, end)` is a registered range, read consistently
+        // by `find`. A registration is always dropped before its mapping
+        // is unmapped (field order in `Segment`, declaration order in
+        // `Segment::open`), so a registered range is a live mapping, and
+        // live mappings do not overlap: the faulting address lies in this
+        // thread's access to that very mapping, made through a borrow of
+        // its owner, which therefore cannot be dropped (nor the range
+        // unmapped, nor the slot reused) before the access completes. MAP_FIXED replaces exactly that
+        // range, page aligned (a mapping's start and length), with private
+        // anonymous zero pages, readable and writable: every address and
+        // every reference into the range stays valid and aligned, and reads
+        // zeros, a valid value of every type in a segment (atomics only;
+        // another process could have stored zeros there too). memmap2's
+        // later `munmap` of the same range removes the replacement. No Rust
+        // memory outside the range is touched; mmap(2) is a system call,
+        // async-signal-safe.
         let replaced = unsafe {
             libc::mmap(
                 start as *mut c_void,
@@ -226,14 +258,17 @@ extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut c_
         if replaced != libc::MAP_FAILED {
             slot.faulted.store(true, Ordering::Release);
             RECOVERED.fetch_add(1, Ordering::Relaxed);
-            // SAFETY: see above.
+            // SAFETY: the same valid, aligned pointer to this thread's
+            // `errno` as read above; a plain write of an `int` restores the
+            // interrupted code's value.
             unsafe { *libc::__errno_location() = errno };
             return;
         }
         // Could not patch: fall through and die as without the handler.
     }
     chain(sig, info, ctx);
-    // SAFETY: see above.
+    // SAFETY: as above, a plain write through the valid pointer to this
+    // thread's `errno`.
     unsafe { *libc::__errno_location() = errno };
 }
 
@@ -243,13 +278,21 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     match prev {
         Some(p) if p.sa_sigaction != libc::SIG_DFL && p.sa_sigaction != libc::SIG_IGN => {
             if p.sa_flags & libc::SA_SIGINFO != 0 {
-                // SAFETY: the previous action declared SA_SIGINFO, so its
-                // handler has this signature; we pass our own arguments.
+                // SAFETY: `p` is the disposition the kernel reported before
+                // ours was installed. Neither SIG_DFL (0) nor SIG_IGN (1),
+                // its `sa_sigaction` is the non-null address of a handler
+                // function, pointer-sized like the target type, and its
+                // SA_SIGINFO flag says the kernel calls it as
+                // `extern "C" fn(c_int, *mut siginfo_t, *mut c_void)`. We
+                // call it with the kernel's own arguments, as the kernel
+                // would have.
                 let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut c_void) =
                     unsafe { std::mem::transmute(p.sa_sigaction) };
                 f(sig, info, ctx);
             } else {
-                // SAFETY: a plain (non-SA_SIGINFO) handler takes the signal.
+                // SAFETY: as above, a non-null handler address; without
+                // SA_SIGINFO the kernel calls it as `extern "C" fn(c_int)`,
+                // and so do we, with the signal number.
                 let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(p.sa_sigaction) };
                 f(sig);
             }
@@ -258,9 +301,13 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
             // Default (or ignored, which the kernel does not honour for a
             // synchronous fault): restore SIG_DFL; returning re-executes
             // the faulting access, which now terminates the process.
-            // SAFETY: a zeroed sigaction with SIG_DFL (0) is valid.
+            // SAFETY: all-zero is a valid `libc::sigaction` (see `install`).
             let mut dfl: libc::sigaction = unsafe { std::mem::zeroed() };
             dfl.sa_sigaction = libc::SIG_DFL;
+            // SAFETY: `dfl` is fully initialised (SIG_DFL, empty mask, no
+            // flags); restoring the default disposition touches no memory
+            // of ours, a null `oldact` is allowed, and sigaction(2) is
+            // async-signal-safe.
             unsafe { libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut()) };
         }
     }

@@ -8,6 +8,10 @@
 //!   writes only the calling thread's own record, with relaxed loads and
 //!   stores bracketed by sequence locks: no lock, no syscall, no allocation,
 //!   no read-modify-write instruction, no cache line another thread writes.
+//!
+//! Layer 4 (see the crate docs): builds on [`crate::segment`] (the
+//! mapping), [`crate::container`] and [`crate::lockword`] (the record and
+//! page protocols) and the layers below; it never reads a snapshot.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -19,7 +23,14 @@ use crate::container::{self, PageState};
 use crate::kinds::ClassKind;
 use crate::layout::*;
 use crate::lockword;
-use crate::segment::{RecordRef, Segment, store_bytes, truncate_utf8};
+use crate::segment::{RecordRef, Segment, touched_classes};
+use crate::text::{store_bytes, truncate_utf8};
+
+// Moved to `tsc` (the unsafe fence) and `values` (below the reader);
+// re-exported at their old paths.
+#[cfg(target_arch = "x86_64")]
+pub use crate::tsc::read_tsc;
+pub use crate::values::StatementFigures;
 
 /// A segment owned by this process, with the slow-path state that
 /// serialises registration, allocation and folding.
@@ -95,7 +106,7 @@ pub struct EventData {
     pub end_event_id: u64,
     /// Class index.
     pub class: u32,
-    /// [`crate::Operation`] value.
+    /// [`crate::kinds::Operation`] value.
     pub operation: u32,
     /// Start, raw ticks.
     pub timer_start: u64,
@@ -123,37 +134,6 @@ pub struct EventData {
     pub event_type: u32,
     /// `THREAD_ID` (written to `history_long` slots).
     pub thread_id: u64,
-}
-
-/// A statement's own figures, kept by the writer until the statement ends.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StatementFigures {
-    /// `ERRORS`.
-    pub errors: u64,
-    /// `WARNINGS`.
-    pub warnings: u64,
-    /// `ROWS_AFFECTED`.
-    pub rows_affected: u64,
-    /// `ROWS_SENT`.
-    pub rows_sent: u64,
-    /// `ROWS_EXAMINED`.
-    pub rows_examined: u64,
-    /// `DIGEST` (0 = none).
-    pub digest: u64,
-}
-
-/// Reads the CPU's time-stamp counter with `RDTSC`, inlined into the
-/// caller: the CYCLE timer of the writer's hot path (two of these bound the
-/// cost of a timed event). Meaningful only where the TSC is invariant; the
-/// client calls it only when its calibration chose the TSC.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub fn read_tsc() -> u64 {
-    // SAFETY: RDTSC is part of the x86-64 baseline instruction set, reads
-    // a register and touches no memory. (A process that asked the kernel
-    // to trap it with `prctl(PR_SET_TSC)` would get SIGSEGV, exactly as
-    // with `quanta`, which the client uses otherwise.)
-    unsafe { core::arch::x86_64::_rdtsc() }
 }
 
 /// An `events_*_current` row being started (see
@@ -585,24 +565,6 @@ impl SegmentWriter {
         self.hint.store(page, Relaxed);
         self.epoch.fetch_add(1, Release);
     }
-}
-
-/// Class indexes whose touched bit is set, below `limit`.
-pub(crate) fn touched_classes(h: &ThreadHeader, limit: usize) -> impl Iterator<Item = usize> + '_ {
-    h.touched.iter().enumerate().flat_map(move |(w, word)| {
-        let mut bits = word.load(Acquire);
-        std::iter::from_fn(move || {
-            while bits != 0 {
-                let b = bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                let c = w * 64 + b;
-                if c < limit {
-                    return Some(c);
-                }
-            }
-            None
-        })
-    })
 }
 
 fn init_record(rec: RecordRef<'_>, thread_id: u64, os_tid: u64, name: &str) {
@@ -1146,13 +1108,7 @@ mod tests {
     use crate::{SegmentConfig, TimerCalibration};
 
     fn writer() -> SegmentWriter {
-        let cal = TimerCalibration {
-            kind: 2,
-            base_ticks: 0,
-            ps_per_tick_q32: 1000 << 32,
-            frequency_hz: 1_000_000_000,
-            base_ns: 0,
-        };
+        let cal = TimerCalibration::NANOSECONDS;
         let f = tempfile::tempfile().unwrap();
         let seg = Segment::create(f, &SegmentConfig::default(), cal, 1, 0).unwrap();
         SegmentWriter::new(seg)

@@ -10,29 +10,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::time::Duration;
 
+mod common;
+
 use pfs_shm_layout::container::PageState;
 use pfs_shm_layout::layout::LostKind;
 use pfs_shm_layout::reader::{ReadOptions, snapshot};
 use pfs_shm_layout::{Segment, SegmentConfig, SegmentWriter, ThreadSlot, TimerCalibration};
 
-const TIMER: TimerCalibration = TimerCalibration {
-    kind: 2,
-    base_ticks: 0,
-    ps_per_tick_q32: 1000 << 32,
-    frequency_hz: 1_000_000_000,
-    base_ns: 0,
-};
-
 fn cfg(records_per_page: u32, max_pages: u32) -> SegmentConfig {
-    SegmentConfig {
-        service_name: "container".into(),
-        history_len: 4,
-        max_classes: 8,
-        max_strings: 16,
-        records_per_page,
-        max_pages,
-        history_long_len: 8,
-    }
+    common::config("container", records_per_page, max_pages)
 }
 
 /// A directory on tmpfs when there is one (where punched holes are memory
@@ -51,7 +37,7 @@ fn create_in(dir: &Path, cfg: &SegmentConfig) -> std::io::Result<(File, SegmentW
         .write(true)
         .create_new(true)
         .open(dir.join("c.pfs"))?;
-    let seg = Segment::create(f.try_clone()?, cfg, TIMER, 7, 0)
+    let seg = Segment::create(f.try_clone()?, cfg, TimerCalibration::NANOSECONDS, 7, 0)
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok((f, SegmentWriter::new(seg)))
 }

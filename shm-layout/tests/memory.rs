@@ -3,31 +3,17 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
+mod common;
+
 use pfs_shm_layout::layout::FLAG_ENABLED;
 use pfs_shm_layout::reader::{MemoryStats, ReadOptions, snapshot};
-use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration};
+use pfs_shm_layout::{ClassKind, Segment, SegmentConfig};
 
 const MB: u64 = 1 << 20;
 
 #[test]
 fn manual_example_account_low_high_are_sums() {
-    let file = tempfile::tempfile().unwrap();
-    let timer = TimerCalibration {
-        kind: 2,
-        base_ticks: 0,
-        ps_per_tick_q32: 1000 << 32,
-        frequency_hz: 1_000_000_000,
-        base_ns: 0,
-    };
-    let seg = Segment::create(
-        file.try_clone().unwrap(),
-        &SegmentConfig::default(),
-        timer,
-        1,
-        0,
-    )
-    .unwrap();
-    let w = SegmentWriter::new(seg);
+    let (file, w) = common::create(&SegmentConfig::default());
     let c = w
         .register_class("memory/test/m", ClassKind::Memory, FLAG_ENABLED)
         .unwrap() as usize;

@@ -1,66 +1,25 @@
 //! Protocol tests of the segment: validation of hostile files, container
 //! growth and reuse, history rings, and exit-time folding under concurrent
-//! snapshots.
+//! snapshots, read per thread or summed by class.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+mod common;
+
+use common::{config, record_wait, wait_event};
 use pfs_shm_layout::layout::*;
 use pfs_shm_layout::reader::{ReadOptions, SegmentSnapshot, snapshot};
+use pfs_shm_layout::values::Summary;
 use pfs_shm_layout::writer::EventData;
-use pfs_shm_layout::{
-    ClassKind, Segment, SegmentConfig, SegmentError, SegmentWriter, TimerCalibration,
-};
-
-const TIMER: TimerCalibration = TimerCalibration {
-    kind: 2,
-    base_ticks: 0,
-    ps_per_tick_q32: 1000 << 32,
-    frequency_hz: 1_000_000_000,
-    base_ns: 0,
-};
-
-fn create(cfg: SegmentConfig) -> (File, SegmentWriter) {
-    let f = tempfile::tempfile().unwrap();
-    let seg = Segment::create(f.try_clone().unwrap(), &cfg, TIMER, 7, 0).unwrap();
-    (f, SegmentWriter::new(seg))
-}
+use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentError};
 
 fn small() -> SegmentConfig {
-    SegmentConfig {
-        service_name: "t".into(),
-        history_len: 4,
-        max_classes: 8,
-        max_strings: 16,
-        records_per_page: 2,
-        max_pages: 3,
-        history_long_len: 8,
-    }
-}
-
-fn event(class: u32, id: u64, wait_ps: u64) -> EventData {
-    EventData {
-        event_id: id,
-        end_event_id: id,
-        class,
-        timer_start: id * 10,
-        timer_end: id * 10 + wait_ps / 1000,
-        timer_wait: wait_ps,
-        source: NONE_U32,
-        object_name: NONE_U32,
-        flags: EV_TIMED | EV_ENDED,
-        event_type: EventType::Wait as u32,
-        ..Default::default()
-    }
-}
-
-/// Ends a wait the way the client does: current, history, summary.
-fn record(rec: pfs_shm_layout::RecordRef<'_>, e: &EventData) {
-    rec.end_event(0, e, None, true, true);
-    rec.summarize(e.class as usize, true, e.timer_wait, 0, None);
+    config("t", 2, 3)
 }
 
 fn file_with(bytes: &[u8]) -> File {
@@ -71,7 +30,7 @@ fn file_with(bytes: &[u8]) -> File {
 }
 
 fn good_bytes() -> Vec<u8> {
-    let (mut f, _w) = create(small());
+    let (mut f, _w) = common::create(&small());
     let mut v = Vec::new();
     f.seek(SeekFrom::Start(0)).unwrap();
     std::io::Read::read_to_end(&mut f, &mut v).unwrap();
@@ -141,7 +100,7 @@ fn refuses_hostile_files_with_typed_errors() {
 
 #[test]
 fn hostile_record_contents_never_panic_the_reader() {
-    let (f, w) = create(small());
+    let (f, w) = common::create(&small());
     let c = w
         .register_class(
             "wait/synch/mutex/t/a",
@@ -150,7 +109,7 @@ fn hostile_record_contents_never_panic_the_reader() {
         )
         .unwrap();
     let slot = w.alloc_thread(1, 1, "x").unwrap();
-    record(w.segment().record(slot.index), &event(c, 1, 5000));
+    record_wait(w.segment().record(slot.index), &wait_event(c, 1, 5000));
     let g = *w.segment().geometry();
     // Scribble over everything after the header with a pattern, as a
     // compromised writer could, then read.
@@ -167,7 +126,7 @@ fn hostile_record_contents_never_panic_the_reader() {
 
 #[test]
 fn container_adds_pages_only_when_full_and_reuses_records() {
-    let (_f, w) = create(small()); // 2 records/page, 3 pages
+    let (_f, w) = common::create(&small()); // 2 records/page, 3 pages
     let seg = w.segment();
     let a = w.alloc_thread(1, 1, "a").unwrap();
     assert_eq!(seg.pages_added(), 1);
@@ -198,7 +157,7 @@ fn container_adds_pages_only_when_full_and_reuses_records() {
 
 #[test]
 fn history_ring_keeps_the_last_n_in_order() {
-    let (f, w) = create(small()); // history_len 4
+    let (f, w) = common::create(&small()); // history_len 4
     let c = w
         .register_class(
             "wait/io/file/t/f",
@@ -209,7 +168,7 @@ fn history_ring_keeps_the_last_n_in_order() {
     let slot = w.alloc_thread(1, 1, "t").unwrap();
     let rec = w.segment().record(slot.index);
     for id in 1..=10 {
-        record(rec, &event(c, id, id * 1000));
+        record_wait(rec, &wait_event(c, id, id * 1000));
     }
     let r = Segment::open(f, false).unwrap();
     let s = snapshot(&r, &ReadOptions::default()).unwrap();
@@ -224,23 +183,104 @@ fn history_ring_keeps_the_last_n_in_order() {
     assert_eq!(row.buckets.iter().sum::<u64>(), 10);
 }
 
+/// Totals by class of a snapshot: folded rows, plus live rows however
+/// they were read (per thread, or summed by class).
+fn totals(s: &SegmentSnapshot) -> BTreeMap<u32, Summary> {
+    let mut out = BTreeMap::new();
+    let rows = s
+        .exited
+        .iter()
+        .chain(&s.live_rows)
+        .chain(s.threads.iter().flat_map(|t| &t.rows));
+    for (c, r) in rows {
+        out.entry(*c).or_insert_with(Summary::default).merge(r);
+    }
+    out
+}
+
+/// Every event of a snapshot, of every class.
 fn total_count(s: &SegmentSnapshot) -> u64 {
-    s.exited.iter().map(|(_, r)| r.count).sum::<u64>()
-        + s.threads
-            .iter()
-            .flat_map(|t| t.rows.iter())
-            .map(|(_, r)| r.count)
-            .sum::<u64>()
+    totals(s).values().map(|r| r.count).sum()
+}
+
+#[test]
+fn summed_rows_equal_per_thread_rows() {
+    let cfg = SegmentConfig {
+        records_per_page: 4,
+        max_pages: 4,
+        ..SegmentConfig::default()
+    };
+    let (f, w) = common::create(&cfg);
+    let classes: Vec<u32> = (0..5)
+        .map(|i| {
+            w.register_class(
+                &format!("wait/synch/mutex/t/m{i}"),
+                ClassKind::Mutex,
+                FLAG_ENABLED | FLAG_TIMED,
+            )
+            .unwrap()
+        })
+        .collect();
+    let mut slots = Vec::new();
+    for t in 0..10u64 {
+        let slot = w.alloc_thread(t + 1, t + 1, "w").unwrap();
+        let rec = w.segment().record(slot.index);
+        for (k, &c) in classes.iter().enumerate().skip(t as usize % 3) {
+            for n in 0..=t {
+                record_wait(
+                    rec,
+                    &wait_event(c, n + 1, (k as u64 + 1) * 1_000_000 * (n + t + 1)),
+                );
+            }
+        }
+        slots.push(slot);
+    }
+    // Two threads exit: their rows are folded into the global section.
+    w.fold_and_free(slots[3]);
+    w.fold_and_free(slots[7]);
+    let reader = Segment::open(f, false).unwrap();
+    let full = snapshot(&reader, &ReadOptions::default()).unwrap();
+    let summed = snapshot(&reader, &ReadOptions::summaries()).unwrap();
+    assert!(full.live_rows.is_empty());
+    assert_eq!(summed.threads.len(), 8);
+    assert!(summed.threads.iter().all(|t| t.rows.is_empty()));
+    assert!(summed.threads.iter().all(|t| t.waits_history.is_empty()));
+    assert_eq!(summed.live_rows.len(), classes.len());
+    assert_eq!(totals(&full), totals(&summed));
+    // Pages given back are read again from the file, unchanged.
+    let again = snapshot(&reader, &ReadOptions::summaries()).unwrap();
+    assert_eq!(totals(&again), totals(&full));
+    // Every thread's every event, folded or live.
+    assert_eq!(totals(&full)[&classes[4]].count, (1..=10).sum::<u64>());
 }
 
 #[test]
 fn folding_under_concurrent_snapshots_never_loses_or_double_counts() {
+    let opts = ReadOptions {
+        events: false,
+        ..Default::default()
+    };
+    fold_churn_under_snapshots(opts);
+}
+
+/// As above, with the live rows summed by class while they are read (what
+/// `/metrics` does): a copy summed during the walk cannot be taken back
+/// when the fold log shows it folded, so the reader must walk again.
+#[test]
+fn summed_rows_under_folding_never_lose_or_double_count() {
+    fold_churn_under_snapshots(ReadOptions::summaries());
+}
+
+/// Two writers allocate, write and fold thread records in a loop while a
+/// reader takes snapshots with `opts` for 3 s: totals never go down, and at
+/// the end every event is counted exactly once.
+fn fold_churn_under_snapshots(opts: ReadOptions) {
     let cfg = SegmentConfig {
         records_per_page: 4,
         max_pages: 8,
         ..small()
     };
-    let (f, w) = create(cfg);
+    let (f, w) = common::create(&cfg);
     let w = Arc::new(w);
     let c = w
         .register_class(
@@ -260,7 +300,7 @@ fn folding_under_concurrent_snapshots_never_loses_or_double_counts() {
                     let slot = w.alloc_thread(k, k, "churn").unwrap();
                     let rec = w.segment().record(slot.index);
                     for id in 1..=PER_THREAD {
-                        record(rec, &event(c, id, 1000));
+                        record_wait(rec, &wait_event(c, id, 1000));
                     }
                     w.fold_and_free(slot);
                     lifetimes += 1;
@@ -273,19 +313,10 @@ fn folding_under_concurrent_snapshots_never_loses_or_double_counts() {
         })
         .collect();
     let reader = Segment::open(f, false).unwrap();
-    let mut last = 0;
-    let mut snapshots = 0;
-    let mut storms = 0;
-    let mut skipped = 0;
+    let (mut last, mut snapshots, mut storms, mut skipped, mut restarts) = (0, 0, 0, 0, 0);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
     while std::time::Instant::now() < deadline {
-        let s = match snapshot(
-            &reader,
-            &ReadOptions {
-                events: false,
-                ..Default::default()
-            },
-        ) {
+        let s = match snapshot(&reader, &opts) {
             Ok(s) => s,
             Err(SegmentError::FoldStorm(_)) => {
                 storms += 1;
@@ -293,6 +324,7 @@ fn folding_under_concurrent_snapshots_never_loses_or_double_counts() {
             }
             Err(e) => panic!("{e}"),
         };
+        restarts += s.stats.restarts;
         if s.stats.skipped_rows > 0 {
             // A row skipped after its retry budget is missing from this
             // snapshot (the agent carries the previous value forward); it
@@ -311,7 +343,7 @@ fn folding_under_concurrent_snapshots_never_loses_or_double_counts() {
     }
     stop.store(true, Ordering::Relaxed);
     let lifetimes: u64 = writers.into_iter().map(|h| h.join().unwrap()).sum();
-    let s = snapshot(&reader, &ReadOptions::default()).unwrap();
+    let s = snapshot(&reader, &opts).unwrap();
     assert_eq!(
         total_count(&s),
         lifetimes * PER_THREAD,
@@ -327,7 +359,7 @@ fn folding_under_concurrent_snapshots_never_loses_or_double_counts() {
         "{storms} snapshots gave up out of {snapshots}"
     );
     eprintln!(
-        "fold test: {snapshots} snapshots over {lifetimes} thread lifetimes; {storms} gave up, {skipped} had a skipped row"
+        "fold test ({opts:?}): {snapshots} snapshots over {lifetimes} thread lifetimes; {restarts} restarts, {storms} gave up, {skipped} had a skipped row"
     );
 }
 
@@ -337,7 +369,7 @@ fn history_long_never_publishes_torn_or_duplicate_slots_and_counts_losses_exactl
         history_long_len: 64, // small: writers lap each other constantly
         ..small()
     };
-    let (f, w) = create(cfg);
+    let (f, w) = common::create(&cfg);
     let w = Arc::new(w);
     const WRITERS: u64 = 4;
     const PER_WRITER: u64 = 50_000;
@@ -375,7 +407,7 @@ fn history_long_never_publishes_torn_or_duplicate_slots_and_counts_losses_exactl
                     let e = EventData {
                         object_instance: t * 1_000_003 + id,
                         thread_id: t,
-                        ..event(0, id, id * 7)
+                        ..wait_event(0, id, id * 7)
                     };
                     let e = EventData {
                         end_event_id: id + 1,

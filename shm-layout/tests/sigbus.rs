@@ -6,34 +6,27 @@ use std::fs::File;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
 
+mod common;
+
+use common::{config, record_wait, wait_event};
 use pfs_shm_layout::layout::*;
 use pfs_shm_layout::reader::{ReadOptions, snapshot};
-use pfs_shm_layout::writer::EventData;
 use pfs_shm_layout::{
     ClassKind, Segment, SegmentConfig, SegmentError, SegmentWriter, TimerCalibration,
-};
-
-const TIMER: TimerCalibration = TimerCalibration {
-    kind: 2,
-    base_ticks: 0,
-    ps_per_tick_q32: 1000 << 32,
-    frequency_hz: 1_000_000_000,
-    base_ns: 0,
 };
 
 /// A segment file with one class, one thread and a few events.
 fn populated() -> (tempfile::NamedTempFile, SegmentWriter) {
     let tmp = tempfile::NamedTempFile::new().unwrap();
-    let cfg = SegmentConfig {
-        service_name: "shrink".into(),
-        history_len: 4,
-        max_classes: 8,
-        max_strings: 16,
-        records_per_page: 2,
-        max_pages: 3,
-        history_long_len: 8,
-    };
-    let seg = Segment::create(tmp.reopen().unwrap(), &cfg, TIMER, 1, 0).unwrap();
+    let cfg = config("shrink", 2, 3);
+    let seg = Segment::create(
+        tmp.reopen().unwrap(),
+        &cfg,
+        TimerCalibration::NANOSECONDS,
+        1,
+        0,
+    )
+    .unwrap();
     let w = SegmentWriter::new(seg);
     let c = w
         .register_class("wait/synch/mutex/t/a", ClassKind::Mutex, FLAG_ENABLED)
@@ -41,19 +34,7 @@ fn populated() -> (tempfile::NamedTempFile, SegmentWriter) {
     let slot = w.alloc_thread(1, 1, "t").unwrap();
     let rec = w.segment().record(slot.index);
     for id in 1..=5 {
-        let e = EventData {
-            event_id: id,
-            end_event_id: id,
-            class: c,
-            timer_wait: 1000,
-            flags: EV_TIMED | EV_ENDED,
-            event_type: EventType::Wait as u32,
-            source: NONE_U32,
-            object_name: NONE_U32,
-            ..Default::default()
-        };
-        rec.end_event(0, &e, None, true, true);
-        rec.summarize(c as usize, true, 1000, 0, None);
+        record_wait(rec, &wait_event(c, id, 1000));
     }
     (tmp, w)
 }
@@ -177,7 +158,11 @@ impl Tmpfs {
         let dir = tempfile::tempdir().unwrap();
         let target = CString::new(dir.path().as_os_str().as_bytes()).unwrap();
         let opts = CString::new(format!("size={size}")).unwrap();
-        // SAFETY: mount(2) with valid NUL-terminated strings.
+        // SAFETY: every pointer is to a NUL-terminated C string that
+        // outlives the call (the `c"tmpfs"` literals are static, `target`
+        // and `opts` are live locals); mount(2) only reads them and writes
+        // no memory of this process. Mounting over a fresh temporary
+        // directory changes nothing else the test process uses.
         let rc = unsafe {
             libc::mount(
                 c"tmpfs".as_ptr(),
@@ -200,7 +185,10 @@ impl Tmpfs {
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         let target = std::ffi::CString::new(self.0.path().as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: umount2(2) of the mount point we mounted.
+        // SAFETY: `target` is a live NUL-terminated C string that
+        // umount2(2) only reads; detaching the tmpfs that `mount` put on our
+        // own temporary directory writes no memory of this process (with
+        // MNT_DETACH, files still open on it keep working).
         unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
     }
 }
@@ -216,13 +204,8 @@ fn a_hole_on_a_full_tmpfs_is_survived_and_reported_unreadable() {
     let fs = Tmpfs::mount(1 << 20);
     let path = fs.0.path().join("hostile.pfs");
     let cfg = SegmentConfig {
-        service_name: "holes".into(),
-        history_len: 4,
-        max_classes: 8,
-        max_strings: 16,
-        records_per_page: 2,
-        max_pages: 64,
         history_long_len: 4,
+        ..config("holes", 2, 64)
     };
     let file = File::options()
         .read(true)
@@ -230,7 +213,7 @@ fn a_hole_on_a_full_tmpfs_is_survived_and_reported_unreadable() {
         .create_new(true)
         .open(&path)
         .unwrap();
-    let seg = Segment::create(file, &cfg, TIMER, 1, 0).unwrap();
+    let seg = Segment::create(file, &cfg, TimerCalibration::NANOSECONDS, 1, 0).unwrap();
     let g = *seg.geometry();
     assert!(
         g.total_size > 1 << 20,
@@ -280,8 +263,12 @@ fn a_fault_outside_segments_still_kills_the_process() {
             .map_raw_read_only(&other)
             .unwrap();
         other.set_len(0).unwrap();
-        // SAFETY (test): an in-bounds, aligned read of the mapping; the
-        // file behind it was truncated, so this raises SIGBUS.
+        // SAFETY: offset 4096 is inside the live 8192-byte mapping (`map`
+        // is owned here), so `add` stays in bounds, and a `u8` read needs
+        // no alignment and accepts any byte. The file behind that page was
+        // truncated, so the access raises SIGBUS, which is the point of
+        // the test: the kernel stops this child process before the value
+        // could be used.
         let v = unsafe { std::ptr::read_volatile(map.as_ptr().add(4096)) };
         println!("survived a foreign SIGBUS, read {v}");
         std::process::exit(0);

@@ -1,0 +1,57 @@
+//! UTF-8 text in shared memory: storing a string into an array of atomic
+//! words with its length, loading it back (checked), and truncating on a
+//! character boundary. Every string field of the segment (service name,
+//! class and thread names, interned strings, statement text, actor
+//! columns) goes through these three functions.
+//!
+//! Layer 0 (see the crate docs): depends on no other module of the crate.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Stores `bytes` (truncated to the array) into an array of atomics, zero
+/// padded, and its length into `len`.
+pub(crate) fn store_bytes(dst: &[AtomicU64], len: &AtomicU32, bytes: &[u8]) {
+    let n = bytes.len().min(dst.len() * 8);
+    let mut buf = [0u8; 8];
+    for (i, word) in dst.iter().enumerate() {
+        buf.fill(0);
+        let start = (i * 8).min(n);
+        let end = ((i + 1) * 8).min(n);
+        buf[..end - start].copy_from_slice(&bytes[start..end]);
+        word.store(u64::from_le_bytes(buf), Ordering::Relaxed);
+    }
+    len.store(n as u32, Ordering::Relaxed);
+}
+
+/// Loads a string stored by [`store_bytes`]; `None` if the length is out of
+/// range or the bytes are not UTF-8.
+pub(crate) fn load_string(src: &[AtomicU64], len: u32) -> Option<String> {
+    let len = len as usize;
+    if len > src.len() * 8 {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(src.len() * 8);
+    for w in src {
+        bytes.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+    }
+    bytes.truncate(len);
+    String::from_utf8(bytes).ok()
+}
+
+/// Truncates `s` to at most `max` bytes on a character boundary.
+///
+/// ```
+/// use pfs_shm_layout::text::truncate_utf8;
+/// assert_eq!(truncate_utf8("héllo", 2), "h");
+/// assert_eq!(truncate_utf8("héllo", 3), "hé");
+/// ```
+pub fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}

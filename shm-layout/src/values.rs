@@ -1,0 +1,258 @@
+//! The plain values a reader copies out of a segment, and their
+//! arithmetic: [`Summary`] (one class's summary row), [`MemoryStats`] (one
+//! memory class's row) and [`StatementFigures`] (a statement's own
+//! counts). Merging (the aggregation rule of PFS summaries), differences
+//! (`TRUNCATE` as a baseline) and lower bounds are defined here once, for
+//! the reader, the agent and the client.
+//!
+//! Layer 2 (see the crate docs): depends only on [`crate::layout`] (the
+//! histogram's buckets).
+
+use crate::layout::{HISTOGRAM_BUCKETS, bucket_upper_ps};
+
+/// A statement's own figures, kept by the writer until the statement ends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatementFigures {
+    /// `ERRORS`.
+    pub errors: u64,
+    /// `WARNINGS`.
+    pub warnings: u64,
+    /// `ROWS_AFFECTED`.
+    pub rows_affected: u64,
+    /// `ROWS_SENT`.
+    pub rows_sent: u64,
+    /// `ROWS_EXAMINED`.
+    pub rows_examined: u64,
+    /// `DIGEST` (0 = none).
+    pub digest: u64,
+}
+
+/// Summary statistics of one class (one thread, or aggregated).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    /// `COUNT_STAR`.
+    pub count: u64,
+    /// Events with timers (those in sum/min/max/buckets).
+    pub timed_count: u64,
+    /// `SUM_TIMER_WAIT`, ps.
+    pub sum_ps: u128,
+    /// `MIN_TIMER_WAIT`, ps; `u64::MAX` when no timed event.
+    pub min_ps: u64,
+    /// `MAX_TIMER_WAIT`, ps.
+    pub max_ps: u64,
+    /// Sum of `NUMBER_OF_BYTES`.
+    pub bytes: u64,
+    /// Per-bucket (non-cumulative) counts; see
+    /// [`crate::layout::bucket_index`].
+    pub buckets: [u64; HISTOGRAM_BUCKETS],
+    /// Statements: `SUM_ERRORS`, `SUM_WARNINGS`, `SUM_ROWS_AFFECTED`,
+    /// `SUM_ROWS_SENT`, `SUM_ROWS_EXAMINED`.
+    pub statement: StatementFigures,
+}
+
+impl Default for Summary {
+    fn default() -> Self {
+        Self {
+            count: 0,
+            timed_count: 0,
+            sum_ps: 0,
+            min_ps: u64::MAX,
+            max_ps: 0,
+            bytes: 0,
+            buckets: [0; HISTOGRAM_BUCKETS],
+            statement: StatementFigures::default(),
+        }
+    }
+}
+
+impl Summary {
+    /// Adds `o` into `self` (the aggregation rule of PFS summaries).
+    #[inline]
+    pub fn merge(&mut self, o: &Summary) {
+        // Saturating: a segment's figures are untrusted, and a hostile
+        // one must not make the sum overflow (a panic in debug builds).
+        self.count = self.count.saturating_add(o.count);
+        self.timed_count = self.timed_count.saturating_add(o.timed_count);
+        self.sum_ps = self.sum_ps.saturating_add(o.sum_ps);
+        self.min_ps = self.min_ps.min(o.min_ps);
+        self.max_ps = self.max_ps.max(o.max_ps);
+        self.bytes = self.bytes.saturating_add(o.bytes);
+        for (a, b) in self.buckets.iter_mut().zip(&o.buckets) {
+            *a = a.saturating_add(*b);
+        }
+        let (a, b) = (&mut self.statement, &o.statement);
+        a.errors = a.errors.saturating_add(b.errors);
+        a.warnings = a.warnings.saturating_add(b.warnings);
+        a.rows_affected = a.rows_affected.saturating_add(b.rows_affected);
+        a.rows_sent = a.rows_sent.saturating_add(b.rows_sent);
+        a.rows_examined = a.rows_examined.saturating_add(b.rows_examined);
+    }
+
+    /// Applies `op` to every additive field of `self` and `o` (counts,
+    /// sums, histogram buckets, statement figures); MIN and MAX are
+    /// `self`'s. The one place that lists the additive fields.
+    fn zip_additive(&self, o: &Summary, op: impl Fn(u128, u128) -> u128) -> Summary {
+        let u = |a: u64, b: u64| op(a.into(), b.into()).min(u128::from(u64::MAX)) as u64;
+        let mut r = *self;
+        r.count = u(self.count, o.count);
+        r.timed_count = u(self.timed_count, o.timed_count);
+        r.sum_ps = op(self.sum_ps, o.sum_ps);
+        r.bytes = u(self.bytes, o.bytes);
+        for (x, y) in r.buckets.iter_mut().zip(&o.buckets) {
+            *x = u(*x, *y);
+        }
+        let (x, y) = (&mut r.statement, &o.statement);
+        x.errors = u(x.errors, y.errors);
+        x.warnings = u(x.warnings, y.warnings);
+        x.rows_affected = u(x.rows_affected, y.rows_affected);
+        x.rows_sent = u(x.rows_sent, y.rows_sent);
+        x.rows_examined = u(x.rows_examined, y.rows_examined);
+        r
+    }
+
+    /// `self - o` for the additive fields (saturating at zero); MIN and MAX
+    /// are `self`'s.
+    ///
+    /// ```
+    /// use pfs_shm_layout::values::Summary;
+    /// let a = Summary { count: 5, sum_ps: 50, ..Summary::default() };
+    /// let b = Summary { count: 7, sum_ps: 20, ..Summary::default() };
+    /// let d = a.saturating_sub(&b);
+    /// assert_eq!((d.count, d.sum_ps), (0, 30));
+    /// ```
+    pub fn saturating_sub(&self, o: &Summary) -> Summary {
+        self.zip_additive(o, u128::saturating_sub)
+    }
+
+    /// Field by field the larger of two totals of one class, and the
+    /// smaller minimum: a lower bound of a total known to be at least both.
+    pub fn at_least(&self, o: &Summary) -> Summary {
+        let mut r = self.zip_additive(o, u128::max);
+        r.min_ps = self.min_ps.min(o.min_ps);
+        r.max_ps = self.max_ps.max(o.max_ps);
+        r
+    }
+
+    /// What happened since `base` was taken (PFS `TRUNCATE` of a summary):
+    /// counts, sums and buckets are `self - base`; MIN and MAX since then
+    /// are known to histogram-bucket precision: the lifetime value when it
+    /// lies in the lowest (highest) bucket that grew, else that bucket's
+    /// bound.
+    pub fn since(&self, base: &Summary) -> Summary {
+        let mut out = Summary {
+            min_ps: Summary::default().min_ps,
+            max_ps: Summary::default().max_ps,
+            ..self.saturating_sub(base)
+        };
+        let lower = |i: usize| {
+            if i == 0 {
+                0
+            } else {
+                bucket_upper_ps(i - 1).unwrap_or(0) + 1
+            }
+        };
+        if let Some(lo) = out.buckets.iter().position(|&n| n > 0) {
+            let (lo_bound, hi_bound) = (lower(lo), bucket_upper_ps(lo).unwrap_or(u64::MAX));
+            out.min_ps = if (lo_bound..=hi_bound).contains(&self.min_ps) {
+                self.min_ps
+            } else {
+                lo_bound
+            };
+        }
+        if let Some(hi) = out.buckets.iter().rposition(|&n| n > 0) {
+            let hi_bound = bucket_upper_ps(hi).unwrap_or(u64::MAX);
+            out.max_ps = if (lower(hi)..=hi_bound).contains(&self.max_ps) {
+                self.max_ps
+            } else {
+                hi_bound.min(self.max_ps)
+            };
+        }
+        out
+    }
+
+    /// `MIN_TIMER_WAIT` or `None` (PFS shows 0) when nothing was timed.
+    pub fn min(&self) -> Option<u64> {
+        (self.timed_count > 0).then_some(self.min_ps)
+    }
+
+    /// `AVG_TIMER_WAIT` in ps, over timed events.
+    pub fn avg_ps(&self) -> u64 {
+        if self.timed_count == 0 {
+            0
+        } else {
+            (self.sum_ps / u128::from(self.timed_count)) as u64
+        }
+    }
+}
+
+/// Memory statistics of one memory class (one thread, or aggregated):
+/// the columns of the `memory_summary_*` tables.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// `COUNT_ALLOC`.
+    pub count_alloc: u64,
+    /// `COUNT_FREE`.
+    pub count_free: u64,
+    /// `SUM_NUMBER_OF_BYTES_ALLOC`.
+    pub bytes_alloc: u64,
+    /// `SUM_NUMBER_OF_BYTES_FREE`.
+    pub bytes_free: u64,
+    /// `LOW_COUNT_USED`.
+    pub low_count: i64,
+    /// `CURRENT_COUNT_USED`.
+    pub current_count: i64,
+    /// `HIGH_COUNT_USED`.
+    pub high_count: i64,
+    /// `LOW_NUMBER_OF_BYTES_USED`.
+    pub low_bytes: i64,
+    /// `CURRENT_NUMBER_OF_BYTES_USED`.
+    pub current_bytes: i64,
+    /// `HIGH_NUMBER_OF_BYTES_USED`.
+    pub high_bytes: i64,
+}
+
+impl MemoryStats {
+    /// Adds a child's statistics (PFS aggregation): counts, sums and
+    /// CURRENT add; LOW and HIGH add too, the worst case of the children
+    /// (the manual: 1–2 MB and 10–12 MB aggregate to 11–14 MB).
+    pub fn merge(&mut self, o: &MemoryStats) {
+        // Saturating, as in `Summary::merge`.
+        self.count_alloc = self.count_alloc.saturating_add(o.count_alloc);
+        self.count_free = self.count_free.saturating_add(o.count_free);
+        self.bytes_alloc = self.bytes_alloc.saturating_add(o.bytes_alloc);
+        self.bytes_free = self.bytes_free.saturating_add(o.bytes_free);
+        self.low_count = self.low_count.saturating_add(o.low_count);
+        self.current_count = self.current_count.saturating_add(o.current_count);
+        self.high_count = self.high_count.saturating_add(o.high_count);
+        self.low_bytes = self.low_bytes.saturating_add(o.low_bytes);
+        self.current_bytes = self.current_bytes.saturating_add(o.current_bytes);
+        self.high_bytes = self.high_bytes.saturating_add(o.high_bytes);
+    }
+
+    /// What happened since `base` (PFS `TRUNCATE` of a memory table):
+    /// COUNT_* and SUM_* are `self - base` (saturating); LOW, CURRENT and
+    /// HIGH are `self`'s.
+    pub fn counts_since(&self, base: &MemoryStats) -> MemoryStats {
+        MemoryStats {
+            count_alloc: self.count_alloc.saturating_sub(base.count_alloc),
+            count_free: self.count_free.saturating_sub(base.count_free),
+            bytes_alloc: self.bytes_alloc.saturating_sub(base.bytes_alloc),
+            bytes_free: self.bytes_free.saturating_sub(base.bytes_free),
+            ..*self
+        }
+    }
+
+    /// The statistics with LOW = HIGH = CURRENT (as just after TRUNCATE).
+    pub fn reset_watermarks(mut self) -> Self {
+        self.low_count = self.current_count;
+        self.high_count = self.current_count;
+        self.low_bytes = self.current_bytes;
+        self.high_bytes = self.current_bytes;
+        self
+    }
+
+    /// True if nothing was ever accounted.
+    pub fn is_empty(&self) -> bool {
+        self.count_alloc == 0 && self.count_free == 0
+    }
+}
