@@ -71,43 +71,35 @@ impl Summary {
     pub fn merge(&mut self, o: &Summary) {
         // Saturating: a segment's figures are untrusted, and a hostile
         // one must not make the sum overflow (a panic in debug builds).
-        self.count = self.count.saturating_add(o.count);
-        self.timed_count = self.timed_count.saturating_add(o.timed_count);
-        self.sum_ps = self.sum_ps.saturating_add(o.sum_ps);
+        self.zip_additive(o, u64::saturating_add, u128::saturating_add);
         self.min_ps = self.min_ps.min(o.min_ps);
         self.max_ps = self.max_ps.max(o.max_ps);
-        self.bytes = self.bytes.saturating_add(o.bytes);
-        for (a, b) in self.buckets.iter_mut().zip(&o.buckets) {
-            *a = a.saturating_add(*b);
-        }
-        let (a, b) = (&mut self.statement, &o.statement);
-        a.errors = a.errors.saturating_add(b.errors);
-        a.warnings = a.warnings.saturating_add(b.warnings);
-        a.rows_affected = a.rows_affected.saturating_add(b.rows_affected);
-        a.rows_sent = a.rows_sent.saturating_add(b.rows_sent);
-        a.rows_examined = a.rows_examined.saturating_add(b.rows_examined);
     }
 
-    /// Applies `op` to every additive field of `self` and `o` (counts,
-    /// sums, histogram buckets, statement figures); MIN and MAX are
-    /// `self`'s. The one place that lists the additive fields.
-    fn zip_additive(&self, o: &Summary, op: impl Fn(u128, u128) -> u128) -> Summary {
-        let u = |a: u64, b: u64| op(a.into(), b.into()).min(u128::from(u64::MAX)) as u64;
-        let mut r = *self;
-        r.count = u(self.count, o.count);
-        r.timed_count = u(self.timed_count, o.timed_count);
-        r.sum_ps = op(self.sum_ps, o.sum_ps);
-        r.bytes = u(self.bytes, o.bytes);
-        for (x, y) in r.buckets.iter_mut().zip(&o.buckets) {
-            *x = u(*x, *y);
+    /// Sets every additive field of `self` (counts, sums, histogram
+    /// buckets, statement figures) to `op(self's, o's)` (`op128` for the
+    /// 128-bit sum); MIN and MAX are left alone. The one place that lists
+    /// the additive fields.
+    #[inline(always)]
+    fn zip_additive(
+        &mut self,
+        o: &Summary,
+        op: impl Fn(u64, u64) -> u64,
+        op128: impl Fn(u128, u128) -> u128,
+    ) {
+        self.count = op(self.count, o.count);
+        self.timed_count = op(self.timed_count, o.timed_count);
+        self.sum_ps = op128(self.sum_ps, o.sum_ps);
+        self.bytes = op(self.bytes, o.bytes);
+        for (x, y) in self.buckets.iter_mut().zip(&o.buckets) {
+            *x = op(*x, *y);
         }
-        let (x, y) = (&mut r.statement, &o.statement);
-        x.errors = u(x.errors, y.errors);
-        x.warnings = u(x.warnings, y.warnings);
-        x.rows_affected = u(x.rows_affected, y.rows_affected);
-        x.rows_sent = u(x.rows_sent, y.rows_sent);
-        x.rows_examined = u(x.rows_examined, y.rows_examined);
-        r
+        let (x, y) = (&mut self.statement, &o.statement);
+        x.errors = op(x.errors, y.errors);
+        x.warnings = op(x.warnings, y.warnings);
+        x.rows_affected = op(x.rows_affected, y.rows_affected);
+        x.rows_sent = op(x.rows_sent, y.rows_sent);
+        x.rows_examined = op(x.rows_examined, y.rows_examined);
     }
 
     /// `self - o` for the additive fields (saturating at zero); MIN and MAX
@@ -121,13 +113,16 @@ impl Summary {
     /// assert_eq!((d.count, d.sum_ps), (0, 30));
     /// ```
     pub fn saturating_sub(&self, o: &Summary) -> Summary {
-        self.zip_additive(o, u128::saturating_sub)
+        let mut r = *self;
+        r.zip_additive(o, u64::saturating_sub, u128::saturating_sub);
+        r
     }
 
     /// Field by field the larger of two totals of one class, and the
     /// smaller minimum: a lower bound of a total known to be at least both.
     pub fn at_least(&self, o: &Summary) -> Summary {
-        let mut r = self.zip_additive(o, u128::max);
+        let mut r = *self;
+        r.zip_additive(o, u64::max, u128::max);
         r.min_ps = self.min_ps.min(o.min_ps);
         r.max_ps = self.max_ps.max(o.max_ps);
         r
