@@ -3,6 +3,7 @@
 
 use pfs_shm_layout::layout::HISTOGRAM_BUCKETS;
 use pfs_shm_layout::reader::{MemoryStats, Summary};
+use pfs_shm_layout::values::StatementFigures;
 use serde::{Deserialize, Serialize};
 
 /// A summary in a file that cannot be read back.
@@ -26,7 +27,8 @@ pub enum JsonError {
     },
 }
 
-/// A [`Summary`] in the agent's JSON files.
+/// A [`Summary`] in the agent's JSON files: the statement figures sit
+/// beside the other fields (one flat object).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SummaryJson {
     count: u64,
@@ -37,12 +39,47 @@ pub struct SummaryJson {
     max_ps: u64,
     bytes: u64,
     buckets: Vec<u64>,
-    errors: u64,
-    warnings: u64,
-    rows_affected: u64,
-    rows_sent: u64,
-    rows_examined: u64,
+    #[serde(flatten)]
+    statement: FiguresJson,
 }
+
+/// `FiguresJson` has the fields of [`StatementFigures`] that a summary
+/// keeps (all but `digest`): the struct and the conversions both ways,
+/// from one list of them.
+macro_rules! figures_json {
+    ($($(#[$attr:meta])* $field:ident),* $(,)?) => {
+        /// A summary's [`StatementFigures`] in the agent's JSON files.
+        #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+        struct FiguresJson {
+            $($(#[$attr])* $field: u64,)*
+        }
+
+        impl From<&StatementFigures> for FiguresJson {
+            fn from(f: &StatementFigures) -> Self {
+                Self { $($field: f.$field),* }
+            }
+        }
+
+        impl From<&FiguresJson> for StatementFigures {
+            fn from(f: &FiguresJson) -> Self {
+                Self { $($field: f.$field,)* ..Self::default() }
+            }
+        }
+    };
+}
+
+figures_json!(
+    errors,
+    warnings,
+    rows_affected,
+    rows_sent,
+    rows_examined,
+    // Since layout 3.1: files written before have none (zero).
+    #[serde(default)]
+    cpu_time_ps,
+    #[serde(default)]
+    cancelled,
+);
 
 /// [`MemoryStats`] in the agent's JSON files.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -62,7 +99,6 @@ pub struct MemoryJson {
 impl SummaryJson {
     /// The JSON form of `s`.
     pub fn of(s: &Summary) -> Self {
-        let f = &s.statement;
         Self {
             count: s.count,
             timed_count: s.timed_count,
@@ -71,11 +107,7 @@ impl SummaryJson {
             max_ps: s.max_ps,
             bytes: s.bytes,
             buckets: s.buckets.to_vec(),
-            errors: f.errors,
-            warnings: f.warnings,
-            rows_affected: f.rows_affected,
-            rows_sent: f.rows_sent,
-            rows_examined: f.rows_examined,
+            statement: FiguresJson::from(&s.statement),
         }
     }
 
@@ -97,15 +129,10 @@ impl SummaryJson {
             min_ps: self.min_ps,
             max_ps: self.max_ps,
             bytes: self.bytes,
+            statement: StatementFigures::from(&self.statement),
             ..Summary::default()
         };
         s.buckets.copy_from_slice(&self.buckets);
-        let f = &mut s.statement;
-        f.errors = self.errors;
-        f.warnings = self.warnings;
-        f.rows_affected = self.rows_affected;
-        f.rows_sent = self.rows_sent;
-        f.rows_examined = self.rows_examined;
         Ok(s)
     }
 }
@@ -140,3 +167,58 @@ memory_json!(
     current_bytes,
     high_bytes,
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Summary {
+        let mut s = Summary {
+            count: 4,
+            timed_count: 4,
+            sum_ps: 1 << 80,
+            min_ps: 3,
+            max_ps: 9,
+            ..Summary::default()
+        };
+        s.buckets[2] = 4;
+        s.statement = StatementFigures {
+            errors: 1,
+            warnings: 2,
+            rows_affected: 3,
+            rows_sent: 4,
+            rows_examined: 5,
+            cpu_time_ps: 6_000_000,
+            cancelled: 2,
+            digest: 0,
+        };
+        s
+    }
+
+    #[test]
+    fn a_summary_round_trips_with_every_statement_figure() {
+        let text = serde_json::to_string(&SummaryJson::of(&sample())).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["cpu_time_ps"], 6_000_000, "flat, beside the others");
+        assert_eq!(v["cancelled"], 2);
+        assert_eq!(v["rows_examined"], 5);
+        let back: SummaryJson = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.get("statement/t/q").unwrap(), sample());
+    }
+
+    /// A file of an agent from before `SUM_CPU_TIME` and `COUNT_CANCELLED`
+    /// loads, with both zero.
+    #[test]
+    fn a_summary_without_cpu_time_and_cancellations_loads() {
+        let mut v = serde_json::to_value(SummaryJson::of(&sample())).unwrap();
+        let m = v.as_object_mut().unwrap();
+        m.remove("cpu_time_ps").unwrap();
+        m.remove("cancelled").unwrap();
+        let old: SummaryJson = serde_json::from_value(v).unwrap();
+        let s = old.get("statement/t/q").unwrap();
+        let mut want = sample();
+        want.statement.cpu_time_ps = 0;
+        want.statement.cancelled = 0;
+        assert_eq!(s, want);
+    }
+}

@@ -389,6 +389,8 @@ mod tests {
         };
         s.buckets[3] = 6;
         s.statement.rows_sent = 5;
+        s.statement.cpu_time_ps = 4_000_000;
+        s.statement.cancelled = 3;
         t.classes
             .insert("statement/test/q".into(), (ClassKind::Statement, s));
         t.classes.insert(
@@ -439,6 +441,31 @@ mod tests {
         let s = sample();
         let back = decode(&encode(&s)).unwrap();
         same(&s, &back);
+    }
+
+    /// A state file written before `SUM_CPU_TIME` and `COUNT_CANCELLED`
+    /// loads: both zero, everything else as written.
+    #[test]
+    fn a_state_file_without_cpu_time_and_cancellations_loads() {
+        let mut v: serde_json::Value = serde_json::from_slice(&encode(&sample())).unwrap();
+        let class = &mut v["services"]["svc"]["classes"]["statement/test/q"];
+        assert_eq!(class["cpu_time_ps"], 4_000_000);
+        let m = class.as_object_mut().unwrap();
+        m.remove("cpu_time_ps").unwrap();
+        m.remove("cancelled").unwrap();
+        let back = decode(v.to_string().as_bytes()).unwrap();
+        let mut want = sample();
+        let (_, s) = want
+            .retired
+            .by_service
+            .get_mut("svc")
+            .unwrap()
+            .classes
+            .get_mut("statement/test/q")
+            .unwrap();
+        s.statement.cpu_time_ps = 0;
+        s.statement.cancelled = 0;
+        same(&want, &back);
     }
 
     #[test]

@@ -4,8 +4,11 @@
 use std::fs::File;
 use std::path::Path;
 
-use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
-use pfs_shm_layout::writer::EventData;
+use pfs_shm_layout::layout::{
+    EV_CANCELLED, EV_ENDED, EV_TIMED, EventType, FLAG_ENABLED, FLAG_TIMED, NONE_U32,
+};
+use pfs_shm_layout::values::StatementFigures;
+use pfs_shm_layout::writer::{EventData, KIND_STATEMENT};
 use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration};
 
 /// A segment file at `path` created with `cfg` by pid `pid`, ticking in
@@ -58,4 +61,51 @@ pub fn record_waits(w: &SegmentWriter, slot: u32, class: u32, n: u64) {
         rec.end_event(0, &e, None, true, true);
         rec.summarize(class as usize, true, 1_000_000 * (i + 1), 0, None);
     }
+}
+
+/// A timed statement instrument `statement/t/{name}`.
+pub fn statement_class(w: &SegmentWriter, name: &str) -> u32 {
+    w.register_class(
+        &format!("statement/t/{name}"),
+        ClassKind::Statement,
+        FLAG_ENABLED | FLAG_TIMED,
+    )
+    .unwrap()
+}
+
+/// Statement `event_id` of logical thread `thread_id` (a task's when it is
+/// not the record's own), as thread record `slot` writes it, lasting
+/// `wait_ps`. Begun only (running, in `events_statements_current`) if
+/// `figures` is `None`; else ended (current row and history ring) with
+/// those figures (`CPU_TIME`, and flag CANCELLED if `cancelled` is set)
+/// and summarised, as the client does.
+pub fn statement(
+    w: &SegmentWriter,
+    slot: u32,
+    class: u32,
+    (thread_id, event_id): (u64, u64),
+    wait_ps: u64,
+    figures: Option<StatementFigures>,
+) {
+    let rec = w.segment().record(slot);
+    let cancelled = figures.is_some_and(|f| f.cancelled != 0);
+    let mut e = EventData {
+        event_id,
+        class,
+        timer_start: event_id * 1_000,
+        source: NONE_U32,
+        object_name: NONE_U32,
+        flags: EV_TIMED,
+        event_type: EventType::Statement as u32,
+        thread_id,
+        ..Default::default()
+    };
+    rec.begin_event(KIND_STATEMENT, &e);
+    let Some(f) = figures else { return };
+    e.end_event_id = event_id + 1;
+    e.timer_end = e.timer_start + wait_ps / 1_000;
+    e.timer_wait = wait_ps;
+    e.flags |= EV_ENDED | if cancelled { EV_CANCELLED } else { 0 };
+    rec.end_event(KIND_STATEMENT, &e, Some(&f), true, true);
+    rec.summarize(class as usize, true, wait_ps, 0, Some(&f));
 }

@@ -12,7 +12,15 @@
 //!   truncating a global table also truncates the by-thread table of the
 //!   same kind;
 //! * `current`, `history` and `history_long` tables hide the events that
-//!   existed at truncation time.
+//!   existed at truncation time: per logical thread, its events up to the
+//!   newest id then seen (event ids count per thread, and per task: a
+//!   task's events are written into the records of whichever threads
+//!   polled it, under the task's `THREAD_ID`, so one record's ring may
+//!   hold several logical threads' ids from 1). A thread's own events are
+//!   keyed by its record lifetime, a task's by the task's `THREAD_ID` in
+//!   its segment (in whatever record they appear); each `TRUNCATE`
+//!   replaces a segment's task baselines of that kind, so that tasks long
+//!   gone do not accumulate.
 //!
 //! * memory tables (`memory_summary_*`) show COUNT_* and SUM_* since the
 //!   truncation, and LOW = HIGH = CURRENT at truncation time (then moving
@@ -35,7 +43,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use pfs_shm_layout::reader::{MemoryStats, Summary, ThreadSnapshot};
+use pfs_shm_layout::reader::{Event, MemoryStats, Summary, ThreadSnapshot};
 use serde::{Deserialize, Serialize};
 
 use crate::aggregate::{segment_global, segment_global_memory};
@@ -50,7 +58,10 @@ use crate::util::fs::{ReadError, read_capped, write_atomic};
 pub struct Baselines {
     thread: HashMap<(PathBuf, u32, u64, u32), Summary>,
     global: HashMap<(PathBuf, String), Summary>,
+    /// Per record lifetime: the newest event id of the record's own thread.
     events: HashMap<(PathBuf, u32, u64, EventKind), u64>,
+    /// Per segment: the newest event id of each task (by `THREAD_ID`).
+    task_events: HashMap<(PathBuf, EventKind), HashMap<u64, u64>>,
     long: HashMap<(PathBuf, EventKind, u64), u64>,
     mem_thread: HashMap<(PathBuf, u32, u64, u32), MemoryStats>,
     mem_global: HashMap<(PathBuf, String), MemoryStats>,
@@ -87,12 +98,38 @@ impl Baselines {
     }
 
     /// Hides the `current` and `history` events of `kind` that exist in
-    /// `snap` (each thread's events up to its newest id).
+    /// `snap`: each logical thread's events (a thread's own, or a task's
+    /// in any record) up to its newest id, over every kind.
     pub fn truncate_events(&mut self, snap: &Snapshot, kind: EventKind) {
         for v in &snap.segments {
+            let old = self
+                .task_events
+                .remove(&(v.path.clone(), kind))
+                .unwrap_or_default();
+            let mut tasks: HashMap<u64, u64> = HashMap::new();
             for t in &v.data.threads {
-                self.events
-                    .insert((v.path.clone(), t.record, t.version, kind), newest_event(t));
+                let mut own = 0;
+                for (tid, id) in event_ids(t) {
+                    let newest = if tid == t.thread_id {
+                        &mut own
+                    } else {
+                        tasks.entry(tid).or_default()
+                    };
+                    *newest = (*newest).max(id);
+                }
+                let e = self
+                    .events
+                    .entry((v.path.clone(), t.record, t.version, kind))
+                    .or_default();
+                *e = (*e).max(own);
+            }
+            // Tasks seen now; a task seen in no record has nothing left to
+            // hide (its ids only grow).
+            for (tid, id) in &mut tasks {
+                *id = (*id).max(old.get(tid).copied().unwrap_or(0));
+            }
+            if !tasks.is_empty() {
+                self.task_events.insert((v.path.clone(), kind), tasks);
             }
         }
     }
@@ -217,12 +254,33 @@ impl Baselines {
         }
     }
 
-    /// Events with ids at or below this were truncated from view.
-    pub fn event_floor(&self, path: &Path, record: u32, version: u64, kind: EventKind) -> u64 {
-        self.events
-            .get(&(path.to_path_buf(), record, version, kind))
+    /// Which `current` and `history` events of `kind` in thread record
+    /// `t` are still visible: those of a logical thread (the record's own,
+    /// or a task it polled) newer than its newest at the last `TRUNCATE`.
+    pub fn visible_events<'a>(
+        &'a self,
+        path: &Path,
+        t: &ThreadSnapshot,
+        kind: EventKind,
+    ) -> impl Fn(&Event) -> bool + 'a {
+        let path = path.to_path_buf();
+        let own = self
+            .events
+            .get(&(path.clone(), t.record, t.version, kind))
             .copied()
-            .unwrap_or(0)
+            .unwrap_or(0);
+        let tasks = self.task_events.get(&(path, kind));
+        let thread_id = t.thread_id;
+        move |e: &Event| {
+            let floor = if e.thread_id == thread_id {
+                own
+            } else {
+                tasks
+                    .and_then(|m| m.get(&e.thread_id).copied())
+                    .unwrap_or(0)
+            };
+            e.event_id > floor
+        }
     }
 
     /// Whether a `history_long` row is still visible.
@@ -272,14 +330,20 @@ pub enum BaselinesError {
 type Name = String;
 
 /// The file's content: keys by segment file name (the directory is the
-/// agent's `--shm-dir`, wherever it is mounted).
+/// agent's `--shm-dir`, wherever it is mounted). Fields added later are
+/// `#[serde(default)]`: files of older agents still load (and older agents
+/// ignore them).
 #[derive(Serialize, Deserialize)]
 struct FileV1 {
     format: String,
     version: u32,
     thread: Vec<(Name, u32, u64, u32, SummaryJson)>,
     global: Vec<(Name, String, SummaryJson)>,
+    /// A record's own thread: (segment, record, version, kind, newest id).
     events: Vec<(Name, u32, u64, usize, u64)>,
+    /// Tasks (since layout 3.1): (segment, kind, task `THREAD_ID`, newest id).
+    #[serde(default)]
+    task_events: Vec<(Name, usize, u64, u64)>,
     long: Vec<(Name, usize, u64, u64)>,
     mem_thread: Vec<(Name, u32, u64, u32, MemoryJson)>,
     mem_global: Vec<(Name, String, MemoryJson)>,
@@ -298,6 +362,7 @@ impl Baselines {
         self.thread.is_empty()
             && self.global.is_empty()
             && self.events.is_empty()
+            && self.task_events.is_empty()
             && self.long.is_empty()
             && self.mem_thread.is_empty()
             && self.mem_global.is_empty()
@@ -311,6 +376,7 @@ impl Baselines {
         self.thread.retain(|k, _| keep(&k.0));
         self.global.retain(|k, _| keep(&k.0));
         self.events.retain(|k, _| keep(&k.0));
+        self.task_events.retain(|k, _| keep(&k.0));
         self.long.retain(|k, _| keep(&k.0));
         self.mem_thread.retain(|k, _| keep(&k.0));
         self.mem_global.retain(|k, _| keep(&k.0));
@@ -336,6 +402,14 @@ impl Baselines {
                 .events
                 .iter()
                 .map(|(k, v)| (name_of(&k.0), k.1, k.2, k.3.index(), *v))
+                .collect(),
+            task_events: self
+                .task_events
+                .iter()
+                .flat_map(|(k, m)| {
+                    m.iter()
+                        .map(|(tid, id)| (name_of(&k.0), k.1.index(), *tid, *id))
+                })
                 .collect(),
             long: self
                 .long
@@ -384,6 +458,12 @@ impl Baselines {
         for (n, r, v, k, id) in &f.events {
             b.events.insert((path(n)?, *r, *v, kind(*k)?), *id);
         }
+        for (n, k, t, id) in &f.task_events {
+            b.task_events
+                .entry((path(n)?, kind(*k)?))
+                .or_default()
+                .insert(*t, *id);
+        }
         for (n, k, t, id) in &f.long {
             b.long.insert((path(n)?, kind(*k)?, *t), *id);
         }
@@ -428,22 +508,21 @@ impl Baselines {
     }
 }
 
-/// The newest event id of a thread, over every kind.
-fn newest_event(t: &ThreadSnapshot) -> u64 {
-    let ids = t
-        .waits_history
+/// Every event of a thread record, of every kind, as (`THREAD_ID`,
+/// `EVENT_ID`): the record's own thread's and the tasks' it polled.
+fn event_ids(t: &ThreadSnapshot) -> impl Iterator<Item = (u64, u64)> + '_ {
+    t.waits_history
         .iter()
         .chain(&t.stages_history)
         .chain(t.waits_current.iter())
         .chain(t.stages_current.iter())
-        .map(|e| e.event_id)
         .chain(
             t.statements_history
                 .iter()
                 .chain(t.statements_current.iter())
-                .map(|e| e.ev.event_id),
-        );
-    ids.max().unwrap_or(0)
+                .map(|e| &e.ev),
+        )
+        .map(|e| (e.thread_id, e.event_id))
 }
 
 #[cfg(test)]
@@ -470,6 +549,12 @@ mod tests {
         b.thread.insert((gone.clone(), 1, 2, 3), sum);
         b.global.insert((seg.clone(), "wait/x".into()), sum);
         b.events.insert((seg.clone(), 1, 2, EventKind::Wait), 77);
+        b.task_events.insert(
+            (seg.clone(), EventKind::Statement),
+            [(9, 5), (11, 6)].into(),
+        );
+        b.task_events
+            .insert((gone.clone(), EventKind::Statement), [(9, 5)].into());
         b.long.insert((seg.clone(), EventKind::Stage, 4), 88);
         let m = MemoryStats {
             count_alloc: 4,
@@ -489,6 +574,13 @@ mod tests {
         assert_eq!(back.thread[&(seg.clone(), 1, 2, 3)], sum);
         assert_eq!(back.global[&(seg.clone(), "wait/x".to_string())], sum);
         assert_eq!(back.events[&(seg.clone(), 1, 2, EventKind::Wait)], 77);
+        assert_eq!(
+            back.task_events,
+            HashMap::from([(
+                (seg.clone(), EventKind::Statement),
+                [(9, 5), (11, 6)].into()
+            )])
+        );
         assert_eq!(back.long[&(seg.clone(), EventKind::Stage, 4)], 88);
         assert_eq!(back.mem_thread[&(seg.clone(), 1, 2, 5)], m);
         assert_eq!(back.mem_global[&(seg.clone(), "memory/x".to_string())], m);
@@ -506,6 +598,83 @@ mod tests {
                 .exists()
         );
         assert!(Baselines::load(dir.path()).is_empty(), "no file: empty");
+    }
+
+    /// A file written before tasks (no `task_events`) loads as it was.
+    #[test]
+    fn a_baselines_file_without_task_events_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("svc.7.pfs"), b"x").unwrap();
+        let old = serde_json::json!({
+            "format": FORMAT, "version": 1, "thread": [], "global": [],
+            "events": [["svc.7.pfs", 1, 2, 2, 41]],
+            "long": [], "mem_thread": [], "mem_global": [], "mem_reset": []
+        });
+        let b = Baselines::decode(old.to_string().as_bytes(), dir.path()).unwrap();
+        let seg = dir.path().join("svc.7.pfs");
+        assert_eq!(b.events[&(seg, 1, 2, EventKind::Statement)], 41);
+        assert!(b.task_events.is_empty());
+    }
+
+    /// A live segment at `path` with history rings of `history` rows, a
+    /// statement instrument and thread 1's record.
+    fn thread_with_tasks(
+        path: &Path,
+        history: u32,
+    ) -> (std::fs::File, pfs_shm_layout::SegmentWriter, u32, u32) {
+        let cfg = pfs_shm_layout::SegmentConfig {
+            history_len: history,
+            ..Default::default()
+        };
+        let (f, w) = crate::testing::segment_at(path, &cfg, 7, true);
+        let q = crate::testing::statement_class(&w, "q");
+        let slot = w.alloc_thread(1, 1, "t").unwrap().index;
+        (f, w, q, slot)
+    }
+
+    fn snap(dir: &Path) -> Snapshot {
+        crate::snapshot::Snapshotter::new(
+            crate::segments::SegmentSet::new(dir, std::time::Duration::MAX),
+            std::time::Duration::ZERO,
+        )
+        .take()
+    }
+
+    #[test]
+    fn each_truncate_keeps_the_tasks_still_seen() {
+        use crate::testing::statement;
+        let done = Some(Default::default());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("svc.7.pfs");
+        let (_f, w, q, slot) = thread_with_tasks(&path, 3);
+        statement(&w, slot, q, (1, 1), 10, done);
+        statement(&w, slot, q, (7, 4), 10, done);
+        statement(&w, slot, q, (8, 2), 10, done);
+        let mut b = Baselines::default();
+        b.truncate_events(&snap(dir.path()), EventKind::Statement);
+        let key = (path.clone(), EventKind::Statement);
+        // Tasks by id; the record's own thread by its lifetime.
+        assert_eq!(b.task_events[&key], [(7, 4), (8, 2)].into());
+        let t = &snap(dir.path()).segments[0].data.threads[0];
+        assert_eq!(
+            b.events[&(path.clone(), t.record, t.version, EventKind::Statement)],
+            1
+        );
+        // Task 8's next statements push task 7 (and thread 1) out of the
+        // ring (3 rows): the next TRUNCATE forgets task 7, and keeps task
+        // 8's newest and thread 1's.
+        statement(&w, slot, q, (8, 3), 10, done);
+        statement(&w, slot, q, (8, 4), 10, done);
+        b.truncate_events(&snap(dir.path()), EventKind::Statement);
+        assert_eq!(b.task_events[&key], [(8, 4)].into());
+        assert_eq!(
+            b.events[&(path.clone(), t.record, t.version, EventKind::Statement)],
+            1
+        );
+        // Other kinds keep their own.
+        b.truncate_events(&snap(dir.path()), EventKind::Wait);
+        assert_eq!(b.task_events[&key], [(8, 4)].into());
+        assert_eq!(b.task_events[&(path, EventKind::Wait)], [(8, 4)].into());
     }
 
     #[test]

@@ -1,8 +1,14 @@
 //! Layer 0. The per-thread context the hot path works on: the thread's
-//! record in the segment and its event state (the `EVENT_ID` counter, the
-//! open stage and statement that new events nest in, the setup_actors
-//! verdict). Plain data, used only by the thread it belongs to; how a
-//! thread gets one (and gives it back) is the job of the `thread` module.
+//! record in the segment and its event state (the logical `THREAD_ID`, the
+//! `EVENT_ID` counter, the open stage and statement that new events nest
+//! in, the setup_actors verdict, and a task's poll time). Plain data, used
+//! only by the thread it belongs to; how a thread gets one (and gives it
+//! back) is the job of the `thread` module.
+//!
+//! The event state can be swapped out as a whole ([`ThreadCtx::swap`]):
+//! that is how a task carries its own state from poll to poll and from
+//! worker to worker, while its events are written into the record of
+//! whichever thread polls it.
 
 use std::cell::Cell;
 
@@ -10,14 +16,66 @@ use pfs_shm_layout::layout::EventType;
 use pfs_shm_layout::writer::{EventData, KIND_WAIT};
 use pfs_shm_layout::{RecordRef, ThreadSlot};
 
+/// The event state of a logical thread: an OS thread's own, or a task's
+/// while it is not being polled. The same fields as [`ThreadCtx`]'s cells.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EventState {
+    /// `THREAD_ID` of the events (0: a task that has not recorded yet).
+    pub(crate) thread_id: u64,
+    /// Last `EVENT_ID` used.
+    pub(crate) event_id: u64,
+    /// `INSTRUMENTED`.
+    pub(crate) instrumented: bool,
+    /// `HISTORY`.
+    pub(crate) history: bool,
+    /// The open stage.
+    pub(crate) stage: Option<EventData>,
+    /// `EVENT_ID` of the open stage (0 = none).
+    pub(crate) stage_id: u64,
+    /// `EVENT_ID` of the innermost open statement (0 = none).
+    pub(crate) statement_id: u64,
+    /// Raw ticks of the statement timer when the current poll started
+    /// (0: not being measured).
+    pub(crate) poll_start: u64,
+    /// The timer of `poll_start`.
+    pub(crate) poll_timer: u32,
+    /// Poll time accumulated by the polls that ended, in ps.
+    pub(crate) busy_ps: u64,
+    /// Set while a task's unfinished future is being dropped: statements
+    /// that end meanwhile are cancelled.
+    pub(crate) cancelling: bool,
+}
+
+impl EventState {
+    /// The state of a logical thread that has recorded nothing yet.
+    pub(crate) const fn new(thread_id: u64) -> Self {
+        Self {
+            thread_id,
+            event_id: 0,
+            instrumented: true,
+            history: true,
+            stage: None,
+            stage_id: 0,
+            statement_id: 0,
+            poll_start: 0,
+            poll_timer: 0,
+            busy_ps: 0,
+            cancelling: false,
+        }
+    }
+}
+
 /// What the hot path needs of the current thread.
 pub(crate) struct ThreadCtx {
     pub(crate) rec: RecordRef<'static>,
     /// The record's slot in the thread container (given back at exit).
     pub(crate) slot: ThreadSlot,
-    /// `THREAD_ID`.
-    pub(crate) thread_id: u64,
-    /// Last `EVENT_ID` used (per thread, shared by all event kinds).
+    /// The record's `THREAD_ID` (the OS thread's own).
+    pub(crate) own_thread_id: u64,
+    /// `THREAD_ID` of the events recorded now: the thread's own, or the
+    /// task's being polled.
+    pub(crate) thread_id: Cell<u64>,
+    /// Last `EVENT_ID` used (per logical thread, shared by all event kinds).
     pub(crate) event_id: Cell<u64>,
     /// `INSTRUMENTED` (setup_actors verdict; yes until an actor is declared).
     pub(crate) instrumented: Cell<bool>,
@@ -30,23 +88,65 @@ pub(crate) struct ThreadCtx {
     pub(crate) stage_id: Cell<u64>,
     /// Event id of the innermost open statement (0 = none).
     pub(crate) statement_id: Cell<u64>,
+    /// See [`EventState::poll_start`].
+    pub(crate) poll_start: Cell<u64>,
+    /// See [`EventState::poll_timer`].
+    pub(crate) poll_timer: Cell<u32>,
+    /// See [`EventState::busy_ps`].
+    pub(crate) busy_ps: Cell<u64>,
+    /// See [`EventState::cancelling`].
+    pub(crate) cancelling: Cell<bool>,
 }
 
 impl ThreadCtx {
     /// The context of a newly registered thread: no event yet, nothing
     /// open, instrumented with history until an actor says otherwise.
     pub(crate) fn new(rec: RecordRef<'static>, slot: ThreadSlot, thread_id: u64) -> Self {
+        let s = EventState::new(thread_id);
         Self {
             rec,
             slot,
-            thread_id,
-            event_id: Cell::new(0),
-            instrumented: Cell::new(true),
-            history: Cell::new(true),
-            stage: Cell::new(None),
-            stage_id: Cell::new(0),
-            statement_id: Cell::new(0),
+            own_thread_id: thread_id,
+            thread_id: Cell::new(s.thread_id),
+            event_id: Cell::new(s.event_id),
+            instrumented: Cell::new(s.instrumented),
+            history: Cell::new(s.history),
+            stage: Cell::new(s.stage),
+            stage_id: Cell::new(s.stage_id),
+            statement_id: Cell::new(s.statement_id),
+            poll_start: Cell::new(s.poll_start),
+            poll_timer: Cell::new(s.poll_timer),
+            busy_ps: Cell::new(s.busy_ps),
+            cancelling: Cell::new(s.cancelling),
         }
+    }
+
+    /// Exchanges the current event state with `s`: the one place that
+    /// lists the swapped fields.
+    #[inline(always)]
+    pub(crate) fn swap(&self, s: &mut EventState) {
+        s.thread_id = self.thread_id.replace(s.thread_id);
+        s.event_id = self.event_id.replace(s.event_id);
+        s.instrumented = self.instrumented.replace(s.instrumented);
+        s.history = self.history.replace(s.history);
+        // The open stage is the one large field (a whole event): copied
+        // only if one side has a stage open (`stage` is `None` whenever
+        // `stage_id` is 0).
+        if s.stage_id != 0 || self.stage_id.get() != 0 {
+            s.stage = self.stage.replace(s.stage);
+        }
+        s.stage_id = self.stage_id.replace(s.stage_id);
+        s.statement_id = self.statement_id.replace(s.statement_id);
+        s.poll_start = self.poll_start.replace(s.poll_start);
+        s.poll_timer = self.poll_timer.replace(s.poll_timer);
+        s.busy_ps = self.busy_ps.replace(s.busy_ps);
+        s.cancelling = self.cancelling.replace(s.cancelling);
+    }
+
+    /// True while a task's state is swapped in.
+    #[inline(always)]
+    pub(crate) fn in_task(&self) -> bool {
+        self.thread_id.get() != self.own_thread_id
     }
 
     /// Takes the next `EVENT_ID`.

@@ -60,10 +60,47 @@ pub(crate) fn begin<const KIND: usize>(
     }
     let timed = flags & FLAG_TIMED != 0;
     let timer = timer_of(rt.setup.timers.load(Relaxed), KIND);
+    let mut data = new_event::<KIND>(
+        rt,
+        ctx,
+        class,
+        timed,
+        timer,
+        operation,
+        object,
+        object_name,
+        source,
+    );
+    // The start time is read last, once the row is written: the wait being
+    // measured starts when this function returns.
+    if effective(consumers, KIND, ConsumerKind::Current) {
+        let row = ctx.rec.begin_event_open(KIND, &data);
+        data.timer_start = start_time(rt, timed, timer);
+        row.publish(data.timer_start);
+    } else {
+        data.timer_start = start_time(rt, timed, timer);
+    }
+    Some(Active { rt, ctx, data })
+}
+
+/// A new event's row, in registers: ids and nesting from `ctx`, no times.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn new_event<const KIND: usize>(
+    rt: &'static Runtime,
+    ctx: &ThreadCtx,
+    class: ClassRef,
+    timed: bool,
+    timer: u32,
+    operation: u32,
+    object: u64,
+    object_name: u32,
+    source: Option<&'static std::panic::Location<'static>>,
+) -> EventData {
     let event_id = ctx.next_event_id();
     let (nesting_event_id, nesting_event_type) = ctx.nesting_for(KIND);
     let source = source.map_or(NONE_U32, |l| source::source_id(rt, l));
-    let mut data = EventData {
+    EventData {
         event_id,
         end_event_id: 0,
         class: class.index,
@@ -80,18 +117,52 @@ pub(crate) fn begin<const KIND: usize>(
         nesting_event_type,
         flags: (if timed { EV_TIMED } else { 0 }) | (timer << EV_TIMER_SHIFT),
         event_type: KIND as u32 + 1,
-        thread_id: ctx.thread_id,
-    };
-    // The start time is read last, once the row is written: the wait being
-    // measured starts when this function returns.
-    if effective(consumers, KIND, ConsumerKind::Current) {
-        let row = ctx.rec.begin_event_open(KIND, &data);
-        data.timer_start = start_time(rt, timed, timer);
-        row.publish(data.timer_start);
-    } else {
-        data.timer_start = start_time(rt, timed, timer);
+        thread_id: ctx.thread_id.get(),
     }
-    Some(Active { rt, ctx, data })
+}
+
+/// Records a whole event of kind `KIND` that started earlier, at raw
+/// ticks `start` of timer `timer` (`None`: untimed), and ends now: an
+/// async wait, measured by a future across polls and recorded in one go
+/// by whichever thread polls it last. It nests in what is open now (the
+/// task's stage or statement). Returns its `TIMER_WAIT` in ps if timed.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) fn record_since<const KIND: usize>(
+    current: impl FnOnce(&'static Runtime) -> Option<&'static ThreadCtx>,
+    class: ClassRef,
+    start: Option<(u64, u32)>,
+    operation: u32,
+    object: u64,
+    object_name: u32,
+    source: Option<&'static std::panic::Location<'static>>,
+) -> Option<u64> {
+    if class.flags() & FLAG_ENABLED == 0 {
+        return None;
+    }
+    let rt = runtime::get()?;
+    let consumers = rt.setup.consumers.load(Relaxed);
+    if consumers & CONSUMER_GLOBAL == 0 {
+        return None;
+    }
+    let ctx = current(rt)?;
+    if !ctx.instrumented.get() {
+        return None;
+    }
+    let (ticks, timer) = start.unwrap_or((0, 0));
+    let mut data = new_event::<KIND>(
+        rt,
+        ctx,
+        class,
+        start.is_some(),
+        timer,
+        operation,
+        object,
+        object_name,
+        source,
+    );
+    data.timer_start = ticks;
+    end::<KIND>(&mut Active { rt, ctx, data }, None)
 }
 
 #[inline(always)]
@@ -122,7 +193,13 @@ pub(crate) fn end<const KIND: usize>(
             d.timer_end.saturating_sub(d.timer_start),
         );
     }
-    d.end_event_id = a.ctx.event_id.get() + 1;
+    // An event ended in another logical thread than its own (a task's
+    // statement ended outside the task) cannot count its children.
+    d.end_event_id = if d.thread_id == a.ctx.thread_id.get() {
+        a.ctx.event_id.get() + 1
+    } else {
+        d.event_id + 1
+    };
     d.flags |= EV_ENDED;
     let consumers = rt.setup.consumers.load(Relaxed);
     let rec = &a.ctx.rec;

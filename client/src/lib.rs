@@ -56,10 +56,12 @@
 //! | 6 | `memory` | memory instruments: tokens, scopes and the accounting of allocations and frees |
 //! | 6 | `wait` | waits: [`WaitClass`], [`LazyWaitClass`] and the [`WaitGuard`] of one wait |
 //! | 6 | `stage` | stages: [`StageClass`], [`LazyStageClass`], [`end_stage`] |
-//! | 6 | `statement` | statements: [`StatementClass`], [`LazyStatementClass`], [`StatementGuard`] |
+//! | 6 | [`task`] | async tasks: [`task::TaskContext`], the event state a task carries between polls, and the [`task::Task`] adapter |
+//! | 7 | `statement` | statements: [`StatementClass`], [`LazyStatementClass`], [`StatementGuard`] and the `Send` [`TaskStatement`] |
 //! | 7 | [`alloc`] | the `GlobalAlloc` wrapper that accounts heap allocations |
 //! | 7 | [`sync`] | instrumented `Mutex`, `RwLock` and `Condvar` |
 //! | 7 | [`fs`] | an instrumented `File` |
+//! | 7 | `tokio` | instrumented drop-ins for `tokio::sync` (feature `tokio`) |
 //!
 //! # Unsafe code
 //!
@@ -92,8 +94,11 @@ mod source;
 mod stage;
 mod statement;
 pub mod sync;
+pub mod task;
 mod thread;
 mod timer;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 mod wait;
 
 pub use config::{
@@ -104,8 +109,8 @@ pub use error::InitError;
 pub use memory::{LazyMemoryClass, MemoryClass, MemoryScope, MemoryToken, memory_scope};
 pub use pfs_shm_layout::Operation;
 pub use stage::{LazyStageClass, StageClass, end_stage, stage_progress};
-pub use statement::{LazyStatementClass, StatementClass, StatementGuard};
-pub use wait::{LazyWaitClass, WaitClass, WaitGuard};
+pub use statement::{LazyStatementClass, StatementClass, StatementGuard, TaskStatement};
+pub use wait::{AsyncWait, LazyWaitClass, WaitClass, WaitGuard};
 
 /// Declares who the current thread works for: `setup_actors` decides, by
 /// its most specific matching row, whether the thread is instrumented
@@ -122,6 +127,22 @@ pub use wait::{LazyWaitClass, WaitClass, WaitGuard};
 /// ```
 pub fn set_thread_actor(user: &str, host: &str, role: &str) -> (bool, bool) {
     thread::set_actor(user, host, role)
+}
+
+/// Counts one instrument that an adapter declined to create because its
+/// own bound on classes was reached (as a `tracing` layer does for an
+/// unknown route beyond its limit): `pfs_lost_total{kind="classes"}`,
+/// `Performance_schema_*_classes_lost`. A no-op before [`init`].
+///
+/// ```
+/// pfs_client::count_lost_class(); // not initialised: nothing counted
+/// ```
+pub fn count_lost_class() {
+    if let Some(rt) = runtime::get() {
+        rt.writer
+            .segment()
+            .count_lost(pfs_shm_layout::layout::LostKind::Classes);
+    }
 }
 
 use std::path::Path;
@@ -168,7 +189,8 @@ pub fn segment_file_name(service: &str, pid: u32) -> String {
     runtime::segment_file_name(service, pid)
 }
 
-/// The README's instrumentation example, compiled as a doctest so it stays true.
-#[cfg(doctest)]
+/// The README's instrumentation examples, compiled as doctests so they
+/// stay true (with feature `tokio`: one uses the tokio drop-ins).
+#[cfg(all(doctest, feature = "tokio"))]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;

@@ -65,6 +65,11 @@ impl LazyStageClass {
         Self(LazyRef::new(name))
     }
 
+    /// The instrument name.
+    pub fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
     /// The registered class.
     #[inline(always)]
     pub fn get(&self) -> StageClass {

@@ -1,14 +1,26 @@
-//! Layer 6. Statements (`statement/<area>/<name>`): the unit of work a
-//! thread serves (a request, a query, a job step), with its own figures.
+//! Layer 7. Statements (`statement/<area>/<name>`): the unit of work a
+//! thread or a task serves (a request, a query, a job step), with its own
+//! figures. A thread's is a [`StatementGuard`] (not `Send`); a task's is a
+//! [`TaskStatement`] (`Send`, held across `.await`; see [`crate::task`]).
 
 use std::marker::PhantomData;
 
-use pfs_shm_layout::layout::NONE_U32;
-use pfs_shm_layout::writer::{KIND_STATEMENT, StatementFigures};
+use std::sync::atomic::Ordering::Relaxed;
+
+use pfs_shm_layout::layout::{
+    ConsumerKind, EV_CANCELLED, EV_TIMED, EV_TIMER_MASK, EV_TIMER_SHIFT, NONE_U32,
+    STATEMENT_TEXT_BYTES,
+};
+use pfs_shm_layout::setup::effective;
+use pfs_shm_layout::text::truncate_utf8;
+use pfs_shm_layout::writer::{EventData, KIND_STATEMENT, StatementFigures};
 
 use crate::class::{ClassRef, Family, LazyRef};
+use crate::context::ThreadCtx;
 use crate::event::{self, Active, end_open_stage};
-use crate::thread;
+use crate::runtime::Runtime;
+use crate::task::POLL_TIMER;
+use crate::{thread, timer};
 
 /// A registered statement instrument.
 #[derive(Clone, Copy, Debug)]
@@ -54,6 +66,59 @@ impl StatementClass {
     }
 }
 
+impl StatementClass {
+    /// Starts a statement owned by the current task (see [`crate::task`]):
+    /// the returned handle is `Send`, so it can be held across `.await`
+    /// and ended on any thread. Stages and waits the task records until it
+    /// ends nest in it. Outside a task it is a statement of the current
+    /// thread, like [`StatementClass::start`].
+    #[inline]
+    #[track_caller]
+    pub fn start_task(&self) -> TaskStatement {
+        let loc = std::panic::Location::caller();
+        let Some(a) = event::begin::<KIND_STATEMENT>(
+            thread::current,
+            self.0,
+            self.0.flags(),
+            0,
+            0,
+            NONE_U32,
+            Some(loc),
+        ) else {
+            return TaskStatement::NONE;
+        };
+        let ctx = a.ctx;
+        let parent = ctx.statement_id.replace(a.data.event_id);
+        let busy_at_start = poll_time_at(a.rt, ctx, &a.data);
+        TaskStatement {
+            rt: Some(a.rt),
+            data: a.data,
+            parent,
+            busy_at_start,
+            figures: StatementFigures::default(),
+            text: [0; STATEMENT_TEXT_BYTES],
+            text_len: 0,
+        }
+    }
+}
+
+/// The task's poll time (ps) now, at `d`'s start, if it is measured: a
+/// timed statement of a task. Starts measuring the current poll if it was
+/// not (poll times use the CYCLE timer, see `task::POLL_TIMER`).
+#[inline]
+fn poll_time_at(rt: &Runtime, ctx: &ThreadCtx, d: &EventData) -> Option<u64> {
+    if !ctx.in_task() || d.flags & EV_TIMED == 0 {
+        return None;
+    }
+    let now = timer::now(&rt.calibration, POLL_TIMER);
+    if ctx.poll_start.get() == 0 {
+        ctx.poll_start.set(now);
+        ctx.poll_timer.set(POLL_TIMER);
+    }
+    let into_poll = now.saturating_sub(ctx.poll_start.get());
+    Some(ctx.busy_ps.get() + timer::to_ps(&rt.calibration, POLL_TIMER, into_poll))
+}
+
 /// A lazily registered statement class, for `static` instruments:
 ///
 /// ```
@@ -76,6 +141,11 @@ impl LazyStatementClass {
         Self(LazyRef::new(name))
     }
 
+    /// The instrument name.
+    pub fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
     /// The registered class.
     #[inline(always)]
     pub fn get(&self) -> StatementClass {
@@ -87,6 +157,13 @@ impl LazyStatementClass {
     #[track_caller]
     pub fn start(&self) -> StatementGuard {
         self.get().start()
+    }
+
+    /// Shorthand for `get().start_task()`.
+    #[inline]
+    #[track_caller]
+    pub fn start_task(&self) -> TaskStatement {
+        self.get().start_task()
     }
 }
 
@@ -115,6 +192,43 @@ impl std::fmt::Debug for StatementGuard {
     }
 }
 
+/// The setters of a statement's own figures, the same on a
+/// [`StatementGuard`] and a [`TaskStatement`] (both keep `figures`).
+macro_rules! figure_setters {
+    () => {
+        /// `DIGEST`: a hash of the normalised text the application supplies
+        /// (e.g. `GET ?`), so that statements group by shape.
+        pub fn set_digest_text(&mut self, digest_text: &str) {
+            self.figures.digest = fnv1a(digest_text);
+        }
+
+        /// `ERRORS` (adds).
+        pub fn add_errors(&mut self, n: u64) {
+            self.figures.errors += n;
+        }
+
+        /// `WARNINGS` (adds).
+        pub fn add_warnings(&mut self, n: u64) {
+            self.figures.warnings += n;
+        }
+
+        /// `ROWS_AFFECTED`.
+        pub fn set_rows_affected(&mut self, n: u64) {
+            self.figures.rows_affected = n;
+        }
+
+        /// `ROWS_SENT`.
+        pub fn set_rows_sent(&mut self, n: u64) {
+            self.figures.rows_sent = n;
+        }
+
+        /// `ROWS_EXAMINED`.
+        pub fn set_rows_examined(&mut self, n: u64) {
+            self.figures.rows_examined = n;
+        }
+    };
+}
+
 /// 64-bit FNV-1a, the statement `DIGEST` of a digest text.
 fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -136,36 +250,7 @@ impl StatementGuard {
         }
     }
 
-    /// `DIGEST`: a hash of the normalised text the application supplies
-    /// (e.g. `GET ?`), so that statements group by shape.
-    pub fn set_digest_text(&mut self, digest_text: &str) {
-        self.figures.digest = fnv1a(digest_text);
-    }
-
-    /// `ERRORS` (adds).
-    pub fn add_errors(&mut self, n: u64) {
-        self.figures.errors += n;
-    }
-
-    /// `WARNINGS` (adds).
-    pub fn add_warnings(&mut self, n: u64) {
-        self.figures.warnings += n;
-    }
-
-    /// `ROWS_AFFECTED`.
-    pub fn set_rows_affected(&mut self, n: u64) {
-        self.figures.rows_affected = n;
-    }
-
-    /// `ROWS_SENT`.
-    pub fn set_rows_sent(&mut self, n: u64) {
-        self.figures.rows_sent = n;
-    }
-
-    /// `ROWS_EXAMINED`.
-    pub fn set_rows_examined(&mut self, n: u64) {
-        self.figures.rows_examined = n;
-    }
+    figure_setters!();
 
     /// Ends the statement now; returns its `TIMER_WAIT` in ps if timed.
     pub fn end(mut self) -> Option<u64> {
@@ -196,6 +281,188 @@ impl Drop for StatementGuard {
     #[inline(always)]
     fn drop(&mut self) {
         if self.active.is_some() {
+            self.finish();
+        }
+    }
+}
+
+/// A statement owned by an async task: `Send`, so it can be held across
+/// `.await`, moved between worker threads and ended on any of them.
+/// Dropping it (or [`TaskStatement::end`]) ends it; a statement dropped
+/// with its task's unfinished future is recorded as cancelled (see
+/// [`crate::task`]). Started by [`StatementClass::start_task`].
+///
+/// Its `TIMER_WAIT` is wall time from start to end; its `CPU_TIME` the
+/// time its task was being polled meanwhile. Ended outside the task it was
+/// started in, it is still recorded, with `CPU_TIME` 0 and `END_EVENT_ID`
+/// its `EVENT_ID` + 1, and the task's open statement is left as it is.
+#[must_use = "the statement ends when the handle is dropped"]
+pub struct TaskStatement {
+    /// The runtime, if recording.
+    rt: Option<&'static Runtime>,
+    data: EventData,
+    parent: u64,
+    /// The task's poll time at the start, in ps, if measured.
+    busy_at_start: Option<u64>,
+    figures: StatementFigures,
+    /// `SQL_TEXT`, kept here: the thread that ends the statement writes it.
+    text: [u8; STATEMENT_TEXT_BYTES],
+    text_len: u8,
+}
+
+impl std::fmt::Debug for TaskStatement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskStatement")
+            .field("recording", &self.rt.is_some())
+            .field("thread_id", &self.data.thread_id)
+            .field("event_id", &self.data.event_id)
+            .field("figures", &self.figures)
+            .finish()
+    }
+}
+
+impl TaskStatement {
+    const NONE: TaskStatement = TaskStatement {
+        rt: None,
+        data: EventData {
+            event_id: 0,
+            end_event_id: 0,
+            class: NONE_U32,
+            operation: 0,
+            timer_start: 0,
+            timer_end: 0,
+            timer_wait: 0,
+            object_instance: 0,
+            bytes: 0,
+            spins: 0,
+            source: NONE_U32,
+            object_name: NONE_U32,
+            nesting_event_id: 0,
+            nesting_event_type: 0,
+            flags: 0,
+            event_type: 0,
+            thread_id: 0,
+        },
+        parent: 0,
+        busy_at_start: None,
+        figures: StatementFigures {
+            errors: 0,
+            warnings: 0,
+            rows_affected: 0,
+            rows_sent: 0,
+            rows_examined: 0,
+            digest: 0,
+            cpu_time_ps: 0,
+            cancelled: 0,
+        },
+        text: [0; STATEMENT_TEXT_BYTES],
+        text_len: 0,
+    };
+
+    /// True if this statement is being recorded.
+    pub fn is_recording(&self) -> bool {
+        self.rt.is_some()
+    }
+
+    /// The statement's `THREAD_ID` and `EVENT_ID` (zeros if not recording).
+    pub fn id(&self) -> (u64, u64) {
+        (self.data.thread_id, self.data.event_id)
+    }
+
+    /// `SQL_TEXT` (truncated to 200 bytes on a character boundary).
+    pub fn set_text(&mut self, text: &str) {
+        if self.rt.is_none() {
+            return;
+        }
+        let t = truncate_utf8(text, STATEMENT_TEXT_BYTES).as_bytes();
+        self.text[..t.len()].copy_from_slice(t);
+        self.text_len = t.len() as u8;
+    }
+
+    figure_setters!();
+
+    /// Records the statement as cancelled when it ends, as if its task's
+    /// future had been dropped (for adapters that learn of a cancellation
+    /// another way, such as a request span closed without a response).
+    pub fn mark_cancelled(&mut self) {
+        self.figures.cancelled = 1;
+    }
+
+    /// Ends the statement now, on this thread; returns its `TIMER_WAIT`
+    /// in ps if timed.
+    pub fn end(mut self) -> Option<u64> {
+        self.finish()
+    }
+
+    #[inline(never)]
+    fn finish(&mut self) -> Option<u64> {
+        let rt = self.rt.take()?;
+        let ctx = thread::current(rt)?;
+        let mut data = self.data;
+        let mut figures = self.figures;
+        let ours = ctx.thread_id.get() == data.thread_id;
+        if ours {
+            if ctx.stage_id.get() != 0
+                && ctx
+                    .stage
+                    .get()
+                    .is_some_and(|s| s.nesting_event_id == data.event_id)
+            {
+                end_open_stage(ctx);
+            }
+            ctx.statement_id.set(self.parent);
+            if ctx.cancelling.get() {
+                figures.cancelled = 1;
+            }
+            figures.cpu_time_ps = self.cpu_time(rt, ctx);
+        }
+        if figures.cancelled != 0 {
+            data.flags |= EV_CANCELLED;
+        }
+        let consumers = rt.setup.consumers.load(Relaxed);
+        if effective(consumers, KIND_STATEMENT, ConsumerKind::Current) {
+            let cur = ctx.rec.current(KIND_STATEMENT);
+            // This thread is the row's only writer: it reads its own stores.
+            let in_row = cur.event_id.load(Relaxed) == data.event_id
+                && cur.thread_id.load(Relaxed) == data.thread_id;
+            if !in_row || self.text_len != 0 {
+                let text = std::str::from_utf8(&self.text[..self.text_len as usize]);
+                ctx.rec.resume_statement(&data, text.unwrap_or_default());
+            }
+        }
+        let mut a = Active { rt, ctx, data };
+        event::end::<KIND_STATEMENT>(&mut a, Some(&figures))
+    }
+
+    /// `CPU_TIME`: the task's poll time since the start, up to now; never
+    /// more than the wall time since the start, read with the statement's
+    /// own timer before the end reads it again (so `CPU_TIME ≤ TIMER_WAIT`
+    /// although the two are measured with different timers).
+    fn cpu_time(&self, rt: &Runtime, ctx: &ThreadCtx) -> u64 {
+        let Some(at_start) = self.busy_at_start else {
+            return 0;
+        };
+        if ctx.poll_start.get() == 0 || ctx.poll_timer.get() != POLL_TIMER {
+            return 0;
+        }
+        let cal = &rt.calibration;
+        let now = timer::now(cal, POLL_TIMER);
+        let busy = ctx.busy_ps.get()
+            + timer::to_ps(cal, POLL_TIMER, now.saturating_sub(ctx.poll_start.get()));
+        let timer = (self.data.flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT;
+        let wall = timer::to_ps(
+            cal,
+            timer,
+            timer::now(cal, timer).saturating_sub(self.data.timer_start),
+        );
+        busy.saturating_sub(at_start).min(wall)
+    }
+}
+
+impl Drop for TaskStatement {
+    #[inline]
+    fn drop(&mut self) {
+        if self.rt.is_some() {
             self.finish();
         }
     }

@@ -155,7 +155,34 @@ pub(crate) fn with_registered<R>(f: impl FnOnce(&'static ThreadCtx) -> R) -> Opt
     }
 }
 
+/// The `THREAD_ID` sequence, shared by threads and tasks.
 static NEXT_THREAD_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Task ids a thread takes from [`NEXT_THREAD_ID`] at a time, so that a
+/// new task costs no shared write most of the time.
+const TASK_ID_BLOCK: u64 = 64;
+
+thread_local! {
+    /// The next task id this thread hands out, and the end of its block.
+    static TASK_IDS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+}
+
+/// A new logical `THREAD_ID` for a task: from the sequence of the
+/// threads' ids (so never equal to a thread's), in blocks per thread.
+pub(crate) fn next_task_id() -> u64 {
+    let from_block = TASK_IDS.try_with(|c| {
+        let (next, end) = c.get();
+        if next < end {
+            c.set((next + 1, end));
+            next
+        } else {
+            let base = NEXT_THREAD_ID.fetch_add(TASK_ID_BLOCK, Relaxed);
+            c.set((base + 1, base + TASK_ID_BLOCK));
+            base
+        }
+    });
+    from_block.unwrap_or_else(|_| NEXT_THREAD_ID.fetch_add(1, Relaxed))
+}
 
 #[cold]
 #[inline(never)]
@@ -207,6 +234,11 @@ pub(crate) fn set_actor(user: &str, host: &str, role: &str) -> (bool, bool) {
     if let Some(ctx) = current(rt) {
         ctx.instrumented.set(instrumented);
         ctx.history.set(history);
+        if ctx.in_task() {
+            // The task's verdict travels with the task; the record's
+            // actor columns are the polling thread's own.
+            return (instrumented, history);
+        }
         let id = |s: &str| rt.writer.intern(s).unwrap_or(NONE_U32);
         let flags = if instrumented { THREAD_INSTRUMENTED } else { 0 }
             | if history { THREAD_HISTORY } else { 0 };

@@ -5,12 +5,16 @@ use std::marker::PhantomData;
 use std::panic::Location;
 
 use pfs_shm_layout::Operation;
-use pfs_shm_layout::layout::{EV_HAS_BYTES, EV_HAS_SPINS, FLAG_ENABLED, NONE_U32};
+use std::sync::atomic::Ordering::Relaxed;
+
+use pfs_shm_layout::layout::{
+    EV_HAS_BYTES, EV_HAS_SPINS, FLAG_ENABLED, FLAG_TIMED, NONE_U32, timer_of,
+};
 use pfs_shm_layout::writer::KIND_WAIT;
 
 use crate::class::{ClassRef, Family, LazyRef};
 use crate::event::{self, Active};
-use crate::thread;
+use crate::{runtime, thread, timer};
 
 /// A registered wait instrument. Cheap to copy; checking whether it is
 /// enabled is one relaxed load.
@@ -105,6 +109,114 @@ impl WaitClass {
                 Some(loc),
             ),
             _not_send: PhantomData,
+        }
+    }
+}
+
+impl WaitClass {
+    /// Starts a wait that a future measures across polls (an async lock
+    /// acquisition, a channel receive): it reads the wait timer now and
+    /// records nothing until it ends. The whole wait is then recorded at
+    /// once, by the thread that ends it, nested in what the task has open
+    /// then (its stage, else its statement). `Send`. Disabled: one
+    /// relaxed load.
+    #[inline]
+    #[track_caller]
+    pub fn start_async(&self, operation: Operation, object: usize) -> AsyncWait {
+        let flags = self.0.flags();
+        if flags & FLAG_ENABLED == 0 {
+            return AsyncWait::NONE;
+        }
+        let start = runtime::get().and_then(|rt| {
+            (flags & FLAG_TIMED != 0).then(|| {
+                let t = timer_of(rt.setup.timers.load(Relaxed), KIND_WAIT);
+                (timer::now(&rt.calibration, t), t)
+            })
+        });
+        AsyncWait {
+            class: Some(self.0),
+            start,
+            operation: operation as u32,
+            object: object as u64,
+            source: Location::caller(),
+        }
+    }
+}
+
+/// A wait measured across polls; recorded when it ends or drops. Started
+/// by [`WaitClass::start_async`].
+///
+/// ```
+/// use pfs_client::{LazyWaitClass, Operation};
+/// static QUEUE: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/app/queue");
+///
+/// async fn next(rx: &mut std::collections::VecDeque<u32>) -> Option<u32> {
+///     let w = QUEUE.get().start_async(Operation::Wait, 0);
+///     let item = rx.pop_front(); // an `.await` in real code
+///     drop(w); // records the wait
+///     item
+/// }
+/// # let _ = next;
+/// ```
+#[must_use = "the wait is recorded when it ends"]
+#[derive(Debug)]
+pub struct AsyncWait {
+    /// The class, while it is to be recorded.
+    class: Option<ClassRef>,
+    /// Raw ticks and timer at the start, if timed.
+    start: Option<(u64, u32)>,
+    operation: u32,
+    object: u64,
+    source: &'static Location<'static>,
+}
+
+impl AsyncWait {
+    const NONE: AsyncWait = AsyncWait {
+        class: None,
+        start: None,
+        operation: 0,
+        object: 0,
+        source: Location::caller(),
+    };
+
+    /// True if this wait will be recorded.
+    pub fn is_recording(&self) -> bool {
+        self.class.is_some()
+    }
+
+    /// Records the wait as ended now; returns its `TIMER_WAIT` in ps
+    /// (`None` if not recorded or not timed).
+    #[inline]
+    pub fn end(mut self) -> Option<u64> {
+        self.finish()
+    }
+
+    /// Forgets the wait: nothing is recorded.
+    #[inline]
+    pub fn discard(mut self) {
+        self.class = None;
+    }
+
+    #[inline(never)]
+    fn finish(&mut self) -> Option<u64> {
+        let class = self.class.take()?;
+        event::record_since::<KIND_WAIT>(
+            thread::current,
+            class,
+            self.start,
+            self.operation,
+            self.object,
+            NONE_U32,
+            Some(self.source),
+        )
+    }
+}
+
+impl Drop for AsyncWait {
+    #[inline]
+    fn drop(&mut self) {
+        if self.class.is_some() {
+            self.finish();
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The instrumented demo application that `pfs-agent demo` runs as a child
-//! process: an in-memory key-value store with a write-ahead log on disk.
-//! Layer 0 (the crate's only module).
+//! process: an in-memory key-value store with a write-ahead log on disk,
+//! and the async HTTP service of [`crate::http`] beside it. Layer 1.
 //!
 //! * Short-lived connection threads (`conn-N`) submit bursts of GET / PUT /
 //!   DELETE requests to a queue (mutex + condvar) and wait for the replies
@@ -126,7 +126,8 @@ pub struct WorkloadOptions {
 ///
 /// First initialises `pfs-client` with a segment for `opts.service` in
 /// `opts.shm_dir`; returns that error if it fails. Then creates the WAL in
-/// `opts.data_dir`, starts `opts.workers` workers, the WAL flusher, the
+/// `opts.data_dir`, starts the async HTTP service ([`crate::http`]) and
+/// its load generator, then `opts.workers` workers, the WAL flusher, the
 /// checkpointer and the connection spawner, and blocks joining them.
 pub fn run(opts: WorkloadOptions) -> anyhow::Result<()> {
     let WorkloadOptions {
@@ -149,7 +150,10 @@ pub fn run(opts: WorkloadOptions) -> anyhow::Result<()> {
         workers,
         "kvstore demo workload starting"
     );
-    run_workload(&data_dir, workers, Arc::new(AtomicBool::new(false))).map(|_| ())
+    let stop = Arc::new(AtomicBool::new(false));
+    let (_http, addr) = crate::http::spawn(stop.clone())?;
+    tracing::info!(%addr, "orders HTTP service and its load generator started");
+    run_workload(&data_dir, workers, stop).map(|_| ())
 }
 
 /// Recovers the guard of a poisoned lock: a panicked worker must not take

@@ -23,7 +23,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"PFSSHM\0\0");
 pub const LAYOUT_MAJOR: u32 = 3;
 /// Minor layout version: compatible additions (new section kinds, use of
 /// reserved fields). Readers accept any minor version of a known major.
-pub const LAYOUT_MINOR: u32 = 0;
+pub const LAYOUT_MINOR: u32 = 1;
 /// Written natively by the creator; a reader on the other byte order would
 /// read `0x0403_0201` and refuses the segment.
 pub const BYTE_ORDER_MARK: u32 = 0x0102_0304;
@@ -341,8 +341,13 @@ pub struct SummaryRow {
     pub rows_sent: AtomicU64,
     /// Statements: `SUM_ROWS_EXAMINED`.
     pub rows_examined: AtomicU64,
+    /// Statements: `SUM_CPU_TIME` in picoseconds (the sum of the
+    /// statements' `CPU_TIME`; wraps at 2^64 ps, 213 days). Since 3.1.
+    pub cpu_time: AtomicU64,
+    /// Statements: how many were cancelled ([`EV_CANCELLED`]). Since 3.1.
+    pub cancelled: AtomicU64,
     /// Reserved, zero.
-    pub reserved: [AtomicU64; 3],
+    pub reserved: AtomicU64,
 }
 
 /// Memory statistics of one memory instrument (384 bytes, the size of a
@@ -430,6 +435,9 @@ pub const EV_HAS_SPINS: u32 = 8;
 /// Event flag (stages): `bytes` is `WORK_COMPLETED` and `spins` is
 /// `WORK_ESTIMATED`.
 pub const EV_HAS_PROGRESS: u32 = 16;
+/// Event flag (statements, since 3.1): the statement was cancelled: the
+/// future that owned it was dropped before it completed.
+pub const EV_CANCELLED: u32 = 32;
 /// Event flags bits 8..11: the [`TimerId`] that produced the ticks.
 pub const EV_TIMER_SHIFT: u32 = 8;
 /// Mask of the timer bits in event flags.
@@ -704,10 +712,15 @@ pub struct EventRecord {
     pub event_type: AtomicU32,
     /// Reserved, zero.
     pub reserved32: AtomicU32,
-    /// `THREAD_ID` (set in `history_long` rings; per-thread rows may leave 0).
+    /// `THREAD_ID` of the event. Always set in `history_long` rings. In a
+    /// thread record's own rows, 0 means the record's thread (every row of
+    /// a 3.0 writer); since 3.1 writers set it, and it differs from the
+    /// record's when the event belongs to a task polled by that thread.
     pub thread_id: AtomicU64,
-    /// Reserved, zero.
-    pub reserved: AtomicU64,
+    /// Statements: `CPU_TIME` in picoseconds, valid with [`EV_ENDED`]: the
+    /// time the statement's task was being polled (0 for a statement of a
+    /// thread). Other kinds: zero. Since 3.1.
+    pub cpu_time: AtomicU64,
 }
 
 /// Record lock word state: free (also the value of a never-touched,
@@ -869,6 +882,8 @@ const _: () = {
     assert!(size_of::<SummaryRow>() == 384);
     assert!(offset_of!(SummaryRow, errors) == 320);
     assert!(offset_of!(SummaryRow, rows_examined) == 352);
+    assert!(offset_of!(SummaryRow, cpu_time) == 360);
+    assert!(offset_of!(SummaryRow, cancelled) == 368);
     assert!(offset_of!(SummaryRow, count) == 8);
     assert!(offset_of!(SummaryRow, timed_count) == 16);
     assert!(offset_of!(SummaryRow, sum_lo) == 24);
@@ -929,6 +944,7 @@ const _: () = {
     assert!(offset_of!(SetupSection, actors) == 192);
     assert!(size_of::<LongHeader>() == 128);
     assert!(offset_of!(EventRecord, thread_id) == 112);
+    assert!(offset_of!(EventRecord, cpu_time) == 120);
     assert!(size_of::<FoldLogEntry>() == 24);
     assert!(size_of::<GlobalHeader>() == 64 + 24 * FOLD_LOG_LEN);
     assert!(offset_of!(SetupSection, consumers) == 0);

@@ -8,7 +8,7 @@
 //! checked at compile time, and `tests/spec.rs` checks every number of the
 //! tables below against them.
 //!
-//! Layout version **3.0** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
+//! Layout version **3.1** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
 //! All integers are little-endian (the header's byte-order mark says so).
 //! Every field is an aligned 32- or 64-bit word, read and written with
 //! atomic instructions only.
@@ -88,7 +88,7 @@
 //! |-------:|-----:|-------|---------|
 //! | 0x000 | 8 | `magic` | `"PFSSHM\0\0"` |
 //! | 0x008 | 4 | `major` | 3; refuse any other |
-//! | 0x00C | 4 | `minor` | 0; compatible additions (new section kinds, use of reserved fields): accept any |
+//! | 0x00C | 4 | `minor` | 1; compatible additions (new section kinds, use of reserved fields): accept any |
 //! | 0x010 | 4 | `byte_order` | `0x01020304` as written by the creator |
 //! | 0x014 | 4 | `header_size` | 4096 |
 //! | 0x018 | 8 | `segment_size` | file size set by the creator; must be ≤ the file's length |
@@ -216,7 +216,9 @@
 //! | 336 | 8 | `rows_affected` | `SUM_ROWS_AFFECTED` |
 //! | 344 | 8 | `rows_sent` | `SUM_ROWS_SENT` |
 //! | 352 | 8 | `rows_examined` | `SUM_ROWS_EXAMINED` |
-//! | 360 | 24 | `reserved` | reserved |
+//! | 360 | 8 | `cpu_time` | `SUM_CPU_TIME`, ps (since 3.1) |
+//! | 368 | 8 | `cancelled` | statements cancelled (since 3.1) |
+//! | 376 | 8 | `reserved` | reserved |
 //!
 //! Bucket 0 counts durations ≤ 2^13 ps (8.192 ns), bucket *i* (1..=30)
 //! counts (2^(12+i), 2^(13+i)] ps, bucket 31 counts everything above 2^43
@@ -273,11 +275,11 @@
 //! | 84 | 4 | `object_name` | string index, `0xFFFFFFFF` none |
 //! | 88 | 8 | `nesting_event_id` | 0 = NULL |
 //! | 96 | 4 | `nesting_event_type` | 0 none, 1 WAIT, 2 STAGE, 3 STATEMENT |
-//! | 100 | 4 | `flags` | 1 TIMED, 2 ENDED, 4 HAS_BYTES, 8 HAS_SPINS, 16 HAS_PROGRESS; timer in bits 8..=10 |
+//! | 100 | 4 | `flags` | 1 TIMED, 2 ENDED, 4 HAS_BYTES, 8 HAS_SPINS, 16 HAS_PROGRESS, 32 CANCELLED; timer in bits 8..=10 |
 //! | 104 | 4 | `event_type` | as `nesting_event_type` |
 //! | 108 | 4 | `reserved32` | reserved |
-//! | 112 | 8 | `thread_id` | `THREAD_ID` (set in `history_long` rows) |
-//! | 120 | 8 | `reserved` | reserved |
+//! | 112 | 8 | `thread_id` | `THREAD_ID`; in a thread record's rows 0 = the record's thread |
+//! | 120 | 8 | `cpu_time` | statements: `CPU_TIME`, ps, valid if ENDED (since 3.1) |
 //!
 //! With flag HAS_PROGRESS (stages), `bytes` is `WORK_COMPLETED` and
 //! `spins` is `WORK_ESTIMATED`. Bits 8..=10 of the flags name the timer
@@ -289,6 +291,22 @@
 //! nanoseconds: `ps = (ns − timer_base_ns) × 1000`. `END_EVENT_ID` is the
 //! thread's next event id when the event ended, so a parent's
 //! `[EVENT_ID, END_EVENT_ID)` contains its children.
+//!
+//! **Tasks (since 3.1).** An async task that carries its own event
+//! context (a statement held across `.await`) is a *logical thread*: it
+//! has its own `THREAD_ID` (from the same sequence as the records', so
+//! never equal to one), its own `EVENT_ID` sequence from 1, and its events
+//! nest only in its own events. Whichever thread polls the task writes the
+//! task's events into its own record (current rows, history rings,
+//! summaries) with `thread_id` set to the task's. So a reader takes an
+//! event's `THREAD_ID` from the row (0 = the record's thread), keys events
+//! by (`THREAD_ID`, `EVENT_ID`), and finds an event's parent under the
+//! same `THREAD_ID`: one statement's events may sit in several records,
+//! never under several ids. A history ring can hold several logical
+//! threads' events; its order is write order. Flag CANCELLED marks a
+//! statement whose future was dropped before it completed; `cpu_time` is
+//! the time its task was being polled while it was open (wall time is
+//! `timer_wait`), 0 for a statement of a thread.
 //!
 //! ## Statement row: [`layout::StatementRecord`], 384 bytes
 //!

@@ -166,6 +166,8 @@ impl Summary {
                 rows_sent: row.rows_sent.load(Relaxed),
                 rows_examined: row.rows_examined.load(Relaxed),
                 digest: 0,
+                cpu_time_ps: row.cpu_time.load(Relaxed),
+                cancelled: row.cancelled.load(Relaxed),
             },
         }
     }
@@ -233,7 +235,8 @@ pub struct Event {
     pub timer: TimerId,
     /// Stages: `WORK_COMPLETED` and `WORK_ESTIMATED`.
     pub progress: Option<(u64, u64)>,
-    /// `THREAD_ID` (history_long rows).
+    /// `THREAD_ID`: the thread or task the event belongs to (in a thread
+    /// record's rows, a row that does not say is the record's thread).
     pub thread_id: u64,
 }
 
@@ -260,6 +263,12 @@ impl StatementEvent {
                 rows_sent: r.rows_sent.load(Relaxed),
                 rows_examined: r.rows_examined.load(Relaxed),
                 digest: r.digest.load(Relaxed),
+                cpu_time_ps: if ev.end_event_id.is_some() {
+                    r.ev.cpu_time.load(Relaxed)
+                } else {
+                    0
+                },
+                cancelled: u64::from(r.ev.flags.load(Relaxed) & EV_CANCELLED != 0),
             },
             text: load_string(&r.text, r.text_len.load(Relaxed)).unwrap_or_default(),
         })
@@ -681,7 +690,7 @@ fn read_ring<R, T>(
     count: u64,
     seq: impl Fn(&R) -> &crate::seqlock::SeqLock,
     load: impl Fn(&R) -> Option<T>,
-    id: impl Fn(&T) -> u64,
+    id: impl Fn(&T) -> (u64, u64),
     opts: &ReadOptions,
     st: &mut ReadStats,
 ) -> Vec<T> {
@@ -700,8 +709,10 @@ fn read_ring<R, T>(
             None => st.skipped_events += 1,
         }
     }
-    // A slot overwritten after `count` was read holds a newer event: keep
-    // the ring ordered by event id, as PFS shows it.
+    // Ordered by (THREAD_ID, EVENT_ID): each logical thread's events in
+    // id order, as PFS shows them, even if a slot was overwritten by a
+    // newer event after `count` was read (a task's events share the ring
+    // of the thread that polled it).
     out.sort_by_key(|e| id(e));
     out.dedup_by_key(|e| id(e));
     out
@@ -767,8 +778,19 @@ fn read_thread(
         actor_ids: (actor[0] != NONE_U32).then_some((actor[0], actor[1], actor[2])),
     };
     if opts.events {
+        // A row's THREAD_ID: its own (a task's events), else the record's.
+        let own = |mut e: Event| {
+            if e.thread_id == 0 {
+                e.thread_id = thread_id;
+            }
+            e
+        };
+        let own_stmt = |mut s: StatementEvent| {
+            s.ev = own(s.ev);
+            s
+        };
         let mut cur = |r: &EventRecord| {
-            let c = r.seq.read(opts.attempts, || Event::load(r, timer));
+            let c = r.seq.read(opts.attempts, || Event::load(r, timer).map(own));
             st.retries += u64::from(c.retries);
             if c.value.is_none() {
                 st.skipped_events += 1;
@@ -778,18 +800,18 @@ fn read_thread(
         t.waits_current = cur(&h.waits_current);
         t.stages_current = cur(&h.stages_current);
         let c = h.statements_current.ev.seq.read(opts.attempts, || {
-            StatementEvent::load(&h.statements_current, timer)
+            StatementEvent::load(&h.statements_current, timer).map(own_stmt)
         });
         st.retries += u64::from(c.retries);
         t.statements_current = c.value.flatten();
         let counts = [0, 1, 2].map(|k| h.history_count[k].load(Acquire));
-        let ev = |r: &EventRecord| Event::load(r, timer);
+        let ev = |r: &EventRecord| Event::load(r, timer).map(own);
         t.waits_history = read_ring(
             rec.history,
             counts[0],
             |r| &r.seq,
             ev,
-            |e| e.event_id,
+            |e| (e.thread_id, e.event_id),
             opts,
             st,
         );
@@ -798,7 +820,7 @@ fn read_thread(
             counts[1],
             |r| &r.seq,
             ev,
-            |e| e.event_id,
+            |e| (e.thread_id, e.event_id),
             opts,
             st,
         );
@@ -806,8 +828,8 @@ fn read_thread(
             rec.statements_history,
             counts[2],
             |r| &r.ev.seq,
-            |r| StatementEvent::load(r, timer),
-            |e| e.ev.event_id,
+            |r| StatementEvent::load(r, timer).map(own_stmt),
+            |e| (e.ev.thread_id, e.ev.event_id),
             opts,
             st,
         );

@@ -25,6 +25,12 @@ pub struct StatementFigures {
     pub rows_examined: u64,
     /// `DIGEST` (0 = none).
     pub digest: u64,
+    /// `CPU_TIME` in ps: the time the statement's task was being polled
+    /// (0 for a statement of a thread); in a summary, `SUM_CPU_TIME`.
+    pub cpu_time_ps: u64,
+    /// 1 if the statement was cancelled (its future dropped before it
+    /// completed); in a summary, how many were.
+    pub cancelled: u64,
 }
 
 /// Summary statistics of one class (one thread, or aggregated).
@@ -100,6 +106,8 @@ impl Summary {
         x.rows_affected = op(x.rows_affected, y.rows_affected);
         x.rows_sent = op(x.rows_sent, y.rows_sent);
         x.rows_examined = op(x.rows_examined, y.rows_examined);
+        x.cpu_time_ps = op(x.cpu_time_ps, y.cpu_time_ps);
+        x.cancelled = op(x.cancelled, y.cancelled);
     }
 
     /// `self - o` for the additive fields (saturating at zero); MIN and MAX

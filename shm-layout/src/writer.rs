@@ -633,6 +633,8 @@ fn merge_row(dst: &SummaryRow, src: &SummaryRow) {
         (&dst.rows_affected, &src.rows_affected),
         (&dst.rows_sent, &src.rows_sent),
         (&dst.rows_examined, &src.rows_examined),
+        (&dst.cpu_time, &src.cpu_time),
+        (&dst.cancelled, &src.cancelled),
     ] {
         add(d, s);
     }
@@ -738,7 +740,7 @@ fn store_end_fields(rec: &EventRecord, e: &EventData) {
     store_flags_counts(rec, e);
 }
 
-/// Every field a reader of a per-thread row shows (all but `thread_id`).
+/// Every field a reader of a per-thread row shows.
 #[inline(always)]
 fn store_row(rec: &EventRecord, e: &EventData) {
     store_ids(rec, e);
@@ -759,6 +761,7 @@ fn store_ids(rec: &EventRecord, e: &EventData) {
     rec.nesting_event_id.store(e.nesting_event_id, Relaxed);
     rec.nesting_event_type.store(e.nesting_event_type, Relaxed);
     rec.event_type.store(e.event_type, Relaxed);
+    rec.thread_id.store(e.thread_id, Relaxed);
 }
 
 #[inline(always)]
@@ -795,6 +798,7 @@ fn store_statement_fields(dst: &StatementRecord, f: &StatementFigures, cur: &Sta
     dst.rows_sent.store(f.rows_sent, Relaxed);
     dst.rows_examined.store(f.rows_examined, Relaxed);
     dst.digest.store(f.digest, Relaxed);
+    dst.ev.cpu_time.store(f.cpu_time_ps, Relaxed);
     if std::ptr::eq(dst, cur) {
         return;
     }
@@ -865,6 +869,23 @@ impl RecordRef<'_> {
         }
     }
 
+    /// Makes `e`, a statement that started earlier (possibly in another
+    /// record: a task's statement, resumed on this thread), this record's
+    /// current statement, with its `SQL_TEXT`, in one sequence-locked
+    /// write; [`RecordRef::end_event`] then ends it in place. The text is
+    /// truncated to 200 bytes.
+    pub fn resume_statement(&self, e: &EventData, text: &str) {
+        let cur = &self.header.statements_current;
+        let _w = cur.ev.seq.write();
+        store_begin_fields(&cur.ev, e);
+        store_statement_fields(cur, &StatementFigures::default(), cur);
+        store_bytes(
+            &cur.text,
+            &cur.text_len,
+            truncate_utf8(text, STATEMENT_TEXT_BYTES).as_bytes(),
+        );
+    }
+
     /// Sets the current statement's `SQL_TEXT` (truncated to 200 bytes).
     pub fn set_statement_text(&self, text: &str) {
         let cur = &self.header.statements_current;
@@ -897,9 +918,12 @@ impl RecordRef<'_> {
         let h = self.header;
         if current {
             let cur = self.current(kind);
-            // This thread is the row's only writer: the load sees its own
-            // last store.
-            let ours = cur.event_id.load(Relaxed) == e.event_id;
+            // This thread is the row's only writer: the loads see its own
+            // last stores. A task's events share the row with the thread's
+            // and other tasks' (each with its own event ids): the row is
+            // this event's only if the thread id matches too.
+            let ours = cur.event_id.load(Relaxed) == e.event_id
+                && cur.thread_id.load(Relaxed) == e.thread_id;
             let _w = cur.seq.write();
             if ours {
                 store_end_fields(cur, e);
@@ -990,6 +1014,12 @@ impl RecordRef<'_> {
             add(&row.rows_affected, f.rows_affected);
             add(&row.rows_sent, f.rows_sent);
             add(&row.rows_examined, f.rows_examined);
+            if f.cpu_time_ps != 0 {
+                add(&row.cpu_time, f.cpu_time_ps);
+            }
+            if f.cancelled != 0 {
+                add(&row.cancelled, f.cancelled);
+            }
         }
     }
 
@@ -1085,6 +1115,15 @@ fn first_touch(row: &SummaryRow) {
         &row.sum_hi,
         &row.max,
         &row.bytes,
+        // The statement figures too: a reused record's row still holds
+        // the previous thread's, already folded.
+        &row.errors,
+        &row.warnings,
+        &row.rows_affected,
+        &row.rows_sent,
+        &row.rows_examined,
+        &row.cpu_time,
+        &row.cancelled,
     ] {
         a.store(0, Relaxed);
     }

@@ -104,7 +104,8 @@ fn code_structs() -> BTreeMap<&'static str, Struct> {
         FoldLogEntry { ticket, record, version }
         SummaryRow {
             seq, count, timed_count, sum_lo, sum_hi, min, max, bytes, buckets,
-            errors, warnings, rows_affected, rows_sent, rows_examined, reserved,
+            errors, warnings, rows_affected, rows_sent, rows_examined, cpu_time,
+            cancelled, reserved,
         }
         MemoryRow {
             seq, count_alloc, count_free, sum_bytes_alloc, sum_bytes_free,
@@ -115,7 +116,7 @@ fn code_structs() -> BTreeMap<&'static str, Struct> {
             seq, event_id, end_event_id, class, operation, timer_start, timer_end,
             timer_wait, object_instance, bytes, spins, source, object_name,
             nesting_event_id, nesting_event_type, flags, event_type, reserved32,
-            thread_id, reserved,
+            thread_id, cpu_time,
         }
         StatementRecord {
             ev, errors, warnings, rows_affected, rows_sent, rows_examined, digest,

@@ -266,8 +266,9 @@ impl EventFamilies {
     }
 }
 
-/// Statement figures (`SUM_ERRORS`, ...), one counter family each.
-fn statement_figure_families() -> [Family; 4] {
+/// Statement figures (`SUM_ERRORS`, ...), one counter family each, in
+/// the order of [`statement_figure_values`].
+fn statement_figure_families() -> [Family; 6] {
     [
         Family::new(
             "pfs_events_statements_errors",
@@ -297,6 +298,34 @@ fn statement_figure_families() -> [Family; 4] {
             Kind::Counter,
             "Rows returned by statements (SUM_ROWS_SENT), by instrument.",
         ),
+        Family::new(
+            "pfs_events_statements_cpu",
+            Some("seconds"),
+            ("pfs.events.statements.cpu", "s"),
+            Kind::Counter,
+            "CPU time of statements (SUM_CPU_TIME): the time their async task was being polled; 0 for statements of threads. Wall time is pfs_events_statements_seconds_total.",
+        ),
+        Family::new(
+            "pfs_events_statements_cancelled",
+            None,
+            ("pfs.events.statements.cancelled", "{statement}"),
+            Kind::Counter,
+            "Statements cancelled (their future dropped before they completed; not errors), by instrument.",
+        ),
+    ]
+}
+
+/// A statement summary's figures, one value per family of
+/// [`statement_figure_families`].
+fn statement_figure_values(s: &Summary) -> [Value; 6] {
+    let f = &s.statement;
+    [
+        Value::Int(f.errors),
+        Value::Int(f.warnings),
+        Value::Int(f.rows_affected),
+        Value::Int(f.rows_sent),
+        Value::Float(f.cpu_time_ps as f64 / 1e12),
+        Value::Int(f.cancelled),
     ]
 }
 
@@ -420,15 +449,10 @@ pub fn families(snap: &Snapshot, totals: &Totals, stats: &AgentStats) -> Vec<Fam
                 fams.add(svc, name, s);
             }
             if kind == EventKind::Statement {
-                let f = &s.statement;
-                for (fam, v) in
-                    figures
-                        .iter_mut()
-                        .zip([f.errors, f.warnings, f.rows_affected, f.rows_sent])
-                {
+                for (fam, v) in figures.iter_mut().zip(statement_figure_values(s)) {
                     fam.push(
                         vec![("service", svc.clone()), ("event_name", name.clone())],
-                        Value::Int(v),
+                        v,
                     );
                 }
             }

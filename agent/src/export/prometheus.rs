@@ -94,3 +94,73 @@ impl Collector for PfsCollector {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{segment_at, statement, statement_class};
+    use pfs_shm_layout::values::StatementFigures;
+    use std::time::Duration;
+
+    /// The sample of `metric` (full name) for `{service="svc",
+    /// event_name="statement/t/q"}`.
+    fn sample(text: &str, metric: &str) -> f64 {
+        let prefix = format!("{metric}{{service=\"svc\",event_name=\"statement/t/q\"}} ");
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix}in\n{text}"));
+        line.split(' ').next().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn statement_cpu_time_and_cancellations_are_counters() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = pfs_shm_layout::SegmentConfig {
+            service_name: "svc".into(),
+            ..Default::default()
+        };
+        let (_f, w) = segment_at(&dir.path().join("svc.3.pfs"), &cfg, 3, true);
+        let q = statement_class(&w, "q");
+        let slot = w.alloc_thread(1, 1, "worker").unwrap().index;
+        let figures = |cpu_time_ps, cancelled| {
+            Some(StatementFigures {
+                cpu_time_ps,
+                cancelled,
+                ..StatementFigures::default()
+            })
+        };
+        // A thread's statement (no CPU time), then two of task 5, one
+        // cancelled.
+        statement(&w, slot, q, (1, 1), 9_000_000, figures(0, 0));
+        statement(&w, slot, q, (5, 1), 4_000_000, figures(1_500_000, 0));
+        statement(&w, slot, q, (5, 2), 6_000_000, figures(2_500_000, 1));
+        let snap = Snapshotter::new(
+            crate::segments::SegmentSet::new(dir.path(), Duration::MAX),
+            Duration::ZERO,
+        );
+        let text = render(&registry(Arc::new(snap), Arc::default())).unwrap();
+        for (family, kind) in [
+            ("pfs_events_statements_cpu_seconds", "counter"),
+            ("pfs_events_statements_cancelled", "counter"),
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE {family} {kind}\n")),
+                "{family}"
+            );
+        }
+        assert!(text.contains("# UNIT pfs_events_statements_cpu_seconds seconds\n"));
+        let help = text
+            .lines()
+            .find(|l| l.starts_with("# HELP pfs_events_statements_cpu_seconds "))
+            .unwrap();
+        assert!(help.contains("polled") && help.contains("0 for statements of threads"));
+        let cpu = sample(&text, "pfs_events_statements_cpu_seconds_total");
+        assert!((cpu - 4e-6).abs() < 1e-15, "{cpu}");
+        assert_eq!(sample(&text, "pfs_events_statements_cancelled_total"), 1.0);
+        // Not errors; wall time is the sum of TIMER_WAIT.
+        assert_eq!(sample(&text, "pfs_events_statements_errors_total"), 0.0);
+        let wall = sample(&text, "pfs_events_statements_seconds_total");
+        assert!((wall - 19e-6).abs() < 1e-15, "{wall}");
+    }
+}

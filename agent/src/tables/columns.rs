@@ -71,15 +71,23 @@ pub(super) const SUMMARY_COLUMNS: [&str; 5] = [
     "avg_timer_wait",
     "max_timer_wait",
 ];
-pub(super) const STATEMENT_SUMMARY_COLUMNS: [&str; 5] = [
+/// The statement summaries' own columns. MySQL 8.0.28 added
+/// `SUM_CPU_TIME` after `SUM_NO_GOOD_INDEX_USED`, the last of its `SUM_*`
+/// counters (not after `SUM_LOCK_TIME`); we have neither that nor the
+/// columns between, so it follows `SUM_ROWS_EXAMINED`. `COUNT_CANCELLED`
+/// is ours (not in MySQL): statements whose future was dropped before
+/// they completed (not counted in `SUM_ERRORS`).
+pub(super) const STATEMENT_SUMMARY_COLUMNS: [&str; 7] = [
     "sum_errors",
     "sum_warnings",
     "sum_rows_affected",
     "sum_rows_sent",
     "sum_rows_examined",
+    "sum_cpu_time",
+    "count_cancelled",
 ];
 
-/// The summary columns of `kind` (statements have five more).
+/// The summary columns of `kind` (statements have seven more).
 pub(super) fn summary_columns(kind: EventKind) -> Vec<&'static str> {
     let mut v = SUMMARY_COLUMNS.to_vec();
     if kind == EventKind::Statement {
@@ -105,6 +113,8 @@ pub(super) fn summary_values(s: &Summary, kind: EventKind) -> Vec<Cell<'static>>
             f.rows_affected.into(),
             f.rows_sent.into(),
             f.rows_examined.into(),
+            f.cpu_time_ps.into(),
+            f.cancelled.into(),
         ]);
     }
     v
@@ -112,6 +122,14 @@ pub(super) fn summary_values(s: &Summary, kind: EventKind) -> Vec<Cell<'static>>
 
 /// The columns of the `current`, `history` and `history_long` tables of
 /// `kind`.
+///
+/// Statements end with `cpu_time` and `cancelled`. MySQL 8.0.28 added
+/// `CPU_TIME` after `STATEMENT_ID`, which follows the nesting columns (not
+/// after `LOCK_TIME`); we have no `NESTING_EVENT_LEVEL` nor `STATEMENT_ID`,
+/// so it follows `NESTING_EVENT_TYPE`. It is the time the statement's task
+/// was being polled, in ps (0 for a statement of a thread), NULL while the
+/// statement runs. `CANCELLED` (`YES`/`NO`) is ours, not MySQL's: the
+/// statement's future was dropped before it completed.
 pub(super) fn event_columns(kind: EventKind) -> Vec<&'static str> {
     let mut v = vec![
         "service",
@@ -152,6 +170,8 @@ pub(super) fn event_columns(kind: EventKind) -> Vec<&'static str> {
             "rows_examined",
             "nesting_event_id",
             "nesting_event_type",
+            "cpu_time",
+            "cancelled",
         ]),
     }
     v
@@ -163,11 +183,11 @@ pub(super) fn class_map(classes: &[ClassInfo]) -> HashMap<u32, &ClassInfo> {
 }
 
 /// One event's row for [`event_columns`]; `st` is the statement part of a
-/// statement event.
+/// statement event. `THREAD_ID` is the event's own: a task's events sit in
+/// the records of the threads that polled it, under the task's id.
 pub(super) fn event_row<'a>(
     s: &'a SegmentSnapshot,
     classes: &HashMap<u32, &'a ClassInfo>,
-    thread_id: u64,
     e: &Event,
     st: Option<&'a StatementEvent>,
     kind: EventKind,
@@ -176,7 +196,7 @@ pub(super) fn event_row<'a>(
     let string = |i: Option<u32>| opt(i.and_then(|i| s.strings.get(&i).map(String::as_str)));
     let mut row = head(s);
     row.extend([
-        thread_id.into(),
+        e.thread_id.into(),
         e.event_id.into(),
         opt(e.end_event_id),
         opt(class.map(|c| c.name.as_str())),
@@ -229,6 +249,10 @@ pub(super) fn event_row<'a>(
                 opt(f.map(|f| f.rows_examined)),
             ]);
             row.extend(nesting);
+            row.extend([
+                opt(e.end_event_id.and(f).map(|f| f.cpu_time_ps)),
+                opt(f.map(|f| yes_no(f.cancelled != 0))),
+            ]);
         }
     }
     row
@@ -265,8 +289,10 @@ fn thread_events<'a>(
     }
 }
 
-/// The `current` or `history` table of `kind`: every thread's events not
-/// hidden by a `TRUNCATE`.
+/// The `current` or `history` table of `kind`: every thread record's
+/// events not hidden by a `TRUNCATE`, each under its own `THREAD_ID` (a
+/// record's rows may hold the events of tasks it polled; a history ring is
+/// ordered by `THREAD_ID`, `EVENT_ID`).
 pub(super) fn emit_thread_events(
     view: &View<'_>,
     sink: &mut dyn Sink,
@@ -277,9 +303,9 @@ pub(super) fn emit_thread_events(
     for (path, s) in &view.segments {
         let classes = class_map(&s.classes);
         for t in &s.threads {
-            let floor = view.baselines.event_floor(path, t.record, t.version, kind);
-            for (e, st) in thread_events(t, kind, ring).filter(|(e, _)| e.event_id > floor) {
-                sink.row(&event_row(s, &classes, t.thread_id, e, st, kind));
+            let visible = view.baselines.visible_events(path, t, kind);
+            for (e, st) in thread_events(t, kind, ring).filter(|(e, _)| visible(e)) {
+                sink.row(&event_row(s, &classes, e, st, kind));
             }
         }
     }

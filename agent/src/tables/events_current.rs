@@ -1,6 +1,8 @@
 //! `events_{waits,stages,statements}_current`: each thread's current
-//! event of one kind. `TRUNCATE` hides the events that exist at that time
-//! (here and in the history table of the same kind).
+//! event of one kind, under the event's own `THREAD_ID` (a task's, when the
+//! thread last ran one of a task's events). `TRUNCATE` hides the events
+//! that exist at that time (here and in the history table of the same
+//! kind).
 
 use super::columns::{Ring, emit_thread_events};
 use super::view::KindTable;

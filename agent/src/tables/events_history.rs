@@ -1,6 +1,9 @@
 //! `events_{waits,stages,statements}_history`: each thread's last events
-//! of one kind (its history ring). `TRUNCATE` hides the events that exist
-//! at that time (here and in the current table of the same kind).
+//! of one kind (its history ring), each under its own `THREAD_ID`: a ring
+//! also holds the events of tasks the thread polled, ordered by
+//! (`THREAD_ID`, `EVENT_ID`). `TRUNCATE` hides the events that exist at
+//! that time (here and in the current table of the same kind), per
+//! logical thread.
 
 use super::columns::{Ring, emit_thread_events};
 use super::view::KindTable;

@@ -25,14 +25,7 @@ fn emit(view: &View<'_>, sink: &mut dyn Sink, kind: EventKind) {
                     .iter()
                     .filter(|e| keep(e.ev.event_id, e.ev.thread_id))
                 {
-                    sink.row(&event_row(
-                        s,
-                        &classes,
-                        e.ev.thread_id,
-                        &e.ev,
-                        Some(e),
-                        kind,
-                    ));
+                    sink.row(&event_row(s, &classes, &e.ev, Some(e), kind));
                 }
             }
             EventKind::Wait | EventKind::Stage => {
@@ -40,7 +33,7 @@ fn emit(view: &View<'_>, sink: &mut dyn Sink, kind: EventKind) {
                     .iter()
                     .filter(|e| keep(e.event_id, e.thread_id))
                 {
-                    sink.row(&event_row(s, &classes, e.thread_id, e, None, kind));
+                    sink.row(&event_row(s, &classes, e, None, kind));
                 }
             }
         }

@@ -1,5 +1,7 @@
 //! `events_{waits,stages,statements}_summary_by_thread_by_event_name`:
-//! each live thread's figures by instrument (rows the thread touched).
+//! each live thread's figures by instrument (rows the thread touched; the
+//! events of a task count under the thread that polled it, as they were
+//! written into its record).
 //! `TRUNCATE` restarts them from zero (MIN and MAX to bucket precision).
 
 use super::cell::Sink;

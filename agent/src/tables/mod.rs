@@ -347,3 +347,276 @@ mod registry_tests {
         }
     }
 }
+
+/// Tasks (layout 3.1): events under their own `THREAD_ID`, `CPU_TIME`,
+/// cancellation, and `TRUNCATE` per logical thread.
+#[cfg(test)]
+mod task_tests {
+    use super::*;
+    use crate::testing::{segment_at, statement, statement_class};
+    use pfs_shm_layout::values::StatementFigures;
+    use pfs_shm_layout::{SegmentConfig, SegmentWriter};
+    use serde_json::{Value, json};
+    use std::path::Path;
+    use std::time::Duration;
+
+    /// A task's id: from the threads' sequence, never a thread's.
+    const TASK: u64 = 7;
+
+    fn cpu(ps: u64) -> Option<StatementFigures> {
+        Some(StatementFigures {
+            cpu_time_ps: ps,
+            ..StatementFigures::default()
+        })
+    }
+
+    fn cancelled(ps: u64) -> Option<StatementFigures> {
+        Some(StatementFigures {
+            cpu_time_ps: ps,
+            cancelled: 1,
+            ..StatementFigures::default()
+        })
+    }
+
+    /// Thread 1 (record `slot`) runs its own statements 1 and 2 and, in
+    /// between, task 7's statements 1 (3 µs on CPU) and 2 (cancelled, 2 µs
+    /// on CPU); task 7's statement 3 is running on it.
+    fn segment(dir: &Path) -> (std::fs::File, SegmentWriter, u32, u32) {
+        let cfg = SegmentConfig {
+            service_name: "svc".into(),
+            ..SegmentConfig::default()
+        };
+        let (f, w) = segment_at(&dir.join("svc.9.pfs"), &cfg, 9, true);
+        let q = statement_class(&w, "q");
+        let slot = w.alloc_thread(1, 100, "worker-1").unwrap().index;
+        statement(&w, slot, q, (1, 1), 5_000_000, cpu(0));
+        statement(&w, slot, q, (TASK, 1), 8_000_000, cpu(3_000_000));
+        statement(&w, slot, q, (TASK, 2), 9_000_000, cancelled(2_000_000));
+        statement(&w, slot, q, (1, 2), 1_000_000, cpu(0));
+        statement(&w, slot, q, (TASK, 3), 0, None);
+        (f, w, q, slot)
+    }
+
+    fn snap(dir: &Path) -> Snapshot {
+        crate::snapshot::Snapshotter::new(
+            crate::segments::SegmentSet::new(dir, Duration::MAX),
+            Duration::ZERO,
+        )
+        .take()
+    }
+
+    fn table(dir: &Path, name: &str, b: &Baselines) -> Table {
+        build(lookup(name).unwrap(), &snap(dir), &Filter::default(), b)
+    }
+
+    fn col(t: &Table, name: &str) -> Vec<Value> {
+        let i = t.columns.iter().position(|c| *c == name).unwrap();
+        t.rows.iter().map(|r| r[i].clone()).collect()
+    }
+
+    /// (THREAD_ID, EVENT_ID) of each row, in table order.
+    fn ids(t: &Table) -> Vec<(u64, u64)> {
+        col(t, "thread_id")
+            .iter()
+            .zip(col(t, "event_id"))
+            .map(|(t, e)| (t.as_u64().unwrap(), e.as_u64().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn statement_tables_pin_their_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let _seg = segment(dir.path());
+        let events = [
+            "service",
+            "pid",
+            "thread_id",
+            "event_id",
+            "end_event_id",
+            "event_name",
+            "source",
+            "timer_start",
+            "timer_end",
+            "timer_wait",
+            "sql_text",
+            "digest",
+            "errors",
+            "warnings",
+            "rows_affected",
+            "rows_sent",
+            "rows_examined",
+            "nesting_event_id",
+            "nesting_event_type",
+            "cpu_time",
+            "cancelled",
+        ];
+        for t in [
+            "events_statements_current",
+            "events_statements_history",
+            "events_statements_history_long",
+        ] {
+            assert_eq!(table(dir.path(), t, &Baselines::default()).columns, events);
+        }
+        let sums = [
+            "count_star",
+            "sum_timer_wait",
+            "min_timer_wait",
+            "avg_timer_wait",
+            "max_timer_wait",
+            "sum_errors",
+            "sum_warnings",
+            "sum_rows_affected",
+            "sum_rows_sent",
+            "sum_rows_examined",
+            "sum_cpu_time",
+            "count_cancelled",
+        ];
+        let global = table(
+            dir.path(),
+            "events_statements_summary_global_by_event_name",
+            &Baselines::default(),
+        );
+        assert_eq!(global.columns[..3], ["service", "pid", "event_name"]);
+        assert_eq!(global.columns[3..], sums);
+        let by_thread = table(
+            dir.path(),
+            "events_statements_summary_by_thread_by_event_name",
+            &Baselines::default(),
+        );
+        assert_eq!(by_thread.columns[2..4], ["thread_id", "event_name"]);
+        assert_eq!(by_thread.columns[4..], sums);
+        // Waits and stages have neither.
+        for t in [
+            "events_waits_history",
+            "events_stages_summary_global_by_event_name",
+        ] {
+            let cols = table(dir.path(), t, &Baselines::default()).columns;
+            assert!(
+                !cols
+                    .iter()
+                    .any(|c| c.contains("cpu") || c.contains("cancel"))
+            );
+        }
+    }
+
+    #[test]
+    fn task_events_have_their_own_thread_id_cpu_time_and_cancelled_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let _seg = segment(dir.path());
+        let none = Baselines::default();
+        let h = table(dir.path(), "events_statements_history", &none);
+        // Ordered by (THREAD_ID, EVENT_ID), though written interleaved.
+        assert_eq!(ids(&h), [(1, 1), (1, 2), (TASK, 1), (TASK, 2)]);
+        assert_eq!(
+            col(&h, "cpu_time"),
+            [json!(0), json!(0), json!(3_000_000), json!(2_000_000)]
+        );
+        assert_eq!(col(&h, "cancelled"), ["NO", "NO", "NO", "YES"]);
+        assert_eq!(col(&h, "timer_wait")[3], json!(9_000_000));
+        assert_eq!(col(&h, "errors")[3], json!(0), "a cancellation is no error");
+        // The running statement is the task's: no CPU_TIME yet.
+        let c = table(dir.path(), "events_statements_current", &none);
+        assert_eq!(ids(&c), [(TASK, 3)]);
+        assert_eq!(col(&c, "end_event_id"), [Value::Null]);
+        assert_eq!(col(&c, "cpu_time"), [Value::Null]);
+        assert_eq!(col(&c, "cancelled"), ["NO"]);
+        // A task is not a thread.
+        let th = table(dir.path(), "threads", &none);
+        assert_eq!(col(&th, "thread_id"), [json!(1)]);
+        // Summaries: SUM_CPU_TIME and COUNT_CANCELLED, globally and under
+        // the thread that polled the task.
+        for name in [
+            "events_statements_summary_global_by_event_name",
+            "events_statements_summary_by_thread_by_event_name",
+        ] {
+            let s = table(dir.path(), name, &none);
+            assert_eq!(col(&s, "count_star"), [json!(4)], "{name}");
+            assert_eq!(col(&s, "sum_cpu_time"), [json!(5_000_000)], "{name}");
+            assert_eq!(col(&s, "count_cancelled"), [json!(1)], "{name}");
+            assert_eq!(col(&s, "sum_errors"), [json!(0)], "{name}");
+        }
+        let s = table(
+            dir.path(),
+            "events_statements_summary_by_thread_by_event_name",
+            &none,
+        );
+        assert_eq!(col(&s, "thread_id"), [json!(1)]);
+    }
+
+    #[test]
+    fn truncate_hides_each_logical_threads_events_wherever_they_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_f, w, q, slot) = segment(dir.path());
+        let slot2 = w.alloc_thread(2, 200, "worker-2").unwrap().index;
+        let mut b = Baselines::default();
+        lookup("events_statements_history")
+            .unwrap()
+            .truncate(&mut b, &snap(dir.path()))
+            .unwrap();
+        for t in ["events_statements_history", "events_statements_current"] {
+            assert!(table(dir.path(), t, &b).rows.is_empty(), "{t}");
+        }
+        // Thread 1's next statement, a new task's first (ids from 1 again),
+        // thread 2's own; task 7's statement 3 (running at TRUNCATE) ends
+        // on thread 2, then its statement 4 runs there.
+        statement(&w, slot, q, (1, 3), 1_000, cpu(0));
+        statement(&w, slot, q, (9, 1), 1_000, cpu(500));
+        statement(&w, slot2, q, (2, 1), 1_000, cpu(0));
+        statement(&w, slot2, q, (TASK, 3), 1_000, cpu(700));
+        statement(&w, slot2, q, (TASK, 4), 1_000, cancelled(100));
+        // Records in any order.
+        let sorted = |t: Table| {
+            let mut v = ids(&t);
+            v.sort_unstable();
+            v
+        };
+        let want = [(1, 3), (2, 1), (TASK, 4), (9, 1)];
+        assert_eq!(
+            sorted(table(dir.path(), "events_statements_history", &b)),
+            want
+        );
+        assert_eq!(
+            sorted(table(dir.path(), "events_statements_current", &b)),
+            [(TASK, 4), (9, 1)]
+        );
+        // The same after an agent restart (the baselines file).
+        b.save(dir.path()).unwrap();
+        let back = Baselines::load(dir.path());
+        assert_eq!(
+            sorted(table(dir.path(), "events_statements_history", &back)),
+            want
+        );
+        // Other kinds were not truncated; summaries neither.
+        let s = table(
+            dir.path(),
+            "events_statements_summary_global_by_event_name",
+            &back,
+        );
+        assert_eq!(col(&s, "count_star"), [json!(9)]);
+    }
+
+    #[test]
+    fn truncating_statement_summaries_restarts_cpu_time_and_cancellations() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_f, w, q, slot) = segment(dir.path());
+        let mut b = Baselines::default();
+        lookup("events_statements_summary_global_by_event_name")
+            .unwrap()
+            .truncate(&mut b, &snap(dir.path()))
+            .unwrap();
+        statement(&w, slot, q, (TASK, 3), 4_000_000, cancelled(1_500_000));
+        for name in [
+            "events_statements_summary_global_by_event_name",
+            "events_statements_summary_by_thread_by_event_name",
+        ] {
+            let s = table(dir.path(), name, &b);
+            assert_eq!(col(&s, "count_star"), [json!(1)], "{name}");
+            assert_eq!(col(&s, "sum_cpu_time"), [json!(1_500_000)], "{name}");
+            assert_eq!(col(&s, "count_cancelled"), [json!(1)], "{name}");
+            // Untruncated: lifetime values.
+            let s = table(dir.path(), name, &Baselines::default());
+            assert_eq!(col(&s, "sum_cpu_time"), [json!(6_500_000)], "{name}");
+            assert_eq!(col(&s, "count_cancelled"), [json!(2)], "{name}");
+        }
+    }
+}

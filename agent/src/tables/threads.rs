@@ -1,5 +1,11 @@
 //! `threads`: every instrumented thread, with its actor and whether it is
 //! instrumented and keeps history.
+//!
+//! One row per thread record. An async task with its own event context
+//! (layout 3.1) is a logical thread with a `THREAD_ID` of its own, seen in
+//! the events tables, but it is not an OS thread and has no row here, by
+//! design: its events are in the records of the threads that polled it
+//! (and counted in their `*_summary_by_thread_by_event_name` rows).
 
 use super::cell::{Cell, Sink};
 use super::columns::{head, with_head, yes_no};

@@ -1,0 +1,319 @@
+//! Layer 6. Tasks: an event context that a future carries from poll to
+//! poll and from worker thread to worker thread, so that an async task's
+//! statements, stages and waits nest in each other, and nothing another
+//! task records on the same worker lands in them.
+//!
+//! # The model
+//!
+//! A [`TaskContext`] is a *logical thread*: it has its own `THREAD_ID`
+//! (taken from the threads' sequence on its first event, so it never
+//! equals a thread's), its own `EVENT_ID` sequence from 1, and its own open
+//! statement and stage. While it is entered (each poll of a [`Task`]), the
+//! polling thread's event state is swapped out and the task's swapped in;
+//! when the poll returns, they are swapped back. Events recorded meanwhile
+//! are written into the polling thread's record (its current rows, history
+//! rings and summaries), each row carrying the task's `THREAD_ID`. So:
+//!
+//! * `THREAD_ID` of every event of the task is the task's; `EVENT_ID`s
+//!   are unique under it; `NESTING_EVENT_ID` always names an event of the
+//!   same `THREAD_ID` (the task's open stage, else its open statement).
+//!   A reader rebuilds a statement's tree by (`THREAD_ID`, `EVENT_ID`),
+//!   whichever records its events were written to.
+//! * The `events_*_summary_by_thread_*` tables count a task's events under
+//!   the worker thread that polled them (the task has no record); the
+//!   global, account, user and host summaries are unaffected.
+//! * While the task waits (between polls) its open statement is in no
+//!   `events_statements_current` row: the rows show what the thread is
+//!   running or last ran.
+//!
+//! A statement opened in a task is a `TaskStatement`: `Send`, held across
+//! `.await`, ended on any thread. Its `CPU_TIME` is the time its task was
+//! being polled while it was open; `TIMER_WAIT` stays wall time.
+//!
+//! # Cancellation
+//!
+//! A [`Task`] whose future is dropped before it completed drops it inside
+//! the task's context with the *cancelling* mark set: every statement
+//! ended by that drop is recorded as cancelled (flag `CANCELLED` in its
+//! row, counted in the summaries' cancelled figure, not as an error).
+//!
+//! # Cost
+//!
+//! Entering and leaving swap eleven thread-local cells each way; a poll
+//! reads the CYCLE timer (`RDTSC`) twice while a statement is open (for
+//! `CPU_TIME`), never otherwise. No lock, no allocation, no shared write
+//! (a thread takes task ids 64 at a time).
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use pfs_shm_layout::layout::TimerId;
+
+use crate::context::EventState;
+use crate::runtime::{self, Runtime};
+use crate::{thread, timer};
+
+/// The event state of one async task (a logical thread), kept between
+/// polls. `Send`: it moves with the task between worker threads.
+///
+/// [`Task`] manages one for a future; use a context directly only to build
+/// an adapter of your own (a `tracing` layer keeps one per span):
+///
+/// ```
+/// use pfs_client::task::TaskContext;
+///
+/// let mut task = TaskContext::new();
+/// {
+///     let _entered = task.enter();
+///     // Events recorded here belong to the task.
+/// }
+/// assert_eq!(task.thread_id(), 0); // not initialised: nothing recorded
+/// ```
+#[derive(Debug)]
+pub struct TaskContext {
+    /// The task's state while it is not entered; while it is, the state
+    /// the polling thread had before (swapped back on leaving).
+    state: EventState,
+    /// Nesting depth of [`TaskContext::swap_in`] on the entered thread.
+    depth: u32,
+    /// `own_thread_id` of the thread it is entered on (0 = none).
+    entered_on: u64,
+}
+
+impl Default for TaskContext {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TaskContext {
+    /// A context that has recorded nothing yet; it takes its `THREAD_ID`
+    /// on first entry.
+    pub const fn new() -> Self {
+        Self {
+            state: EventState::new(0),
+            depth: 0,
+            entered_on: 0,
+        }
+    }
+
+    /// The task's `THREAD_ID` (0 before it was first entered, or if the
+    /// client is not initialised).
+    pub fn thread_id(&self) -> u64 {
+        if self.depth > 0 {
+            // Swapped in: `state` holds the thread's.
+            thread::with_registered(|ctx| ctx.thread_id.get()).unwrap_or(0)
+        } else {
+            self.state.thread_id
+        }
+    }
+
+    /// Makes this context the current thread's until the guard drops.
+    #[inline]
+    pub fn enter(&mut self) -> Entered<'_> {
+        self.swap_in();
+        Entered {
+            task: self,
+            _not_send: PhantomData,
+        }
+    }
+
+    /// Makes this context current on this thread, until the matching
+    /// [`TaskContext::swap_out`] on the same thread (calls nest: only the
+    /// outermost pair swaps). For adapters whose enter and exit are two
+    /// callbacks, such as a `tracing` layer's `on_enter` and `on_exit`;
+    /// prefer [`TaskContext::enter`]. Entering a context already entered
+    /// on another thread does nothing. Returns whether this call swapped.
+    #[inline]
+    pub fn swap_in(&mut self) -> bool {
+        let Some(rt) = runtime::get() else {
+            return false;
+        };
+        let Some(ctx) = thread::current(rt) else {
+            return false;
+        };
+        if self.depth > 0 {
+            if self.entered_on == ctx.own_thread_id {
+                self.depth += 1;
+            }
+            return false;
+        }
+        if self.state.thread_id == 0 {
+            self.state.thread_id = thread::next_task_id();
+        }
+        if self.state.statement_id != 0 {
+            // A statement is open: measure this poll for its CPU_TIME.
+            start_poll(rt, &mut self.state);
+        }
+        ctx.swap(&mut self.state);
+        self.depth = 1;
+        self.entered_on = ctx.own_thread_id;
+        true
+    }
+
+    /// Undoes [`TaskContext::swap_in`]; see there. A call on a thread other
+    /// than the one it was entered on does nothing.
+    #[inline]
+    pub fn swap_out(&mut self) {
+        if self.depth == 0 {
+            return;
+        }
+        let Some(ctx) = thread::with_registered(|c| c) else {
+            return;
+        };
+        if ctx.own_thread_id != self.entered_on {
+            return;
+        }
+        self.depth -= 1;
+        if self.depth > 0 {
+            return;
+        }
+        ctx.swap(&mut self.state);
+        self.entered_on = 0;
+        if self.state.poll_start != 0
+            && let Some(rt) = runtime::get()
+        {
+            let s = &mut self.state;
+            let now = timer::now(&rt.calibration, s.poll_timer);
+            let poll = timer::to_ps(
+                &rt.calibration,
+                s.poll_timer,
+                now.saturating_sub(s.poll_start),
+            );
+            s.busy_ps = s.busy_ps.saturating_add(poll);
+            s.poll_start = 0;
+        }
+    }
+
+    /// Runs `f` inside the context with the *cancelling* mark set:
+    /// statements that end in `f` (typically, dropped with the task's
+    /// future) are recorded as cancelled.
+    pub fn cancel_with<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        let _entered = self.enter();
+        let ctx = thread::with_registered(|c| c).filter(|c| c.in_task());
+        let was = ctx.map(|c| c.cancelling.replace(true));
+        let r = f();
+        if let (Some(c), Some(was)) = (ctx, was) {
+            c.cancelling.set(was);
+        }
+        r
+    }
+}
+
+/// Starts measuring a poll: the CYCLE timer now (one inlined `RDTSC`
+/// whatever the statements' timer is: a poll is too short to pay for a
+/// `clock_gettime` at each end).
+#[inline]
+fn start_poll(rt: &'static Runtime, s: &mut EventState) {
+    s.poll_timer = POLL_TIMER;
+    s.poll_start = timer::now(&rt.calibration, POLL_TIMER);
+}
+
+/// The timer of poll times.
+pub(crate) const POLL_TIMER: u32 = TimerId::Cycle as u32;
+
+/// A [`TaskContext`] entered on the current thread; leaves it on drop.
+/// Not `Send`.
+#[derive(Debug)]
+pub struct Entered<'a> {
+    task: &'a mut TaskContext,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for Entered<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.task.swap_out();
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A future with its own event context: each poll enters it (see the
+    /// module docs), so statements it opens can be held across `.await`
+    /// and everything it records nests in them. Made by
+    /// [`TaskExt::pfs_task`] or [`Task::new`]. A `Task` dropped before its
+    /// future completed cancels it: see the module docs.
+    ///
+    /// ```
+    /// use pfs_client::task::TaskExt;
+    /// use pfs_client::LazyStatementClass;
+    ///
+    /// static GET: LazyStatementClass = LazyStatementClass::new("statement/http/get");
+    ///
+    /// async fn handle() -> u32 {
+    ///     let mut stmt = GET.start_task(); // Send: may cross .await
+    ///     std::future::ready(()).await;
+    ///     stmt.set_rows_sent(1);
+    ///     stmt.end();
+    ///     200
+    /// }
+    ///
+    /// let fut = handle().pfs_task(); // e.g. tokio::spawn(handle().pfs_task())
+    /// # let _ = fut;
+    /// ```
+    #[derive(Debug)]
+    #[must_use = "futures do nothing unless polled"]
+    pub struct Task<F> {
+        ctx: TaskContext,
+        // The future, until it completes (then dropped inside the
+        // context) or is cancelled (dropped in `drop`, inside the context
+        // with the cancelling mark).
+        #[pin]
+        fut: Option<F>,
+    }
+
+    impl<F> PinnedDrop for Task<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if this.fut.is_some() {
+                let mut fut = this.fut;
+                this.ctx.cancel_with(|| fut.set(None));
+            }
+        }
+    }
+}
+
+impl<F: Future> Task<F> {
+    /// Gives `fut` its own event context.
+    pub fn new(fut: F) -> Self {
+        Self {
+            ctx: TaskContext::new(),
+            fut: Some(fut),
+        }
+    }
+
+    /// The task's `THREAD_ID` (0 before its first poll).
+    pub fn thread_id(&self) -> u64 {
+        self.ctx.thread_id()
+    }
+}
+
+impl<F: Future> Future for Task<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let mut this = self.project();
+        let _entered = this.ctx.enter();
+        let Some(fut) = this.fut.as_mut().as_pin_mut() else {
+            panic!("`Task` polled after completion");
+        };
+        let out = fut.poll(cx);
+        if out.is_ready() {
+            // Completed: dropped here, inside the context, not cancelled.
+            this.fut.set(None);
+        }
+        out
+    }
+}
+
+/// Adds [`TaskExt::pfs_task`] to every future.
+pub trait TaskExt: Future + Sized {
+    /// Gives this future its own event context: see [`Task`].
+    fn pfs_task(self) -> Task<Self> {
+        Task::new(self)
+    }
+}
+
+impl<F: Future> TaskExt for F {}

@@ -1,0 +1,739 @@
+//! The `tokio` drop-ins (`pfs_client::tokio`, feature `tokio`) on a real
+//! multi-threaded runtime, read back from the real segment.
+//!
+//! Each case holds a primitive while a known number of tasks queue on it
+//! (every waiter says it arrived just before it tries; the holder waits
+//! for all of them, then holds on for `HOLD`), so the number of
+//! acquisitions that waited is known exactly: each class must have exactly
+//! that many waits, in `events_waits_history_long` and in the summaries,
+//! each under its own task's `THREAD_ID`, nested in that task's statement
+//! (or its open stage), and lasting at least `HOLD`. Acquisitions that
+//! found the primitive free record nothing. Waiters dropped while queued
+//! (a timeout, a losing `select!` branch, an aborted task) record one
+//! wait each, up to the drop.
+//!
+//! `init` is once per process: the test functions share it through a
+//! `OnceLock`, and each uses classes of its own.
+
+#![cfg(feature = "tokio")]
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use pfs_client::task::TaskExt;
+use pfs_client::tokio::{Mutex, Notify, OwnedMutexGuard, RwLock, Semaphore, mpsc};
+use pfs_client::{LazyStageClass, LazyStatementClass, LazyWaitClass, Operation};
+use pfs_shm_layout::Segment;
+use pfs_shm_layout::layout::EventType;
+use pfs_shm_layout::reader::{Event, ReadOptions, SegmentSnapshot, Summary, snapshot};
+
+static REQ: LazyStatementClass = LazyStatementClass::new("statement/tokio_test/request");
+static ABORTED: LazyStatementClass = LazyStatementClass::new("statement/tokio_test/aborted");
+static LOCKING: LazyStageClass = LazyStageClass::new("stage/tokio_test/locking");
+
+static MUTEX: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/tokio_test/mutex");
+static MUTEX_OWNED: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/tokio_test/mutex_owned");
+static RWLOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/rwlock/tokio_test/rwlock");
+static SEMAPHORE: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/tokio_test/semaphore");
+static NOTIFY: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/tokio_test/notify");
+static CHANNEL: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/tokio_test/channel");
+static UNBOUNDED: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/tokio_test/unbounded");
+static TIMED_OUT: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/tokio_test/timed_out");
+static SELECTED: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/tokio_test/selected");
+static ABORT: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/tokio_test/abort");
+static FREE_MUTEX: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/tokio_test/free_mutex");
+static FREE_RWLOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/rwlock/tokio_test/free_rwlock");
+static FREE_SEMAPHORE: LazyWaitClass =
+    LazyWaitClass::new("wait/synch/mutex/tokio_test/free_semaphore");
+static FREE_NOTIFY: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/tokio_test/free_notify");
+static FREE_CHANNEL: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/tokio_test/free_channel");
+
+/// Tasks queued on each primitive.
+const WAITERS: usize = 16;
+/// How long a holder keeps holding once every waiter has arrived.
+const HOLD: Duration = Duration::from_millis(60);
+/// The timeout of a cancelled waiter.
+const TIMEOUT: Duration = Duration::from_millis(50);
+/// Slack above `TIMEOUT` for a loaded machine.
+const SLACK: Duration = Duration::from_millis(500);
+
+/// The segment, initialised once for the whole process with the
+/// `history_long` consumers on, opened for reading. Its directory is
+/// removed at once: the mapping and this handle keep the file alive until
+/// the process exits, and nothing is left behind.
+fn segment() -> &'static std::fs::File {
+    static FILE: OnceLock<std::fs::File> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        pfs_client::init_with(
+            pfs_client::Config::new("tokio-waits")
+                .shm_dir(dir.path())
+                .consumer("events_%_history_long", true),
+        )
+        .unwrap();
+        std::fs::File::open(pfs_client::segment_path().unwrap()).unwrap()
+    })
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    segment();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn read() -> SegmentSnapshot {
+    let seg = Segment::open(segment().try_clone().unwrap(), false).unwrap();
+    snapshot(&seg, &ReadOptions::default()).unwrap()
+}
+
+fn class_index(s: &SegmentSnapshot, name: &str) -> Option<u32> {
+    s.classes.iter().find(|c| c.name == name).map(|c| c.index)
+}
+
+/// The class's summary over every thread, live and exited.
+fn summary(s: &SegmentSnapshot, class: u32) -> Summary {
+    let mut sum = Summary::default();
+    for (c, r) in s
+        .exited
+        .iter()
+        .chain(s.threads.iter().flat_map(|t| t.rows.iter()))
+    {
+        if *c == class {
+            sum.merge(r);
+        }
+    }
+    sum
+}
+
+/// Counts tasks about to wait, so that a holder knows they all queued.
+#[derive(Default)]
+struct Gate(AtomicUsize);
+
+impl Gate {
+    fn arrive(&self) {
+        self.0.fetch_add(1, SeqCst);
+    }
+
+    /// Returns once `n` tasks arrived and `HOLD` more passed: each of them
+    /// tried (and failed) to acquire right after arriving, in the same poll.
+    async fn all_queued(&self, n: usize) {
+        while self.0.load(SeqCst) < n {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(HOLD).await;
+    }
+}
+
+/// What a waiting task knows of itself.
+#[derive(Clone, Copy, Debug)]
+struct Waiter {
+    /// Its statement's `THREAD_ID` and `EVENT_ID`.
+    statement: (u64, u64),
+    /// Whether it waited in the `LOCKING` stage (else in the statement).
+    staged: bool,
+    operation: Operation,
+}
+
+/// Opens the task's statement (and, for every other task, a stage).
+fn begin(i: usize, operation: Operation) -> (pfs_client::TaskStatement, Waiter) {
+    let stmt = REQ.start_task();
+    assert!(stmt.is_recording());
+    let staged = i.is_multiple_of(2);
+    if staged {
+        LOCKING.enter();
+    }
+    let w = Waiter {
+        statement: stmt.id(),
+        staged,
+        operation,
+    };
+    (stmt, w)
+}
+
+/// Checks that `class` recorded exactly one wait per entry of `waiters`
+/// (a task that waited twice is in it twice) and nothing else, each under
+/// its task's `THREAD_ID`, nested where the task was, lasting `[min,
+/// max]`; returns the waits.
+fn check_waits(
+    s: &SegmentSnapshot,
+    class: &LazyWaitClass,
+    waiters: &[Waiter],
+    min: Duration,
+    max: Option<Duration>,
+) -> Vec<Event> {
+    let name = class.name();
+    let idx = class_index(s, name).unwrap_or_else(|| panic!("{name} registered"));
+    let locking = class_index(s, LOCKING.name()).expect("stage registered");
+    let waits: Vec<Event> = s.long[0]
+        .iter()
+        .filter(|e| e.class == idx)
+        .copied()
+        .collect();
+    assert_eq!(waits.len(), waiters.len(), "{name}: waits in history_long");
+    assert_eq!(
+        summary(s, idx).count,
+        waiters.len() as u64,
+        "{name}: COUNT_STAR"
+    );
+    let mut expected: HashMap<u64, (Waiter, usize)> = HashMap::new();
+    for w in waiters {
+        expected.entry(w.statement.0).or_insert((*w, 0)).1 += 1;
+    }
+    let mut found: HashMap<u64, usize> = HashMap::new();
+    for e in &waits {
+        let (w, _) = expected
+            .get(&e.thread_id)
+            .unwrap_or_else(|| panic!("{name}: {e:?} is under a waiting task's THREAD_ID"));
+        let (thread_id, statement_id) = w.statement;
+        *found.entry(thread_id).or_default() += 1;
+        assert_eq!(e.operation, Some(w.operation), "{name}");
+        assert_eq!(e.event_type, EventType::Wait);
+        assert!(e.end_event_id.is_some(), "{name}: ended");
+        assert!(e.event_id > statement_id, "{name}: after its statement");
+        let stmt = s
+            .long_statements
+            .iter()
+            .find(|st| st.ev.thread_id == thread_id && st.ev.event_id == statement_id)
+            .unwrap_or_else(|| panic!("{name}: the task's statement {w:?}"));
+        assert!(
+            e.event_id < stmt.ev.end_event_id.unwrap(),
+            "{name}: inside it"
+        );
+        if w.staged {
+            assert_eq!(e.nesting_event_type, EventType::Stage, "{name}: {e:?}");
+            let stage = s.long[1]
+                .iter()
+                .find(|st| st.thread_id == thread_id && Some(st.event_id) == e.nesting_event_id)
+                .unwrap_or_else(|| panic!("{name}: the task's stage {e:?}"));
+            assert_eq!(stage.class, locking);
+            assert_eq!(stage.nesting_event_id, Some(statement_id));
+        } else {
+            assert_eq!(e.nesting_event_type, EventType::Statement, "{name}: {e:?}");
+            assert_eq!(e.nesting_event_id, Some(statement_id), "{name}");
+        }
+        let wait = e.timer_wait.expect("timed");
+        assert!(
+            wait >= min.as_nanos() as u64 * 1000,
+            "{name}: TIMER_WAIT {wait} ps >= {min:?}"
+        );
+        if let Some(max) = max {
+            assert!(
+                wait <= max.as_nanos() as u64 * 1000,
+                "{name}: TIMER_WAIT {wait} ps <= {max:?}"
+            );
+        }
+    }
+    for (thread_id, (_, n)) in &expected {
+        assert_eq!(
+            found.get(thread_id),
+            Some(n),
+            "{name}: waits of task {thread_id}"
+        );
+    }
+    let objects: HashSet<u64> = waits.iter().map(|e| e.object_instance).collect();
+    assert!(objects.len() <= 1, "{name}: one object");
+    waits
+}
+
+/// Checks that `class` is registered and recorded nothing.
+fn check_nothing(s: &SegmentSnapshot, class: &LazyWaitClass) {
+    let name = class.name();
+    let idx = class_index(s, name).unwrap_or_else(|| panic!("{name} registered"));
+    assert_eq!(
+        s.long[0].iter().filter(|e| e.class == idx).count(),
+        0,
+        "{name}"
+    );
+    assert_eq!(summary(s, idx).count, 0, "{name}");
+}
+
+fn no_lost_events(s: &SegmentSnapshot) {
+    assert_eq!(&s.lost[5..8], &[0, 0, 0], "history_long lost events");
+}
+
+#[test]
+fn mutex_waits_are_the_contended_locks() {
+    let rt = runtime();
+    let (waiters, owned_waiters) = rt.block_on(async {
+        let m = Arc::new(Mutex::new(&MUTEX, 0usize));
+        let gate = Arc::new(Gate::default());
+        let held = m.lock().await; // free: records nothing
+        let mut handles = Vec::new();
+        for i in 0..WAITERS {
+            let (m, gate) = (m.clone(), gate.clone());
+            handles.push(tokio::spawn(
+                async move {
+                    let (stmt, w) = begin(i, Operation::Lock);
+                    gate.arrive();
+                    *m.lock().await += 1;
+                    drop(stmt);
+                    w
+                }
+                .pfs_task(),
+            ));
+        }
+        gate.all_queued(WAITERS).await;
+        drop(held);
+        let mut waiters = Vec::new();
+        for h in handles {
+            waiters.push(h.await.unwrap());
+        }
+        assert_eq!(*m.lock().await, WAITERS); // free again
+        assert!(m.try_lock().is_ok());
+
+        // `lock_owned`: the guard moves into another task.
+        let m = Arc::new(Mutex::new(&MUTEX_OWNED, Vec::new()));
+        let gate = Arc::new(Gate::default());
+        let held = m.clone().lock_owned().await;
+        assert!(m.clone().try_lock_owned().is_err());
+        let mut handles = Vec::new();
+        for i in 0..WAITERS {
+            let (m, gate) = (m.clone(), gate.clone());
+            handles.push(tokio::spawn(
+                async move {
+                    let (stmt, w) = begin(i, Operation::Lock);
+                    gate.arrive();
+                    let mut g = m.lock_owned().await;
+                    g.push(i);
+                    let g = tokio::spawn(async move { g }).await.unwrap();
+                    assert!(OwnedMutexGuard::mutex(&g).try_lock().is_err(), "held");
+                    drop(g);
+                    drop(stmt);
+                    w
+                }
+                .pfs_task(),
+            ));
+        }
+        gate.all_queued(WAITERS).await;
+        drop(held);
+        let mut owned_waiters = Vec::new();
+        for h in handles {
+            owned_waiters.push(h.await.unwrap());
+        }
+        let m = Arc::try_unwrap(m).unwrap();
+        assert_eq!(m.into_inner().len(), WAITERS);
+        (waiters, owned_waiters)
+    });
+    let s = read();
+    drop(rt);
+    no_lost_events(&s);
+    check_waits(&s, &MUTEX, &waiters, HOLD, None);
+    check_waits(&s, &MUTEX_OWNED, &owned_waiters, HOLD, None);
+}
+
+#[test]
+fn rwlock_waits_are_the_contended_reads_and_writes() {
+    let rt = runtime();
+    let waiters = rt.block_on(async {
+        let rw = Arc::new(RwLock::new(&RWLOCK, 0usize));
+        let gate = Arc::new(Gate::default());
+        {
+            // Free: shared reads and a write record nothing.
+            let (a, b) = (rw.read().await, rw.read().await);
+            assert_eq!(*a + *b, 0);
+            assert!(rw.try_write().is_err());
+        }
+        let held = rw.write().await;
+        assert!(rw.try_read().is_err());
+        let mut handles = Vec::new();
+        for i in 0..WAITERS {
+            let (rw, gate) = (rw.clone(), gate.clone());
+            let op = if i.is_multiple_of(3) {
+                Operation::WriteLock
+            } else {
+                Operation::ReadLock
+            };
+            handles.push(tokio::spawn(
+                async move {
+                    let (stmt, w) = begin(i, op);
+                    gate.arrive();
+                    if op == Operation::WriteLock {
+                        *rw.write().await += 1;
+                    } else {
+                        let _ = *rw.read().await;
+                    }
+                    drop(stmt);
+                    w
+                }
+                .pfs_task(),
+            ));
+        }
+        gate.all_queued(WAITERS).await;
+        drop(held);
+        let mut waiters = Vec::new();
+        for h in handles {
+            waiters.push(h.await.unwrap());
+        }
+        assert_eq!(*rw.read().await, WAITERS.div_ceil(3));
+        let mut rw = Arc::try_unwrap(rw).unwrap();
+        *rw.get_mut() += 1;
+        assert_eq!(rw.into_inner(), WAITERS.div_ceil(3) + 1);
+        waiters
+    });
+    let s = read();
+    drop(rt);
+    no_lost_events(&s);
+    let waits = check_waits(&s, &RWLOCK, &waiters, HOLD, None);
+    assert!(
+        waits
+            .iter()
+            .any(|e| e.operation == Some(Operation::ReadLock))
+    );
+    assert!(
+        waits
+            .iter()
+            .any(|e| e.operation == Some(Operation::WriteLock))
+    );
+}
+
+#[test]
+fn semaphore_waits_are_the_contended_acquisitions() {
+    let rt = runtime();
+    let waiters = rt.block_on(async {
+        let sem = Arc::new(Semaphore::new(&SEMAPHORE, 2));
+        let gate = Arc::new(Gate::default());
+        let held = sem.acquire_many(2).await.unwrap(); // free: nothing
+        assert!(sem.try_acquire().is_err());
+        let mut handles = Vec::new();
+        for i in 0..WAITERS {
+            let (sem, gate) = (sem.clone(), gate.clone());
+            handles.push(tokio::spawn(
+                async move {
+                    let (stmt, w) = begin(i, Operation::Lock);
+                    gate.arrive();
+                    match i % 3 {
+                        0 => drop(sem.acquire().await.unwrap()),
+                        1 => drop(sem.acquire_many(2).await.unwrap()),
+                        _ => drop(sem.acquire_owned().await.unwrap()),
+                    }
+                    drop(stmt);
+                    w
+                }
+                .pfs_task(),
+            ));
+        }
+        gate.all_queued(WAITERS).await;
+        drop(held);
+        let mut waiters = Vec::new();
+        for h in handles {
+            waiters.push(h.await.unwrap());
+        }
+        assert_eq!(sem.available_permits(), 2);
+        sem.add_permits(1);
+        drop(sem.clone().acquire_many_owned(3).await.unwrap()); // free
+        sem.close();
+        assert!(sem.is_closed());
+        assert!(sem.acquire().await.is_err()); // closed: nothing recorded
+        waiters
+    });
+    let s = read();
+    drop(rt);
+    no_lost_events(&s);
+    check_waits(&s, &SEMAPHORE, &waiters, HOLD, None);
+}
+
+#[test]
+fn notify_waits_are_the_notified_that_waited() {
+    let rt = runtime();
+    let waiters = rt.block_on(async {
+        let notify = Arc::new(Notify::new(&NOTIFY));
+        // A stored permit: taken at once, nothing recorded.
+        notify.notify_one();
+        notify.notified().await;
+        let gate = Arc::new(Gate::default());
+        let mut handles = Vec::new();
+        for i in 0..WAITERS {
+            let (notify, gate) = (notify.clone(), gate.clone());
+            handles.push(tokio::spawn(
+                async move {
+                    let (stmt, w) = begin(i, Operation::Wait);
+                    gate.arrive();
+                    notify.notified().await;
+                    drop(stmt);
+                    w
+                }
+                .pfs_task(),
+            ));
+        }
+        gate.all_queued(WAITERS).await;
+        notify.notify_waiters();
+        let mut waiters = Vec::new();
+        for h in handles {
+            waiters.push(h.await.unwrap());
+        }
+        waiters
+    });
+    let s = read();
+    drop(rt);
+    no_lost_events(&s);
+    check_waits(&s, &NOTIFY, &waiters, HOLD, None);
+}
+
+#[test]
+fn channel_waits_are_the_receives_from_an_empty_channel() {
+    const MESSAGES: usize = 6;
+    const PRE_SENT: usize = 3;
+    let rt = runtime();
+    let (waiter, unbounded_waiter) = rt.block_on(async {
+        let (tx, mut rx) = mpsc::channel::<usize>(&CHANNEL, 4);
+        for i in 0..PRE_SENT {
+            tx.send(i).await.unwrap(); // received without waiting
+        }
+        let (ack_tx, mut ack_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
+        let receiver = tokio::spawn(
+            async move {
+                let (stmt, w) = begin(1, Operation::Wait); // not staged
+                for i in 0..PRE_SENT {
+                    assert_eq!(rx.recv().await, Some(i));
+                }
+                assert!(rx.is_empty());
+                assert_eq!(rx.len(), 0);
+                for i in 0..MESSAGES {
+                    // The channel is empty: the sender waits for this ack,
+                    // then for HOLD, before it sends.
+                    ack_tx.send(()).unwrap();
+                    assert_eq!(rx.recv().await, Some(PRE_SENT + i));
+                }
+                closed_rx.await.unwrap();
+                assert!(rx.is_closed());
+                assert_eq!(rx.recv().await, None); // closed: nothing recorded
+                drop(stmt);
+                w
+            }
+            .pfs_task(),
+        );
+        for i in 0..MESSAGES {
+            ack_rx.recv().await.unwrap();
+            tokio::time::sleep(HOLD).await;
+            tx.send(PRE_SENT + i).await.unwrap();
+        }
+        drop(tx);
+        closed_tx.send(()).unwrap();
+        let waiter = receiver.await.unwrap();
+
+        // Unbounded, `recv_many`: one receive that waits, one that does not.
+        let (tx, mut rx) = mpsc::unbounded_channel::<usize>(&UNBOUNDED);
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<()>();
+        let (got_one_tx, got_one_rx) = tokio::sync::oneshot::channel::<()>();
+        let (sent_tx, sent_rx) = tokio::sync::oneshot::channel::<()>();
+        let receiver = tokio::spawn(
+            async move {
+                let (stmt, w) = begin(0, Operation::Wait); // staged
+                let mut got = Vec::new();
+                ready_tx.send(()).unwrap();
+                assert_eq!(rx.recv_many(&mut got, 10).await, 1); // waits
+                got_one_tx.send(()).unwrap();
+                sent_rx.await.unwrap();
+                assert_eq!(rx.recv_many(&mut got, 10).await, 2); // does not
+                assert_eq!(got, [1, 2, 3]);
+                drop(stmt);
+                w
+            }
+            .pfs_task(),
+        );
+        ready_rx.await.unwrap();
+        tokio::time::sleep(HOLD).await;
+        tx.send(1).unwrap();
+        got_one_rx.await.unwrap();
+        tx.send(2).unwrap();
+        tx.send(3).unwrap();
+        sent_tx.send(()).unwrap();
+        (waiter, receiver.await.unwrap())
+    });
+    let s = read();
+    drop(rt);
+    no_lost_events(&s);
+    check_waits(&s, &CHANNEL, &[waiter; MESSAGES], HOLD, None);
+    check_waits(&s, &UNBOUNDED, &[unbounded_waiter], HOLD, None);
+}
+
+#[test]
+fn acquisitions_that_do_not_wait_record_nothing() {
+    let rt = runtime();
+    let classes = [
+        &FREE_MUTEX,
+        &FREE_RWLOCK,
+        &FREE_SEMAPHORE,
+        &FREE_NOTIFY,
+        &FREE_CHANNEL,
+    ];
+    for c in classes {
+        assert!(c.get().is_enabled(), "{} registered and enabled", c.name());
+    }
+    let m = Arc::new(Mutex::new(&FREE_MUTEX, 0u32));
+    let rw = Arc::new(RwLock::new(&FREE_RWLOCK, 0u32));
+    let sem = Arc::new(Semaphore::new(&FREE_SEMAPHORE, 3));
+    let notify = Arc::new(Notify::new(&FREE_NOTIFY));
+    let (tx, mut rx) = mpsc::channel::<u32>(&FREE_CHANNEL, 8);
+    let mut handles = Vec::new();
+    for i in 0..WAITERS {
+        let (m, rw, sem, notify) = (m.clone(), rw.clone(), sem.clone(), notify.clone());
+        handles.push(
+            rt.spawn(
+                async move {
+                    let (stmt, _) = begin(i, Operation::Lock);
+                    // One task at a time: every acquisition finds it free.
+                    let _turn = TURN.lock().await;
+                    *m.lock().await += 1;
+                    *m.clone().lock_owned().await += 1;
+                    drop(m.try_lock().unwrap());
+                    let (a, b) = (rw.read().await, rw.read().await);
+                    drop((a, b));
+                    *rw.write().await += 1;
+                    let (a, b) = (
+                        sem.acquire().await.unwrap(),
+                        sem.acquire_many(2).await.unwrap(),
+                    );
+                    drop((a, b));
+                    drop(sem.clone().acquire_owned().await.unwrap());
+                    drop(sem.clone().acquire_many_owned(3).await.unwrap());
+                    notify.notify_one();
+                    notify.notified().await;
+                    drop(stmt);
+                }
+                .pfs_task(),
+            ),
+        );
+    }
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    rt.block_on(async {
+        for h in handles {
+            h.await.unwrap();
+        }
+        for i in 0..4 {
+            tx.send(i).await.unwrap();
+        }
+        let mut got = Vec::new();
+        assert_eq!(rx.recv().await, Some(0));
+        assert_eq!(rx.recv_many(&mut got, 2).await, 2);
+        assert_eq!(rx.try_recv().unwrap(), 3);
+        drop(tx);
+        assert_eq!(rx.recv().await, None);
+        assert_eq!(rx.recv_many(&mut got, 2).await, 0);
+    });
+    assert_eq!(*m.try_lock().unwrap(), 2 * WAITERS as u32);
+    let s = read();
+    drop(rt);
+    for c in classes {
+        check_nothing(&s, c);
+    }
+}
+
+#[test]
+fn waiters_dropped_while_queued_record_their_wait_up_to_the_drop() {
+    let rt = runtime();
+    let (timed_out, selected, aborted) = rt.block_on(async {
+        // A lock that times out.
+        let m = Arc::new(Mutex::new(&TIMED_OUT, ()));
+        let held = m.lock().await;
+        let m2 = m.clone();
+        let timed_out = tokio::spawn(
+            async move {
+                let (stmt, w) = begin(0, Operation::Lock); // staged
+                let r = tokio::time::timeout(TIMEOUT, m2.lock()).await;
+                assert!(r.is_err(), "timed out");
+                drop(stmt);
+                w
+            }
+            .pfs_task(),
+        )
+        .await
+        .unwrap();
+        drop(held);
+        assert!(m.try_lock().is_ok(), "the dropped waiter holds nothing");
+
+        // A `select!` whose notification branch loses.
+        let notify = Arc::new(Notify::new(&SELECTED));
+        let n2 = notify.clone();
+        let selected = tokio::spawn(
+            async move {
+                let (stmt, w) = begin(1, Operation::Wait); // not staged
+                tokio::select! {
+                    _ = n2.notified() => panic!("nobody notifies"),
+                    _ = tokio::time::sleep(TIMEOUT) => {}
+                }
+                drop(stmt);
+                w
+            }
+            .pfs_task(),
+        )
+        .await
+        .unwrap();
+        notify.notify_one(); // no waiter left: stores a permit
+
+        // A task aborted while it waits: its wait is recorded by the drop,
+        // nested in its statement, which ends cancelled.
+        let sem = Arc::new(Semaphore::new(&ABORT, 0));
+        let gate = Arc::new(Gate::default());
+        let id = Arc::new(std::sync::Mutex::new(None));
+        let (sem2, gate2, id2) = (sem.clone(), gate.clone(), id.clone());
+        let task = tokio::spawn(
+            async move {
+                let stmt = ABORTED.start_task();
+                *id2.lock().unwrap() = Some(stmt.id());
+                gate2.arrive();
+                let _permit = sem2.acquire().await;
+                unreachable!("no permit is ever added");
+            }
+            .pfs_task(),
+        );
+        gate.all_queued(1).await;
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+        assert_eq!(sem.available_permits(), 0);
+        let aborted = Waiter {
+            statement: id.lock().unwrap().expect("started"),
+            staged: false,
+            operation: Operation::Lock,
+        };
+        (timed_out, selected, aborted)
+    });
+    let s = read();
+    drop(rt);
+    no_lost_events(&s);
+    check_waits(&s, &TIMED_OUT, &[timed_out], TIMEOUT, Some(TIMEOUT + SLACK));
+    check_waits(&s, &SELECTED, &[selected], TIMEOUT, Some(TIMEOUT + SLACK));
+    check_waits(&s, &ABORT, &[aborted], HOLD, None);
+    let stmt = s
+        .long_statements
+        .iter()
+        .find(|st| (st.ev.thread_id, st.ev.event_id) == aborted.statement)
+        .expect("the aborted statement");
+    assert_eq!(stmt.figures.cancelled, 1, "the aborted task's statement");
+}
+
+/// Every drop-in's futures are `Send` (so they work in `tokio::spawn`),
+/// and so are the channel receivers and the owned guard.
+#[test]
+fn futures_are_send() {
+    fn send<T: Send>(_: &T) {}
+    let m = Arc::new(Mutex::new(&MUTEX, 0u8));
+    let rw = RwLock::new(&RWLOCK, 0u8);
+    let sem = Arc::new(Semaphore::new(&SEMAPHORE, 1));
+    let notify = Notify::new(&NOTIFY);
+    let (_tx, mut rx) = mpsc::channel::<u8>(&CHANNEL, 1);
+    let (_utx, mut urx) = mpsc::unbounded_channel::<u8>(&UNBOUNDED);
+    send(&m.lock());
+    send(&m.clone().lock_owned());
+    send(&rw.read());
+    send(&rw.write());
+    send(&sem.acquire());
+    send(&sem.acquire_many(1));
+    send(&sem.clone().acquire_owned());
+    send(&sem.clone().acquire_many_owned(1));
+    send(&notify.notified());
+    send(&rx);
+    send(&urx);
+    send(&rx.recv());
+    send(&urx.recv());
+    let mut buf = Vec::new();
+    send(&rx.recv_many(&mut buf, 1));
+    let guard = m.try_lock_owned().unwrap();
+    send(&guard);
+}

@@ -1,0 +1,40 @@
+//! Layer 0. A request span for tower-http's `TraceLayer` that names the
+//! route (feature `http`; the route from axum's `MatchedPath` with feature
+//! `axum`).
+
+/// The target of the spans [`make_span`] creates.
+pub const TARGET: &str = "pfs_tracing::http";
+
+/// A span `request` at INFO level with fields `method`, `uri`, `version`
+/// and, with feature `axum`, `route` (axum's `MatchedPath`, absent for a
+/// request no route matched): what the default rules
+/// ([`crate::StatementRule::http`]) make a `statement/http/<METHOD> <route>`.
+/// Use it as `TraceLayer::new_for_http().make_span_with(pfs_tracing::http::make_span)`,
+/// in a layer added with axum's `Router::layer` (inside the router, where
+/// `MatchedPath` is known).
+///
+/// INFO, not tower-http's default DEBUG, so that a subscriber filtered at
+/// INFO still creates it.
+///
+/// ```
+/// let req = http::Request::get("/users/7").body(()).unwrap();
+/// let span = pfs_tracing::http::make_span(&req);
+/// # let _ = span;
+/// ```
+pub fn make_span<B>(request: &::http::Request<B>) -> tracing::Span {
+    #[cfg(feature = "axum")]
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(axum::extract::MatchedPath::as_str);
+    #[cfg(not(feature = "axum"))]
+    let route: Option<&str> = None;
+    tracing::info_span!(
+        target: TARGET,
+        "request",
+        method = %request.method(),
+        uri = %request.uri(),
+        version = ?request.version(),
+        route,
+    )
+}

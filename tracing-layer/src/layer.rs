@@ -1,0 +1,545 @@
+//! Layer 4. [`PfsLayer`], the `tracing_subscriber::Layer`, and its
+//! builder: span hooks turned into context swaps, statements and stages.
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use pfs_client::StatementClass;
+use tracing_core::span::{Attributes, Id, Record};
+use tracing_core::{Event, Interest, Metadata, Subscriber};
+use tracing_subscriber::layer::Context;
+use tracing_subscriber::registry::{Extensions, ExtensionsMut, LookupSpan, SpanRef};
+
+use crate::callsite::{Found, Role, Sites, StatementSite};
+use crate::classes::Classes;
+use crate::rules::{OTHER_CLASS, Rules, SpanMatch, StageRule, StatementRule};
+use crate::span::{EventVisitor, PfsSpan, SpanVisitor, StageSpan, StatementSpan};
+use crate::stack::{self, Exit};
+
+/// The default bound on statement classes a layer names from field
+/// values ([`PfsLayerBuilder::max_classes`]).
+pub const DEFAULT_MAX_CLASSES: usize = 128;
+
+static NEXT_LAYER: AtomicU64 = AtomicU64::new(1);
+
+/// A `tracing_subscriber::Layer` that records spans as pfs-exporter
+/// statements and stages, by rules: see the [crate] documentation.
+///
+/// ```
+/// use tracing_subscriber::prelude::*;
+///
+/// let subscriber = tracing_subscriber::registry().with(pfs_tracing::PfsLayer::http());
+/// # let _ = subscriber;
+/// ```
+#[derive(Debug)]
+pub struct PfsLayer {
+    /// Tells this layer's spans from another's (thread stack, extensions).
+    id: u64,
+    rules: Rules,
+    sites: Sites,
+    classes: Classes,
+    /// By statement rule: its `other` and `unknown` classes.
+    fallback: Box<[Fallback]>,
+}
+
+#[derive(Debug, Default)]
+struct Fallback {
+    other: OnceLock<StatementClass>,
+    unknown: OnceLock<StatementClass>,
+}
+
+/// Builds a [`PfsLayer`] from rules.
+///
+/// ```
+/// use pfs_tracing::{PfsLayer, SpanMatch, StageRule, StatementRule};
+///
+/// let layer = PfsLayer::builder()
+///     .http_defaults()
+///     .statement(StatementRule::new(SpanMatch::name("job"), "jobs").class("{kind}"))
+///     .stage(StageRule::new(SpanMatch::target_prefix("my_app::db"), "db"))
+///     .max_classes(64)
+///     .build();
+/// # let _ = layer;
+/// ```
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct PfsLayerBuilder {
+    rules: Rules,
+    max_classes: usize,
+}
+
+impl PfsLayer {
+    /// The defaults: [`PfsLayerBuilder::http_defaults`].
+    pub fn http() -> Self {
+        Self::builder().http_defaults().build()
+    }
+
+    /// A builder with no rule yet.
+    pub fn builder() -> PfsLayerBuilder {
+        PfsLayerBuilder {
+            rules: Rules::default(),
+            max_classes: DEFAULT_MAX_CLASSES,
+        }
+    }
+}
+
+impl PfsLayerBuilder {
+    /// Adds a statement rule, after those already added (the first
+    /// matching statement rule wins; statement rules come before stage
+    /// rules).
+    pub fn statement(mut self, rule: StatementRule) -> Self {
+        self.rules.statements.push(rule);
+        self
+    }
+
+    /// Adds a stage rule, after those already added.
+    pub fn stage(mut self, rule: StageRule) -> Self {
+        self.rules.stages.push(rule);
+        self
+    }
+
+    /// Adds the HTTP rule ([`StatementRule::http`]) and
+    /// [`PfsLayerBuilder::named_spans`].
+    pub fn http_defaults(self) -> Self {
+        self.statement(StatementRule::http()).named_spans()
+    }
+
+    /// Spans named like PFS instruments become them:
+    /// `info_span!("statement/jobs/resize")` a statement of that class,
+    /// `info_span!("stage/db/lookup")` a stage of that class.
+    pub fn named_spans(self) -> Self {
+        self.statement(StatementRule::span_named(SpanMatch::any()))
+            .stage(StageRule::span_named(SpanMatch::any()))
+    }
+
+    /// The most statement classes the layer names from field values
+    /// (default [`DEFAULT_MAX_CLASSES`]); see the [crate] docs, *Bounded
+    /// classes*. They count against the segment's own capacity
+    /// (`pfs_client::Config::max_classes`, 256 by default).
+    pub fn max_classes(mut self, n: usize) -> Self {
+        self.max_classes = n;
+        self
+    }
+
+    /// The layer.
+    pub fn build(self) -> PfsLayer {
+        let fallback = self
+            .rules
+            .statements
+            .iter()
+            .map(|_| Fallback::default())
+            .collect();
+        PfsLayer {
+            id: NEXT_LAYER.fetch_add(1, Relaxed),
+            rules: self.rules,
+            sites: Sites::new(),
+            classes: Classes::new(self.max_classes),
+            fallback,
+        }
+    }
+}
+
+/// The layer's data in a span's extensions, with the layer it belongs to
+/// (a second `PfsLayer` on the same subscriber leaves spans of the first
+/// alone).
+#[derive(Debug)]
+struct Tagged {
+    layer: u64,
+    span: PfsSpan,
+}
+
+thread_local! {
+    /// Where class names and texts are rendered.
+    static BUF: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Runs `f` on an empty scratch string.
+fn with_buf<R>(f: impl FnOnce(&mut String) -> R) -> R {
+    let mut f = Some(f);
+    let r = BUF.try_with(|b| {
+        let mut b = b.try_borrow_mut().ok()?;
+        b.clear();
+        let r = (f.take()?)(&mut b);
+        if b.capacity() > 4096 {
+            *b = String::new();
+        }
+        Some(r)
+    });
+    match (r, f) {
+        (Ok(Some(r)), _) => r,
+        (_, Some(f)) => f(&mut String::new()),
+        (_, None) => unreachable!("f ran but returned nothing"),
+    }
+}
+
+/// Whether the client records (initialised).
+#[inline]
+fn recording() -> bool {
+    pfs_client::segment_path().is_some()
+}
+
+impl PfsLayer {
+    #[inline]
+    fn site(&self, meta: &'static Metadata<'static>) -> Found<'_> {
+        self.sites.get(meta, || Role::decide(meta, &self.rules))
+    }
+
+    /// Whether spans of this callsite can be statements or stages: a
+    /// lock-free lookup that spares other spans the extensions' lock.
+    #[inline]
+    fn may_be_tagged(&self, meta: &'static Metadata<'static>) -> bool {
+        matches!(&*self.site(meta), Role::Statement(_) | Role::Stage(_))
+    }
+
+    /// This layer's statement in a span's extensions.
+    fn statement_mut<'a>(&self, ext: &'a mut ExtensionsMut<'_>) -> Option<&'a mut StatementSpan> {
+        match ext.get_mut::<Tagged>() {
+            Some(Tagged {
+                layer,
+                span: PfsSpan::Statement(s),
+            }) if *layer == self.id => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The statement span a span with these extensions stands for: itself,
+    /// or a stage's statement.
+    fn statement_of(&self, ext: &Extensions<'_>, id: u64) -> Option<u64> {
+        match ext.get::<Tagged>() {
+            Some(t) if t.layer == self.id => Some(match &t.span {
+                PfsSpan::Statement(_) => id,
+                PfsSpan::Stage(st) => st.statement,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The closest statement span at or above `span`.
+    fn statement_at_or_above<S>(&self, span: Option<SpanRef<'_, S>>) -> Option<u64>
+    where
+        S: for<'a> LookupSpan<'a>,
+    {
+        let mut next = span;
+        while let Some(s) = next {
+            if let Some(id) = self.statement_of(&s.extensions(), s.id().into_u64()) {
+                return Some(id);
+            }
+            next = s.parent();
+        }
+        None
+    }
+
+    /// Runs `f` on the statement of span `id`, if it is this layer's.
+    fn with_statement<S>(&self, ctx: &Context<'_, S>, id: u64, f: impl FnOnce(&mut StatementSpan))
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        if let Some(span) = ctx.span(&Id::from_u64(id)) {
+            let mut ext = span.extensions_mut();
+            if let Some(s) = self.statement_mut(&mut ext) {
+                f(s);
+            }
+        }
+    }
+
+    /// Swaps out the context of `id`, whose enter is below those of the
+    /// statement spans `above` on this thread: they are swapped out first
+    /// and back in after, so that every swap undoes the latest one.
+    fn swap_out_below<S>(&self, ctx: &Context<'_, S>, id: u64, above: &[u64])
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        for &a in above.iter().rev() {
+            self.with_statement(ctx, a, |s| s.task.swap_out());
+        }
+        self.with_statement(ctx, id, |s| s.task.swap_out());
+        for &a in above {
+            self.with_statement(ctx, a, |s| {
+                s.task.swap_in();
+            });
+        }
+    }
+
+    /// The class of a statement starting now.
+    fn statement_class(&self, site: &StatementSite, s: &StatementSpan) -> StatementClass {
+        if let Some(name) = &site.static_name {
+            return *site.class.get_or_init(|| StatementClass::register(name));
+        }
+        let rule = &self.rules.statements[site.rule];
+        let fallback = &self.fallback[site.rule];
+        let Some(template) = &rule.class else {
+            unreachable!("a rule without class template has a static name")
+        };
+        with_buf(|buf| {
+            buf.push_str(&rule.prefix);
+            if template.render(|i| s.values.get(i), None, buf) {
+                self.classes.get(buf, || {
+                    *fallback.other.get_or_init(|| {
+                        StatementClass::register(&format!("{}{OTHER_CLASS}", rule.prefix))
+                    })
+                })
+            } else {
+                *fallback.unknown.get_or_init(|| {
+                    StatementClass::register(&format!("{}{}", rule.prefix, rule.unknown))
+                })
+            }
+        })
+    }
+
+    /// Enter of a statement span: swap its context in; the first time,
+    /// start its statement in it.
+    #[inline]
+    fn enter_statement(&self, id: u64, meta: &'static Metadata<'static>, s: &mut StatementSpan) {
+        // Entered again on this thread: its context is in already.
+        let swapped = stack::enter(self.id, id, || s.task.swap_in());
+        if swapped
+            && s.stmt.is_none()
+            && let Role::Statement(site) = &*self.site(meta)
+        {
+            let class = self.statement_class(site, s);
+            s.stmt = Some(class.start_task());
+        }
+    }
+
+    /// A statement span closed while entered on this thread (only the
+    /// id-based subscriber API allows it): swap its context out first.
+    #[cold]
+    fn unstack_closed<S>(&self, ctx: &Context<'_, S>, id: u64)
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        match stack::remove_all(self.id, id) {
+            Exit::Nothing => {}
+            Exit::Innermost => self.with_statement(ctx, id, |s| s.task.swap_out()),
+            Exit::Below(above) => self.swap_out_below(ctx, id, &above),
+        }
+    }
+
+    /// Close of a statement span: end its statement inside its context.
+    fn close_statement(&self, s: &mut StatementSpan) {
+        let Some(stmt) = &mut s.stmt else {
+            return; // never entered (or not recording then): nothing to record
+        };
+        let rule = &self.rules.statements[s.rule];
+        let values = &s.values;
+        with_buf(|buf| {
+            if let Some(t) = &rule.text {
+                t.render(|i| values.get(i), Some("?"), buf);
+                stmt.set_text(buf);
+            }
+            if let Some(t) = &rule.digest {
+                buf.clear();
+                t.render(|i| values.get(i), Some("?"), buf);
+                stmt.set_digest_text(buf);
+            }
+        });
+        s.figures.apply(stmt, rule, std::thread::panicking());
+        s.task.swap_in();
+        s.stmt = None; // ends it, in place
+        s.task.swap_out();
+    }
+
+    /// Close of a stage span that was entered: end its stage if it is
+    /// still its statement's open stage.
+    fn close_stage<S>(&self, ctx: &Context<'_, S>, id: u64, statement: u64)
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        self.with_statement(ctx, statement, |s| {
+            if s.open_stage != id {
+                return;
+            }
+            s.open_stage = 0;
+            if stack::current(self.id) == Some(statement) {
+                pfs_client::end_stage();
+            } else if !stack::contains(self.id, statement) {
+                // Not entered on this thread: enter it to end the stage,
+                // unless another thread has it entered (then the stage
+                // ends with the next stage or the statement).
+                if s.task.swap_in() {
+                    pfs_client::end_stage();
+                }
+                s.task.swap_out();
+            }
+        });
+    }
+}
+
+impl<S> tracing_subscriber::Layer<S> for PfsLayer
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
+        // Decide now, so that the first span pays nothing; never filter.
+        let _ = self.site(meta);
+        Interest::always()
+    }
+
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        if !recording() {
+            return;
+        }
+        let meta = attrs.metadata();
+        match &*self.site(meta) {
+            Role::Statement(site) => {
+                let Some(span) = ctx.span(id) else { return };
+                let mut ext = span.extensions_mut();
+                if ext.get_mut::<Tagged>().is_some() {
+                    return; // another PfsLayer's
+                }
+                ext.insert(Tagged {
+                    layer: self.id,
+                    span: PfsSpan::Statement(StatementSpan::new(site.rule)),
+                });
+                if let Some(s) = self.statement_mut(&mut ext) {
+                    attrs.record(&mut SpanVisitor {
+                        uses: &site.fields,
+                        values: &mut s.values,
+                        figures: &mut s.figures,
+                    });
+                }
+            }
+            Role::Stage(site) => {
+                let Some(span) = ctx.span(id) else { return };
+                let Some(statement) = self.statement_at_or_above(span.parent()) else {
+                    return; // a stage outside statements: not recorded
+                };
+                let class = *site
+                    .class
+                    .get_or_init(|| pfs_client::StageClass::register(&site.name));
+                let mut ext = span.extensions_mut();
+                if ext.get_mut::<Tagged>().is_none() {
+                    ext.insert(Tagged {
+                        layer: self.id,
+                        span: PfsSpan::Stage(StageSpan {
+                            statement,
+                            class,
+                            entered: false,
+                        }),
+                    });
+                }
+            }
+            Role::Ignore | Role::Event(_) => {}
+        }
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        if !recording() {
+            return;
+        }
+        let Some(span) = ctx.span(id) else { return };
+        let found = self.site(span.metadata());
+        let Role::Statement(site) = &*found else {
+            return;
+        };
+        let mut ext = span.extensions_mut();
+        if let Some(s) = self.statement_mut(&mut ext) {
+            values.record(&mut SpanVisitor {
+                uses: &site.fields,
+                values: &mut s.values,
+                figures: &mut s.figures,
+            });
+        }
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        if !recording() {
+            return;
+        }
+        let found = self.site(event.metadata());
+        let Role::Event(site) = &*found else {
+            return;
+        };
+        let Some(statement) = self.statement_at_or_above(ctx.event_span(event)) else {
+            return;
+        };
+        self.with_statement(&ctx, statement, |s| {
+            event.record(&mut EventVisitor {
+                uses: &site.figures[s.rule],
+                figures: &mut s.figures,
+            });
+        });
+    }
+
+    fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
+        if !recording() {
+            return; // nothing was tagged (and never will be, before init)
+        }
+        let Some(span) = ctx.span(id) else { return };
+        if !self.may_be_tagged(span.metadata()) {
+            return;
+        }
+        let mut ext = span.extensions_mut();
+        let Some(tagged) = ext.get_mut::<Tagged>().filter(|t| t.layer == self.id) else {
+            return;
+        };
+        match &mut tagged.span {
+            PfsSpan::Statement(s) => self.enter_statement(id.into_u64(), span.metadata(), s),
+            PfsSpan::Stage(st) => {
+                if st.entered {
+                    return;
+                }
+                st.entered = true;
+                let (statement, class) = (st.statement, st.class);
+                drop(ext);
+                // Only in its statement's context: not when entered on a
+                // thread where the statement span is not the current one.
+                if stack::current(self.id) == Some(statement) {
+                    self.with_statement(&ctx, statement, |s| {
+                        class.enter();
+                        s.open_stage = id.into_u64();
+                    });
+                }
+            }
+        }
+    }
+
+    fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
+        // Only statement spans are on the stack: any other span costs
+        // this lookup in a thread-local vector of the spans entered here.
+        let id = id.into_u64();
+        match stack::exit(self.id, id) {
+            Exit::Nothing => {}
+            Exit::Innermost => self.with_statement(&ctx, id, |s| s.task.swap_out()),
+            Exit::Below(above) => self.swap_out_below(&ctx, id, &above),
+        }
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        if !recording() {
+            return;
+        }
+        let Some(span) = ctx.span(&id) else { return };
+        if !self.may_be_tagged(span.metadata()) {
+            return;
+        }
+        let mut ext = span.extensions_mut();
+        // Ended in place (a statement is large: not moved out); the
+        // registry drops the extension when it frees the span.
+        let stage = match ext.get_mut::<Tagged>() {
+            Some(t) if t.layer == self.id => match &mut t.span {
+                PfsSpan::Statement(s) => {
+                    if stack::contains(self.id, id.into_u64()) {
+                        drop(ext);
+                        self.unstack_closed(&ctx, id.into_u64());
+                        ext = span.extensions_mut();
+                        if let Some(s) = self.statement_mut(&mut ext) {
+                            self.close_statement(s);
+                        }
+                    } else {
+                        self.close_statement(s);
+                    }
+                    return;
+                }
+                PfsSpan::Stage(st) => (st.statement, st.entered),
+            },
+            _ => return,
+        };
+        drop(ext);
+        drop(span);
+        if stage.1 {
+            self.close_stage(&ctx, id.into_u64(), stage.0);
+        }
+    }
+}
