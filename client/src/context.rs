@@ -34,11 +34,9 @@ pub(crate) struct EventState {
     pub(crate) stage_id: u64,
     /// `EVENT_ID` of the innermost open statement (0 = none).
     pub(crate) statement_id: u64,
-    /// Raw ticks of the statement timer when the current poll started
-    /// (0: not being measured).
+    /// Raw ticks of the CYCLE timer when the current poll started (0: not
+    /// being measured).
     pub(crate) poll_start: u64,
-    /// The timer of `poll_start`.
-    pub(crate) poll_timer: u32,
     /// Poll time accumulated by the polls that ended, in ps.
     pub(crate) busy_ps: u64,
     /// Set while a task's unfinished future is being dropped: statements
@@ -58,7 +56,6 @@ impl EventState {
             stage_id: 0,
             statement_id: 0,
             poll_start: 0,
-            poll_timer: 0,
             busy_ps: 0,
             cancelling: false,
         }
@@ -90,8 +87,6 @@ pub(crate) struct ThreadCtx {
     pub(crate) statement_id: Cell<u64>,
     /// See [`EventState::poll_start`].
     pub(crate) poll_start: Cell<u64>,
-    /// See [`EventState::poll_timer`].
-    pub(crate) poll_timer: Cell<u32>,
     /// See [`EventState::busy_ps`].
     pub(crate) busy_ps: Cell<u64>,
     /// See [`EventState::cancelling`].
@@ -115,7 +110,6 @@ impl ThreadCtx {
             stage_id: Cell::new(s.stage_id),
             statement_id: Cell::new(s.statement_id),
             poll_start: Cell::new(s.poll_start),
-            poll_timer: Cell::new(s.poll_timer),
             busy_ps: Cell::new(s.busy_ps),
             cancelling: Cell::new(s.cancelling),
         }
@@ -138,7 +132,6 @@ impl ThreadCtx {
         s.stage_id = self.stage_id.replace(s.stage_id);
         s.statement_id = self.statement_id.replace(s.statement_id);
         s.poll_start = self.poll_start.replace(s.poll_start);
-        s.poll_timer = self.poll_timer.replace(s.poll_timer);
         s.busy_ps = self.busy_ps.replace(s.busy_ps);
         s.cancelling = self.cancelling.replace(s.cancelling);
     }

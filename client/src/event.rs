@@ -30,6 +30,30 @@ pub(crate) struct Active {
     pub(crate) data: EventData,
 }
 
+/// Whether an event of a class with setup flags `flags` is recorded now:
+/// the class is enabled, the global consumer is on, and the current
+/// thread (from `current`, asked only then) has a record and is
+/// instrumented. Gives the runtime, the context and the consumers word.
+#[inline(always)]
+fn admit(
+    current: impl FnOnce(&'static Runtime) -> Option<&'static ThreadCtx>,
+    flags: u32,
+) -> Option<(&'static Runtime, &'static ThreadCtx, u32)> {
+    if flags & FLAG_ENABLED == 0 {
+        return None;
+    }
+    let rt = runtime::get()?;
+    let consumers = rt.setup.consumers.load(Relaxed);
+    if consumers & CONSUMER_GLOBAL == 0 {
+        return None;
+    }
+    let ctx = current(rt)?;
+    if !ctx.instrumented.get() {
+        return None;
+    }
+    Some((rt, ctx, consumers))
+}
+
 /// Starts an event of kind `KIND` for `class`, whose setup flags the
 /// caller loaded (`flags`), on the current thread, or `None` if the class,
 /// the thread or the consumers say no. `current` gives the current
@@ -46,18 +70,7 @@ pub(crate) fn begin<const KIND: usize>(
     object_name: u32,
     source: Option<&'static std::panic::Location<'static>>,
 ) -> Option<Active> {
-    if flags & FLAG_ENABLED == 0 {
-        return None;
-    }
-    let rt = runtime::get()?;
-    let consumers = rt.setup.consumers.load(Relaxed);
-    if consumers & CONSUMER_GLOBAL == 0 {
-        return None;
-    }
-    let ctx = current(rt)?;
-    if !ctx.instrumented.get() {
-        return None;
-    }
+    let (rt, ctx, consumers) = admit(current, flags)?;
     let timed = flags & FLAG_TIMED != 0;
     let timer = timer_of(rt.setup.timers.load(Relaxed), KIND);
     let mut data = new_event::<KIND>(
@@ -137,18 +150,7 @@ pub(crate) fn record_since<const KIND: usize>(
     object_name: u32,
     source: Option<&'static std::panic::Location<'static>>,
 ) -> Option<u64> {
-    if class.flags() & FLAG_ENABLED == 0 {
-        return None;
-    }
-    let rt = runtime::get()?;
-    let consumers = rt.setup.consumers.load(Relaxed);
-    if consumers & CONSUMER_GLOBAL == 0 {
-        return None;
-    }
-    let ctx = current(rt)?;
-    if !ctx.instrumented.get() {
-        return None;
-    }
+    let (rt, ctx, _) = admit(current, class.flags())?;
     let (ticks, timer) = start.unwrap_or((0, 0));
     let mut data = new_event::<KIND>(
         rt,

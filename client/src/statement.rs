@@ -113,7 +113,6 @@ fn poll_time_at(rt: &Runtime, ctx: &ThreadCtx, d: &EventData) -> Option<u64> {
     let now = timer::now(&rt.calibration, POLL_TIMER);
     if ctx.poll_start.get() == 0 {
         ctx.poll_start.set(now);
-        ctx.poll_timer.set(POLL_TIMER);
     }
     let into_poll = now.saturating_sub(ctx.poll_start.get());
     Some(ctx.busy_ps.get() + timer::to_ps(&rt.calibration, POLL_TIMER, into_poll))
@@ -425,9 +424,12 @@ impl TaskStatement {
             // This thread is the row's only writer: it reads its own stores.
             let in_row = cur.event_id.load(Relaxed) == data.event_id
                 && cur.thread_id.load(Relaxed) == data.thread_id;
-            if !in_row || self.text_len != 0 {
-                let text = std::str::from_utf8(&self.text[..self.text_len as usize]);
-                ctx.rec.resume_statement(&data, text.unwrap_or_default());
+            let text = std::str::from_utf8(&self.text[..self.text_len as usize]);
+            let text = text.unwrap_or_default();
+            if !in_row {
+                ctx.rec.resume_statement(&data, text);
+            } else if !text.is_empty() {
+                ctx.rec.set_statement_text(text);
             }
         }
         let mut a = Active { rt, ctx, data };
@@ -442,7 +444,7 @@ impl TaskStatement {
         let Some(at_start) = self.busy_at_start else {
             return 0;
         };
-        if ctx.poll_start.get() == 0 || ctx.poll_timer.get() != POLL_TIMER {
+        if ctx.poll_start.get() == 0 {
             return 0;
         }
         let cal = &rt.calibration;

@@ -39,7 +39,7 @@
 //!
 //! # Cost
 //!
-//! Entering and leaving swap eleven thread-local cells each way; a poll
+//! Entering and leaving swap ten thread-local cells each way; a poll
 //! reads the CYCLE timer (`RDTSC`) twice while a statement is open (for
 //! `CPU_TIME`), never otherwise. No lock, no allocation, no shared write
 //! (a thread takes task ids 64 at a time).
@@ -176,10 +176,10 @@ impl TaskContext {
             && let Some(rt) = runtime::get()
         {
             let s = &mut self.state;
-            let now = timer::now(&rt.calibration, s.poll_timer);
+            let now = timer::now(&rt.calibration, POLL_TIMER);
             let poll = timer::to_ps(
                 &rt.calibration,
-                s.poll_timer,
+                POLL_TIMER,
                 now.saturating_sub(s.poll_start),
             );
             s.busy_ps = s.busy_ps.saturating_add(poll);
@@ -207,7 +207,6 @@ impl TaskContext {
 /// `clock_gettime` at each end).
 #[inline]
 fn start_poll(rt: &'static Runtime, s: &mut EventState) {
-    s.poll_timer = POLL_TIMER;
     s.poll_start = timer::now(&rt.calibration, POLL_TIMER);
 }
 

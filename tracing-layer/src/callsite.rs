@@ -218,14 +218,25 @@ mod tests {
         )))
     }
 
+    /// The callsite the test metadata names (its identity only matters).
     struct Cs;
     impl tracing_core::Callsite for Cs {
         fn set_interest(&self, _: tracing_core::Interest) {}
         fn metadata(&self) -> &tracing_core::Metadata<'_> {
-            unimplemented!()
+            &CS_META
         }
     }
     static CS: Cs = Cs;
+    static CS_META: Metadata<'static> = Metadata::new(
+        "cs",
+        "t",
+        tracing::Level::INFO,
+        None,
+        None,
+        None,
+        tracing_core::field::FieldSet::new(&[], tracing_core::identify_callsite!(&CS)),
+        tracing_core::metadata::Kind::SPAN,
+    );
 
     const SPAN: tracing_core::metadata::Kind = tracing_core::metadata::Kind::SPAN;
 

@@ -108,10 +108,7 @@ impl Values {
         let start = self.buf.len();
         write(&mut self.buf);
         if self.buf.len() - start > VALUE_BYTES {
-            let mut end = start + VALUE_BYTES;
-            while !self.buf.is_char_boundary(end) {
-                end -= 1;
-            }
+            let end = self.buf.floor_char_boundary(start + VALUE_BYTES);
             self.buf.truncate(end);
         }
         self.at[slot] = (start as u32, self.buf.len() as u32);
