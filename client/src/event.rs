@@ -182,13 +182,24 @@ pub(crate) fn end<const KIND: usize>(
     a: &mut Active,
     stmt: Option<&StatementFigures>,
 ) -> Option<u64> {
+    end_at::<KIND>(a, stmt, None)
+}
+
+/// [`end`], with the end time already read from the event's timer
+/// (`now`, raw ticks) by a caller that needed it first; `None` reads it.
+#[inline(always)]
+pub(crate) fn end_at<const KIND: usize>(
+    a: &mut Active,
+    stmt: Option<&StatementFigures>,
+    now: Option<u64>,
+) -> Option<u64> {
     let rt = a.rt;
     let d = &mut a.data;
     let timed = d.flags & EV_TIMED != 0;
     if timed {
         // First, so that the measured interval ends where the wait did.
         let timer = (d.flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT;
-        d.timer_end = timer::now(&rt.calibration, timer);
+        d.timer_end = now.unwrap_or_else(|| timer::now(&rt.calibration, timer));
         d.timer_wait = timer::to_ps(
             &rt.calibration,
             timer,

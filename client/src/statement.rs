@@ -400,20 +400,26 @@ impl TaskStatement {
         let mut data = self.data;
         let mut figures = self.figures;
         let ours = ctx.thread_id.get() == data.thread_id;
+        if ours
+            && ctx.stage_id.get() != 0
+            && ctx
+                .stage
+                .get()
+                .is_some_and(|s| s.nesting_event_id == data.event_id)
+        {
+            end_open_stage(ctx);
+        }
+        // The end time, read once (after its stage ended, so that the
+        // statement's TIMER_WAIT covers the stage's): it bounds CPU_TIME
+        // and ends the event.
+        let timer = (data.flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT;
+        let now = (data.flags & EV_TIMED != 0).then(|| timer::now(&rt.calibration, timer));
         if ours {
-            if ctx.stage_id.get() != 0
-                && ctx
-                    .stage
-                    .get()
-                    .is_some_and(|s| s.nesting_event_id == data.event_id)
-            {
-                end_open_stage(ctx);
-            }
             ctx.statement_id.set(self.parent);
             if ctx.cancelling.get() {
                 figures.cancelled = 1;
             }
-            figures.cpu_time_ps = self.cpu_time(rt, ctx);
+            figures.cpu_time_ps = self.cpu_time(rt, ctx, now);
         }
         if figures.cancelled != 0 {
             data.flags |= EV_CANCELLED;
@@ -433,30 +439,30 @@ impl TaskStatement {
             }
         }
         let mut a = Active { rt, ctx, data };
-        event::end::<KIND_STATEMENT>(&mut a, Some(&figures))
+        event::end_at::<KIND_STATEMENT>(&mut a, Some(&figures), now)
     }
 
     /// `CPU_TIME`: the task's poll time since the start, up to now; never
-    /// more than the wall time since the start, read with the statement's
-    /// own timer before the end reads it again (so `CPU_TIME ≤ TIMER_WAIT`
+    /// more than the wall time since the start, `now` being the end time
+    /// read with the statement's own timer (so `CPU_TIME ≤ TIMER_WAIT`
     /// although the two are measured with different timers).
-    fn cpu_time(&self, rt: &Runtime, ctx: &ThreadCtx) -> u64 {
-        let Some(at_start) = self.busy_at_start else {
+    fn cpu_time(&self, rt: &Runtime, ctx: &ThreadCtx, now: Option<u64>) -> u64 {
+        let (Some(at_start), Some(end)) = (self.busy_at_start, now) else {
             return 0;
         };
         if ctx.poll_start.get() == 0 {
             return 0;
         }
         let cal = &rt.calibration;
-        let now = timer::now(cal, POLL_TIMER);
+        let poll_now = timer::now(cal, POLL_TIMER);
         let busy = ctx.busy_ps.get()
-            + timer::to_ps(cal, POLL_TIMER, now.saturating_sub(ctx.poll_start.get()));
+            + timer::to_ps(
+                cal,
+                POLL_TIMER,
+                poll_now.saturating_sub(ctx.poll_start.get()),
+            );
         let timer = (self.data.flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT;
-        let wall = timer::to_ps(
-            cal,
-            timer,
-            timer::now(cal, timer).saturating_sub(self.data.timer_start),
-        );
+        let wall = timer::to_ps(cal, timer, end.saturating_sub(self.data.timer_start));
         busy.saturating_sub(at_start).min(wall)
     }
 }

@@ -321,7 +321,7 @@
 //! | 168 | 8 | `digest` | 64-bit FNV-1a of the application's digest text, 0 = none |
 //! | 176 | 4 | `text_len` | ≤ 200 |
 //! | 180 | 4 | `reserved` | reserved |
-//! | 184 | 200 | `text` | `SQL_TEXT`, UTF-8, truncated |
+//! | 184 | 200 | `text` | `SQL_TEXT`, UTF-8, truncated; bytes past `text_len` unspecified |
 //!
 //! ## Thread header: [`layout::ThreadHeader`], 896 bytes
 //!

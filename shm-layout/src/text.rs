@@ -2,7 +2,7 @@
 //! words with its length, loading it back (checked), and truncating on a
 //! character boundary. Every string field of the segment (service name,
 //! class and thread names, interned strings, statement text, actor
-//! columns) goes through these three functions.
+//! columns) goes through these functions.
 //!
 //! Layer 0 (see the crate docs): depends on no other module of the crate.
 
@@ -11,16 +11,34 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// Stores `bytes` (truncated to the array) into an array of atomics, zero
 /// padded, and its length into `len`.
 pub(crate) fn store_bytes(dst: &[AtomicU64], len: &AtomicU32, bytes: &[u8]) {
+    let n = store_prefix(dst, len, bytes);
+    for word in &dst[n.div_ceil(8)..] {
+        word.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Stores `bytes` (truncated to the array) into the first words of an
+/// array of atomics and its length into `len`, leaving the words past the
+/// text as they were (a field whose bytes past its length are
+/// unspecified, such as `SQL_TEXT`): the cost follows the text, not the
+/// field. Returns the stored length.
+pub(crate) fn store_prefix(dst: &[AtomicU64], len: &AtomicU32, bytes: &[u8]) -> usize {
     let n = bytes.len().min(dst.len() * 8);
-    let mut buf = [0u8; 8];
-    for (i, word) in dst.iter().enumerate() {
-        buf.fill(0);
-        let start = (i * 8).min(n);
-        let end = ((i + 1) * 8).min(n);
-        buf[..end - start].copy_from_slice(&bytes[start..end]);
-        word.store(u64::from_le_bytes(buf), Ordering::Relaxed);
+    let bytes = &bytes[..n];
+    let mut chunks = bytes.chunks_exact(8);
+    for (word, chunk) in dst.iter().zip(&mut chunks) {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(chunk);
+        word.store(u64::from_le_bytes(w), Ordering::Relaxed);
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut w = [0u8; 8];
+        w[..rest.len()].copy_from_slice(rest);
+        dst[n / 8].store(u64::from_le_bytes(w), Ordering::Relaxed);
     }
     len.store(n as u32, Ordering::Relaxed);
+    n
 }
 
 /// Loads a string stored by [`store_bytes`]; `None` if the length is out of

@@ -24,7 +24,7 @@ use crate::kinds::ClassKind;
 use crate::layout::*;
 use crate::lockword;
 use crate::segment::{RecordRef, Segment, touched_classes};
-use crate::text::{store_bytes, truncate_utf8};
+use crate::text::{store_bytes, store_prefix, truncate_utf8};
 
 // Moved to `tsc` (the unsafe fence) and `values` (below the reader);
 // re-exported at their old paths.
@@ -879,7 +879,7 @@ impl RecordRef<'_> {
         let _w = cur.ev.seq.write();
         store_begin_fields(&cur.ev, e);
         store_statement_fields(cur, &StatementFigures::default(), cur);
-        store_bytes(
+        store_prefix(
             &cur.text,
             &cur.text_len,
             truncate_utf8(text, STATEMENT_TEXT_BYTES).as_bytes(),
@@ -890,7 +890,7 @@ impl RecordRef<'_> {
     pub fn set_statement_text(&self, text: &str) {
         let cur = &self.header.statements_current;
         let _w = cur.ev.seq.write();
-        store_bytes(
+        store_prefix(
             &cur.text,
             &cur.text_len,
             truncate_utf8(text, STATEMENT_TEXT_BYTES).as_bytes(),
