@@ -44,8 +44,10 @@ pub type MemoryByEventName = BTreeMap<String, MemoryStats>;
 
 /// `memory_summary_global_by_event_name` rows of one segment: every memory
 /// class (zero until used), the memory folded in by exited threads plus
-/// the live threads' rows (LOW and HIGH add: the sum of the children's),
-/// and the instrumentation's own memory as `memory/performance_schema/*`.
+/// the live threads' rows (LOW and HIGH add: the sum of the children's;
+/// then LOW is clamped at 0, as the manual has it for the global table
+/// only), and the instrumentation's own memory as
+/// `memory/performance_schema/*`.
 pub fn segment_global_memory(s: &SegmentSnapshot) -> MemoryByEventName {
     let names: HashMap<u32, &str> = s
         .classes
@@ -65,6 +67,9 @@ pub fn segment_global_memory(s: &SegmentSnapshot) -> MemoryByEventName {
         if let Some(name) = names.get(class) {
             out.entry((*name).to_string()).or_default().merge(m);
         }
+    }
+    for m in out.values_mut() {
+        *m = m.clamp_global_low();
     }
     for (name, m) in own_memory(s) {
         out.insert(name.to_string(), m);

@@ -94,6 +94,46 @@ pub struct Outcome {
     pub errors: Vec<OpenError>,
 }
 
+impl Outcome {
+    /// A warning for a change that matched no instrument in segments it
+    /// could reach: easy to take for a change that worked. `None` when
+    /// something matched (or no segment was reached: the errors say why).
+    ///
+    /// ```
+    /// use pfs_agent::setup::{Change, InstrumentChange, Outcome};
+    ///
+    /// let change = Change::Instruments(InstrumentChange {
+    ///     name: "wait/io/file/%".into(),
+    ///     enabled: Some(false),
+    ///     timed: None,
+    /// });
+    /// let none = Outcome { matched: 0, segments: 1, errors: vec![] };
+    /// assert!(none.nothing_matched(&change).unwrap().contains("PFS_INSTRUMENT"));
+    /// let some = Outcome { matched: 3, segments: 1, errors: vec![] };
+    /// assert!(some.nothing_matched(&change).is_none());
+    /// ```
+    pub fn nothing_matched(&self, change: &Change) -> Option<String> {
+        if self.matched > 0 || self.segments == 0 {
+            return None;
+        }
+        Some(match change {
+            Change::Instruments(c) => format!(
+                "no instrument matched {:?}: nothing changed. Instruments registered later \
+                 take the defaults: set those with `pfs-agent serve --instrument '{}=...'` \
+                 or PFS_INSTRUMENT in the application's environment",
+                c.name, c.name
+            ),
+            Change::Consumers(c) => format!(
+                "no consumer matched {:?}: nothing changed (GET /api/v1/tables/setup_consumers lists them)",
+                c.name
+            ),
+            Change::Timers(_) | Change::Actors(_) => {
+                "the change matched no row: nothing changed".to_string()
+            }
+        })
+    }
+}
+
 /// A change that cannot be applied, found before touching any segment.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidChange {

@@ -22,16 +22,24 @@
 //!   replaces a segment's task baselines of that kind, so that tasks long
 //!   gone do not accumulate.
 //!
-//! * memory tables (`memory_summary_*`) show COUNT_* and SUM_* since the
-//!   truncation, and LOW = HIGH = CURRENT at truncation time (then moving
-//!   again): the agent bumps the segment's `memory_truncate_gen`, and each
-//!   writer resets its row's watermarks on its next memory operation (a
-//!   reader shows a row not touched since with LOW = HIGH = CURRENT).
-//!   Nothing is freed. The watermark reset is segment-wide and the
-//!   count baselines are kept per thread, so truncating any memory table
-//!   also truncates the by-thread/account/user/host memory tables (the
-//!   latter are sums of thread rows); truncating the global table also
-//!   resets the global counts.
+//! * memory tables (`memory_summary_*`) follow the manual: COUNT_ALLOC
+//!   and COUNT_FREE are both reduced by the same value (the smaller of
+//!   the two at the truncation), and so are the SUM_* pair, so CURRENT
+//!   stays ALLOC − FREE; LOW = HIGH = CURRENT at truncation time (then
+//!   moving again). Nothing is freed. The agent bumps the segment's
+//!   `memory_truncate_gen`, and each writer resets its row's watermarks
+//!   on its next memory operation (a reader shows a row not touched since
+//!   with LOW = HIGH = CURRENT). The dependencies go the manual's way:
+//!   truncating the global table truncates every memory table (thread
+//!   counts, global counts, all watermarks); truncating a by-thread or
+//!   by-actor table truncates the thread rows (and so the account, user
+//!   and host tables, which are sums of thread rows) but not the global
+//!   table. Since the global row is a sum of the thread rows, whose
+//!   watermarks the segment-wide reset lowers, the agent keeps the global
+//!   watermarks seen at such a truncation and widens the global view by
+//!   them, until the next truncation of the global table: the global HIGH
+//!   stays at least the highest use since then, the global LOW at most
+//!   the lowest.
 //!
 //! `/metrics` and OTLP are unaffected. `pfs-agent serve` keeps the
 //! baselines in [`BASELINES_FILE`] in the segment directory (written
@@ -65,6 +73,9 @@ pub struct Baselines {
     long: HashMap<(PathBuf, EventKind, u64), u64>,
     mem_thread: HashMap<(PathBuf, u32, u64, u32), MemoryStats>,
     mem_global: HashMap<(PathBuf, String), MemoryStats>,
+    /// Global watermarks kept across truncations of the other memory
+    /// tables (only LOW and HIGH are used), until a global truncation.
+    mem_global_marks: HashMap<(PathBuf, String), MemoryStats>,
     /// Segments whose watermarks could not be reset in the segment (dead
     /// or read-only): the view resets them (they no longer change).
     mem_reset: HashSet<PathBuf>,
@@ -162,8 +173,9 @@ impl Baselines {
 
     /// Truncates the memory tables as of `snap`: counts by thread (the
     /// by-thread, account, user and host tables), with `global` the global
-    /// counts too, and the watermarks of every live segment (its writers
-    /// reset them; see the module docs).
+    /// counts and watermarks too; without, the global watermarks are kept
+    /// (see the module docs). The watermarks of every live segment are
+    /// reset by its writers.
     pub fn truncate_memory(&mut self, snap: &Snapshot, global: bool) {
         for v in &snap.segments {
             let path = &v.path;
@@ -174,9 +186,16 @@ impl Baselines {
                         .insert((path.clone(), t.record, t.version, *c), *m);
                 }
             }
+            let rows = segment_global_memory(s);
             if global {
-                for (name, m) in segment_global_memory(s) {
+                self.mem_global_marks.retain(|k, _| k.0 != *path);
+                for (name, m) in rows {
                     self.mem_global.insert((path.clone(), name), m);
+                }
+            } else {
+                for (name, m) in rows {
+                    let shown = self.memory_global_marked(path, &name, &m);
+                    self.mem_global_marks.insert((path.clone(), name), shown);
                 }
             }
             let bumped = v.live
@@ -206,16 +225,30 @@ impl Baselines {
             .mem_thread
             .get(&(path.to_path_buf(), record, version, class))
         {
-            Some(base) => m.counts_since(base),
+            Some(base) => m.rebased(base),
             None => m,
         }
     }
 
     /// A global memory row as the global memory table shows it.
     pub fn memory_global_view(&self, path: &Path, name: &str, m: &MemoryStats) -> MemoryStats {
-        let m = self.memory_reset(path, m);
+        let m = self.memory_global_marked(path, name, m);
         match self.mem_global.get(&(path.to_path_buf(), name.to_string())) {
-            Some(base) => m.counts_since(base),
+            Some(base) => m.rebased(base),
+            None => m,
+        }
+    }
+
+    /// A global memory row's watermarks as shown: reset if the segment
+    /// could not reset them, widened by those kept across truncations of
+    /// the other memory tables.
+    fn memory_global_marked(&self, path: &Path, name: &str, m: &MemoryStats) -> MemoryStats {
+        let m = self.memory_reset(path, m);
+        match self
+            .mem_global_marks
+            .get(&(path.to_path_buf(), name.to_string()))
+        {
+            Some(marks) => m.widened(marks),
             None => m,
         }
     }
@@ -347,6 +380,9 @@ struct FileV1 {
     long: Vec<(Name, usize, u64, u64)>,
     mem_thread: Vec<(Name, u32, u64, u32, MemoryJson)>,
     mem_global: Vec<(Name, String, MemoryJson)>,
+    /// Kept global watermarks (since the manual's TRUNCATE dependencies).
+    #[serde(default)]
+    mem_global_marks: Vec<(Name, String, MemoryJson)>,
     mem_reset: Vec<Name>,
 }
 
@@ -366,6 +402,7 @@ impl Baselines {
             && self.long.is_empty()
             && self.mem_thread.is_empty()
             && self.mem_global.is_empty()
+            && self.mem_global_marks.is_empty()
             && self.mem_reset.is_empty()
     }
 
@@ -380,6 +417,7 @@ impl Baselines {
         self.long.retain(|k, _| keep(&k.0));
         self.mem_thread.retain(|k, _| keep(&k.0));
         self.mem_global.retain(|k, _| keep(&k.0));
+        self.mem_global_marks.retain(|k, _| keep(&k.0));
         self.mem_reset.retain(|p| keep(p));
     }
 
@@ -423,6 +461,11 @@ impl Baselines {
                 .collect(),
             mem_global: self
                 .mem_global
+                .iter()
+                .map(|(k, v)| (name_of(&k.0), k.1.clone(), MemoryJson::from(v)))
+                .collect(),
+            mem_global_marks: self
+                .mem_global_marks
                 .iter()
                 .map(|(k, v)| (name_of(&k.0), k.1.clone(), MemoryJson::from(v)))
                 .collect(),
@@ -472,6 +515,10 @@ impl Baselines {
         }
         for (n, class, m) in &f.mem_global {
             b.mem_global.insert((path(n)?, class.clone()), m.into());
+        }
+        for (n, class, m) in &f.mem_global_marks {
+            b.mem_global_marks
+                .insert((path(n)?, class.clone()), m.into());
         }
         for n in &f.mem_reset {
             b.mem_reset.insert(path(n)?);
@@ -563,6 +610,8 @@ mod tests {
         };
         b.mem_thread.insert((seg.clone(), 1, 2, 5), m);
         b.mem_global.insert((seg.clone(), "memory/x".into()), m);
+        b.mem_global_marks
+            .insert((seg.clone(), "memory/x".into()), m);
         b.mem_reset.insert(seg.clone());
         b.save(dir.path()).unwrap();
         let back = Baselines::load(dir.path());
@@ -584,6 +633,10 @@ mod tests {
         assert_eq!(back.long[&(seg.clone(), EventKind::Stage, 4)], 88);
         assert_eq!(back.mem_thread[&(seg.clone(), 1, 2, 5)], m);
         assert_eq!(back.mem_global[&(seg.clone(), "memory/x".to_string())], m);
+        assert_eq!(
+            back.mem_global_marks[&(seg.clone(), "memory/x".to_string())],
+            m
+        );
         assert!(back.mem_reset.contains(&seg));
         // A name with a path in it is refused; the file is set aside.
         let mut f: serde_json::Value =

@@ -129,6 +129,39 @@ pub fn set_thread_actor(user: &str, host: &str, role: &str) -> (bool, bool) {
     thread::set_actor(user, host, role)
 }
 
+/// The `THREAD_ID` under which the current thread's events appear in the
+/// tables: the thread's own, or while a [`task::Task`] is being polled, the
+/// task's. Registers the thread if it has no record yet, so that its row
+/// is in the `threads` table from now on. `None` before [`init`], or if
+/// the thread could not get a record (the thread container is full).
+///
+/// ```
+/// // For a log line that an operator can match with the tables:
+/// match pfs_client::thread_id() {
+///     Some(id) => println!("worker started, pfs THREAD_ID {id}"),
+///     None => println!("worker started (not instrumented)"),
+/// }
+/// ```
+pub fn thread_id() -> Option<u64> {
+    let rt = runtime::get()?;
+    thread::current(rt).map(|ctx| ctx.thread_id.get())
+}
+
+/// The `EVENT_ID` of the innermost statement open on the current logical
+/// thread (the thread, or the task being polled): with [`thread_id`], the
+/// key of its row in `events_statements_current`. `None` if no statement
+/// is open (or before [`init`]). Never registers the thread.
+///
+/// ```
+/// static Q: pfs_client::LazyStatementClass = pfs_client::LazyStatementClass::new("statement/app/q");
+/// let _stmt = Q.start();
+/// // Not initialised here, so nothing is recorded.
+/// assert_eq!(pfs_client::statement_event_id(), None);
+/// ```
+pub fn statement_event_id() -> Option<u64> {
+    thread::with_registered(|ctx| ctx.statement_id.get()).filter(|&id| id != 0)
+}
+
 /// Counts one instrument that an adapter declined to create because its
 /// own bound on classes was reached (as a `tracing` layer does for an
 /// unknown route beyond its limit): `pfs_lost_total{kind="classes"}`,

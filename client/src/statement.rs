@@ -241,6 +241,21 @@ impl StatementGuard {
         self.active.is_some()
     }
 
+    /// The statement's `THREAD_ID` and `EVENT_ID`: the key of its row in
+    /// `events_statements_current` and `_history` (zeros if not
+    /// recording).
+    ///
+    /// ```
+    /// static Q: pfs_client::LazyStatementClass = pfs_client::LazyStatementClass::new("statement/app/q");
+    /// let stmt = Q.start();
+    /// assert_eq!(stmt.id(), (0, 0)); // not initialised: not recording
+    /// ```
+    pub fn id(&self) -> (u64, u64) {
+        self.active
+            .as_ref()
+            .map_or((0, 0), |a| (a.data.thread_id, a.data.event_id))
+    }
+
     /// `SQL_TEXT`: the statement's text (truncated to 200 bytes), copied
     /// now into `events_statements_current`.
     pub fn set_text(&mut self, text: &str) {

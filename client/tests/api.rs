@@ -18,6 +18,7 @@ static CV: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/api/cv");
 static F: LazyWaitClass = LazyWaitClass::new("wait/io/file/api/f");
 static CUSTOM: LazyWaitClass = LazyWaitClass::new("wait/io/socket/api/send");
 static NOT_A_WAIT: LazyWaitClass = LazyWaitClass::new("stage/api/not_a_wait");
+static Q: pfs_client::LazyStatementClass = pfs_client::LazyStatementClass::new("statement/api/q");
 
 fn read(path: &std::path::Path) -> SegmentSnapshot {
     let seg = Segment::open(std::fs::File::open(path).unwrap(), false).unwrap();
@@ -149,6 +150,26 @@ fn waits_are_recorded_with_their_details() {
         .find(|e| e.operation == Some(Operation::Write))
         .unwrap();
     assert!(s.strings[&w.object_name.unwrap()].ends_with("data.bin"));
+
+    // A program knows its own ids: the thread's THREAD_ID (the key of
+    // its `threads` row) and its open statement's EVENT_ID.
+    let tid = pfs_client::thread_id().expect("registered");
+    assert_eq!(pfs_client::statement_event_id(), None, "no statement open");
+    let mut stmt = Q.start();
+    stmt.set_text("SELECT 1");
+    let (stmt_tid, stmt_id) = stmt.id();
+    assert_eq!(stmt_tid, tid);
+    assert_eq!(pfs_client::statement_event_id(), Some(stmt_id));
+    let s = read(&path);
+    let me = s.threads.iter().find(|t| t.thread_id == tid).unwrap();
+    let cur = me.statements_current.as_ref().expect("statement open");
+    assert_eq!((cur.ev.thread_id, cur.ev.event_id), (tid, stmt_id));
+    assert_eq!(cur.text, "SELECT 1");
+    drop(stmt);
+    assert_eq!(pfs_client::statement_event_id(), None, "ended");
+    // Another thread has another id.
+    let other = std::thread::spawn(pfs_client::thread_id).join().unwrap();
+    assert!(other.is_some_and(|o| o != tid));
 
     // A name outside the wait taxonomy is refused, not registered.
     assert!(!NOT_A_WAIT.get().is_enabled());

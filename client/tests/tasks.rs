@@ -55,6 +55,10 @@ async fn request(i: u64, polled_on: Arc<Mutex<HashMap<u64, HashSet<std::thread::
     };
     let mut stmt = REQ.start_task();
     assert!(stmt.is_recording());
+    // Inside the task, the ids a program sees are the task's, on every
+    // worker it is polled on.
+    assert_eq!(pfs_client::thread_id(), Some(stmt.id().0));
+    assert_eq!(pfs_client::statement_event_id(), Some(stmt.id().1));
     stmt.set_text(&format!("request {i}"));
     stmt.set_rows_sent(i);
     PARSE.enter();
@@ -64,6 +68,7 @@ async fn request(i: u64, polled_on: Arc<Mutex<HashMap<u64, HashSet<std::thread::
         tokio::task::yield_now().await;
     }
     EXECUTE.enter();
+    assert_eq!(pfs_client::thread_id(), Some(stmt.id().0));
     let w = BLOCKING.get().start_async(Operation::Read, i as usize);
     tokio::task::spawn_blocking(|| std::thread::sleep(BLOCKED))
         .await

@@ -232,17 +232,54 @@ impl MemoryStats {
         self.high_bytes = self.high_bytes.saturating_add(o.high_bytes);
     }
 
-    /// What happened since `base` (PFS `TRUNCATE` of a memory table):
-    /// COUNT_* and SUM_* are `self - base` (saturating); LOW, CURRENT and
-    /// HIGH are `self`'s.
-    pub fn counts_since(&self, base: &MemoryStats) -> MemoryStats {
+    /// The row rebased as PFS `TRUNCATE` of a memory table does it, `base`
+    /// being the row at the truncation: COUNT_ALLOC and COUNT_FREE are both
+    /// reduced by the same value, the smaller of the two at the
+    /// truncation, and likewise SUM_NUMBER_OF_BYTES_ALLOC and _FREE (the
+    /// manual: "reset to a new baseline, by reducing each counter by the
+    /// same value"). So CURRENT stays ALLOC − FREE and no counter goes
+    /// negative. LOW, CURRENT and HIGH are `self`'s.
+    ///
+    /// ```
+    /// use pfs_shm_layout::reader::MemoryStats;
+    ///
+    /// // 4 blocks (4500 B) allocated, none freed, then TRUNCATE:
+    /// let at = MemoryStats { count_alloc: 4, bytes_alloc: 4500, current_count: 4, current_bytes: 4500, ..MemoryStats::default() };
+    /// let shown = at.rebased(&at);
+    /// assert_eq!((shown.count_alloc, shown.count_free, shown.bytes_alloc, shown.bytes_free), (4, 0, 4500, 0));
+    /// ```
+    pub fn rebased(&self, base: &MemoryStats) -> MemoryStats {
+        let count = base.count_alloc.min(base.count_free);
+        let bytes = base.bytes_alloc.min(base.bytes_free);
         MemoryStats {
-            count_alloc: self.count_alloc.saturating_sub(base.count_alloc),
-            count_free: self.count_free.saturating_sub(base.count_free),
-            bytes_alloc: self.bytes_alloc.saturating_sub(base.bytes_alloc),
-            bytes_free: self.bytes_free.saturating_sub(base.bytes_free),
+            count_alloc: self.count_alloc.saturating_sub(count),
+            count_free: self.count_free.saturating_sub(count),
+            bytes_alloc: self.bytes_alloc.saturating_sub(bytes),
+            bytes_free: self.bytes_free.saturating_sub(bytes),
             ..*self
         }
+    }
+
+    /// The row as `memory_summary_global_by_event_name` shows an
+    /// aggregate: LOW clamped at 0. The manual lets lower estimates go
+    /// negative (memory freed by another thread than the one that
+    /// allocated it) in every memory table *but* the global one; MySQL
+    /// clamps the global LOW when it normalises global statistics.
+    pub fn clamp_global_low(mut self) -> Self {
+        self.low_count = self.low_count.max(0);
+        self.low_bytes = self.low_bytes.max(0);
+        self
+    }
+
+    /// The row with its watermarks widened to cover `marks` (LOW no higher
+    /// than its LOW, HIGH no lower than its HIGH): watermarks kept from
+    /// before a reset that must not lower them.
+    pub fn widened(mut self, marks: &MemoryStats) -> Self {
+        self.low_count = self.low_count.min(marks.low_count);
+        self.high_count = self.high_count.max(marks.high_count);
+        self.low_bytes = self.low_bytes.min(marks.low_bytes);
+        self.high_bytes = self.high_bytes.max(marks.high_bytes);
+        self
     }
 
     /// The statistics with LOW = HIGH = CURRENT (as just after TRUNCATE).

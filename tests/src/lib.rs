@@ -8,6 +8,7 @@
 //! * [`Agent`] runs `pfs-agent serve` on a free loopback port and waits for
 //!   `/healthz`.
 //! * [`http_get`], [`get_json`] and [`parse_metrics`] talk to it.
+//! * [`memory_tables`] reads the memory tables and truncates them.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -20,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
+
+pub mod memory_tables;
 
 /// Path of the `pfs-test-writer` binary; expands in the calling test crate,
 /// where Cargo sets `CARGO_BIN_EXE_pfs-test-writer`.

@@ -2,104 +2,18 @@
 //! workload (see its doc comment) read back through every memory table of
 //! the agent, every column equal to the hand-computed value; then TRUNCATE.
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use pfs_tests::{ChildGuard, Writer, agent_bin, free_port, get_json, rows, wait_healthz};
+use pfs_tests::memory_tables::{Values, expect, memory_rows, serve, truncate};
+use pfs_tests::{Writer, get_json, rows};
 use serde_json::Value;
-
-const COLS: [&str; 10] = [
-    "count_alloc",
-    "count_free",
-    "sum_number_of_bytes_alloc",
-    "sum_number_of_bytes_free",
-    "low_count_used",
-    "current_count_used",
-    "high_count_used",
-    "low_number_of_bytes_used",
-    "current_number_of_bytes_used",
-    "high_number_of_bytes_used",
-];
-
-fn serve(dir: &Path, token_file: &Path) -> Result<(ChildGuard, String)> {
-    let port = free_port();
-    let mut cmd = Command::new(agent_bin());
-    cmd.arg("serve")
-        .arg("--shm-dir")
-        .arg(dir)
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--control-token-file")
-        .arg(token_file);
-    let mut guard = ChildGuard::spawn("pfs-agent", cmd, false)?;
-    let base = format!("http://127.0.0.1:{port}");
-    wait_healthz(&base, &mut guard, Duration::from_secs(20))?;
-    Ok((guard, base))
-}
-
-fn truncate(base: &str, table: &str) -> Result<()> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(10)))
-        .build()
-        .into();
-    let url = format!("{base}/api/v1/tables/{table}/truncate");
-    agent
-        .post(&url)
-        .header("authorization", "Bearer memtoken")
-        .header("content-type", "application/json")
-        .send("{}")
-        .with_context(|| format!("POST {url}"))?;
-    Ok(())
-}
-
-fn values(row: &Value) -> Result<[i64; 10]> {
-    let mut out = [0i64; 10];
-    for (o, c) in out.iter_mut().zip(COLS) {
-        *o = row[c]
-            .as_i64()
-            .with_context(|| format!("column {c} of {row}"))?;
-    }
-    Ok(out)
-}
-
-/// The rows of `table` for the `memory/test/*` instruments, keyed by
-/// `key_cols` (plus event_name).
-fn memory_rows(base: &str, table: &str, key: &[&str]) -> Result<Vec<(String, [i64; 10])>> {
-    let t = get_json(&format!("{base}/api/v1/tables/{table}"))?;
-    let mut out = Vec::new();
-    for r in rows(&t)? {
-        let name = r["event_name"].as_str().unwrap_or_default();
-        if !name.starts_with("memory/test/") {
-            continue;
-        }
-        let mut k: Vec<String> = key
-            .iter()
-            .map(|c| match &r[*c] {
-                Value::String(s) => s.clone(),
-                v => v.to_string(),
-            })
-            .collect();
-        k.push(name.to_string());
-        out.push((k.join(" "), values(r)?));
-    }
-    out.sort();
-    Ok(out)
-}
-
-fn expect(got: Vec<(String, [i64; 10])>, want: &[(&str, [i64; 10])], what: &str) {
-    let want: Vec<(String, [i64; 10])> = want.iter().map(|(k, v)| (k.to_string(), *v)).collect();
-    assert_eq!(got, want, "{what}: columns {COLS:?}");
-}
 
 #[test]
 fn memory_tables_are_exact() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let shm = dir.path().join("shm");
     std::fs::create_dir(&shm)?;
-    let token = dir.path().join("token");
-    std::fs::write(&token, "memtoken\n")?;
     let shm_s = shm.to_str().unwrap();
     let mut w = Writer::spawn(
         pfs_tests::writer_exe!(),
@@ -109,16 +23,17 @@ fn memory_tables_are_exact() -> Result<()> {
     if ready["ready"] != true {
         bail!("unexpected first line {ready}");
     }
-    let (_agent, base) = serve(&shm, &token)?;
+    let (_agent, base) = serve(&shm)?;
 
     // Global: exited mem-3 plus live mem-1, mem-2 and main. CURRENT is
-    // exactly alloc − free; LOW and HIGH are sums of the threads'.
+    // exactly alloc − free; LOW and HIGH are sums of the threads', and
+    // the global LOW is clamped at 0 (buf: −2 blocks, −600 B summed).
     const BUF: &str = "memory/test/buf";
     const CACHE: &str = "memory/test/cache";
     expect(
         memory_rows(&base, "memory_summary_global_by_event_name", &[])?,
         &[
-            (BUF, [4, 4, 750, 750, -2, 0, 3, -600, 0, 700]),
+            (BUF, [4, 4, 750, 750, 0, 0, 3, 0, 0, 700]),
             (CACHE, [3, 2, 1017, 17, 0, 1, 3, 0, 1000, 1017]),
         ],
         "global",
@@ -143,7 +58,7 @@ fn memory_tables_are_exact() -> Result<()> {
         (k(&tm, CACHE), [1, 1, 7, 7, 0, 0, 1, 0, 0, 7]),
     ];
     want.sort();
-    let want_ref: Vec<(&str, [i64; 10])> = want.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let want_ref: Vec<(&str, Values)> = want.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     expect(
         memory_rows(
             &base,
@@ -228,27 +143,28 @@ fn memory_tables_are_exact() -> Result<()> {
         1017.0
     );
 
-    // TRUNCATE the global table: counts and sums restart, LOW = HIGH =
-    // CURRENT, nothing is freed; the dependent tables are truncated too.
+    // TRUNCATE the global table: COUNT_ALLOC and COUNT_FREE are both
+    // reduced by the smaller of the two (and so are the SUM_* pair), so
+    // CURRENT stays ALLOC − FREE; LOW = HIGH = CURRENT; nothing is freed;
+    // the dependent tables are truncated too.
     truncate(&base, "memory_summary_global_by_event_name")?;
-    std::thread::sleep(Duration::from_millis(1100)); // snapshot cache
     expect(
         memory_rows(&base, "memory_summary_global_by_event_name", &[])?,
         &[
             (BUF, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
-            (CACHE, [0, 0, 0, 0, 1, 1, 1, 1000, 1000, 1000]),
+            (CACHE, [1, 0, 1000, 0, 1, 1, 1, 1000, 1000, 1000]),
         ],
         "global after truncate",
     );
     let mut want = [
-        (k(&t1, BUF), [0, 0, 0, 0, 1, 1, 1, 200, 200, 200]),
-        (k(&t1, CACHE), [0, 0, 0, 0, 1, 1, 1, 1000, 1000, 1000]),
-        (k(&t2, BUF), [0, 0, 0, 0, -1, -1, -1, -200, -200, -200]),
-        (k(&tm, BUF), [0, 0, 0, 0, -1, -1, -1, -400, -400, -400]),
+        (k(&t1, BUF), [1, 0, 200, 0, 1, 1, 1, 200, 200, 200]),
+        (k(&t1, CACHE), [1, 0, 1000, 0, 1, 1, 1, 1000, 1000, 1000]),
+        (k(&t2, BUF), [0, 1, 0, 200, -1, -1, -1, -200, -200, -200]),
+        (k(&tm, BUF), [0, 1, 0, 400, -1, -1, -1, -400, -400, -400]),
         (k(&tm, CACHE), [0; 10]),
     ];
     want.sort();
-    let want_ref: Vec<(&str, [i64; 10])> = want.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let want_ref: Vec<(&str, Values)> = want.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     expect(
         memory_rows(
             &base,

@@ -84,6 +84,9 @@ pub fn run(cmd: SetupCommand) -> anyhow::Result<()> {
         "matched {} row(s) in {} segment(s)",
         out.matched, out.segments
     );
+    if let Some(w) = out.nothing_matched(&change) {
+        eprintln!("warning: {w}");
+    }
     if out.segments == 0 && !out.errors.is_empty() {
         bail!("no segment could be changed");
     }

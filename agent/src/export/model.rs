@@ -14,6 +14,7 @@ use pfs_shm_layout::reader::Summary;
 
 use crate::aggregate::{ServiceTotals, by_service};
 use crate::event_kind::EventKind;
+use crate::segments::Refusal;
 use crate::snapshot::{Snapshot, Totals};
 use crate::timers;
 
@@ -26,8 +27,43 @@ pub struct AgentStats {
     scrape_seconds: AtomicU64,
     /// OTLP export is configured.
     otlp_enabled: AtomicBool,
-    otlp_success: AtomicU64,
-    otlp_failure: AtomicU64,
+    /// OTLP exports, by [`ExportResult`] (index = position in `ALL`).
+    otlp_exports: [AtomicU64; ExportResult::ALL.len()],
+}
+
+/// The outcome of one OTLP export: the `result` label of
+/// `pfs_agent_otlp_exports_total`. Every value is exported from the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportResult {
+    /// Delivered.
+    Success,
+    /// Not delivered: TLS failed (collector certificate not trusted,
+    /// client certificate refused...).
+    TlsFailure,
+    /// Not delivered, for any other reason (connection refused, timeout,
+    /// an error status).
+    Failure,
+}
+
+impl ExportResult {
+    /// Every result, in label order.
+    pub const ALL: [Self; 3] = [Self::Failure, Self::Success, Self::TlsFailure];
+
+    /// The `result` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::TlsFailure => "tls_failure",
+            Self::Failure => "failure",
+        }
+    }
+
+    fn index(self) -> usize {
+        Self::ALL
+            .iter()
+            .position(|r| *r == self)
+            .expect("ALL lists every result")
+    }
 }
 
 impl AgentStats {
@@ -47,22 +83,15 @@ impl AgentStats {
     }
 
     /// Counts one OTLP export.
-    pub fn count_otlp_export(&self, success: bool) {
-        let c = if success {
-            &self.otlp_success
-        } else {
-            &self.otlp_failure
-        };
-        c.fetch_add(1, Ordering::Relaxed);
+    pub fn count_otlp_export(&self, result: ExportResult) {
+        self.otlp_exports[result.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// OTLP exports `(success, failure)`, if OTLP is configured.
-    pub fn otlp_exports(&self) -> Option<(u64, u64)> {
+    /// OTLP exports by result (every [`ExportResult`]), if OTLP is
+    /// configured.
+    pub fn otlp_exports(&self) -> Option<[(ExportResult, u64); ExportResult::ALL.len()]> {
         self.otlp_enabled.load(Ordering::Relaxed).then(|| {
-            (
-                self.otlp_success.load(Ordering::Relaxed),
-                self.otlp_failure.load(Ordering::Relaxed),
-            )
+            ExportResult::ALL.map(|r| (r, self.otlp_exports[r.index()].load(Ordering::Relaxed)))
         })
     }
 }
@@ -376,7 +405,7 @@ fn memory_families(services: &BTreeMap<String, ServiceTotals>) -> Vec<Family> {
             "pfs_memory_used_low",
             Some("bytes"),
             ("pfs.memory.used.low", "By"),
-            "Low watermark of bytes in use (LOW_NUMBER_OF_BYTES_USED; sum over threads).",
+            "Low watermark of bytes in use (LOW_NUMBER_OF_BYTES_USED; sum over threads, clamped at 0 as in the global table).",
         ),
         g(
             "pfs_memory_used_blocks",
@@ -394,7 +423,7 @@ fn memory_families(services: &BTreeMap<String, ServiceTotals>) -> Vec<Family> {
             "pfs_memory_used_low_blocks",
             None,
             ("pfs.memory.used.low_blocks", "{block}"),
-            "Low watermark of blocks in use (LOW_COUNT_USED; sum over threads).",
+            "Low watermark of blocks in use (LOW_COUNT_USED; sum over threads, clamped at 0 as in the global table).",
         ),
     ];
     for (svc, t) in services {
@@ -571,8 +600,13 @@ fn agent_families(snap: &Snapshot, tot: &Totals, stats: &AgentStats) -> Vec<Fami
         Kind::Counter,
         "Segment files refused, by reason.",
     );
-    let mut reasons: Vec<(&str, u64)> = snap.errors.iter().map(|(r, n)| (r.label(), *n)).collect();
-    reasons.sort();
+    // Every reason a directory can count exists from the start, at 0 (a
+    // series that appeared only with its first error would read as "No
+    // data", and `increase()` would miss that first error).
+    let mut reasons: BTreeMap<&str, u64> = Refusal::ALL.iter().map(|r| (r.label(), 0)).collect();
+    for (r, n) in &snap.errors {
+        *reasons.entry(r.label()).or_default() += n;
+    }
     for (reason, n) in reasons {
         errors.push(vec![("reason", reason.to_string())], Value::Int(n));
     }
@@ -655,7 +689,7 @@ fn agent_families(snap: &Snapshot, tot: &Totals, stats: &AgentStats) -> Vec<Fami
         Value::Int(1),
     );
     out.push(f);
-    if let Some((ok, failed)) = stats.otlp_exports() {
+    if let Some(exports) = stats.otlp_exports() {
         let mut f = Family::new(
             "pfs_agent_otlp_exports",
             None,
@@ -663,8 +697,9 @@ fn agent_families(snap: &Snapshot, tot: &Totals, stats: &AgentStats) -> Vec<Fami
             Kind::Counter,
             "OTLP metric exports, by result.",
         );
-        f.push(vec![("result", "success".to_string())], Value::Int(ok));
-        f.push(vec![("result", "failure".to_string())], Value::Int(failed));
+        for (result, n) in exports {
+            f.push(vec![("result", result.label().to_string())], Value::Int(n));
+        }
         out.push(f);
     }
     out

@@ -88,6 +88,7 @@ pub async fn setup(
     if let Err(e) = setup::validate(&change) {
         return error(StatusCode::BAD_REQUEST, e.to_string());
     }
+    let change_kind = change.clone();
     let s = state.clone();
     let out = tokio::task::spawn_blocking(move || {
         let paths = s.snap.live_paths();
@@ -102,10 +103,12 @@ pub async fn setup(
             for e in &errors {
                 tracing::warn!("setup change not applied: {e}");
             }
-            json_reply(
-                StatusCode::OK,
-                json!({ "matched": o.matched, "segments": o.segments, "errors": errors }),
-            )
+            let mut body =
+                json!({ "matched": o.matched, "segments": o.segments, "errors": errors });
+            if let Some(w) = o.nothing_matched(&change_kind) {
+                body["warning"] = w.into();
+            }
+            json_reply(StatusCode::OK, body)
         }
         Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "setup change failed"),
     }

@@ -1,7 +1,8 @@
 //! `memory_summary_by_thread_by_event_name`: each live thread's memory by
 //! instrument (rows the thread touched; CURRENT can be negative when
-//! memory changes hands). `TRUNCATE` restarts the counts of every thread
-//! (and so of the account, user and host tables) and resets LOW and HIGH.
+//! memory changes hands). `TRUNCATE` rebases the counts of every thread
+//! (and so of the account, user and host tables) and resets LOW and HIGH;
+//! the global table keeps its counts and watermarks.
 
 use pfs_shm_layout::reader::MemoryStats;
 

@@ -1,8 +1,10 @@
 //! `memory_summary_global_by_event_name`: each process's memory by
 //! instrument: every memory instrument (zero until used), exited threads'
 //! memory included, plus the instrumentation's own
-//! (`memory/performance_schema/*`). `TRUNCATE` restarts the counts (here
-//! and in every memory table) and resets LOW and HIGH to CURRENT.
+//! (`memory/performance_schema/*`). LOW is clamped at 0 (the one memory
+//! table where the manual forbids a negative LOW). `TRUNCATE` rebases the
+//! counts as the manual says (here and in every memory table) and resets
+//! LOW and HIGH to CURRENT.
 
 use super::cell::Sink;
 use super::columns::{MEMORY_COLUMNS, head, memory_values, with_head};

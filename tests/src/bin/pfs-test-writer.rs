@@ -8,6 +8,7 @@
 //! pfs-test-writer nested --shm-dir D --service S --threads N --statements K --history H
 //! pfs-test-writer loop --shm-dir D --service S --threads N
 //! pfs-test-writer memory --shm-dir D --service S
+//! pfs-test-writer memscript --shm-dir D --service S
 //! pfs-test-writer reclaim --shm-dir D --service S --waves W --threads N --reclaim-ms Q
 //! ```
 //!
@@ -98,6 +99,7 @@ fn main() -> Result<()> {
         "nested" => nested(&args),
         "loop" => loop_mode(&args),
         "memory" => memory_mode(),
+        "memscript" => memscript_mode(),
         "reclaim" => reclaim_mode(&args),
         m => bail!("unknown mode {m:?}"),
     }
@@ -560,6 +562,107 @@ fn memory_mode() -> Result<()> {
         t.join().map_err(|_| anyhow!("memory thread panicked"))?;
     }
     print(json!({"done": true}));
+    Ok(())
+}
+
+static MEM_SCRIPT: pfs_client::LazyMemoryClass =
+    pfs_client::LazyMemoryClass::new("memory/test/script");
+
+/// `memscript`: memory operations of `memory/test/script` driven line by
+/// line from stdin, each run on a named thread, so that a test can check
+/// the tables between any two steps (truncations included):
+///
+/// * `spawn T`: starts thread `T` (named `T`);
+/// * `alloc T ID BYTES`: thread `T` allocates a block, kept as `ID`;
+/// * `free T ID`: thread `T` frees block `ID` (whoever allocated it);
+/// * `exit T`: thread `T` exits (its memory folds into the global rows).
+///
+/// Prints `{"ready": true, ...}` first, then `{"ok": LINE}` once each line
+/// is done (or `{"error": ...}`), and ends at stdin EOF.
+fn memscript_mode() -> Result<()> {
+    use std::sync::mpsc::{Sender, channel};
+    type Blocks = Arc<Mutex<HashMap<String, pfs_client::MemoryToken>>>;
+    type Job = Box<dyn FnOnce() -> Result<()> + Send>;
+    MEM_SCRIPT.get();
+    let blocks: Blocks = Arc::default();
+    let mut threads: HashMap<String, (Sender<Job>, std::thread::JoinHandle<()>)> = HashMap::new();
+    print(json!({"ready": true, "pid": std::process::id(), "segment": segment()}));
+    // Runs `job` on thread `t` and waits for it.
+    let run = |threads: &HashMap<String, (Sender<Job>, std::thread::JoinHandle<()>)>,
+               t: &str,
+               job: Job|
+     -> Result<()> {
+        let (tx, _) = threads.get(t).ok_or_else(|| anyhow!("no thread {t:?}"))?;
+        let (done_tx, done_rx) = channel();
+        tx.send(Box::new(move || {
+            let r = job();
+            let _ = done_tx.send(r);
+            Ok(())
+        }))
+        .map_err(|_| anyhow!("thread {t:?} is gone"))?;
+        done_rx.recv().map_err(|_| anyhow!("thread {t:?} died"))?
+    };
+    for line in std::io::stdin().lines() {
+        let line = line?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let r = match words.as_slice() {
+            ["spawn", t] => {
+                let (tx, rx) = channel::<Job>();
+                let h = std::thread::Builder::new()
+                    .name((*t).to_string())
+                    .spawn(move || {
+                        for job in rx {
+                            let _ = job();
+                        }
+                    })?;
+                threads.insert((*t).to_string(), (tx, h));
+                Ok(())
+            }
+            ["alloc", t, id, bytes] => {
+                let (b, id, bytes) = (blocks.clone(), id.to_string(), bytes.parse::<u64>()?);
+                run(
+                    &threads,
+                    t,
+                    Box::new(move || {
+                        let tok = MEM_SCRIPT.alloc(bytes);
+                        if !tok.counted() {
+                            bail!("block {id} was not counted");
+                        }
+                        b.lock().expect("blocks").insert(id, tok);
+                        Ok(())
+                    }),
+                )
+            }
+            ["free", t, id] => {
+                let (b, id) = (blocks.clone(), id.to_string());
+                run(
+                    &threads,
+                    t,
+                    Box::new(move || {
+                        let tok = b.lock().expect("blocks").remove(&id);
+                        tok.ok_or_else(|| anyhow!("no block {id}"))?.free();
+                        Ok(())
+                    }),
+                )
+            }
+            ["exit", t] => match threads.remove(*t) {
+                Some((tx, h)) => {
+                    drop(tx);
+                    h.join().map_err(|_| anyhow!("thread {t:?} panicked"))
+                }
+                None => Err(anyhow!("no thread {t:?}")),
+            },
+            _ => Err(anyhow!("unknown command {line:?}")),
+        };
+        match r {
+            Ok(()) => print(json!({"ok": line})),
+            Err(e) => print(json!({"error": format!("{line}: {e:#}")})),
+        }
+    }
+    for (_, (tx, h)) in threads {
+        drop(tx);
+        let _ = h.join();
+    }
     Ok(())
 }
 
