@@ -1,0 +1,84 @@
+//! Layer 2. Stages from C: the phases of a statement. Entering a stage
+//! ends the calling thread's previous one; the open stage ends with its
+//! statement or with `pfs_stage_end`.
+
+use std::ffi::c_char;
+
+use crate::classes::{self, pfs_stage_class_t};
+use crate::shield::shield;
+use crate::text::str_in;
+
+/// Registers (or finds) the stage instrument `name` (`stage/<area>/<name>`).
+/// Returns a handle valid for the life of the process, or NULL if `name`
+/// is NULL, not UTF-8 or not a stage name. May be called before
+/// `pfs_init`.
+///
+/// Threading: any thread; takes a lock (call it at startup). Ownership:
+/// `name` is copied.
+///
+/// # Safety
+///
+/// `name` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_stage_class_register(name: *const c_char) -> *const pfs_stage_class_t {
+    shield(std::ptr::null(), || {
+        // SAFETY: `name` is null or a valid C string (contract).
+        let name = unsafe { str_in(name) };
+        name.and_then(classes::stage)
+            .map_or(std::ptr::null(), |h| h as *const _)
+    })
+}
+
+/// Enters stage `cls` on the calling thread: ends the thread's open stage,
+/// if any, and starts this one, nested in the thread's open statement. A
+/// disabled (or NULL) class still ends the previous stage, as in PFS. No
+/// lock, no allocation.
+///
+/// Threading: acts on the calling thread only.
+///
+/// # Safety
+///
+/// `cls` is NULL or a handle from `pfs_stage_class_register`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_stage_enter(cls: *const pfs_stage_class_t) {
+    shield((), || {
+        // SAFETY: `cls` is null or a handle, which lives forever (contract).
+        match unsafe { cls.as_ref() } {
+            Some(c) => c.0.enter(),
+            None => pfs_client::end_stage(),
+        }
+    })
+}
+
+/// Reports the open stage's progress (`WORK_COMPLETED`, `WORK_ESTIMATED`
+/// in `events_stages_current`). Calling thread only; no-op without an
+/// open stage.
+#[unsafe(no_mangle)]
+pub extern "C" fn pfs_stage_progress(completed: u64, estimated: u64) {
+    shield((), || pfs_client::stage_progress(completed, estimated))
+}
+
+/// Ends the calling thread's open stage, if any.
+#[unsafe(no_mangle)]
+pub extern "C" fn pfs_stage_end() {
+    shield((), pfs_client::end_stage)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn null_and_uninitialised_are_no_ops() {
+        // SAFETY: null pointers and static C literals.
+        unsafe {
+            assert!(pfs_stage_class_register(c"wait/x/y".as_ptr()).is_null());
+            let s = pfs_stage_class_register(c"stage/c/parsing".as_ptr());
+            assert!(!s.is_null());
+            pfs_stage_enter(s);
+            pfs_stage_progress(1, 2);
+            pfs_stage_enter(std::ptr::null());
+            pfs_stage_end();
+        }
+    }
+}

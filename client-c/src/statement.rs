@@ -1,0 +1,239 @@
+//! Layer 2. Statements from C: statement classes, the caller-owned
+//! `pfs_statement_t`, and the statement's own figures (text, digest,
+//! rows, errors, warnings).
+
+use std::ffi::c_char;
+
+use pfs_client::StatementGuard;
+
+use crate::classes::{self, pfs_statement_class_t};
+use crate::shield::shield;
+use crate::slot::{self, Slot};
+use crate::text::{prefix_in, str_in};
+
+/// Size of `pfs_statement_t` in 64-bit words.
+pub const PFS_STATEMENT_WORDS: usize = 40;
+
+/// One statement in progress, owned by the caller: declare it on the
+/// stack, `pfs_statement_begin` it, `pfs_statement_end` it. Stages
+/// entered and waits recorded by the thread meanwhile nest in it.
+/// Statements nest too (a stored procedure's statements): end them in
+/// reverse order of their begins.
+///
+/// Threading: begin, set and end on the same thread, and end it before
+/// that thread exits. Ownership: the caller owns the memory. End each
+/// begun statement exactly once (a second end is a no-op).
+#[repr(C)]
+pub struct pfs_statement_t {
+    _opaque: [u64; PFS_STATEMENT_WORDS],
+}
+
+const _: () = assert!(
+    Slot::<StatementGuard>::fits(size_of::<pfs_statement_t>(), align_of::<pfs_statement_t>()),
+    "pfs_statement_t is too small for a StatementGuard: raise PFS_STATEMENT_WORDS (an ABI change)"
+);
+
+/// Runs `f` on the statement begun in `st`, if it is recording.
+///
+/// # Safety
+///
+/// `st` is NULL or was begun by `pfs_statement_begin` on this thread.
+#[inline(always)]
+unsafe fn with(st: *mut pfs_statement_t, f: impl FnOnce(&mut StatementGuard)) {
+    shield((), || {
+        if !st.is_null() {
+            // SAFETY: `st` was begun on this thread (contract): its slot is
+            // armed with a StatementGuard, or empty.
+            unsafe { slot::with(st.cast::<Slot<StatementGuard>>(), f) };
+        }
+    })
+}
+
+/// Registers (or finds) the statement instrument `name`
+/// (`statement/<area>/<name>`). Returns a handle valid for the life of
+/// the process, or NULL if `name` is NULL, not UTF-8 or not a statement
+/// name. May be called before `pfs_init`.
+///
+/// Threading: any thread; takes a lock (call it at startup). Ownership:
+/// `name` is copied.
+///
+/// # Safety
+///
+/// `name` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_statement_class_register(
+    name: *const c_char,
+) -> *const pfs_statement_class_t {
+    shield(std::ptr::null(), || {
+        // SAFETY: `name` is null or a valid C string (contract).
+        let name = unsafe { str_in(name) };
+        name.and_then(classes::statement)
+            .map_or(std::ptr::null(), |h| h as *const _)
+    })
+}
+
+/// Starts a statement of class `cls` on the calling thread
+/// (`events_statements_current`). A disabled or NULL class, or no
+/// `pfs_init`, makes it and every call on it a no-op. No lock, no
+/// allocation.
+///
+/// # Safety
+///
+/// `st` is NULL or points to a writable `pfs_statement_t` that no other
+/// thread uses; `cls` is NULL or a handle from
+/// `pfs_statement_class_register`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_statement_begin(
+    st: *mut pfs_statement_t,
+    cls: *const pfs_statement_class_t,
+) {
+    shield((), || {
+        if st.is_null() {
+            return;
+        }
+        let slot = st.cast::<Slot<StatementGuard>>();
+        // SAFETY: `cls` is null or a handle, which lives forever (contract).
+        let class = unsafe { cls.as_ref() }.map(|c| c.0.get());
+        match class {
+            // SAFETY: `st` is non-null, writable and ours (contract), and
+            // large and aligned enough (checked at compile time above).
+            Some(c) if c.is_enabled() => unsafe { slot::put(slot, c.start()) },
+            // SAFETY: as above.
+            _ => unsafe { slot::clear(slot) },
+        }
+    })
+}
+
+/// `SQL_TEXT`: copies `text` (NUL-terminated) into the current row now,
+/// truncated to 200 bytes on a character boundary; a text that is not
+/// UTF-8 is kept up to its first invalid byte. Ownership: copied.
+///
+/// # Safety
+///
+/// `st` as in `pfs_statement_end`; `text` is NULL or a NUL-terminated
+/// string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_statement_set_text(st: *mut pfs_statement_t, text: *const c_char) {
+    // SAFETY: `text` is null or a valid C string (contract), read now.
+    let text = unsafe { prefix_in(text) };
+    // SAFETY: `st` as documented (contract).
+    unsafe { with(st, |g| g.set_text(text)) }
+}
+
+/// `DIGEST`: the 64-bit FNV-1a of the normalised text the application
+/// supplies (e.g. `GET ?`), so that statements group by shape. A text
+/// that is not UTF-8 is kept up to its first invalid byte. Ownership:
+/// read during the call.
+///
+/// # Safety
+///
+/// As `pfs_statement_set_text`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_statement_set_digest_text(
+    st: *mut pfs_statement_t,
+    digest_text: *const c_char,
+) {
+    // SAFETY: `digest_text` is null or a valid C string (contract).
+    let text = unsafe { prefix_in(digest_text) };
+    // SAFETY: `st` as documented (contract).
+    unsafe { with(st, |g| g.set_digest_text(text)) }
+}
+
+/// `ROWS_SENT`.
+///
+/// # Safety
+///
+/// As `pfs_statement_end`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_statement_set_rows_sent(st: *mut pfs_statement_t, n: u64) {
+    // SAFETY: `st` as documented (contract).
+    unsafe { with(st, |g| g.set_rows_sent(n)) }
+}
+
+/// `ROWS_AFFECTED`.
+///
+/// # Safety
+///
+/// As `pfs_statement_end`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_statement_set_rows_affected(st: *mut pfs_statement_t, n: u64) {
+    // SAFETY: `st` as documented (contract).
+    unsafe { with(st, |g| g.set_rows_affected(n)) }
+}
+
+/// `ROWS_EXAMINED`.
+///
+/// # Safety
+///
+/// As `pfs_statement_end`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_statement_set_rows_examined(st: *mut pfs_statement_t, n: u64) {
+    // SAFETY: `st` as documented (contract).
+    unsafe { with(st, |g| g.set_rows_examined(n)) }
+}
+
+/// `ERRORS` (adds `n`).
+///
+/// # Safety
+///
+/// As `pfs_statement_end`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_statement_add_errors(st: *mut pfs_statement_t, n: u64) {
+    // SAFETY: `st` as documented (contract).
+    unsafe { with(st, |g| g.add_errors(n)) }
+}
+
+/// `WARNINGS` (adds `n`).
+///
+/// # Safety
+///
+/// As `pfs_statement_end`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_statement_add_warnings(st: *mut pfs_statement_t, n: u64) {
+    // SAFETY: `st` as documented (contract).
+    unsafe { with(st, |g| g.add_warnings(n)) }
+}
+
+/// Ends the statement begun on `st`: ends its open stage, then records
+/// the statement (current, history, summaries). A no-op if it was not
+/// recording or was already ended.
+///
+/// # Safety
+///
+/// `st` is NULL or points to a `pfs_statement_t` that
+/// `pfs_statement_begin` started on this thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_statement_end(st: *mut pfs_statement_t) {
+    shield((), || {
+        if !st.is_null() {
+            // SAFETY: `st` was begun on this thread (contract).
+            unsafe { slot::take(st.cast::<Slot<StatementGuard>>(), |_| {}) }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::MaybeUninit;
+
+    #[test]
+    fn null_and_uninitialised_are_no_ops() {
+        // SAFETY: null pointers, a local statement and static C literals.
+        unsafe {
+            assert!(pfs_statement_class_register(c"stage/x".as_ptr()).is_null());
+            let cls = pfs_statement_class_register(c"statement/c/get".as_ptr());
+            assert!(!cls.is_null());
+            let mut st = MaybeUninit::<pfs_statement_t>::uninit();
+            let p = st.as_mut_ptr();
+            pfs_statement_begin(p, cls);
+            pfs_statement_set_text(p, c"GET \xff".as_ptr());
+            pfs_statement_set_digest_text(p, std::ptr::null());
+            pfs_statement_set_rows_sent(p, 1);
+            pfs_statement_add_errors(std::ptr::null_mut(), 1);
+            pfs_statement_end(p);
+            pfs_statement_end(p);
+            pfs_statement_begin(std::ptr::null_mut(), cls);
+        }
+    }
+}

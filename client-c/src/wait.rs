@@ -1,0 +1,264 @@
+//! Layer 2. Timed waits from C: wait classes, the caller-owned
+//! `pfs_wait_t`, begin and end, and the `PFS_OP_*` operation codes.
+
+use std::ffi::c_char;
+
+use pfs_client::{Operation, WaitGuard};
+
+use crate::classes::{self, pfs_wait_class_t};
+use crate::shield::shield;
+use crate::slot::{self, Slot};
+use crate::text::str_in;
+
+/// `OPERATION` `lock` (mutex).
+pub const PFS_OP_LOCK: u32 = 1;
+/// `try_lock`.
+pub const PFS_OP_TRY_LOCK: u32 = 2;
+/// `read_lock` (rwlock).
+pub const PFS_OP_READ_LOCK: u32 = 3;
+/// `write_lock`.
+pub const PFS_OP_WRITE_LOCK: u32 = 4;
+/// `try_read_lock`.
+pub const PFS_OP_TRY_READ_LOCK: u32 = 5;
+/// `try_write_lock`.
+pub const PFS_OP_TRY_WRITE_LOCK: u32 = 6;
+/// `wait` (condition variable).
+pub const PFS_OP_WAIT: u32 = 7;
+/// `timed_wait`.
+pub const PFS_OP_TIMED_WAIT: u32 = 8;
+/// `create` (file).
+pub const PFS_OP_CREATE: u32 = 9;
+/// `open`.
+pub const PFS_OP_OPEN: u32 = 10;
+/// `close`.
+pub const PFS_OP_CLOSE: u32 = 11;
+/// `read`.
+pub const PFS_OP_READ: u32 = 12;
+/// `write`.
+pub const PFS_OP_WRITE: u32 = 13;
+/// `seek`.
+pub const PFS_OP_SEEK: u32 = 14;
+/// `sync`.
+pub const PFS_OP_SYNC: u32 = 15;
+/// `stat`.
+pub const PFS_OP_STAT: u32 = 16;
+/// `delete`.
+pub const PFS_OP_DELETE: u32 = 17;
+/// `rename`.
+pub const PFS_OP_RENAME: u32 = 18;
+/// `chsize`.
+pub const PFS_OP_CHSIZE: u32 = 19;
+/// `connect` (socket).
+pub const PFS_OP_CONNECT: u32 = 20;
+/// `accept`.
+pub const PFS_OP_ACCEPT: u32 = 21;
+/// `send`.
+pub const PFS_OP_SEND: u32 = 22;
+/// `recv`.
+pub const PFS_OP_RECV: u32 = 23;
+/// `idle`.
+pub const PFS_OP_IDLE: u32 = 24;
+/// `other`: any other operation (unknown codes are recorded as this).
+pub const PFS_OP_OTHER: u32 = 25;
+
+/// Size of `pfs_wait_t` in 64-bit words.
+pub const PFS_WAIT_WORDS: usize = 24;
+
+/// One wait in progress, owned by the caller: declare it on the stack (no
+/// initialisation needed), `pfs_wait_begin` it, `pfs_wait_end` it. Its
+/// content is private.
+///
+/// Threading: begin and end on the same thread, and end it before that
+/// thread exits (not from a thread-exit destructor). Ownership: the caller
+/// owns the memory; the library neither keeps nor frees it. End each
+/// begun wait exactly once (a second end of the same struct is a no-op;
+/// do not end a copy as well).
+#[repr(C)]
+pub struct pfs_wait_t {
+    _opaque: [u64; PFS_WAIT_WORDS],
+}
+
+const _: () = assert!(
+    Slot::<WaitGuard>::fits(size_of::<pfs_wait_t>(), align_of::<pfs_wait_t>()),
+    "pfs_wait_t is too small for a WaitGuard: raise PFS_WAIT_WORDS (an ABI change)"
+);
+
+/// The operation of code `op`; unknown codes are `other`.
+#[inline(always)]
+fn operation(op: u32) -> Operation {
+    Operation::from_u32(op).unwrap_or(Operation::Other)
+}
+
+/// Registers (or finds) the wait instrument `name`, a PFS wait name
+/// (`wait/synch/mutex/<area>/<name>`, `wait/synch/rwlock/...`,
+/// `wait/synch/cond/...`, `wait/io/file/...`, `wait/io/socket/...`).
+/// Returns a handle valid for the life of the process (the same one for
+/// the same name), or NULL if `name` is NULL, not UTF-8 or not a wait
+/// name. May be called before `pfs_init`: the class registers in the
+/// segment on its first use after it.
+///
+/// Threading: any thread; takes a lock (call it at startup, not per
+/// event). Ownership: `name` is copied.
+///
+/// # Safety
+///
+/// `name` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_wait_class_register(name: *const c_char) -> *const pfs_wait_class_t {
+    shield(std::ptr::null(), || {
+        // SAFETY: `name` is null or a valid C string (contract).
+        let name = unsafe { str_in(name) };
+        name.and_then(classes::wait)
+            .map_or(std::ptr::null(), |h| h as *const _)
+    })
+}
+
+/// Whether the instrument is `ENABLED` now (as the agent set it): one
+/// relaxed load. False for NULL and before `pfs_init`.
+///
+/// # Safety
+///
+/// `cls` is NULL or a handle from `pfs_wait_class_register`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_wait_class_enabled(cls: *const pfs_wait_class_t) -> bool {
+    shield(false, || {
+        // SAFETY: `cls` is null or a handle, which lives forever (contract).
+        unsafe { cls.as_ref() }.is_some_and(|c| c.0.get().is_enabled())
+    })
+}
+
+/// Starts a wait of class `cls` on the calling thread: `op` is a
+/// `PFS_OP_*` code, `object` the waited-on object's address or any stable
+/// id (`OBJECT_INSTANCE_BEGIN`). A disabled class, a NULL `cls` or no
+/// `pfs_init` makes it (and its end) a no-op costing a load and a branch.
+/// No lock, no allocation.
+///
+/// Threading and ownership: see `pfs_wait_t`.
+///
+/// # Safety
+///
+/// `w` is NULL or points to a writable `pfs_wait_t` that no other thread
+/// uses; `cls` is NULL or a handle from `pfs_wait_class_register`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_wait_begin(
+    w: *mut pfs_wait_t,
+    cls: *const pfs_wait_class_t,
+    op: u32,
+    object: u64,
+) {
+    shield((), || {
+        if w.is_null() {
+            return;
+        }
+        let slot = w.cast::<Slot<WaitGuard>>();
+        // SAFETY: `cls` is null or a handle, which lives forever (contract).
+        let class = unsafe { cls.as_ref() }.map(|c| c.0.get());
+        match class {
+            // SAFETY: `w` is non-null, writable and ours (contract), and a
+            // pfs_wait_t is large and aligned enough for the slot (checked
+            // at compile time above).
+            Some(c) if c.is_enabled() => unsafe {
+                slot::put(slot, c.start(operation(op), object as usize))
+            },
+            // SAFETY: as above.
+            _ => unsafe { slot::clear(slot) },
+        }
+    })
+}
+
+/// Ends the wait begun on `w` now and records it (`TIMER_WAIT`, current,
+/// history, summaries). A no-op if it was not recording or was already
+/// ended. No lock, no allocation.
+///
+/// # Safety
+///
+/// `w` is NULL or points to a `pfs_wait_t` that `pfs_wait_begin` started
+/// on this thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_wait_end(w: *mut pfs_wait_t) {
+    shield((), || {
+        if !w.is_null() {
+            // SAFETY: `w` was begun on this thread (contract), so its slot
+            // is armed with a WaitGuard or empty.
+            unsafe { slot::take(w.cast::<Slot<WaitGuard>>(), |_| {}) }
+        }
+    })
+}
+
+/// As `pfs_wait_end`, with `NUMBER_OF_BYTES` = `bytes` (file and socket
+/// I/O).
+///
+/// # Safety
+///
+/// As `pfs_wait_end`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_wait_end_bytes(w: *mut pfs_wait_t, bytes: u64) {
+    shield((), || {
+        if !w.is_null() {
+            // SAFETY: as in pfs_wait_end.
+            unsafe { slot::take(w.cast::<Slot<WaitGuard>>(), |g| g.set_bytes(bytes)) }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::MaybeUninit;
+
+    #[test]
+    fn operation_codes_are_the_layout_s() {
+        let codes = [
+            (PFS_OP_LOCK, "lock"),
+            (PFS_OP_TRY_LOCK, "try_lock"),
+            (PFS_OP_READ_LOCK, "read_lock"),
+            (PFS_OP_WRITE_LOCK, "write_lock"),
+            (PFS_OP_TRY_READ_LOCK, "try_read_lock"),
+            (PFS_OP_TRY_WRITE_LOCK, "try_write_lock"),
+            (PFS_OP_WAIT, "wait"),
+            (PFS_OP_TIMED_WAIT, "timed_wait"),
+            (PFS_OP_CREATE, "create"),
+            (PFS_OP_OPEN, "open"),
+            (PFS_OP_CLOSE, "close"),
+            (PFS_OP_READ, "read"),
+            (PFS_OP_WRITE, "write"),
+            (PFS_OP_SEEK, "seek"),
+            (PFS_OP_SYNC, "sync"),
+            (PFS_OP_STAT, "stat"),
+            (PFS_OP_DELETE, "delete"),
+            (PFS_OP_RENAME, "rename"),
+            (PFS_OP_CHSIZE, "chsize"),
+            (PFS_OP_CONNECT, "connect"),
+            (PFS_OP_ACCEPT, "accept"),
+            (PFS_OP_SEND, "send"),
+            (PFS_OP_RECV, "recv"),
+            (PFS_OP_IDLE, "idle"),
+            (PFS_OP_OTHER, "other"),
+        ];
+        for (code, name) in codes {
+            assert_eq!(operation(code).name(), name, "PFS_OP code {code}");
+        }
+        assert_eq!(operation(0), Operation::Other);
+        assert_eq!(operation(999), Operation::Other);
+    }
+
+    #[test]
+    fn null_and_uninitialised_are_no_ops() {
+        // SAFETY: every pointer is null or local; the class is a handle.
+        unsafe {
+            assert!(pfs_wait_class_register(std::ptr::null()).is_null());
+            assert!(pfs_wait_class_register(c"stage/x/y".as_ptr()).is_null());
+            let cls = pfs_wait_class_register(c"wait/synch/mutex/c/m".as_ptr());
+            assert!(!cls.is_null());
+            assert!(!pfs_wait_class_enabled(cls) && !pfs_wait_class_enabled(std::ptr::null()));
+            pfs_wait_begin(std::ptr::null_mut(), cls, PFS_OP_LOCK, 0);
+            pfs_wait_end(std::ptr::null_mut());
+            let mut w = MaybeUninit::<pfs_wait_t>::uninit();
+            pfs_wait_begin(w.as_mut_ptr(), cls, PFS_OP_LOCK, 1);
+            pfs_wait_end_bytes(w.as_mut_ptr(), 3);
+            pfs_wait_end(w.as_mut_ptr());
+            pfs_wait_begin(w.as_mut_ptr(), std::ptr::null(), PFS_OP_LOCK, 1);
+            pfs_wait_end(w.as_mut_ptr());
+        }
+    }
+}
