@@ -263,6 +263,14 @@ pub struct QueryArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
+    /// Text: durations as MySQL's FORMAT_PICO_TIME shows them (471.87 ms),
+    /// the default when stdout is a terminal. JSON stays in picoseconds.
+    #[arg(long, conflicts_with = "raw_times")]
+    pub human_times: bool,
+    /// Text: durations in picoseconds, as stored (the default when stdout
+    /// is not a terminal).
+    #[arg(long)]
+    pub raw_times: bool,
     /// Only this service.
     #[arg(long)]
     pub service: Option<String>,

@@ -1,14 +1,67 @@
-//! `pfs-agent`: the command line over the `pfs_agent` library. The
-//! binary's own modules are the top layers of the agent: [`cli`] (layer
-//! 8, the flags) and [`commands`] (layer 9, one file per command); see the
-//! layer table in the library's documentation.
+//! `pfs-agent`: the command line over the `pfs_agent` library, and its
+//! logs (stderr: plain text, coloured only on a terminal, or JSON lines
+//! with `PFS_LOG_FORMAT=json`). The binary's own modules are the top
+//! layers of the agent: [`cli`] (layer 8, the flags) and [`commands`]
+//! (layer 9, one file per command); see the layer table in the library's
+//! documentation.
 
+use std::io::IsTerminal;
+
+use anyhow::bail;
 use clap::Parser;
 
 mod cli;
 mod commands;
 
 use cli::{Cli, Command};
+
+/// How log lines are written (`PFS_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LogFormat {
+    /// One line of text per event (the default); coloured only on a
+    /// terminal, and never with `NO_COLOR` set.
+    Text,
+    /// One JSON object per line, for log shippers: `timestamp`, `level`,
+    /// `target`, `message` and the event's fields at the top level.
+    Json,
+}
+
+impl LogFormat {
+    /// The format `PFS_LOG_FORMAT` asks for: `text` (or unset) or `json`.
+    fn from_env() -> anyhow::Result<Self> {
+        match std::env::var("PFS_LOG_FORMAT") {
+            Err(std::env::VarError::NotPresent) => Ok(Self::Text),
+            Ok(v) if v == "text" || v.is_empty() => Ok(Self::Text),
+            Ok(v) if v == "json" => Ok(Self::Json),
+            Ok(v) => bail!("PFS_LOG_FORMAT={v:?} is not a log format; use text or json"),
+            Err(std::env::VarError::NotUnicode(v)) => {
+                bail!("PFS_LOG_FORMAT={v:?} is not a log format; use text or json")
+            }
+        }
+    }
+}
+
+/// Colours (ANSI escapes) only when stderr is a terminal and `NO_COLOR`
+/// (<https://no-color.org>) is unset or empty: a log written to a file, a
+/// pipe or `kubectl logs` stays plain text.
+fn log_colours() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// Logs to stderr in `format`, at `PFS_LOG` (an `EnvFilter`) or
+/// `default_level`.
+fn init_logs(format: LogFormat, default_level: &str) {
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PFS_LOG")
+                .unwrap_or_else(|_| default_level.into()),
+        )
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.with_ansi(log_colours()).init(),
+        LogFormat::Json => logs.with_ansi(false).json().flatten_event(true).init(),
+    }
+}
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -17,13 +70,7 @@ fn main() -> anyhow::Result<()> {
         Command::Query(_) | Command::Setup(_) => "warn",
         _ => "info",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PFS_LOG")
-                .unwrap_or_else(|_| default_level.into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    init_logs(LogFormat::from_env()?, default_level);
     match cli.command {
         Command::Serve(a) => commands::serve::run(a),
         Command::Query(a) => commands::query::run(a),

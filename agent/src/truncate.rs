@@ -745,14 +745,14 @@ mod tests {
         cur.count = 12;
         cur.timed_count = 12;
         cur.sum_ps = 10_000 + 2 * 50_000;
-        cur.buckets[3] += 2; // (2^15, 2^16] ps
+        cur.buckets[3] += 2; // (2^-25, 2^-24] s = (29802, 59604] ps
         cur.max_ps = 50_000;
         let v = cur.since(&base);
         assert_eq!((v.count, v.sum_ps), (2, 100_000));
         assert_eq!(v.max_ps, 50_000, "lifetime max lies in the new top bucket");
         assert_eq!(
             v.min_ps,
-            (1 << 15) + 1,
+            pfs_shm_layout::layout::BUCKET_UPPER_PS[2] + 1,
             "lifetime min predates truncation: bucket bound"
         );
         assert_eq!(v.avg_ps(), 50_000);

@@ -20,10 +20,10 @@ use crate::seqlock::SeqLock;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"PFSSHM\0\0");
 /// Major layout version. Bumped on every incompatible change; a reader
 /// refuses any major version it does not know.
-pub const LAYOUT_MAJOR: u32 = 3;
+pub const LAYOUT_MAJOR: u32 = 4;
 /// Minor layout version: compatible additions (new section kinds, use of
 /// reserved fields). Readers accept any minor version of a known major.
-pub const LAYOUT_MINOR: u32 = 1;
+pub const LAYOUT_MINOR: u32 = 0;
 /// Written natively by the creator; a reader on the other byte order would
 /// read `0x0403_0201` and refuses the segment.
 pub const BYTE_ORDER_MARK: u32 = 0x0102_0304;
@@ -279,32 +279,66 @@ pub struct StringEntry {
     pub bytes: [AtomicU64; STRING_BYTES / 8],
 }
 
-/// Number of latency histogram buckets and their bounds: bucket 0 holds
-/// durations `<= 2^13 ps` (8.192 ns); bucket `i` in `1..=30` holds
-/// `(2^(12+i), 2^(13+i)]` ps; bucket 31 holds everything above `2^43` ps
-/// (8.8 s). Upper bounds are therefore exact powers of two picoseconds.
+/// Latency histogram buckets: bucket 0 holds durations `<= 2^-27 s`
+/// (7.45 ns); bucket `i` in `1..=30` holds `(2^(i-28), 2^(i-27)]` seconds;
+/// bucket 31 holds everything above `2^3 s` (8 s). The bounds are powers
+/// of two of a *second* (since layout 4.0; 3.x used powers of two of a
+/// picosecond), so the buckets are exactly those of a Prometheus native
+/// histogram of schema 0 (index `i - 27`) and of an OTLP exponential
+/// histogram of scale 0 (index `i - 28`), bucket 0 being their zero
+/// bucket (threshold `2^-27`). In integer picoseconds, bucket `i` ends at
+/// [`bucket_upper_ps`]`(i)` = ⌊10^12 · 2^(i-27)⌋, so the classification of
+/// an integer duration is exact.
 #[inline(always)]
 pub const fn bucket_index(ps: u64) -> usize {
-    if ps <= 1 << 13 {
+    if ps <= BUCKET_UPPER_PS[0] {
         return 0;
     }
-    let bits = 64 - (ps - 1).leading_zeros() as usize; // ceil(log2(ps))
-    let i = bits - 13;
-    if i > HISTOGRAM_BUCKETS - 1 {
-        HISTOGRAM_BUCKETS - 1
-    } else {
-        i
+    // 2^(b-1) < ps ≤ 2^b, and BUCKET_UPPER_PS[i] ≈ 2^(i + 12.863): the
+    // bucket is b - 13 or b - 12 (b ≥ 13 here: ps > 7450).
+    let b = 64 - (ps - 1).leading_zeros() as usize;
+    let i = b - 13;
+    if i >= HISTOGRAM_BUCKETS - 1 {
+        return HISTOGRAM_BUCKETS - 1;
     }
+    if ps > BUCKET_UPPER_PS[i] { i + 1 } else { i }
 }
 
-/// Inclusive upper bound in picoseconds of bucket `i`, `None` for the last
-/// (+Inf) bucket.
+/// `log2` of bucket 0's upper bound in seconds: bucket `i < 31` ends at
+/// `2^(BUCKET_LOG2_SECONDS_0 + i)` seconds.
+pub const BUCKET_LOG2_SECONDS_0: i32 = -27;
+
+/// Inclusive upper bounds in integer picoseconds of buckets `0..=30`:
+/// ⌊10^12 · 2^(i-27)⌋ = ⌊5^12 · 2^(i-15)⌋.
+pub const BUCKET_UPPER_PS: [u64; HISTOGRAM_BUCKETS - 1] = {
+    const FIVE_12: u64 = 244_140_625;
+    let mut t = [0u64; HISTOGRAM_BUCKETS - 1];
+    let mut i = 0;
+    while i < HISTOGRAM_BUCKETS - 1 {
+        t[i] = if i >= 15 {
+            FIVE_12 << (i - 15)
+        } else {
+            FIVE_12 >> (15 - i)
+        };
+        i += 1;
+    }
+    t
+};
+
+/// Inclusive upper bound in picoseconds of bucket `i` (rounded down to an
+/// integer), `None` for the last (+Inf) bucket.
 pub const fn bucket_upper_ps(i: usize) -> Option<u64> {
     if i >= HISTOGRAM_BUCKETS - 1 {
         None
     } else {
-        Some(1u64 << (13 + i))
+        Some(BUCKET_UPPER_PS[i])
     }
+}
+
+/// Exact upper bound in seconds of bucket `i` (a power of two), `None`
+/// for the last (+Inf) bucket.
+pub fn bucket_upper_seconds(i: usize) -> Option<f64> {
+    (i < HISTOGRAM_BUCKETS - 1).then(|| 2f64.powi(BUCKET_LOG2_SECONDS_0 + i as i32))
 }
 
 /// Summary statistics of one instrument class (384 bytes), guarded by `seq`.
@@ -957,13 +991,20 @@ const _: () = {
     assert!(offset_of!(ContainerHeader, pages_added) == 32);
     assert!(offset_of!(ContainerHeader, pages_reclaimed) == 40);
     assert!(offset_of!(ContainerHeader, pages_revived) == 48);
-    // Histogram bucket bounds are what the docs say.
+    // Histogram bucket bounds are what the docs say: powers of two of a
+    // second, 7.45 ns to 8 s.
+    assert!(BUCKET_UPPER_PS[0] == 7450); // 2^-27 s = 7450.58 ps
+    assert!(BUCKET_UPPER_PS[27] == 1_000_000_000_000); // 1 s
+    assert!(BUCKET_UPPER_PS[30] == 8_000_000_000_000); // 8 s
     assert!(bucket_index(0) == 0);
-    assert!(bucket_index(1 << 13) == 0);
-    assert!(bucket_index((1 << 13) + 1) == 1);
-    assert!(bucket_index(1 << 14) == 1);
-    assert!(bucket_index(1 << 43) == 30);
-    assert!(bucket_index((1 << 43) + 1) == 31);
+    assert!(bucket_index(7450) == 0);
+    assert!(bucket_index(7451) == 1);
+    assert!(bucket_index(14901) == 1); // 2^-26 s = 14901.16 ps
+    assert!(bucket_index(14902) == 2);
+    assert!(bucket_index(1_000_000_000_000) == 27);
+    assert!(bucket_index(1_000_000_000_001) == 28);
+    assert!(bucket_index(8_000_000_000_000) == 30);
+    assert!(bucket_index(8_000_000_000_001) == 31);
     assert!(bucket_index(u64::MAX) == 31);
 };
 

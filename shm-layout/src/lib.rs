@@ -8,10 +8,16 @@
 //! checked at compile time, and `tests/spec.rs` checks every number of the
 //! tables below against them.
 //!
-//! Layout version **3.1** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
+//! Layout version **4.0** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
 //! All integers are little-endian (the header's byte-order mark says so).
 //! Every field is an aligned 32- or 64-bit word, read and written with
 //! atomic instructions only.
+//!
+//! Versions: 4.0 re-based the latency histogram's buckets on powers of two
+//! of a second (3.x: of a picosecond), for exact native and exponential
+//! histograms; nothing else moved, but a 3.x reader would mislabel every
+//! bucket, hence the major bump. 3.1 added tasks (per-row `THREAD_ID`,
+//! `CPU_TIME`, `CANCELLED`).
 //!
 //! A segment is a plain file mapped with `memmap2`, not a POSIX shared
 //! memory object: the `shared_memory` crate was considered and rejected,
@@ -68,6 +74,16 @@
 //!  └──────────────────────────────────────────────┘
 //! ```
 //!
+//! The parts of a record follow each other without padding. With *h* =
+//! `history_len`: the waits ring starts at byte 896 of the record, the
+//! stages ring at 896 + 128·*h*, the statements ring at 896 + 256·*h*, and
+//! summary row *c* at 896 + 640·*h* + 384·*c* (`max_classes` is the
+//! Classes section's `count`). Record *i* of page *p* starts at
+//! `pages_offset` + *p*·`page_size` + *i*·`record_size` from the start of
+//! the Threads section, and its **record index** (used by the fold log)
+//! is *p*·`records_per_page` + *i*. The page directory's entry *p* is the
+//! 64-bit word at byte 64 + 8·*p* of the section.
+//!
 //! Section offsets are not fixed: read them from the directory. Every
 //! section starts on a 4096-byte boundary. Regions up to the first
 //! container page are reserved (`fallocate`) at creation, except the
@@ -87,8 +103,8 @@
 //! | offset | size | field | meaning |
 //! |-------:|-----:|-------|---------|
 //! | 0x000 | 8 | `magic` | `"PFSSHM\0\0"` |
-//! | 0x008 | 4 | `major` | 3; refuse any other |
-//! | 0x00C | 4 | `minor` | 1; compatible additions (new section kinds, use of reserved fields): accept any |
+//! | 0x008 | 4 | `major` | 4; refuse any other |
+//! | 0x00C | 4 | `minor` | 0; compatible additions (new section kinds, use of reserved fields): accept any |
 //! | 0x010 | 4 | `byte_order` | `0x01020304` as written by the creator |
 //! | 0x014 | 4 | `header_size` | 4096 |
 //! | 0x018 | 8 | `segment_size` | file size set by the creator; must be ≤ the file's length |
@@ -167,6 +183,26 @@
 //! | 12 | 4 | `name_len` | ≤ 112 |
 //! | 16 | 112 | `name` | UTF-8 PFS name, e.g. `wait/synch/mutex/kv/store` |
 //!
+//! `kind`, from the name's prefix ([`ClassKind`]); kinds 1 to 7 are waits
+//! (`events_waits_*` tables):
+//!
+//! | value | kind | names |
+//! |------:|------|-------|
+//! | 1 | mutex | `wait/synch/mutex/...` |
+//! | 2 | rwlock | `wait/synch/rwlock/...`, `wait/synch/sxlock/...` |
+//! | 3 | cond | `wait/synch/cond/...` |
+//! | 4 | file | `wait/io/file/...` |
+//! | 5 | socket | `wait/io/socket/...` |
+//! | 6 | idle | `idle` |
+//! | 7 | wait | any other `wait/...` |
+//! | 8 | stage | `stage/...` |
+//! | 9 | statement | `statement/...` |
+//! | 10 | memory | `memory/...` |
+//!
+//! A class's index in this section is its index everywhere else: the
+//! `class` of an event row, and the summary (or memory) row of that index
+//! in each thread record and in the global section.
+//!
 //! ## String entry: [`layout::StringEntry`], 64 bytes
 //!
 //! Published in index order. Used for `SOURCE` (`file.rs:123`) and
@@ -220,9 +256,16 @@
 //! | 368 | 8 | `cancelled` | statements cancelled (since 3.1) |
 //! | 376 | 8 | `reserved` | reserved |
 //!
-//! Bucket 0 counts durations ≤ 2^13 ps (8.192 ns), bucket *i* (1..=30)
-//! counts (2^(12+i), 2^(13+i)] ps, bucket 31 counts everything above 2^43
-//! ps (8.8 s): see [`layout::bucket_index`].
+//! Bucket 0 counts durations ≤ 2^-27 s (7450 ps), bucket *i* (1..=30)
+//! counts (2^(i-28), 2^(i-27)] s, bucket 31 counts everything above 2^3 s
+//! (8 s). In integer picoseconds, bucket *i* ≤ 30 ends at ⌊10^12 ·
+//! 2^(i-27)⌋ ps (7450, 14901, 29802, ..., 10^12 at *i* = 27, ...,
+//! 8·10^12): a duration of *d* ps goes to the first bucket whose bound is
+//! ≥ *d*. The bounds are powers of two of a second (since 4.0; 3.x used
+//! 2^(13+i) ps), so they are exactly the buckets of a Prometheus native
+//! histogram of schema 0 (index *i* − 27) and of an OTLP exponential
+//! histogram of scale 0 (index *i* − 28), bucket 0 being the zero bucket:
+//! see [`layout::bucket_index`].
 //!
 //! ## Memory row: [`layout::MemoryRow`], 384 bytes
 //!
@@ -341,7 +384,7 @@
 //! | 88 | 12 | `history_next[3]` | writer's next slot per ring (waits, stages, statements) |
 //! | 100 | 4 | `reserved1` | reserved |
 //! | 104 | 24 | `history_count[3]` | events ever appended per ring; event *k* is in slot *k* mod `history_len` |
-//! | 128 | 128 | `touched[16]` | bit *c*: row *c* written in this lifetime |
+//! | 128 | 128 | `touched[16]` | bit *c* (bit *c* mod 64 of word *c* / 64): summary row *c* written in this lifetime; readers ignore rows whose bit is clear (they may hold an earlier lifetime's figures) |
 //! | 256 | 128 | `waits_current` | event row |
 //! | 384 | 128 | `stages_current` | event row |
 //! | 512 | 384 | `statements_current` | statement row |
@@ -429,8 +472,14 @@
 //!
 //! ## Protocols
 //!
-//! * **Sequence locks** ([`seqlock`]): one writer per row; readers retry a
-//!   bounded number of times, then skip and count.
+//! * **Sequence locks** ([`seqlock`]): one writer per row. The writer
+//!   stores `seq` odd, then the fields, then `seq` even (release). A
+//!   reader loads `seq` (acquire), then the fields, then `seq` again
+//!   (after an acquire fence), and accepts the copy iff the two loads are
+//!   equal and even; otherwise it retries a bounded number of times, then
+//!   skips the row and counts it. The global section has one `seq`, in
+//!   its header, over the whole section: every write to its rows, its
+//!   `fold_count` and its fold log happens inside it.
 //! * **history_long slots**: many writers; a writer claims a slot by
 //!   compare-exchange only if it holds an older ticket, else counts the
 //!   event lost (see [`writer::SegmentWriter::append_long`]).
@@ -447,7 +496,21 @@
 //!   version)` to the fold log and sets `fold_count = ticket`, all inside
 //!   the global sequence lock, then frees its record. Readers drop copies
 //!   that the fold log shows as already folded, so each event is counted
-//!   exactly once and totals never go down.
+//!   exactly once and totals never go down. A reader's totals (say
+//!   `events_waits_summary_global_by_event_name`):
+//!   1. read `fold_count` (*F0*);
+//!   2. copy every ALLOCATED record of every ACTIVE page: its lock word,
+//!      its touched summary rows (each under its `seq`), then the lock
+//!      word again; keep the copy only if the word is unchanged, with
+//!      version = lock word >> 2;
+//!   3. read the global section under its `seq`: rows, `fold_count`
+//!      (*F2*) and fold log;
+//!   4. if *F2* − *F0* ≥ 256, the log may have lost entries: start again;
+//!   5. drop each copy whose (record index, version) is in a fold log
+//!      entry with 0 < `ticket` ≤ *F2*;
+//!   6. a class's total is its global row plus its row in every kept copy
+//!      (counts and sums add; MIN and MAX over rows with `timed_count` >
+//!      0, a `min` of `u64::MAX` meaning none).
 //!
 //! ## Modules and layers
 //!

@@ -637,6 +637,24 @@ impl OtlpReceiver {
     /// 30 s) for its ready line. Needs `python3` with `opentelemetry-proto`
     /// and `grpcio` (scripts/test installs them).
     pub fn start(grpc_port: Option<u16>, http_port: Option<u16>) -> Result<Self> {
+        Self::start_with(grpc_port, http_port, None)
+    }
+
+    /// Like [`OtlpReceiver::start`], serving TLS only (and requiring a
+    /// client certificate if [`ReceiverTls::client_ca`] is set).
+    pub fn start_tls(
+        grpc_port: Option<u16>,
+        http_port: Option<u16>,
+        tls: &ReceiverTls,
+    ) -> Result<Self> {
+        Self::start_with(grpc_port, http_port, Some(tls))
+    }
+
+    fn start_with(
+        grpc_port: Option<u16>,
+        http_port: Option<u16>,
+        tls: Option<&ReceiverTls>,
+    ) -> Result<Self> {
         let mut cmd = Command::new("python3");
         cmd.arg("-u")
             .arg(workspace_root().join("tests/otlp_receiver.py"));
@@ -645,6 +663,15 @@ impl OtlpReceiver {
         }
         if let Some(p) = http_port {
             cmd.arg("--http-port").arg(p.to_string());
+        }
+        if let Some(t) = tls {
+            cmd.arg("--tls-cert")
+                .arg(&t.cert)
+                .arg("--tls-key")
+                .arg(&t.key);
+            if let Some(ca) = &t.client_ca {
+                cmd.arg("--tls-client-ca").arg(ca);
+            }
         }
         let mut guard = ChildGuard::spawn("otlp-receiver", cmd, true)?;
         let rx = stdout_lines(&mut guard)?;
@@ -700,6 +727,17 @@ impl OtlpReceiver {
     }
 }
 
+/// The TLS files of a TLS [`OtlpReceiver`] (PEM).
+#[derive(Debug, Clone)]
+pub struct ReceiverTls {
+    /// The server certificate (chain).
+    pub cert: PathBuf,
+    /// The server's private key.
+    pub key: PathBuf,
+    /// If set, client certificates issued by this CA are required (mTLS).
+    pub client_ca: Option<PathBuf>,
+}
+
 /// The metric `name` of every resource of an OTLP request printed by
 /// [`OtlpReceiver`], with its resource attributes.
 pub fn otlp_metrics<'a>(req: &'a Value, name: &str) -> Vec<(&'a Value, &'a Value)> {
@@ -746,10 +784,22 @@ impl Agent {
 /// Starts a real `prometheus` with `config`, storing data in `data`, on
 /// 127.0.0.1:`port`, and waits (up to 30 s) until it is ready.
 pub fn start_prometheus(config: &Path, data: &Path, port: u16) -> Result<ChildGuard> {
+    start_prometheus_with(config, data, port, &[])
+}
+
+/// [`start_prometheus`] with extra flags (e.g.
+/// `--enable-feature=native-histograms`).
+pub fn start_prometheus_with(
+    config: &Path,
+    data: &Path,
+    port: u16,
+    flags: &[&str],
+) -> Result<ChildGuard> {
     let mut cmd = Command::new("prometheus");
     cmd.arg(format!("--config.file={}", config.display()))
         .arg(format!("--storage.tsdb.path={}", data.display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"));
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .args(flags);
     let mut prom = ChildGuard::spawn("prometheus", cmd, false)?;
     let ready = format!("http://127.0.0.1:{port}/-/ready");
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -342,6 +342,69 @@ fn agent_reports_exact_counts_and_sums() {
             "text row of {name} lacks count {}: {line}",
             N * K
         );
+        // Into a pipe, durations stay picoseconds: the exact sum.
+        let sum = ready["classes"][name]["sum_ps"].as_u64().unwrap();
+        assert!(
+            line.contains(&format!(" {sum} ")),
+            "piped text of {name} lacks its sum {sum} ps: {line}"
+        );
+    }
+    // JSON stays picoseconds, as numbers.
+    for r in cli["rows"].as_array().unwrap() {
+        for c in [
+            "sum_timer_wait",
+            "min_timer_wait",
+            "avg_timer_wait",
+            "max_timer_wait",
+        ] {
+            assert!(r[c].is_u64(), "{c} in JSON: {r}");
+        }
+    }
+
+    // `--human-times`: durations as FORMAT_PICO_TIME writes them (two
+    // decimals and a unit), counts untouched; `--raw-times` is the piped
+    // default.
+    let query_text = |flag: &str| {
+        let out = Command::new(agent_bin())
+            .args(["query", table, flag, "--shm-dir"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pfs-agent query {flag} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(query_text("--raw-times"), text);
+    let human = query_text("--human-times");
+    for name in TEST_CLASSES {
+        let line = human
+            .lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("human query lacks {name}:\n{human}"));
+        let cells: Vec<&str> = line
+            .split('|')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        // service, pid, event_name, count_star, then the four durations.
+        assert_eq!(cells[3], (N * K).to_string(), "{line}");
+        for d in &cells[4..8] {
+            let (num, unit) = d
+                .split_once(' ')
+                .unwrap_or_else(|| panic!("{d:?} has no unit: {line}"));
+            assert!(
+                ["ns", "us", "ms", "s", "min", "h", "d"].contains(&unit),
+                "{d:?}: {line}"
+            );
+            let (int, frac) = num.split_once('.').unwrap_or_else(|| panic!("{d:?}"));
+            assert!(
+                int.parse::<u32>().is_ok() && frac.len() == 2 && frac.parse::<u8>().is_ok(),
+                "{d:?}: {line}"
+            );
+        }
     }
 
     writer.finish(Duration::from_secs(10)).unwrap();

@@ -1,5 +1,7 @@
 //! grafana/: dashboard lint rules, provisioning files, and every panel query
-//! run against a real Prometheus scraping `pfs-agent demo`.
+//! run against two real Prometheus servers scraping `pfs-agent demo`, one
+//! with classic histograms (text scrapes) and one with native histograms
+//! (`--enable-feature=native-histograms`, protobuf scrapes).
 //!
 //! Families not exported yet are listed in [`PENDING`]: a query that uses
 //! only pending families must return NO data today, so that when they are
@@ -543,8 +545,9 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
         Duration::from_secs(20),
     )
     .unwrap();
-    // A refused file, so that the segment-error panels have a series.
-    std::fs::write(shm.path().join("garbage.1.pfs"), vec![0x5a; 4096]).unwrap();
+    // A healthy directory (no refused file): every panel must still show
+    // data, the segment-error panels included (every reason is exported
+    // at 0 from the start).
 
     // Prometheus scraping every second, with the target labels a
     // PodMonitor would add.
@@ -563,16 +566,29 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
     let prom = pfs_tests::start_prometheus(&config, &tsdb.path().join("data"), prom_port)
         .unwrap_or_else(|e| panic!("prometheus not ready: {e:#}"));
     let base = format!("http://127.0.0.1:{prom_port}");
-    poll(Duration::from_secs(20), || {
-        Ok((!query(&base, "pfs_agent_build_info").is_empty()).then_some(()))
-    })
-    .unwrap_or_else(|e| {
-        panic!(
-            "no first scrape: {e:#}\n{}\n{}",
-            prom.describe(),
-            demo.describe()
-        )
-    });
+    // The same, ingesting native histograms (protobuf scrapes): every
+    // panel must show data with either kind of histogram.
+    let native_port = free_port();
+    let native_prom = pfs_tests::start_prometheus_with(
+        &config,
+        &tsdb.path().join("native"),
+        native_port,
+        &["--enable-feature=native-histograms"],
+    )
+    .unwrap_or_else(|e| panic!("native-histogram prometheus not ready: {e:#}"));
+    let native_base = format!("http://127.0.0.1:{native_port}");
+    for (b, p) in [(&base, &prom), (&native_base, &native_prom)] {
+        poll(Duration::from_secs(20), || {
+            Ok((!query(b, "pfs_agent_build_info").is_empty()).then_some(()))
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "no first scrape: {e:#}\n{}\n{}",
+                p.describe(),
+                demo.describe()
+            )
+        });
+    }
     // Let the rate windows fill: more than RATE_INTERVAL of 1 s scrapes.
     let first = Instant::now();
     std::thread::sleep(Duration::from_secs(18).saturating_sub(first.elapsed()));
@@ -592,23 +608,25 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
     .into();
     let mut failures = Vec::new();
     let mut counts = (0, 0);
-    for (file, _) in DASHBOARDS {
-        let d = load(file);
-        // Variables: each query returns the values Prometheus has.
-        for v in d["templating"]["list"].as_array().unwrap() {
-            if v["type"] != "query" {
-                continue;
-            }
-            let name = v["name"].as_str().unwrap();
-            let q = substitute(&var_query(v), &all);
-            let vals = label_values(&base, &q);
-            let pending = only_pending(&q);
-            eprintln!(
-                "grafana_dashboards: variable ${name}: {vals:?}{}",
-                if pending { " (pending)" } else { "" }
-            );
-            let want: Option<&str> = one.get(name).copied().filter(|w| *w != ".*");
-            match (pending, want) {
+    for (kind, base) in [("classic", &base), ("native", &native_base)] {
+        let before = failures.len();
+        for (file, _) in DASHBOARDS {
+            let d = load(file);
+            // Variables: each query returns the values Prometheus has.
+            for v in d["templating"]["list"].as_array().unwrap() {
+                if v["type"] != "query" {
+                    continue;
+                }
+                let name = v["name"].as_str().unwrap();
+                let q = substitute(&var_query(v), &all);
+                let vals = label_values(base, &q);
+                let pending = only_pending(&q);
+                eprintln!(
+                    "grafana_dashboards: variable ${name}: {vals:?}{}",
+                    if pending { " (pending)" } else { "" }
+                );
+                let want: Option<&str> = one.get(name).copied().filter(|w| *w != ".*");
+                match (pending, want) {
                 (true, _) if !vals.is_empty() => failures.push(format!(
                     "variable ${name} uses a PENDING family but returned {vals:?}: remove it from PENDING"
                 )),
@@ -617,62 +635,66 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
                 }
                 _ => {}
             }
-        }
-        for panel in panels(&d) {
-            let title = panel["title"].as_str().unwrap();
-            for t in targets(panel) {
-                let expr = t["expr"].as_str().unwrap();
-                let pending = only_pending(expr);
-                let q_all = substitute(expr, &all);
-                let res = query(&base, &q_all);
-                let finite = finite_values(&res);
-                let res_one = query(&base, &substitute(expr, &one));
-                // A value no series has: the query must select nothing,
-                // which proves it honours the variable.
-                let mut none = one.clone();
-                none.insert("pod", "no-such-pod");
-                let res_none = query(&base, &substitute(expr, &none));
-                eprintln!(
-                    "grafana_dashboards: [{}] {title} / {}: {} series ({finite} finite), {} with single values, {} with an unknown pod",
-                    if pending { "pending" } else { "live" },
-                    t["refId"].as_str().unwrap_or("?"),
-                    res.len(),
-                    res_one.len(),
-                    res_none.len(),
-                );
-                if pending {
-                    counts.1 += 1;
-                    if !res.is_empty() {
-                        failures.push(format!(
+            }
+            for panel in panels(&d) {
+                let title = panel["title"].as_str().unwrap();
+                for t in targets(panel) {
+                    let expr = t["expr"].as_str().unwrap();
+                    let pending = only_pending(expr);
+                    let q_all = substitute(expr, &all);
+                    let res = query(base, &q_all);
+                    let finite = finite_values(&res);
+                    let res_one = query(base, &substitute(expr, &one));
+                    // A value no series has: the query must select nothing,
+                    // which proves it honours the variable.
+                    let mut none = one.clone();
+                    none.insert("pod", "no-such-pod");
+                    let res_none = query(base, &substitute(expr, &none));
+                    eprintln!(
+                        "grafana_dashboards: [{}] {title} / {}: {} series ({finite} finite), {} with single values, {} with an unknown pod",
+                        if pending { "pending" } else { "live" },
+                        t["refId"].as_str().unwrap_or("?"),
+                        res.len(),
+                        res_one.len(),
+                        res_none.len(),
+                    );
+                    if pending {
+                        counts.1 += 1;
+                        if !res.is_empty() {
+                            failures.push(format!(
                             "{title} / {}: uses only PENDING families but now returns {} series: \
                              the family exists, remove it from PENDING ({q_all})",
                             t["refId"],
                             res.len()
                         ));
+                        }
+                    } else {
+                        counts.0 += 1;
+                        if finite == 0 {
+                            failures.push(format!(
+                                "{title} / {}: no data for All: {q_all} -> {res:?}",
+                                t["refId"]
+                            ));
+                        }
+                        if finite_values(&res_one) == 0 {
+                            failures.push(format!(
+                                "{title} / {}: no data with single values selected",
+                                t["refId"]
+                            ));
+                        }
                     }
-                } else {
-                    counts.0 += 1;
-                    if finite == 0 {
+                    if !res_none.is_empty() {
                         failures.push(format!(
-                            "{title} / {}: no data for All: {q_all} -> {res:?}",
-                            t["refId"]
+                            "{title} / {}: ignores $pod ({} series for an unknown pod)",
+                            t["refId"],
+                            res_none.len()
                         ));
                     }
-                    if finite_values(&res_one) == 0 {
-                        failures.push(format!(
-                            "{title} / {}: no data with single values selected",
-                            t["refId"]
-                        ));
-                    }
-                }
-                if !res_none.is_empty() {
-                    failures.push(format!(
-                        "{title} / {}: ignores $pod ({} series for an unknown pod)",
-                        t["refId"],
-                        res_none.len()
-                    ));
                 }
             }
+        }
+        for f in &mut failures[before..] {
+            *f = format!("[{kind} histograms] {f}");
         }
     }
     eprintln!(
@@ -688,5 +710,5 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
         failures.join("\n"),
         demo.describe()
     );
-    drop(prom);
+    drop((prom, native_prom));
 }

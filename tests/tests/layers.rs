@@ -26,6 +26,7 @@ use pfs_tests::workspace_root;
 const CRATES: &[(&str, Option<&str>)] = &[
     ("shm-layout", None),
     ("client", None),
+    ("client-c", None),
     ("tracing-layer", None),
     ("agent", Some("pfs_agent")),
     ("demo", None),

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, bucket_upper_ps};
+use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, bucket_upper_seconds};
 use pfs_tests::{
     Agent, OtlpReceiver, TEST_CLASSES, free_port, otlp_metrics, poll, sample, spawn_exact,
     writer_exe,
@@ -19,8 +19,7 @@ const M: u64 = 2;
 
 fn our_bounds() -> Vec<f64> {
     (0..HISTOGRAM_BUCKETS)
-        .filter_map(bucket_upper_ps)
-        .map(|ps| ps as f64 / 1e12)
+        .filter_map(bucket_upper_seconds)
         .collect()
 }
 

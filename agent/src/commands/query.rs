@@ -1,13 +1,17 @@
-//! `pfs-agent query TABLE`: one table read directly from the segments.
+//! `pfs-agent query TABLE`: one table read directly from the segments,
+//! printed as text (durations readable on a terminal, as MySQL's
+//! `FORMAT_PICO_TIME` writes them) or as the API's JSON (picoseconds).
 
+use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::bail;
 use pfs_agent::filter::Filter;
 use pfs_agent::segments::SegmentSet;
 use pfs_agent::snapshot::Snapshotter;
-use pfs_agent::tables;
+use pfs_agent::tables::{self, ColumnKind, Table};
 use pfs_agent::truncate::Baselines;
+use serde_json::Value;
 
 use super::require_dir;
 use crate::cli::{Format, QueryArgs};
@@ -31,10 +35,150 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
         service: a.service,
         pid: a.pid,
     };
-    let table = tables::build(table, &snap, &filter, &Baselines::default());
+    let mut table = tables::build(table, &snap, &filter, &Baselines::default());
     match a.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&table.to_json())?),
-        Format::Text => print!("{}", table.to_text()),
+        Format::Text => {
+            let human = a.human_times || (!a.raw_times && std::io::stdout().is_terminal());
+            if human {
+                readable_durations(&mut table);
+            }
+            print!("{}", table.to_text());
+        }
     }
     Ok(())
+}
+
+/// Replaces the picoseconds of every [`ColumnKind::Duration`] column by
+/// their [`format_pico_time`] text (`NULL` stays `NULL`).
+fn readable_durations(table: &mut Table) {
+    let durations: Vec<usize> = (0..table.columns.len())
+        .filter(|&i| tables::column_kind(table.columns[i]) == ColumnKind::Duration)
+        .collect();
+    for row in &mut table.rows {
+        for &i in &durations {
+            let ps = match &row[i] {
+                Value::Number(n) => n.as_u64().map(u128::from),
+                // Beyond 64 bits a picosecond cell is decimal text.
+                Value::String(s) => s.parse::<u128>().ok(),
+                _ => None,
+            };
+            if let Some(ps) = ps {
+                row[i] = Value::String(format_pico_time(ps));
+            }
+        }
+    }
+}
+
+/// The units of [`format_pico_time`], largest first, in picoseconds.
+const UNITS: [(f64, &str); 7] = [
+    (86_400e12, "d"),
+    (3_600e12, "h"),
+    (60e12, "min"),
+    (1e12, "s"),
+    (1e9, "ms"),
+    (1e6, "us"),
+    (1e3, "ns"),
+];
+
+/// `ps` as MySQL 8.0's `FORMAT_PICO_TIME()` writes it (the built-in that
+/// replaced `sys.format_time`, which wrote `m` for minutes): the value in the largest unit it reaches
+/// (`d`, `h`, `min`, `s`, `ms`, `us`, `ns`) with two decimals (`%4.2f`,
+/// `471.87 ms`), in exponent form from 100 000 of a unit on (`%4.2e`,
+/// `1.23e+05 d`); below one nanosecond whole picoseconds, right-aligned in
+/// three places (`%3d ps`, `  5 ps`). Like MySQL, the value is a double
+/// before it is compared and divided.
+pub fn format_pico_time(ps: u128) -> String {
+    let t = ps as f64;
+    let Some(&(divisor, unit)) = UNITS.iter().find(|(d, _)| t >= *d) else {
+        return format!("{ps:>3} ps");
+    };
+    let v = t / divisor;
+    if v >= 100_000.0 {
+        // C's `%.2e`: a sign and at least two digits in the exponent.
+        let e = format!("{v:.2e}");
+        let (mantissa, exp) = e.split_once('e').expect("`{:e}` has an exponent");
+        let exp: i32 = exp.parse().expect("`{:e}` exponent is a number");
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{mantissa}e{sign}{:02} {unit}", exp.unsigned_abs())
+    } else {
+        format!("{v:.2} {unit}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each unit at its lower boundary and just below it, and MySQL's own
+    /// examples (8.0 manual, `FORMAT_PICO_TIME`).
+    #[test]
+    fn pico_times_as_mysql_formats_them() {
+        for (ps, want) in [
+            (0, "  0 ps"),
+            (5, "  5 ps"),
+            (999, "999 ps"),
+            (1_000, "1.00 ns"),
+            (3_501, "3.50 ns"),
+            (2_401, "2.40 ns"),
+            (999_994, "999.99 ns"),
+            (999_999, "1000.00 ns"),
+            (1_000_000, "1.00 us"),
+            (999_999_999, "1000.00 us"),
+            (1_000_000_000, "1.00 ms"),
+            (471_873_326_000, "471.87 ms"),
+            (999_999_999_999, "1000.00 ms"),
+            (1_000_000_000_000, "1.00 s"),
+            (3_501_000_000_000, "3.50 s"),
+            (59_999_999_999_999, "60.00 s"),
+            (60_000_000_000_000, "1.00 min"),
+            (188_732_396_662_000, "3.15 min"),
+            (3_599_999_999_999_999, "60.00 min"),
+            (3_600_000_000_000_000, "1.00 h"),
+            (86_399_999_999_999_000, "24.00 h"),
+            (86_400_000_000_000_000, "1.00 d"),
+            (432_112_344_321_234_545, "5.00 d"),
+            (u128::from(u64::MAX), "213.50 d"),
+            (u128::from(u64::MAX) * 1_000, "2.14e+05 d"),
+        ] {
+            assert_eq!(format_pico_time(ps), want, "{ps} ps");
+        }
+        // Ties round to even, as C's printf does.
+        assert_eq!(format_pico_time(1_125), "1.12 ns");
+    }
+
+    #[test]
+    fn only_duration_columns_become_text() {
+        let mut t = Table {
+            name: "events_waits_history".into(),
+            columns: vec!["event_id", "timer_start", "timer_wait", "spins"],
+            rows: vec![
+                vec![
+                    Value::from(7),
+                    Value::from(5_000_000_000_000u64),
+                    Value::from(471_873_326_000u64),
+                    Value::from(1_000_000),
+                ],
+                vec![Value::from(8), Value::Null, Value::Null, Value::Null],
+                vec![
+                    Value::from(9),
+                    Value::from(1),
+                    Value::from("18446744073709551616000"),
+                    Value::from(0),
+                ],
+            ],
+        };
+        readable_durations(&mut t);
+        assert_eq!(
+            t.rows[0],
+            [
+                Value::from(7),
+                Value::from(5_000_000_000_000u64),
+                Value::from("471.87 ms"),
+                Value::from(1_000_000),
+            ]
+        );
+        assert_eq!(t.rows[1][2], Value::Null);
+        assert_eq!(t.rows[2][2], Value::from("2.14e+05 d"));
+    }
 }

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use pfs_shm_layout::container::PageState;
-use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, LostKind, bucket_upper_ps};
+use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, LostKind, bucket_upper_seconds};
 use pfs_shm_layout::reader::Summary;
 
 use crate::aggregate::{ServiceTotals, by_service};
@@ -202,9 +202,7 @@ pub fn histogram(s: &Summary) -> Value {
     let mut total = 0u64;
     let buckets = (0..HISTOGRAM_BUCKETS)
         .map(|i| {
-            let le = bucket_upper_ps(i)
-                .map(|ps| ps as f64 / 1e12)
-                .unwrap_or(f64::INFINITY);
+            let le = bucket_upper_seconds(i).unwrap_or(f64::INFINITY);
             let n = s.buckets[i].min(u64::MAX - total);
             total += n;
             (le, n)

@@ -1,20 +1,96 @@
-//! `/metrics` in OpenMetrics text, through a `prometheus-client`
-//! [`Collector`] that encodes the [`super::model`] families of the current
-//! snapshot on every scrape. See the README for what each metric means.
+//! `/metrics` in the two expositions Prometheus scrapes, through a
+//! `prometheus-client` [`Collector`] that encodes the [`super::model`]
+//! families of the current snapshot on every scrape: OpenMetrics text
+//! (classic histogram buckets) and, for a scraper that asks for it in its
+//! `Accept` header, the Prometheus protobuf exposition, whose latency
+//! histograms carry both the classic buckets and the native ones (schema
+//! 0, see [`super::exponential`]). See the README for what each metric
+//! means.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::encoding::{
+    DescriptorEncoder, NativeHistogram, NativeHistogramBuckets, NoLabelSet,
+};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
+use super::exponential::Exponential;
 use super::model::{self, AgentStats, Kind, Value};
 use crate::snapshot::Snapshotter;
 
-/// The OpenMetrics content type served on `/metrics`.
+/// The OpenMetrics content type served on `/metrics` by default.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The Prometheus protobuf exposition's content type (length-delimited
+/// `io.prometheus.client.MetricFamily` messages).
+pub const PROTOBUF_CONTENT_TYPE: &str =
+    "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited";
+
+/// How `/metrics` is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exposition {
+    /// OpenMetrics text: classic histogram buckets (every text scraper).
+    Text,
+    /// Prometheus protobuf: classic and native histogram buckets (what
+    /// Prometheus asks for first with `--enable-feature=native-histograms`).
+    Protobuf,
+}
+
+impl Exposition {
+    /// Both, in a fixed order (an index for per-exposition caches).
+    pub const ALL: [Exposition; 2] = [Exposition::Text, Exposition::Protobuf];
+
+    /// The exposition a scrape asks for: protobuf if its `Accept` header
+    /// lists the `io.prometheus.client.MetricFamily` protobuf media type
+    /// (with a non-zero quality), else text.
+    ///
+    /// ```
+    /// use pfs_agent::export::prometheus::Exposition;
+    ///
+    /// // Prometheus 2.42 with native histograms enabled:
+    /// let native = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.7,text/plain;version=0.0.4;q=0.3,*/*;q=0.2";
+    /// assert_eq!(Exposition::from_accept(Some(native)), Exposition::Protobuf);
+    /// assert_eq!(Exposition::from_accept(Some("text/plain;version=0.0.4")), Exposition::Text);
+    /// assert_eq!(Exposition::from_accept(None), Exposition::Text);
+    /// ```
+    pub fn from_accept(accept: Option<&str>) -> Self {
+        let asks = accept.unwrap_or_default().split(',').any(|range| {
+            let mut params = range.split(';').map(str::trim);
+            let media = params.next().unwrap_or_default();
+            let mut proto = false;
+            let mut quality_ok = true;
+            for p in params {
+                match p.split_once('=') {
+                    Some(("proto", v)) => proto = v == "io.prometheus.client.MetricFamily",
+                    Some(("q", v)) => quality_ok = v.parse::<f64>().is_ok_and(|q| q > 0.0),
+                    _ => {}
+                }
+            }
+            media.eq_ignore_ascii_case("application/vnd.google.protobuf") && proto && quality_ok
+        });
+        if asks {
+            Exposition::Protobuf
+        } else {
+            Exposition::Text
+        }
+    }
+
+    /// The `Content-Type` of a body in this exposition.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Exposition::Text => CONTENT_TYPE,
+            Exposition::Protobuf => PROTOBUF_CONTENT_TYPE,
+        }
+    }
+
+    /// This exposition's index in [`Exposition::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
 
 /// Encodes the agent's view of every segment on each scrape.
 #[derive(Debug)]
@@ -30,8 +106,9 @@ pub fn registry(snap: Arc<Snapshotter>, stats: Arc<AgentStats>) -> Registry {
     r
 }
 
-/// Size of the previous rendering: the next one starts with that much room,
-/// so the text is written once, without growing (and copying) the buffer.
+/// Size of the previous text rendering: the next one starts with that much
+/// room, so the text is written once, without growing (and copying) the
+/// buffer.
 static LAST_LEN: AtomicUsize = AtomicUsize::new(64 * 1024);
 
 /// Renders the registry as OpenMetrics text.
@@ -41,6 +118,28 @@ pub fn render(registry: &Registry) -> Result<String, std::fmt::Error> {
     prometheus_client::encoding::text::encode(&mut out, registry)?;
     LAST_LEN.store(out.len(), Ordering::Relaxed);
     Ok(out)
+}
+
+/// Renders the registry in `exposition`.
+pub fn render_as(registry: &Registry, exposition: Exposition) -> Result<Vec<u8>, RenderError> {
+    match exposition {
+        Exposition::Text => Ok(render(registry)?.into_bytes()),
+        Exposition::Protobuf => {
+            prometheus_client::encoding::prometheus_protobuf::encode_to_vec(registry)
+                .map_err(|e| RenderError::Protobuf(format!("{e:?}")))
+        }
+    }
+}
+
+/// Why `/metrics` could not be rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    /// The text encoder failed.
+    #[error("encoding /metrics as text failed")]
+    Text(#[from] std::fmt::Error),
+    /// The protobuf encoder failed.
+    #[error("encoding /metrics as protobuf failed: {0}")]
+    Protobuf(String),
 }
 
 fn unit(u: &str) -> Unit {
@@ -87,7 +186,29 @@ impl Collector for PfsCollector {
                             buckets,
                         },
                         _,
-                    ) => e.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)?,
+                    ) => {
+                        // The text encoder writes the classic buckets
+                        // only; the protobuf one both.
+                        let x = Exponential::from_classic(buckets);
+                        let (spans, deltas) = x.prometheus_spans();
+                        let native = NativeHistogram {
+                            schema: 0,
+                            zero_threshold: x.zero_threshold,
+                            zero_count: x.zero_count,
+                            negative: NativeHistogramBuckets {
+                                spans: &[],
+                                deltas: &[],
+                            },
+                            positive: NativeHistogramBuckets {
+                                spans: &spans,
+                                deltas: &deltas,
+                            },
+                            created: None,
+                        };
+                        e.encode_histogram_with_native::<NoLabelSet>(
+                            *sum, *count, buckets, None, native,
+                        )?
+                    }
                 }
             }
         }

@@ -49,7 +49,9 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// Every reason a segment directory can count, in documentation order.
+    /// Every reason a segment directory can count, in documentation order:
+    /// each is exported from the start, at 0, in
+    /// `pfs_agent_segment_errors_total{reason}`.
     pub const ALL: [Refusal; 16] = [
         Refusal::Empty,
         Refusal::Truncated,

@@ -1,6 +1,6 @@
 //! The `/metrics` body, rendered at most once per snapshot lifetime and
-//! shared: every request in that time gets the same reference-counted
-//! bytes. While one request renders the next body, the others get the
+//! exposition (text, protobuf) and shared: every request in that time gets
+//! the same reference-counted bytes. While one request renders the next body, the others get the
 //! previous one (at most [`STALE_WHILE_RENDERING`] old) instead of
 //! queueing, and no lock is held while a body is written to a client.
 
@@ -11,7 +11,7 @@ use bytes::Bytes;
 use prometheus_client::registry::Registry;
 
 use crate::export::model::AgentStats;
-use crate::export::prometheus;
+use crate::export::prometheus::{self, Exposition, RenderError};
 use crate::snapshot::Snapshotter;
 
 /// While a render is in progress, bodies up to this old are served.
@@ -25,9 +25,9 @@ pub struct MetricsCache {
     /// Held while rendering: identical concurrent scrapes wait for one
     /// render instead of each doing it.
     rendering: Mutex<()>,
-    /// The newest body and when its render started, readable while a
-    /// render is in progress (locked only to copy it).
-    latest: Mutex<Option<(Instant, Bytes)>>,
+    /// The newest body of each exposition and when its render started,
+    /// readable while a render is in progress (locked only to copy it).
+    latest: Mutex<[Option<(Instant, Bytes)>; 2]>,
     /// Bodies younger than this are served without asking the snapshotter.
     max_age: Duration,
 }
@@ -41,16 +41,13 @@ impl MetricsCache {
             registry: prometheus::registry(snap, stats.clone()),
             stats,
             rendering: Mutex::new(()),
-            latest: Mutex::new(None),
+            latest: Mutex::new([None, None]),
             max_age,
         }
     }
 
-    fn latest(&self) -> Option<(Instant, Bytes)> {
-        self.latest
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    fn latest(&self, exposition: Exposition) -> Option<(Instant, Bytes)> {
+        self.latest.lock().unwrap_or_else(|p| p.into_inner())[exposition.index()].clone()
     }
 
     /// The newest body without waiting: if its snapshot is younger than a
@@ -58,8 +55,8 @@ impl MetricsCache {
     /// next one, younger than [`STALE_WHILE_RENDERING`] (a scrape storm
     /// then never queues behind a render). Bodies only move forward, so a
     /// client never sees an older body than before.
-    pub fn fresh(&self) -> Option<Bytes> {
-        let (at, body) = self.latest()?;
+    pub fn fresh(&self, exposition: Exposition) -> Option<Bytes> {
+        let (at, body) = self.latest(exposition)?;
         let age = at.elapsed();
         if age < self.max_age {
             return Some(body);
@@ -71,17 +68,18 @@ impl MetricsCache {
     /// Renders `/metrics`, or returns the body rendered less than a
     /// snapshot's lifetime ago (blocking: waits for a render in progress,
     /// and the render walks the segments if the snapshot is stale).
-    pub fn render(&self) -> Result<Bytes, std::fmt::Error> {
+    pub fn render(&self, exposition: Exposition) -> Result<Bytes, RenderError> {
         let _rendering = self.rendering.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((at, body)) = self.latest()
+        if let Some((at, body)) = self.latest(exposition)
             && at.elapsed() < self.max_age
         {
             return Ok(body);
         }
         let start = Instant::now();
-        let body = Bytes::from(prometheus::render(&self.registry)?);
+        let body = Bytes::from(prometheus::render_as(&self.registry, exposition)?);
         self.stats.set_scrape_seconds(start.elapsed().as_secs_f64());
-        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((start, body.clone()));
+        self.latest.lock().unwrap_or_else(|p| p.into_inner())[exposition.index()] =
+            Some((start, body.clone()));
         Ok(body)
     }
 
@@ -90,6 +88,6 @@ impl MetricsCache {
     pub fn invalidate(&self, snap: &Snapshotter) {
         let _rendering = self.rendering.lock().unwrap_or_else(|p| p.into_inner());
         snap.invalidate();
-        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = [None, None];
     }
 }

@@ -1,10 +1,11 @@
 //! Layer 7: the HTTP server: `/metrics`, `/healthz`, the PFS tables as
-//! JSON, and control. One concern per submodule: [`body`] (responses),
-//! [`auth`] (bearer tokens), [`metrics_cache`] (the shared `/metrics`
-//! body), [`state`] (what requests share), [`stream`] (tables written
-//! while they are sent), [`control`] (setup changes and `TRUNCATE`),
-//! [`routes`] (which request goes where); this module runs the accept
-//! loop within the connection [`Limits`].
+//! JSON, a landing page, and control. One concern per submodule: [`body`]
+//! (responses), [`auth`] (bearer tokens), [`metrics_cache`] (the shared
+//! `/metrics` body), [`state`] (what requests share), [`stream`] (tables
+//! written while they are sent), [`control`] (setup changes and
+//! `TRUNCATE`), [`landing`] (the HTML page at `/`), [`routes`] (which
+//! request goes where); this module runs the accept loop within the
+//! connection [`Limits`].
 //!
 //! The routes are listed in [`routes`].
 //!
@@ -16,7 +17,8 @@
 //! Reads (`/metrics`, `/api/v1/tables*`) are open unless a read token is
 //! configured (`--read-token-file`): then they need `Authorization: Bearer`
 //! with the read token or the control token (401 otherwise). `/healthz`
-//! stays open for probes.
+//! stays open for probes, and so does the landing page `/`, which holds
+//! no data (its table browser reads through the API, with the token).
 //!
 //! Scrape storms and hostile clients (see `docs/SECURITY.md`):
 //!
@@ -31,8 +33,10 @@
 //! * Request headers must arrive within `header_timeout` (this also ends
 //!   idle keep-alive connections) and be at most [`MAX_HEADER_BYTES`] long
 //!   (431 otherwise); a connection lives at most `connection_timeout`
-//!   (which ends clients that never read their response); control bodies
-//!   are at most [`control::MAX_BODY`] bytes (413).
+//!   (which ends clients that never read their response): then it takes
+//!   no new request, and the response in flight gets [`CLOSE_GRACE`] to
+//!   finish (a keep-alive client is never cut mid-body by its connection's
+//!   age); control bodies are at most [`control::MAX_BODY`] bytes (413).
 //! * Tables are streamed: a blocking task serialises the rows one at a
 //!   time into [`stream::TABLE_CHUNK`]-byte chunks, at most
 //!   [`stream::TABLE_CHUNKS_QUEUED`] ahead of the client, so a request holds the
@@ -45,6 +49,7 @@
 pub mod auth;
 pub mod body;
 pub mod control;
+pub mod landing;
 pub mod metrics_cache;
 pub mod routes;
 pub mod state;
@@ -65,6 +70,10 @@ pub use state::{AppOptions, AppState};
 
 /// Largest request head (request line and headers) accepted; larger gets 431.
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// How long a connection past `connection_timeout` has to finish the
+/// response in flight before it is dropped.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 /// Connection limits of the server.
 #[derive(Debug, Clone, Copy)]
@@ -145,12 +154,31 @@ pub async fn serve_with(
                 .max_header_size(MAX_HEADER_BYTES)
                 .max_buf_size(64 * 1024)
                 .serve_connection(TokioIo::new(stream), svc);
-            match tokio::time::timeout(limits.connection_timeout, conn).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "connection ended with an error"),
-                Err(_) => {
-                    tracing::debug!(%peer, "connection closed: it outlived --connection-timeout")
+            let mut conn = std::pin::pin!(conn);
+            let ended = tokio::select! {
+                r = conn.as_mut() => Some(r),
+                _ = tokio::time::sleep(limits.connection_timeout) => None,
+            };
+            // Past its lifetime, a connection stops taking requests, but
+            // the response in flight (a keep-alive client's latest) gets
+            // CLOSE_GRACE to finish instead of being cut mid-body; a client
+            // that does not read it is dropped then.
+            let ended = match ended {
+                Some(r) => Some(r),
+                None => {
+                    conn.as_mut().graceful_shutdown();
+                    tokio::time::timeout(CLOSE_GRACE, conn).await.ok()
                 }
+            };
+            match ended {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error")
+                }
+                None => tracing::debug!(
+                    %peer,
+                    "connection closed: it outlived --connection-timeout and its response did not finish"
+                ),
             }
         });
     }

@@ -2,7 +2,8 @@
 //!
 //! | method | path | answer |
 //! |--------|------|--------|
-//! | GET | `/metrics` | OpenMetrics text |
+//! | GET | `/` | the landing page (HTML; no data, so no token: see [`landing`]) |
+//! | GET | `/metrics` | OpenMetrics text, or Prometheus protobuf with native histograms if the `Accept` header asks for it |
 //! | GET | `/healthz` | `ok` |
 //! | GET | `/api/v1/tables` | `{"tables": [...]}` |
 //! | GET | `/api/v1/tables/{table}?service=S&pid=N` | `{"table", "columns", "rows"}` (chunked) |
@@ -17,9 +18,10 @@ use serde_json::json;
 
 use super::body::{Resp, error, json_reply, no_such_table, reply};
 use super::control;
+use super::landing;
 use super::state::AppState;
 use super::stream::stream_table;
-use crate::export::prometheus;
+use crate::export::prometheus::Exposition;
 use crate::filter::Filter;
 use crate::tables;
 
@@ -89,20 +91,26 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
             "GET reads; POST changes setup or truncates",
         );
     }
+    // `/healthz` (probes) and the landing page (links, no data) are open.
     if path != "/healthz"
+        && path != "/"
         && let Err(refusal) = state.tokens.authorize_read(&req)
     {
         return *refusal;
     }
     match path.as_str() {
+        "/" => landing::page(),
         "/healthz" => reply(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
         "/metrics" => {
-            if let Some(body) = state.metrics.fresh() {
-                return reply(StatusCode::OK, prometheus::CONTENT_TYPE, body);
+            let accept = req.headers().get(hyper::header::ACCEPT);
+            let exposition = Exposition::from_accept(accept.and_then(|v| v.to_str().ok()));
+            let content_type = exposition.content_type();
+            if let Some(body) = state.metrics.fresh(exposition) {
+                return reply(StatusCode::OK, content_type, body);
             }
             let s = state.clone();
-            match tokio::task::spawn_blocking(move || s.metrics.render()).await {
-                Ok(Ok(body)) => reply(StatusCode::OK, prometheus::CONTENT_TYPE, body),
+            match tokio::task::spawn_blocking(move || s.metrics.render(exposition)).await {
+                Ok(Ok(body)) => reply(StatusCode::OK, content_type, body),
                 _ => error(StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed"),
             }
         }
@@ -122,7 +130,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
         }
         _ => error(
             StatusCode::NOT_FOUND,
-            "not found; try /metrics, /healthz or /api/v1/tables",
+            "not found; try /, /metrics, /healthz or /api/v1/tables",
         ),
     }
 }

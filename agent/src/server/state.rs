@@ -75,8 +75,9 @@ impl AppState {
         self.baselines.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Renders `/metrics` (see [`MetricsCache::render`]).
-    pub fn metrics(&self) -> Result<bytes::Bytes, std::fmt::Error> {
-        self.metrics.render()
+    /// Renders `/metrics` as text (see [`MetricsCache::render`]).
+    pub fn metrics(&self) -> Result<bytes::Bytes, crate::export::prometheus::RenderError> {
+        self.metrics
+            .render(crate::export::prometheus::Exposition::Text)
     }
 }

@@ -1,5 +1,6 @@
 //! Columns and cells several tables share: the `service` and `pid` every
-//! row starts with, summary columns, memory columns, and event rows.
+//! row starts with, summary columns, memory columns, and event rows; and
+//! the [`ColumnKind`] of a column, declared with its definition here.
 
 use std::collections::HashMap;
 
@@ -64,12 +65,76 @@ pub(super) fn memory_values<'a>(name: &'a str, m: &MemoryStats) -> Vec<Cell<'a>>
     ]
 }
 
-pub(super) const SUMMARY_COLUMNS: [&str; 5] = [
-    "count_star",
-    "sum_timer_wait",
-    "min_timer_wait",
-    "avg_timer_wait",
-    "max_timer_wait",
+/// What a column's numbers are, beyond their JSON type. Every picosecond
+/// column is declared with its kind in this file; any other column (of
+/// any table) is a [`ColumnKind::Value`] ([`column_kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnKind {
+    /// A number, text or `NULL` shown as it is.
+    Value,
+    /// A duration in picoseconds (`TIMER_WAIT`, `SUM_TIMER_WAIT`,
+    /// `CPU_TIME`, ...): the `query` command shows it as MySQL's
+    /// `FORMAT_PICO_TIME` does (`471.87 ms`).
+    Duration,
+    /// An instant in picoseconds on the process's timer (`TIMER_START`,
+    /// `TIMER_END`): shown as it is, so that events can be ordered and
+    /// subtracted (MySQL's `sys` views do not format these either).
+    Instant,
+}
+
+/// A column's name and kind.
+type Column = (&'static str, ColumnKind);
+
+const fn value(name: &'static str) -> Column {
+    (name, ColumnKind::Value)
+}
+
+const fn duration(name: &'static str) -> Column {
+    (name, ColumnKind::Duration)
+}
+
+const fn instant(name: &'static str) -> Column {
+    (name, ColumnKind::Instant)
+}
+
+fn names(columns: impl IntoIterator<Item = Column>) -> Vec<&'static str> {
+    columns.into_iter().map(|(n, _)| n).collect()
+}
+
+/// The kind of the column called `name`. A PFS column name means one thing
+/// in every table, so the name is enough; columns not declared here
+/// (`threads`, `setup_*`, memory tables, ...) are values.
+pub fn column_kind(name: &str) -> ColumnKind {
+    declared()
+        .find(|(n, _)| *n == name)
+        .map_or(ColumnKind::Value, |(_, k)| k)
+}
+
+/// The names of the [`ColumnKind::Duration`] columns, each once.
+pub fn duration_columns() -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = declared()
+        .filter(|(_, k)| *k == ColumnKind::Duration)
+        .map(|(n, _)| n)
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Every column declared with its kind (a name may repeat).
+fn declared() -> impl Iterator<Item = Column> {
+    SUMMARY_COLUMNS
+        .into_iter()
+        .chain(STATEMENT_SUMMARY_COLUMNS)
+        .chain(EventKind::ALL.into_iter().flat_map(typed_event_columns))
+}
+
+const SUMMARY_COLUMNS: [Column; 5] = [
+    value("count_star"),
+    duration("sum_timer_wait"),
+    duration("min_timer_wait"),
+    duration("avg_timer_wait"),
+    duration("max_timer_wait"),
 ];
 /// The statement summaries' own columns. MySQL 8.0.28 added
 /// `SUM_CPU_TIME` after `SUM_NO_GOOD_INDEX_USED`, the last of its `SUM_*`
@@ -77,21 +142,21 @@ pub(super) const SUMMARY_COLUMNS: [&str; 5] = [
 /// columns between, so it follows `SUM_ROWS_EXAMINED`. `COUNT_CANCELLED`
 /// is ours (not in MySQL): statements whose future was dropped before
 /// they completed (not counted in `SUM_ERRORS`).
-pub(super) const STATEMENT_SUMMARY_COLUMNS: [&str; 7] = [
-    "sum_errors",
-    "sum_warnings",
-    "sum_rows_affected",
-    "sum_rows_sent",
-    "sum_rows_examined",
-    "sum_cpu_time",
-    "count_cancelled",
+const STATEMENT_SUMMARY_COLUMNS: [Column; 7] = [
+    value("sum_errors"),
+    value("sum_warnings"),
+    value("sum_rows_affected"),
+    value("sum_rows_sent"),
+    value("sum_rows_examined"),
+    duration("sum_cpu_time"),
+    value("count_cancelled"),
 ];
 
 /// The summary columns of `kind` (statements have seven more).
 pub(super) fn summary_columns(kind: EventKind) -> Vec<&'static str> {
-    let mut v = SUMMARY_COLUMNS.to_vec();
+    let mut v = names(SUMMARY_COLUMNS);
     if kind == EventKind::Statement {
-        v.extend(STATEMENT_SUMMARY_COLUMNS);
+        v.extend(names(STATEMENT_SUMMARY_COLUMNS));
     }
     v
 }
@@ -131,47 +196,52 @@ pub(super) fn summary_values(s: &Summary, kind: EventKind) -> Vec<Cell<'static>>
 /// statement runs. `CANCELLED` (`YES`/`NO`) is ours, not MySQL's: the
 /// statement's future was dropped before it completed.
 pub(super) fn event_columns(kind: EventKind) -> Vec<&'static str> {
+    names(typed_event_columns(kind))
+}
+
+/// [`event_columns`] with their kinds.
+fn typed_event_columns(kind: EventKind) -> Vec<Column> {
     let mut v = vec![
-        "service",
-        "pid",
-        "thread_id",
-        "event_id",
-        "end_event_id",
-        "event_name",
-        "source",
-        "timer_start",
-        "timer_end",
-        "timer_wait",
+        value("service"),
+        value("pid"),
+        value("thread_id"),
+        value("event_id"),
+        value("end_event_id"),
+        value("event_name"),
+        value("source"),
+        instant("timer_start"),
+        instant("timer_end"),
+        duration("timer_wait"),
     ];
     match kind {
         EventKind::Wait => v.extend([
-            "spins",
-            "object_name",
-            "object_type",
-            "object_instance_begin",
-            "nesting_event_id",
-            "nesting_event_type",
-            "operation",
-            "number_of_bytes",
+            value("spins"),
+            value("object_name"),
+            value("object_type"),
+            value("object_instance_begin"),
+            value("nesting_event_id"),
+            value("nesting_event_type"),
+            value("operation"),
+            value("number_of_bytes"),
         ]),
         EventKind::Stage => v.extend([
-            "work_completed",
-            "work_estimated",
-            "nesting_event_id",
-            "nesting_event_type",
+            value("work_completed"),
+            value("work_estimated"),
+            value("nesting_event_id"),
+            value("nesting_event_type"),
         ]),
         EventKind::Statement => v.extend([
-            "sql_text",
-            "digest",
-            "errors",
-            "warnings",
-            "rows_affected",
-            "rows_sent",
-            "rows_examined",
-            "nesting_event_id",
-            "nesting_event_type",
-            "cpu_time",
-            "cancelled",
+            value("sql_text"),
+            value("digest"),
+            value("errors"),
+            value("warnings"),
+            value("rows_affected"),
+            value("rows_sent"),
+            value("rows_examined"),
+            value("nesting_event_id"),
+            value("nesting_event_type"),
+            duration("cpu_time"),
+            value("cancelled"),
         ]),
     }
     v
@@ -308,5 +378,51 @@ pub(super) fn emit_thread_events(
                 sink.row(&event_row(s, &classes, e, st, kind));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every picosecond column of every table is declared with its kind:
+    /// a new duration column that is not would be printed raw by `query`.
+    #[test]
+    fn every_picosecond_column_of_every_table_is_declared() {
+        let dir = tempfile::tempdir().unwrap();
+        let snap = crate::snapshot::Snapshotter::new(
+            crate::segments::SegmentSet::new(dir.path(), std::time::Duration::MAX),
+            std::time::Duration::ZERO,
+        )
+        .take();
+        let mut durations = 0;
+        for table in super::super::registry() {
+            let t = super::super::build(&**table, &snap, &Default::default(), &Default::default());
+            assert!(!t.columns.is_empty(), "{}", table.name());
+            for c in &t.columns {
+                let want = if c.ends_with("timer_wait") || c.ends_with("cpu_time") {
+                    ColumnKind::Duration
+                } else if ["timer_start", "timer_end"].contains(c) {
+                    ColumnKind::Instant
+                } else {
+                    ColumnKind::Value
+                };
+                assert_eq!(column_kind(c), want, "{}.{c}", table.name());
+                durations += usize::from(want == ColumnKind::Duration);
+            }
+        }
+        assert!(durations >= 38, "{durations} duration columns");
+        assert_eq!(
+            duration_columns(),
+            [
+                "avg_timer_wait",
+                "cpu_time",
+                "max_timer_wait",
+                "min_timer_wait",
+                "sum_cpu_time",
+                "sum_timer_wait",
+                "timer_wait"
+            ]
+        );
     }
 }

@@ -33,6 +33,7 @@ mod threads;
 use std::sync::OnceLock;
 
 pub use cell::{Cell, Sink, Table};
+pub use columns::{ColumnKind, column_kind, duration_columns};
 pub use view::{KindTable, NotTruncatable, PfsTable, View};
 
 use crate::event_kind::EventKind;

@@ -9,6 +9,7 @@
 //! pfs-test-writer loop --shm-dir D --service S --threads N
 //! pfs-test-writer memory --shm-dir D --service S
 //! pfs-test-writer memscript --shm-dir D --service S
+//! pfs-test-writer spread --shm-dir D --service S
 //! pfs-test-writer reclaim --shm-dir D --service S --waves W --threads N --reclaim-ms Q
 //! ```
 //!
@@ -100,6 +101,7 @@ fn main() -> Result<()> {
         "loop" => loop_mode(&args),
         "memory" => memory_mode(),
         "memscript" => memscript_mode(),
+        "spread" => spread_mode(),
         "reclaim" => reclaim_mode(&args),
         m => bail!("unknown mode {m:?}"),
     }
@@ -663,6 +665,44 @@ fn memscript_mode() -> Result<()> {
         drop(tx);
         let _ = h.join();
     }
+    Ok(())
+}
+
+static SPREAD: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/test/spread");
+
+/// `spread`: timed waits of `wait/synch/mutex/test/spread` spread over
+/// the latency histogram, from nanoseconds (nothing between start and
+/// end) to a wait above 8 s (the overflow bucket): for each duration of
+/// 0, 2 µs, 30 µs, 400 µs, 5 ms, 60 ms and 300 ms, 3 to 9 waits (a
+/// different number each); and one 8.3 s wait on its own thread,
+/// meanwhile. Prints `{"ready": true, ...}` at the start and
+/// `{"done": true, "waits": N}` once every wait ended, then waits for
+/// stdin EOF.
+fn spread_mode() -> Result<()> {
+    print(json!({"ready": true, "pid": std::process::id(), "segment": segment()}));
+    let wait = |d: Duration| {
+        let g = SPREAD.get().start(Operation::Lock, 0);
+        if !d.is_zero() {
+            std::thread::sleep(d);
+        }
+        g.end().expect("spread is timed");
+    };
+    let long = std::thread::Builder::new()
+        .name("spread-long".into())
+        .spawn(move || wait(Duration::from_millis(8300)))?;
+    let mut waits = 1;
+    for (n, us) in [0u64, 2, 30, 400, 5_000, 60_000, 300_000]
+        .iter()
+        .enumerate()
+    {
+        for _ in 0..3 + n {
+            wait(Duration::from_micros(*us));
+            waits += 1;
+        }
+    }
+    long.join().map_err(|_| anyhow!("spread-long panicked"))?;
+    print(json!({"done": true, "waits": waits}));
+    wait_stdin_eof();
     Ok(())
 }
 

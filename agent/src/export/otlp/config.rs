@@ -2,18 +2,21 @@
 //! the OpenTelemetry environment variables (flag first, then the
 //! per-signal variable, then the general one), into a [`Config`].
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use opentelemetry_otlp::{
     OTEL_EXPORTER_OTLP_COMPRESSION, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_HEADERS,
-    OTEL_EXPORTER_OTLP_METRICS_COMPRESSION, OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
-    OTEL_EXPORTER_OTLP_METRICS_HEADERS, OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
+    OTEL_EXPORTER_OTLP_INSECURE, OTEL_EXPORTER_OTLP_METRICS_COMPRESSION,
+    OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, OTEL_EXPORTER_OTLP_METRICS_HEADERS,
+    OTEL_EXPORTER_OTLP_METRICS_INSECURE, OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
     OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, OTEL_EXPORTER_OTLP_METRICS_TIMEOUT,
     OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_EXPORTER_OTLP_TIMEOUT,
 };
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 
+use super::tls::TlsError;
 use crate::util::text::parse_duration;
 
 /// OTLP settings that cannot be used; each message says what to change.
@@ -30,20 +33,23 @@ pub enum ConfigError {
     /// A protocol other than `grpc` and `http/protobuf`.
     #[error("OTLP protocol {0:?} is not supported; use grpc or http/protobuf")]
     Protocol(String),
-    /// An HTTP endpoint without `http://`.
-    #[error("OTLP endpoint {0:?} has no scheme; use http://HOST:PORT")]
+    /// An HTTP endpoint without a scheme.
+    #[error("OTLP endpoint {0:?} has no scheme; use https://HOST:PORT or http://HOST:PORT")]
     NoScheme(String),
-    /// An `https://` endpoint (or a gRPC one without a scheme, secure by
-    /// the specification).
-    #[error(
-        "OTLP endpoint {0} needs TLS, which this pfs-agent build does not \
-         support; send to a collector over plain http:// (e.g. a local \
-         OpenTelemetry Collector sidecar that forwards over TLS)"
-    )]
-    Tls(String),
-    /// A scheme other than `http://`.
-    #[error("OTLP endpoint {0:?}: the scheme must be http://")]
+    /// A TLS file that cannot be used, or no trusted roots.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// A scheme other than `http://` and `https://`.
+    #[error("OTLP endpoint {0:?}: the scheme must be https:// or http://")]
     Scheme(String),
+    /// A boolean variable that is neither `true` nor `false`.
+    #[error("{var}={value:?} must be true or false")]
+    Bool {
+        /// The variable.
+        var: String,
+        /// Its value.
+        value: String,
+    },
     /// An endpoint that is not a URL.
     #[error("OTLP endpoint {endpoint:?} is not a valid URL")]
     Url {
@@ -78,8 +84,34 @@ pub enum ConfigError {
     /// A temporality preference other than cumulative, delta, lowmemory.
     #[error("{OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE}={0:?}: use cumulative or delta")]
     Temporality(String),
+    /// A histogram aggregation other than the two the spec names.
+    #[error(
+        "{OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION}={0:?}: use explicit_bucket_histogram or base2_exponential_bucket_histogram"
+    )]
+    HistogramAggregation(String),
 }
 
+/// `OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`: how
+/// histograms are sent ([`HistogramAggregation`]).
+pub const OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION: &str =
+    "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION";
+
+/// `OTEL_EXPORTER_OTLP_CERTIFICATE`: the CA file that verifies the
+/// collector (instead of the system's roots).
+pub const OTEL_EXPORTER_OTLP_CERTIFICATE: &str = "OTEL_EXPORTER_OTLP_CERTIFICATE";
+/// `OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE` (wins over the general one).
+pub const OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE: &str = "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE";
+/// `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE`: the mTLS client certificate
+/// (chain), PEM.
+pub const OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE: &str = "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE";
+/// `OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE` (wins over the general
+/// one).
+pub const OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE: &str =
+    "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE";
+/// `OTEL_EXPORTER_OTLP_CLIENT_KEY`: the mTLS client private key, PEM.
+pub const OTEL_EXPORTER_OTLP_CLIENT_KEY: &str = "OTEL_EXPORTER_OTLP_CLIENT_KEY";
+/// `OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY` (wins over the general one).
+pub const OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY: &str = "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY";
 /// `OTEL_METRIC_EXPORT_INTERVAL` (milliseconds).
 pub const OTEL_METRIC_EXPORT_INTERVAL: &str = "OTEL_METRIC_EXPORT_INTERVAL";
 /// `OTEL_SERVICE_NAME`.
@@ -115,6 +147,11 @@ pub struct OtlpArgs {
     /// OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE; default cumulative).
     #[arg(long = "otlp-temporality", value_enum)]
     pub temporality: Option<Temporality>,
+    /// How latency histograms are sent (overrides
+    /// OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION; default
+    /// explicit_bucket_histogram).
+    #[arg(long = "otlp-histogram-aggregation", value_enum)]
+    pub histogram_aggregation: Option<HistogramAggregation>,
     /// Export interval, e.g. 10s (overrides OTEL_METRIC_EXPORT_INTERVAL;
     /// default 60s).
     #[arg(long = "otlp-interval", value_parser = parse_duration)]
@@ -130,6 +167,59 @@ pub struct OtlpArgs {
     /// Compression (overrides OTEL_EXPORTER_OTLP_[METRICS_]COMPRESSION).
     #[arg(long = "otlp-compression", value_parser = ["gzip", "none"])]
     pub compression: Option<String>,
+    /// CA certificate file (PEM) that verifies the collector, instead of
+    /// the system's roots (overrides
+    /// OTEL_EXPORTER_OTLP_[METRICS_]CERTIFICATE).
+    #[arg(long = "otlp-certificate", value_name = "FILE")]
+    pub certificate: Option<PathBuf>,
+    /// Client certificate file (PEM) for mTLS, with --otlp-client-key
+    /// (overrides OTEL_EXPORTER_OTLP_[METRICS_]CLIENT_CERTIFICATE).
+    #[arg(long = "otlp-client-certificate", value_name = "FILE")]
+    pub client_certificate: Option<PathBuf>,
+    /// Client private key file (PEM) for mTLS (overrides
+    /// OTEL_EXPORTER_OTLP_[METRICS_]CLIENT_KEY).
+    #[arg(long = "otlp-client-key", value_name = "FILE")]
+    pub client_key: Option<PathBuf>,
+    /// Plain-text gRPC for an endpoint without a scheme (overrides
+    /// OTEL_EXPORTER_OTLP_[METRICS_]INSECURE; default false: TLS). An
+    /// `https://` or `http://` endpoint decides by itself.
+    #[arg(long = "otlp-insecure", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub insecure: Option<bool>,
+}
+
+/// A TLS file setting and where it came from (a flag or a variable), so
+/// that errors can name both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFile {
+    /// The file.
+    pub path: PathBuf,
+    /// The flag (`--otlp-certificate`) or variable that set it.
+    pub from: String,
+}
+
+impl std::fmt::Display for TlsFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (from {})", self.path.display(), self.from)
+    }
+}
+
+/// The TLS files configured (each from its flag, else the per-signal
+/// variable, else the general one). Used only for `https://` endpoints.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// CA certificates that verify the collector; `None`: the system's.
+    pub ca: Option<TlsFile>,
+    /// The mTLS client certificate (chain).
+    pub client_cert: Option<TlsFile>,
+    /// The mTLS client private key.
+    pub client_key: Option<TlsFile>,
+}
+
+impl TlsSettings {
+    /// Whether any TLS file is configured.
+    pub fn is_empty(&self) -> bool {
+        self.ca.is_none() && self.client_cert.is_none() && self.client_key.is_none()
+    }
 }
 
 /// Aggregation temporality of sums and histograms.
@@ -140,6 +230,20 @@ pub enum Temporality {
     Cumulative,
     /// Change since the previous successful export.
     Delta,
+}
+
+/// How histograms are sent, by the names of
+/// `OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum HistogramAggregation {
+    /// `Histogram` points with the segment's bucket bounds (the default).
+    #[default]
+    #[value(name = "explicit_bucket_histogram")]
+    ExplicitBucket,
+    /// `ExponentialHistogram` points of scale 0, bucket for bucket the
+    /// segment's (see `crate::export::exponential`).
+    #[value(name = "base2_exponential_bucket_histogram")]
+    Base2Exponential,
 }
 
 /// OTLP transport.
@@ -158,6 +262,10 @@ pub struct Config {
     pub endpoint: String,
     /// Transport.
     pub transport: Transport,
+    /// The endpoint is `https://`: TLS, with [`Config::tls`].
+    pub secure: bool,
+    /// TLS files (used only when `secure`).
+    pub tls: TlsSettings,
     /// Request headers.
     pub headers: Vec<(String, String)>,
     /// Timeout of one export.
@@ -168,6 +276,8 @@ pub struct Config {
     pub interval: Duration,
     /// Temporality.
     pub temporality: Temporality,
+    /// How histograms are sent.
+    pub histogram_aggregation: HistogramAggregation,
     /// `OTEL_SERVICE_NAME`, which forces one resource.
     pub service_name: Option<String>,
     /// Resource attributes besides `service.name`: detected ones, then
@@ -199,6 +309,40 @@ fn first_env(env: &dyn Fn(&str) -> Option<String>, names: &[&str]) -> Option<(St
     names
         .iter()
         .find_map(|n| nonempty(env(n)).map(|v| (n.to_string(), v)))
+}
+
+/// A file setting: the flag, else the first variable set.
+fn file_setting(
+    flag: &Option<PathBuf>,
+    flag_name: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+    names: &[&str],
+) -> Option<TlsFile> {
+    if let Some(p) = flag.as_ref().filter(|p| !p.as_os_str().is_empty()) {
+        return Some(TlsFile {
+            path: p.clone(),
+            from: flag_name.to_string(),
+        });
+    }
+    first_env(env, names).map(|(var, v)| TlsFile {
+        path: PathBuf::from(v),
+        from: var,
+    })
+}
+
+/// A boolean variable (`true`/`false`, any case), the first one set.
+fn env_bool(
+    env: &dyn Fn(&str) -> Option<String>,
+    names: &[&str],
+) -> Result<Option<bool>, ConfigError> {
+    match first_env(env, names) {
+        None => Ok(None),
+        Some((var, v)) => match v.to_ascii_lowercase().as_str() {
+            "true" => Ok(Some(true)),
+            "false" => Ok(Some(false)),
+            _ => Err(ConfigError::Bool { var, value: v }),
+        },
+    }
 }
 
 /// Percent-decodes `%XX` sequences (header and resource values).
@@ -310,18 +454,61 @@ impl Config {
             endpoint
         } else {
             // The specification: a gRPC endpoint without a scheme is
-            // secure. HTTP endpoints must have one.
-            match transport {
-                Transport::Grpc => format!("https://{endpoint}"),
-                Transport::HttpProtobuf => return Err(ConfigError::NoScheme(endpoint)),
+            // secure unless `insecure` says otherwise (which applies to
+            // such endpoints only). HTTP endpoints must have a scheme.
+            let insecure = match args.insecure {
+                Some(b) => b,
+                None => env_bool(
+                    env,
+                    &[
+                        OTEL_EXPORTER_OTLP_METRICS_INSECURE,
+                        OTEL_EXPORTER_OTLP_INSECURE,
+                    ],
+                )?
+                .unwrap_or(false),
+            };
+            match (transport, insecure) {
+                (Transport::Grpc, false) => format!("https://{endpoint}"),
+                (Transport::Grpc, true) => format!("http://{endpoint}"),
+                (Transport::HttpProtobuf, _) => return Err(ConfigError::NoScheme(endpoint)),
             }
         };
-        if endpoint.starts_with("https://") {
-            return Err(ConfigError::Tls(endpoint));
-        }
-        if !endpoint.starts_with("http://") {
+        let secure = if endpoint.starts_with("https://") {
+            true
+        } else if endpoint.starts_with("http://") {
+            false
+        } else {
             return Err(ConfigError::Scheme(endpoint));
-        }
+        };
+        let tls = TlsSettings {
+            ca: file_setting(
+                &args.certificate,
+                "--otlp-certificate",
+                env,
+                &[
+                    OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE,
+                    OTEL_EXPORTER_OTLP_CERTIFICATE,
+                ],
+            ),
+            client_cert: file_setting(
+                &args.client_certificate,
+                "--otlp-client-certificate",
+                env,
+                &[
+                    OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE,
+                    OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE,
+                ],
+            ),
+            client_key: file_setting(
+                &args.client_key,
+                "--otlp-client-key",
+                env,
+                &[
+                    OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY,
+                    OTEL_EXPORTER_OTLP_CLIENT_KEY,
+                ],
+            ),
+        };
         endpoint
             .parse::<hyper::Uri>()
             .map_err(|source| ConfigError::Url {
@@ -402,6 +589,22 @@ impl Config {
             },
         };
 
+        let histogram_aggregation = match args.histogram_aggregation {
+            Some(h) => h,
+            None => match nonempty(env(
+                OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION,
+            ))
+            .map(|s| s.to_ascii_lowercase())
+            .as_deref()
+            {
+                None | Some("explicit_bucket_histogram") => HistogramAggregation::ExplicitBucket,
+                Some("base2_exponential_bucket_histogram") => {
+                    HistogramAggregation::Base2Exponential
+                }
+                Some(other) => return Err(ConfigError::HistogramAggregation(other.to_string())),
+            },
+        };
+
         let service_name = nonempty(env(OTEL_SERVICE_NAME));
         let host = nonempty(std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
             .or_else(|| nonempty(env("HOSTNAME")))
@@ -437,11 +640,14 @@ impl Config {
         Ok(Some(Self {
             endpoint,
             transport,
+            secure,
+            tls,
             headers,
             timeout,
             gzip,
             interval,
             temporality,
+            histogram_aggregation,
             service_name,
             resource,
         }))

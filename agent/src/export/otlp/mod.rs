@@ -1,8 +1,9 @@
 //! OTLP metrics push (the run loop; settings in [`config`], requests in
-//! [`request`], names in [`names`], sending in [`transport`]): every export interval, the [`super::model`] families
-//! of one snapshot (the same cached snapshot `/metrics` serves) are sent to
-//! an OpenTelemetry Collector (or any OTLP endpoint) over gRPC or
-//! HTTP/protobuf.
+//! [`request`], names in [`names`], sending in [`transport`], TLS in
+//! [`tls`]): every export interval, the [`super::model`] families of one
+//! snapshot (the same cached snapshot `/metrics` serves) are sent to an
+//! OpenTelemetry Collector (or any OTLP endpoint) over gRPC or
+//! HTTP/protobuf, in plain text or TLS (rustls).
 //!
 //! # Why `opentelemetry-proto` messages, not the SDK's meter pipeline
 //!
@@ -27,18 +28,21 @@
 //! grow while a collector is down. After a failure, exports pause for an
 //! exponentially growing delay (interval × 2ⁿ, capped at
 //! [`MAX_BACKOFF`]). `/metrics` never waits for the exporter. Results are
-//! counted in `pfs_agent_otlp_exports_total{result}`; the error is logged
-//! when the state changes (first failure, recovery), not on every cycle.
+//! counted in `pfs_agent_otlp_exports_total{result}` (every
+//! [`ExportResult`] from the start, at 0; TLS failures apart); the error
+//! is logged when the state changes (first failure, recovery), not on
+//! every cycle.
 
 pub mod config;
 pub mod names;
 pub mod request;
+pub mod tls;
 pub mod transport;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::model::{self, AgentStats, Family};
+use super::model::{self, AgentStats, ExportResult, Family};
 use crate::snapshot::Snapshotter;
 pub use config::{Config, ConfigError, OtlpArgs, Temporality, Transport};
 use request::RequestBuilder;
@@ -77,10 +81,14 @@ pub fn start(
         return Ok(None);
     };
     let sender = Sender::new(&cfg)?;
+    if !cfg.secure && !cfg.tls.is_empty() {
+        tracing::warn!(endpoint = %cfg.endpoint, "OTLP TLS certificate settings are ignored: the endpoint is plain http://");
+    }
     stats.enable_otlp();
     tracing::info!(
         endpoint = %cfg.endpoint,
         protocol = match cfg.transport { Transport::Grpc => "grpc", Transport::HttpProtobuf => "http/protobuf" },
+        tls = %sender.tls_description().unwrap_or_else(|| "off".to_string()),
         interval = ?cfg.interval,
         temporality = ?cfg.temporality,
         "OTLP metrics export enabled"
@@ -156,7 +164,7 @@ async fn run(
         };
         match result {
             Ok(rejected) => {
-                stats.count_otlp_export(true);
+                stats.count_otlp_export(ExportResult::Success);
                 builder.commit(built);
                 if rejected > 0 {
                     tracing::warn!(rejected, points, "OTLP collector rejected some data points");
@@ -170,7 +178,7 @@ async fn run(
                 paused_until = Instant::now();
             }
             Err(e) => {
-                stats.count_otlp_export(false);
+                stats.count_otlp_export(e.result());
                 failures = failures.saturating_add(1);
                 let pause = backoff(cfg.interval, failures);
                 // Ticks keep coming every interval; those before the end of
@@ -198,7 +206,8 @@ mod tests {
     use names::{mapping_table, prometheus_name, translated_name};
     use opentelemetry_otlp::{
         OTEL_EXPORTER_OTLP_COMPRESSION, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_HEADERS,
-        OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, OTEL_EXPORTER_OTLP_METRICS_HEADERS,
+        OTEL_EXPORTER_OTLP_INSECURE, OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
+        OTEL_EXPORTER_OTLP_METRICS_HEADERS, OTEL_EXPORTER_OTLP_METRICS_INSECURE,
         OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, OTEL_EXPORTER_OTLP_PROTOCOL,
         OTEL_EXPORTER_OTLP_TIMEOUT,
     };
@@ -285,16 +294,73 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(c.endpoint, "http://f:1/v1/metrics");
-        // A gRPC endpoint without a scheme is secure, which needs TLS.
-        let e = resolve(
+        assert!(!c.secure);
+        // https:// is TLS, for both transports.
+        let c = resolve(&a, &[(OTEL_EXPORTER_OTLP_ENDPOINT, "https://c:4318")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (c.endpoint.as_str(), c.secure),
+            ("https://c:4318/v1/metrics", true)
+        );
+        let c = resolve(
             &a,
             &[
-                (OTEL_EXPORTER_OTLP_ENDPOINT, "c:4317"),
+                (OTEL_EXPORTER_OTLP_ENDPOINT, "https://c:4317"),
                 (OTEL_EXPORTER_OTLP_PROTOCOL, "grpc"),
+                // `insecure` does not apply to an endpoint with a scheme.
+                (OTEL_EXPORTER_OTLP_INSECURE, "true"),
             ],
         )
-        .unwrap_err();
-        assert!(e.to_string().contains("https://c:4317"), "{e}");
+        .unwrap()
+        .unwrap();
+        assert_eq!((c.endpoint.as_str(), c.secure), ("https://c:4317", true));
+        // A gRPC endpoint without a scheme is secure unless `insecure`.
+        let grpc = |extra: &[(&str, &str)], args: &OtlpArgs| {
+            let mut env = vec![
+                (OTEL_EXPORTER_OTLP_ENDPOINT, "c:4317"),
+                (OTEL_EXPORTER_OTLP_PROTOCOL, "grpc"),
+            ];
+            env.extend_from_slice(extra);
+            resolve(args, &env).map(|c| c.map(|c| (c.endpoint, c.secure)))
+        };
+        let tls = Some(("https://c:4317".to_string(), true));
+        let plain = Some(("http://c:4317".to_string(), false));
+        assert_eq!(grpc(&[], &a).unwrap(), tls);
+        assert_eq!(
+            grpc(&[(OTEL_EXPORTER_OTLP_INSECURE, "TRUE")], &a).unwrap(),
+            plain
+        );
+        assert_eq!(
+            grpc(&[(OTEL_EXPORTER_OTLP_INSECURE, "false")], &a).unwrap(),
+            tls
+        );
+        // The per-signal variable wins; the flag wins over both.
+        let both = [
+            (OTEL_EXPORTER_OTLP_INSECURE, "true"),
+            (OTEL_EXPORTER_OTLP_METRICS_INSECURE, "false"),
+        ];
+        assert_eq!(grpc(&both, &a).unwrap(), tls);
+        let flag = |b| OtlpArgs {
+            insecure: Some(b),
+            ..Default::default()
+        };
+        assert_eq!(grpc(&both, &flag(true)).unwrap(), plain);
+        assert_eq!(
+            grpc(&[(OTEL_EXPORTER_OTLP_INSECURE, "true")], &flag(false)).unwrap(),
+            tls
+        );
+        let e = grpc(&[(OTEL_EXPORTER_OTLP_METRICS_INSECURE, "yes")], &a).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("OTEL_EXPORTER_OTLP_METRICS_INSECURE"),
+            "{e}"
+        );
+        // HTTP needs a scheme, and only http(s).
+        let e = resolve(&a, &[(OTEL_EXPORTER_OTLP_ENDPOINT, "c:4318")]).unwrap_err();
+        assert!(matches!(e, ConfigError::NoScheme(_)), "{e}");
+        let e = resolve(&a, &[(OTEL_EXPORTER_OTLP_ENDPOINT, "ftp://c:4318")]).unwrap_err();
+        assert!(matches!(e, ConfigError::Scheme(_)), "{e}");
         assert!(
             resolve(
                 &a,
@@ -304,6 +370,89 @@ mod tests {
                 ]
             )
             .is_err()
+        );
+    }
+
+    #[test]
+    fn tls_files_flag_then_per_signal_then_general() {
+        let env = [
+            (OTEL_EXPORTER_OTLP_ENDPOINT, "https://c:4318"),
+            (config::OTEL_EXPORTER_OTLP_CERTIFICATE, "/g/ca.pem"),
+            (config::OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE, "/m/ca.pem"),
+            (config::OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE, "/g/cert.pem"),
+            (config::OTEL_EXPORTER_OTLP_CLIENT_KEY, "/g/key.pem"),
+            (config::OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY, "/m/key.pem"),
+        ];
+        let file = |p: &str, from: &str| {
+            Some(config::TlsFile {
+                path: p.into(),
+                from: from.to_string(),
+            })
+        };
+        let c = resolve(&OtlpArgs::default(), &env).unwrap().unwrap();
+        assert_eq!(
+            c.tls,
+            config::TlsSettings {
+                ca: file("/m/ca.pem", "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE"),
+                client_cert: file("/g/cert.pem", "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"),
+                client_key: file("/m/key.pem", "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY"),
+            }
+        );
+        let flags = OtlpArgs {
+            certificate: Some("/f/ca.pem".into()),
+            client_certificate: Some("/f/cert.pem".into()),
+            client_key: Some("/f/key.pem".into()),
+            ..Default::default()
+        };
+        let c = resolve(&flags, &env).unwrap().unwrap();
+        assert_eq!(
+            c.tls,
+            config::TlsSettings {
+                ca: file("/f/ca.pem", "--otlp-certificate"),
+                client_cert: file("/f/cert.pem", "--otlp-client-certificate"),
+                client_key: file("/f/key.pem", "--otlp-client-key"),
+            }
+        );
+        // Resolved for plain endpoints too (start() warns they are unused).
+        let c = resolve(
+            &OtlpArgs::default(),
+            &[
+                (OTEL_EXPORTER_OTLP_ENDPOINT, "http://c:4318"),
+                (config::OTEL_EXPORTER_OTLP_CERTIFICATE, "/g/ca.pem"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert!(!c.secure && !c.tls.is_empty());
+    }
+
+    #[test]
+    fn every_export_result_is_exported_from_the_start() {
+        let fams = live_families();
+        let f = fams
+            .iter()
+            .find(|f| f.name == "pfs_agent_otlp_exports")
+            .expect("the OTLP exports family, once OTLP is enabled");
+        let labels: Vec<&str> = f.points.iter().map(|p| p.labels[0].1.as_str()).collect();
+        let want: Vec<&str> = ExportResult::ALL.iter().map(|r| r.label()).collect();
+        assert_eq!(labels, want);
+        assert!(labels.contains(&"tls_failure") && labels.contains(&"failure"));
+        assert!(f.points.iter().all(|p| p.value == model::Value::Int(0)));
+        // Each result counts in its own series.
+        let stats = AgentStats::default();
+        assert!(stats.otlp_exports().is_none(), "absent until OTLP is on");
+        stats.enable_otlp();
+        stats.count_otlp_export(ExportResult::TlsFailure);
+        stats.count_otlp_export(ExportResult::TlsFailure);
+        stats.count_otlp_export(ExportResult::Success);
+        let got = stats.otlp_exports().unwrap();
+        assert_eq!(
+            got,
+            [
+                (ExportResult::Failure, 0),
+                (ExportResult::Success, 1),
+                (ExportResult::TlsFailure, 2)
+            ]
         );
     }
 
@@ -379,6 +528,39 @@ mod tests {
         assert_eq!(c.temporality, Temporality::Cumulative);
         assert_eq!(c.interval, Duration::from_secs(5));
         assert_eq!(c.timeout, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn histogram_aggregation_flag_then_variable() {
+        use config::{
+            HistogramAggregation, OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION as VAR,
+        };
+        let ep = (OTEL_EXPORTER_OTLP_ENDPOINT, "http://c:4318");
+        let c = resolve(&OtlpArgs::default(), &[ep]).unwrap().unwrap();
+        assert_eq!(
+            c.histogram_aggregation,
+            HistogramAggregation::ExplicitBucket
+        );
+        let env = [ep, (VAR, "BASE2_exponential_bucket_histogram")];
+        let c = resolve(&OtlpArgs::default(), &env).unwrap().unwrap();
+        assert_eq!(
+            c.histogram_aggregation,
+            HistogramAggregation::Base2Exponential
+        );
+        let flag = OtlpArgs {
+            histogram_aggregation: Some(HistogramAggregation::ExplicitBucket),
+            ..OtlpArgs::default()
+        };
+        let c = resolve(&flag, &env).unwrap().unwrap();
+        assert_eq!(
+            c.histogram_aggregation,
+            HistogramAggregation::ExplicitBucket
+        );
+        let e = resolve(&OtlpArgs::default(), &[ep, (VAR, "exponential")]).unwrap_err();
+        assert!(
+            e.to_string().contains("base2_exponential_bucket_histogram"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -8,12 +8,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::metrics::v1::{
-    AggregationTemporality, Gauge, Histogram, HistogramDataPoint, Metric, NumberDataPoint,
-    ResourceMetrics, ScopeMetrics, Sum, metric, number_data_point,
+    AggregationTemporality, ExponentialHistogram, ExponentialHistogramDataPoint, Gauge, Histogram,
+    HistogramDataPoint, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum,
+    exponential_histogram_data_point, metric, number_data_point,
 };
 use opentelemetry_proto::tonic::resource::v1::Resource;
 
-use super::config::{Config, Temporality, kv, str_value};
+use super::config::{Config, HistogramAggregation, Temporality, kv, str_value};
+use crate::export::exponential::Exponential;
 use crate::export::model::{Family, Kind, Value};
 
 /// `service.name` of the agent's own metrics (those without a `service`
@@ -214,6 +216,8 @@ impl RequestBuilder {
         let n = pts.len();
         let mut numbers = Vec::new();
         let mut hists = Vec::new();
+        let mut exp_hists = Vec::new();
+        let exponential = self.cfg.histogram_aggregation == HistogramAggregation::Base2Exponential;
         for (attrs, value, key) in pts {
             let (start_ns, out) = match f.kind {
                 Kind::Counter | Kind::Histogram => {
@@ -265,6 +269,28 @@ impl RequestBuilder {
                     sum,
                     count,
                     buckets,
+                } if exponential => {
+                    let x = Exponential::from_classic(&buckets);
+                    exp_hists.push(ExponentialHistogramDataPoint {
+                        attributes: attrs,
+                        start_time_unix_nano: start_ns,
+                        time_unix_nano: now_ns,
+                        count,
+                        sum: Some(sum),
+                        scale: 0,
+                        zero_count: x.zero_count,
+                        zero_threshold: x.zero_threshold,
+                        positive: Some(exponential_histogram_data_point::Buckets {
+                            offset: x.otlp_offset(),
+                            bucket_counts: x.counts,
+                        }),
+                        ..Default::default()
+                    });
+                }
+                Value::Histogram {
+                    sum,
+                    count,
+                    buckets,
                 } => {
                     let mut bounds: Vec<f64> = buckets.iter().map(|b| b.0).collect();
                     let mut counts: Vec<u64> = buckets.iter().map(|b| b.1).collect();
@@ -295,6 +321,12 @@ impl RequestBuilder {
             Kind::Gauge | Kind::Info => metric::Data::Gauge(Gauge {
                 data_points: numbers,
             }),
+            Kind::Histogram if exponential => {
+                metric::Data::ExponentialHistogram(ExponentialHistogram {
+                    data_points: exp_hists,
+                    aggregation_temporality: temporality,
+                })
+            }
             Kind::Histogram => metric::Data::Histogram(Histogram {
                 data_points: hists,
                 aggregation_temporality: temporality,

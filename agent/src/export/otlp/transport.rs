@@ -1,5 +1,6 @@
 //! Sending a request to the collector: gRPC (tonic) or HTTP/protobuf
-//! (hyper), with the configured headers and compression.
+//! (hyper), over TLS for `https://` endpoints, with the configured headers
+//! and compression.
 
 use std::io::Write;
 use std::time::Duration;
@@ -13,13 +14,19 @@ use opentelemetry_proto::tonic::collector::metrics::v1::{
 use prost::Message;
 
 use super::config::{Config, ConfigError, Transport};
+use super::tls::TlsClient;
+use crate::export::model::ExportResult;
 
 /// Why an export was not delivered.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
     /// The gRPC call failed.
-    #[error("gRPC {:?}: {}", .0.code(), .0.message())]
+    #[error("gRPC {:?}: {}", .0.code(), grpc_detail(.0))]
     Grpc(Box<tonic::Status>),
+    /// TLS with the collector failed (untrusted certificate, refused
+    /// client certificate...): the explanation.
+    #[error("{0}")]
+    Tls(String),
     /// The HTTP request could not be made or sent (the whole cause chain).
     #[error("HTTP request failed: {0}")]
     Http(String),
@@ -39,49 +46,155 @@ pub enum SendError {
     Timeout(Duration),
 }
 
-type HttpClient = hyper_util::client::legacy::Client<
-    hyper_util::client::legacy::connect::HttpConnector,
-    Full<Bytes>,
->;
+impl SendError {
+    /// The `result` under which this failure is counted.
+    pub fn result(&self) -> ExportResult {
+        match self {
+            Self::Tls(_) => ExportResult::TlsFailure,
+            _ => ExportResult::Failure,
+        }
+    }
+}
+
+type HttpConnector = hyper_util::client::legacy::connect::HttpConnector;
+type Client<C> = hyper_util::client::legacy::Client<C, Full<Bytes>>;
+
+/// The HTTP client: plain, or TLS (rustls) for `https://`.
+#[derive(Debug, Clone)]
+enum HttpClient {
+    Plain(Client<HttpConnector>),
+    Tls(Client<hyper_rustls::HttpsConnector<HttpConnector>>),
+}
 
 /// A connection to the collector.
 #[derive(Debug, Clone)]
-pub(super) enum Sender {
+pub(super) struct Sender {
+    conn: Conn,
+    /// The TLS settings of an `https://` endpoint (to explain failures).
+    tls: Option<TlsClient>,
+}
+
+#[derive(Debug, Clone)]
+enum Conn {
     Grpc(MetricsServiceClient<tonic::transport::Channel>),
     Http(HttpClient),
 }
 
+/// A gRPC status's message and the root cause behind it (tonic's chain
+/// in between repeats the message).
+fn grpc_detail(s: &tonic::Status) -> String {
+    let mut msg = s.message().to_string();
+    let mut root = std::error::Error::source(s);
+    while let Some(next) = root.and_then(|e| e.source()) {
+        root = Some(next);
+    }
+    if let Some(root) = root.map(|e| e.to_string())
+        && root != msg
+    {
+        msg.push_str(": ");
+        msg.push_str(&root);
+    }
+    msg
+}
+
+/// The TCP connector under both transports (and TLS).
+fn tcp(cfg: &Config) -> HttpConnector {
+    let mut conn = HttpConnector::new();
+    conn.set_connect_timeout(Some(cfg.timeout));
+    conn.set_nodelay(true);
+    // `https://` URIs too: TLS is layered on top.
+    conn.enforce_http(false);
+    conn
+}
+
+/// The whole cause chain of `e`, `: `-separated.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
+}
+
 impl Sender {
-    /// A sender to `cfg`'s endpoint (connections are made lazily).
+    /// A sender to `cfg`'s endpoint (connections are made lazily). For an
+    /// `https://` endpoint the TLS files are loaded and checked now.
     pub(super) fn new(cfg: &Config) -> Result<Self, ConfigError> {
-        Ok(match cfg.transport {
+        let tls = if cfg.secure {
+            Some(TlsClient::load(&cfg.tls, &cfg.endpoint)?)
+        } else {
+            None
+        };
+        let endpoint_error = |source| ConfigError::Endpoint {
+            endpoint: cfg.endpoint.clone(),
+            source,
+        };
+        let conn = match cfg.transport {
             Transport::Grpc => {
                 let ep = tonic::transport::Endpoint::from_shared(cfg.endpoint.clone())
-                    .map_err(|source| ConfigError::Endpoint {
-                        endpoint: cfg.endpoint.clone(),
-                        source,
-                    })?
+                    .map_err(endpoint_error)?
                     .connect_timeout(cfg.timeout)
                     .timeout(cfg.timeout);
-                let mut c = MetricsServiceClient::new(ep.connect_lazy());
+                let channel = match &tls {
+                    None => ep.connect_lazy(),
+                    // TLS by our connector, with the same rustls
+                    // configuration as HTTP (tonic's own TLS features are
+                    // off, so it passes the stream through).
+                    Some(t) => ep.connect_with_connector_lazy(
+                        hyper_rustls::HttpsConnectorBuilder::new()
+                            .with_tls_config(t.config())
+                            .https_only()
+                            .enable_http2()
+                            .wrap_connector(tcp(cfg)),
+                    ),
+                };
+                let mut c = MetricsServiceClient::new(channel);
                 if cfg.gzip {
                     c = c.send_compressed(tonic::codec::CompressionEncoding::Gzip);
                 }
-                Self::Grpc(c)
+                Conn::Grpc(c)
             }
             Transport::HttpProtobuf => {
-                let mut conn = hyper_util::client::legacy::connect::HttpConnector::new();
-                conn.set_connect_timeout(Some(cfg.timeout));
-                conn.set_nodelay(true);
-                Self::Http(
-                    hyper_util::client::legacy::Client::builder(
-                        hyper_util::rt::TokioExecutor::new(),
-                    )
-                    .pool_idle_timeout(Duration::from_secs(90))
-                    .build(conn),
+                let conn = tcp(cfg);
+                let builder = hyper_util::client::legacy::Client::builder(
+                    hyper_util::rt::TokioExecutor::new(),
                 )
+                .pool_idle_timeout(Duration::from_secs(90))
+                .clone();
+                Conn::Http(match &tls {
+                    None => HttpClient::Plain(builder.build(conn)),
+                    Some(t) => {
+                        let https = hyper_rustls::HttpsConnectorBuilder::new()
+                            .with_tls_config(t.config())
+                            .https_only()
+                            .enable_http1()
+                            .wrap_connector(conn);
+                        HttpClient::Tls(builder.build(https))
+                    }
+                })
             }
-        })
+        };
+        Ok(Self { conn, tls })
+    }
+
+    /// How the collector is verified (`None`: plain text), for the
+    /// start-up log.
+    pub(super) fn tls_description(&self) -> Option<String> {
+        self.tls.as_ref().map(TlsClient::describe)
+    }
+
+    /// A TLS explanation of `e` (worded `detail` by the transport) if it
+    /// is a TLS failure.
+    fn tls_error(
+        &self,
+        e: &(dyn std::error::Error + 'static),
+        detail: impl FnOnce() -> String,
+    ) -> Option<SendError> {
+        let tls = self.tls.as_ref()?;
+        tls.explain(e, &detail()).map(SendError::Tls)
     }
 
     /// Sends `req`; `Ok` with the number of rejected points the collector
@@ -91,8 +204,11 @@ impl Sender {
         cfg: &Config,
         req: ExportMetricsServiceRequest,
     ) -> Result<i64, SendError> {
-        match self {
-            Self::Grpc(c) => {
+        if let Some(t) = &self.tls {
+            t.begin_export();
+        }
+        match &self.conn {
+            Conn::Grpc(c) => {
                 let mut r = tonic::Request::new(req);
                 for (k, v) in &cfg.headers {
                     let (Ok(k), Ok(v)) = (
@@ -104,18 +220,17 @@ impl Sender {
                     };
                     r.metadata_mut().insert(k, v);
                 }
-                let resp = c
-                    .clone()
-                    .export(r)
-                    .await
-                    .map_err(|s| SendError::Grpc(Box::new(s)))?;
+                let resp = c.clone().export(r).await.map_err(|s| {
+                    self.tls_error(&s, || grpc_detail(&s))
+                        .unwrap_or_else(|| SendError::Grpc(Box::new(s)))
+                })?;
                 Ok(resp
                     .into_inner()
                     .partial_success
                     .map(|p| p.rejected_data_points)
                     .unwrap_or(0))
             }
-            Self::Http(c) => {
+            Conn::Http(c) => {
                 let mut body = req.encode_to_vec();
                 let mut b = hyper::Request::post(&cfg.endpoint)
                     .header(hyper::header::CONTENT_TYPE, "application/x-protobuf")
@@ -136,15 +251,13 @@ impl Sender {
                 let r = b
                     .body(Full::new(Bytes::from(body)))
                     .map_err(|e| SendError::Http(e.to_string()))?;
-                let resp = c.request(r).await.map_err(|e| {
-                    let mut msg = e.to_string();
-                    let mut src = std::error::Error::source(&e);
-                    while let Some(s) = src {
-                        msg.push_str(": ");
-                        msg.push_str(&s.to_string());
-                        src = s.source();
-                    }
-                    SendError::Http(msg)
+                let sent = match c {
+                    HttpClient::Plain(c) => c.request(r).await,
+                    HttpClient::Tls(c) => c.request(r).await,
+                };
+                let resp = sent.map_err(|e| {
+                    self.tls_error(&e, || chain(&e))
+                        .unwrap_or_else(|| SendError::Http(chain(&e)))
                 })?;
                 let status = resp.status();
                 let body = resp
