@@ -23,6 +23,12 @@
 //!   - `metrics_histogram`: the `metrics` crate's histogram handle over
 //!     `metrics-util`'s atomic storage (the storage of
 //!     `metrics-exporter-prometheus`), with two `Instant::now()`.
+//!   - `bucket_index`: the histogram bucket of a duration (layout 4.0:
+//!     powers of two of a second, one table compare more), over 64
+//!     durations spread across the buckets; `bucket_index_3x`: the same
+//!     with layout 3.x's powers of two of a picosecond, its formula copied
+//!     here. The difference is what exact native histograms cost per
+//!     timed event.
 //! * `hot_path_2t/*`: the same on two threads at once, reported per
 //!   operation per thread (wall time of the slower thread / iterations;
 //!   samples where the two threads did not run at the same time are taken
@@ -255,6 +261,28 @@ impl Drop for Pair {
     }
 }
 
+/// Layout 3.x's bucket of a duration (powers of two of a picosecond),
+/// kept here as the baseline of `bucket_index`.
+#[inline(always)]
+fn bucket_index_3x(ps: u64) -> usize {
+    if ps <= 1 << 13 {
+        return 0;
+    }
+    let i = 64 - (ps - 1).leading_zeros() as usize - 13;
+    i.min(31)
+}
+
+/// 64 durations from 1 ns to 16 s, spread over the buckets.
+fn durations() -> [u64; 64] {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    std::array::from_fn(|_| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        1000 << (x % 34)
+    })
+}
+
 fn one_thread(c: &mut Criterion) {
     let clock = quanta::Clock::new();
     let prom = prom_histogram();
@@ -282,6 +310,21 @@ fn one_thread(c: &mut Criterion) {
         b.iter(|| drop(black_box(&STATEMENT).start()))
     });
     g.bench_function("prom_client", |b| b.iter(|| prom_observe(black_box(&prom))));
+    let ds = durations();
+    g.bench_function("bucket_index", |b| {
+        b.iter(|| {
+            for d in black_box(&ds) {
+                black_box(pfs_shm_layout::layout::bucket_index(*d));
+            }
+        })
+    });
+    g.bench_function("bucket_index_3x", |b| {
+        b.iter(|| {
+            for d in black_box(&ds) {
+                black_box(bucket_index_3x(*d));
+            }
+        })
+    });
     g.bench_function("metrics_histogram", |b| {
         b.iter_custom(|iters| {
             let d = run(&|| metrics_record(black_box(&met)), iters);

@@ -9,6 +9,7 @@
 //!   `/healthz`.
 //! * [`http_get`], [`get_json`] and [`parse_metrics`] talk to it.
 //! * [`memory_tables`] reads the memory tables and truncates them.
+//! * [`torn`] records and checks waits whose torn copies are detectable.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -23,6 +24,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
 
 pub mod memory_tables;
+pub mod torn;
 
 /// Path of the `pfs-test-writer` binary; expands in the calling test crate,
 /// where Cargo sets `CARGO_BIN_EXE_pfs-test-writer`.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use pfs_shm_layout::Segment;
 use pfs_shm_layout::reader::{Event, ReadOptions, ReadStats, SegmentSnapshot, snapshot};
-use pfs_tests::{Writer, writer_exe};
+use pfs_tests::{Writer, torn, writer_exe};
 
 const CLASS_NAMES: [&str; 3] = [
     "wait/synch/mutex/test/a",
@@ -40,60 +40,14 @@ impl Checker {
 
     fn check_event(&mut self, tid: u64, e: &Event, class_of: &HashMap<u32, usize>, what: &str) {
         self.events += 1;
-        let n = e.event_id;
-        let mut bad = Vec::new();
-        if e.object_instance != n.wrapping_mul(7919) {
-            bad.push(format!(
-                "object_instance {} != {}",
-                e.object_instance,
-                n.wrapping_mul(7919)
-            ));
-        }
-        match class_of.get(&e.class) {
-            Some(&i) if i == (n % 3) as usize => {}
-            other => bad.push(format!(
-                "class index {} (test class {other:?}) != class {}",
-                e.class,
-                n % 3
-            )),
-        }
-        let ended = e.end_event_id.is_some();
-        if ended {
-            // PFS END_EVENT_ID: the thread's next event id when the event
-            // ended; a leaf wait ends before any other event starts.
-            if e.end_event_id != Some(n + 1) {
-                bad.push(format!("end_event_id {:?} != {}", e.end_event_id, n + 1));
-            }
-            if e.bytes != Some(n ^ 0x5555) {
-                bad.push(format!("bytes {:?} != {}", e.bytes, n ^ 0x5555));
-            }
-            if e.spins != Some(n + 3) {
-                bad.push(format!("spins {:?} != {}", e.spins, n + 3));
-            }
-            if e.timer_wait.is_none() || e.timer_start.is_none() || e.timer_end.is_none() {
-                bad.push("ended timed event without timer_start/end/wait".into());
-            }
-            if let (Some(s), Some(t), Some(w)) = (e.timer_start, e.timer_end, e.timer_wait) {
-                // timer_wait is computed from raw ticks; start/end are
-                // converted separately, so allow a rounding step.
-                let d = t.saturating_sub(s);
-                if t < s || d.abs_diff(u128::from(w)) > 2 {
-                    bad.push(format!("timer_end {t} - timer_start {s} != timer_wait {w}"));
-                }
-            }
-        } else {
-            // In progress: bytes/spins are only set when the wait ends.
+        if e.end_event_id.is_none() {
             self.in_progress += 1;
-            if e.bytes.is_some_and(|b| b != n ^ 0x5555) {
-                bad.push(format!("in-progress bytes {:?} != {}", e.bytes, n ^ 0x5555));
-            }
-            if e.spins.is_some_and(|s| s != n + 3) {
-                bad.push(format!("in-progress spins {:?} != {}", e.spins, n + 3));
-            }
         }
+        let bad = torn::event_flaws(e, class_of);
         if !bad.is_empty() {
             self.fail(format!(
-                "thread {tid} {what} event {n}: {} ({e:?})",
+                "thread {tid} {what} event {}: {} ({e:?})",
+                e.event_id,
                 bad.join(", ")
             ));
         }
@@ -145,39 +99,7 @@ impl Checker {
             for (class, s) in &t.rows {
                 self.rows += 1;
                 total += s.count;
-                let buckets: u64 = s.buckets.iter().sum();
-                let mut bad = Vec::new();
-                if s.timed_count != buckets {
-                    bad.push(format!(
-                        "timed_count {} != sum(buckets) {buckets}",
-                        s.timed_count
-                    ));
-                }
-                if s.count < s.timed_count {
-                    bad.push(format!("count {} < timed_count {}", s.count, s.timed_count));
-                }
-                // Every torn-writer wait is timed.
-                if s.count != s.timed_count {
-                    bad.push(format!(
-                        "count {} != timed_count {} (all waits are timed)",
-                        s.count, s.timed_count
-                    ));
-                }
-                if s.timed_count > 0 {
-                    if s.min_ps > s.max_ps {
-                        bad.push(format!("min {} > max {}", s.min_ps, s.max_ps));
-                    }
-                    let (lo, hi) = (
-                        u128::from(s.min_ps) * u128::from(s.timed_count),
-                        u128::from(s.max_ps) * u128::from(s.timed_count),
-                    );
-                    if s.sum_ps < lo || s.sum_ps > hi {
-                        bad.push(format!(
-                            "sum {} outside [count*min {lo}, count*max {hi}]",
-                            s.sum_ps
-                        ));
-                    }
-                }
+                let mut bad = torn::row_flaws(s);
                 let last = self.last_counts.entry((t.thread_id, *class)).or_insert(0);
                 if s.count < *last {
                     bad.push(format!("count went down from {} to {}", *last, s.count));

@@ -27,9 +27,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use pfs_client::{LazyWaitClass, Operation};
+use pfs_client::LazyWaitClass;
 use pfs_shm_layout::Segment;
 use pfs_shm_layout::reader::{Event, ReadOptions, ReadStats, SegmentSnapshot, snapshot};
+use pfs_tests::torn::{self, Tally};
 use pfs_tests::{ChildGuard, Writer, free_port, get_json, http_get, parse_metrics, rows, sample};
 use serde_json::{Value, json};
 
@@ -43,7 +44,6 @@ static CLASS_A: LazyWaitClass = LazyWaitClass::new(CLASS_NAMES[0]);
 static CLASS_B: LazyWaitClass = LazyWaitClass::new(CLASS_NAMES[1]);
 static CLASS_C: LazyWaitClass = LazyWaitClass::new(CLASS_NAMES[2]);
 static CLASSES: [&LazyWaitClass; 3] = [&CLASS_A, &CLASS_B, &CLASS_C];
-const OPS: [Operation; 3] = [Operation::Lock, Operation::ReadLock, Operation::Write];
 /// Small pages, so that a burst spreads over several of them.
 const RECORDS_PER_PAGE: u32 = 8;
 /// How long the trickle between two bursts lasts: longer than the
@@ -96,72 +96,8 @@ fn num_opt<T: std::str::FromStr>(opts: &HashMap<String, String>, k: &str, d: T) 
 // The writer (child process)
 // ---------------------------------------------------------------------------
 
-/// What threads recorded, per class.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Tally {
-    count: [u64; 3],
-    sum_ps: [u64; 3],
-    bytes: [u64; 3],
-}
-
-impl Tally {
-    fn add(&mut self, o: &Tally) {
-        for i in 0..3 {
-            self.count[i] += o.count[i];
-            self.sum_ps[i] += o.sum_ps[i];
-            self.bytes[i] += o.bytes[i];
-        }
-    }
-
-    fn json(&self) -> Value {
-        json!({"count": self.count, "sum_ps": self.sum_ps, "bytes": self.bytes})
-    }
-
-    fn from_json(v: &Value) -> Result<Self> {
-        let arr = |k: &str| -> Result<[u64; 3]> {
-            let a = v[k]
-                .as_array()
-                .filter(|a| a.len() == 3)
-                .ok_or_else(|| anyhow!("tally without {k}: {v}"))?;
-            let mut out = [0; 3];
-            for (o, x) in out.iter_mut().zip(a) {
-                *o = x.as_u64().ok_or_else(|| anyhow!("{k} is not a u64: {v}"))?;
-            }
-            Ok(out)
-        };
-        Ok(Self {
-            count: arr("count")?,
-            sum_ps: arr("sum_ps")?,
-            bytes: arr("bytes")?,
-        })
-    }
-}
-
-/// Records the calling thread's wait number `id`, whose every field is
-/// derived from `id` (EVENT_ID `id`, class `id % 3`, object `id * 7919`,
-/// bytes `id ^ 0x5555`, spins `id + 3`), so that a reader can tell a torn
-/// copy from a consistent one. Returns false if it was not recorded.
 fn checkable_wait(id: u64, tally: &mut Tally) -> bool {
-    let i = (id % 3) as usize;
-    let mut g = CLASSES[i]
-        .get()
-        .start(OPS[i], id.wrapping_mul(7919) as usize);
-    if !g.is_recording() {
-        return false;
-    }
-    // A little work now and then, so that a reader sees waits in progress.
-    if id.is_multiple_of(16) {
-        for _ in 0..50 {
-            std::hint::spin_loop();
-        }
-    }
-    g.set_bytes(id ^ 0x5555);
-    g.set_spins(id + 3);
-    let ps = g.end();
-    tally.count[i] += 1;
-    tally.sum_ps[i] += ps.unwrap_or(0);
-    tally.bytes[i] += id ^ 0x5555;
-    true
+    torn::checkable_wait(&CLASSES, id, tally)
 }
 
 fn print(v: Value) {
@@ -382,45 +318,13 @@ impl Checker {
     /// position in [`CLASS_NAMES`] in `class_of`).
     fn check_event(&mut self, tid: u64, e: &Event, class_of: &HashMap<u32, usize>, what: &str) {
         self.events += 1;
-        let n = e.event_id;
-        let mut bad = Vec::new();
-        if e.object_instance != n.wrapping_mul(7919) {
-            bad.push(format!("object_instance {}", e.object_instance));
-        }
-        if class_of.get(&e.class) != Some(&((n % 3) as usize)) {
-            bad.push(format!("class {} (want soak class {})", e.class, n % 3));
-        }
-        if e.end_event_id.is_some() {
-            if e.end_event_id != Some(n + 1) {
-                bad.push(format!("end_event_id {:?}", e.end_event_id));
-            }
-            if e.bytes != Some(n ^ 0x5555) {
-                bad.push(format!("bytes {:?}", e.bytes));
-            }
-            if e.spins != Some(n + 3) {
-                bad.push(format!("spins {:?}", e.spins));
-            }
-            match (e.timer_start, e.timer_end, e.timer_wait) {
-                (Some(s), Some(t), Some(w)) => {
-                    // timer_wait comes from raw ticks, start and end are
-                    // converted separately: allow a rounding step.
-                    if t < s || (t - s).abs_diff(u128::from(w)) > 2 {
-                        bad.push(format!("timer_end {t} - timer_start {s} != timer_wait {w}"));
-                    }
-                }
-                _ => bad.push("an ended timed wait without its timers".into()),
-            }
-        } else {
-            // In progress: bytes and spins are set only when it ends.
-            if e.bytes.is_some_and(|b| b != n ^ 0x5555) {
-                bad.push(format!("in-progress bytes {:?}", e.bytes));
-            }
-            if e.spins.is_some_and(|s| s != n + 3) {
-                bad.push(format!("in-progress spins {:?}", e.spins));
-            }
-        }
+        let bad = torn::event_flaws(e, class_of);
         if !bad.is_empty() {
-            self.torn(format!("thread {tid} {what} event {n}: {}", bad.join(", ")));
+            self.torn(format!(
+                "thread {tid} {what} event {}: {}",
+                e.event_id,
+                bad.join(", ")
+            ));
         }
     }
 
@@ -504,35 +408,9 @@ impl Checker {
             for (class, s) in &t.rows {
                 self.rows += 1;
                 total += s.count;
-                let mut bad = Vec::new();
+                let mut bad = torn::row_flaws(s);
                 if !class_of.contains_key(class) {
                     bad.push("not a soak class".to_string());
-                }
-                let buckets: u64 = s.buckets.iter().sum();
-                if s.timed_count != buckets {
-                    bad.push(format!(
-                        "timed_count {} != sum(buckets) {buckets}",
-                        s.timed_count
-                    ));
-                }
-                // Every soak wait is timed.
-                if s.count != s.timed_count {
-                    bad.push(format!(
-                        "count {} != timed_count {}",
-                        s.count, s.timed_count
-                    ));
-                }
-                if s.timed_count > 0 {
-                    let (lo, hi) = (
-                        u128::from(s.min_ps) * u128::from(s.timed_count),
-                        u128::from(s.max_ps) * u128::from(s.timed_count),
-                    );
-                    if s.min_ps > s.max_ps || s.sum_ps < lo || s.sum_ps > hi {
-                        bad.push(format!(
-                            "min {} max {} sum {} inconsistent with count {}",
-                            s.min_ps, s.max_ps, s.sum_ps, s.timed_count
-                        ));
-                    }
                 }
                 if !bad.is_empty() {
                     self.torn(format!(

@@ -23,13 +23,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use pfs_client::{LazyWaitClass, Operation};
+use pfs_tests::torn::{OPS, Tally, checkable_wait};
 use serde_json::json;
 
 static CLASS_A: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/test/a");
 static CLASS_B: LazyWaitClass = LazyWaitClass::new("wait/synch/rwlock/test/b");
 static CLASS_C: LazyWaitClass = LazyWaitClass::new("wait/io/file/test/c");
 static CLASSES: [&LazyWaitClass; 3] = [&CLASS_A, &CLASS_B, &CLASS_C];
-const OPS: [Operation; 3] = [Operation::Lock, Operation::ReadLock, Operation::Write];
 
 struct Args {
     mode: String,
@@ -135,33 +135,16 @@ fn segment() -> String {
         .unwrap_or_default()
 }
 
-/// What one thread recorded, per class.
-#[derive(Default, Clone, Copy)]
-struct Tally {
-    count: [u64; 3],
-    sum_ps: [u64; 3],
-    bytes: [u64; 3],
-}
-
-impl Tally {
-    fn add(&mut self, o: &Tally) {
-        for i in 0..3 {
-            self.count[i] += o.count[i];
-            self.sum_ps[i] += o.sum_ps[i];
-            self.bytes[i] += o.bytes[i];
-        }
+/// A tally keyed by class name: `{name: {count, sum_ps, bytes}}`.
+fn classes_json(t: &Tally) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    for (i, c) in CLASSES.iter().enumerate() {
+        m.insert(
+            c.name().to_string(),
+            json!({"count": t.count[i], "sum_ps": t.sum_ps[i], "bytes": t.bytes[i]}),
+        );
     }
-
-    fn json(&self) -> serde_json::Value {
-        let mut m = serde_json::Map::new();
-        for (i, c) in CLASSES.iter().enumerate() {
-            m.insert(
-                c.name().to_string(),
-                json!({"count": self.count[i], "sum_ps": self.sum_ps[i], "bytes": self.bytes[i]}),
-            );
-        }
-        m.into()
-    }
+    m.into()
 }
 
 /// Records one wait of class `i`; returns whether it was recorded and its
@@ -239,7 +222,7 @@ fn exact(args: &Args) -> Result<()> {
     }
     let per_thread: Vec<_> = per
         .iter()
-        .map(|(t, live, tally)| json!({"name": format!("exact-{t}"), "live": live, "classes": tally.json()}))
+        .map(|(t, live, tally)| json!({"name": format!("exact-{t}"), "live": live, "classes": classes_json(tally)}))
         .collect();
     print(json!({
         "ready": true,
@@ -247,7 +230,7 @@ fn exact(args: &Args) -> Result<()> {
         "segment": segment(),
         "threads": n,
         "live": n - m,
-        "classes": total.json(),
+        "classes": classes_json(&total),
         "total_bytes": total.bytes.iter().sum::<u64>(),
         "per_thread": per_thread,
     }));
@@ -279,31 +262,21 @@ fn torn(args: &Args) -> Result<()> {
                 .spawn(move || -> [u64; 3] {
                     start.wait();
                     let end = deadline.lock().unwrap().expect("deadline set before start");
-                    let mut per_class = [0u64; 3];
                     let mut id: u64 = 0;
+                    let mut tally = Tally::default();
                     loop {
                         for _ in 0..64 {
                             id += 1;
-                            let i = (id % 3) as usize;
-                            let mut g = CLASSES[i].get().start(OPS[i], (id * 7919) as usize);
-                            assert!(g.is_recording(), "torn writer thread lost its record");
-                            // A little work so that a reader sometimes sees
-                            // the event in progress.
-                            if id.is_multiple_of(16) {
-                                for _ in 0..50 {
-                                    std::hint::spin_loop();
-                                }
-                            }
-                            g.set_bytes(id ^ 0x5555);
-                            g.set_spins(id + 3);
-                            g.end();
-                            per_class[i] += 1;
+                            assert!(
+                                checkable_wait(&CLASSES, id, &mut tally),
+                                "torn writer thread lost its record"
+                            );
                         }
                         if Instant::now() >= end {
                             break;
                         }
                     }
-                    per_class
+                    tally.count
                 })?,
         );
     }
@@ -378,7 +351,7 @@ fn churn(args: &Args) -> Result<()> {
         "done": true,
         "threads": spawned.load(Relaxed),
         "events": total.count.iter().sum::<u64>(),
-        "classes": total.json(),
+        "classes": classes_json(&total),
     }));
     wait_stdin_eof();
     Ok(())
