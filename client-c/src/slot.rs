@@ -47,6 +47,32 @@ pub(crate) unsafe fn put<T>(p: *mut Slot<T>, value: T) {
     };
 }
 
+/// The value's place in the slot at `p`, to be initialised in place and
+/// then [`arm`]ed (a large value, such as a guard, written where it stays
+/// instead of copied there).
+///
+/// # Safety
+///
+/// As for [`put`]; the reference must not outlive the slot's memory.
+#[inline(always)]
+pub(crate) unsafe fn place<'a, T>(p: *mut Slot<T>) -> &'a mut MaybeUninit<T> {
+    // SAFETY: by this function's contract `p` is valid, aligned and
+    // exclusively ours; a `MaybeUninit` may hold anything.
+    unsafe { &mut (*p).value }
+}
+
+/// Marks the slot at `p` armed: its value was initialised through
+/// [`place`].
+///
+/// # Safety
+///
+/// As for [`put`], and the value is initialised.
+#[inline(always)]
+pub(crate) unsafe fn arm<T>(p: *mut Slot<T>) {
+    // SAFETY: by this function's contract `p` is valid and ours.
+    unsafe { (&raw mut (*p).armed).write(ARMED) };
+}
+
 /// Marks the slot at `p` empty (without reading it), so that its end is a
 /// no-op.
 ///

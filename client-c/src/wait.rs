@@ -158,7 +158,8 @@ pub unsafe extern "C" fn pfs_wait_begin(
             // pfs_wait_t is large and aligned enough for the slot (checked
             // at compile time above).
             Some(c) if c.is_enabled() => unsafe {
-                slot::put(slot, c.start(operation(op), object as usize))
+                c.start_in(slot::place(slot), operation(op), object as usize);
+                slot::arm(slot);
             },
             // SAFETY: as above.
             _ => unsafe { slot::clear(slot) },

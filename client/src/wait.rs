@@ -2,6 +2,7 @@
 //! that records one wait.
 
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 use std::panic::Location;
 
 use pfs_shm_layout::Operation;
@@ -76,6 +77,51 @@ impl WaitClass {
         )
     }
 
+    /// [`WaitClass::start`], with the guard written straight into `place`
+    /// instead of returned: for adapters whose guard lives in memory they
+    /// are given, such as the C ABI's caller-owned `pfs_wait_t` (returning
+    /// a guard and copying it there costs a store-to-load stall). Whatever
+    /// `place` held is overwritten without being dropped.
+    ///
+    /// ```
+    /// use std::mem::MaybeUninit;
+    /// use pfs_client::{LazyWaitClass, Operation, WaitGuard};
+    ///
+    /// static M: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/app/m");
+    /// let mut place = MaybeUninit::<WaitGuard>::uninit();
+    /// let guard = M.get().start_in(&mut place, Operation::Lock, 0);
+    /// assert!(!guard.is_recording()); // not initialised here
+    /// // SAFETY: `start_in` initialised `place`.
+    /// drop(unsafe { place.assume_init() }); // ends the wait
+    /// ```
+    #[inline(always)]
+    #[track_caller]
+    pub fn start_in<'a>(
+        &self,
+        place: &'a mut MaybeUninit<WaitGuard>,
+        operation: Operation,
+        object: usize,
+    ) -> &'a mut WaitGuard {
+        let flags = self.0.flags();
+        if flags & FLAG_ENABLED == 0 {
+            return place.write(WaitGuard::NONE);
+        }
+        self.begin_in(place, flags, operation, object as u64, Location::caller())
+    }
+
+    /// The enabled path of [`WaitClass::start_in`], out of line.
+    #[inline(never)]
+    fn begin_in<'a>(
+        self,
+        place: &'a mut MaybeUninit<WaitGuard>,
+        flags: u32,
+        operation: Operation,
+        object: u64,
+        loc: &'static Location<'static>,
+    ) -> &'a mut WaitGuard {
+        place.write(self.guard(flags, operation, object, NONE_U32, loc))
+    }
+
     #[inline]
     pub(crate) fn start_at(
         &self,
@@ -91,6 +137,20 @@ impl WaitClass {
     /// site stays a load and a branch, without this function's frame.
     #[inline(never)]
     fn begin(
+        self,
+        flags: u32,
+        operation: Operation,
+        object: u64,
+        object_name: u32,
+        loc: &'static Location<'static>,
+    ) -> WaitGuard {
+        self.guard(flags, operation, object, object_name, loc)
+    }
+
+    /// The guard of a wait starting now (the enabled path, inlined into
+    /// each out-of-line entry).
+    #[inline(always)]
+    fn guard(
         self,
         flags: u32,
         operation: Operation,

@@ -84,6 +84,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         let (state, otlp) = agent(set, tokens, None, &a.otlp)?;
         let url = format!("http://{}", a.listen);
         println!("pfs-agent demo: workload pid {} writing segments in {}", child.id().unwrap_or(0), dirs.shm.display());
+        println!("  browse:   {url}/ (landing page and table browser)");
         println!("  metrics:  {url}/metrics");
         println!("  tables:   {url}/api/v1/tables/events_waits_summary_global_by_event_name");
         println!("  query:    pfs-agent query events_waits_summary_global_by_event_name --shm-dir {}", dirs.shm.display());
