@@ -13,6 +13,7 @@ use std::collections::HashMap;
 
 use anyhow::{Result, anyhow};
 use pfs_client::{LazyWaitClass, Operation};
+use pfs_shm_layout::layout::{EventType, TimerId};
 use pfs_shm_layout::reader::{Event, Summary};
 use serde_json::{Value, json};
 
@@ -172,4 +173,85 @@ pub fn row_flaws(s: &Summary) -> Vec<String> {
         }
     }
     bad
+}
+
+/// A consistent, ended copy of checkable wait `n` whose class index is its
+/// class's position (`n % 3`): for tests of a checker.
+pub fn consistent_copy(n: u64) -> Event {
+    Event {
+        event_id: n,
+        end_event_id: Some(n + 1),
+        class: (n % 3) as u32,
+        operation: None,
+        timer_start: Some(1000),
+        timer_end: Some(1500),
+        timer_wait: Some(500),
+        object_instance: n * 7919,
+        bytes: Some(n ^ 0x5555),
+        spins: Some(n + 3),
+        source: None,
+        object_name: None,
+        nesting_event_id: None,
+        nesting_event_type: EventType::None,
+        event_type: EventType::Wait,
+        timer: TimerId::Cycle,
+        progress: None,
+        thread_id: 0,
+    }
+}
+
+/// Copies of [`consistent_copy`]`(n)`, each torn in one field (as a read
+/// racing the writer could see it): a checker must reject every one.
+pub fn torn_copies(n: u64) -> Vec<Event> {
+    let good = consistent_copy(n);
+    vec![
+        Event {
+            object_instance: (n + 1) * 7919,
+            ..good
+        },
+        Event {
+            bytes: Some((n + 1) ^ 0x5555),
+            ..good
+        },
+        Event {
+            spins: Some(n + 4),
+            ..good
+        },
+        Event {
+            spins: None,
+            ..good
+        },
+        Event {
+            end_event_id: Some(n - 1),
+            ..good
+        },
+        Event {
+            class: ((n + 2) % 3) as u32,
+            ..good
+        },
+        Event {
+            timer_wait: Some(7),
+            ..good
+        },
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_torn_copy_has_a_flaw_and_the_consistent_one_none() {
+        let class_of: HashMap<u32, usize> = [(0, 0), (1, 1), (2, 2)].into();
+        assert_eq!(
+            event_flaws(&consistent_copy(10), &class_of),
+            Vec::<String>::new()
+        );
+        for (i, e) in torn_copies(10).iter().enumerate() {
+            assert!(
+                !event_flaws(e, &class_of).is_empty(),
+                "torn copy {i} passed: {e:?}"
+            );
+        }
+    }
 }

@@ -1102,64 +1102,14 @@ fn driver_main(args: &[String]) -> Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pfs_shm_layout::layout::{EventType, TimerId};
-
-    fn good(n: u64) -> Event {
-        Event {
-            event_id: n,
-            end_event_id: Some(n + 1),
-            class: (n % 3) as u32,
-            operation: None,
-            timer_start: Some(1000),
-            timer_end: Some(1500),
-            timer_wait: Some(500),
-            object_instance: n * 7919,
-            bytes: Some(n ^ 0x5555),
-            spins: Some(n + 3),
-            source: None,
-            object_name: None,
-            nesting_event_id: None,
-            nesting_event_type: EventType::None,
-            event_type: EventType::Wait,
-            timer: TimerId::Cycle,
-            progress: None,
-            thread_id: 0,
-        }
-    }
 
     #[test]
     fn the_checker_rejects_torn_events() {
         let class_of: HashMap<u32, usize> = [(0, 0), (1, 1), (2, 2)].into();
         let mut ck = Checker::default();
-        ck.check_event(1, &good(10), &class_of, "history");
+        ck.check_event(1, &torn::consistent_copy(10), &class_of, "history");
         assert_eq!(ck.torn_accepted, 0, "{:?}", ck.examples);
-        let torn = [
-            Event {
-                object_instance: 11 * 7919,
-                ..good(10)
-            },
-            Event {
-                bytes: Some(11 ^ 0x5555),
-                ..good(10)
-            },
-            Event {
-                spins: None,
-                ..good(10)
-            },
-            Event {
-                end_event_id: Some(9),
-                ..good(10)
-            },
-            Event {
-                class: 2,
-                ..good(10)
-            },
-            Event {
-                timer_wait: Some(7),
-                ..good(10)
-            },
-        ];
-        for (i, e) in torn.iter().enumerate() {
+        for (i, e) in torn::torn_copies(10).iter().enumerate() {
             let before = ck.torn_accepted;
             ck.check_event(1, e, &class_of, "history");
             assert_eq!(ck.torn_accepted, before + 1, "variant {i} accepted: {e:?}");
