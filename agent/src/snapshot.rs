@@ -254,7 +254,7 @@ impl Snapshotter {
                             (Mode::Summaries, Some(p)) => carry_forward_summed(&mut s, p),
                             (Mode::Summaries, None) => 0,
                         };
-                        add_stats(&mut stats, &s.stats);
+                        stats.add(&s.stats);
                         Some(Arc::new(s))
                     }
                     Err(e) => {
@@ -311,16 +311,6 @@ impl Snapshotter {
         tot.failed_reads += failed;
         snap
     }
-}
-
-fn add_stats(a: &mut ReadStats, b: &ReadStats) {
-    a.retries += b.retries;
-    a.skipped_rows += b.skipped_rows;
-    a.skipped_events += b.skipped_events;
-    a.ended_records += b.ended_records;
-    a.folded_copies += b.folded_copies;
-    a.invalid += b.invalid;
-    a.restarts += b.restarts;
 }
 
 #[cfg(test)]

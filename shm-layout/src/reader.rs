@@ -108,7 +108,17 @@ pub struct ReadStats {
 }
 
 impl ReadStats {
-    fn add(&mut self, o: &ReadStats) {
+    /// Adds another snapshot's counters (totals over many snapshots).
+    ///
+    /// ```
+    /// use pfs_shm_layout::reader::ReadStats;
+    ///
+    /// let mut total = ReadStats::default();
+    /// total.add(&ReadStats { retries: 2, ..ReadStats::default() });
+    /// total.add(&ReadStats { retries: 3, ..ReadStats::default() });
+    /// assert_eq!(total.retries, 5);
+    /// ```
+    pub fn add(&mut self, o: &ReadStats) {
         self.retries += o.retries;
         self.skipped_rows += o.skipped_rows;
         self.skipped_events += o.skipped_events;

@@ -283,13 +283,20 @@ impl Agent {
     /// Starts `pfs-agent serve --shm-dir DIR --listen 127.0.0.1:PORT` and
     /// waits (up to 20 s) for `/healthz` to answer 200 "ok".
     pub fn serve(shm_dir: &Path) -> Result<Self> {
+        Self::serve_with_args(shm_dir, &[])
+    }
+
+    /// [`Agent::serve`] with more `serve` arguments (tokens, limits,
+    /// defaults).
+    pub fn serve_with_args(shm_dir: &Path, args: &[&str]) -> Result<Self> {
         let port = free_port();
         let mut cmd = Command::new(agent_bin());
         cmd.arg("serve")
             .arg("--shm-dir")
             .arg(shm_dir)
             .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"));
+            .arg(format!("127.0.0.1:{port}"))
+            .args(args);
         let guard = ChildGuard::spawn("pfs-agent", cmd, false)?;
         let mut agent = Self {
             guard,

@@ -3,13 +3,12 @@
 //! value columns of the `memory/test/*` rows, keyed by chosen columns.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::Value;
 
-use crate::{ChildGuard, agent_bin, free_port, get_json, rows, wait_healthz};
+use crate::{Agent, ChildGuard, get_json, rows};
 
 /// The control token [`serve`] requires.
 pub const TOKEN: &str = "memtoken";
@@ -36,18 +35,8 @@ pub type Values = [i64; 10];
 pub fn serve(dir: &Path) -> Result<(ChildGuard, String)> {
     let token = dir.with_extension("token");
     std::fs::write(&token, format!("{TOKEN}\n"))?;
-    let port = free_port();
-    let mut cmd = Command::new(agent_bin());
-    cmd.arg("serve")
-        .arg("--shm-dir")
-        .arg(dir)
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--control-token-file")
-        .arg(&token);
-    let mut guard = ChildGuard::spawn("pfs-agent", cmd, false)?;
-    let base = format!("http://127.0.0.1:{port}");
-    wait_healthz(&base, &mut guard, Duration::from_secs(20))?;
+    let token = token.to_str().context("a UTF-8 temporary path")?;
+    let Agent { guard, base } = Agent::serve_with_args(dir, &["--control-token-file", token])?;
     Ok((guard, base))
 }
 

@@ -4,31 +4,18 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use pfs_shm_layout::Segment;
 use pfs_shm_layout::layout::EventType;
 use pfs_shm_layout::reader::{ReadOptions, snapshot};
-use pfs_tests::{
-    ChildGuard, Writer, agent_bin, free_port, get_json, rows, u64_col, wait_healthz, writer_exe,
-};
+use pfs_tests::{Agent, ChildGuard, Writer, get_json, rows, u64_col, writer_exe};
 use serde_json::{Value, json};
 
 /// `pfs-agent serve` with extra arguments.
 fn serve(dir: &Path, extra: &[&str]) -> Result<(ChildGuard, String)> {
-    let port = free_port();
-    let mut cmd = Command::new(agent_bin());
-    cmd.arg("serve")
-        .arg("--shm-dir")
-        .arg(dir)
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"));
-    cmd.args(extra);
-    let mut guard = ChildGuard::spawn("pfs-agent", cmd, false)?;
-    let base = format!("http://127.0.0.1:{port}");
-    wait_healthz(&base, &mut guard, Duration::from_secs(20))?;
+    let Agent { guard, base } = Agent::serve_with_args(dir, extra)?;
     Ok((guard, base))
 }
 

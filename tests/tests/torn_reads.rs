@@ -125,16 +125,6 @@ impl Checker {
     }
 }
 
-fn add(a: &mut ReadStats, b: &ReadStats) {
-    a.retries += b.retries;
-    a.skipped_rows += b.skipped_rows;
-    a.skipped_events += b.skipped_events;
-    a.ended_records += b.ended_records;
-    a.folded_copies += b.folded_copies;
-    a.invalid += b.invalid;
-    a.restarts += b.restarts;
-}
-
 #[test]
 fn torn_reads_are_never_accepted() {
     let dir = tempfile::tempdir().unwrap();
@@ -174,7 +164,7 @@ fn torn_reads_are_never_accepted() {
         );
         match snapshot(&seg, &opts) {
             Ok(s) => {
-                add(&mut stats, &s.stats);
+                stats.add(&s.stats);
                 ck.check(&s);
             }
             Err(e) => errors.push(e.to_string()),

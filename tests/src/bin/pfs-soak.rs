@@ -514,16 +514,6 @@ struct ReaderReport {
     max_pages: u32,
 }
 
-fn add_stats(a: &mut ReadStats, b: &ReadStats) {
-    a.retries += b.retries;
-    a.skipped_rows += b.skipped_rows;
-    a.skipped_events += b.skipped_events;
-    a.ended_records += b.ended_records;
-    a.folded_copies += b.folded_copies;
-    a.invalid += b.invalid;
-    a.restarts += b.restarts;
-}
-
 /// Snapshots the segment as fast as it can until `stop`, checking each.
 fn reader(path: &Path, stop: &AtomicBool, prog: &Progress) -> Result<ReaderReport> {
     let seg = Segment::open(File::open(path)?, false).context("reader: open the segment")?;
@@ -552,7 +542,7 @@ fn reader(path: &Path, stop: &AtomicBool, prog: &Progress) -> Result<ReaderRepor
             }
         };
         run = 0;
-        add_stats(&mut rep.stats, &s.stats);
+        rep.stats.add(&s.stats);
         rep.ck.check(&s);
         rep.max_live = rep.max_live.max(s.threads.len());
         rep.max_pages = rep.max_pages.max(s.pages);
