@@ -11,15 +11,29 @@
 //!
 //! # Block header
 //!
-//! Every block gets a 16-byte header just before the pointer returned to
-//! the program: the requested size, the class index (or `u32::MAX` when
-//! the allocation was not counted) and a magic word. The header area is
-//! padded to the block's alignment (`max(16, align)` bytes in front), so
+//! Every block gets an 8-byte header just before the pointer returned to
+//! the program: the class index (or `u32::MAX` when the allocation was not
+//! counted) and a magic word. The size is not stored: `GlobalAlloc` hands
+//! `dealloc` and `realloc` the layout the block was allocated (or last
+//! reallocated) with, whose size is the one accounted. The header area is
+//! padded to the block's alignment (`max(8, align)` bytes in front), so
 //! the user pointer keeps its alignment; `realloc` moves the header with
 //! the block. The free reads the header: it is accounted exactly when the
 //! allocation was, against the allocation's instrument, whatever the
 //! flags and the scope say by then. `realloc` counts as the free of the
 //! old block and the allocation of the new one.
+//!
+//! # Cost
+//!
+//! The accounting is inlined into `alloc` and `dealloc`; per allocation
+//! it reads the reentrancy flag, the scope, the class's flags word, the
+//! thread's context (one thread-local pointer) and the truncation
+//! generation, updates the thread's row under its sequence lock (the
+//! context remembers the row it used last, so a repeat of the same class
+//! skips the row lookup) and writes the header word; per free it reads the
+//! header word and the context and updates the row. Registration, a
+//! change of class, first touch of a row, truncation and threads without a
+//! record are cold calls.
 //!
 //! # Reentrancy and thread exit
 //!
@@ -49,10 +63,9 @@ use pfs_shm_layout::layout::NONE_U32;
 
 use crate::memory::{LazyMemoryClass, account_alloc, account_free, scope};
 use crate::reentry::in_pfs;
-use crate::runtime;
 
-/// Bytes of the block header.
-const HEADER: usize = 16;
+/// Bytes of the block header (one `u64`: class, magic).
+const HEADER: usize = 8;
 /// Marks a block allocated by [`PfsAllocator`].
 const MAGIC: u32 = 0x5046_534d; // "PFSM"
 
@@ -101,62 +114,67 @@ impl<A> PfsAllocator<A> {
     }
 }
 
-/// Front padding of a block of layout `l`: the header, rounded up to the
-/// alignment.
+/// The header's layout: one `u64` (two `u32` words, class and magic).
+const HEADER_LAYOUT: Layout = Layout::new::<u64>();
+
+/// The layout of the whole block (header area + user bytes) and the
+/// offset of the user bytes in it, `front = max(8, l.align())`: the header
+/// followed by `l` (`Layout::extend`), so `front + l.size()` bytes aligned
+/// to `max(8, l.align())`. Never zero-sized; `None` if too large.
 #[inline(always)]
-fn front(l: &Layout) -> usize {
-    l.align().max(HEADER)
+fn outer(l: &Layout) -> Option<(Layout, usize)> {
+    HEADER_LAYOUT.extend(*l).ok()
 }
 
-/// The layout of the whole block (header area + user bytes): `front(l)`
-/// bytes more than `l`, aligned to `max(16, l.align())`. Never zero-sized.
-#[inline(always)]
-fn outer(l: &Layout) -> Option<Layout> {
-    let size = l.size().checked_add(front(l))?;
-    Layout::from_size_align(size, l.align().max(HEADER)).ok()
-}
-
-/// Writes the header of a block of `size` requested bytes accounted to
-/// `class` in front of user pointer `p`; returns `p`.
+/// Writes the header of a block accounted to `class` in front of user
+/// pointer `p`: the class, then the magic; returns `p`.
 ///
 /// # Safety
-/// `p` must be 16-aligned, and the 16 bytes before it must be memory of
-/// one live block that the caller may write (the header area of a block
-/// of this allocator).
+/// `p` must be 8-aligned, and the 8 bytes before it must be memory of one
+/// live block that the caller may write (the header area of a block of
+/// this allocator).
 #[allow(unsafe_code)]
 #[inline(always)]
-unsafe fn write_header(p: *mut u8, size: usize, class: u32) -> *mut u8 {
-    // SAFETY: by the contract, `p - 16` is in the same block as `p` (so
-    // `sub` stays in bounds) and the two words there are writable; `p` and
-    // so `p - 16` are 16-aligned, so both `u64` writes are aligned. No
-    // reference to those bytes exists: the program only ever sees the
-    // memory from `p` on.
+unsafe fn write_header(p: *mut u8, class: u32) -> *mut u8 {
+    // SAFETY: by the contract, `p - 8` is in the same block as `p` (so
+    // `sub` stays in bounds) and the 8 bytes there are writable; `p` and so
+    // `p - 8` are 8-aligned, so both `u32` writes are aligned. No reference
+    // to those bytes exists: the program only ever sees the memory from
+    // `p` on.
     unsafe {
-        let h = p.sub(HEADER).cast::<u64>();
-        h.write(size as u64);
-        h.add(1).write(u64::from(class) | (u64::from(MAGIC) << 32));
+        let h = p.sub(HEADER).cast::<u32>();
+        h.write(class);
+        h.add(1).write(MAGIC);
     }
     p
 }
 
-/// Reads `(size, class)` from the header in front of user pointer `p`.
+/// Reads the class (or `NONE_U32`) from the header in front of user
+/// pointer `p`.
 ///
 /// # Safety
 /// `p` must have been returned by a [`PfsAllocator`] and not freed yet.
 #[allow(unsafe_code)]
 #[inline(always)]
-unsafe fn read_header(p: *mut u8) -> (u64, u32) {
-    // SAFETY: such a `p` is 16-aligned with the block's header in the 16
-    // bytes before it, written by `write_header` when the block was
-    // handed out (allocation or `realloc`) and not touched since: the
-    // program only ever sees the memory from `p` on. So both reads are in
-    // bounds, aligned and of initialised `u64`s.
-    unsafe {
-        let h = p.sub(HEADER).cast::<u64>();
-        let w = h.add(1).read();
-        debug_assert_eq!((w >> 32) as u32, MAGIC, "block not from PfsAllocator");
-        (h.read(), w as u32)
-    }
+unsafe fn read_header(p: *mut u8) -> u32 {
+    // SAFETY: such a `p` is 8-aligned with the block's header in the 8
+    // bytes before it, written by `write_header` when the block was handed
+    // out (allocation or `realloc`) and not touched since: the program
+    // only ever sees the memory from `p` on. So both reads are in bounds,
+    // aligned and of initialised `u32`s.
+    let (class, magic) = unsafe {
+        let h = p.sub(HEADER).cast::<u32>();
+        (
+            h.read(),
+            if cfg!(debug_assertions) {
+                h.add(1).read()
+            } else {
+                MAGIC
+            },
+        )
+    };
+    debug_assert_eq!(magic, MAGIC, "block not from PfsAllocator");
+    class
 }
 
 impl<A: GlobalAlloc> PfsAllocator<A> {
@@ -164,11 +182,12 @@ impl<A: GlobalAlloc> PfsAllocator<A> {
     /// `NONE_U32`).
     #[inline(always)]
     fn account(&self, size: usize) -> u32 {
-        if in_pfs() || runtime::get().is_none() {
+        if in_pfs() {
             return NONE_U32;
         }
         // Resolving the default class registers it once (a slow path,
-        // itself marked reentrant).
+        // itself marked reentrant). Before `init` every class is disabled,
+        // so nothing is counted.
         let class = match scope() {
             Some(c) => c,
             None => self.default.get().0,
@@ -180,11 +199,12 @@ impl<A: GlobalAlloc> PfsAllocator<A> {
         }
     }
 
-    /// Accounts the free of a block whose header says `(size, class)`.
+    /// Accounts the free of a block of `size` bytes whose header says
+    /// `class`.
     #[inline(always)]
-    fn release(size: u64, class: u32) {
+    fn release(size: usize, class: u32) {
         if class != NONE_U32 {
-            account_free(class, size);
+            account_free(class, size as u64);
         }
     }
 
@@ -195,7 +215,7 @@ impl<A: GlobalAlloc> PfsAllocator<A> {
     #[allow(unsafe_code)]
     #[inline(always)]
     fn alloc_block(&self, layout: &Layout, zeroed: bool) -> *mut u8 {
-        let Some(o) = outer(layout) else {
+        let Some((o, front)) = outer(layout) else {
             return std::ptr::null_mut();
         };
         // SAFETY: `o` has a non-zero size (at least `HEADER` bytes), the
@@ -212,22 +232,22 @@ impl<A: GlobalAlloc> PfsAllocator<A> {
         }
         let class = self.account(layout.size());
         // SAFETY: `base` is a live block of layout `o`, aligned to
-        // `o.align()` and `front(layout) + layout.size()` bytes long, that
-        // nobody else uses yet. So `base + front(layout)` is in bounds, and
-        // 16-aligned as `front` and `o.align()` are multiples of 16; the 16
-        // bytes before it are in the block (`front >= 16`).
-        unsafe { write_header(base.add(front(layout)), layout.size(), class) }
+        // `o.align()` and `front + layout.size()` bytes long, that nobody
+        // else uses yet. So `base + front` is in bounds, and 8-aligned as
+        // `front` and `o.align()` are multiples of 8; the 8 bytes before it
+        // are in the block (`front >= 8`).
+        unsafe { write_header(base.add(front), class) }
     }
 }
 
 // SAFETY: every block is obtained from `inner` with `outer(layout)`, whose
-// alignment is at least the requested one and at least 16; the user
-// pointer is `front(layout)` bytes in, a multiple of the alignment, so it
+// alignment is at least the requested one and at least 8; the user
+// pointer is `front` bytes in (see `outer`), a multiple of the alignment, so it
 // is suitably aligned and has `layout.size()` bytes after it, which are
 // the program's alone (the header lies before them). `dealloc` and
 // `realloc` recompute the same outer layout from the layout they are given
 // (GlobalAlloc's contract: the one used to allocate), and `realloc` keeps
-// the alignment, so the header stays `front(layout)` bytes in front.
+// the alignment, so the header stays `front` bytes in front.
 #[allow(unsafe_code)]
 unsafe impl<A: GlobalAlloc> GlobalAlloc for PfsAllocator<A> {
     #[inline]
@@ -244,19 +264,18 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for PfsAllocator<A> {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: `ptr` was returned by this allocator and not freed yet
         // (the caller's contract), as `read_header` requires.
-        let (size, class) = unsafe { read_header(ptr) };
-        Self::release(size, class);
-        let o = outer(&layout).expect("layout was valid at allocation");
+        let class = unsafe { read_header(ptr) };
+        Self::release(layout.size(), class);
+        let (o, front) = outer(&layout).expect("layout was valid at allocation");
         // SAFETY: `ptr` was allocated with `layout` (the caller's
-        // contract), so its block starts `front(&layout)` bytes before it
-        // and was allocated from `inner` with `o`, and is freed once.
-        unsafe { self.inner.dealloc(ptr.sub(front(&layout)), o) }
+        // contract), so its block starts `front` bytes before it and was
+        // allocated from `inner` with `o`, and is freed once.
+        unsafe { self.inner.dealloc(ptr.sub(front), o) }
     }
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let f = front(&layout);
-        let o = outer(&layout).expect("layout was valid at allocation");
+        let (o, f) = outer(&layout).expect("layout was valid at allocation");
         // The new outer size must be a valid size at the same alignment
         // (`inner.realloc`'s contract): too large is an allocation failure.
         let Some(new_o) = new_size
@@ -267,7 +286,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for PfsAllocator<A> {
         };
         // SAFETY: `ptr` was returned by this allocator and not freed yet
         // (the caller's contract).
-        let (old_size, old_class) = unsafe { read_header(ptr) };
+        let old_class = unsafe { read_header(ptr) };
         // SAFETY: the block starts `f` bytes before `ptr` and was allocated
         // from `inner` with `o` (as in `dealloc`); `new_o.size()` is
         // non-zero and does not overflow `isize` once rounded up to
@@ -276,12 +295,12 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for PfsAllocator<A> {
         if base.is_null() {
             return base; // the old block is untouched, still accounted
         }
-        Self::release(old_size, old_class);
+        Self::release(layout.size(), old_class);
         let class = self.account(new_size);
         // SAFETY: `base` is a live block of `new_o` (alignment kept), `f +
         // new_size` bytes long, the header area copied from the old block
-        // or not: either way its 16 bytes before `base + f` are ours to
-        // overwrite (`f >= 16`, a multiple of 16, as is the alignment).
-        unsafe { write_header(base.add(f), new_size, class) }
+        // or not: either way its 8 bytes before `base + f` are ours to
+        // overwrite (`f >= 8`, a multiple of 8, as is the alignment).
+        unsafe { write_header(base.add(f), class) }
     }
 }

@@ -1,7 +1,8 @@
 //! Layer 0. The per-thread context the hot path works on: the thread's
-//! record in the segment and its event state (the logical `THREAD_ID`, the
-//! `EVENT_ID` counter, the open stage and statement that new events nest
-//! in, the setup_actors verdict, and a task's poll time). Plain data, used
+//! record in the segment (with the memory row it accounted to last) and
+//! its event state (the logical `THREAD_ID`, the `EVENT_ID` counter, the
+//! open stage and statement that new events nest in, the setup_actors
+//! verdict, and a task's poll time). Plain data, used
 //! only by the thread it belongs to; how a thread gets one (and gives it
 //! back) is the job of the `thread` module.
 //!
@@ -11,8 +12,9 @@
 //! whichever thread polls it.
 
 use std::cell::Cell;
+use std::sync::atomic::AtomicU64;
 
-use pfs_shm_layout::layout::EventType;
+use pfs_shm_layout::layout::{EventType, MemoryRow, NONE_U32};
 use pfs_shm_layout::writer::{EventData, KIND_WAIT};
 use pfs_shm_layout::{RecordRef, ThreadSlot};
 
@@ -65,6 +67,15 @@ impl EventState {
 /// What the hot path needs of the current thread.
 pub(crate) struct ThreadCtx {
     pub(crate) rec: RecordRef<'static>,
+    /// The segment's `memory_truncate_gen` (the setup word the memory hot
+    /// path reads on every operation), reached without the runtime.
+    pub(crate) memory_truncate_gen: &'static AtomicU64,
+    /// The memory row the thread accounted to last, with its class index
+    /// (`NONE_U32` before the first: the row is then a placeholder, never
+    /// written): a row once returned by `RecordRef::memory_row` stays
+    /// ready while the thread holds its record, so repeated operations on
+    /// one class skip the row lookup.
+    pub(crate) memory_memo: Cell<(u32, &'static MemoryRow)>,
     /// The record's slot in the thread container (given back at exit).
     pub(crate) slot: ThreadSlot,
     /// The record's `THREAD_ID` (the OS thread's own).
@@ -96,10 +107,20 @@ pub(crate) struct ThreadCtx {
 impl ThreadCtx {
     /// The context of a newly registered thread: no event yet, nothing
     /// open, instrumented with history until an actor says otherwise.
-    pub(crate) fn new(rec: RecordRef<'static>, slot: ThreadSlot, thread_id: u64) -> Self {
+    pub(crate) fn new(
+        rec: RecordRef<'static>,
+        slot: ThreadSlot,
+        thread_id: u64,
+        memory_truncate_gen: &'static AtomicU64,
+    ) -> Self {
         let s = EventState::new(thread_id);
+        // Segments have at least one class (checked at creation), so row
+        // 0 exists; it stands in until the first memory operation.
+        let placeholder = &rec.memory_rows()[0];
         Self {
             rec,
+            memory_truncate_gen,
+            memory_memo: Cell::new((NONE_U32, placeholder)),
             slot,
             own_thread_id: thread_id,
             thread_id: Cell::new(s.thread_id),

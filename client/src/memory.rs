@@ -12,9 +12,11 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use pfs_shm_layout::layout::{MAX_CLASSES_LIMIT, NONE_U32};
+use pfs_shm_layout::layout::{MAX_CLASSES_LIMIT, MemoryRow, NONE_U32};
+use pfs_shm_layout::writer::{memory_row_alloc, memory_row_free};
 
 use crate::class::{ClassRef, Family, LazyRef};
+use crate::context::ThreadCtx;
 use crate::reentry::{in_pfs, reentrant};
 use crate::runtime::{self, Runtime};
 use crate::thread;
@@ -113,24 +115,66 @@ impl Drop for MemoryToken {
     }
 }
 
-/// Accounts an allocation; `true` if it was counted.
-#[inline]
+/// Accounts an allocation; `true` if it was counted. Hot path: the
+/// class's flags word, the thread's context pointer (one thread-local
+/// read) and its `INSTRUMENTED` flag, the truncation generation, then the
+/// row update; a thread not registered yet takes the cold path.
+#[inline(always)]
 pub(crate) fn account_alloc(class: ClassRef, size: u64) -> bool {
     if !class.enabled() {
         return false;
     }
+    let Some(ctx) = thread::live() else {
+        return account_alloc_unregistered(class, size);
+    };
+    alloc_on(ctx, class, size)
+}
+
+/// The row update of a counted allocation, if the thread is instrumented.
+#[inline(always)]
+fn alloc_on(ctx: &'static ThreadCtx, class: ClassRef, size: u64) -> bool {
+    if !ctx.instrumented.get() {
+        return false;
+    }
+    let tgen = ctx.memory_truncate_gen.load(Relaxed);
+    if let Some(row) = row_of(ctx, class.index, tgen) {
+        memory_row_alloc(row, size, tgen);
+    }
+    true
+}
+
+/// The thread's row of memory class `class`: the memo when it holds that
+/// class (one compare), else the record's lookup.
+#[inline(always)]
+fn row_of(ctx: &'static ThreadCtx, class: u32, tgen: u64) -> Option<&'static MemoryRow> {
+    let (memo, row) = ctx.memory_memo.get();
+    if memo == class {
+        Some(row)
+    } else {
+        memo_miss(ctx, class, tgen)
+    }
+}
+
+/// [`row_of`] for another class than the memo's: looks the row up (first
+/// touching it if need be) and remembers it.
+#[cold]
+#[inline(never)]
+fn memo_miss(ctx: &'static ThreadCtx, class: u32, tgen: u64) -> Option<&'static MemoryRow> {
+    let row = ctx.rec.memory_row(class as usize, tgen)?;
+    ctx.memory_memo.set((class, row));
+    Some(row)
+}
+
+/// [`account_alloc`] by a thread without a live context: registers it
+/// (unless inside a client slow path) and accounts there; not counted if
+/// it has no record.
+#[cold]
+#[inline(never)]
+fn account_alloc_unregistered(class: ClassRef, size: u64) -> bool {
     let Some(rt) = runtime::get() else {
         return false;
     };
-    thread::with_ctx_memory(rt, |ctx| {
-        if !ctx.instrumented.get() {
-            return false;
-        }
-        let tgen = rt.setup.memory_truncate_gen.load(Relaxed);
-        ctx.rec.memory_alloc(class.index as usize, size, tgen);
-        true
-    })
-    .unwrap_or(false)
+    thread::with_ctx_memory(rt, |ctx| alloc_on(ctx, class, size)).unwrap_or(false)
 }
 
 /// Frees by threads without a record, made while that thread ran a
@@ -144,16 +188,35 @@ static PENDING_ANY: AtomicU64 = AtomicU64::new(0);
 /// calling thread's row, or, for a thread without a record (it exited or
 /// is exiting: TLS destructors run after the record was folded), on the
 /// global row, so that the global CURRENT stays exactly alloc − free.
-#[inline]
+/// Hot path: the thread's context pointer, the truncation generation, the
+/// row update.
+#[inline(always)]
 pub(crate) fn account_free(class: u32, size: u64) {
+    match thread::live() {
+        Some(ctx) => free_on(ctx, class, size),
+        None => account_free_unregistered(class, size),
+    }
+}
+
+/// The row update of a counted free.
+#[inline(always)]
+fn free_on(ctx: &'static ThreadCtx, class: u32, size: u64) {
+    let tgen = ctx.memory_truncate_gen.load(Relaxed);
+    if let Some(row) = row_of(ctx, class, tgen) {
+        memory_row_free(row, size, tgen);
+    }
+}
+
+/// [`account_free`] by a thread without a live context: registers it
+/// (unless inside a client slow path) and accounts there, or accounts on
+/// the global row if it has no record.
+#[cold]
+#[inline(never)]
+fn account_free_unregistered(class: u32, size: u64) {
     let Some(rt) = runtime::get() else {
         return;
     };
-    let done = thread::with_ctx_memory(rt, |ctx| {
-        let tgen = rt.setup.memory_truncate_gen.load(Relaxed);
-        ctx.rec.memory_free(class as usize, size, tgen);
-    });
-    if done.is_none() {
+    if thread::with_ctx_memory(rt, |ctx| free_on(ctx, class, size)).is_none() {
         free_without_record(rt, class, size);
     }
 }

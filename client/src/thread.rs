@@ -86,10 +86,15 @@ enum Lookup {
 #[inline(always)]
 fn lookup() -> Lookup {
     let p = CTX.with(|c| c.get());
-    if p.is_null() {
-        Lookup::New
-    } else if p == DEAD {
-        Lookup::Dead
+    // One compare on the hot path: null and DEAD (the dangling address,
+    // the type's alignment) are the two smallest values CTX can hold.
+    if p.addr() <= DEAD.addr() {
+        std::hint::cold_path();
+        if p.is_null() {
+            Lookup::New
+        } else {
+            Lookup::Dead
+        }
     } else {
         // SAFETY: CTX is private to this module and set to a context in
         // one place only: `register_inner` stores the pointer that it
@@ -141,6 +146,16 @@ pub(crate) fn with_ctx_memory<R>(
     match lookup() {
         Lookup::Live(ctx) => Some(f(ctx)),
         Lookup::New if !in_pfs() => reentrant(|| register(rt)).map(f),
+        Lookup::New | Lookup::Dead => None,
+    }
+}
+
+/// The current thread's context if it is registered and has its record
+/// (never registers it): the memory hot path's one thread-local read.
+#[inline(always)]
+pub(crate) fn live() -> Option<&'static ThreadCtx> {
+    match lookup() {
+        Lookup::Live(ctx) => Some(ctx),
         Lookup::New | Lookup::Dead => None,
     }
 }
@@ -206,6 +221,7 @@ fn register_inner(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
         rt.writer.segment().record(slot.index),
         slot,
         thread_id,
+        &rt.setup.memory_truncate_gen,
     ));
     // Not run if the thread is already being torn down: `ctx` is then
     // dropped with the closure.

@@ -85,12 +85,22 @@ impl SeqLock {
 
     /// Starts a write. The caller must be the only writer of the data this
     /// lock guards; the returned guard publishes the write when dropped.
+    ///
+    /// Both ends are a load and a store of the word (no value carried
+    /// between them: the sole writer reads back what it stored), which
+    /// x86-64 compiles to one non-locked `inc` each.
     #[inline(always)]
     pub fn write(&self) -> SeqWriteGuard<'_> {
-        let s = self.seq.load(Ordering::Relaxed);
-        self.seq.store(s.wrapping_add(1), Ordering::Relaxed);
+        self.bump(Ordering::Relaxed);
         fence(Ordering::Release);
-        SeqWriteGuard { lock: self, seq: s }
+        SeqWriteGuard { lock: self }
+    }
+
+    /// The sole writer's `seq += 1`, stored with `order`.
+    #[inline(always)]
+    fn bump(&self, order: Ordering) {
+        let s = self.seq.load(Ordering::Relaxed);
+        self.seq.store(s.wrapping_add(1), order);
     }
 
     /// Reads with at most `attempts` tries. `f` must only perform `Relaxed`
@@ -165,15 +175,12 @@ impl SeqLock {
 #[derive(Debug)]
 pub struct SeqWriteGuard<'a> {
     lock: &'a SeqLock,
-    seq: u64,
 }
 
 impl Drop for SeqWriteGuard<'_> {
     #[inline(always)]
     fn drop(&mut self) {
-        self.lock
-            .seq
-            .store(self.seq.wrapping_add(2), Ordering::Release);
+        self.lock.bump(Ordering::Release);
     }
 }
 

@@ -660,9 +660,12 @@ fn clear_memory_row(row: &MemoryRow, tgen: u64) {
 }
 
 /// If `row` predates truncation generation `tgen`, LOW = HIGH = CURRENT.
+/// The check is one load and a compare; the reset, taken once per row
+/// after each truncation, is a cold path.
 #[inline(always)]
 fn apply_truncation(row: &MemoryRow, tgen: u64) {
     if row.truncate_gen.load(Relaxed) != tgen {
+        std::hint::cold_path();
         let c = row.current_count_used.load(Relaxed);
         let b = row.current_bytes_used.load(Relaxed);
         row.low_count_used.store(c, Relaxed);
@@ -1030,7 +1033,9 @@ impl RecordRef<'_> {
     /// row under its sequence lock, no read-modify-write instruction.
     #[inline(always)]
     pub fn memory_alloc(&self, class: usize, size: u64, tgen: u64) {
-        self.memory_op(class, size, tgen, true);
+        if let Some(row) = self.memory_row(class, tgen) {
+            memory_op(row, size, tgen, true);
+        }
     }
 
     /// Accounts one free of `size` bytes to memory class `class`; see
@@ -1038,59 +1043,30 @@ impl RecordRef<'_> {
     /// allocated by another thread).
     #[inline(always)]
     pub fn memory_free(&self, class: usize, size: u64, tgen: u64) {
-        self.memory_op(class, size, tgen, false);
+        if let Some(row) = self.memory_row(class, tgen) {
+            memory_op(row, size, tgen, false);
+        }
     }
 
+    /// This record's memory row of class `class`, ready for
+    /// [`memory_row_alloc`] and [`memory_row_free`]: zeroed and marked
+    /// touched first if the record has not used the class yet (a cold
+    /// branch); `None` if `class` is out of range. The row stays ready for
+    /// as long as the caller holds the record (touched bits are cleared
+    /// only when a record is initialised for a new thread), so the caller
+    /// may keep it and skip this lookup on later operations.
     #[inline(always)]
-    fn memory_op(&self, class: usize, size: u64, tgen: u64, alloc: bool) {
-        let Some(row) = self.memory_rows().get(class) else {
-            return;
-        };
-        let word = &self.header.touched[class / 64];
-        let bit = 1u64 << (class % 64);
-        let touched = word.load(Relaxed);
-        if touched & bit == 0 {
-            first_touch_memory(row, tgen);
-            word.store(touched | bit, Release);
+    pub fn memory_row(&self, class: usize, tgen: u64) -> Option<&MemoryRow> {
+        let row = self.memory_rows().get(class)?;
+        // `class` < rows ≤ MAX_CLASSES_LIMIT (checked when the segment was
+        // created or opened): the modulo never wraps, it only spares a
+        // second bounds check.
+        let touched = &self.header.touched;
+        let word = &touched[(class / 64) % touched.len()];
+        if (word.load(Relaxed) >> (class % 64)) & 1 == 0 {
+            first_touch_memory(row, word, class, tgen);
         }
-        let _w = row.seq.write();
-        apply_truncation(row, tgen);
-        let ld = |a: &AtomicU64| a.load(Relaxed);
-        let (c, b) = if alloc {
-            row.count_alloc.store(ld(&row.count_alloc) + 1, Relaxed);
-            row.sum_bytes_alloc
-                .store(ld(&row.sum_bytes_alloc).wrapping_add(size), Relaxed);
-            (
-                ld(&row.current_count_used).wrapping_add(1),
-                ld(&row.current_bytes_used).wrapping_add(size),
-            )
-        } else {
-            row.count_free.store(ld(&row.count_free) + 1, Relaxed);
-            row.sum_bytes_free
-                .store(ld(&row.sum_bytes_free).wrapping_add(size), Relaxed);
-            (
-                ld(&row.current_count_used).wrapping_sub(1),
-                ld(&row.current_bytes_used).wrapping_sub(size),
-            )
-        };
-        row.current_count_used.store(c, Relaxed);
-        row.current_bytes_used.store(b, Relaxed);
-        // Watermarks compare as signed values.
-        if alloc {
-            if (c as i64) > (ld(&row.high_count_used) as i64) {
-                row.high_count_used.store(c, Relaxed);
-            }
-            if (b as i64) > (ld(&row.high_bytes_used) as i64) {
-                row.high_bytes_used.store(b, Relaxed);
-            }
-        } else {
-            if (c as i64) < (ld(&row.low_count_used) as i64) {
-                row.low_count_used.store(c, Relaxed);
-            }
-            if (b as i64) < (ld(&row.low_bytes_used) as i64) {
-                row.low_bytes_used.store(b, Relaxed);
-            }
-        }
+        Some(row)
     }
 
     /// Records the thread's actor and its setup_actors verdict.
@@ -1101,6 +1077,66 @@ impl RecordRef<'_> {
         h.host.store(host, Relaxed);
         h.role.store(role, Relaxed);
         h.flags.store(flags, Relaxed);
+    }
+}
+
+/// Accounts one allocation of `size` bytes on `row`, a memory row that
+/// [`RecordRef::memory_row`] returned for the caller's own record (which
+/// it still holds); `tgen` as for [`RecordRef::memory_alloc`]. The same
+/// update as `memory_alloc`, without the row lookup.
+#[inline(always)]
+pub fn memory_row_alloc(row: &MemoryRow, size: u64, tgen: u64) {
+    memory_op(row, size, tgen, true);
+}
+
+/// Accounts one free of `size` bytes on `row`; see [`memory_row_alloc`].
+#[inline(always)]
+pub fn memory_row_free(row: &MemoryRow, size: u64, tgen: u64) {
+    memory_op(row, size, tgen, false);
+}
+
+/// The one memory row update: truncation is a cold branch; the rest is
+/// straight-line relaxed loads and plain stores of the thread's own row
+/// under its sequence lock, one watermark compare per value.
+#[inline(always)]
+fn memory_op(row: &MemoryRow, size: u64, tgen: u64, alloc: bool) {
+    let _w = row.seq.write();
+    apply_truncation(row, tgen);
+    let ld = |a: &AtomicU64| a.load(Relaxed);
+    // A free is the allocation's mirror image: the same arithmetic on the
+    // other counters with the deltas negated.
+    let (count, sum, delta_c, delta_b) = if alloc {
+        (&row.count_alloc, &row.sum_bytes_alloc, 1u64, size)
+    } else {
+        (
+            &row.count_free,
+            &row.sum_bytes_free,
+            1u64.wrapping_neg(),
+            size.wrapping_neg(),
+        )
+    };
+    count.store(ld(count).wrapping_add(1), Relaxed);
+    sum.store(ld(sum).wrapping_add(size), Relaxed);
+    let c = ld(&row.current_count_used).wrapping_add(delta_c);
+    let b = ld(&row.current_bytes_used).wrapping_add(delta_b);
+    row.current_count_used.store(c, Relaxed);
+    row.current_bytes_used.store(b, Relaxed);
+    // Watermarks compare as signed values: an allocation can only raise
+    // HIGH, a free only lower LOW.
+    if alloc {
+        if (c as i64) > (ld(&row.high_count_used) as i64) {
+            row.high_count_used.store(c, Relaxed);
+        }
+        if (b as i64) > (ld(&row.high_bytes_used) as i64) {
+            row.high_bytes_used.store(b, Relaxed);
+        }
+    } else {
+        if (c as i64) < (ld(&row.low_count_used) as i64) {
+            row.low_count_used.store(c, Relaxed);
+        }
+        if (b as i64) < (ld(&row.low_bytes_used) as i64) {
+            row.low_bytes_used.store(b, Relaxed);
+        }
     }
 }
 
@@ -1133,11 +1169,17 @@ fn first_touch(row: &SummaryRow) {
     }
 }
 
+/// The thread's first operation on memory class `class` since its record
+/// was (re)used: zeroes the row (it may hold a previous thread's figures,
+/// already folded), then marks the class touched in `word`.
 #[cold]
 #[inline(never)]
-fn first_touch_memory(row: &MemoryRow, tgen: u64) {
-    let _w = row.seq.write();
-    clear_memory_row(row, tgen);
+fn first_touch_memory(row: &MemoryRow, word: &AtomicU64, class: usize, tgen: u64) {
+    {
+        let _w = row.seq.write();
+        clear_memory_row(row, tgen);
+    }
+    word.store(word.load(Relaxed) | (1u64 << (class % 64)), Release);
 }
 
 #[cfg(test)]
