@@ -11,7 +11,12 @@
 //! * `agent_scale/reader_full/NxM`: the same with every event and every
 //!   thread's rows (`ReadOptions::default()`: the read behind the tables),
 //! * `agent_scale/take/NxM`: `Snapshotter::take_summaries` (discovery
-//!   pass, summaries snapshot, carry-forward): what one scrape pays,
+//!   pass, summaries snapshot, carry-forward) with nothing kept from a
+//!   previous snapshot (every row read): what a first scrape pays,
+//! * `agent_scale/take_incremental/NxM`: the same after 1 % of the summary
+//!   rows changed (random threads and classes, written between
+//!   iterations), the rows kept from the previous snapshot: what each
+//!   later scrape pays,
 //! * `agent_scale/take_full/NxM`: `Snapshotter::take` (tables, TRUNCATE),
 //! * `agent_scale/render/NxM`: `/metrics` rendering of a cached snapshot
 //!   (model aggregation + OpenMetrics encoding),
@@ -46,7 +51,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion};
+use criterion::{BatchSize, BenchmarkId, Criterion};
 use pfs_agent::export::prometheus::{registry, render};
 use pfs_agent::filter::Filter;
 use pfs_agent::segments::SegmentSet;
@@ -65,7 +70,10 @@ const TIMER: TimerCalibration = TimerCalibration::NANOSECONDS;
 struct Synthetic {
     dir: tempfile::TempDir,
     _lock: File,
-    _writer: SegmentWriter,
+    writer: SegmentWriter,
+    /// Summary classes registered, with their kind.
+    classes: Vec<(u32, usize)>,
+    threads: Vec<u32>,
 }
 
 fn class_name(i: u32) -> (String, usize) {
@@ -122,11 +130,13 @@ fn build(threads: u32, instruments: u32) -> Synthetic {
             (idx, kind)
         })
         .collect();
+    let mut records = Vec::new();
     for t in 0..threads {
         let tid = u64::from(t) + 1;
         let slot = w
             .alloc_thread(tid, 10_000 + tid, &format!("worker-{t}"))
             .expect("thread record");
+        records.push(slot.index);
         let rec = w.segment().record(slot.index);
         let mut id = 0u64;
         // Two events per instrument: every summary row touched, two
@@ -167,7 +177,37 @@ fn build(threads: u32, instruments: u32) -> Synthetic {
     Synthetic {
         dir,
         _lock: file,
-        _writer: w,
+        writer: w,
+        classes,
+        threads: records,
+    }
+}
+
+/// Changes 1 % of the summary rows (threads × classes): one timed event
+/// each, on rows chosen at random (xorshift from `seed`).
+fn change_one_percent(syn: &Synthetic, seed: &mut u64) {
+    let rows = syn.threads.len() * syn.classes.len();
+    for _ in 0..rows.div_ceil(100) {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        let r = (*seed % rows as u64) as usize;
+        let rec = syn
+            .writer
+            .segment()
+            .record(syn.threads[r / syn.classes.len()]);
+        let (class, kind) = syn.classes[r % syn.classes.len()];
+        let stmt = (kind == KIND_STATEMENT).then_some(StatementFigures {
+            rows_sent: 1,
+            ..StatementFigures::default()
+        });
+        rec.summarize(
+            class as usize,
+            true,
+            1_000 + *seed % 1_000_000,
+            0,
+            stmt.as_ref(),
+        );
     }
 }
 
@@ -250,8 +290,47 @@ fn bench_scale(c: &mut Criterion, shapes: &[(u32, u32)]) -> Vec<Scale> {
         );
         assert_eq!(snapper.take_summaries().segments.len(), 1);
         g.bench_function(BenchmarkId::new("take", id), |b| {
-            b.iter(|| snapper.take_summaries())
+            b.iter_batched(
+                || snapper.forget_kept(),
+                |()| snapper.take_summaries(),
+                BatchSize::PerIteration,
+            )
         });
+        let live_total = |s: &pfs_agent::snapshot::Snapshot| -> u64 {
+            s.segments[0]
+                .data
+                .live_rows
+                .iter()
+                .map(|(_, r)| r.count)
+                .sum()
+        };
+        let before = live_total(&snapper.take_summaries());
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        change_one_percent(syn, &mut seed);
+        let after = snapper.take_summaries();
+        let changed = (threads as usize * instruments as usize).div_ceil(100) as u64;
+        assert_eq!(
+            live_total(&after),
+            before + changed,
+            "incremental totals are exact"
+        );
+        // (A row drawn twice is read once.)
+        assert!(
+            after.stats.rows_read <= changed && after.stats.rows_read >= changed * 9 / 10,
+            "only the changed rows are read: {} of {changed}",
+            after.stats.rows_read
+        );
+        g.bench_function(BenchmarkId::new("take_incremental", id), |b| {
+            b.iter_batched(
+                || change_one_percent(syn, &mut seed),
+                |()| snapper.take_summaries(),
+                BatchSize::PerIteration,
+            )
+        });
+        println!(
+            "agent-scale-kept: threads={threads} instruments={instruments} kept_bytes={}",
+            snapper.kept_bytes()
+        );
         let reg = renderer(syn.dir.path());
         let text = render(&reg).expect("render");
         assert!(

@@ -78,6 +78,10 @@ pub struct Totals {
     pub skipped_events: u64,
     /// Rows carried forward.
     pub carried_rows: u64,
+    /// Rows copied from the segments.
+    pub rows_read: u64,
+    /// Rows kept from the previous summaries snapshot, unchanged.
+    pub rows_reused: u64,
     /// Snapshot failures.
     pub failed_reads: u64,
 }
@@ -209,6 +213,23 @@ impl Snapshotter {
         s
     }
 
+    /// Forgets the summary rows kept between summaries snapshots, so that
+    /// the next one reads every row (what a first scrape pays; the
+    /// benchmarks compare the two).
+    pub fn forget_kept(&self) {
+        let mut set = self.set.lock().unwrap_or_else(|p| p.into_inner());
+        for t in set.tracked.values_mut() {
+            t.forget_kept();
+        }
+    }
+
+    /// Heap bytes of the summary rows kept between summaries snapshots,
+    /// over every segment.
+    pub fn kept_bytes(&self) -> usize {
+        let set = self.set.lock().unwrap_or_else(|p| p.into_inner());
+        set.tracked.values().map(|t| t.kept_bytes()).sum()
+    }
+
     /// Takes a new full snapshot now.
     pub fn take(&self) -> Snapshot {
         self.take_mode(Mode::Full)
@@ -240,14 +261,19 @@ impl Snapshotter {
         for t in set.tracked.values_mut() {
             let live = t.dead_since.is_none();
             let prev = match mode {
-                Mode::Full => t.last.as_ref(),
-                Mode::Summaries => t.last_summaries.as_ref(),
+                Mode::Full => t.last.clone(),
+                Mode::Summaries => t.last_summaries.clone(),
             };
+            let prev = prev.as_ref();
             let fresh = if !live && prev.is_some() {
                 // A dead process's segment no longer changes.
                 None
             } else {
-                match t.snapshot(&opts) {
+                let read = match mode {
+                    Mode::Full => t.snapshot(&opts),
+                    Mode::Summaries => t.snapshot_summaries(),
+                };
+                match read {
                     Ok(mut s) => {
                         carried += match (mode, prev) {
                             (Mode::Full, _) => carry_forward(&mut s, prev.map(|p| &**p)),
@@ -308,6 +334,8 @@ impl Snapshotter {
         tot.skipped_rows += stats.skipped_rows;
         tot.skipped_events += stats.skipped_events;
         tot.carried_rows += carried;
+        tot.rows_read += stats.rows_read;
+        tot.rows_reused += stats.rows_reused;
         tot.failed_reads += failed;
         snap
     }

@@ -14,8 +14,8 @@
 use std::cell::Cell;
 use std::sync::atomic::AtomicU64;
 
-use pfs_shm_layout::layout::{EventType, MemoryRow, NONE_U32};
-use pfs_shm_layout::writer::{EventData, KIND_WAIT};
+use pfs_shm_layout::layout::{EventType, NONE_U32};
+use pfs_shm_layout::writer::{EventData, KIND_WAIT, MemoryRowRef};
 use pfs_shm_layout::{RecordRef, ThreadSlot};
 
 /// The event state of a logical thread: an OS thread's own, or a task's
@@ -75,7 +75,7 @@ pub(crate) struct ThreadCtx {
     /// written): a row once returned by `RecordRef::memory_row` stays
     /// ready while the thread holds its record, so repeated operations on
     /// one class skip the row lookup.
-    pub(crate) memory_memo: Cell<(u32, &'static MemoryRow)>,
+    pub(crate) memory_memo: Cell<(u32, MemoryRowRef<'static>)>,
     /// The record's slot in the thread container (given back at exit).
     pub(crate) slot: ThreadSlot,
     /// The record's `THREAD_ID` (the OS thread's own).
@@ -116,7 +116,10 @@ impl ThreadCtx {
         let s = EventState::new(thread_id);
         // Segments have at least one class (checked at creation), so row
         // 0 exists; it stands in until the first memory operation.
-        let placeholder = &rec.memory_rows()[0];
+        let placeholder = MemoryRowRef {
+            row: &rec.memory_rows()[0],
+            seq: &rec.row_seqs[0],
+        };
         Self {
             rec,
             memory_truncate_gen,

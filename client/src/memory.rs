@@ -12,8 +12,8 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use pfs_shm_layout::layout::{MAX_CLASSES_LIMIT, MemoryRow, NONE_U32};
-use pfs_shm_layout::writer::{memory_row_alloc, memory_row_free};
+use pfs_shm_layout::layout::{MAX_CLASSES_LIMIT, NONE_U32};
+use pfs_shm_layout::writer::{MemoryRowRef, memory_row_alloc, memory_row_free};
 
 use crate::class::{ClassRef, Family, LazyRef};
 use crate::context::ThreadCtx;
@@ -146,7 +146,7 @@ fn alloc_on(ctx: &'static ThreadCtx, class: ClassRef, size: u64) -> bool {
 /// The thread's row of memory class `class`: the memo when it holds that
 /// class (one compare), else the record's lookup.
 #[inline(always)]
-fn row_of(ctx: &'static ThreadCtx, class: u32, tgen: u64) -> Option<&'static MemoryRow> {
+fn row_of(ctx: &'static ThreadCtx, class: u32, tgen: u64) -> Option<MemoryRowRef<'static>> {
     let (memo, row) = ctx.memory_memo.get();
     if memo == class {
         Some(row)
@@ -159,7 +159,7 @@ fn row_of(ctx: &'static ThreadCtx, class: u32, tgen: u64) -> Option<&'static Mem
 /// touching it if need be) and remembers it.
 #[cold]
 #[inline(never)]
-fn memo_miss(ctx: &'static ThreadCtx, class: u32, tgen: u64) -> Option<&'static MemoryRow> {
+fn memo_miss(ctx: &'static ThreadCtx, class: u32, tgen: u64) -> Option<MemoryRowRef<'static>> {
     let row = ctx.rec.memory_row(class as usize, tgen)?;
     ctx.memory_memo.set((class, row));
     Some(row)

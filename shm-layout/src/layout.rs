@@ -20,7 +20,7 @@ use crate::seqlock::SeqLock;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"PFSSHM\0\0");
 /// Major layout version. Bumped on every incompatible change; a reader
 /// refuses any major version it does not know.
-pub const LAYOUT_MAJOR: u32 = 4;
+pub const LAYOUT_MAJOR: u32 = 5;
 /// Minor layout version: compatible additions (new section kinds, use of
 /// reserved fields). Readers accept any minor version of a known major.
 pub const LAYOUT_MINOR: u32 = 0;
@@ -347,8 +347,11 @@ pub fn bucket_upper_seconds(i: usize) -> Option<f64> {
 #[repr(C)]
 #[derive(Debug)]
 pub struct SummaryRow {
-    /// Sequence lock over every other field.
-    pub seq: SeqLock,
+    /// Reserved, zero. (Until 4.x, the row's sequence lock; since 5.0 a
+    /// thread's row is guarded by its entry in the record's row sequence
+    /// array, [`ROW_SEQS_OFFSET`], and a global row by the global
+    /// section's `seq`.)
+    pub reserved0: AtomicU64,
     /// `COUNT_STAR`: events, timed or not.
     pub count: AtomicU64,
     /// Timed events: the ones included in sum, min, max and buckets.
@@ -392,8 +395,8 @@ pub struct SummaryRow {
 #[repr(C)]
 #[derive(Debug)]
 pub struct MemoryRow {
-    /// Sequence lock over every other field.
-    pub seq: SeqLock,
+    /// Reserved, zero (see [`SummaryRow::reserved0`]).
+    pub reserved0: AtomicU64,
     /// `COUNT_ALLOC`.
     pub count_alloc: AtomicU64,
     /// `COUNT_FREE`.
@@ -1008,27 +1011,45 @@ const _: () = {
     assert!(bucket_index(u64::MAX) == 31);
 };
 
-/// Byte size of one thread record for the given parameters: the
-/// [`ThreadHeader`], `history_len` waits and stages [`EventRecord`]s,
-/// `history_len` [`StatementRecord`]s, `max_classes` rows.
+/// Byte size of one thread record for the given parameters: its head
+/// ([`thread_head_size`]) and its body ([`thread_body_size`]).
 pub const fn thread_record_size(history_len: u32, max_classes: u32) -> usize {
+    thread_head_size(max_classes) + thread_body_size(history_len, max_classes)
+}
+
+/// Offset of the row sequence array within a record's head (since 5.0):
+/// one [`SeqLock`] per class, entry *c* guarding summary (or memory) row
+/// *c*, right after the [`ThreadHeader`]. Dense, so that a reader learns
+/// which rows changed since it last read them without touching the rows.
+pub const ROW_SEQS_OFFSET: usize = size_of::<ThreadHeader>();
+
+/// Byte size of a record's head (since 5.0): the [`ThreadHeader`] and the
+/// row sequence array, padded to 64 bytes. A container page holds its
+/// records' heads side by side, then their bodies, so that the part of
+/// every record a reader looks at on each snapshot is a few dense pages.
+pub const fn thread_head_size(max_classes: u32) -> usize {
+    ROW_SEQS_OFFSET + (max_classes as usize * size_of::<SeqLock>()).next_multiple_of(64)
+}
+
+/// Byte size of a record's body: `history_len` waits and stages
+/// [`EventRecord`]s, `history_len` [`StatementRecord`]s, `max_classes`
+/// summary rows (a multiple of 64).
+pub const fn thread_body_size(history_len: u32, max_classes: u32) -> usize {
     rows_offset(history_len) + max_classes as usize * size_of::<SummaryRow>()
 }
 
-/// Offset of the first waits history slot within a thread record.
-pub const HISTORY_OFFSET: usize = size_of::<ThreadHeader>();
-
-/// Offset of the stages history ring within a thread record.
+/// Offset of the stages history ring within a record's body (the waits
+/// ring is at 0).
 pub const fn stages_history_offset(history_len: u32) -> usize {
-    HISTORY_OFFSET + history_len as usize * size_of::<EventRecord>()
+    history_len as usize * size_of::<EventRecord>()
 }
 
-/// Offset of the statements history ring within a thread record.
+/// Offset of the statements history ring within a record's body.
 pub const fn statements_history_offset(history_len: u32) -> usize {
     stages_history_offset(history_len) + history_len as usize * size_of::<EventRecord>()
 }
 
-/// Offset of summary row 0 within a thread record.
+/// Offset of summary row 0 within a record's body.
 pub const fn rows_offset(history_len: u32) -> usize {
     statements_history_offset(history_len) + history_len as usize * size_of::<StatementRecord>()
 }

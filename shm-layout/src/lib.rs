@@ -8,16 +8,22 @@
 //! checked at compile time, and `tests/spec.rs` checks every number of the
 //! tables below against them.
 //!
-//! Layout version **4.0** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
+//! Layout version **5.0** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
 //! All integers are little-endian (the header's byte-order mark says so).
 //! Every field is an aligned 32- or 64-bit word, read and written with
 //! atomic instructions only.
 //!
-//! Versions: 4.0 re-based the latency histogram's buckets on powers of two
-//! of a second (3.x: of a picosecond), for exact native and exponential
-//! histograms; nothing else moved, but a 3.x reader would mislabel every
-//! bucket, hence the major bump. 3.1 added tasks (per-row `THREAD_ID`,
-//! `CPU_TIME`, `CANCELLED`).
+//! Versions: 5.0 moved the sequence lock of each per-thread summary and
+//! memory row out of the row (whose first word is now reserved) into a
+//! dense array, and split each record in a head (header and row
+//! sequences; the heads of a page side by side) and a body (history rings
+//! and rows), so that a reader finds the rows that changed since its last
+//! snapshot from a few dense pages instead of touching every row
+//! (incremental snapshots). 4.0 re-based the latency histogram's buckets
+//! on powers of two of a second (3.x: of a picosecond), for exact native
+//! and exponential histograms; nothing else moved, but a 3.x reader would
+//! mislabel every bucket, hence the major bump. 3.1 added tasks (per-row
+//! `THREAD_ID`, `CPU_TIME`, `CANCELLED`).
 //!
 //! A segment is a plain file mapped with `memmap2`, not a POSIX shared
 //! memory object: the `shared_memory` crate was considered and rejected,
@@ -56,13 +62,19 @@
 //!              │   history_long_len × StatementRecord (384 B)     │
 //!              └──────────────────────────────────────────────────┘
 //!
-//!  page = records_per_page × thread record (record_size bytes, a multiple of 64)
+//!  page = records_per_page × record head, then records_per_page × record
+//!         body (since 5.0; record_size = head + body bytes)
 //!
-//!  thread record
+//!  record head (head_size bytes)
 //!  ┌──────────────────────────────────────────────┐
 //!  │ ThreadHeader (896 B): lock, identity, actor, │
 //!  │ touched, the three current events            │
 //!  ├──────────────────────────────────────────────┤
+//!  │ max_classes row sequence locks, 8 bytes each,│  which rows changed, without
+//!  │ padded to 64: entry c guards summary row c   │  touching them (since 5.0)
+//!  └──────────────────────────────────────────────┘
+//!  record body (record_size − head_size bytes)
+//!  ┌──────────────────────────────────────────────┐
 //!  │ history_len × EventRecord (128 B)            │  events_waits_history ring
 //!  ├──────────────────────────────────────────────┤
 //!  │ history_len × EventRecord (128 B)            │  events_stages_history ring
@@ -74,14 +86,21 @@
 //!  └──────────────────────────────────────────────┘
 //! ```
 //!
-//! The parts of a record follow each other without padding. With *h* =
-//! `history_len`: the waits ring starts at byte 896 of the record, the
-//! stages ring at 896 + 128·*h*, the statements ring at 896 + 256·*h*, and
-//! summary row *c* at 896 + 640·*h* + 384·*c* (`max_classes` is the
-//! Classes section's `count`). Record *i* of page *p* starts at
-//! `pages_offset` + *p*·`page_size` + *i*·`record_size` from the start of
-//! the Threads section, and its **record index** (used by the fold log)
-//! is *p*·`records_per_page` + *i*. The page directory's entry *p* is the
+//! A record is in two parts, so that what a reader looks at on every
+//! snapshot (the headers and the row sequences) is a few dense pages per
+//! container page, kept resident, while the bodies are touched only where
+//! a row changed. With *h* = `history_len`, *m* = `max_classes` (the
+//! Classes section's `count`) and *s* = 8·*m* rounded up to a multiple of
+//! 64, a head is 896 + *s* bytes (`head_size`): the sequence lock of row
+//! *c* is at byte 896 + 8·*c* of the head. In a body, the waits ring starts
+//! at byte 0, the stages ring at 128·*h*, the statements ring at 256·*h*,
+//! and summary row *c* at 640·*h* + 384·*c*; a body is 640·*h* + 384·*m*
+//! bytes, and `record_size` is head plus body. Record *i* of page *p* has
+//! its head at `pages_offset` + *p*·`page_size` + *i*·`head_size` from the
+//! start of the Threads section, and its body at `pages_offset` +
+//! *p*·`page_size` + `records_per_page`·`head_size` + *i*·(`record_size` −
+//! `head_size`). Its **record index** (used by the fold log) is
+//! *p*·`records_per_page` + *i*. The page directory's entry *p* is the
 //! 64-bit word at byte 64 + 8·*p* of the section.
 //!
 //! Section offsets are not fixed: read them from the directory. Every
@@ -103,7 +122,7 @@
 //! | offset | size | field | meaning |
 //! |-------:|-----:|-------|---------|
 //! | 0x000 | 8 | `magic` | `"PFSSHM\0\0"` |
-//! | 0x008 | 4 | `major` | 4; refuse any other |
+//! | 0x008 | 4 | `major` | 5; refuse any other |
 //! | 0x00C | 4 | `minor` | 0; compatible additions (new section kinds, use of reserved fields): accept any |
 //! | 0x010 | 4 | `byte_order` | `0x01020304` as written by the creator |
 //! | 0x014 | 4 | `header_size` | 4096 |
@@ -238,7 +257,7 @@
 //!
 //! | offset | size | field | meaning |
 //! |-------:|-----:|-------|---------|
-//! | 0 | 8 | `seq` | sequence lock over the row |
+//! | 0 | 8 | `reserved0` | reserved (the row's `seq` until 4.x) |
 //! | 8 | 8 | `count` | `COUNT_STAR` |
 //! | 16 | 8 | `timed_count` | events with timers |
 //! | 24 | 8 | `sum_lo` | `SUM_TIMER_WAIT`, ps, low 64 bits |
@@ -272,12 +291,12 @@
 //! For a class of kind `memory` (10), the summary row slot at its index,
 //! per thread and in the global section, is a memory row instead. Signed
 //! values are two's-complement `i64`. Written by the owning thread only,
-//! relaxed stores under `seq`; zeroed on first touch (thread) or at class
-//! registration (global).
+//! relaxed stores under the row's sequence lock; zeroed on first touch
+//! (thread) or at class registration (global).
 //!
 //! | offset | size | field | meaning |
 //! |-------:|-----:|-------|---------|
-//! | 0 | 8 | `seq` | sequence lock over the row |
+//! | 0 | 8 | `reserved0` | reserved (the row's `seq` until 4.x) |
 //! | 8 | 8 | `count_alloc` | `COUNT_ALLOC` |
 //! | 16 | 8 | `count_free` | `COUNT_FREE` |
 //! | 24 | 8 | `sum_bytes_alloc` | `SUM_NUMBER_OF_BYTES_ALLOC` |
@@ -439,7 +458,7 @@
 //! |-------:|-----:|-------|---------|
 //! | 0 | 4 | `records_per_page` | records per page |
 //! | 4 | 4 | `max_pages` | page directory length |
-//! | 8 | 8 | `record_size` | bytes per record (multiple of 64) |
+//! | 8 | 8 | `record_size` | bytes per record, head plus body (multiple of 64) |
 //! | 16 | 8 | `page_size` | bytes per page (multiple of 4096) |
 //! | 24 | 8 | `pages_offset` | page 0, from the section start |
 //! | 32 | 8 | `pages_added` | pages `0..pages_added` were added (ACTIVE, RECLAIMING or RECLAIMED) |
@@ -477,7 +496,12 @@
 //!   reader loads `seq` (acquire), then the fields, then `seq` again
 //!   (after an acquire fence), and accepts the copy iff the two loads are
 //!   equal and even; otherwise it retries a bounded number of times, then
-//!   skips the row and counts it. The global section has one `seq`, in
+//!   skips the row and counts it. A thread's summary and memory rows
+//!   have their `seq` in the record's row sequence array (entry *c* for
+//!   row *c*), not in the row; a reader that kept a row's copy with the
+//!   even `seq` it was read at knows the row is unchanged while `seq`
+//!   still has that value (it grows by 2 per write, and a new lifetime of
+//!   the record is a new version). The global section has one `seq`, in
 //!   its header, over the whole section: every write to its rows, its
 //!   `fold_count` and its fold log happens inside it.
 //! * **history_long slots**: many writers; a writer claims a slot by
@@ -500,7 +524,8 @@
 //!   `events_waits_summary_global_by_event_name`):
 //!   1. read `fold_count` (*F0*);
 //!   2. copy every ALLOCATED record of every ACTIVE page: its lock word,
-//!      its touched summary rows (each under its `seq`), then the lock
+//!      its touched summary rows (each under its entry of the row
+//!      sequence array), then the lock
 //!      word again; keep the copy only if the word is unchanged, with
 //!      version = lock word >> 2;
 //!   3. read the global section under its `seq`: rows, `fold_count`
@@ -532,6 +557,7 @@
 //! | 2 | [`rules`] | text syntax of setup rules and durations |
 //! | 2 | [`values`] | summary, memory and statement figures, and their arithmetic |
 //! | 3 | [`container`] | the thread container's page protocol |
+//! | 3 | [`rowcache`] | kept copies of threads' summary rows and their sums, for incremental snapshots |
 //! | 3 | [`segment`] | creating, validating and mapping a segment; typed views (unsafe) |
 //! | 4 | [`setup`] | live setup: instruments, consumers, timers, actors |
 //! | 4 | [`writer`] | the writer side: registration, allocation, the hot path, folding |
@@ -591,6 +617,7 @@ pub mod kinds;
 pub mod layout;
 pub mod lockword;
 pub mod reader;
+pub mod rowcache;
 pub mod rules;
 #[allow(unsafe_code)]
 pub mod segment;

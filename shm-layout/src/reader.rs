@@ -35,6 +35,7 @@ use crate::error::SegmentError;
 use crate::kinds::{ClassKind, Operation};
 use crate::layout::*;
 use crate::lockword::{self, RecordState};
+use crate::rowcache::{Delta, KeptRecord, RowCache, Rows, Walked};
 use crate::segment::{Segment, TimerCalibration, touched_classes};
 use crate::setup::{Actor, read_actors};
 use crate::text::load_string;
@@ -105,6 +106,11 @@ pub struct ReadStats {
     /// Whole-snapshot restarts: the fold log wrapped during the walk, or
     /// exiting threads kept the global section busy for every attempt.
     pub restarts: u64,
+    /// Summary and memory rows copied from the segment.
+    pub rows_read: u64,
+    /// Rows an [`IncrementalReader`] did not copy: their sequence showed
+    /// them unchanged since it kept them.
+    pub rows_reused: u64,
 }
 
 impl ReadStats {
@@ -126,6 +132,8 @@ impl ReadStats {
         self.folded_copies += o.folded_copies;
         self.invalid += o.invalid;
         self.restarts += o.restarts;
+        self.rows_read += o.rows_read;
+        self.rows_reused += o.rows_reused;
     }
 }
 
@@ -154,22 +162,52 @@ impl ClassInfo {
     }
 }
 
-impl Summary {
-    fn load(row: &SummaryRow) -> Self {
-        let mut buckets = [0; HISTOGRAM_BUCKETS];
-        for (d, s) in buckets.iter_mut().zip(&row.buckets) {
-            *d = s.load(Relaxed);
+/// What a class's summary row slot holds, for reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RowKind {
+    /// A wait or stage summary: no statement figures.
+    Events,
+    /// A statement summary.
+    Statements,
+    /// A memory row ([`MemoryRow`]).
+    Memory,
+}
+
+impl RowKind {
+    fn of(kind: ClassKind) -> Self {
+        match kind {
+            ClassKind::Memory => Self::Memory,
+            ClassKind::Statement => Self::Statements,
+            _ => Self::Events,
         }
-        Self {
-            count: row.count.load(Relaxed),
-            timed_count: row.timed_count.load(Relaxed),
-            sum_ps: u128::from(row.sum_lo.load(Relaxed))
-                | (u128::from(row.sum_hi.load(Relaxed)) << 64),
-            min_ps: row.min.load(Relaxed),
-            max_ps: row.max.load(Relaxed),
-            bytes: row.bytes.load(Relaxed),
-            buckets,
-            statement: StatementFigures {
+    }
+}
+
+impl Summary {
+    /// Loads `row`, reading only the cache lines that can hold figures:
+    /// the histogram buckets from MIN's to MAX's (every timed event lies
+    /// between the two, so the others are zero), and the statement
+    /// figures only for a statement class (`statements`). A row is 6 lines,
+    /// a wait row typically 2 or 3 of them.
+    fn load(row: &SummaryRow, statements: bool) -> Self {
+        let timed_count = row.timed_count.load(Relaxed);
+        let (min_ps, max_ps) = (row.min.load(Relaxed), row.max.load(Relaxed));
+        let mut buckets = [0; HISTOGRAM_BUCKETS];
+        if timed_count != 0 {
+            let (lo, hi) = (bucket_index(min_ps), bucket_index(max_ps));
+            // (A row whose MIN is above its MAX is not a writer's: read
+            // every bucket.)
+            let range = if lo <= hi {
+                lo..hi + 1
+            } else {
+                0..HISTOGRAM_BUCKETS
+            };
+            for (d, s) in buckets[range.clone()].iter_mut().zip(&row.buckets[range]) {
+                *d = s.load(Relaxed);
+            }
+        }
+        let statement = if statements {
+            StatementFigures {
                 errors: row.errors.load(Relaxed),
                 warnings: row.warnings.load(Relaxed),
                 rows_affected: row.rows_affected.load(Relaxed),
@@ -178,7 +216,20 @@ impl Summary {
                 digest: 0,
                 cpu_time_ps: row.cpu_time.load(Relaxed),
                 cancelled: row.cancelled.load(Relaxed),
-            },
+            }
+        } else {
+            StatementFigures::default()
+        };
+        Self {
+            count: row.count.load(Relaxed),
+            timed_count,
+            sum_ps: u128::from(row.sum_lo.load(Relaxed))
+                | (u128::from(row.sum_hi.load(Relaxed)) << 64),
+            min_ps,
+            max_ps,
+            bytes: row.bytes.load(Relaxed),
+            buckets,
+            statement,
         }
     }
 }
@@ -431,9 +482,13 @@ pub fn snapshot(seg: &Segment, opts: &ReadOptions) -> Result<SegmentSnapshot, Se
     let mut folded_walks = 0;
     let mut failures = 0;
     while failures < 4 {
-        let sum_while_walking = !opts.per_thread_rows && folded_walks < 2;
-        match try_snapshot(seg, opts, sum_while_walking, &mut stats) {
-            Ok(mut s) => {
+        let mode = if opts.per_thread_rows || folded_walks >= 2 {
+            RowMode::PerThread
+        } else {
+            RowMode::Summed
+        };
+        match try_snapshot(seg, opts, mode, &mut stats) {
+            Ok((mut s, _, _)) => {
                 s.stats = stats;
                 return Ok(s);
             }
@@ -447,6 +502,123 @@ pub fn snapshot(seg: &Segment, opts: &ReadOptions) -> Result<SegmentSnapshot, Se
         stats.restarts += 1;
     }
     Err(SegmentError::FoldStorm(folds))
+}
+
+/// Summaries snapshots of one segment that cost what changed since the
+/// previous one: the rows of [`SegmentSnapshot::live_rows`] are read from
+/// the segment only if their sequence moved (the record's row sequence
+/// array, 8 bytes per row, tells which, without touching the rows); the
+/// others, and the sums by class, are kept between snapshots
+/// ([`crate::rowcache`], about 45 bytes per kept row). Each snapshot
+/// equals what [`snapshot`] with [`ReadOptions::summaries`] would give at
+/// the same instant: the same exit reconciliation (fold log), the same
+/// exactness.
+///
+/// One reader per segment: its kept rows are that segment's.
+///
+/// ```no_run
+/// use pfs_shm_layout::Segment;
+/// use pfs_shm_layout::reader::{IncrementalReader, ReadOptions};
+///
+/// let seg = Segment::open(std::fs::File::open("/dev/shm/pfs/app.1.pfs")?, false)?;
+/// let mut reader = IncrementalReader::default();
+/// let first = reader.snapshot(&seg, &ReadOptions::summaries())?; // reads every row
+/// let next = reader.snapshot(&seg, &ReadOptions::summaries())?; // reads what changed
+/// assert_eq!(next.stats.rows_read + next.stats.rows_reused, first.stats.rows_read);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Default)]
+pub struct IncrementalReader {
+    cache: RowCache<Box<Kept>>,
+}
+
+/// What an [`IncrementalReader`] keeps of a live thread beside its
+/// summary rows: its copy (identity and memory rows), and the sequence
+/// each memory row was read at.
+#[derive(Debug)]
+struct Kept {
+    thread: ThreadSnapshot,
+    memory_seqs: Vec<u64>,
+    tgen: u64,
+}
+
+impl IncrementalReader {
+    /// A summaries snapshot of `seg` (`opts` as [`ReadOptions::summaries`]:
+    /// with `events` or `per_thread_rows` set, this is a plain
+    /// [`snapshot`], and nothing is kept).
+    pub fn snapshot(
+        &mut self,
+        seg: &Segment,
+        opts: &ReadOptions,
+    ) -> Result<SegmentSnapshot, SegmentError> {
+        if opts.events || opts.per_thread_rows {
+            return snapshot(seg, opts);
+        }
+        let mut stats = ReadStats::default();
+        let mut folds = 0;
+        for _ in 0..4 {
+            match try_snapshot(seg, opts, RowMode::Changed(&self.cache), &mut stats) {
+                Ok((mut s, walked, delta)) => {
+                    self.cache.commit(walked, delta);
+                    s.live_rows = self.cache.totals();
+                    s.stats = stats;
+                    return Ok(s);
+                }
+                Err(Retry::LogWrapped(n)) => folds = folds.max(n),
+                Err(Retry::GlobalBusy | Retry::FoldedCopy) => {}
+            }
+            stats.restarts += 1;
+        }
+        Err(SegmentError::FoldStorm(folds))
+    }
+
+    /// Live records whose rows are kept.
+    pub fn kept_records(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Heap bytes of the kept records and sums (the threads' names and
+    /// memory rows aside).
+    pub fn heap_bytes(&self) -> usize {
+        self.cache.heap_bytes()
+    }
+
+    /// Heap bytes of the kept summary rows alone (compact: about 40 bytes
+    /// a row).
+    pub fn row_bytes(&self) -> usize {
+        self.cache.row_bytes()
+    }
+}
+
+/// One walk's result: the snapshot, and for an incremental walk, the
+/// live records it found and what their rows changed in the sums.
+type Walk = (SegmentSnapshot, Vec<Walked<Box<Kept>>>, Delta);
+
+/// Where one walk puts the live threads' summary rows.
+#[derive(Clone, Copy)]
+enum RowMode<'a> {
+    /// In each thread's [`ThreadSnapshot::rows`].
+    PerThread,
+    /// Summed by class as they are read.
+    Summed,
+    /// Only rows new or changed since the cache kept them are read; they
+    /// come back as [`Walked`] records.
+    Changed(&'a RowCache<Box<Kept>>),
+}
+
+/// Where [`read_thread`] puts the rows it reads.
+enum Sink<'a> {
+    Keep,
+    Sum(&'a mut ClassSums),
+    Changed {
+        cache: &'a RowCache<Box<Kept>>,
+        read: &'a mut Rows,
+        delta: &'a mut Delta,
+        /// Rows read, with their kept value, until the record's lock word
+        /// is checked again (reused from record to record).
+        scratch: &'a mut Vec<(u32, u64, Option<Summary>, Summary)>,
+        memory_seqs: &'a mut Vec<u64>,
+    },
 }
 
 /// Why one snapshot attempt must be retried.
@@ -491,12 +663,13 @@ impl ClassSums {
     }
 }
 
-fn try_snapshot(
+fn try_snapshot<'c>(
     seg: &Segment,
     opts: &ReadOptions,
-    sum_while_walking: bool,
+    mode: RowMode<'c>,
     total: &mut ReadStats,
-) -> Result<SegmentSnapshot, Retry> {
+) -> Result<Walk, Retry> {
+    let sum_while_walking = matches!(mode, RowMode::Summed);
     let mut st = ReadStats::default();
     let classes = read_classes(seg, &mut st);
     let strings = read_strings(seg, &mut st);
@@ -504,9 +677,10 @@ fn try_snapshot(
     for (d, s) in lost.iter_mut().zip(&seg.lost().counters) {
         *d = s.load(Relaxed);
     }
-    let mut is_memory = vec![false; seg.classes().len()];
-    for c in classes.iter().filter(|c| c.kind == ClassKind::Memory) {
-        is_memory[c.index as usize] = true;
+    // Unregistered slots read as event summaries (untouched: never read).
+    let mut kinds = vec![RowKind::Events; seg.classes().len()];
+    for c in &classes {
+        kinds[c.index as usize] = RowKind::of(c.kind);
     }
     let tgen = seg.setup().memory_truncate_gen.load(Acquire);
     let gh = seg.global_header();
@@ -517,6 +691,13 @@ fn try_snapshot(
     let mut threads = Vec::new();
     let mut page_states = Vec::with_capacity(pages as usize);
     let mut sums = ClassSums::new(seg.classes().len());
+    let mut walked: Vec<Walked<Box<Kept>>> = Vec::new();
+    let mut delta = Delta::default();
+    let mut scratch = Vec::new();
+    if let RowMode::Changed(cache) = mode {
+        walked.reserve(cache.len() + 16);
+        threads.reserve(cache.len() + 16);
+    }
     for page in 0..pages {
         // Only ACTIVE pages are read: touching a reclaimed page's hole
         // would make the filesystem allocate it again.
@@ -527,9 +708,46 @@ fn try_snapshot(
         }
         for slot in 0..g.records_per_page {
             let idx = page * g.records_per_page + slot;
-            let walk_sums = sum_while_walking.then_some(&mut sums);
-            match read_thread(seg, idx, &is_memory, tgen, opts, walk_sums, &mut st) {
-                Ok(Some(t)) => threads.push(t),
+            let mut read = Rows::default();
+            let mut memory_seqs = Vec::new();
+            let sink = match mode {
+                RowMode::PerThread => Sink::Keep,
+                RowMode::Summed => Sink::Sum(&mut sums),
+                RowMode::Changed(cache) => Sink::Changed {
+                    cache,
+                    read: &mut read,
+                    delta: &mut delta,
+                    scratch: &mut scratch,
+                    memory_seqs: &mut memory_seqs,
+                },
+            };
+            match read_thread(seg, idx, &kinds, tgen, opts, sink, &mut st) {
+                Ok(Some(t)) => {
+                    if let RowMode::Changed(cache) = mode {
+                        // The thread's copy is kept again only if it changed.
+                        let same = cache.kept(idx, t.version).is_some_and(|k| {
+                            k.extra.tgen == tgen
+                                && k.extra.memory_seqs == memory_seqs
+                                && k.extra.thread == t
+                        });
+                        let extra = (!same).then(|| {
+                            let mut thread = t.clone();
+                            thread.memory.shrink_to_fit();
+                            Box::new(Kept {
+                                thread,
+                                memory_seqs,
+                                tgen,
+                            })
+                        });
+                        walked.push(Walked {
+                            record: t.record,
+                            version: t.version,
+                            extra,
+                            read,
+                        });
+                    }
+                    threads.push(t);
+                }
                 Ok(None) => {}
                 Err(retry) => {
                     total.add(&st);
@@ -538,7 +756,11 @@ fn try_snapshot(
             }
         }
         if opts.release_pages {
-            seg.release_page(page);
+            if let RowMode::Changed(_) = mode {
+                seg.release_page_bodies(page);
+            } else {
+                seg.release_page(page);
+            }
         }
     }
     // Global section, under its sequence lock. The retried closure only
@@ -553,13 +775,13 @@ fn try_snapshot(
         exited.clear();
         exited_memory.clear();
         for (i, r) in rows.iter().enumerate() {
-            if is_memory[i] {
+            if kinds[i] == RowKind::Memory {
                 let m = MemoryStats::load(&mem_rows[i], tgen);
                 if !m.is_empty() {
                     exited_memory.push((i as u32, m));
                 }
             } else if r.count.load(Relaxed) != 0 {
-                exited.push((i as u32, Summary::load(r)));
+                exited.push((i as u32, Summary::load(r, kinds[i] == RowKind::Statements)));
             }
         }
         for (d, e) in log_words.iter_mut().zip(&gh.fold_log) {
@@ -586,19 +808,30 @@ fn try_snapshot(
         .collect();
     let before = threads.len();
     threads.retain(|t| !log.contains(&(u64::from(t.record), t.version)));
+    if let RowMode::Changed(cache) = mode {
+        walked.retain(|w| {
+            let folded = log.contains(&(u64::from(w.record), w.version));
+            if folded {
+                cache.undo(w, &mut delta);
+            }
+            !folded
+        });
+    }
     let folded = (before - threads.len()) as u64;
     total.folded_copies += folded;
     if sum_while_walking && folded > 0 {
         return Err(Retry::FoldedCopy);
     }
-    if !opts.per_thread_rows && !sum_while_walking {
+    if matches!(mode, RowMode::PerThread) && !opts.per_thread_rows {
         for t in &mut threads {
             for (class, s) in std::mem::take(&mut t.rows) {
                 sums.add(class, &s);
             }
         }
     }
-    let live_rows = if opts.per_thread_rows {
+    // (An incremental walk's live rows are the cache's sums, once the
+    // caller committed the walk.)
+    let live_rows = if opts.per_thread_rows || matches!(mode, RowMode::Changed(_)) {
         Vec::new()
     } else {
         sums.into_rows()
@@ -623,33 +856,37 @@ fn try_snapshot(
             (get(u), get(h), get(r))
         });
     }
-    Ok(SegmentSnapshot {
-        consumers: seg.setup().consumers.load(Relaxed),
-        timers: seg.setup().timers.load(Relaxed),
-        actors: read_actors(seg),
-        long,
-        long_statements,
-        long_tickets,
-        service: seg.service().to_string(),
-        pid: seg.pid(),
-        start_time_unix_ns: seg.start_time_unix_ns(),
-        timer: *seg.timer(),
-        classes,
-        strings,
-        threads,
-        live_rows,
-        exited,
-        exited_memory,
-        memory_truncate_gen: tgen,
-        threads_exited: f2,
-        lost,
-        pages,
-        page_states,
-        pages_reclaimed: seg.container_header().pages_reclaimed.load(Acquire),
-        pages_revived: seg.container_header().pages_revived.load(Acquire),
-        geometry: g,
-        stats: ReadStats::default(),
-    })
+    Ok((
+        SegmentSnapshot {
+            consumers: seg.setup().consumers.load(Relaxed),
+            timers: seg.setup().timers.load(Relaxed),
+            actors: read_actors(seg),
+            long,
+            long_statements,
+            long_tickets,
+            service: seg.service().to_string(),
+            pid: seg.pid(),
+            start_time_unix_ns: seg.start_time_unix_ns(),
+            timer: *seg.timer(),
+            classes,
+            strings,
+            threads,
+            live_rows,
+            exited,
+            exited_memory,
+            memory_truncate_gen: tgen,
+            threads_exited: f2,
+            lost,
+            pages,
+            page_states,
+            pages_reclaimed: seg.container_header().pages_reclaimed.load(Acquire),
+            pages_revived: seg.container_header().pages_revived.load(Acquire),
+            geometry: g,
+            stats: ReadStats::default(),
+        },
+        walked,
+        delta,
+    ))
 }
 
 /// The name of a published class entry, if valid UTF-8.
@@ -731,10 +968,10 @@ fn read_ring<R, T>(
 fn read_thread(
     seg: &Segment,
     idx: u32,
-    is_memory: &[bool],
+    kinds: &[RowKind],
     tgen: u64,
     opts: &ReadOptions,
-    mut sums: Option<&mut ClassSums>,
+    mut sink: Sink<'_>,
     st: &mut ReadStats,
 ) -> Result<Option<ThreadSnapshot>, Retry> {
     let rec = seg.record(idx);
@@ -764,7 +1001,22 @@ fn read_thread(
         )
     });
     st.retries += u64::from(id.retries);
-    let Some((thread_id, os_tid, name, flags, actor)) = id.value else {
+    let kept: Option<&KeptRecord<Box<Kept>>> = match &sink {
+        Sink::Changed { cache, .. } => cache.kept(idx, version),
+        _ => None,
+    };
+    // An identity the writer kept busy: an incremental reader uses the
+    // one it kept for this lifetime.
+    let id = id.value.or_else(|| {
+        kept.map(|k| {
+            let t = &k.extra.thread;
+            let flags = (u32::from(t.instrumented) * THREAD_INSTRUMENTED)
+                | (u32::from(t.history) * THREAD_HISTORY);
+            let actor = t.actor_ids.map_or([NONE_U32; 3], |(u, h, r)| [u, h, r]);
+            (t.thread_id, t.os_tid, Some(t.name.clone()), flags, actor)
+        })
+    });
+    let Some((thread_id, os_tid, name, flags, actor)) = id else {
         return Ok(None);
     };
     let mut t = ThreadSnapshot {
@@ -846,13 +1098,43 @@ fn read_thread(
     }
     let mem_rows = rec.memory_rows();
     let mut summed = false;
+    let mut cursor = kept.map(|k| k.cursor());
     for class in touched_classes(h, rec.rows.len()) {
-        if is_memory.get(class).copied().unwrap_or(false) {
-            let row = &mem_rows[class];
-            let r = row.seq.read(opts.attempts, || MemoryStats::load(row, tgen));
-            st.retries += u64::from(r.retries);
-            match r.value {
-                Some(m) => t.memory.push((class as u32, m)),
+        let seq = &rec.row_seqs[class];
+        let kind = kinds.get(class).copied().unwrap_or(RowKind::Events);
+        if kind == RowKind::Memory {
+            // Kept and unchanged (same sequence, same truncation
+            // generation): the kept copy.
+            let now = kept.map(|_| seq.sequence());
+            let same = kept.filter(|k| k.extra.tgen == tgen).and_then(|k| {
+                let i = k
+                    .extra
+                    .thread
+                    .memory
+                    .iter()
+                    .position(|(c, _)| *c == class as u32)?;
+                (Some(k.extra.memory_seqs[i]) == now).then(|| k.extra.thread.memory[i].1)
+            });
+            let r = match same {
+                Some(m) => {
+                    st.rows_reused += 1;
+                    Some((now.unwrap_or(0), (class as u32, m)))
+                }
+                None => {
+                    let row = &mem_rows[class];
+                    let r = seq.read_versioned(opts.attempts, || MemoryStats::load(row, tgen));
+                    st.retries += u64::from(r.retries);
+                    st.rows_read += u64::from(r.value.is_some());
+                    r.value.map(|(s, m)| (s, (class as u32, m)))
+                }
+            };
+            match r {
+                Some((s, m)) => {
+                    t.memory.push(m);
+                    if let Sink::Changed { memory_seqs, .. } = &mut sink {
+                        memory_seqs.push(s);
+                    }
+                }
                 None => {
                     st.skipped_rows += 1;
                     t.skipped_rows.push(class as u32);
@@ -860,25 +1142,56 @@ fn read_thread(
             }
             continue;
         }
+        let keptseq = cursor.as_mut().and_then(|c| c.seq(class as u32));
+        if keptseq.is_some() && keptseq == Some(seq.sequence()) {
+            // Unchanged since kept: not even touched.
+            st.rows_reused += 1;
+            continue;
+        }
         let row = &rec.rows[class];
-        let r = row.seq.read(opts.attempts, || Summary::load(row));
+        let statements = kind == RowKind::Statements;
+        let r = seq.read_versioned(opts.attempts, || Summary::load(row, statements));
         st.retries += u64::from(r.retries);
-        match (r.value, sums.as_deref_mut()) {
-            (Some(s), Some(sums)) => {
+        st.rows_read += u64::from(r.value.is_some());
+        match (r.value, &mut sink) {
+            (Some((_, s)), Sink::Sum(sums)) => {
                 sums.add(class as u32, &s);
                 summed = true;
             }
-            (Some(s), None) => t.rows.push((class as u32, s)),
+            (Some((_, s)), Sink::Keep) => t.rows.push((class as u32, s)),
+            (Some((v, s)), Sink::Changed { scratch, .. }) => {
+                let old = keptseq.and_then(|_| kept.and_then(|k| k.get(class as u32)));
+                scratch.push((class as u32, v, old, s));
+            }
             (None, _) => {
                 st.skipped_rows += 1;
-                t.skipped_rows.push(class as u32);
+                // An incremental reader keeps its older copy (a lower
+                // bound of the row, which only grows).
+                if keptseq.is_none() {
+                    t.skipped_rows.push(class as u32);
+                }
             }
         }
     }
     fence(Acquire);
     // Acquire: if this observes the FREE store of a lifetime that ended,
     // the global read that follows observes that lifetime's fold.
-    if h.lock.load(Acquire) != lw1 {
+    let ended = h.lock.load(Acquire) != lw1;
+    if let Sink::Changed {
+        read,
+        delta,
+        scratch,
+        ..
+    } = &mut sink
+    {
+        for (class, seq, old, new) in scratch.drain(..) {
+            if !ended {
+                delta.row(class, old.as_ref(), &new);
+                read.push(class, seq, &new);
+            }
+        }
+    }
+    if ended {
         st.ended_records += 1;
         // Rows already summed cannot be taken back: walk again.
         return if summed {

@@ -19,6 +19,7 @@ use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::SegmentError;
 use crate::layout::*;
+use crate::seqlock::SeqLock;
 use crate::sigbus::Registration;
 use crate::text::{load_string, store_bytes};
 
@@ -196,7 +197,7 @@ impl Geometry {
         if cfg.history_long_len > MAX_HISTORY_LONG_LEN {
             return bad("history_long_len must be at most 16777216");
         }
-        let record_size = thread_record_size(cfg.history_len, cfg.max_classes).next_multiple_of(64);
+        let record_size = thread_record_size(cfg.history_len, cfg.max_classes);
         let page_size = page_align(record_size * cfg.records_per_page as usize);
         let counters_off = PAGE;
         let classes_off = counters_off + PAGE;
@@ -263,11 +264,23 @@ impl Geometry {
         self.records_per_page * self.max_pages
     }
 
-    /// Absolute offset of thread record `idx`.
+    /// Absolute offset of thread record `idx`'s head (its header, then
+    /// its row sequences): slot *i* of a page has the page's *i*-th head.
     pub fn record_off(&self, idx: u32) -> usize {
-        let page = (idx / self.records_per_page) as usize;
+        let page = idx / self.records_per_page;
         let slot = (idx % self.records_per_page) as usize;
-        self.pages_off + page * self.page_size + slot * self.record_size
+        self.page_off(page) + slot * thread_head_size(self.max_classes)
+    }
+
+    /// Absolute offset of thread record `idx`'s body (its history rings,
+    /// then its summary rows), after the page's heads.
+    pub fn record_body_off(&self, idx: u32) -> usize {
+        let page = idx / self.records_per_page;
+        let slot = (idx % self.records_per_page) as usize;
+        let head = thread_head_size(self.max_classes);
+        self.page_off(page)
+            + self.records_per_page as usize * head
+            + slot * (self.record_size - head)
     }
 
     /// Absolute offset of container page `page`.
@@ -669,8 +682,7 @@ impl Segment {
         let record_size = c.record_size.load(r);
         let page_size = c.page_size.load(r);
         let pages_offset = c.pages_offset.load(r);
-        let expect_record =
-            thread_record_size(history_len, max_classes).next_multiple_of(64) as u64;
+        let expect_record = thread_record_size(history_len, max_classes) as u64;
         // The creator's own limits (`Geometry::new`): a header claiming more
         // is not from a pfs-client, whatever the file's size.
         if records_per_page == 0
@@ -922,17 +934,46 @@ impl Segment {
         };
     }
 
+    /// [`Segment::release_page`] for the bodies of container page `page`
+    /// only (from the first whole system page after its records' heads):
+    /// an incremental reader keeps the heads, which it reads on every
+    /// snapshot, resident, and gives back the rows it read.
+    pub fn release_page_bodies(&self, page: u32) {
+        if page >= self.geom.max_pages {
+            return;
+        }
+        let off = self.geom.page_off(page);
+        let heads = (self.geom.records_per_page as usize * thread_head_size(self.geom.max_classes))
+            .next_multiple_of(PAGE);
+        if heads >= self.geom.page_size {
+            return;
+        }
+        // SAFETY: as in `release_page`: the range lies inside the page
+        // (`heads < page_size`, and `off + page_size` is inside the
+        // mapping), `off + heads` is page-aligned (pages are), and
+        // MADV_DONTNEED on this shared file mapping only drops page-table
+        // entries, the bytes staying in the file.
+        let _ = unsafe {
+            self.map.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                off + heads,
+                self.geom.page_size - heads,
+            )
+        };
+    }
+
     /// Thread record `idx`. Panics if `idx >= max_records()`.
     pub fn record(&self, idx: u32) -> RecordRef<'_> {
         assert!(idx < self.geom.max_records(), "record index out of range");
-        let off = self.geom.record_off(idx);
-        let n = self.geom.history_len;
+        let (off, body) = (self.geom.record_off(idx), self.geom.record_body_off(idx));
+        let (n, m) = (self.geom.history_len, self.geom.max_classes);
         RecordRef {
             header: self.at(off),
-            history: self.slice_at(off + HISTORY_OFFSET, n as usize),
-            stages_history: self.slice_at(off + stages_history_offset(n), n as usize),
-            statements_history: self.slice_at(off + statements_history_offset(n), n as usize),
-            rows: self.slice_at(off + rows_offset(n), self.geom.max_classes as usize),
+            row_seqs: self.slice_at(off + ROW_SEQS_OFFSET, m as usize),
+            history: self.slice_at(body, n as usize),
+            stages_history: self.slice_at(body + stages_history_offset(n), n as usize),
+            statements_history: self.slice_at(body + statements_history_offset(n), n as usize),
+            rows: self.slice_at(body + rows_offset(n), m as usize),
         }
     }
 
@@ -1025,6 +1066,8 @@ pub struct RecordRef<'a> {
     pub statements_history: &'a [StatementRecord],
     /// Summary rows by class index.
     pub rows: &'a [SummaryRow],
+    /// Row sequence locks by class index: entry *c* guards `rows[c]`.
+    pub row_seqs: &'a [SeqLock],
 }
 
 impl<'a> RecordRef<'a> {

@@ -126,6 +126,23 @@ impl Summary {
         r
     }
 
+    /// Replaces `old`'s contribution to `self`, a sum of rows, by `new`'s:
+    /// the additive fields become `self - old + new`, wrapping (exact
+    /// whenever the true sum fits its field); MIN and MAX are left alone.
+    ///
+    /// ```
+    /// use pfs_shm_layout::values::Summary;
+    /// let mut sum = Summary { count: 10, sum_ps: 100, ..Summary::default() };
+    /// let old = Summary { count: 4, sum_ps: 40, ..Summary::default() };
+    /// let new = Summary { count: 6, sum_ps: 70, ..Summary::default() };
+    /// sum.replace_part(&old, &new);
+    /// assert_eq!((sum.count, sum.sum_ps), (12, 130));
+    /// ```
+    pub fn replace_part(&mut self, old: &Summary, new: &Summary) {
+        self.zip_additive(old, u64::wrapping_sub, u128::wrapping_sub);
+        self.zip_additive(new, u64::wrapping_add, u128::wrapping_add);
+    }
+
     /// Field by field the larger of two totals of one class, and the
     /// smaller minimum: a lower bound of a total known to be at least both.
     pub fn at_least(&self, o: &Summary) -> Summary {

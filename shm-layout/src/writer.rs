@@ -24,6 +24,7 @@ use crate::kinds::ClassKind;
 use crate::layout::*;
 use crate::lockword;
 use crate::segment::{RecordRef, Segment, touched_classes};
+use crate::seqlock::SeqLock;
 use crate::text::{store_bytes, store_prefix, truncate_utf8};
 
 // Moved to `tsc` (the unsafe fence) and `values` (below the reader);
@@ -977,17 +978,17 @@ impl RecordRef<'_> {
         bytes: u64,
         stmt: Option<&StatementFigures>,
     ) {
-        let Some(row) = self.rows.get(class) else {
+        let (Some(row), Some(seq)) = (self.rows.get(class), self.row_seqs.get(class)) else {
             return;
         };
         let word = &self.header.touched[class / 64];
         let bit = 1u64 << (class % 64);
         let touched = word.load(Relaxed);
         if touched & bit == 0 {
-            first_touch(row);
+            first_touch(row, seq);
             word.store(touched | bit, Release);
         }
-        let _w = row.seq.write();
+        let _w = seq.write();
         row.count.store(row.count.load(Relaxed) + 1, Relaxed);
         if timed {
             row.timed_count
@@ -1056,17 +1057,18 @@ impl RecordRef<'_> {
     /// only when a record is initialised for a new thread), so the caller
     /// may keep it and skip this lookup on later operations.
     #[inline(always)]
-    pub fn memory_row(&self, class: usize, tgen: u64) -> Option<&MemoryRow> {
+    pub fn memory_row(&self, class: usize, tgen: u64) -> Option<MemoryRowRef<'_>> {
         let row = self.memory_rows().get(class)?;
+        let seq = self.row_seqs.get(class)?;
         // `class` < rows ≤ MAX_CLASSES_LIMIT (checked when the segment was
         // created or opened): the modulo never wraps, it only spares a
         // second bounds check.
         let touched = &self.header.touched;
         let word = &touched[(class / 64) % touched.len()];
         if (word.load(Relaxed) >> (class % 64)) & 1 == 0 {
-            first_touch_memory(row, word, class, tgen);
+            first_touch_memory(row, seq, word, class, tgen);
         }
-        Some(row)
+        Some(MemoryRowRef { row, seq })
     }
 
     /// Records the thread's actor and its setup_actors verdict.
@@ -1080,18 +1082,29 @@ impl RecordRef<'_> {
     }
 }
 
+/// A thread's memory row and the sequence lock that guards it (the row's
+/// entry in the record's row sequence array): what
+/// [`RecordRef::memory_row`] gives, to keep for later operations.
+#[derive(Debug, Clone, Copy)]
+pub struct MemoryRowRef<'a> {
+    /// The row.
+    pub row: &'a MemoryRow,
+    /// Its sequence lock.
+    pub seq: &'a SeqLock,
+}
+
 /// Accounts one allocation of `size` bytes on `row`, a memory row that
 /// [`RecordRef::memory_row`] returned for the caller's own record (which
 /// it still holds); `tgen` as for [`RecordRef::memory_alloc`]. The same
 /// update as `memory_alloc`, without the row lookup.
 #[inline(always)]
-pub fn memory_row_alloc(row: &MemoryRow, size: u64, tgen: u64) {
+pub fn memory_row_alloc(row: MemoryRowRef<'_>, size: u64, tgen: u64) {
     memory_op(row, size, tgen, true);
 }
 
 /// Accounts one free of `size` bytes on `row`; see [`memory_row_alloc`].
 #[inline(always)]
-pub fn memory_row_free(row: &MemoryRow, size: u64, tgen: u64) {
+pub fn memory_row_free(row: MemoryRowRef<'_>, size: u64, tgen: u64) {
     memory_op(row, size, tgen, false);
 }
 
@@ -1099,8 +1112,9 @@ pub fn memory_row_free(row: &MemoryRow, size: u64, tgen: u64) {
 /// straight-line relaxed loads and plain stores of the thread's own row
 /// under its sequence lock, one watermark compare per value.
 #[inline(always)]
-fn memory_op(row: &MemoryRow, size: u64, tgen: u64, alloc: bool) {
-    let _w = row.seq.write();
+fn memory_op(r: MemoryRowRef<'_>, size: u64, tgen: u64, alloc: bool) {
+    let _w = r.seq.write();
+    let row = r.row;
     apply_truncation(row, tgen);
     let ld = |a: &AtomicU64| a.load(Relaxed);
     // A free is the allocation's mirror image: the same arithmetic on the
@@ -1142,8 +1156,8 @@ fn memory_op(row: &MemoryRow, size: u64, tgen: u64, alloc: bool) {
 
 #[cold]
 #[inline(never)]
-fn first_touch(row: &SummaryRow) {
-    let _w = row.seq.write();
+fn first_touch(row: &SummaryRow, seq: &SeqLock) {
+    let _w = seq.write();
     for a in [
         &row.count,
         &row.timed_count,
@@ -1174,9 +1188,9 @@ fn first_touch(row: &SummaryRow) {
 /// already folded), then marks the class touched in `word`.
 #[cold]
 #[inline(never)]
-fn first_touch_memory(row: &MemoryRow, word: &AtomicU64, class: usize, tgen: u64) {
+fn first_touch_memory(row: &MemoryRow, seq: &SeqLock, word: &AtomicU64, class: usize, tgen: u64) {
     {
-        let _w = row.seq.write();
+        let _w = seq.write();
         clear_memory_row(row, tgen);
     }
     word.store(word.load(Relaxed) | (1u64 << (class % 64)), Release);

@@ -103,12 +103,12 @@ fn code_structs() -> BTreeMap<&'static str, Struct> {
         GlobalHeader { seq, fold_count, reserved, fold_log }
         FoldLogEntry { ticket, record, version }
         SummaryRow {
-            seq, count, timed_count, sum_lo, sum_hi, min, max, bytes, buckets,
+            reserved0, count, timed_count, sum_lo, sum_hi, min, max, bytes, buckets,
             errors, warnings, rows_affected, rows_sent, rows_examined, cpu_time,
             cancelled, reserved,
         }
         MemoryRow {
-            seq, count_alloc, count_free, sum_bytes_alloc, sum_bytes_free,
+            reserved0, count_alloc, count_free, sum_bytes_alloc, sum_bytes_free,
             low_count_used, current_count_used, high_count_used, low_bytes_used,
             current_bytes_used, high_bytes_used, truncate_gen, reserved,
         }

@@ -15,7 +15,7 @@ show that the document is enough to read a segment without our code. Every
 constant below cites the table it comes from.
 
 The read protocol, as the spec gives it:
-  * header: magic, major 3, byte-order mark, header size, segment size no
+  * header: magic, major 5, byte-order mark, header size, segment size no
     larger than the file, state 1 (ready); directory entries checked
     (4096-aligned, inside the segment, count x stride <= size); unknown
     section kinds ignored.
@@ -48,7 +48,7 @@ H_SEGMENT_SIZE, H_STATE, H_SECTION_COUNT = 0x018, 0x020, 0x02C
 H_HISTORY_LEN, H_SERVICE_LEN, H_SERVICE = 0x054, 0x058, 0x060
 H_SECTIONS = 0x100
 HEADER_SIZE = 4096
-MAJOR = 4
+MAJOR = 5
 BYTE_ORDER = 0x01020304
 STATE_READY = 1
 MAX_SECTIONS = 16
@@ -69,9 +69,12 @@ G_SEQ, G_FOLD_COUNT, G_FOLD_LOG = 0, 8, 64
 FOLD_LOG_LEN, FOLD_ENTRY = 256, 24
 G_ROWS = 6208
 
-# Summary row (layout::SummaryRow, 384 bytes).
+# Summary row (layout::SummaryRow, 384 bytes). Since 5.0 a thread's row is
+# guarded by entry c of the record's row sequence array (8 bytes each, right
+# after the thread header); a global row by the global section's seq.
 ROW_SIZE = 384
-R_SEQ, R_COUNT, R_TIMED, R_SUM_LO, R_SUM_HI, R_MIN, R_MAX = 0, 8, 16, 24, 32, 40, 48
+SEQ_SIZE = 8
+R_COUNT, R_TIMED, R_SUM_LO, R_SUM_HI, R_MIN, R_MAX = 8, 16, 24, 32, 40, 48
 NO_MIN = 2**64 - 1
 
 # Container header (layout::ContainerHeader, 64 bytes); page directory after it.
@@ -81,8 +84,11 @@ CONTAINER_HEADER = 64
 PAGE_ACTIVE = 1
 LOCK_ALLOCATED = 2
 
-# Thread record: ThreadHeader (896 bytes), three history rings of
-# history_len rows (128, 128 and 384 bytes), then max_classes summary rows.
+# Thread record: a head, ThreadHeader (896 bytes) and max_classes row
+# sequence locks (8 bytes each, padded to a multiple of 64), and a body, three
+# history rings of history_len rows (128, 128 and 384 bytes) then max_classes
+# summary rows. A page holds its records' heads side by side, then their
+# bodies.
 T_LOCK, T_TOUCHED = 0, 128
 THREAD_HEADER = 896
 HISTORY_ROW_BYTES = 128 + 128 + 384
@@ -164,16 +170,17 @@ class Segment:
 
     # -- sequence-locked reads ------------------------------------------------
 
-    def row(self, off):
+    def row(self, off, seq):
         """(count, timed count, sum, min, max) of the summary row at `off`,
-        read under its seq; None if it never read consistently."""
+        read under the sequence lock at `seq`; None if it never read
+        consistently."""
         mm = self.mm
         for _ in range(RETRIES):
-            s1 = u64(mm, off + R_SEQ)
+            s1 = u64(mm, seq)
             if s1 & 1:
                 continue
             r = self.fields(off)
-            if u64(mm, off + R_SEQ) == s1:
+            if u64(mm, seq) == s1:
                 return r
         self.skipped += 1
         return None
@@ -227,8 +234,10 @@ class Segment:
         page_size = u64(mm, sec + C_PAGE_SIZE)
         pages = sec + u64(mm, sec + C_PAGES_OFFSET)
         added = min(u64(mm, sec + C_PAGES_ADDED), max_pages)
-        summaries = THREAD_HEADER + self.history_len * HISTORY_ROW_BYTES
-        if summaries + self.max_classes * ROW_SIZE > rec_size or per_page * rec_size > page_size:
+        head_size = THREAD_HEADER + (self.max_classes * SEQ_SIZE + 63) // 64 * 64
+        summaries = self.history_len * HISTORY_ROW_BYTES
+        body_size = summaries + self.max_classes * ROW_SIZE
+        if head_size + body_size != rec_size or per_page * rec_size > page_size:
             raise SpecError("thread record geometry does not add up")
         out = []
         for p in range(added):
@@ -238,7 +247,8 @@ class Segment:
             if page + page_size > sec + size:
                 raise SpecError("page %d is outside the Threads section" % p)
             for i in range(per_page):
-                rec = page + i * rec_size
+                rec = page + i * head_size
+                body = page + per_page * head_size + i * body_size
                 lock = u64(mm, rec + T_LOCK)
                 if lock & 3 != LOCK_ALLOCATED:
                     continue
@@ -246,7 +256,8 @@ class Segment:
                 rows = {}
                 for c in wanted:
                     if touched[c // 64] >> (c % 64) & 1:
-                        r = self.row(rec + summaries + c * ROW_SIZE)
+                        r = self.row(body + summaries + c * ROW_SIZE,
+                                     rec + THREAD_HEADER + c * SEQ_SIZE)
                         if r is not None:
                             rows[c] = r
                 if u64(mm, rec + T_LOCK) == lock:

@@ -635,6 +635,18 @@ fn agent_families(snap: &Snapshot, tot: &Totals, stats: &AgentStats) -> Vec<Fami
             tot.carried_rows,
         ),
         (
+            "pfs_agent_rows_read",
+            "pfs.agent.rows_read",
+            "Summary and memory rows copied from the segments (a row whose sequence did not move since the last snapshot is not copied again).",
+            tot.rows_read,
+        ),
+        (
+            "pfs_agent_rows_reused",
+            "pfs.agent.rows_reused",
+            "Rows a summaries snapshot kept from the previous one because their sequence had not moved.",
+            tot.rows_reused,
+        ),
+        (
             "pfs_agent_skipped_events",
             "pfs.agent.skipped_events",
             "Event rows skipped after their retry budget.",

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use pfs_shm_layout::reader::{ReadOptions, SegmentSnapshot, snapshot};
+use pfs_shm_layout::reader::{IncrementalReader, ReadOptions, SegmentSnapshot, snapshot};
 use pfs_shm_layout::{Segment, SegmentError};
 
 use crate::carry::carry_forward_summed;
@@ -29,6 +29,9 @@ pub struct Tracked {
     /// retirement folds): carry-forward source, and, once the process is
     /// dead, its final figures.
     pub last_summaries: Option<Arc<SegmentSnapshot>>,
+    /// Reads its summaries incrementally: keeps the live threads' rows
+    /// between snapshots, and reads only the rows that changed.
+    reader: IncrementalReader,
     /// The setup defaults being applied to it (when there are any).
     pub(super) defaults: Option<Applied>,
     /// Inode of the file (a file replaced under the same name differs).
@@ -44,6 +47,7 @@ impl Tracked {
             dead_since: None,
             last: None,
             last_summaries: None,
+            reader: IncrementalReader::default(),
             defaults,
             ino: 0,
         }
@@ -78,6 +82,28 @@ impl Tracked {
         Ok(s)
     }
 
+    /// A summaries snapshot ([`ReadOptions::summaries`]), reading only the
+    /// rows that changed since the previous one; refused as
+    /// [`Tracked::snapshot`] is.
+    pub fn snapshot_summaries(&mut self) -> Result<SegmentSnapshot, SegmentError> {
+        let s = self
+            .reader
+            .snapshot(&self.segment, &ReadOptions::summaries())?;
+        self.segment.check()?;
+        Ok(s)
+    }
+
+    /// Forgets the rows kept for incremental snapshots: the next summaries
+    /// snapshot reads every row.
+    pub fn forget_kept(&mut self) {
+        self.reader = IncrementalReader::default();
+    }
+
+    /// Heap bytes of the rows kept for incremental snapshots.
+    pub fn kept_bytes(&self) -> usize {
+        self.reader.heap_bytes()
+    }
+
     /// Reads a dead segment one last time into `last_summaries` (the
     /// figures retirement folds). Rows that cannot be read (their writer
     /// died in the middle of an update, leaving the row's sequence odd
@@ -85,7 +111,7 @@ impl Tracked {
     /// rows: the segment should then be retired at once, so its last good
     /// values are saved.
     pub(super) fn final_read(&mut self) -> bool {
-        match self.snapshot(&ReadOptions::summaries()) {
+        match self.snapshot_summaries() {
             Ok(mut s) => {
                 let torn = s.threads.iter().any(|th| !th.skipped_rows.is_empty());
                 if torn {

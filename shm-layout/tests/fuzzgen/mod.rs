@@ -277,12 +277,19 @@ fn resolve(g: &Geometry, target: Target, pick: u64, len: usize) -> usize {
         Target::RecordLock => rec(n(usize::MAX)) + offset_of!(ThreadHeader, lock),
         Target::RecordHeader => rec(n(usize::MAX)) + n(size_of::<ThreadHeader>()),
         Target::RecordEvents => {
-            rec(n(usize::MAX)) + HISTORY_OFFSET + n(rows_offset(g.history_len) - HISTORY_OFFSET)
+            let i = n(usize::MAX) % g.max_records() as usize;
+            g.record_body_off(i as u32) + n(rows_offset(g.history_len))
         }
         Target::RecordRows => {
-            rec(n(usize::MAX))
-                + rows_offset(g.history_len)
-                + n(g.max_classes as usize * size_of::<SummaryRow>())
+            let i = (n(usize::MAX) % g.max_records() as usize) as u32;
+            // The rows and their sequence array.
+            if n(2) == 0 {
+                g.record_off(i) + ROW_SEQS_OFFSET + n(g.max_classes as usize * 8)
+            } else {
+                g.record_body_off(i)
+                    + rows_offset(g.history_len)
+                    + n(g.max_classes as usize * size_of::<SummaryRow>())
+            }
         }
         Target::GlobalRows => {
             g.global_off + GLOBAL_ROWS_OFFSET + n(g.max_classes as usize * size_of::<SummaryRow>())

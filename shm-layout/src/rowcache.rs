@@ -1,0 +1,610 @@
+//! Kept copies of the threads' summary rows between two snapshots, and
+//! their sums by class: what lets a summaries snapshot read only the rows
+//! whose sequence moved since the last one (the reader's
+//! `IncrementalReader`, a layer above).
+//!
+//! A kept row is its class, the even sequence value it was read at, and
+//! its value, compact: most of a row's 46 words are zero (a wait class
+//! has no statement figures, and a row's events fill a few histogram
+//! buckets), so a row is stored as a 64-bit presence mask and its nonzero
+//! words, all LEB128 varints: about 30 bytes for a wait row, instead of
+//! the 368 of a [`Summary`]. A record's rows live in one byte buffer; a
+//! changed row is appended and its old bytes become garbage, reclaimed
+//! when garbage exceeds the live bytes.
+//!
+//! The sums by class are kept up to date with each change (old value out,
+//! new value in: [`Summary::replace_part`]), so that a snapshot costs what
+//! changed, not what is kept. MIN and MAX cannot be taken out of a sum:
+//! when a row leaving the sum held the class's extreme, that extreme is
+//! recomputed from the kept rows of the class.
+//!
+//! Layer 3 (see the crate docs): builds on [`crate::values`] only; it
+//! never touches a segment.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
+use crate::layout::HISTOGRAM_BUCKETS;
+use crate::values::{StatementFigures, Summary};
+
+/// Words of a row: count, timed count, the two halves of the sum, MIN
+/// plus one (wrapping, so that "none", `u64::MAX`, is 0), MAX, bytes, the
+/// buckets and the seven statement figures.
+const WORDS: usize = 14 + HISTOGRAM_BUCKETS;
+const _: () = assert!(WORDS <= 64, "the presence mask is one u64");
+
+/// The words of `s`, in the order of [`WORDS`].
+fn words(s: &Summary) -> [u64; WORDS] {
+    let st = &s.statement;
+    let mut w = [0u64; WORDS];
+    w[..7].copy_from_slice(&[
+        s.count,
+        s.timed_count,
+        s.sum_ps as u64,
+        (s.sum_ps >> 64) as u64,
+        s.min_ps.wrapping_add(1),
+        s.max_ps,
+        s.bytes,
+    ]);
+    w[7..7 + HISTOGRAM_BUCKETS].copy_from_slice(&s.buckets);
+    w[7 + HISTOGRAM_BUCKETS..].copy_from_slice(&[
+        st.errors,
+        st.warnings,
+        st.rows_affected,
+        st.rows_sent,
+        st.rows_examined,
+        st.cpu_time_ps,
+        st.cancelled,
+    ]);
+    w
+}
+
+/// The summary of words `w` (the inverse of [`words`]).
+fn from_words(w: &[u64; WORDS]) -> Summary {
+    let mut buckets = [0; HISTOGRAM_BUCKETS];
+    buckets.copy_from_slice(&w[7..7 + HISTOGRAM_BUCKETS]);
+    let st = &w[7 + HISTOGRAM_BUCKETS..];
+    Summary {
+        count: w[0],
+        timed_count: w[1],
+        sum_ps: u128::from(w[2]) | (u128::from(w[3]) << 64),
+        min_ps: w[4].wrapping_sub(1),
+        max_ps: w[5],
+        bytes: w[6],
+        buckets,
+        statement: StatementFigures {
+            errors: st[0],
+            warnings: st[1],
+            rows_affected: st[2],
+            rows_sent: st[3],
+            rows_examined: st[4],
+            digest: 0,
+            cpu_time_ps: st[5],
+            cancelled: st[6],
+        },
+    }
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// The varint at the start of `b`, and the rest. Only ever given bytes
+/// [`put_varint`] wrote.
+fn take_varint(b: &[u8]) -> (u64, &[u8]) {
+    let mut v = 0u64;
+    for (i, &byte) in b.iter().enumerate() {
+        v |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return (v, &b[i + 1..]);
+        }
+    }
+    (v, &[])
+}
+
+/// Appends the compact form of `s` to `out`.
+fn encode(s: &Summary, out: &mut Vec<u8>) {
+    let w = words(s);
+    let mask = w
+        .iter()
+        .enumerate()
+        .fold(0u64, |m, (i, &x)| if x != 0 { m | 1 << i } else { m });
+    put_varint(out, mask);
+    for &x in w.iter().filter(|&&x| x != 0) {
+        put_varint(out, x);
+    }
+}
+
+/// The summary whose compact form starts `b`.
+fn decode(b: &[u8]) -> Summary {
+    let (mut mask, mut rest) = take_varint(b);
+    let mut w = [0u64; WORDS];
+    while mask != 0 {
+        let i = mask.trailing_zeros() as usize;
+        let (x, r) = take_varint(rest);
+        w[i] = x;
+        rest = r;
+        mask &= mask - 1;
+    }
+    from_words(&w)
+}
+
+/// Where a kept row's bytes are, and the sequence it was read at.
+#[derive(Debug, Clone, Copy)]
+struct RowRef {
+    class: u16,
+    len: u16,
+    off: u32,
+    seq: u64,
+}
+const _: () = assert!(size_of::<RowRef>() == 16);
+// Every class index fits `class`, every compact row `len`.
+const _: () = assert!(crate::layout::MAX_CLASSES_LIMIT <= 1 << 16 && 10 * (WORDS + 1) < 1 << 16);
+
+/// Compact rows: references into one byte buffer.
+#[derive(Debug, Default)]
+pub struct Rows {
+    /// Sorted by class once kept; in reading order while walked.
+    refs: Vec<RowRef>,
+    data: Vec<u8>,
+}
+
+impl Rows {
+    /// Appends row `class`, read at sequence `seq`.
+    pub fn push(&mut self, class: u32, seq: u64, s: &Summary) {
+        let off = self.data.len();
+        encode(s, &mut self.data);
+        self.refs.push(RowRef {
+            class: class as u16,
+            len: (self.data.len() - off) as u16,
+            off: off as u32,
+            seq,
+        });
+    }
+
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.refs.len()
+    }
+
+    /// No row held.
+    pub fn is_empty(&self) -> bool {
+        self.refs.is_empty()
+    }
+
+    fn bytes(&self, r: &RowRef) -> &[u8] {
+        &self.data[r.off as usize..r.off as usize + usize::from(r.len)]
+    }
+
+    fn value(&self, r: &RowRef) -> Summary {
+        decode(self.bytes(r))
+    }
+
+    /// Every row: class and value.
+    fn values(&self) -> impl Iterator<Item = (u32, Summary)> + '_ {
+        self.refs
+            .iter()
+            .map(|r| (u32::from(r.class), self.value(r)))
+    }
+}
+
+/// One record lifetime's kept rows, and what the reader keeps beside
+/// them (`extra`: its copy of the thread).
+#[derive(Debug)]
+pub struct KeptRecord<T> {
+    version: u64,
+    /// The reader's own data for this record.
+    pub extra: T,
+    /// Sorted by class.
+    rows: Rows,
+    garbage: usize,
+}
+
+impl<T> KeptRecord<T> {
+    /// The lock-word version of the lifetime the rows belong to.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// A cursor over the kept rows' sequences, for a walk in class order.
+    pub fn cursor(&self) -> SeqCursor<'_> {
+        SeqCursor {
+            rows: &self.rows.refs,
+            at: 0,
+        }
+    }
+
+    fn find(&self, class: u32) -> Result<usize, usize> {
+        self.rows
+            .refs
+            .binary_search_by_key(&class, |r| u32::from(r.class))
+    }
+
+    /// The kept value of row `class`.
+    pub fn get(&self, class: u32) -> Option<Summary> {
+        self.find(class)
+            .ok()
+            .map(|i| self.rows.value(&self.rows.refs[i]))
+    }
+
+    /// Stores the compact row `bytes` as row `class`, read at `seq`. The
+    /// row's old bytes become garbage, reclaimed when the buffer is full;
+    /// the buffer grows by an eighth at a time, so it stays within about
+    /// 1.125 × the live rows plus one round of changes.
+    fn put(&mut self, class: u32, seq: u64, bytes: &[u8]) {
+        let data = &mut self.rows.data;
+        if data.len() + bytes.len() > data.capacity() {
+            if self.garbage > 0 {
+                self.compact(bytes.len());
+            } else {
+                let data = &mut self.rows.data;
+                data.reserve_exact(bytes.len().max(data.len() / 8));
+            }
+        }
+        let new = RowRef {
+            class: class as u16,
+            len: bytes.len() as u16,
+            off: self.rows.data.len() as u32,
+            seq,
+        };
+        self.rows.data.extend_from_slice(bytes);
+        match self.find(class) {
+            Ok(i) => {
+                self.garbage += usize::from(self.rows.refs[i].len);
+                self.rows.refs[i] = new;
+            }
+            Err(i) => self.rows.refs.insert(i, new),
+        }
+    }
+
+    /// Drops the garbage: the live rows' bytes, in class order, in a
+    /// buffer with room for `extra` more bytes and an eighth.
+    fn compact(&mut self, extra: usize) {
+        let live = self.rows.data.len() - self.garbage + extra;
+        let mut data = Vec::with_capacity(live + live / 8);
+        for r in &mut self.rows.refs {
+            let off = data.len();
+            data.extend_from_slice(
+                &self.rows.data[r.off as usize..r.off as usize + usize::from(r.len)],
+            );
+            r.off = off as u32;
+        }
+        self.rows.data = data;
+        self.garbage = 0;
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.rows.refs.capacity() * size_of::<RowRef>() + self.rows.data.capacity()
+    }
+}
+
+/// Walks a kept record's rows in class order: [`SeqCursor::seq`] asked
+/// for increasing classes costs O(1) each.
+#[derive(Debug)]
+pub struct SeqCursor<'a> {
+    rows: &'a [RowRef],
+    at: usize,
+}
+
+impl SeqCursor<'_> {
+    /// The sequence row `class` was kept at, if kept. Classes must be
+    /// asked in increasing order.
+    #[inline]
+    pub fn seq(&mut self, class: u32) -> Option<u64> {
+        while let Some(r) = self.rows.get(self.at) {
+            let c = u32::from(r.class);
+            if c >= class {
+                return (c == class).then_some(r.seq);
+            }
+            self.at += 1;
+        }
+        None
+    }
+}
+
+/// What one walk changes in the sums by class: for each class, the
+/// additive fields of (new − old) over the rows it read (wrapping), the
+/// smallest MIN and largest MAX among the new values, and the change in
+/// rows. Classes whose MIN or MAX may have moved the wrong way (a row
+/// that did not grow, a walk undone) are listed for a recomputation.
+#[derive(Debug, Default)]
+pub struct Delta {
+    sums: Vec<Summary>,
+    rows: Vec<i64>,
+    touched: Vec<bool>,
+    extremes: Vec<u32>,
+}
+
+impl Delta {
+    fn slot(&mut self, class: u32) -> usize {
+        let i = class as usize;
+        if i >= self.sums.len() {
+            self.sums.resize(i + 1, Summary::default());
+            self.rows.resize(i + 1, 0);
+            self.touched.resize(i + 1, false);
+        }
+        self.touched[i] = true;
+        i
+    }
+
+    /// Row `class` read as `new`, kept before as `old` (`None`: a new row).
+    pub fn row(&mut self, class: u32, old: Option<&Summary>, new: &Summary) {
+        let i = self.slot(class);
+        let d = &mut self.sums[i];
+        d.replace_part(old.unwrap_or(&ZERO), new);
+        d.min_ps = d.min_ps.min(new.min_ps);
+        d.max_ps = d.max_ps.max(new.max_ps);
+        match old {
+            None => self.rows[i] += 1,
+            // A row only grows within a lifetime; one that did not (a
+            // hostile segment) may have held the class's extreme.
+            Some(o) if new.min_ps > o.min_ps || new.max_ps < o.max_ps => self.extremes.push(class),
+            Some(_) => {}
+        }
+    }
+
+    /// Takes back [`Delta::row`] (a walked record that turned out folded).
+    fn undo(&mut self, class: u32, old: Option<&Summary>, new: &Summary) {
+        let i = self.slot(class);
+        self.sums[i].replace_part(new, old.unwrap_or(&ZERO));
+        if old.is_none() {
+            self.rows[i] -= 1;
+        }
+        // The MIN and MAX merged in cannot be taken out.
+        self.extremes.push(class);
+    }
+}
+
+/// The additive zero (and "no MIN, no MAX").
+const ZERO: Summary = Summary {
+    count: 0,
+    timed_count: 0,
+    sum_ps: 0,
+    min_ps: u64::MAX,
+    max_ps: 0,
+    bytes: 0,
+    buckets: [0; HISTOGRAM_BUCKETS],
+    statement: StatementFigures {
+        errors: 0,
+        warnings: 0,
+        rows_affected: 0,
+        rows_sent: 0,
+        rows_examined: 0,
+        digest: 0,
+        cpu_time_ps: 0,
+        cancelled: 0,
+    },
+};
+
+/// A record as one walk found it: its lifetime, the reader's data, and
+/// the rows it read because they were new or had changed.
+#[derive(Debug)]
+pub struct Walked<T> {
+    /// Record index.
+    pub record: u32,
+    /// Lock-word version.
+    pub version: u64,
+    /// The reader's own data for this record; `None`: unchanged since it
+    /// was kept (the record must be kept, with this `version`).
+    pub extra: Option<T>,
+    /// Rows read (new or changed), each with the even sequence the copy
+    /// was taken at.
+    pub read: Rows,
+}
+
+/// The sum of one class's kept rows.
+#[derive(Debug, Clone, Copy, Default)]
+struct Total {
+    sum: Summary,
+    rows: u64,
+}
+
+/// Kept rows of every live record of one segment, and their sums by
+/// class.
+#[derive(Debug)]
+pub struct RowCache<T> {
+    records: HashMap<u32, KeptRecord<T>>,
+    totals: Vec<Total>,
+}
+
+impl<T> Default for RowCache<T> {
+    fn default() -> Self {
+        Self {
+            records: HashMap::new(),
+            totals: Vec::new(),
+        }
+    }
+}
+
+impl<T> RowCache<T> {
+    /// The rows kept for lifetime `version` of record `record`.
+    pub fn kept(&self, record: u32, version: u64) -> Option<&KeptRecord<T>> {
+        self.records.get(&record).filter(|k| k.version == version)
+    }
+
+    /// Records kept.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// No record kept.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Heap bytes held by the kept rows alone.
+    pub fn row_bytes(&self) -> usize {
+        self.records.values().map(KeptRecord::heap_bytes).sum()
+    }
+
+    /// Heap bytes held by the kept records (rows, and `extra` but for
+    /// what it allocates itself) and the sums.
+    pub fn heap_bytes(&self) -> usize {
+        self.records
+            .values()
+            .map(KeptRecord::heap_bytes)
+            .sum::<usize>()
+            + self.records.capacity() * (size_of::<u32>() + size_of::<KeptRecord<T>>())
+            + self.totals.capacity() * size_of::<Total>()
+    }
+
+    /// The sum of the kept rows of each class that has any, by class.
+    pub fn totals(&self) -> Vec<(u32, Summary)> {
+        self.totals
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.rows > 0)
+            .map(|(c, t)| (c as u32, t.sum))
+            .collect()
+    }
+
+    fn total(&mut self, class: usize) -> &mut Total {
+        if class >= self.totals.len() {
+            self.totals.resize(class + 1, Total::default());
+        }
+        &mut self.totals[class]
+    }
+
+    /// Takes back the rows a walked record contributed to `delta` (the
+    /// fold log showed the record folded after it was read).
+    pub fn undo(&self, w: &Walked<T>, delta: &mut Delta) {
+        let kept = self.kept(w.record, w.version);
+        for (class, new) in w.read.values() {
+            let old = kept.and_then(|k| k.get(class));
+            delta.undo(class, old.as_ref(), &new);
+        }
+    }
+
+    /// Makes the cache hold exactly the records of `live` (one walk's
+    /// live records, after the fold log dropped the folded ones, and what
+    /// their rows changed in the sums, `delta`): records not in it, or
+    /// with another lifetime, are dropped with their rows; the rows each
+    /// walked record read replace the kept ones.
+    pub fn commit(&mut self, live: Vec<Walked<T>>, mut delta: Delta) {
+        let lifetimes: HashMap<u32, u64> = live.iter().map(|w| (w.record, w.version)).collect();
+        let gone: Vec<u32> = self
+            .records
+            .iter()
+            .filter(|(r, k)| lifetimes.get(r) != Some(&k.version))
+            .map(|(r, _)| *r)
+            .collect();
+        for r in gone {
+            let Some(k) = self.records.remove(&r) else {
+                continue;
+            };
+            for (class, old) in k.rows.values() {
+                let t = self.total(class as usize);
+                t.rows = t.rows.saturating_sub(1);
+                if t.rows == 0 {
+                    t.sum = Summary::default();
+                    continue;
+                }
+                t.sum.replace_part(&old, &ZERO);
+                if old.min_ps == t.sum.min_ps || old.max_ps == t.sum.max_ps {
+                    delta.extremes.push(class);
+                }
+            }
+        }
+        for (c, d) in delta.sums.iter().enumerate() {
+            if !delta.touched[c] {
+                continue;
+            }
+            let rows = delta.rows[c];
+            let t = self.total(c);
+            t.rows = t.rows.saturating_add_signed(rows);
+            if t.rows == 0 {
+                t.sum = Summary::default();
+                continue;
+            }
+            t.sum.replace_part(&ZERO, d);
+            t.sum.min_ps = t.sum.min_ps.min(d.min_ps);
+            t.sum.max_ps = t.sum.max_ps.max(d.max_ps);
+        }
+        for w in live {
+            match (self.records.entry(w.record), w.extra) {
+                (Entry::Occupied(o), extra) => {
+                    let k = o.into_mut();
+                    if let Some(extra) = extra {
+                        k.extra = extra;
+                    }
+                    for r in &w.read.refs {
+                        k.put(u32::from(r.class), r.seq, w.read.bytes(r));
+                    }
+                }
+                (Entry::Vacant(v), Some(extra)) => {
+                    // A record read whole: its rows, sorted, are kept as read.
+                    let mut rows = w.read;
+                    rows.refs.sort_unstable_by_key(|r| r.class);
+                    rows.refs.shrink_to_fit();
+                    rows.data.shrink_to_fit();
+                    v.insert(KeptRecord {
+                        version: w.version,
+                        extra,
+                        rows,
+                        garbage: 0,
+                    });
+                }
+                // Not kept, and nothing to keep: a caller's error, ignored.
+                (Entry::Vacant(_), None) => {}
+            }
+        }
+        let mut extremes = delta.extremes;
+        extremes.sort_unstable();
+        extremes.dedup();
+        for class in extremes {
+            let (mut lo, mut hi) = (u64::MAX, 0);
+            for k in self.records.values() {
+                if let Some(s) = k.get(class) {
+                    lo = lo.min(s.min_ps);
+                    hi = hi.max(s.max_ps);
+                }
+            }
+            let t = self.total(class as usize);
+            t.sum.min_ps = lo;
+            t.sum.max_ps = hi;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compact_rows_round_trip() {
+        let mut s = Summary {
+            count: 3,
+            timed_count: 2,
+            sum_ps: (7u128 << 64) | 12_345,
+            min_ps: 5,
+            max_ps: u64::MAX - 1,
+            bytes: 1 << 40,
+            ..Summary::default()
+        };
+        s.buckets[0] = 1;
+        s.buckets[HISTOGRAM_BUCKETS - 1] = u64::MAX;
+        s.statement.cancelled = 9;
+        let mut rows = Rows::default();
+        rows.push(4, 10, &s);
+        rows.push(2, 12, &Summary::default());
+        let got: Vec<_> = rows.values().collect();
+        assert_eq!(got, [(4, s), (2, Summary::default())]);
+        // A wait row of two events: a few bytes, not 368.
+        let mut w = Summary {
+            count: 2,
+            timed_count: 2,
+            sum_ps: 9_000,
+            min_ps: 4_000,
+            max_ps: 5_000,
+            ..Summary::default()
+        };
+        w.buckets[1] = 2;
+        let mut one = Rows::default();
+        one.push(0, 0, &w);
+        assert!(one.data.len() <= 16, "{} bytes", one.data.len());
+    }
+}

@@ -1,0 +1,278 @@
+//! Incremental summaries snapshots (`IncrementalReader`) against full
+//! ones (`snapshot` with `ReadOptions::summaries()`): equal after every
+//! kind of change (rows that grow, new rows, thread exits and folds,
+//! records reused by new threads, memory rows and their truncation), and,
+//! read while writers run, totals that never go down and end equal.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+mod common;
+
+use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED};
+use pfs_shm_layout::reader::{IncrementalReader, ReadOptions, SegmentSnapshot, Summary, snapshot};
+use pfs_shm_layout::{ClassKind, Segment, SegmentConfig};
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// What a summaries snapshot says, in a comparable form: the live sums,
+/// the folded totals, and every live thread's identity and memory rows.
+type Rows = Vec<(u32, Summary)>;
+
+fn view(s: &SegmentSnapshot) -> (Rows, Rows, Vec<String>) {
+    let mut threads: Vec<String> = s
+        .threads
+        .iter()
+        .map(|t| {
+            let mut m = t.memory.clone();
+            m.sort_by_key(|(c, _)| *c);
+            format!(
+                "{} {} {} {} {:?}",
+                t.record, t.version, t.thread_id, t.name, m
+            )
+        })
+        .collect();
+    threads.sort();
+    (s.live_rows.clone(), s.exited.clone(), threads)
+}
+
+fn total(s: &SegmentSnapshot, class: u32) -> Summary {
+    let mut t = Summary::default();
+    for (_, r) in s
+        .live_rows
+        .iter()
+        .chain(&s.exited)
+        .filter(|(c, _)| *c == class)
+    {
+        t.merge(r);
+    }
+    t
+}
+
+#[test]
+fn equals_a_full_read_after_every_kind_of_change() {
+    let cfg = SegmentConfig {
+        max_classes: 64,
+        records_per_page: 4,
+        max_pages: 8,
+        ..SegmentConfig::default()
+    };
+    let (file, w) = common::create(&cfg);
+    let waits: Vec<u32> = (0..40)
+        .map(|i| {
+            w.register_class(
+                &format!("wait/synch/mutex/t/m{i}"),
+                ClassKind::Mutex,
+                FLAG_ENABLED | FLAG_TIMED,
+            )
+            .unwrap()
+        })
+        .collect();
+    let mem = w
+        .register_class("memory/t/buf", ClassKind::Memory, FLAG_ENABLED)
+        .unwrap() as usize;
+    let reader = Segment::open(file, false).unwrap();
+    let mut inc = IncrementalReader::default();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut live = Vec::new();
+    let mut next_tid = 1u64;
+    let mut id = 0u64;
+    let tgen = &w.segment().setup().memory_truncate_gen;
+    for step in 0..300 {
+        match rng.below(20) {
+            // A new thread (possibly in a record an exited one left).
+            0 | 1 if live.len() < 30 => {
+                let slot = w
+                    .alloc_thread(next_tid, next_tid, &format!("t{next_tid}"))
+                    .unwrap();
+                next_tid += 1;
+                live.push(slot);
+            }
+            // An exit: the thread's rows fold into the global section.
+            2 if !live.is_empty() => {
+                let i = rng.below(live.len() as u64) as usize;
+                w.fold_and_free(live.swap_remove(i));
+            }
+            // A memory TRUNCATE.
+            3 => {
+                tgen.fetch_add(1, Relaxed);
+            }
+            // Quiet: nothing changes.
+            4 => {}
+            // Events on a few threads, a few classes each.
+            _ => {
+                for _ in 0..rng.below(4) + 1 {
+                    let Some(slot) = live.get(rng.below(live.len().max(1) as u64) as usize) else {
+                        break;
+                    };
+                    let rec = w.segment().record(slot.index);
+                    for _ in 0..rng.below(5) + 1 {
+                        id += 1;
+                        let c = waits[rng.below(waits.len() as u64) as usize];
+                        let bits = 10 + rng.below(30);
+                        let ps = 1 + rng.below(1 << bits);
+                        common::record_wait(rec, &common::wait_event(c, id, ps));
+                    }
+                    let g = tgen.load(Relaxed);
+                    if rng.below(2) == 0 {
+                        rec.memory_alloc(mem, 64 + rng.below(4096), g);
+                    } else {
+                        rec.memory_free(mem, 64, g);
+                    }
+                }
+            }
+        }
+        let a = inc.snapshot(&reader, &ReadOptions::summaries()).unwrap();
+        let b = snapshot(&reader, &ReadOptions::summaries()).unwrap();
+        assert_eq!(view(&a), view(&b), "step {step}");
+        assert_eq!(inc.kept_records(), b.threads.len(), "step {step}");
+        // Read again at once: nothing changed, nothing is read.
+        let again = inc.snapshot(&reader, &ReadOptions::summaries()).unwrap();
+        assert_eq!(view(&again), view(&b), "step {step}, again");
+        assert_eq!(
+            again.stats.rows_read, 0,
+            "step {step}: unchanged rows were read"
+        );
+        assert_eq!(again.stats.rows_reused, b.stats.rows_read, "step {step}");
+    }
+    assert!(id > 1000, "the scenario recorded events ({id})");
+}
+
+#[test]
+fn reads_only_the_rows_that_changed() {
+    let cfg = SegmentConfig {
+        max_classes: 64,
+        ..SegmentConfig::default()
+    };
+    let (file, w) = common::create(&cfg);
+    let classes: Vec<u32> = (0..50)
+        .map(|i| {
+            w.register_class(
+                &format!("wait/io/file/t/f{i}"),
+                ClassKind::File,
+                FLAG_ENABLED | FLAG_TIMED,
+            )
+            .unwrap()
+        })
+        .collect();
+    let slots: Vec<_> = (0..20)
+        .map(|t| w.alloc_thread(t + 1, t + 1, "w").unwrap())
+        .collect();
+    let mut id = 0;
+    for s in &slots {
+        for &c in &classes {
+            id += 1;
+            common::record_wait(
+                w.segment().record(s.index),
+                &common::wait_event(c, id, 5_000),
+            );
+        }
+    }
+    let reader = Segment::open(file, false).unwrap();
+    let mut inc = IncrementalReader::default();
+    let first = inc.snapshot(&reader, &ReadOptions::summaries()).unwrap();
+    assert_eq!((first.stats.rows_read, first.stats.rows_reused), (1000, 0));
+    // 1 % of the rows change: 10 rows on 10 threads.
+    for (k, s) in slots.iter().take(10).enumerate() {
+        id += 1;
+        let e = common::wait_event(classes[k * 3], id, 9_000_000);
+        common::record_wait(w.segment().record(s.index), &e);
+    }
+    let next = inc.snapshot(&reader, &ReadOptions::summaries()).unwrap();
+    assert_eq!((next.stats.rows_read, next.stats.rows_reused), (10, 990));
+    let full = snapshot(&reader, &ReadOptions::summaries()).unwrap();
+    assert_eq!(next.live_rows, full.live_rows);
+    assert_eq!(total(&next, classes[0]).max_ps, 9_000_000);
+    // About 40 bytes per kept row.
+    let rows = inc.row_bytes();
+    assert!(rows < 1000 * 48, "{rows} bytes kept for 1000 rows");
+    assert!(inc.heap_bytes() > rows);
+}
+
+#[test]
+fn totals_never_go_down_while_writers_run_and_exit() {
+    let cfg = SegmentConfig {
+        max_classes: 16,
+        records_per_page: 4,
+        max_pages: 16,
+        ..SegmentConfig::default()
+    };
+    let (file, w) = common::create(&cfg);
+    let w = Arc::new(w);
+    let classes: Vec<u32> = (0..8)
+        .map(|i| {
+            w.register_class(
+                &format!("wait/synch/mutex/t/c{i}"),
+                ClassKind::Mutex,
+                FLAG_ENABLED | FLAG_TIMED,
+            )
+            .unwrap()
+        })
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..2u64)
+        .map(|n| {
+            let (w, stop, classes) = (w.clone(), stop.clone(), classes.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng(n + 11);
+                let mut tid = n * 1_000_000;
+                let mut events = 0u64;
+                while !stop.load(Relaxed) {
+                    tid += 1;
+                    let slot = w.alloc_thread(tid, tid, "churn").unwrap();
+                    let rec = w.segment().record(slot.index);
+                    for id in 1..=rng.below(200) + 1 {
+                        let c = classes[rng.below(classes.len() as u64) as usize];
+                        common::record_wait(
+                            rec,
+                            &common::wait_event(c, id, 1 + rng.below(1 << 20)),
+                        );
+                        events += 1;
+                    }
+                    w.fold_and_free(slot);
+                }
+                events
+            })
+        })
+        .collect();
+    let reader = Segment::open(file, false).unwrap();
+    let mut inc = IncrementalReader::default();
+    let mut last = vec![0u64; classes.len()];
+    let mut taken = 0;
+    for _ in 0..400 {
+        // On 2 cores a writer preempted inside a fold can keep the global
+        // section busy past the retry budget: the snapshot is then refused
+        // (the agent exports the previous one), never wrong.
+        let Ok(s) = inc.snapshot(&reader, &ReadOptions::summaries()) else {
+            continue;
+        };
+        taken += 1;
+        for (i, &c) in classes.iter().enumerate() {
+            let n = total(&s, c).count;
+            assert!(n >= last[i], "class {c}: {n} after {}", last[i]);
+            last[i] = n;
+        }
+    }
+    assert!(taken > 100, "{taken} of 400 snapshots taken");
+    stop.store(true, Relaxed);
+    let events: u64 = writers.into_iter().map(|h| h.join().unwrap()).sum();
+    let s = inc.snapshot(&reader, &ReadOptions::summaries()).unwrap();
+    let full = snapshot(&reader, &ReadOptions::summaries()).unwrap();
+    assert_eq!(view(&s), view(&full));
+    let counted: u64 = classes.iter().map(|&c| total(&s, c).count).sum();
+    assert_eq!(counted, events, "every event counted once");
+}
