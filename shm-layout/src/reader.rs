@@ -190,11 +190,25 @@ impl Summary {
     /// figures only for a statement class (`statements`). A row is 6 lines,
     /// a wait row typically 2 or 3 of them.
     fn load(row: &SummaryRow, statements: bool) -> Self {
-        let timed_count = row.timed_count.load(Relaxed);
-        let (min_ps, max_ps) = (row.min.load(Relaxed), row.max.load(Relaxed));
-        let mut buckets = [0; HISTOGRAM_BUCKETS];
-        if timed_count != 0 {
-            let (lo, hi) = (bucket_index(min_ps), bucket_index(max_ps));
+        let mut s = Self::default();
+        s.load_into(row, statements);
+        s
+    }
+
+    /// [`Summary::load`] into `self` (no 370-byte value moved around: the
+    /// walk loads every row into one buffer).
+    #[inline(always)]
+    fn load_into(&mut self, row: &SummaryRow, statements: bool) {
+        self.count = row.count.load(Relaxed);
+        self.timed_count = row.timed_count.load(Relaxed);
+        self.sum_ps =
+            u128::from(row.sum_lo.load(Relaxed)) | (u128::from(row.sum_hi.load(Relaxed)) << 64);
+        self.min_ps = row.min.load(Relaxed);
+        self.max_ps = row.max.load(Relaxed);
+        self.bytes = row.bytes.load(Relaxed);
+        self.buckets = [0; HISTOGRAM_BUCKETS];
+        if self.timed_count != 0 {
+            let (lo, hi) = (bucket_index(self.min_ps), bucket_index(self.max_ps));
             // (A row whose MIN is above its MAX is not a writer's: read
             // every bucket.)
             let range = if lo <= hi {
@@ -202,11 +216,14 @@ impl Summary {
             } else {
                 0..HISTOGRAM_BUCKETS
             };
-            for (d, s) in buckets[range.clone()].iter_mut().zip(&row.buckets[range]) {
+            for (d, s) in self.buckets[range.clone()]
+                .iter_mut()
+                .zip(&row.buckets[range])
+            {
                 *d = s.load(Relaxed);
             }
         }
-        let statement = if statements {
+        self.statement = if statements {
             StatementFigures {
                 errors: row.errors.load(Relaxed),
                 warnings: row.warnings.load(Relaxed),
@@ -220,17 +237,6 @@ impl Summary {
         } else {
             StatementFigures::default()
         };
-        Self {
-            count: row.count.load(Relaxed),
-            timed_count,
-            sum_ps: u128::from(row.sum_lo.load(Relaxed))
-                | (u128::from(row.sum_hi.load(Relaxed)) << 64),
-            min_ps,
-            max_ps,
-            bytes: row.bytes.load(Relaxed),
-            buckets,
-            statement,
-        }
     }
 }
 
@@ -540,7 +546,14 @@ struct Kept {
     thread: ThreadSnapshot,
     memory_seqs: Vec<u64>,
     tgen: u64,
+    /// The record's `touched` bitmap when every touched row was kept
+    /// (zeros otherwise): while the record's bitmap still equals it, only
+    /// the kept rows can have changed.
+    touched: Touched,
 }
+
+/// A copy of a record's `touched` bitmap.
+type Touched = [u64; MAX_CLASSES_LIMIT as usize / 64];
 
 impl IncrementalReader {
     /// A summaries snapshot of `seg` (`opts` as [`ReadOptions::summaries`]:
@@ -614,9 +627,8 @@ enum Sink<'a> {
         cache: &'a RowCache<Box<Kept>>,
         read: &'a mut Rows,
         delta: &'a mut Delta,
-        /// Rows read, with their kept value, until the record's lock word
-        /// is checked again (reused from record to record).
-        scratch: &'a mut Vec<(u32, u64, Option<Summary>, Summary)>,
+        /// The record's `touched` bitmap as this walk read it.
+        touched: &'a mut Touched,
         memory_seqs: &'a mut Vec<u64>,
     },
 }
@@ -693,7 +705,6 @@ fn try_snapshot<'c>(
     let mut sums = ClassSums::new(seg.classes().len());
     let mut walked: Vec<Walked<Box<Kept>>> = Vec::new();
     let mut delta = Delta::default();
-    let mut scratch = Vec::new();
     if let RowMode::Changed(cache) = mode {
         walked.reserve(cache.len() + 16);
         threads.reserve(cache.len() + 16);
@@ -710,6 +721,7 @@ fn try_snapshot<'c>(
             let idx = page * g.records_per_page + slot;
             let mut read = Rows::default();
             let mut memory_seqs = Vec::new();
+            let mut touched = [0; MAX_CLASSES_LIMIT as usize / 64];
             let sink = match mode {
                 RowMode::PerThread => Sink::Keep,
                 RowMode::Summed => Sink::Sum(&mut sums),
@@ -717,7 +729,7 @@ fn try_snapshot<'c>(
                     cache,
                     read: &mut read,
                     delta: &mut delta,
-                    scratch: &mut scratch,
+                    touched: &mut touched,
                     memory_seqs: &mut memory_seqs,
                 },
             };
@@ -725,8 +737,14 @@ fn try_snapshot<'c>(
                 Ok(Some(t)) => {
                     if let RowMode::Changed(cache) = mode {
                         // The thread's copy is kept again only if it changed.
+                        if !t.skipped_rows.is_empty() {
+                            // A row not kept: the next walk visits every
+                            // touched row.
+                            touched = [0; MAX_CLASSES_LIMIT as usize / 64];
+                        }
                         let same = cache.kept(idx, t.version).is_some_and(|k| {
                             k.extra.tgen == tgen
+                                && k.extra.touched == touched
                                 && k.extra.memory_seqs == memory_seqs
                                 && k.extra.thread == t
                         });
@@ -737,6 +755,7 @@ fn try_snapshot<'c>(
                                 thread,
                                 memory_seqs,
                                 tgen,
+                                touched,
                             })
                         });
                         walked.push(Walked {
@@ -1099,7 +1118,30 @@ fn read_thread(
     let mem_rows = rec.memory_rows();
     let mut summed = false;
     let mut cursor = kept.map(|k| k.cursor());
-    for class in touched_classes(h, rec.rows.len()) {
+    // Every row is loaded into this one buffer.
+    let mut buf = Summary::default();
+    // An incremental walk of a kept record whose touched rows are all kept
+    // visits only its memory rows and the kept rows whose sequence moved
+    // (one tight pass over the kept rows); any other walk visits every
+    // touched row.
+    let mut visit: Vec<usize> = Vec::new();
+    let mut fast = false;
+    if let Sink::Changed { touched, .. } = &mut sink {
+        for (d, w) in touched.iter_mut().zip(&h.touched) {
+            *d = w.load(Acquire);
+        }
+        if let Some(k) = kept.filter(|k| k.extra.touched == **touched) {
+            fast = true;
+            visit.extend(k.extra.thread.memory.iter().map(|(c, _)| *c as usize));
+            let seq_of = |c: usize| rec.row_seqs.get(c).map_or(0, |s| s.sequence());
+            st.rows_reused += k.changed(seq_of, &mut visit) as u64;
+            visit.sort_unstable();
+        }
+    }
+    let mut general = touched_classes(h, rec.rows.len());
+    let mut listed = visit.iter().copied();
+    let classes: &mut dyn Iterator<Item = usize> = if fast { &mut listed } else { &mut general };
+    for class in classes {
         let seq = &rec.row_seqs[class];
         let kind = kinds.get(class).copied().unwrap_or(RowKind::Events);
         if kind == RowKind::Memory {
@@ -1150,18 +1192,20 @@ fn read_thread(
         }
         let row = &rec.rows[class];
         let statements = kind == RowKind::Statements;
-        let r = seq.read_versioned(opts.attempts, || Summary::load(row, statements));
+        let r = seq.read_versioned(opts.attempts, || buf.load_into(row, statements));
         st.retries += u64::from(r.retries);
         st.rows_read += u64::from(r.value.is_some());
+        let s = &buf;
         match (r.value, &mut sink) {
-            (Some((_, s)), Sink::Sum(sums)) => {
-                sums.add(class as u32, &s);
+            (Some(_), Sink::Sum(sums)) => {
+                sums.add(class as u32, s);
                 summed = true;
             }
-            (Some((_, s)), Sink::Keep) => t.rows.push((class as u32, s)),
-            (Some((v, s)), Sink::Changed { scratch, .. }) => {
+            (Some(_), Sink::Keep) => t.rows.push((class as u32, *s)),
+            (Some((v, ())), Sink::Changed { read, delta, .. }) => {
                 let old = keptseq.and_then(|_| kept.and_then(|k| k.get(class as u32)));
-                scratch.push((class as u32, v, old, s));
+                delta.row(class as u32, old.as_ref(), s);
+                read.push(class as u32, v, s);
             }
             (None, _) => {
                 st.skipped_rows += 1;
@@ -1177,19 +1221,16 @@ fn read_thread(
     // Acquire: if this observes the FREE store of a lifetime that ended,
     // the global read that follows observes that lifetime's fold.
     let ended = h.lock.load(Acquire) != lw1;
-    if let Sink::Changed {
-        read,
-        delta,
-        scratch,
-        ..
-    } = &mut sink
+    if let (
+        true,
+        Sink::Changed {
+            cache, read, delta, ..
+        },
+    ) = (ended, &mut sink)
     {
-        for (class, seq, old, new) in scratch.drain(..) {
-            if !ended {
-                delta.row(class, old.as_ref(), &new);
-                read.push(class, seq, &new);
-            }
-        }
+        // The rows of a lifetime that ended are not kept: take back what
+        // they added to the sums.
+        cache.undo_rows(idx, version, read, delta);
     }
     if ended {
         st.ended_records += 1;

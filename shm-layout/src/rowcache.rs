@@ -224,6 +224,22 @@ impl<T> KeptRecord<T> {
             .binary_search_by_key(&class, |r| u32::from(r.class))
     }
 
+    /// Pushes onto `out` the class of every kept row whose sequence now
+    /// (`seq_of(class)`) differs from the kept one; returns how many rows
+    /// did not change. One pass over the kept rows, in class order.
+    pub fn changed(&self, seq_of: impl Fn(usize) -> u64, out: &mut Vec<usize>) -> usize {
+        let mut same = 0;
+        for r in &self.rows.refs {
+            let c = usize::from(r.class);
+            if seq_of(c) == r.seq {
+                same += 1;
+            } else {
+                out.push(c);
+            }
+        }
+        same
+    }
+
     /// The kept value of row `class`.
     pub fn get(&self, class: u32) -> Option<Summary> {
         self.find(class)
@@ -472,8 +488,15 @@ impl<T> RowCache<T> {
     /// Takes back the rows a walked record contributed to `delta` (the
     /// fold log showed the record folded after it was read).
     pub fn undo(&self, w: &Walked<T>, delta: &mut Delta) {
-        let kept = self.kept(w.record, w.version);
-        for (class, new) in w.read.values() {
+        self.undo_rows(w.record, w.version, &w.read, delta);
+    }
+
+    /// Takes back what `rows`, read from lifetime `version` of record
+    /// `record`, contributed to `delta` (the lifetime ended while it was
+    /// being read, or was folded).
+    pub fn undo_rows(&self, record: u32, version: u64, rows: &Rows, delta: &mut Delta) {
+        let kept = self.kept(record, version);
+        for (class, new) in rows.values() {
             let old = kept.and_then(|k| k.get(class));
             delta.undo(class, old.as_ref(), &new);
         }
