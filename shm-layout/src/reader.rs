@@ -515,7 +515,7 @@ pub fn snapshot(seg: &Segment, opts: &ReadOptions) -> Result<SegmentSnapshot, Se
 /// the segment only if their sequence moved (the record's row sequence
 /// array, 8 bytes per row, tells which, without touching the rows); the
 /// others, and the sums by class, are kept between snapshots
-/// ([`crate::rowcache`], about 45 bytes per kept row). Each snapshot
+/// ([`crate::rowcache`], about 40 bytes per kept row). Each snapshot
 /// equals what [`snapshot`] with [`ReadOptions::summaries`] would give at
 /// the same instant: the same exit reconciliation (fold log), the same
 /// exactness.

@@ -85,13 +85,20 @@ fn from_words(w: &[u64; WORDS]) -> Summary {
     }
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+/// Writes `v` as a LEB128 varint at `buf[at..]`; returns the end.
+#[inline(always)]
+fn put_varint(buf: &mut [u8; MAX_ENCODED], mut at: usize, mut v: u64) -> usize {
     while v >= 0x80 {
-        out.push(v as u8 | 0x80);
+        buf[at] = v as u8 | 0x80;
         v >>= 7;
+        at += 1;
     }
-    out.push(v as u8);
+    buf[at] = v as u8;
+    at + 1
 }
+
+/// The longest compact row: the mask and every word, 10 bytes each.
+const MAX_ENCODED: usize = 10 * (WORDS + 1);
 
 /// The varint at the start of `b`, and the rest. Only ever given bytes
 /// [`put_varint`] wrote.
@@ -106,17 +113,22 @@ fn take_varint(b: &[u8]) -> (u64, &[u8]) {
     (v, &[])
 }
 
-/// Appends the compact form of `s` to `out`.
+/// Appends the compact form of `s` to `out` (built on the stack, then
+/// one copy).
 fn encode(s: &Summary, out: &mut Vec<u8>) {
     let w = words(s);
-    let mask = w
-        .iter()
-        .enumerate()
-        .fold(0u64, |m, (i, &x)| if x != 0 { m | 1 << i } else { m });
-    put_varint(out, mask);
-    for &x in w.iter().filter(|&&x| x != 0) {
-        put_varint(out, x);
+    let mut mask = 0u64;
+    for (i, &x) in w.iter().enumerate() {
+        mask |= u64::from(x != 0) << i;
     }
+    let mut buf = [0u8; MAX_ENCODED];
+    let mut at = put_varint(&mut buf, 0, mask);
+    let mut m = mask;
+    while m != 0 {
+        at = put_varint(&mut buf, at, w[m.trailing_zeros() as usize]);
+        m &= m - 1;
+    }
+    out.extend_from_slice(&buf[..at]);
 }
 
 /// The summary whose compact form starts `b`.
@@ -351,7 +363,10 @@ impl Delta {
     pub fn row(&mut self, class: u32, old: Option<&Summary>, new: &Summary) {
         let i = self.slot(class);
         let d = &mut self.sums[i];
-        d.replace_part(old.unwrap_or(&ZERO), new);
+        match old {
+            Some(old) => d.replace_part(old, new),
+            None => d.add_part(new),
+        }
         d.min_ps = d.min_ps.min(new.min_ps);
         d.max_ps = d.max_ps.max(new.max_ps);
         match old {

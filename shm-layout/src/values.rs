@@ -140,7 +140,15 @@ impl Summary {
     /// ```
     pub fn replace_part(&mut self, old: &Summary, new: &Summary) {
         self.zip_additive(old, u64::wrapping_sub, u128::wrapping_sub);
-        self.zip_additive(new, u64::wrapping_add, u128::wrapping_add);
+        self.add_part(new);
+    }
+
+    /// Adds `part`'s additive fields into `self`, a sum of rows, wrapping
+    /// (a new row in the sum; [`Summary::replace_part`] with nothing
+    /// before). MIN and MAX are left alone.
+    #[inline]
+    pub fn add_part(&mut self, part: &Summary) {
+        self.zip_additive(part, u64::wrapping_add, u128::wrapping_add);
     }
 
     /// Field by field the larger of two totals of one class, and the
