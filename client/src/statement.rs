@@ -359,16 +359,7 @@ impl TaskStatement {
         },
         parent: 0,
         busy_at_start: None,
-        figures: StatementFigures {
-            errors: 0,
-            warnings: 0,
-            rows_affected: 0,
-            rows_sent: 0,
-            rows_examined: 0,
-            digest: 0,
-            cpu_time_ps: 0,
-            cancelled: 0,
-        },
+        figures: StatementFigures::ZERO,
         text: [0; STATEMENT_TEXT_BYTES],
         text_len: 0,
     };

@@ -391,25 +391,7 @@ impl Delta {
 }
 
 /// The additive zero (and "no MIN, no MAX").
-const ZERO: Summary = Summary {
-    count: 0,
-    timed_count: 0,
-    sum_ps: 0,
-    min_ps: u64::MAX,
-    max_ps: 0,
-    bytes: 0,
-    buckets: [0; HISTOGRAM_BUCKETS],
-    statement: StatementFigures {
-        errors: 0,
-        warnings: 0,
-        rows_affected: 0,
-        rows_sent: 0,
-        rows_examined: 0,
-        digest: 0,
-        cpu_time_ps: 0,
-        cancelled: 0,
-    },
-};
+const ZERO: Summary = Summary::ZERO;
 
 /// A record as one walk found it: its lifetime, the reader's data, and
 /// the rows it read because they were new or had changed.

@@ -56,18 +56,38 @@ pub struct Summary {
     pub statement: StatementFigures,
 }
 
+impl StatementFigures {
+    /// All zero (the `Default`, usable in `const` items).
+    pub const ZERO: Self = Self {
+        errors: 0,
+        warnings: 0,
+        rows_affected: 0,
+        rows_sent: 0,
+        rows_examined: 0,
+        digest: 0,
+        cpu_time_ps: 0,
+        cancelled: 0,
+    };
+}
+
+impl Summary {
+    /// No event: the additive zero, with no MIN (`u64::MAX`) and no MAX
+    /// (the `Default`, usable in `const` items).
+    pub const ZERO: Self = Self {
+        count: 0,
+        timed_count: 0,
+        sum_ps: 0,
+        min_ps: u64::MAX,
+        max_ps: 0,
+        bytes: 0,
+        buckets: [0; HISTOGRAM_BUCKETS],
+        statement: StatementFigures::ZERO,
+    };
+}
+
 impl Default for Summary {
     fn default() -> Self {
-        Self {
-            count: 0,
-            timed_count: 0,
-            sum_ps: 0,
-            min_ps: u64::MAX,
-            max_ps: 0,
-            bytes: 0,
-            buckets: [0; HISTOGRAM_BUCKETS],
-            statement: StatementFigures::default(),
-        }
+        Self::ZERO
     }
 }
 

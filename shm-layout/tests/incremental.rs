@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 mod common;
 
-use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED};
+use pfs_shm_layout::layout::FLAG_ENABLED;
 use pfs_shm_layout::reader::{IncrementalReader, ReadOptions, SegmentSnapshot, Summary, snapshot};
 use pfs_shm_layout::{ClassKind, Segment, SegmentConfig};
 
@@ -72,16 +72,7 @@ fn equals_a_full_read_after_every_kind_of_change() {
         ..SegmentConfig::default()
     };
     let (file, w) = common::create(&cfg);
-    let waits: Vec<u32> = (0..40)
-        .map(|i| {
-            w.register_class(
-                &format!("wait/synch/mutex/t/m{i}"),
-                ClassKind::Mutex,
-                FLAG_ENABLED | FLAG_TIMED,
-            )
-            .unwrap()
-        })
-        .collect();
+    let waits = common::timed_classes(&w, "wait/synch/mutex/t/m", ClassKind::Mutex, 40);
     let mem = w
         .register_class("memory/t/buf", ClassKind::Memory, FLAG_ENABLED)
         .unwrap() as usize;
@@ -159,16 +150,7 @@ fn reads_only_the_rows_that_changed() {
         ..SegmentConfig::default()
     };
     let (file, w) = common::create(&cfg);
-    let classes: Vec<u32> = (0..50)
-        .map(|i| {
-            w.register_class(
-                &format!("wait/io/file/t/f{i}"),
-                ClassKind::File,
-                FLAG_ENABLED | FLAG_TIMED,
-            )
-            .unwrap()
-        })
-        .collect();
+    let classes = common::timed_classes(&w, "wait/io/file/t/f", ClassKind::File, 50);
     let slots: Vec<_> = (0..20)
         .map(|t| w.alloc_thread(t + 1, t + 1, "w").unwrap())
         .collect();
@@ -213,16 +195,7 @@ fn totals_never_go_down_while_writers_run_and_exit() {
     };
     let (file, w) = common::create(&cfg);
     let w = Arc::new(w);
-    let classes: Vec<u32> = (0..8)
-        .map(|i| {
-            w.register_class(
-                &format!("wait/synch/mutex/t/c{i}"),
-                ClassKind::Mutex,
-                FLAG_ENABLED | FLAG_TIMED,
-            )
-            .unwrap()
-        })
-        .collect();
+    let classes = common::timed_classes(&w, "wait/synch/mutex/t/c", ClassKind::Mutex, 8);
     let stop = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = (0..2u64)
         .map(|n| {

@@ -211,16 +211,7 @@ fn summed_rows_equal_per_thread_rows() {
         ..SegmentConfig::default()
     };
     let (f, w) = common::create(&cfg);
-    let classes: Vec<u32> = (0..5)
-        .map(|i| {
-            w.register_class(
-                &format!("wait/synch/mutex/t/m{i}"),
-                ClassKind::Mutex,
-                FLAG_ENABLED | FLAG_TIMED,
-            )
-            .unwrap()
-        })
-        .collect();
+    let classes = common::timed_classes(&w, "wait/synch/mutex/t/m", ClassKind::Mutex, 5);
     let mut slots = Vec::new();
     for t in 0..10u64 {
         let slot = w.alloc_thread(t + 1, t + 1, "w").unwrap();

@@ -7,8 +7,11 @@
 use std::fs::File;
 
 use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, EventType, NONE_U32};
+use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED};
 use pfs_shm_layout::writer::EventData;
-use pfs_shm_layout::{RecordRef, Segment, SegmentConfig, SegmentWriter, TimerCalibration};
+use pfs_shm_layout::{
+    ClassKind, RecordRef, Segment, SegmentConfig, SegmentWriter, TimerCalibration,
+};
 
 /// A small segment: history rings of 4, 8 classes, 16 strings,
 /// `history_long` rings of 8, and the container's shape as given.
@@ -60,4 +63,15 @@ pub fn wait_event(class: u32, id: u64, wait_ps: u64) -> EventData {
 pub fn record_wait(rec: RecordRef<'_>, e: &EventData) {
     rec.end_event(0, e, None, true, true);
     rec.summarize(e.class as usize, true, e.timer_wait, 0, None);
+}
+
+/// Registers `n` enabled, timed classes of kind `kind` named
+/// `{prefix}0`, `{prefix}1`, ...; their indexes.
+pub fn timed_classes(w: &SegmentWriter, prefix: &str, kind: ClassKind, n: u32) -> Vec<u32> {
+    (0..n)
+        .map(|i| {
+            w.register_class(&format!("{prefix}{i}"), kind, FLAG_ENABLED | FLAG_TIMED)
+                .unwrap()
+        })
+        .collect()
 }
