@@ -7,10 +7,10 @@
 //! its value, compact: most of a row's 46 words are zero (a wait class
 //! has no statement figures, and a row's events fill a few histogram
 //! buckets), so a row is stored as a 64-bit presence mask and its nonzero
-//! words, all LEB128 varints: about 30 bytes for a wait row, instead of
+//! words, all LEB128 varints: about 20 bytes for a wait row, instead of
 //! the 368 of a [`Summary`]. A record's rows live in one byte buffer; a
 //! changed row is appended and its old bytes become garbage, reclaimed
-//! when garbage exceeds the live bytes.
+//! when the buffer is full (it grows by an eighth at a time).
 //!
 //! The sums by class are kept up to date with each change (old value out,
 //! new value in: [`Summary::replace_part`]), so that a snapshot costs what
@@ -178,16 +178,6 @@ impl Rows {
         });
     }
 
-    /// Rows held.
-    pub fn len(&self) -> usize {
-        self.refs.len()
-    }
-
-    /// No row held.
-    pub fn is_empty(&self) -> bool {
-        self.refs.is_empty()
-    }
-
     fn bytes(&self, r: &RowRef) -> &[u8] {
         &self.data[r.off as usize..r.off as usize + usize::from(r.len)]
     }
@@ -217,11 +207,6 @@ pub struct KeptRecord<T> {
 }
 
 impl<T> KeptRecord<T> {
-    /// The lock-word version of the lifetime the rows belong to.
-    pub fn version(&self) -> u64 {
-        self.version
-    }
-
     /// A cursor over the kept rows' sequences, for a walk in class order.
     pub fn cursor(&self) -> SeqCursor<'_> {
         SeqCursor {
