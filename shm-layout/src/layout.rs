@@ -517,11 +517,14 @@ pub struct StatementRecord {
 pub enum TimerId {
     /// The CPU cycle counter (TSC); ticks convert with the header's calibration.
     Cycle = 0,
-    /// `CLOCK_MONOTONIC`, nanoseconds.
+    /// Nanoseconds on the `CLOCK_MONOTONIC` scale (`timer_base_ns` at
+    /// creation). A writer may derive them from an invariant TSC and the
+    /// header's calibration instead of reading the clock (the Rust client
+    /// does); readers cannot tell the difference.
     Nanosecond = 1,
-    /// `CLOCK_MONOTONIC` truncated to microseconds (ticks still in ns).
+    /// [`TimerId::Nanosecond`] truncated to microseconds (ticks still in ns).
     Microsecond = 2,
-    /// `CLOCK_MONOTONIC` truncated to milliseconds (ticks still in ns).
+    /// [`TimerId::Nanosecond`] truncated to milliseconds (ticks still in ns).
     Millisecond = 3,
     /// `CLOCK_MONOTONIC_COARSE`: the kernel tick (ticks in ns).
     Tick = 4,
