@@ -503,7 +503,13 @@
 //!   still has that value (it grows by 2 per write, and a new lifetime of
 //!   the record is a new version). The global section has one `seq`, in
 //!   its header, over the whole section: every write to its rows, its
-//!   `fold_count` and its fold log happens inside it.
+//!   `fold_count` and its fold log happens inside it. The copy between
+//!   the two loads may also be taken with `pread(2)` of the segment file
+//!   at the row's offset instead of loads through a mapping: the kernel's
+//!   copy is as racy as loads and the same check validates it. The
+//!   incremental reader does so for the few changed rows of a record it
+//!   kept ([`segment::Segment::copy_summary_row`]), which spares it the
+//!   page faults (and fault-around) of mapping their pages.
 //! * **history_long slots**: many writers; a writer claims a slot by
 //!   compare-exchange only if it holds an older ticket, else counts the
 //!   event lost (see [`writer::SegmentWriter::append_long`]).
@@ -576,7 +582,8 @@
 //! comment:
 //!
 //! * [`segment`]: typed references into the mapping, at offsets checked
-//!   against the validated geometry, and `madvise` on it;
+//!   against the validated geometry, and `madvise` on it; the byte view
+//!   of a private row copy that `pread` fills;
 //! * [`sigbus`]: the `SIGBUS` handler (`sigaction`, `mmap`, `errno`);
 //! * [`tsc`]: the `RDTSC` intrinsic.
 //!

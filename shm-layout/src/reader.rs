@@ -35,8 +35,9 @@ use crate::error::SegmentError;
 use crate::kinds::{ClassKind, Operation};
 use crate::layout::*;
 use crate::lockword::{self, RecordState};
-use crate::rowcache::{Delta, KeptRecord, RowCache, Rows, Walked};
-use crate::segment::{Segment, TimerCalibration, touched_classes};
+use crate::rowcache::{Delta, KeptRecord, NOT_KEPT, RowCache, Rows, Walked};
+use crate::segment::{RowCopy, Segment, TimerCalibration, touched_classes};
+use crate::seqlock::SeqRead;
 use crate::setup::{Actor, read_actors};
 use crate::text::load_string;
 use crate::values::StatementFigures;
@@ -630,8 +631,21 @@ enum Sink<'a> {
         /// The record's `touched` bitmap as this walk read it.
         touched: &'a mut Touched,
         memory_seqs: &'a mut Vec<u64>,
+        /// [`Walked::kept_at`] of the rows in `read`.
+        kept_at: &'a mut Vec<u32>,
+        /// The walk's buffer for rows copied by `pread`.
+        copy: &'a mut RowCopy,
     },
 }
+
+/// How many changed rows of a kept record an incremental walk copies with
+/// `pread` (about 1 µs each here) before it reads the rest through the
+/// mapping. A row read through the mapping faults in its page and, by
+/// fault-around, up to 15 neighbours, which the walk then gives back: about
+/// 2 µs for one row, amortised over every row in those 64 KiB when many
+/// changed. Measured at 1 000 threads × 200 classes with 1 % of the rows
+/// changed: `take_incremental` 8.8 → 6.0 ms.
+const PREAD_ROWS: u32 = 8;
 
 /// Why one snapshot attempt must be retried.
 enum Retry {
@@ -705,6 +719,7 @@ fn try_snapshot<'c>(
     let mut sums = ClassSums::new(seg.classes().len());
     let mut walked: Vec<Walked<Box<Kept>>> = Vec::new();
     let mut delta = Delta::default();
+    let mut copy = RowCopy::new();
     if let RowMode::Changed(cache) = mode {
         walked.reserve(cache.len() + 16);
         threads.reserve(cache.len() + 16);
@@ -721,6 +736,7 @@ fn try_snapshot<'c>(
             let idx = page * g.records_per_page + slot;
             let mut read = Rows::default();
             let mut memory_seqs = Vec::new();
+            let mut kept_at = Vec::new();
             let mut touched = [0; MAX_CLASSES_LIMIT as usize / 64];
             let sink = match mode {
                 RowMode::PerThread => Sink::Keep,
@@ -731,6 +747,8 @@ fn try_snapshot<'c>(
                     delta: &mut delta,
                     touched: &mut touched,
                     memory_seqs: &mut memory_seqs,
+                    kept_at: &mut kept_at,
+                    copy: &mut copy,
                 },
             };
             match read_thread(seg, idx, &kinds, tgen, opts, sink, &mut st) {
@@ -763,6 +781,7 @@ fn try_snapshot<'c>(
                             version: t.version,
                             extra,
                             read,
+                            kept_at,
                         });
                     }
                     threads.push(t);
@@ -1120,6 +1139,7 @@ fn read_thread(
     let mut cursor = kept.map(|k| k.cursor());
     // Every row is loaded into this one buffer.
     let mut buf = Summary::default();
+    let mut preads = 0;
     // An incremental walk of a kept record whose touched rows are all kept
     // visits only its memory rows and the kept rows whose sequence moved
     // (one tight pass over the kept rows); any other walk visits every
@@ -1185,6 +1205,10 @@ fn read_thread(
             continue;
         }
         let keptseq = cursor.as_mut().and_then(|c| c.seq(class as u32));
+        let found = cursor
+            .as_ref()
+            .filter(|_| keptseq.is_some())
+            .map(|c| c.found());
         if keptseq.is_some() && keptseq == Some(seq.sequence()) {
             // Unchanged since kept: not even touched.
             st.rows_reused += 1;
@@ -1192,7 +1216,22 @@ fn read_thread(
         }
         let row = &rec.rows[class];
         let statements = kind == RowKind::Statements;
-        let r = seq.read_versioned(opts.attempts, || buf.load_into(row, statements));
+        let r = match (&mut sink, kept) {
+            // A few changed rows of a kept record: copied by `pread`, no
+            // page faulted in (see `PREAD_ROWS`).
+            (Sink::Changed { copy, .. }, Some(_)) if preads < PREAD_ROWS => {
+                preads += 1;
+                let r = seq.read_versioned(opts.attempts, || {
+                    seg.copy_summary_row(idx, class, copy)
+                        .then(|| buf.load_into(copy.row(), statements))
+                });
+                SeqRead {
+                    value: r.value.and_then(|(s, ok)| ok.map(|()| (s, ()))),
+                    retries: r.retries,
+                }
+            }
+            _ => seq.read_versioned(opts.attempts, || buf.load_into(row, statements)),
+        };
         st.retries += u64::from(r.retries);
         st.rows_read += u64::from(r.value.is_some());
         let s = &buf;
@@ -1202,10 +1241,19 @@ fn read_thread(
                 summed = true;
             }
             (Some(_), Sink::Keep) => t.rows.push((class as u32, *s)),
-            (Some((v, ())), Sink::Changed { read, delta, .. }) => {
-                let old = keptseq.and_then(|_| kept.and_then(|k| k.get(class as u32)));
+            (
+                Some((v, ())),
+                Sink::Changed {
+                    read,
+                    delta,
+                    kept_at,
+                    ..
+                },
+            ) => {
+                let old = found.and_then(|at| kept?.get_hinted(class as u32, Some(at)));
                 delta.row(class as u32, old.as_ref(), s);
                 read.push(class as u32, v, s);
+                kept_at.push(found.unwrap_or(NOT_KEPT));
             }
             (None, _) => {
                 st.skipped_rows += 1;

@@ -221,6 +221,22 @@ impl<T> KeptRecord<T> {
             .binary_search_by_key(&class, |r| u32::from(r.class))
     }
 
+    /// [`KeptRecord::find`], trying `hint` first.
+    fn find_hinted(&self, class: u32, hint: Option<usize>) -> Result<usize, usize> {
+        match hint {
+            Some(i)
+                if self
+                    .rows
+                    .refs
+                    .get(i)
+                    .is_some_and(|r| u32::from(r.class) == class) =>
+            {
+                Ok(i)
+            }
+            _ => self.find(class),
+        }
+    }
+
     /// Pushes onto `out` the class of every kept row whose sequence now
     /// (`seq_of(class)`) differs from the kept one; returns how many rows
     /// did not change. One pass over the kept rows, in class order.
@@ -239,7 +255,13 @@ impl<T> KeptRecord<T> {
 
     /// The kept value of row `class`.
     pub fn get(&self, class: u32) -> Option<Summary> {
-        self.find(class)
+        self.get_hinted(class, None)
+    }
+
+    /// [`KeptRecord::get`], looking at position `hint` first (from
+    /// [`SeqCursor::found`]).
+    pub fn get_hinted(&self, class: u32, hint: Option<u32>) -> Option<Summary> {
+        self.find_hinted(class, hint.map(|h| h as usize))
             .ok()
             .map(|i| self.rows.value(&self.rows.refs[i]))
     }
@@ -248,7 +270,9 @@ impl<T> KeptRecord<T> {
     /// row's old bytes become garbage, reclaimed when the buffer is full;
     /// the buffer grows by an eighth at a time, so it stays within about
     /// 1.125 × the live rows plus one round of changes.
-    fn put(&mut self, class: u32, seq: u64, bytes: &[u8]) {
+    /// `hint`: where row `class` probably is. Returns true if the row was
+    /// not kept before (inserted).
+    fn put(&mut self, class: u32, seq: u64, bytes: &[u8], hint: Option<usize>) -> bool {
         let data = &mut self.rows.data;
         if data.len() + bytes.len() > data.capacity() {
             if self.garbage > 0 {
@@ -265,12 +289,16 @@ impl<T> KeptRecord<T> {
             seq,
         };
         self.rows.data.extend_from_slice(bytes);
-        match self.find(class) {
+        match self.find_hinted(class, hint) {
             Ok(i) => {
                 self.garbage += usize::from(self.rows.refs[i].len);
                 self.rows.refs[i] = new;
+                false
             }
-            Err(i) => self.rows.refs.insert(i, new),
+            Err(i) => {
+                self.rows.refs.insert(i, new);
+                true
+            }
         }
     }
 
@@ -316,6 +344,12 @@ impl SeqCursor<'_> {
             self.at += 1;
         }
         None
+    }
+
+    /// Where, among the kept rows, the row the last [`SeqCursor::seq`]
+    /// call found is (meaningful only after a `Some`).
+    pub fn found(&self) -> u32 {
+        self.at as u32
     }
 }
 
@@ -392,7 +426,15 @@ pub struct Walked<T> {
     /// Rows read (new or changed), each with the even sequence the copy
     /// was taken at.
     pub read: Rows,
+    /// For each row of `read`, in order: where its class was among the
+    /// kept rows when the walk read it ([`SeqCursor::found`]), or
+    /// [`NOT_KEPT`]. Only a hint, checked before use: it spares the commit
+    /// a binary search (a cache miss per step in a cold record).
+    pub kept_at: Vec<u32>,
 }
+
+/// [`Walked::kept_at`] of a row that was not kept.
+pub const NOT_KEPT: u32 = u32::MAX;
 
 /// The sum of one class's kept rows.
 #[derive(Debug, Clone, Copy, Default)]
@@ -452,12 +494,18 @@ impl<T> RowCache<T> {
 
     /// The sum of the kept rows of each class that has any, by class.
     pub fn totals(&self) -> Vec<(u32, Summary)> {
-        self.totals
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.rows > 0)
-            .map(|(c, t)| (c as u32, t.sum))
-            .collect()
+        // Sized first: a filtered collect would grow by reallocation,
+        // copying the (large) sums each time.
+        let n = self.totals.iter().filter(|t| t.rows > 0).count();
+        let mut out = Vec::with_capacity(n);
+        out.extend(
+            self.totals
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.rows > 0)
+                .map(|(c, t)| (c as u32, t.sum)),
+        );
+        out
     }
 
     fn total(&mut self, class: usize) -> &mut Total {
@@ -536,8 +584,15 @@ impl<T> RowCache<T> {
                     if let Some(extra) = extra {
                         k.extra = extra;
                     }
-                    for r in &w.read.refs {
-                        k.put(u32::from(r.class), r.seq, w.read.bytes(r));
+                    // Rows are read in class order: each insertion moves the
+                    // kept rows after it one place up.
+                    let mut inserted = 0;
+                    for (j, r) in w.read.refs.iter().enumerate() {
+                        let hint = w.kept_at.get(j).filter(|&&h| h != NOT_KEPT);
+                        let hint = hint.map(|&h| h as usize + inserted);
+                        if k.put(u32::from(r.class), r.seq, w.read.bytes(r), hint) {
+                            inserted += 1;
+                        }
                     }
                 }
                 (Entry::Vacant(v), Some(extra)) => {

@@ -289,6 +289,52 @@ impl Geometry {
     }
 }
 
+/// A private copy of one [`SummaryRow`], filled by
+/// [`Segment::copy_summary_row`] and read like the row itself
+/// ([`RowCopy::row`]). Allocated once and reused.
+pub struct RowCopy(Box<SummaryRow>);
+
+impl RowCopy {
+    /// A zeroed row.
+    pub fn new() -> Self {
+        // SAFETY: `SummaryRow` is `repr(C)` and made only of `AtomicU64`s
+        // (asserted where it is defined: no padding), for which all-zero
+        // bytes are a valid value.
+        Self(unsafe { Box::new(std::mem::zeroed()) })
+    }
+
+    /// The copied row.
+    pub fn row(&self) -> &SummaryRow {
+        &self.0
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        let row: &mut SummaryRow = &mut self.0;
+        // SAFETY: the slice covers exactly the row, which this exclusive
+        // borrow owns for the slice's lifetime; every byte pattern is a
+        // valid `SummaryRow` (atomics of integers, no padding), so any
+        // bytes written through the slice leave a valid value.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                (row as *mut SummaryRow).cast::<u8>(),
+                size_of::<SummaryRow>(),
+            )
+        }
+    }
+}
+
+impl Default for RowCopy {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for RowCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RowCopy").finish_non_exhaustive()
+    }
+}
+
 /// A mapped segment, validated. Both sides use it: the creator through
 /// [`Segment::create`], readers through [`Segment::open`].
 #[derive(Debug)]
@@ -960,6 +1006,29 @@ impl Segment {
                 self.geom.page_size - heads,
             )
         };
+    }
+
+    /// Copies summary row `class` of thread record `idx` into `out` with
+    /// one `pread(2)` of the segment file, without touching the mapping:
+    /// no page fault, no page mapped (fault-around would map 16 pages for
+    /// one row, and giving them back costs as much again), nothing added
+    /// to this process's RSS. For a reader that reads a few scattered rows
+    /// of each record. The copy is as racy as a load through the mapping
+    /// and is validated the same way: take it between the two loads of
+    /// the row's sequence ([`crate::seqlock::SeqLock::read_versioned`]).
+    /// Returns false if the file is shorter than the row's end (a
+    /// truncated segment) or the read fails; `out` then holds no row.
+    /// Panics if `idx >= max_records()` or `class >= max_classes`.
+    pub fn copy_summary_row(&self, idx: u32, class: usize, out: &mut RowCopy) -> bool {
+        use std::os::unix::fs::FileExt;
+        assert!(idx < self.geom.max_records(), "record index out of range");
+        assert!(class < self.geom.max_classes as usize, "class out of range");
+        let off = self.geom.record_body_off(idx)
+            + rows_offset(self.geom.history_len)
+            + class * size_of::<SummaryRow>();
+        let bytes = out.bytes_mut();
+        let len = bytes.len();
+        matches!(self.file.read_at(bytes, off as u64), Ok(n) if n == len)
     }
 
     /// Thread record `idx`. Panics if `idx >= max_records()`.
