@@ -706,7 +706,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let v = x >> (x % 65).min(63);
-            if x % 3 == 0 { 0 } else { v }
+            if x.is_multiple_of(3) { 0 } else { v }
         };
         let mut rows = Rows::default();
         let mut want = Vec::new();
