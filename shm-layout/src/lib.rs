@@ -508,7 +508,7 @@
 //!   at the row's offset instead of loads through a mapping: the kernel's
 //!   copy is as racy as loads and the same check validates it. The
 //!   incremental reader does so for the few changed rows of a record it
-//!   kept ([`segment::Segment::copy_summary_row`]), which spares it the
+//!   kept ([`segment::Segment::copy_row`]), which spares it the
 //!   page faults (and fault-around) of mapping their pages.
 //! * **history_long slots**: many writers; a writer claims a slot by
 //!   compare-exchange only if it holds an older ticket, else counts the

@@ -1187,7 +1187,21 @@ fn read_thread(
                 }
                 None => {
                     let row = &mem_rows[class];
-                    let r = seq.read_versioned(opts.attempts, || MemoryStats::load(row, tgen));
+                    let r = match (&mut sink, kept) {
+                        // As for summary rows below: a few by `pread`.
+                        (Sink::Changed { copy, .. }, Some(_)) if preads < PREAD_ROWS => {
+                            preads += 1;
+                            let r = seq.read_versioned(opts.attempts, || {
+                                seg.copy_row(idx, class, copy)
+                                    .then(|| MemoryStats::load(copy.memory(), tgen))
+                            });
+                            SeqRead {
+                                value: r.value.and_then(|(s, m)| Some((s, m?))),
+                                retries: r.retries,
+                            }
+                        }
+                        _ => seq.read_versioned(opts.attempts, || MemoryStats::load(row, tgen)),
+                    };
                     st.retries += u64::from(r.retries);
                     st.rows_read += u64::from(r.value.is_some());
                     r.value.map(|(s, m)| (s, (class as u32, m)))
@@ -1225,8 +1239,8 @@ fn read_thread(
             (Sink::Changed { copy, .. }, Some(_)) if preads < PREAD_ROWS => {
                 preads += 1;
                 let r = seq.read_versioned(opts.attempts, || {
-                    seg.copy_summary_row(idx, class, copy)
-                        .then(|| buf.load_into(copy.row(), statements))
+                    seg.copy_row(idx, class, copy)
+                        .then(|| buf.load_into(copy.summary(), statements))
                 });
                 SeqRead {
                     value: r.value.and_then(|(s, ok)| ok.map(|()| (s, ()))),

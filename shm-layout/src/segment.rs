@@ -289,9 +289,9 @@ impl Geometry {
     }
 }
 
-/// A private copy of one [`SummaryRow`], filled by
-/// [`Segment::copy_summary_row`] and read like the row itself
-/// ([`RowCopy::row`]). Allocated once and reused.
+/// A private copy of one row slot, filled by [`Segment::copy_row`] and
+/// read like the row itself ([`RowCopy::summary`], [`RowCopy::memory`]).
+/// Allocated once and reused.
 pub struct RowCopy(Box<SummaryRow>);
 
 impl RowCopy {
@@ -303,9 +303,18 @@ impl RowCopy {
         Self(unsafe { Box::new(std::mem::zeroed()) })
     }
 
-    /// The copied row.
-    pub fn row(&self) -> &SummaryRow {
+    /// The copied row, as a summary row.
+    pub fn summary(&self) -> &SummaryRow {
         &self.0
+    }
+
+    /// The copied row, as a memory row.
+    pub fn memory(&self) -> &MemoryRow {
+        let row: &SummaryRow = &self.0;
+        // SAFETY: `MemoryRow` has the size and alignment of `SummaryRow`
+        // (asserted in `layout`); both are `repr(C)` aggregates of atomics,
+        // valid for any bit pattern; the borrow is that of `self`.
+        unsafe { &*(row as *const SummaryRow).cast::<MemoryRow>() }
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
@@ -1008,7 +1017,8 @@ impl Segment {
         };
     }
 
-    /// Copies summary row `class` of thread record `idx` into `out` with
+    /// Copies row `class` of thread record `idx` (a [`SummaryRow`], or a
+    /// [`MemoryRow`] for a memory class: they share the slot) into `out` with
     /// one `pread(2)` of the segment file, without touching the mapping:
     /// no page fault, no page mapped (fault-around would map 16 pages for
     /// one row, and giving them back costs as much again), nothing added
@@ -1019,7 +1029,7 @@ impl Segment {
     /// Returns false if the file is shorter than the row's end (a
     /// truncated segment) or the read fails; `out` then holds no row.
     /// Panics if `idx >= max_records()` or `class >= max_classes`.
-    pub fn copy_summary_row(&self, idx: u32, class: usize, out: &mut RowCopy) -> bool {
+    pub fn copy_row(&self, idx: u32, class: usize, out: &mut RowCopy) -> bool {
         use std::os::unix::fs::FileExt;
         assert!(idx < self.geom.max_records(), "record index out of range");
         assert!(class < self.geom.max_classes as usize, "class out of range");
