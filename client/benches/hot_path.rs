@@ -15,6 +15,12 @@
 //!     summary; no timer reads).
 //!   - `timed_wait`: an enabled, timed wait: two timer reads, current,
 //!     history ring, summary row and histogram bucket.
+//!   - `timed_wait_no_current`: the same with `events_waits_current` off
+//!     (the history slot is then written whole at the end: what an event
+//!     written once, straight into its history slot, would store), and
+//!     `timed_wait_summary_only`: with `events_waits_history` off too. What
+//!     the rows' stores cost inside a real wait (issue 18, see
+//!     docs/PERFORMANCE.md).
 //!   - `stage_change`: `LazyStageClass::enter` (ends the open stage, starts
 //!     the next; stages use the NANOSECOND timer by default).
 //!   - `statement`: a statement begin and end (NANOSECOND timer).
@@ -64,19 +70,25 @@ fn init() -> tempfile::TempDir {
     // Register every class before changing its flags.
     let _ = (DISABLED.get(), UNTIMED.get(), TIMED.get(), STAGE.get());
     let _ = STATEMENT.get();
-    let path = pfs_client::segment_path().expect("segment path");
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .open(path)
-        .expect("open segment");
-    let seg = pfs_shm_layout::Segment::open(file, true).expect("map segment");
+    let seg = segment();
     use pfs_shm_layout::setup::set_instruments;
     assert_eq!(set_instruments(&seg, DISABLED.name(), Some(false), None), 1);
     assert_eq!(set_instruments(&seg, UNTIMED.name(), None, Some(false)), 1);
     assert!(!DISABLED.get().is_enabled());
     assert!(TIMED.get().is_enabled() && UNTIMED.get().is_enabled());
     dir
+}
+
+/// The client's segment, mapped writable as the agent maps it to change
+/// the setup.
+fn segment() -> pfs_shm_layout::Segment {
+    let path = pfs_client::segment_path().expect("segment path");
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .open(path)
+        .expect("open segment");
+    pfs_shm_layout::Segment::open(file, true).expect("map segment")
 }
 
 #[inline(always)]
@@ -304,6 +316,16 @@ fn one_thread(c: &mut Criterion) {
         b.iter(|| drop(black_box(&UNTIMED).get().start(Operation::Lock, 0)))
     });
     g.bench_function("timed_wait", |b| b.iter(timed_wait));
+    {
+        let seg = segment();
+        use pfs_shm_layout::setup::set_consumers;
+        assert_eq!(set_consumers(&seg, "events_waits_current", false), 1);
+        g.bench_function("timed_wait_no_current", |b| b.iter(timed_wait));
+        assert_eq!(set_consumers(&seg, "events_waits_history", false), 1);
+        g.bench_function("timed_wait_summary_only", |b| b.iter(timed_wait));
+        set_consumers(&seg, "events_waits_current", true);
+        set_consumers(&seg, "events_waits_history", true);
+    }
     g.bench_function("stage_change", |b| b.iter(|| black_box(&STAGE).enter()));
     pfs_client::end_stage();
     g.bench_function("statement", |b| {
