@@ -59,9 +59,15 @@ impl Classes {
 
     /// The class of statement name `name` (a full `statement/...` name):
     /// registered if new and within the bound, else `other()` (the rule's
-    /// overflow class), counting a lost class.
+    /// overflow class), counting a lost class; and whether the name now
+    /// always gives this class (false for a name folded past
+    /// [`FOLDED_NAMES`]: each sight counts).
     #[inline]
-    pub(crate) fn get(&self, name: &str, other: impl FnOnce() -> StatementClass) -> StatementClass {
+    pub(crate) fn get(
+        &self,
+        name: &str,
+        other: impl FnOnce() -> StatementClass,
+    ) -> (StatementClass, bool) {
         let recent = RECENT_NAMES.try_with(|r| {
             let r = r.try_borrow().ok()?;
             r.0.iter()
@@ -69,7 +75,7 @@ impl Classes {
                 .map(|(_, _, c)| *c)
         });
         if let Ok(Some(c)) = recent {
-            return c;
+            return (c, true);
         }
         let found = self
             .map
@@ -96,7 +102,7 @@ impl Classes {
                 }
             });
         }
-        class
+        (class, remembered)
     }
 
     /// Adds `name`; returns its class and whether the name is now in the

@@ -47,6 +47,9 @@ pub struct PfsLayer {
 struct Fallback {
     other: OnceLock<StatementClass>,
     unknown: OnceLock<StatementClass>,
+    /// The rule's digest template is its class template (as the HTTP
+    /// rule's): a class name rendered is the digest text too.
+    digest_is_class: bool,
 }
 
 /// Builds a [`PfsLayer`] from rules.
@@ -128,7 +131,10 @@ impl PfsLayerBuilder {
             .rules
             .statements
             .iter()
-            .map(|_| Fallback::default())
+            .map(|r| Fallback {
+                digest_is_class: r.digest.is_some() && r.digest == r.class,
+                ..Fallback::default()
+            })
             .collect();
         PfsLayer {
             id: NEXT_LAYER.fetch_add(1, Relaxed),
@@ -173,6 +179,73 @@ fn with_buf<R>(f: impl FnOnce(&mut String) -> R) -> R {
     }
 }
 
+/// A class this thread found for a name rendered from a rule's class
+/// template: the name decides the class for good (a remembered name), so
+/// a statement whose values render the same name takes it without
+/// rendering it or looking it up.
+#[derive(Debug)]
+struct RecentClass {
+    layer: u64,
+    rule: usize,
+    /// The name after the rule's prefix.
+    name: String,
+    class: StatementClass,
+}
+
+/// Recent classes per thread.
+const RECENT_CLASSES: usize = 8;
+
+thread_local! {
+    /// Recent classes, replaced round-robin.
+    static RECENT: RefCell<(Vec<RecentClass>, usize)> = const { RefCell::new((Vec::new(), 0)) };
+}
+
+/// `f` of the recent class of `layer`'s rule `rule` whose name `renders`
+/// (tells whether the statement's values render the name, after the
+/// prefix), and of that name.
+#[inline]
+fn recent_class<R>(
+    layer: u64,
+    rule: usize,
+    renders: impl Fn(&str) -> bool,
+    f: impl FnOnce(StatementClass, &str) -> R,
+) -> Option<R> {
+    RECENT
+        .try_with(|r| {
+            let r = r.try_borrow().ok()?;
+            let c =
+                r.0.iter()
+                    .find(|c| c.layer == layer && c.rule == rule && renders(&c.name))?;
+            Some(f(c.class, &c.name))
+        })
+        .ok()
+        .flatten()
+}
+
+/// Remembers `class` for `name` (after the prefix) of `layer`'s rule `rule`.
+fn remember_class(layer: u64, rule: usize, name: &str, class: StatementClass) {
+    let _ = RECENT.try_with(|r| {
+        let Ok(mut r) = r.try_borrow_mut() else {
+            return;
+        };
+        let (recent, next) = &mut *r;
+        if recent.len() < RECENT_CLASSES {
+            recent.push(RecentClass {
+                layer,
+                rule,
+                name: name.to_string(),
+                class,
+            });
+            return;
+        }
+        let c = &mut recent[*next];
+        *next = (*next + 1) % RECENT_CLASSES;
+        (c.layer, c.rule, c.class) = (layer, rule, class);
+        c.name.clear();
+        c.name.push_str(name);
+    });
+}
+
 /// Whether the client records (initialised).
 #[inline]
 fn recording() -> bool {
@@ -198,7 +271,7 @@ impl PfsLayer {
             Some(Tagged {
                 layer,
                 span: PfsSpan::Statement(s),
-            }) if *layer == self.id => Some(s),
+            }) if *layer == self.id => Some(&mut **s),
             _ => None,
         }
     }
@@ -261,8 +334,19 @@ impl PfsLayer {
         }
     }
 
-    /// The class of a statement starting now.
-    fn statement_class(&self, site: &StatementSite, s: &StatementSpan) -> StatementClass {
+    /// Starts the statement of a span, in its class chosen now.
+    fn start_statement(&self, site: &StatementSite, s: &mut StatementSpan) {
+        let class = self.statement_class(site, s);
+        let stmt = s.stmt.insert(class.start_task());
+        if s.digest_set {
+            stmt.set_digest_text(&s.digest);
+        }
+    }
+
+    /// The class of a statement starting now. If its rule's digest
+    /// template is its class template and the name is rendered, the name
+    /// (after the prefix) is also the digest text: kept in `s.digest`.
+    fn statement_class(&self, site: &StatementSite, s: &mut StatementSpan) -> StatementClass {
         if let Some(name) = &site.static_name {
             return *site.class.get_or_init(|| StatementClass::register(name));
         }
@@ -271,14 +355,42 @@ impl PfsLayer {
         let Some(template) = &rule.class else {
             unreachable!("a rule without class template has a static name")
         };
+        let StatementSpan {
+            values,
+            digest,
+            digest_set,
+            ..
+        } = s;
+        let mut named = |class: StatementClass, name: &str| {
+            if fallback.digest_is_class {
+                digest.clear();
+                digest.push_str(name);
+                *digest_set = true;
+            }
+            class
+        };
+        let value = |i| values.get(i);
+        if let Some(class) = recent_class(
+            self.id,
+            site.rule,
+            |name| template.renders_as(value, name),
+            &mut named,
+        ) {
+            return class;
+        }
         with_buf(|buf| {
             buf.push_str(&rule.prefix);
-            if template.render(|i| s.values.get(i), None, buf) {
-                self.classes.get(buf, || {
+            if template.render(value, None, buf) {
+                let (class, remembered) = self.classes.get(buf, || {
                     *fallback.other.get_or_init(|| {
                         StatementClass::register(&format!("{}{OTHER_CLASS}", rule.prefix))
                     })
-                })
+                });
+                let name = &buf[rule.prefix.len()..];
+                if remembered {
+                    remember_class(self.id, site.rule, name, class);
+                }
+                named(class, name)
             } else {
                 *fallback.unknown.get_or_init(|| {
                     StatementClass::register(&format!("{}{}", rule.prefix, rule.unknown))
@@ -290,15 +402,14 @@ impl PfsLayer {
     /// Enter of a statement span: swap its context in; the first time,
     /// start its statement in it.
     #[inline]
-    fn enter_statement(&self, id: u64, meta: &'static Metadata<'static>, s: &mut StatementSpan) {
+    fn enter_statement(&self, id: u64, site: &Role, s: &mut StatementSpan) {
         // Entered again on this thread: its context is in already.
         let swapped = stack::enter(self.id, id, || s.task.swap_in());
         if swapped
             && s.stmt.is_none()
-            && let Role::Statement(site) = &*self.site(meta)
+            && let Role::Statement(site) = site
         {
-            let class = self.statement_class(site, s);
-            s.stmt = Some(class.start_task());
+            self.start_statement(site, s);
         }
     }
 
@@ -328,7 +439,9 @@ impl PfsLayer {
                 t.render(|i| values.get(i), Some("?"), buf);
                 stmt.set_text(buf);
             }
-            if let Some(t) = &rule.digest {
+            if let Some(t) = &rule.digest
+                && !s.digest_set
+            {
                 buf.clear();
                 t.render(|i| values.get(i), Some("?"), buf);
                 stmt.set_digest_text(buf);
@@ -384,20 +497,28 @@ where
         match &*self.site(meta) {
             Role::Statement(site) => {
                 let Some(span) = ctx.span(id) else { return };
-                let mut ext = span.extensions_mut();
-                if ext.get_mut::<Tagged>().is_some() {
-                    return; // another PfsLayer's
-                }
-                ext.insert(Tagged {
-                    layer: self.id,
-                    span: PfsSpan::Statement(StatementSpan::new(site.rule)),
+                let mut s = StatementSpan::boxed(site.rule);
+                attrs.record(&mut SpanVisitor {
+                    uses: &site.fields,
+                    values: &mut s.values,
+                    figures: &mut s.figures,
                 });
-                if let Some(s) = self.statement_mut(&mut ext) {
-                    attrs.record(&mut SpanVisitor {
-                        uses: &site.fields,
-                        values: &mut s.values,
-                        figures: &mut s.figures,
-                    });
+                let mut ext = span.extensions_mut();
+                let ours = Tagged {
+                    layer: self.id,
+                    span: PfsSpan::Statement(s),
+                };
+                // One lookup when the span is new to every `PfsLayer`.
+                if let Some(theirs) = ext.replace(ours) {
+                    // Another PfsLayer's: put it back.
+                    if let Some(Tagged {
+                        span: PfsSpan::Statement(s),
+                        ..
+                    }) = ext.replace(theirs)
+                    {
+                        drop(ext);
+                        s.recycle();
+                    }
                 }
             }
             Role::Stage(site) => {
@@ -440,6 +561,7 @@ where
                 values: &mut s.values,
                 figures: &mut s.figures,
             });
+            s.digest_set = false; // its values may have changed
         }
     }
 
@@ -467,15 +589,16 @@ where
             return; // nothing was tagged (and never will be, before init)
         }
         let Some(span) = ctx.span(id) else { return };
-        if !self.may_be_tagged(span.metadata()) {
-            return;
+        let site = self.site(span.metadata());
+        if !matches!(&*site, Role::Statement(_) | Role::Stage(_)) {
+            return; // never tagged: spare the extensions' lock
         }
         let mut ext = span.extensions_mut();
         let Some(tagged) = ext.get_mut::<Tagged>().filter(|t| t.layer == self.id) else {
             return;
         };
         match &mut tagged.span {
-            PfsSpan::Statement(s) => self.enter_statement(id.into_u64(), span.metadata(), s),
+            PfsSpan::Statement(s) => self.enter_statement(id.into_u64(), &site, s),
             PfsSpan::Stage(st) => {
                 if st.entered {
                     return;
@@ -514,32 +637,30 @@ where
         if !self.may_be_tagged(span.metadata()) {
             return;
         }
+        let id = id.into_u64();
+        if stack::contains(self.id, id) {
+            // Only this layer's statement spans are on the stack.
+            self.unstack_closed(&ctx, id);
+        }
+        // Taken out (a few words: a statement is boxed), with one lookup.
         let mut ext = span.extensions_mut();
-        // Ended in place (a statement is large: not moved out); the
-        // registry drops the extension when it frees the span.
-        let stage = match ext.get_mut::<Tagged>() {
-            Some(t) if t.layer == self.id => match &mut t.span {
-                PfsSpan::Statement(s) => {
-                    if stack::contains(self.id, id.into_u64()) {
-                        drop(ext);
-                        self.unstack_closed(&ctx, id.into_u64());
-                        ext = span.extensions_mut();
-                        if let Some(s) = self.statement_mut(&mut ext) {
-                            self.close_statement(s);
-                        }
-                    } else {
-                        self.close_statement(s);
-                    }
-                    return;
-                }
-                PfsSpan::Stage(st) => (st.statement, st.entered),
-            },
-            _ => return,
+        let tagged = match ext.remove::<Tagged>() {
+            Some(t) if t.layer == self.id => t,
+            Some(theirs) => return ext.insert(theirs), // another PfsLayer's
+            None => return,
         };
         drop(ext);
-        drop(span);
-        if stage.1 {
-            self.close_stage(&ctx, id.into_u64(), stage.0);
+        match tagged.span {
+            PfsSpan::Statement(mut s) => {
+                self.close_statement(&mut s);
+                s.recycle(); // its box, for the next statement span
+            }
+            PfsSpan::Stage(st) => {
+                drop(span);
+                if st.entered {
+                    self.close_stage(&ctx, id, st.statement);
+                }
+            }
         }
     }
 }

@@ -1,8 +1,10 @@
 //! Layer 3. What the layer keeps in a span's extensions: a statement
 //! span's context, statement, field values and figures, or a stage span's
-//! class and statement; and the visitors that read span and event fields
-//! into them.
+//! class and statement (a statement span's state is boxed, and the boxes
+//! of closed spans are reused by the next ones on the same thread); and
+//! the visitors that read span and event fields into them.
 
+use std::cell::RefCell;
 use std::fmt::{self, Write as _};
 
 use pfs_client::task::TaskContext;
@@ -15,12 +17,13 @@ use crate::rules::{Figure, MAX_VALUE_FIELDS, StatementRule};
 /// The layer's data in a span's extensions: one type, so that a hook finds
 /// it, or learns the span is not the layer's, with one lookup.
 #[derive(Debug)]
-// The registry boxes every extension: boxing the statement too would cost
-// a second allocation per statement span, to save memory only while a
-// stage span is open.
-#[allow(clippy::large_enum_variant)]
 pub(crate) enum PfsSpan {
-    Statement(StatementSpan),
+    /// Boxed: the registry boxes the extension too, and a statement is
+    /// large (its statement keeps its `SQL_TEXT`). The box comes from, and
+    /// goes back to, a per-thread pool ([`StatementSpan::boxed`],
+    /// [`StatementSpan::recycle`]), so the registry moves a few words, not
+    /// the statement, and a statement span costs no allocation of ours.
+    Statement(Box<StatementSpan>),
     Stage(StageSpan),
 }
 
@@ -38,10 +41,27 @@ pub(crate) struct StatementSpan {
     /// The stage span whose stage was entered last in this statement (0:
     /// none, or it ended).
     pub(crate) open_stage: u64,
+    /// The digest text, when it is the class name (the rule's digest
+    /// template is its class template) rendered as the statement started.
+    pub(crate) digest: String,
+    /// The digest text was set when the statement started, from `digest`,
+    /// and no value was recorded since: the close does not render it again.
+    pub(crate) digest_set: bool,
+}
+
+/// The most boxes of closed statement spans a thread keeps for reuse.
+const SPARE_BOXES: usize = 16;
+
+thread_local! {
+    /// Boxes of statement spans closed on this thread, reset, for the
+    /// next statement spans created here (boxes, not values: each is
+    /// handed to a span as it is).
+    #[allow(clippy::vec_box)]
+    static SPARE: RefCell<Vec<Box<StatementSpan>>> = const { RefCell::new(Vec::new()) };
 }
 
 impl StatementSpan {
-    pub(crate) fn new(rule: usize) -> Self {
+    fn new(rule: usize) -> Self {
         Self {
             rule,
             task: TaskContext::new(),
@@ -49,7 +69,48 @@ impl StatementSpan {
             values: Values::default(),
             figures: Figures::default(),
             open_stage: 0,
+            digest: String::new(),
+            digest_set: false,
         }
+    }
+
+    /// A new statement span of rule `rule`, boxed: a spare box of this
+    /// thread's if there is one (reset when it was recycled), else a new one.
+    #[inline]
+    pub(crate) fn boxed(rule: usize) -> Box<Self> {
+        let spare = SPARE.try_with(|s| s.try_borrow_mut().ok()?.pop());
+        match spare {
+            Ok(Some(mut b)) => {
+                b.rule = rule;
+                b
+            }
+            _ => Box::new(Self::new(rule)),
+        }
+    }
+
+    /// Drops the state of a closed statement span (its statement, if any,
+    /// ends here as it would when dropped) and keeps the box, reset, for
+    /// [`StatementSpan::boxed`].
+    #[inline]
+    pub(crate) fn recycle(mut self: Box<Self>) {
+        self.stmt = None;
+        self.task = TaskContext::new();
+        self.values.clear();
+        self.figures = Figures::default();
+        self.open_stage = 0;
+        if self.digest.capacity() > VALUE_BYTES {
+            self.digest = String::new();
+        } else {
+            self.digest.clear();
+        }
+        self.digest_set = false;
+        let _ = SPARE.try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut()
+                && s.len() < SPARE_BOXES
+            {
+                s.push(self);
+            }
+        });
     }
 }
 
@@ -83,6 +144,16 @@ impl Default for Values {
 }
 
 impl Values {
+    /// No value, keeping the buffer (unless a long one).
+    fn clear(&mut self) {
+        if self.buf.capacity() > 8 * VALUE_BYTES {
+            self.buf = String::new();
+        } else {
+            self.buf.clear();
+        }
+        self.at = [(ABSENT, 0); MAX_VALUE_FIELDS];
+    }
+
     /// The value of `slot`, if recorded.
     #[inline]
     pub(crate) fn get(&self, slot: usize) -> Option<&str> {

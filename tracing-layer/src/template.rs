@@ -117,6 +117,30 @@ impl Template {
         }
         true
     }
+
+    /// Whether [`Template::render`] without `missing` would succeed and
+    /// append exactly `text`: a comparison, nothing written.
+    pub(crate) fn renders_as<'v>(
+        &self,
+        value: impl Fn(usize) -> Option<&'v str>,
+        text: &str,
+    ) -> bool {
+        let mut rest = text.as_bytes();
+        for part in &self.parts {
+            let piece = match part {
+                Part::Lit(s) => s.as_str(),
+                Part::Field(alts) => match alts.iter().find_map(|&i| value(i)) {
+                    Some(v) => v,
+                    None => return false,
+                },
+            };
+            match rest.strip_prefix(piece.as_bytes()) {
+                Some(r) => rest = r,
+                None => return false,
+            }
+        }
+        rest.is_empty()
+    }
 }
 
 /// The index of `name` in `names`, added if new.
@@ -165,6 +189,16 @@ mod tests {
             None,
         );
         assert_eq!(r.as_deref(), Some("GET /a {x}"));
+        let vals = [("method", "GET"), ("route", "/a")];
+        let value = |i: usize| vals.iter().find(|(n, _)| *n == names[i]).map(|(_, v)| *v);
+        assert!(t.renders_as(value, "GET /a {x}"));
+        for other in ["GET /a {x}!", "GET /a {x", "GET /b {x}", ""] {
+            assert!(!t.renders_as(value, other), "{other}");
+        }
+        assert!(
+            !t.renders_as(|_| None, " {x}"),
+            "a missing value never matches"
+        );
         assert_eq!(render(&t, &names, &[("method", "GET")], None), None);
         let r = render(&t, &names, &[("method", "GET")], Some("?"));
         assert_eq!(r.as_deref(), Some("GET ? {x}"));

@@ -18,6 +18,13 @@ use tracing_subscriber::prelude::*;
 
 static THREAD_STMT: LazyStatementClass = LazyStatementClass::new("statement/test/thread");
 
+/// The client's `DIGEST` of a digest text (64-bit FNV-1a).
+fn digest(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 fn layer() -> PfsLayer {
     PfsLayer::builder()
         .statement(
@@ -167,7 +174,7 @@ fn rules_and_the_span_model() {
         ),
         (5, 1, 2, 10, 4, 0)
     );
-    assert_ne!(f.digest, 0);
+    assert_eq!(f.digest, digest("resize"));
     assert_eq!(stages_of(resize), ["stage/jobs/step"]);
 
     // 2.
@@ -176,6 +183,11 @@ fn rules_and_the_span_model() {
     };
     assert_eq!(late.text, "later 1");
     assert_eq!(
+        late.figures.digest,
+        digest("later"),
+        "rendered at the close"
+    );
+    assert_eq!(
         late.figures.cancelled, 0,
         "a rule without status never cancels"
     );
@@ -183,6 +195,7 @@ fn rules_and_the_span_model() {
         panic!("no kind: unknown")
     };
     assert_eq!(unknown.text, "? 2");
+    assert_eq!(unknown.figures.digest, digest("?"));
     assert!(s.classes.iter().all(|c| c.name != "statement/jobs/later"));
     assert!(s.classes.iter().all(|c| c.name != "statement/jobs/never"));
 
