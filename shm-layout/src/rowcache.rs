@@ -124,9 +124,15 @@ const MAX_ENCODED: usize = 1 + 8 + WORDS.div_ceil(2) + 8 * WORDS;
 /// bytes (LEB128 varints, used before, cost a branch per 7 bits).
 fn encode(s: &Summary, out: &mut Vec<u8>) {
     let w = words(s);
+    // Most words are zero (a row's events fill a few buckets): test four
+    // at a time, and one by one only in a group that has any.
     let mut mask = 0u64;
-    for (i, &x) in w.iter().enumerate() {
-        mask |= u64::from(x != 0) << i;
+    for (g, four) in w.chunks(4).enumerate() {
+        if four.iter().fold(0, |a, &x| a | x) != 0 {
+            for (j, &x) in four.iter().enumerate() {
+                mask |= u64::from(x != 0) << (4 * g + j);
+            }
+        }
     }
     // 8 bytes of slack: every value is stored as a whole word.
     let mut buf = [0u8; MAX_ENCODED + 8];
