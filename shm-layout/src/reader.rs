@@ -1146,13 +1146,11 @@ fn read_thread(
     // touched row.
     let mut visit: Vec<usize> = Vec::new();
     let mut fast = false;
-    if let Sink::Changed { touched, read, .. } = &mut sink {
+    if let Sink::Changed { touched, .. } = &mut sink {
         for (d, w) in touched.iter_mut().zip(&h.touched) {
             *d = w.load(Acquire);
         }
-        if kept.is_none() {
-            read.reserve(touched.iter().map(|w| w.count_ones() as usize).sum());
-        }
+
         if let Some(k) = kept.filter(|k| k.extra.touched == **touched) {
             fast = true;
             visit.extend(k.extra.thread.memory.iter().map(|(c, _)| *c as usize));

@@ -174,13 +174,6 @@ pub struct Rows {
 }
 
 impl Rows {
-    /// Makes room for `rows` more rows of a typical size (a record read
-    /// whole: its buffer then grows once, not by doubling copies).
-    pub fn reserve(&mut self, rows: usize) {
-        self.refs.reserve(rows);
-        self.data.reserve(rows * 32);
-    }
-
     /// Appends row `class`, read at sequence `seq`.
     pub fn push(&mut self, class: u32, seq: u64, s: &Summary) {
         let off = self.data.len();
