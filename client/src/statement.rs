@@ -418,14 +418,20 @@ impl TaskStatement {
         // The end time, read once (after its stage ended, so that the
         // statement's TIMER_WAIT covers the stage's): it bounds CPU_TIME
         // and ends the event.
+        // On a TSC the same reading also ends the poll time.
         let timer = (data.flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT;
-        let now = (data.flags & EV_TIMED != 0).then(|| timer::now(&rt.calibration, timer));
+        let (now, cycles) = if data.flags & EV_TIMED != 0 {
+            let (now, cycles) = timer::now_and_cycles(&rt.calibration, timer);
+            (Some(now), cycles)
+        } else {
+            (None, None)
+        };
         if ours {
             ctx.statement_id.set(self.parent);
             if ctx.cancelling.get() {
                 figures.cancelled = 1;
             }
-            figures.cpu_time_ps = self.cpu_time(rt, ctx, now);
+            figures.cpu_time_ps = self.cpu_time(rt, ctx, now, cycles);
         }
         if figures.cancelled != 0 {
             data.flags |= EV_CANCELLED;
@@ -451,8 +457,15 @@ impl TaskStatement {
     /// `CPU_TIME`: the task's poll time since the start, up to now; never
     /// more than the wall time since the start, `now` being the end time
     /// read with the statement's own timer (so `CPU_TIME ≤ TIMER_WAIT`
-    /// although the two are measured with different timers).
-    fn cpu_time(&self, rt: &Runtime, ctx: &ThreadCtx, now: Option<u64>) -> u64 {
+    /// although the two are measured with different timers). `cycles`:
+    /// the CYCLE reading `now` came from, if it did.
+    fn cpu_time(
+        &self,
+        rt: &Runtime,
+        ctx: &ThreadCtx,
+        now: Option<u64>,
+        cycles: Option<u64>,
+    ) -> u64 {
         let (Some(at_start), Some(end)) = (self.busy_at_start, now) else {
             return 0;
         };
@@ -460,7 +473,7 @@ impl TaskStatement {
             return 0;
         }
         let cal = &rt.calibration;
-        let poll_now = timer::now(cal, POLL_TIMER);
+        let poll_now = cycles.unwrap_or_else(|| timer::now(cal, POLL_TIMER));
         let busy = ctx.busy_ps.get()
             + timer::to_ps(
                 cal,

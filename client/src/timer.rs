@@ -53,15 +53,38 @@ pub(crate) fn now(cal: &TimerCalibration, timer: u32) -> u64 {
     }
 }
 
-/// Nanoseconds on the segment's `CLOCK_MONOTONIC` scale from the TSC:
-/// `base_ns` + the ticks since `base_ticks`, in 24.40 fixed point
-/// nanoseconds per tick (precise to 1e-11; no overflow for 584 years).
+/// [`now`], and the CYCLE reading it was derived from when it came from
+/// the same `RDTSC` (CYCLE itself, or NANOSECOND on a TSC): a caller that
+/// also needs the CYCLE time (a task statement's poll time at its end)
+/// reads the counter once.
+#[inline(always)]
+pub(crate) fn now_and_cycles(cal: &TimerCalibration, timer: u32) -> (u64, Option<u64>) {
+    if timer == TimerId::Cycle as u32 {
+        let c = cycle(cal);
+        (c, Some(c))
+    } else if timer == TimerId::Nanosecond as u32 && cal.kind == CAL_TSC {
+        let c = cycle(cal);
+        (ns_at(cal, c), Some(c))
+    } else {
+        (now_other(cal, timer), None)
+    }
+}
+
+/// Nanoseconds on the segment's `CLOCK_MONOTONIC` scale from the TSC.
 #[inline(always)]
 fn tsc_ns(cal: &TimerCalibration) -> u64 {
+    ns_at(cal, cycle(cal))
+}
+
+/// TSC reading `tsc` in nanoseconds on the segment's `CLOCK_MONOTONIC`
+/// scale: `base_ns` + the ticks since `base_ticks`, in 24.40 fixed point
+/// nanoseconds per tick (precise to 1e-11; no overflow for 584 years).
+#[inline(always)]
+fn ns_at(cal: &TimerCalibration, tsc: u64) -> u64 {
     // A constant division: a multiply. A tick is under 1 µs, so the
     // shift cannot overflow.
     let ns_per_tick_q40 = (cal.ps_per_tick_q32.min(1 << 55) << 8) / 1000;
-    let ticks = cycle(cal).saturating_sub(cal.base_ticks);
+    let ticks = tsc.saturating_sub(cal.base_ticks);
     cal.base_ns + ((u128::from(ticks) * u128::from(ns_per_tick_q40)) >> 40) as u64
 }
 
@@ -182,6 +205,12 @@ mod tests {
         );
         let micro = now(&cal, TimerId::Microsecond as u32);
         assert!(micro.is_multiple_of(1000) && micro.abs_diff(n1) < 1_000_000);
+        // One reading, two scales: the nanoseconds derived from the CYCLE
+        // reading returned beside them.
+        let (n, c) = now_and_cycles(&cal, TimerId::Nanosecond as u32);
+        assert_eq!(c.map(|c| ns_at(&cal, c)), Some(n));
+        let (c1, c2) = now_and_cycles(&cal, TimerId::Cycle as u32);
+        assert_eq!(Some(c1), c2);
     }
 
     #[test]
