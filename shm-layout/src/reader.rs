@@ -37,7 +37,7 @@ use crate::layout::*;
 use crate::lockword::{self, RecordState};
 use crate::rowcache::{Delta, KeptRecord, NOT_KEPT, RowCache, Rows, Walked};
 use crate::segment::{RowCopy, Segment, TimerCalibration, touched_classes};
-use crate::seqlock::SeqRead;
+use crate::seqlock::{SeqLock, SeqRead};
 use crate::setup::{Actor, read_actors};
 use crate::text::load_string;
 use crate::values::StatementFigures;
@@ -647,6 +647,45 @@ enum Sink<'a> {
 /// changed: `take_incremental` 8.8 → 6.0 ms.
 const PREAD_ROWS: u32 = 8;
 
+/// The buffer to copy the next row of a record into by `pread`: an
+/// incremental walk's, for a record it kept (`kept`), while fewer than
+/// [`PREAD_ROWS`] of the record's rows were copied so (counted in
+/// `preads`); `None`: read the row through the mapping.
+fn pread_slot<'s>(sink: &'s mut Sink<'_>, kept: bool, preads: &mut u32) -> Option<&'s mut RowCopy> {
+    match sink {
+        Sink::Changed { copy, .. } if kept && *preads < PREAD_ROWS => {
+            *preads += 1;
+            Some(&mut **copy)
+        }
+        _ => None,
+    }
+}
+
+/// One row's copy under its sequence lock `seq`, loaded by `load`: taken
+/// with `pread` into the given buffer (the slot of row `class` of record
+/// `idx`, seen through `view`) if `pread` is given, else from `mapped`,
+/// the row in the mapping. A failed `pread` gives no copy: the row is
+/// skipped, as one found torn on every attempt.
+fn read_row<R, T>(
+    seq: &SeqLock,
+    attempts: u32,
+    pread: Option<(&Segment, u32, usize, &mut RowCopy)>,
+    view: fn(&RowCopy) -> &R,
+    mapped: &R,
+    mut load: impl FnMut(&R) -> T,
+) -> SeqRead<(u64, T)> {
+    let Some((seg, idx, class, copy)) = pread else {
+        return seq.read_versioned(attempts, || load(mapped));
+    };
+    let r = seq.read_versioned(attempts, || {
+        seg.copy_row(idx, class, copy).then(|| load(view(copy)))
+    });
+    SeqRead {
+        value: r.value.and_then(|(s, v)| Some((s, v?))),
+        retries: r.retries,
+    }
+}
+
 /// Why one snapshot attempt must be retried.
 enum Retry {
     /// The global section was being written on every attempt.
@@ -1150,7 +1189,6 @@ fn read_thread(
         for (d, w) in touched.iter_mut().zip(&h.touched) {
             *d = w.load(Acquire);
         }
-
         if let Some(k) = kept.filter(|k| k.extra.touched == **touched) {
             fast = true;
             visit.extend(k.extra.thread.memory.iter().map(|(c, _)| *c as usize));
@@ -1185,21 +1223,11 @@ fn read_thread(
                 }
                 None => {
                     let row = &mem_rows[class];
-                    let r = match (&mut sink, kept) {
-                        // As for summary rows below: a few by `pread`.
-                        (Sink::Changed { copy, .. }, Some(_)) if preads < PREAD_ROWS => {
-                            preads += 1;
-                            let r = seq.read_versioned(opts.attempts, || {
-                                seg.copy_row(idx, class, copy)
-                                    .then(|| MemoryStats::load(copy.memory(), tgen))
-                            });
-                            SeqRead {
-                                value: r.value.and_then(|(s, m)| Some((s, m?))),
-                                retries: r.retries,
-                            }
-                        }
-                        _ => seq.read_versioned(opts.attempts, || MemoryStats::load(row, tgen)),
-                    };
+                    let copy = pread_slot(&mut sink, kept.is_some(), &mut preads);
+                    let pread = copy.map(|c| (seg, idx, class, c));
+                    let r = read_row(seq, opts.attempts, pread, RowCopy::memory, row, |r| {
+                        MemoryStats::load(r, tgen)
+                    });
                     st.retries += u64::from(r.retries);
                     st.rows_read += u64::from(r.value.is_some());
                     r.value.map(|(s, m)| (s, (class as u32, m)))
@@ -1231,22 +1259,11 @@ fn read_thread(
         }
         let row = &rec.rows[class];
         let statements = kind == RowKind::Statements;
-        let r = match (&mut sink, kept) {
-            // A few changed rows of a kept record: copied by `pread`, no
-            // page faulted in (see `PREAD_ROWS`).
-            (Sink::Changed { copy, .. }, Some(_)) if preads < PREAD_ROWS => {
-                preads += 1;
-                let r = seq.read_versioned(opts.attempts, || {
-                    seg.copy_row(idx, class, copy)
-                        .then(|| buf.load_into(copy.summary(), statements))
-                });
-                SeqRead {
-                    value: r.value.and_then(|(s, ok)| ok.map(|()| (s, ()))),
-                    retries: r.retries,
-                }
-            }
-            _ => seq.read_versioned(opts.attempts, || buf.load_into(row, statements)),
-        };
+        let copy = pread_slot(&mut sink, kept.is_some(), &mut preads);
+        let pread = copy.map(|c| (seg, idx, class, c));
+        let r = read_row(seq, opts.attempts, pread, RowCopy::summary, row, |r| {
+            buf.load_into(r, statements)
+        });
         st.retries += u64::from(r.retries);
         st.rows_read += u64::from(r.value.is_some());
         let s = &buf;
