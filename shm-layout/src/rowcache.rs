@@ -10,9 +10,11 @@
 //! words, all LEB128 varints: about 25 bytes for a wait row, instead of
 //! the 368 of a [`Summary`]. (A length-nibble encoding, one 8-byte store
 //! per word, was tried: 15 % more kept bytes and a slower first scrape,
-//! the extra bytes costing more than the loop per 7 bits saves.) A record's rows live in one byte buffer; a
-//! changed row is appended and its old bytes become garbage, reclaimed
-//! when the buffer is full (it grows by an eighth at a time).
+//! the extra bytes costing more than the loop per 7 bits saves.)
+//!
+//! A record's rows live in one byte buffer; a changed row is appended and
+//! its old bytes become garbage, reclaimed when the buffer is full (it
+//! grows by an eighth at a time).
 //!
 //! The sums by class are kept up to date with each change (old value out,
 //! new value in: [`Summary::replace_part`]), so that a snapshot costs what
