@@ -14,7 +14,7 @@ use pfs_shm_layout::layout::{
     CONSUMER_GLOBAL, ConsumerKind, EV_ENDED, EV_HAS_BYTES, EV_HAS_PROGRESS, EV_TIMED,
     EV_TIMER_MASK, EV_TIMER_SHIFT, FLAG_ENABLED, FLAG_TIMED, NONE_U32, timer_of,
 };
-use pfs_shm_layout::setup::effective;
+use pfs_shm_layout::setup::{Plan, effective};
 use pfs_shm_layout::writer::{EventData, KIND_STAGE, KIND_STATEMENT, StatementFigures};
 
 use crate::class::ClassRef;
@@ -214,22 +214,23 @@ pub(crate) fn end_at<const KIND: usize>(
         d.event_id + 1
     };
     d.flags |= EV_ENDED;
-    let consumers = rt.setup.consumers.load(Relaxed);
+    let mut plan = Plan::new(rt.setup.consumers.load(Relaxed), KIND);
+    if !a.ctx.history.get() {
+        plan = plan.without_history();
+    }
     let rec = &a.ctx.rec;
-    let thread_history = a.ctx.history.get();
-    let history = thread_history && effective(consumers, KIND, ConsumerKind::History);
     rec.end_event(
         KIND,
         d,
         stmt,
-        effective(consumers, KIND, ConsumerKind::Current),
-        history,
+        plan.has(ConsumerKind::Current),
+        plan.has(ConsumerKind::History),
     );
-    if thread_history && effective(consumers, KIND, ConsumerKind::HistoryLong) {
+    if plan.has(ConsumerKind::HistoryLong) {
         append_long::<KIND>(a, stmt);
     }
     let d = &a.data;
-    if effective(consumers, KIND, ConsumerKind::Summaries) {
+    if plan.has(ConsumerKind::Summaries) {
         let bytes = if d.flags & EV_HAS_BYTES != 0 && d.flags & EV_HAS_PROGRESS == 0 {
             d.bytes
         } else {

@@ -86,21 +86,18 @@ impl SeqLock {
     /// Starts a write. The caller must be the only writer of the data this
     /// lock guards; the returned guard publishes the write when dropped.
     ///
-    /// Both ends are a load and a store of the word (no value carried
-    /// between them: the sole writer reads back what it stored), which
-    /// x86-64 compiles to one non-locked `inc` each.
+    /// The start is a load and a store of the word; the guard keeps the
+    /// odd value it stored, and the end is a store of the next one (the
+    /// sole writer knows the word): one load and two plain stores, where
+    /// reading the word back at the end made two dependent
+    /// read-modify-writes, a chain that back-to-back writes of one row
+    /// wait on.
     #[inline(always)]
     pub fn write(&self) -> SeqWriteGuard<'_> {
-        self.bump(Ordering::Relaxed);
+        let odd = self.seq.load(Ordering::Relaxed).wrapping_add(1);
+        self.seq.store(odd, Ordering::Relaxed);
         fence(Ordering::Release);
-        SeqWriteGuard { lock: self }
-    }
-
-    /// The sole writer's `seq += 1`, stored with `order`.
-    #[inline(always)]
-    fn bump(&self, order: Ordering) {
-        let s = self.seq.load(Ordering::Relaxed);
-        self.seq.store(s.wrapping_add(1), order);
+        SeqWriteGuard { lock: self, odd }
     }
 
     /// Reads with at most `attempts` tries. `f` must only perform `Relaxed`
@@ -175,12 +172,16 @@ impl SeqLock {
 #[derive(Debug)]
 pub struct SeqWriteGuard<'a> {
     lock: &'a SeqLock,
+    /// The odd value stored by [`SeqLock::write`].
+    odd: u64,
 }
 
 impl Drop for SeqWriteGuard<'_> {
     #[inline(always)]
     fn drop(&mut self) {
-        self.lock.bump(Ordering::Release);
+        self.lock
+            .seq
+            .store(self.odd.wrapping_add(1), Ordering::Release);
     }
 }
 

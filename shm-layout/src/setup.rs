@@ -79,18 +79,90 @@ pub fn consumers() -> Vec<(String, u32)> {
 /// Whether consumer `which` of event kind `kind` is in effect, applying
 /// PFS's hierarchy: nothing without `global_instrumentation`; per-thread
 /// tables also need `thread_instrumentation`; the history tables also need
-/// their kind's `current` consumer.
+/// their kind's `current` consumer. One test of a [`Plan`].
 #[inline(always)]
 pub const fn effective(word: u32, kind: usize, which: ConsumerKind) -> bool {
-    if word & CONSUMER_GLOBAL == 0 || word & consumer_bit(kind, which) == 0 {
-        return false;
+    Plan::new(word, kind).has(which)
+}
+
+/// The consumers in effect for one event kind: [`effective`] for all four
+/// at once, from one `setup_consumers` word, in a few branch-free bit
+/// operations; then each consumer is one bit test. A writer makes one per
+/// event end instead of applying the hierarchy four times.
+///
+/// ```
+/// use pfs_shm_layout::layout::{CONSUMERS_DEFAULT, ConsumerKind};
+/// use pfs_shm_layout::setup::Plan;
+///
+/// let waits = Plan::new(CONSUMERS_DEFAULT, 0);
+/// assert!(waits.has(ConsumerKind::History));
+/// assert!(!waits.has(ConsumerKind::HistoryLong)); // off by default
+/// assert!(!waits.without_history().has(ConsumerKind::History));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan(u32);
+
+impl Plan {
+    /// Bit of `which` in a plan (the consumer kinds' order).
+    const fn bit(which: ConsumerKind) -> u32 {
+        1 << which as u32
     }
-    match which {
-        ConsumerKind::Summaries => true,
-        ConsumerKind::Current => word & CONSUMER_THREAD != 0,
-        ConsumerKind::History | ConsumerKind::HistoryLong => {
-            word & CONSUMER_THREAD != 0 && word & consumer_bit(kind, ConsumerKind::Current) != 0
+
+    /// The histories: what a thread with `HISTORY = NO` does not write.
+    const HISTORIES: u32 = Self::bit(ConsumerKind::History) | Self::bit(ConsumerKind::HistoryLong);
+
+    /// The hierarchy applied to a kind's four consumer bits `own` (in
+    /// `ConsumerKind` order) and the `global` and `thread` switches.
+    const fn rule(own: u32, global: bool, thread: bool) -> u32 {
+        if !global {
+            return 0;
         }
+        // Every per-thread table needs thread_instrumentation...
+        let mut keep = if thread {
+            0xF
+        } else {
+            Self::bit(ConsumerKind::Summaries)
+        };
+        // ...and the histories need their kind's current table.
+        if own & Self::bit(ConsumerKind::Current) == 0 {
+            keep &= !Self::HISTORIES;
+        }
+        own & keep
+    }
+
+    /// [`Plan::rule`] for every index `global | thread << 1 | own << 2`
+    /// (the consumers word's two switches are its bits 0 and 1).
+    const TABLE: [u8; 64] = {
+        let mut t = [0u8; 64];
+        let mut i = 0;
+        while i < 64 {
+            t[i] = Self::rule(i as u32 >> 2, i & 1 != 0, i & 2 != 0) as u8;
+            i += 1;
+        }
+        t
+    };
+
+    /// The plan of kind `kind` under consumers word `word`: a shift, two
+    /// masks and a table load.
+    #[inline(always)]
+    pub const fn new(word: u32, kind: usize) -> Self {
+        const _: () = assert!(CONSUMER_GLOBAL == 1 && CONSUMER_THREAD == 2);
+        // The kind's four consumer bits, in `ConsumerKind` order.
+        let own = (word >> consumer_bit(kind, ConsumerKind::Current).trailing_zeros()) & 0xF;
+        let switches = word & (CONSUMER_GLOBAL | CONSUMER_THREAD);
+        Self(Self::TABLE[(switches | own << 2) as usize] as u32)
+    }
+
+    /// Whether consumer `which` is in effect.
+    #[inline(always)]
+    pub const fn has(self, which: ConsumerKind) -> bool {
+        self.0 & Self::bit(which) != 0
+    }
+
+    /// The plan for a thread whose `HISTORY` is `NO`: no history rings.
+    #[inline(always)]
+    pub const fn without_history(self) -> Self {
+        Self(self.0 & !Self::HISTORIES)
     }
 }
 
@@ -266,5 +338,38 @@ mod tests {
         assert!(effective(no_current, 0, ConsumerKind::Summaries));
         assert!(!effective(w & !CONSUMER_GLOBAL, 2, ConsumerKind::Summaries));
         assert_eq!(consumers().len(), 14);
+    }
+
+    #[test]
+    fn plan_applies_the_hierarchy_to_every_word() {
+        // The plan against the hierarchy written out, for every
+        // combination of the global, thread and one kind's four bits.
+        use ConsumerKind::*;
+        for kind in 0..3 {
+            for combo in 0u32..64 {
+                let own: u32 = (0..4)
+                    .filter(|i| combo & (1 << i) != 0)
+                    .map(|i| consumer_bit(kind, [Current, History, HistoryLong, Summaries][i]))
+                    .sum();
+                let global = if combo & 16 != 0 { CONSUMER_GLOBAL } else { 0 };
+                let thread = if combo & 32 != 0 { CONSUMER_THREAD } else { 0 };
+                let word = own | global | thread;
+                let on = |w: ConsumerKind| word & consumer_bit(kind, w) != 0;
+                let g = global != 0;
+                let t = thread != 0;
+                let plan = Plan::new(word, kind);
+                assert_eq!(plan.has(Summaries), g && on(Summaries), "{word:#x}");
+                assert_eq!(plan.has(Current), g && t && on(Current), "{word:#x}");
+                for h in [History, HistoryLong] {
+                    assert_eq!(plan.has(h), g && t && on(Current) && on(h), "{word:#x}");
+                    assert!(!plan.without_history().has(h));
+                }
+                assert_eq!(plan.without_history().has(Current), plan.has(Current));
+                // Other kinds' bits do not leak in.
+                let all_kinds = ((1 << (2 + 4 * 3)) - 1) & !3;
+                let others = all_kinds & !(0xF << (2 + 4 * kind));
+                assert_eq!(Plan::new(word | others, kind), plan, "{word:#x}");
+            }
+        }
     }
 }
