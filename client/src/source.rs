@@ -25,20 +25,32 @@ static TABLE: [Slot; SLOTS] = [const {
     }
 }; SLOTS];
 
-/// The string index of `loc`, interning it on first sight.
-#[inline]
+/// The string index of `loc`, interning it on first sight. Inlined: the
+/// location's home slot is looked at in line (a multiply, a shift and two
+/// loads), so that the caller keeps its registers; a collision, a first
+/// sight or a full table take the out-of-line probe.
+#[inline(always)]
 pub(crate) fn source_id(rt: &Runtime, loc: &'static Location<'static>) -> u32 {
     let key = loc as *const _ as usize;
-    let mut i = (key >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - 12);
+    let i = (key >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - 12);
+    let slot = &TABLE[i];
+    if slot.key.load(Acquire) == key {
+        // `NONE_U32` while another thread is interning it.
+        return slot.id.load(Acquire);
+    }
+    probe(rt, loc, key, i)
+}
+
+/// [`source_id`] past the home slot `i` of `key`: linear probing over at
+/// most 16 slots (`NONE_U32` if all are taken by other locations).
+#[inline(never)]
+fn probe(rt: &Runtime, loc: &'static Location<'static>, key: usize, mut i: usize) -> u32 {
     for _ in 0..16 {
         let slot = &TABLE[i];
         let k = slot.key.load(Acquire);
         if k == key {
-            let id = slot.id.load(Acquire);
-            if id != NONE_U32 {
-                return id;
-            }
-            return NONE_U32; // another thread is interning it right now
+            // `NONE_U32` while another thread is interning it.
+            return slot.id.load(Acquire);
         }
         if k == 0 {
             return intern_slow(rt, loc, slot, key);
