@@ -170,7 +170,7 @@ pub(crate) fn record_since<const KIND: usize>(
 #[inline(always)]
 fn start_time(rt: &Runtime, timed: bool, timer: u32) -> u64 {
     if timed {
-        timer::now(&rt.calibration, timer)
+        timer::now(&rt.clock, timer)
     } else {
         0
     }
@@ -199,9 +199,9 @@ pub(crate) fn end_at<const KIND: usize>(
     if timed {
         // First, so that the measured interval ends where the wait did.
         let timer = (d.flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT;
-        d.timer_end = now.unwrap_or_else(|| timer::now(&rt.calibration, timer));
+        d.timer_end = now.unwrap_or_else(|| timer::now(&rt.clock, timer));
         d.timer_wait = timer::to_ps(
-            &rt.calibration,
+            &rt.clock,
             timer,
             d.timer_end.saturating_sub(d.timer_start),
         );

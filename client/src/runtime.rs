@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pfs_shm_layout::layout::SetupSection;
-use pfs_shm_layout::{Segment, SegmentConfig, SegmentWriter, TimerCalibration};
+use pfs_shm_layout::{Segment, SegmentConfig, SegmentWriter};
 use rustix::fs::FlockOperation;
 
 use crate::config::Config;
@@ -19,8 +19,9 @@ pub(crate) struct Runtime {
     pub(crate) path: PathBuf,
     /// The live setup words, read on every event.
     pub(crate) setup: &'static SetupSection,
-    /// Timer calibration (copied from the header).
-    pub(crate) calibration: TimerCalibration,
+    /// The timers' clock (the header's calibration, and what derives
+    /// from it).
+    pub(crate) clock: crate::timer::Clock,
     default_flags: u32,
     instrument_rules: Vec<(String, u32)>,
 }
@@ -139,7 +140,7 @@ fn create(cfg: &Config) -> Result<Runtime, InitError> {
         writer,
         path,
         setup,
-        calibration: *writer.segment().timer(),
+        clock: crate::timer::Clock::new(*writer.segment().timer()),
         default_flags: cfg.default_flags(),
         instrument_rules: cfg.instrument_rules.clone(),
     })

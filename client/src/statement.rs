@@ -110,12 +110,12 @@ fn poll_time_at(rt: &Runtime, ctx: &ThreadCtx, d: &EventData) -> Option<u64> {
     if !ctx.in_task() || d.flags & EV_TIMED == 0 {
         return None;
     }
-    let now = timer::now(&rt.calibration, POLL_TIMER);
+    let now = timer::now(&rt.clock, POLL_TIMER);
     if ctx.poll_start.get() == 0 {
         ctx.poll_start.set(now);
     }
     let into_poll = now.saturating_sub(ctx.poll_start.get());
-    Some(ctx.busy_ps.get() + timer::to_ps(&rt.calibration, POLL_TIMER, into_poll))
+    Some(ctx.busy_ps.get() + timer::to_ps(&rt.clock, POLL_TIMER, into_poll))
 }
 
 /// A lazily registered statement class, for `static` instruments:
@@ -421,7 +421,7 @@ impl TaskStatement {
         // On a TSC the same reading also ends the poll time.
         let timer = (data.flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT;
         let (now, cycles) = if data.flags & EV_TIMED != 0 {
-            let (now, cycles) = timer::now_and_cycles(&rt.calibration, timer);
+            let (now, cycles) = timer::now_and_cycles(&rt.clock, timer);
             (Some(now), cycles)
         } else {
             (None, None)
@@ -472,7 +472,7 @@ impl TaskStatement {
         if ctx.poll_start.get() == 0 {
             return 0;
         }
-        let cal = &rt.calibration;
+        let cal = &rt.clock;
         let poll_now = cycles.unwrap_or_else(|| timer::now(cal, POLL_TIMER));
         let busy = ctx.busy_ps.get()
             + timer::to_ps(

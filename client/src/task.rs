@@ -176,9 +176,9 @@ impl TaskContext {
             && let Some(rt) = runtime::get()
         {
             let s = &mut self.state;
-            let now = timer::now(&rt.calibration, POLL_TIMER);
+            let now = timer::now(&rt.clock, POLL_TIMER);
             let poll = timer::to_ps(
-                &rt.calibration,
+                &rt.clock,
                 POLL_TIMER,
                 now.saturating_sub(s.poll_start),
             );
@@ -207,7 +207,7 @@ impl TaskContext {
 /// `clock_gettime` at each end).
 #[inline]
 fn start_poll(rt: &'static Runtime, s: &mut EventState) {
-    s.poll_start = timer::now(&rt.calibration, POLL_TIMER);
+    s.poll_start = timer::now(&rt.clock, POLL_TIMER);
 }
 
 /// The timer of poll times.

@@ -26,7 +26,7 @@ static CLOCK: OnceLock<quanta::Clock> = OnceLock::new();
 
 /// The process-wide clock (calibrated once, on first use).
 #[inline(always)]
-pub(crate) fn clock() -> &'static quanta::Clock {
+pub(crate) fn quanta_clock() -> &'static quanta::Clock {
     CLOCK.get_or_init(quanta::Clock::new)
 }
 
@@ -39,14 +39,36 @@ fn ns(id: ClockId) -> u64 {
 /// `TimerCalibration::kind` of a TSC-based CYCLE timer.
 const CAL_TSC: u32 = 1;
 
+/// The segment's timer calibration with what the hot path derives from
+/// it, computed once: what the timers read through.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Clock {
+    cal: TimerCalibration,
+    /// Nanoseconds per TSC tick, 24.40 fixed point (see [`ns_at`]).
+    ns_per_tick_q40: u64,
+}
+
+impl Clock {
+    /// The clock of a segment calibrated with `cal`.
+    pub(crate) fn new(cal: TimerCalibration) -> Self {
+        // A tick is under 1 µs, so the shift cannot overflow; the division
+        // is done here, once, not at each reading.
+        let ns_per_tick_q40 = (cal.ps_per_tick_q32.min(1 << 55) << 8) / 1000;
+        Self {
+            cal,
+            ns_per_tick_q40,
+        }
+    }
+}
+
 /// Reads timer `timer` (a [`TimerId`] as `u32`, as the setup word holds
 /// it; an unknown value reads CYCLE). CYCLE on an invariant TSC is one
 /// inlined `RDTSC`, NANOSECOND the same and a multiply; the other timers
 /// are out of line.
 #[inline(always)]
-pub(crate) fn now(cal: &TimerCalibration, timer: u32) -> u64 {
+pub(crate) fn now(clock: &Clock, timer: u32) -> u64 {
     // Inlined, the unused CYCLE reading costs nothing.
-    now_and_cycles(cal, timer).0
+    now_and_cycles(clock, timer).0
 }
 
 /// [`now`], and the CYCLE reading it was derived from when it came from
@@ -54,51 +76,48 @@ pub(crate) fn now(cal: &TimerCalibration, timer: u32) -> u64 {
 /// also needs the CYCLE time (a task statement's poll time at its end)
 /// reads the counter once.
 #[inline(always)]
-pub(crate) fn now_and_cycles(cal: &TimerCalibration, timer: u32) -> (u64, Option<u64>) {
+pub(crate) fn now_and_cycles(clock: &Clock, timer: u32) -> (u64, Option<u64>) {
     if timer == TimerId::Cycle as u32 {
-        let c = cycle(cal);
+        let c = cycle(clock);
         (c, Some(c))
-    } else if timer == TimerId::Nanosecond as u32 && cal.kind == CAL_TSC {
-        let c = cycle(cal);
-        (ns_at(cal, c), Some(c))
+    } else if timer == TimerId::Nanosecond as u32 && clock.cal.kind == CAL_TSC {
+        let c = cycle(clock);
+        (ns_at(clock, c), Some(c))
     } else {
-        (now_other(cal, timer), None)
+        (now_other(clock, timer), None)
     }
 }
 
 /// Nanoseconds on the segment's `CLOCK_MONOTONIC` scale from the TSC.
 #[inline(always)]
-fn tsc_ns(cal: &TimerCalibration) -> u64 {
-    ns_at(cal, cycle(cal))
+fn tsc_ns(clock: &Clock) -> u64 {
+    ns_at(clock, cycle(clock))
 }
 
 /// TSC reading `tsc` in nanoseconds on the segment's `CLOCK_MONOTONIC`
 /// scale: `base_ns` + the ticks since `base_ticks`, in 24.40 fixed point
 /// nanoseconds per tick (precise to 1e-11; no overflow for 584 years).
 #[inline(always)]
-fn ns_at(cal: &TimerCalibration, tsc: u64) -> u64 {
-    // A constant division: a multiply. A tick is under 1 µs, so the
-    // shift cannot overflow.
-    let ns_per_tick_q40 = (cal.ps_per_tick_q32.min(1 << 55) << 8) / 1000;
-    let ticks = tsc.saturating_sub(cal.base_ticks);
-    cal.base_ns + ((u128::from(ticks) * u128::from(ns_per_tick_q40)) >> 40) as u64
+fn ns_at(clock: &Clock, tsc: u64) -> u64 {
+    let ticks = tsc.saturating_sub(clock.cal.base_ticks);
+    clock.cal.base_ns + ((u128::from(ticks) * u128::from(clock.ns_per_tick_q40)) >> 40) as u64
 }
 
 #[inline(always)]
-fn cycle(cal: &TimerCalibration) -> u64 {
+fn cycle(clock: &Clock) -> u64 {
     #[cfg(target_arch = "x86_64")]
-    if cal.kind == CAL_TSC {
+    if clock.cal.kind == CAL_TSC {
         return pfs_shm_layout::writer::read_tsc();
     }
-    let _ = cal;
-    clock().raw()
+    let _ = clock;
+    quanta_clock().raw()
 }
 
 #[inline(never)]
-fn now_other(cal: &TimerCalibration, timer: u32) -> u64 {
+fn now_other(clock: &Clock, timer: u32) -> u64 {
     let mono_ns = || {
-        if cal.kind == CAL_TSC {
-            tsc_ns(cal)
+        if clock.cal.kind == CAL_TSC {
+            tsc_ns(clock)
         } else {
             ns(ClockId::Monotonic)
         }
@@ -108,15 +127,15 @@ fn now_other(cal: &TimerCalibration, timer: u32) -> u64 {
         Some(TimerId::Microsecond) => mono_ns() / 1000 * 1000,
         Some(TimerId::Millisecond) => mono_ns() / 1_000_000 * 1_000_000,
         Some(TimerId::Tick) => ns(ClockId::MonotonicCoarse),
-        Some(TimerId::Cycle) | None => clock().raw(),
+        Some(TimerId::Cycle) | None => quanta_clock().raw(),
     }
 }
 
 /// Converts a duration measured with `timer` to picoseconds.
 #[inline(always)]
-pub(crate) fn to_ps(cal: &TimerCalibration, timer: u32, ticks: u64) -> u64 {
+pub(crate) fn to_ps(clock: &Clock, timer: u32, ticks: u64) -> u64 {
     if timer == TimerId::Cycle as u32 || timer > TimerId::Tick as u32 {
-        cal.ticks_to_ps(ticks)
+        clock.cal.ticks_to_ps(ticks)
     } else {
         ticks.saturating_mul(1000)
     }
@@ -125,7 +144,7 @@ pub(crate) fn to_ps(cal: &TimerCalibration, timer: u32, ticks: u64) -> u64 {
 /// Derives the segment's calibration from quanta's: the nanoseconds quanta
 /// reports for 2^40 ticks give picoseconds per tick in 32.32 fixed point.
 pub(crate) fn calibration() -> TimerCalibration {
-    let c = clock();
+    let c = quanta_clock();
     let base = c.raw();
     let base_ns = ns(ClockId::Monotonic);
     const SPAN: u64 = 1 << 40;
@@ -154,7 +173,7 @@ mod tests {
 
     #[test]
     fn calibration_matches_wall_clock() {
-        let cal = calibration();
+        let cal = Clock::new(calibration());
         let now = |t: TimerId| now(&cal, t as u32);
         let t0 = now(TimerId::Cycle);
         let n0 = now(TimerId::Nanosecond);
@@ -163,7 +182,7 @@ mod tests {
         let t1 = now(TimerId::Cycle);
         let n1 = now(TimerId::Nanosecond);
         let wall = w0.elapsed().as_nanos() as f64 * 1000.0;
-        let ps = cal.ticks_to_ps(t1 - t0) as f64;
+        let ps = cal.cal.ticks_to_ps(t1 - t0) as f64;
         assert!(
             (ps / wall - 1.0).abs() < 0.05,
             "timer ps {ps} vs wall ps {wall}"
@@ -179,7 +198,7 @@ mod tests {
 
     #[test]
     fn tsc_nanoseconds_follow_the_monotonic_clock() {
-        let cal = calibration();
+        let cal = Clock::new(calibration());
         let mono = || ns(ClockId::Monotonic);
         let nano = || now(&cal, TimerId::Nanosecond as u32);
         // Same scale and origin as CLOCK_MONOTONIC at creation...
@@ -213,14 +232,14 @@ mod tests {
     fn inline_cycle_reads_quanta_scale() {
         // The inlined RDTSC and quanta's raw clock must be one counter:
         // the calibration converts both.
-        let cal = calibration();
+        let cal = Clock::new(calibration());
         for _ in 0..1000 {
             let a = now(&cal, TimerId::Cycle as u32);
-            let q = clock().raw();
+            let q = quanta_clock().raw();
             let b = now(&cal, TimerId::Cycle as u32);
             assert!(a <= q && q <= b, "cycle {a} / quanta {q} / cycle {b}");
         }
         // Unknown timer values read CYCLE and convert like it.
-        assert_eq!(to_ps(&cal, 7, 1 << 20), cal.ticks_to_ps(1 << 20));
+        assert_eq!(to_ps(&cal, 7, 1 << 20), cal.cal.ticks_to_ps(1 << 20));
     }
 }

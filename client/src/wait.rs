@@ -190,7 +190,7 @@ impl WaitClass {
         let start = runtime::get().and_then(|rt| {
             (flags & FLAG_TIMED != 0).then(|| {
                 let t = timer_of(rt.setup.timers.load(Relaxed), KIND_WAIT);
-                (timer::now(&rt.calibration, t), t)
+                (timer::now(&rt.clock, t), t)
             })
         });
         AsyncWait {
