@@ -14,7 +14,7 @@ use tracing_subscriber::registry::{Extensions, ExtensionsMut, LookupSpan, SpanRe
 use crate::callsite::{Found, Role, Sites, StatementSite};
 use crate::classes::Classes;
 use crate::rules::{OTHER_CLASS, Rules, SpanMatch, StageRule, StatementRule};
-use crate::span::{EventVisitor, PfsSpan, SpanVisitor, StageSpan, StatementSpan, Values};
+use crate::span::{EventVisitor, PfsSpan, SpanVisitor, StageSpan, StatementSpan};
 use crate::stack::{self, Exit};
 
 /// The default bound on statement classes a layer names from field
@@ -334,64 +334,50 @@ impl PfsLayer {
         }
     }
 
-    /// Starts the statement of a span, in its class chosen now. If its
-    /// rule's digest template is its class template and the class name is
-    /// rendered, that name (after the prefix) is the digest text: set as
-    /// the statement starts, straight from where the name is, and not
-    /// rendered again at the close unless a value is recorded meanwhile.
+    /// Starts the statement of a span, in its class chosen now.
     fn start_statement(&self, site: &StatementSite, s: &mut StatementSpan) {
-        let digest_is_class = self.fallback[site.rule].digest_is_class;
-        let StatementSpan {
-            stmt,
-            values,
-            digest_set,
-            ..
-        } = s;
-        self.with_class(site, values, |class, name| {
-            let stmt = stmt.insert(class.start_task());
-            if digest_is_class && let Some(name) = name {
-                stmt.set_digest_text(name);
-                *digest_set = true;
-            }
-        });
+        let class = self.statement_class(site, s);
+        let stmt = s.stmt.insert(class.start_task());
+        if s.digest_set {
+            stmt.set_digest_text(&s.digest);
+        }
     }
 
-    /// Runs `start` on the class of a statement starting now, with its
-    /// values, and with the class name after the prefix if it was rendered
-    /// from them (`None`: a static name, or the rule's `unknown` class).
-    fn with_class<R>(
-        &self,
-        site: &StatementSite,
-        values: &Values,
-        start: impl FnOnce(StatementClass, Option<&str>) -> R,
-    ) -> R {
+    /// The class of a statement starting now. If its rule's digest
+    /// template is its class template and the name is rendered, the name
+    /// (after the prefix) is also the digest text: kept in `s.digest`.
+    fn statement_class(&self, site: &StatementSite, s: &mut StatementSpan) -> StatementClass {
         if let Some(name) = &site.static_name {
-            return start(
-                *site.class.get_or_init(|| StatementClass::register(name)),
-                None,
-            );
+            return *site.class.get_or_init(|| StatementClass::register(name));
         }
         let rule = &self.rules.statements[site.rule];
         let fallback = &self.fallback[site.rule];
         let Some(template) = &rule.class else {
             unreachable!("a rule without class template has a static name")
         };
+        let StatementSpan {
+            values,
+            digest,
+            digest_set,
+            ..
+        } = s;
+        let mut named = |class: StatementClass, name: &str| {
+            if fallback.digest_is_class {
+                digest.clear();
+                digest.push_str(name);
+                *digest_set = true;
+            }
+            class
+        };
         let value = |i| values.get(i);
-        // Taken by the first of the two paths that finds the class.
-        let mut start = Some(start);
-        if let Some(r) = recent_class(
+        if let Some(class) = recent_class(
             self.id,
             site.rule,
             |name| template.renders_as(value, name),
-            |class, name| start.take().map(|f| f(class, Some(name))),
-        )
-        .flatten()
-        {
-            return r;
+            &mut named,
+        ) {
+            return class;
         }
-        let Some(start) = start else {
-            unreachable!("start ran but returned nothing")
-        };
         with_buf(|buf| {
             buf.push_str(&rule.prefix);
             if template.render(value, None, buf) {
@@ -404,14 +390,11 @@ impl PfsLayer {
                 if remembered {
                     remember_class(self.id, site.rule, name, class);
                 }
-                start(class, Some(name))
+                named(class, name)
             } else {
-                start(
-                    *fallback.unknown.get_or_init(|| {
-                        StatementClass::register(&format!("{}{}", rule.prefix, rule.unknown))
-                    }),
-                    None,
-                )
+                *fallback.unknown.get_or_init(|| {
+                    StatementClass::register(&format!("{}{}", rule.prefix, rule.unknown))
+                })
             }
         })
     }
@@ -464,7 +447,7 @@ impl PfsLayer {
                 stmt.set_digest_text(buf);
             }
         });
-        s.figures.apply(stmt, rule, std::thread::panicking);
+        s.figures.apply(stmt, rule, std::thread::panicking());
         s.task.swap_in();
         s.stmt = None; // ends it, in place
         s.task.swap_out();

@@ -41,10 +41,11 @@ pub(crate) struct StatementSpan {
     /// The stage span whose stage was entered last in this statement (0:
     /// none, or it ended).
     pub(crate) open_stage: u64,
-    /// The digest text was set when the statement started (it is the
-    /// class name rendered then: the rule's digest template is its class
-    /// template), and no value was recorded since: the close does not
-    /// render it again.
+    /// The digest text, when it is the class name (the rule's digest
+    /// template is its class template) rendered as the statement started.
+    pub(crate) digest: String,
+    /// The digest text was set when the statement started, from `digest`,
+    /// and no value was recorded since: the close does not render it again.
     pub(crate) digest_set: bool,
 }
 
@@ -68,6 +69,7 @@ impl StatementSpan {
             values: Values::default(),
             figures: Figures::default(),
             open_stage: 0,
+            digest: String::new(),
             digest_set: false,
         }
     }
@@ -96,6 +98,11 @@ impl StatementSpan {
         self.values.clear();
         self.figures = Figures::default();
         self.open_stage = 0;
+        if self.digest.capacity() > VALUE_BYTES {
+            self.digest = String::new();
+        } else {
+            self.digest.clear();
+        }
         self.digest_set = false;
         let _ = SPARE.try_with(|s| {
             if let Ok(mut s) = s.try_borrow_mut()
@@ -265,19 +272,13 @@ impl Figures {
         self.status.is_some() || self.failed
     }
 
-    /// Writes the figures into `stmt`, as `rule` reads them; `panicking`
-    /// tells whether the statement ends while its thread unwinds (asked
-    /// only of a statement that did not complete).
-    pub(crate) fn apply(
-        &self,
-        stmt: &mut TaskStatement,
-        rule: &StatementRule,
-        panicking: impl FnOnce() -> bool,
-    ) {
+    /// Writes the figures into `stmt`, as `rule` reads them; `panicking`:
+    /// the statement ends while its thread unwinds.
+    pub(crate) fn apply(&self, stmt: &mut TaskStatement, rule: &StatementRule, panicking: bool) {
         let failed = self.failed || self.status.is_some_and(|s| s >= rule.error_status);
         let mut errors = self.errors.saturating_add(u64::from(failed));
         if rule.completes() && !self.completed() {
-            if panicking() {
+            if panicking {
                 errors = errors.saturating_add(1);
             } else {
                 stmt.mark_cancelled();
