@@ -123,12 +123,16 @@ const HEADER_LAYOUT: Layout = Layout::new::<u64>();
 /// to `max(8, l.align())`. Never zero-sized; `None` if too large.
 #[inline(always)]
 fn outer(l: &Layout) -> Option<(Layout, usize)> {
-    if l.align() <= HEADER {
-        // Nearly every block: the header is the 8 bytes in front, and the
-        // block is 8-aligned. `Layout::extend`'s general padding
-        // arithmetic gives the same, in more instructions.
-        let size = l.size().checked_add(HEADER)?;
-        return Some((Layout::from_size_align(size, HEADER).ok()?, HEADER));
+    // Nearly every block: the header is the 8 bytes in front, and the
+    // block is 8-aligned. `Layout::extend`'s general padding arithmetic
+    // gives the same, in more instructions; with the size bounded here,
+    // the compiler drops `from_size_align`'s own check.
+    const FAST_MAX: usize = isize::MAX as usize - 2 * HEADER;
+    if l.align() <= HEADER
+        && l.size() <= FAST_MAX
+        && let Ok(o) = Layout::from_size_align(l.size() + HEADER, HEADER)
+    {
+        return Some((o, HEADER));
     }
     HEADER_LAYOUT.extend(*l).ok()
 }
