@@ -39,8 +39,9 @@ pub(crate) struct EventState {
     /// Raw ticks of the CYCLE timer when the current poll started (0: not
     /// being measured).
     pub(crate) poll_start: u64,
-    /// Poll time accumulated by the polls that ended, in ps.
-    pub(crate) busy_ps: u64,
+    /// Poll time accumulated by the polls that ended, in ticks of the
+    /// CYCLE timer (converted to ps once, when a statement ends).
+    pub(crate) busy_ticks: u64,
     /// Set while a task's unfinished future is being dropped: statements
     /// that end meanwhile are cancelled.
     pub(crate) cancelling: bool,
@@ -58,7 +59,7 @@ impl EventState {
             stage_id: 0,
             statement_id: 0,
             poll_start: 0,
-            busy_ps: 0,
+            busy_ticks: 0,
             cancelling: false,
         }
     }
@@ -98,8 +99,8 @@ pub(crate) struct ThreadCtx {
     pub(crate) statement_id: Cell<u64>,
     /// See [`EventState::poll_start`].
     pub(crate) poll_start: Cell<u64>,
-    /// See [`EventState::busy_ps`].
-    pub(crate) busy_ps: Cell<u64>,
+    /// See [`EventState::busy_ticks`].
+    pub(crate) busy_ticks: Cell<u64>,
     /// See [`EventState::cancelling`].
     pub(crate) cancelling: Cell<bool>,
 }
@@ -134,7 +135,7 @@ impl ThreadCtx {
             stage_id: Cell::new(s.stage_id),
             statement_id: Cell::new(s.statement_id),
             poll_start: Cell::new(s.poll_start),
-            busy_ps: Cell::new(s.busy_ps),
+            busy_ticks: Cell::new(s.busy_ticks),
             cancelling: Cell::new(s.cancelling),
         }
     }
@@ -156,7 +157,7 @@ impl ThreadCtx {
         s.stage_id = self.stage_id.replace(s.stage_id);
         s.statement_id = self.statement_id.replace(s.statement_id);
         s.poll_start = self.poll_start.replace(s.poll_start);
-        s.busy_ps = self.busy_ps.replace(s.busy_ps);
+        s.busy_ticks = self.busy_ticks.replace(s.busy_ticks);
         s.cancelling = self.cancelling.replace(s.cancelling);
     }
 

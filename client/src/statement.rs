@@ -102,9 +102,10 @@ impl StatementClass {
     }
 }
 
-/// The task's poll time (ps) now, at `d`'s start, if it is measured: a
-/// timed statement of a task. Starts measuring the current poll if it was
-/// not (poll times use the CYCLE timer, see `task::POLL_TIMER`).
+/// The task's poll time (CYCLE ticks) now, at `d`'s start, if it is
+/// measured: a timed statement of a task. Starts measuring the current
+/// poll if it was not (poll times use the CYCLE timer, see
+/// `task::POLL_TIMER`).
 #[inline]
 fn poll_time_at(rt: &Runtime, ctx: &ThreadCtx, d: &EventData) -> Option<u64> {
     if !ctx.in_task() || d.flags & EV_TIMED == 0 {
@@ -115,7 +116,7 @@ fn poll_time_at(rt: &Runtime, ctx: &ThreadCtx, d: &EventData) -> Option<u64> {
         ctx.poll_start.set(now);
     }
     let into_poll = now.saturating_sub(ctx.poll_start.get());
-    Some(ctx.busy_ps.get() + timer::to_ps(&rt.clock, POLL_TIMER, into_poll))
+    Some(ctx.busy_ticks.get().saturating_add(into_poll))
 }
 
 /// A lazily registered statement class, for `static` instruments:
@@ -316,7 +317,7 @@ pub struct TaskStatement {
     rt: Option<&'static Runtime>,
     data: EventData,
     parent: u64,
-    /// The task's poll time at the start, in ps, if measured.
+    /// The task's poll time at the start, in CYCLE ticks, if measured.
     busy_at_start: Option<u64>,
     figures: StatementFigures,
     /// `SQL_TEXT`, kept here: the thread that ends the statement writes it.
@@ -474,15 +475,14 @@ impl TaskStatement {
         }
         let cal = &rt.clock;
         let poll_now = cycles.unwrap_or_else(|| timer::now(cal, POLL_TIMER));
-        let busy = ctx.busy_ps.get()
-            + timer::to_ps(
-                cal,
-                POLL_TIMER,
-                poll_now.saturating_sub(ctx.poll_start.get()),
-            );
+        let busy = ctx
+            .busy_ticks
+            .get()
+            .saturating_add(poll_now.saturating_sub(ctx.poll_start.get()));
+        let busy = timer::to_ps(cal, POLL_TIMER, busy.saturating_sub(at_start));
         let timer = (self.data.flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT;
         let wall = timer::to_ps(cal, timer, end.saturating_sub(self.data.timer_start));
-        busy.saturating_sub(at_start).min(wall)
+        busy.min(wall)
     }
 }
 

@@ -177,12 +177,9 @@ impl TaskContext {
         {
             let s = &mut self.state;
             let now = timer::now(&rt.clock, POLL_TIMER);
-            let poll = timer::to_ps(
-                &rt.clock,
-                POLL_TIMER,
-                now.saturating_sub(s.poll_start),
-            );
-            s.busy_ps = s.busy_ps.saturating_add(poll);
+            s.busy_ticks = s
+                .busy_ticks
+                .saturating_add(now.saturating_sub(s.poll_start));
             s.poll_start = 0;
         }
     }
