@@ -470,15 +470,17 @@ impl TaskStatement {
         let (Some(at_start), Some(end)) = (self.busy_at_start, now) else {
             return 0;
         };
-        if ctx.poll_start.get() == 0 {
-            return 0;
-        }
         let cal = &rt.clock;
-        let poll_now = cycles.unwrap_or_else(|| timer::now(cal, POLL_TIMER));
-        let busy = ctx
-            .busy_ticks
-            .get()
-            .saturating_add(poll_now.saturating_sub(ctx.poll_start.get()));
+        // The polls that ended, and the one going on if it is measured
+        // (not when the task was entered only to end the statement).
+        let poll_start = ctx.poll_start.get();
+        let this_poll = if poll_start == 0 {
+            0
+        } else {
+            let poll_now = cycles.unwrap_or_else(|| timer::now(cal, POLL_TIMER));
+            poll_now.saturating_sub(poll_start)
+        };
+        let busy = ctx.busy_ticks.get().saturating_add(this_poll);
         let busy = timer::to_ps(cal, POLL_TIMER, busy.saturating_sub(at_start));
         let timer = (self.data.flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT;
         let wall = timer::to_ps(cal, timer, end.saturating_sub(self.data.timer_start));

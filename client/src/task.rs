@@ -128,6 +128,33 @@ impl TaskContext {
     /// on another thread does nothing. Returns whether this call swapped.
     #[inline]
     pub fn swap_in(&mut self) -> bool {
+        self.swap_in_as(true)
+    }
+
+    /// [`TaskContext::swap_in`], without counting the time until the
+    /// matching [`TaskContext::swap_out`] as the task's poll time (its
+    /// statements' `CPU_TIME`), and without reading the timer for it: for
+    /// an adapter that enters a task's context only to end its statement or
+    /// stage, outside any poll of the task (a `tracing` layer closing a
+    /// span).
+    ///
+    /// ```
+    /// use pfs_client::task::TaskContext;
+    ///
+    /// let mut task = TaskContext::new();
+    /// task.swap_in_unmeasured();
+    /// // End what the task has open here.
+    /// task.swap_out();
+    /// ```
+    #[inline]
+    pub fn swap_in_unmeasured(&mut self) -> bool {
+        self.swap_in_as(false)
+    }
+
+    /// [`TaskContext::swap_in`]; `measure`: whether a statement open in the
+    /// task starts measuring poll time.
+    #[inline(always)]
+    fn swap_in_as(&mut self, measure: bool) -> bool {
         let Some(rt) = runtime::get() else {
             return false;
         };
@@ -143,7 +170,7 @@ impl TaskContext {
         if self.state.thread_id == 0 {
             self.state.thread_id = thread::next_task_id();
         }
-        if self.state.statement_id != 0 {
+        if measure && self.state.statement_id != 0 {
             // A statement is open: measure this poll for its CPU_TIME.
             start_poll(rt, &mut self.state);
         }

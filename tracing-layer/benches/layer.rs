@@ -61,7 +61,7 @@ fn client_statement_work() {
     stmt.set_text("GET ?");
     stmt.set_digest_text("GET /x");
     stmt.mark_cancelled();
-    ctx.swap_in();
+    ctx.swap_in_unmeasured();
     drop(black_box(stmt));
     ctx.swap_out();
 }

@@ -448,7 +448,8 @@ impl PfsLayer {
             }
         });
         s.figures.apply(stmt, rule, std::thread::panicking());
-        s.task.swap_in();
+        // Entered only to end the statement: not the task's poll time.
+        s.task.swap_in_unmeasured();
         s.stmt = None; // ends it, in place
         s.task.swap_out();
     }
@@ -470,7 +471,7 @@ impl PfsLayer {
                 // Not entered on this thread: enter it to end the stage,
                 // unless another thread has it entered (then the stage
                 // ends with the next stage or the statement).
-                if s.task.swap_in() {
+                if s.task.swap_in_unmeasured() {
                     pfs_client::end_stage();
                 }
                 s.task.swap_out();
