@@ -86,9 +86,10 @@ pub const fn effective(word: u32, kind: usize, which: ConsumerKind) -> bool {
 }
 
 /// The consumers in effect for one event kind: [`effective`] for all four
-/// at once, from one `setup_consumers` word, in a few branch-free bit
-/// operations; then each consumer is one bit test. A writer makes one per
-/// event end instead of applying the hierarchy four times.
+/// at once, from one `setup_consumers` word, by one load from a table
+/// built at compile time from the hierarchy written once; then each
+/// consumer is one bit test. A writer makes one per event end instead of
+/// applying the hierarchy four times.
 ///
 /// ```
 /// use pfs_shm_layout::layout::{CONSUMERS_DEFAULT, ConsumerKind};
