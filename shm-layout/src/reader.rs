@@ -35,7 +35,7 @@ use crate::error::SegmentError;
 use crate::kinds::{ClassKind, Operation};
 use crate::layout::*;
 use crate::lockword::{self, RecordState};
-use crate::rowcache::{Delta, KeptRecord, NOT_KEPT, RowCache, Rows, Walked};
+use crate::rowcache::{Changes, Delta, KeptRecord, NOT_KEPT, RowCache, Rows, Walked};
 use crate::segment::{RowCopy, Segment, TimerCalibration, touched_classes};
 use crate::seqlock::{SeqLock, SeqRead};
 use crate::setup::{Actor, read_actors};
@@ -494,7 +494,7 @@ pub fn snapshot(seg: &Segment, opts: &ReadOptions) -> Result<SegmentSnapshot, Se
         } else {
             RowMode::Summed
         };
-        match try_snapshot(seg, opts, mode, &mut stats) {
+        match try_snapshot(seg, opts, mode, &mut Changes::default(), &mut stats) {
             Ok((mut s, _, _)) => {
                 s.stats = stats;
                 return Ok(s);
@@ -537,6 +537,8 @@ pub fn snapshot(seg: &Segment, opts: &ReadOptions) -> Result<SegmentSnapshot, Se
 #[derive(Debug, Default)]
 pub struct IncrementalReader {
     cache: RowCache<Box<Kept>>,
+    /// The last walk's rows of kept records (a buffer reused by each walk).
+    changes: Changes,
 }
 
 /// What an [`IncrementalReader`] keeps of a live thread beside its
@@ -571,9 +573,10 @@ impl IncrementalReader {
         let mut stats = ReadStats::default();
         let mut folds = 0;
         for _ in 0..4 {
-            match try_snapshot(seg, opts, RowMode::Changed(&self.cache), &mut stats) {
+            let mode = RowMode::Changed(&self.cache);
+            match try_snapshot(seg, opts, mode, &mut self.changes, &mut stats) {
                 Ok((mut s, walked, delta)) => {
-                    self.cache.commit(walked, delta);
+                    self.cache.commit(walked, &self.changes, delta);
                     s.live_rows = self.cache.totals();
                     s.stats = stats;
                     return Ok(s);
@@ -626,15 +629,20 @@ enum Sink<'a> {
     Sum(&'a mut ClassSums),
     Changed {
         cache: &'a RowCache<Box<Kept>>,
+        /// The rows of a record the cache did not keep.
         read: &'a mut Rows,
+        /// The walk's rows of the records the cache kept; this record's
+        /// start at `changes_from`.
+        changes: &'a mut Changes,
+        changes_from: usize,
         delta: &'a mut Delta,
         /// The record's `touched` bitmap as this walk read it.
         touched: &'a mut Touched,
         memory_seqs: &'a mut Vec<u64>,
-        /// [`Walked::kept_at`] of the rows in `read`.
-        kept_at: &'a mut Vec<u32>,
         /// The walk's buffer for rows copied by `pread`.
         copy: &'a mut RowCopy,
+        /// The walk's buffer for the classes to visit in a kept record.
+        visit: &'a mut Vec<usize>,
     },
 }
 
@@ -728,12 +736,16 @@ impl ClassSums {
     }
 }
 
+/// One walk of `seg`. An incremental walk (`mode` `Changed`) puts the rows
+/// it reads from kept records in `changes` (emptied first).
 fn try_snapshot<'c>(
     seg: &Segment,
     opts: &ReadOptions,
     mode: RowMode<'c>,
+    changes: &mut Changes,
     total: &mut ReadStats,
 ) -> Result<Walk, Retry> {
+    changes.clear();
     let sum_while_walking = matches!(mode, RowMode::Summed);
     let mut st = ReadStats::default();
     let classes = read_classes(seg, &mut st);
@@ -759,6 +771,7 @@ fn try_snapshot<'c>(
     let mut walked: Vec<Walked<Box<Kept>>> = Vec::new();
     let mut delta = Delta::default();
     let mut copy = RowCopy::new();
+    let mut visit = Vec::new();
     if let RowMode::Changed(cache) = mode {
         walked.reserve(cache.len() + 16);
         threads.reserve(cache.len() + 16);
@@ -775,19 +788,21 @@ fn try_snapshot<'c>(
             let idx = page * g.records_per_page + slot;
             let mut read = Rows::default();
             let mut memory_seqs = Vec::new();
-            let mut kept_at = Vec::new();
             let mut touched = [0; MAX_CLASSES_LIMIT as usize / 64];
+            let changes_from = changes.len();
             let sink = match mode {
                 RowMode::PerThread => Sink::Keep,
                 RowMode::Summed => Sink::Sum(&mut sums),
                 RowMode::Changed(cache) => Sink::Changed {
                     cache,
                     read: &mut read,
+                    changes: &mut *changes,
+                    changes_from,
                     delta: &mut delta,
                     touched: &mut touched,
                     memory_seqs: &mut memory_seqs,
-                    kept_at: &mut kept_at,
                     copy: &mut copy,
+                    visit: &mut visit,
                 },
             };
             match read_thread(seg, idx, &kinds, tgen, opts, sink, &mut st) {
@@ -820,7 +835,7 @@ fn try_snapshot<'c>(
                             version: t.version,
                             extra,
                             read,
-                            kept_at,
+                            changed: changes_from..changes.len(),
                         });
                     }
                     threads.push(t);
@@ -889,7 +904,7 @@ fn try_snapshot<'c>(
         walked.retain(|w| {
             let folded = log.contains(&(u64::from(w.record), w.version));
             if folded {
-                cache.undo(w, &mut delta);
+                cache.undo(w, changes, &mut delta);
             }
             !folded
         });
@@ -1183,7 +1198,12 @@ fn read_thread(
     // visits only its memory rows and the kept rows whose sequence moved
     // (one tight pass over the kept rows); any other walk visits every
     // touched row.
-    let mut visit: Vec<usize> = Vec::new();
+    // (An incremental walk lends its buffer.)
+    let mut visit: Vec<usize> = match &mut sink {
+        Sink::Changed { visit, .. } => std::mem::take(*visit),
+        _ => Vec::new(),
+    };
+    visit.clear();
     let mut fast = false;
     if let Sink::Changed { touched, .. } = &mut sink {
         for (d, w) in touched.iter_mut().zip(&h.touched) {
@@ -1277,15 +1297,18 @@ fn read_thread(
                 Some((v, ())),
                 Sink::Changed {
                     read,
+                    changes,
                     delta,
-                    kept_at,
                     ..
                 },
             ) => {
                 let old = found.and_then(|at| kept?.get_hinted(class as u32, Some(at)));
                 delta.row(class as u32, old.as_ref(), s);
-                read.push(class as u32, v, s);
-                kept_at.push(found.unwrap_or(NOT_KEPT));
+                if kept.is_some() {
+                    changes.push(class as u32, v, s, found.unwrap_or(NOT_KEPT));
+                } else {
+                    read.push(class as u32, v, s);
+                }
             }
             (None, _) => {
                 st.skipped_rows += 1;
@@ -1297,6 +1320,9 @@ fn read_thread(
             }
         }
     }
+    if let Sink::Changed { visit: lent, .. } = &mut sink {
+        **lent = visit;
+    }
     fence(Acquire);
     // Acquire: if this observes the FREE store of a lifetime that ended,
     // the global read that follows observes that lifetime's fold.
@@ -1304,13 +1330,25 @@ fn read_thread(
     if let (
         true,
         Sink::Changed {
-            cache, read, delta, ..
+            cache,
+            read,
+            changes,
+            changes_from,
+            delta,
+            ..
         },
     ) = (ended, &mut sink)
     {
         // The rows of a lifetime that ended are not kept: take back what
-        // they added to the sums.
-        cache.undo_rows(idx, version, read, delta);
+        // they added to the sums (and forget them).
+        let mine = *changes_from..changes.len();
+        cache.undo_rows(
+            idx,
+            version,
+            read.values().chain(changes.values(mine)),
+            delta,
+        );
+        changes.truncate(*changes_from);
     }
     if ended {
         st.ended_records += 1;

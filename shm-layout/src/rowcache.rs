@@ -27,6 +27,7 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::ops::Range;
 
 use crate::layout::HISTOGRAM_BUCKETS;
 use crate::values::{StatementFigures, Summary};
@@ -197,7 +198,7 @@ impl Rows {
     }
 
     /// Every row: class and value.
-    fn values(&self) -> impl Iterator<Item = (u32, Summary)> + '_ {
+    pub fn values(&self) -> impl Iterator<Item = (u32, Summary)> + '_ {
         self.refs
             .iter()
             .map(|r| (u32::from(r.class), self.value(r)))
@@ -433,17 +434,81 @@ pub struct Walked<T> {
     /// The reader's own data for this record; `None`: unchanged since it
     /// was kept (the record must be kept, with this `version`).
     pub extra: Option<T>,
-    /// Rows read (new or changed), each with the even sequence the copy
-    /// was taken at.
+    /// The rows of a record the cache did not keep (every row read),
+    /// each with the even sequence the copy was taken at.
     pub read: Rows,
-    /// For each row of `read`, in order: where its class was among the
-    /// kept rows when the walk read it ([`SeqCursor::found`]), or
-    /// [`NOT_KEPT`]. Only a hint, checked before use: it spares the commit
-    /// a binary search (a cache miss per step in a cold record).
-    pub kept_at: Vec<u32>,
+    /// The rows of a record the cache kept that the walk read (new or
+    /// changed): their place in the walk's [`Changes`].
+    pub changed: Range<usize>,
 }
 
-/// [`Walked::kept_at`] of a row that was not kept.
+/// The rows one walk read from the records the cache kept (the new or
+/// changed rows), every record's in one buffer that the reader reuses from
+/// walk to walk, where they were one buffer (and a few allocations) per
+/// record each time. A record's rows are a range, [`Walked::changed`].
+#[derive(Debug, Default)]
+pub struct Changes {
+    rows: Rows,
+    /// For each row of `rows`: where its class was among the kept rows
+    /// when the walk read it ([`SeqCursor::found`]), or [`NOT_KEPT`]. Only
+    /// a hint, checked before use: it spares the commit a binary search (a
+    /// cache miss per step in a cold record).
+    kept_at: Vec<u32>,
+}
+
+impl Changes {
+    /// Bytes of row data kept allocated between walks: a walk that read
+    /// more (most of a segment changed) gives its buffers back.
+    const KEEP_BYTES: usize = 256 << 10;
+
+    /// Empties the buffer for the next walk.
+    pub fn clear(&mut self) {
+        if self.rows.data.capacity() > Self::KEEP_BYTES {
+            *self = Self::default();
+        } else {
+            self.rows.refs.clear();
+            self.rows.data.clear();
+            self.kept_at.clear();
+        }
+    }
+
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.rows.refs.len()
+    }
+
+    /// No row held.
+    pub fn is_empty(&self) -> bool {
+        self.rows.refs.is_empty()
+    }
+
+    /// Appends row `class`, read at sequence `seq`, found at `kept_at`
+    /// among the record's kept rows (or [`NOT_KEPT`]).
+    pub fn push(&mut self, class: u32, seq: u64, s: &Summary, kept_at: u32) {
+        self.rows.push(class, seq, s);
+        self.kept_at.push(kept_at);
+    }
+
+    /// Drops the rows from `len` on (those of a record whose lifetime
+    /// ended while it was read).
+    pub fn truncate(&mut self, len: usize) {
+        let Some(r) = self.rows.refs.get(len) else {
+            return;
+        };
+        self.rows.data.truncate(r.off as usize);
+        self.rows.refs.truncate(len);
+        self.kept_at.truncate(len);
+    }
+
+    /// The rows in `range`: class and value.
+    pub fn values(&self, range: Range<usize>) -> impl Iterator<Item = (u32, Summary)> + '_ {
+        self.rows.refs[range]
+            .iter()
+            .map(|r| (u32::from(r.class), self.rows.value(r)))
+    }
+}
+
+/// [`Changes`]' place of a row that was not kept.
 pub const NOT_KEPT: u32 = u32::MAX;
 
 /// The sum of one class's kept rows.
@@ -527,16 +592,23 @@ impl<T> RowCache<T> {
 
     /// Takes back the rows a walked record contributed to `delta` (the
     /// fold log showed the record folded after it was read).
-    pub fn undo(&self, w: &Walked<T>, delta: &mut Delta) {
-        self.undo_rows(w.record, w.version, &w.read, delta);
+    pub fn undo(&self, w: &Walked<T>, changes: &Changes, delta: &mut Delta) {
+        let rows = w.read.values().chain(changes.values(w.changed.clone()));
+        self.undo_rows(w.record, w.version, rows, delta);
     }
 
-    /// Takes back what `rows`, read from lifetime `version` of record
-    /// `record`, contributed to `delta` (the lifetime ended while it was
-    /// being read, or was folded).
-    pub fn undo_rows(&self, record: u32, version: u64, rows: &Rows, delta: &mut Delta) {
+    /// Takes back what `rows` (class and value), read from lifetime
+    /// `version` of record `record`, contributed to `delta` (the lifetime
+    /// ended while it was being read, or was folded).
+    pub fn undo_rows(
+        &self,
+        record: u32,
+        version: u64,
+        rows: impl Iterator<Item = (u32, Summary)>,
+        delta: &mut Delta,
+    ) {
         let kept = self.kept(record, version);
-        for (class, new) in rows.values() {
+        for (class, new) in rows {
             let old = kept.and_then(|k| k.get(class));
             delta.undo(class, old.as_ref(), &new);
         }
@@ -546,8 +618,9 @@ impl<T> RowCache<T> {
     /// live records, after the fold log dropped the folded ones, and what
     /// their rows changed in the sums, `delta`): records not in it, or
     /// with another lifetime, are dropped with their rows; the rows each
-    /// walked record read replace the kept ones.
-    pub fn commit(&mut self, live: Vec<Walked<T>>, mut delta: Delta) {
+    /// walked record read (in `w.read`, or its range of `changes`)
+    /// replace the kept ones.
+    pub fn commit(&mut self, live: Vec<Walked<T>>, changes: &Changes, mut delta: Delta) {
         let lifetimes: HashMap<u32, u64> = live.iter().map(|w| (w.record, w.version)).collect();
         let gone: Vec<u32> = self
             .records
@@ -597,17 +670,30 @@ impl<T> RowCache<T> {
                     // Rows are read in class order: each insertion moves the
                     // kept rows after it one place up.
                     let mut inserted = 0;
-                    for (j, r) in w.read.refs.iter().enumerate() {
-                        let hint = w.kept_at.get(j).filter(|&&h| h != NOT_KEPT);
-                        let hint = hint.map(|&h| h as usize + inserted);
-                        if k.put(u32::from(r.class), r.seq, w.read.bytes(r), hint) {
+                    let (c, range) = (&changes.rows, w.changed);
+                    let hints = changes.kept_at[range.clone()].iter();
+                    for (r, &h) in c.refs[range].iter().zip(hints) {
+                        let hint = (h != NOT_KEPT).then_some(h as usize + inserted);
+                        if k.put(u32::from(r.class), r.seq, c.bytes(r), hint) {
                             inserted += 1;
                         }
                     }
+                    // (A kept record's rows are all in `changes`; any read
+                    // as for a new one are merged without hints.)
+                    for r in &w.read.refs {
+                        k.put(u32::from(r.class), r.seq, w.read.bytes(r), None);
+                    }
                 }
                 (Entry::Vacant(v), Some(extra)) => {
-                    // A record read whole: its rows, sorted, are kept as read.
+                    // A record read whole: its rows, sorted, are kept as read
+                    // (with any in `changes`, which a record not kept has
+                    // none of).
                     let mut rows = w.read;
+                    for j in w.changed {
+                        let r = &changes.rows.refs[j];
+                        let s = changes.rows.value(r);
+                        rows.push(u32::from(r.class), r.seq, &s);
+                    }
                     rows.refs.sort_unstable_by_key(|r| r.class);
                     rows.refs.shrink_to_fit();
                     rows.data.shrink_to_fit();
