@@ -200,7 +200,7 @@ pub(crate) fn end_at<const KIND: usize>(
         // First, so that the measured interval ends where the wait did.
         let timer = (d.flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT;
         d.timer_end = now.unwrap_or_else(|| timer::now(&rt.clock, timer));
-        d.timer_wait = timer::to_ps(&rt.clock, timer, d.timer_end.saturating_sub(d.timer_start));
+        d.timer_wait = timer::wait_ps(&rt.clock, timer, d.timer_start, d.timer_end);
     }
     // An event ended in another logical thread than its own (a task's
     // statement ended outside the task) cannot count its children.

@@ -483,7 +483,7 @@ impl TaskStatement {
         let busy = ctx.busy_ticks.get().saturating_add(this_poll);
         let busy = timer::to_ps(cal, POLL_TIMER, busy.saturating_sub(at_start));
         let timer = (self.data.flags & EV_TIMER_MASK) >> EV_TIMER_SHIFT;
-        let wall = timer::to_ps(cal, timer, end.saturating_sub(self.data.timer_start));
+        let wall = timer::wait_ps(cal, timer, self.data.timer_start, end);
         busy.min(wall)
     }
 }

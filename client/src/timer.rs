@@ -131,6 +131,23 @@ fn now_other(clock: &Clock, timer: u32) -> u64 {
     }
 }
 
+/// The picoseconds from `start` to `end`, raw timestamps of `timer`: an
+/// event's `TIMER_WAIT`. It is TIMER_END − TIMER_START as readers convert
+/// each timestamp (a CYCLE one since the calibration's base, rounded down),
+/// so that a row's times add up exactly, as in PFS, and an event nested in
+/// another never outlasts it (converting the tick difference instead can
+/// give 1 ps less).
+#[inline(always)]
+pub(crate) fn wait_ps(clock: &Clock, timer: u32, start: u64, end: u64) -> u64 {
+    if timer == TimerId::Cycle as u32 || timer > TimerId::Tick as u32 {
+        let c = &clock.cal;
+        let ps = c.since_base_ps(end).saturating_sub(c.since_base_ps(start));
+        u64::try_from(ps).unwrap_or(u64::MAX)
+    } else {
+        end.saturating_sub(start).saturating_mul(1000)
+    }
+}
+
 /// Converts a duration measured with `timer` to picoseconds.
 #[inline(always)]
 pub(crate) fn to_ps(clock: &Clock, timer: u32, ticks: u64) -> u64 {
@@ -241,5 +258,31 @@ mod tests {
         }
         // Unknown timer values read CYCLE and convert like it.
         assert_eq!(to_ps(&cal, 7, 1 << 20), cal.cal.ticks_to_ps(1 << 20));
+    }
+
+    #[test]
+    fn wait_is_end_minus_start_as_readers_convert_them() {
+        // A calibration whose ps per tick is not an integer: converting
+        // the tick difference rounds once, the two timestamps twice.
+        let cal = Clock::new(TimerCalibration {
+            ps_per_tick_q32: (1 << 32) / 3 * 1000 + 12_345,
+            base_ticks: 1_000,
+            ..calibration()
+        });
+        let c = &cal.cal;
+        let mut differs = 0;
+        for start in (1_000..1_300).step_by(7) {
+            for len in [0, 1, 2, 3, 10, 1_000_003] {
+                let end = start + len;
+                let shown = c.timestamp_ps(TimerId::Cycle, end) - c.timestamp_ps(TimerId::Cycle, start);
+                let w = wait_ps(&cal, TimerId::Cycle as u32, start, end);
+                assert_eq!(u128::from(w), shown, "start {start}, end {end}");
+                differs += usize::from(u128::from(to_ps(&cal, TimerId::Cycle as u32, len)) != shown);
+            }
+        }
+        assert!(differs > 0, "the case the test is for occurs");
+        let ns = TimerId::Nanosecond as u32;
+        assert_eq!(wait_ps(&cal, ns, 5, 12), 7_000);
+        assert_eq!(wait_ps(&cal, ns, 12, 5), 0);
     }
 }

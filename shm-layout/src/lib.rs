@@ -329,7 +329,7 @@
 //! | 28 | 4 | `operation` | [`Operation`] |
 //! | 32 | 8 | `timer_start` | raw ticks, valid if flag TIMED |
 //! | 40 | 8 | `timer_end` | raw ticks, valid if TIMED and ENDED |
-//! | 48 | 8 | `timer_wait` | ps, valid if TIMED and ENDED |
+//! | 48 | 8 | `timer_wait` | ps, valid if TIMED and ENDED: TIMER_END − TIMER_START, each converted to ps as a reader does |
 //! | 56 | 8 | `object_instance` | `OBJECT_INSTANCE_BEGIN` |
 //! | 64 | 8 | `bytes` | valid if flag HAS_BYTES |
 //! | 72 | 8 | `spins` | valid if flag HAS_SPINS |

@@ -215,7 +215,37 @@ impl Summary {
                 hi_bound.min(self.max_ps)
             };
         }
+        out.tighten_extremes();
         out
+    }
+
+    /// Narrows MIN and MAX, bounds of the true extremes, by what COUNT and
+    /// SUM of the timed events say: MIN ≤ AVG ≤ MAX, the largest is at most
+    /// the sum less the others at their smallest, the smallest at least the
+    /// sum less the others at their largest. Each step keeps a bound a
+    /// bound, and one timed event gets MIN = MAX = SUM exactly.
+    ///
+    /// ```
+    /// use pfs_shm_layout::values::Summary;
+    /// // One event of 7.9 ms, its MAX known only as "at most 14 ms".
+    /// let mut s = Summary { timed_count: 1, sum_ps: 7_903_027_000, min_ps: 7_812_500_001, max_ps: 14_022_669_000, ..Summary::default() };
+    /// s.tighten_extremes();
+    /// assert_eq!((s.min_ps, s.max_ps), (7_903_027_000, 7_903_027_000));
+    /// ```
+    pub fn tighten_extremes(&mut self) {
+        let n = u128::from(self.timed_count);
+        if n == 0 || self.min_ps > self.max_ps {
+            return;
+        }
+        let (sum, others) = (self.sum_ps, n - 1);
+        let cap = sum.saturating_sub(others * u128::from(self.min_ps));
+        self.max_ps = self.max_ps.min(u64::try_from(cap).unwrap_or(u64::MAX));
+        let floor = sum.saturating_sub(others * u128::from(self.max_ps));
+        self.min_ps = self.min_ps.max(u64::try_from(floor).unwrap_or(u64::MAX));
+        let avg_down = u64::try_from(sum / n).unwrap_or(u64::MAX);
+        let avg_up = u64::try_from(sum.div_ceil(n)).unwrap_or(u64::MAX);
+        self.min_ps = self.min_ps.min(avg_down);
+        self.max_ps = self.max_ps.max(avg_up);
     }
 
     /// `MIN_TIMER_WAIT` or `None` (PFS shows 0) when nothing was timed.

@@ -269,6 +269,16 @@ fn nests_in(child: &Value, parent: &Value, parent_type: &str) {
         u64_col(parent, "end_event_id").unwrap(),
     );
     assert!(lo < id && id < hi, "{child} inside {parent}");
+    // Times: each row's TIMER_WAIT is its TIMER_END − TIMER_START, exactly
+    // (as PFS shows them), and the child lies within its parent.
+    let times = |r: &Value| {
+        let col = |c: &str| u64_col(r, c).unwrap_or_else(|e| panic!("{c} of {r}: {e}"));
+        let (start, end, wait) = (col("timer_start"), col("timer_end"), col("timer_wait"));
+        assert_eq!(wait, end - start, "TIMER_WAIT = TIMER_END - TIMER_START: {r}");
+        (start, end)
+    };
+    let ((cs, ce), (ps, pe)) = (times(child), times(parent));
+    assert!(ps <= cs && ce <= pe, "{child} within {parent} in time");
 }
 
 /// Every wait, stage and statement of the histories nests as the program
