@@ -92,7 +92,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         let server = server::serve(listener, state, shutdown_signal());
         let outcome = tokio::select! {
             _ = server => Ok(()),
-            status = child.wait() => Err(anyhow::anyhow!("the demo workload exited unexpectedly: {status:?}")),
+            status = child.wait() => workload_ended(status),
         };
         stop_child(&mut child).await;
         if let Some(o) = otlp {
@@ -105,6 +105,21 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     drop(dirs);
     println!("pfs-agent demo stopped; segments removed");
     Ok(())
+}
+
+/// What the workload's end means for the demo: a stop request if a signal
+/// that asks a process to stop ended it (Ctrl-C or `kill` sent to the
+/// whole process group reaches the workload too, and may end it first),
+/// else a failure.
+fn workload_ended(status: std::io::Result<std::process::ExitStatus>) -> anyhow::Result<()> {
+    use std::os::unix::process::ExitStatusExt;
+    let status = status.context("cannot wait for the demo workload")?;
+    let stop = [rustix::process::Signal::INT, rustix::process::Signal::TERM, rustix::process::Signal::HUP];
+    if status.signal().is_some_and(|n| stop.iter().any(|s| s.as_raw() == n)) {
+        println!("pfs-agent demo: the workload was stopped ({status}); stopping");
+        return Ok(());
+    }
+    anyhow::bail!("the demo workload exited unexpectedly ({status}); its errors are above")
 }
 
 async fn stop_child(child: &mut tokio::process::Child) {
