@@ -63,7 +63,23 @@ fn init_logs(format: LogFormat, default_level: &str) {
     }
 }
 
-fn main() -> anyhow::Result<()> {
+/// Runs the command; an error is printed as `Error:` and its causes, one
+/// per line (never a backtrace, whatever `RUST_BACKTRACE` says: these are
+/// the user's errors, each worded to say what to do), with exit code 1.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // One-shot commands only warn; long-running ones also log progress.
     let default_level = match cli.command {
