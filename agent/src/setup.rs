@@ -253,10 +253,13 @@ pub struct Defaults {
 impl Defaults {
     /// Parses `--instrument` and `--consumer` values (`PATTERN=VALUE`
     /// each, as `PFS_INSTRUMENT` and `PFS_CONSUMERS` spell them).
+    /// A consumer pattern that names no consumer is an error.
     pub fn parse(instruments: &[String], consumers: &[String]) -> Result<Self, SyntaxError> {
+        let consumers = parse_consumer_rules(&consumers.join(";"))?;
+        setup::check_consumer_rules(&consumers)?;
         Ok(Self {
             instruments: parse_instrument_rules(&instruments.join(";"))?,
-            consumers: parse_consumer_rules(&consumers.join(";"))?,
+            consumers,
         })
     }
 

@@ -17,12 +17,24 @@ pub enum SyntaxError {
     #[error("{0:?} is not pattern=VALUE")]
     NotPatternValue(String),
     /// A rule whose value is not one of the accepted words.
-    #[error("{rule:?}: unknown value {value:?}")]
+    #[error("{rule:?}: unknown value {value:?}; use {expected}")]
     UnknownValue {
         /// The whole rule.
         rule: String,
         /// Its value.
         value: String,
+        /// The accepted values, in words.
+        expected: &'static str,
+    },
+    /// A consumer rule whose pattern names no consumer.
+    #[error("{rule:?}: {pattern:?} matches no consumer; they are {names}")]
+    NoSuchConsumer {
+        /// The whole rule.
+        rule: String,
+        /// Its pattern.
+        pattern: String,
+        /// Every consumer name, comma-separated.
+        names: String,
     },
     /// A duration whose number cannot be read.
     #[error("{0:?} is not a duration; use e.g. 300s, 5m, 1h")]
@@ -42,7 +54,7 @@ pub enum SyntaxError {
 /// timed), `OFF`/`NO`/`FALSE`/`0` (disabled). Returns the pattern and the
 /// `FLAG_*` bits.
 pub fn parse_instrument_rules(s: &str) -> Result<Vec<(String, u32)>, SyntaxError> {
-    parse_rules(s, |v| match v.to_ascii_uppercase().as_str() {
+    parse_rules(s, "ON, OFF or COUNTED", |v| match v.to_ascii_uppercase().as_str() {
         "ON" | "YES" | "TRUE" | "1" => Some(FLAG_ENABLED | FLAG_TIMED),
         "COUNTED" => Some(FLAG_ENABLED),
         "OFF" | "NO" | "FALSE" | "0" => Some(0),
@@ -52,7 +64,7 @@ pub fn parse_instrument_rules(s: &str) -> Result<Vec<(String, u32)>, SyntaxError
 
 /// Parses consumer rules (`pattern=ON|OFF`).
 pub fn parse_consumer_rules(s: &str) -> Result<Vec<(String, bool)>, SyntaxError> {
-    parse_rules(s, |v| match v.to_ascii_uppercase().as_str() {
+    parse_rules(s, "ON or OFF", |v| match v.to_ascii_uppercase().as_str() {
         "ON" | "YES" | "TRUE" | "1" => Some(true),
         "OFF" | "NO" | "FALSE" | "0" => Some(false),
         _ => None,
@@ -61,6 +73,7 @@ pub fn parse_consumer_rules(s: &str) -> Result<Vec<(String, bool)>, SyntaxError>
 
 fn parse_rules<T>(
     s: &str,
+    expected: &'static str,
     value: impl Fn(&str) -> Option<T>,
 ) -> Result<Vec<(String, T)>, SyntaxError> {
     s.split([';', ','])
@@ -73,6 +86,7 @@ fn parse_rules<T>(
             let v = value(v.trim()).ok_or_else(|| SyntaxError::UnknownValue {
                 rule: r.to_string(),
                 value: v.trim().to_string(),
+                expected,
             })?;
             Ok((p.trim().to_string(), v))
         })
@@ -134,7 +148,7 @@ mod tests {
         );
         assert_eq!(
             parse_consumer_rules("a=COUNTED").unwrap_err().to_string(),
-            "\"a=COUNTED\": unknown value \"COUNTED\""
+            "\"a=COUNTED\": unknown value \"COUNTED\"; use ON or OFF"
         );
     }
 

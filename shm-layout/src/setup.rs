@@ -50,6 +50,29 @@ pub fn like(pattern: &str, s: &str) -> bool {
     go(&p, &s)
 }
 
+/// Checks that every consumer rule's pattern names a consumer: a typo
+/// (`events_wait_%`) would otherwise change nothing, silently.
+///
+/// ```
+/// use pfs_shm_layout::setup::check_consumer_rules;
+/// assert!(check_consumer_rules(&[("events_waits_history%".into(), true)]).is_ok());
+/// assert!(check_consumer_rules(&[("nosuch".into(), true)]).is_err());
+/// ```
+pub fn check_consumer_rules(rules: &[(String, bool)]) -> Result<(), crate::rules::SyntaxError> {
+    let all = consumers();
+    for (pattern, on) in rules {
+        if !all.iter().any(|(n, _)| like(pattern, n)) {
+            let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(crate::rules::SyntaxError::NoSuchConsumer {
+                rule: format!("{pattern}={}", if *on { "ON" } else { "OFF" }),
+                pattern: pattern.clone(),
+                names: names.join(", "),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The `setup_consumers` rows: name and bit, in PFS order.
 pub fn consumers() -> Vec<(String, u32)> {
     let mut v = Vec::new();
