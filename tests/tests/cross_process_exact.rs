@@ -139,6 +139,7 @@ fn agent_reports_exact_counts_and_sums() {
         resp.body.trim_end().ends_with("# EOF"),
         "OpenMetrics text must end with # EOF"
     );
+    classic_text_passes_promtool(&agent.base, &resp.body);
     let m = pfs_tests::parse_metrics(&resp.body).unwrap();
     for name in TEST_CLASSES {
         let want = &ready["classes"][name];
@@ -408,4 +409,42 @@ fn agent_reports_exact_counts_and_sums() {
     }
 
     writer.finish(Duration::from_secs(10)).unwrap();
+}
+
+/// `/metrics` asked for in the classic text format (`Accept: text/plain`)
+/// has its content type, the same samples as the OpenMetrics text, and
+/// passes `promtool check metrics` (Debian's `prometheus` package, which
+/// `scripts/test` installs), which reads only that format.
+fn classic_text_passes_promtool(base: &str, openmetrics: &str) {
+    let mut r = ureq::get(&format!("{base}/metrics"))
+        .header("Accept", "text/plain;version=0.0.4;q=0.9,*/*;q=0.1")
+        .call()
+        .expect("GET /metrics as classic text");
+    let ct = r.headers().get("content-type").and_then(|v| v.to_str().ok()).map(str::to_string);
+    assert_eq!(ct.as_deref(), Some("text/plain; version=0.0.4; charset=utf-8"));
+    let text = r.body_mut().with_config().limit(64 << 20).read_to_string().unwrap();
+    assert!(!text.contains("# EOF") && !text.contains("# UNIT"), "classic text");
+    // The same series (values may have moved between the two scrapes).
+    let series = |t: &str| -> BTreeSet<String> {
+        t.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty() && !l.contains("_created"))
+            .map(|l| l.split_once(" # {").map_or(l, |(s, _)| s))
+            .map(|l| l.rsplit_once(' ').map_or(l, |(s, _)| s).to_string())
+            .filter(|s| !s.starts_with("pfs_agent_"))
+            .collect()
+    };
+    assert_eq!(series(&text), series(openmetrics), "the same series in both formats");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("metrics.txt");
+    std::fs::write(&file, &text).unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("promtool check metrics < {}", file.display()))
+        .output()
+        .expect("run promtool (install Debian's prometheus package; scripts/test does)");
+    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        !report.contains("error") && !report.contains("not found"),
+        "promtool check metrics: {report}"
+    );
 }

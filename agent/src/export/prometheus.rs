@@ -1,11 +1,11 @@
-//! `/metrics` in the two expositions Prometheus scrapes, through a
+//! `/metrics` in the expositions Prometheus scrapes, through a
 //! `prometheus-client` [`Collector`] that encodes the [`super::model`]
 //! families of the current snapshot on every scrape: OpenMetrics text
-//! (classic histogram buckets) and, for a scraper that asks for it in its
-//! `Accept` header, the Prometheus protobuf exposition, whose latency
-//! histograms carry both the classic buckets and the native ones (schema
-//! 0, see [`super::exponential`]). See the README for what each metric
-//! means.
+//! (classic histogram buckets; the default) and, for a scraper whose
+//! `Accept` header prefers it, the Prometheus protobuf exposition, whose
+//! latency histograms carry both the classic buckets and the native ones
+//! (schema 0, see [`super::exponential`]), or the classic text format
+//! ([`super::classic`]). See the README for what each metric means.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -29,23 +29,34 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 pub const PROTOBUF_CONTENT_TYPE: &str =
     "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited";
 
+/// The classic Prometheus text format's content type.
+pub const CLASSIC_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
 /// How `/metrics` is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exposition {
-    /// OpenMetrics text: classic histogram buckets (every text scraper).
+    /// OpenMetrics text: classic histogram buckets (every text scraper;
+    /// the default).
     Text,
     /// Prometheus protobuf: classic and native histogram buckets (what
     /// Prometheus asks for first with `--enable-feature=native-histograms`).
     Protobuf,
+    /// The classic Prometheus text format (`text/plain; version=0.0.4`),
+    /// for tools that read only it.
+    Classic,
 }
 
 impl Exposition {
-    /// Both, in a fixed order (an index for per-exposition caches).
-    pub const ALL: [Exposition; 2] = [Exposition::Text, Exposition::Protobuf];
+    /// Every exposition, in a fixed order (an index for per-exposition
+    /// caches).
+    pub const ALL: [Exposition; 3] = [Exposition::Text, Exposition::Protobuf, Exposition::Classic];
 
-    /// The exposition a scrape asks for: protobuf if its `Accept` header
-    /// lists the `io.prometheus.client.MetricFamily` protobuf media type
-    /// (with a non-zero quality), else text.
+    /// The exposition a scrape asks for: of those its `Accept` header
+    /// lists with a non-zero quality (`q`, 1 if absent), the one with the
+    /// highest; on a tie protobuf (the `io.prometheus.client.MetricFamily`
+    /// media type), then OpenMetrics (`application/openmetrics-text`), then
+    /// the classic text (`text/plain`). Anything else, `*/*` or no header:
+    /// OpenMetrics.
     ///
     /// ```
     /// use pfs_agent::export::prometheus::Exposition;
@@ -53,29 +64,45 @@ impl Exposition {
     /// // Prometheus 2.42 with native histograms enabled:
     /// let native = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.7,text/plain;version=0.0.4;q=0.3,*/*;q=0.2";
     /// assert_eq!(Exposition::from_accept(Some(native)), Exposition::Protobuf);
-    /// assert_eq!(Exposition::from_accept(Some("text/plain;version=0.0.4")), Exposition::Text);
+    /// // Prometheus by default:
+    /// let om = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+    /// assert_eq!(Exposition::from_accept(Some(om)), Exposition::Text);
+    /// assert_eq!(Exposition::from_accept(Some("text/plain;version=0.0.4")), Exposition::Classic);
+    /// assert_eq!(Exposition::from_accept(Some("*/*")), Exposition::Text);
     /// assert_eq!(Exposition::from_accept(None), Exposition::Text);
     /// ```
     pub fn from_accept(accept: Option<&str>) -> Self {
-        let asks = accept.unwrap_or_default().split(',').any(|range| {
+        // The best quality seen for each exposition, in tie-break order.
+        let order = [Exposition::Protobuf, Exposition::Text, Exposition::Classic];
+        let mut best = [0.0f64; 3];
+        for range in accept.unwrap_or_default().split(',') {
             let mut params = range.split(';').map(str::trim);
             let media = params.next().unwrap_or_default();
-            let mut proto = false;
-            let mut quality_ok = true;
+            let (mut proto, mut q) = (false, 1.0);
             for p in params {
-                match p.split_once('=') {
+                match p.split_once('=').map(|(k, v)| (k.trim(), v.trim())) {
                     Some(("proto", v)) => proto = v == "io.prometheus.client.MetricFamily",
-                    Some(("q", v)) => quality_ok = v.parse::<f64>().is_ok_and(|q| q > 0.0),
+                    Some(("q", v)) => q = v.parse::<f64>().unwrap_or(0.0),
                     _ => {}
                 }
             }
-            media.eq_ignore_ascii_case("application/vnd.google.protobuf") && proto && quality_ok
-        });
-        if asks {
-            Exposition::Protobuf
-        } else {
-            Exposition::Text
+            let is = |m: &str| media.eq_ignore_ascii_case(m);
+            let slot = if is("application/vnd.google.protobuf") && proto {
+                0
+            } else if is("application/openmetrics-text") {
+                1
+            } else if is("text/plain") {
+                2
+            } else {
+                continue;
+            };
+            best[slot] = best[slot].max(q);
         }
+        let top = best.iter().copied().fold(0.0, f64::max);
+        if top <= 0.0 {
+            return Exposition::Text;
+        }
+        order[best.iter().position(|&q| q == top).unwrap_or(1)]
     }
 
     /// The `Content-Type` of a body in this exposition.
@@ -83,6 +110,7 @@ impl Exposition {
         match self {
             Exposition::Text => CONTENT_TYPE,
             Exposition::Protobuf => PROTOBUF_CONTENT_TYPE,
+            Exposition::Classic => CLASSIC_CONTENT_TYPE,
         }
     }
 
@@ -124,6 +152,7 @@ pub fn render(registry: &Registry) -> Result<String, std::fmt::Error> {
 pub fn render_as(registry: &Registry, exposition: Exposition) -> Result<Vec<u8>, RenderError> {
     match exposition {
         Exposition::Text => Ok(render(registry)?.into_bytes()),
+        Exposition::Classic => Ok(super::classic::from_openmetrics(&render(registry)?).into_bytes()),
         Exposition::Protobuf => {
             prometheus_client::encoding::prometheus_protobuf::encode_to_vec(registry)
                 .map_err(|e| RenderError::Protobuf(format!("{e:?}")))

@@ -27,7 +27,7 @@ pub struct MetricsCache {
     rendering: Mutex<()>,
     /// The newest body of each exposition and when its render started,
     /// readable while a render is in progress (locked only to copy it).
-    latest: Mutex<[Option<(Instant, Bytes)>; 2]>,
+    latest: Mutex<[Option<(Instant, Bytes)>; Exposition::ALL.len()]>,
     /// Bodies younger than this are served without asking the snapshotter.
     max_age: Duration,
 }
@@ -41,7 +41,7 @@ impl MetricsCache {
             registry: prometheus::registry(snap, stats.clone()),
             stats,
             rendering: Mutex::new(()),
-            latest: Mutex::new([None, None]),
+            latest: Mutex::new([const { None }; Exposition::ALL.len()]),
             max_age,
         }
     }
@@ -88,6 +88,6 @@ impl MetricsCache {
     pub fn invalidate(&self, snap: &Snapshotter) {
         let _rendering = self.rendering.lock().unwrap_or_else(|p| p.into_inner());
         snap.invalidate();
-        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = [None, None];
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = [const { None }; Exposition::ALL.len()];
     }
 }
