@@ -750,11 +750,26 @@ mod tests {
         let v = cur.since(&base);
         assert_eq!((v.count, v.sum_ps), (2, 100_000));
         assert_eq!(v.max_ps, 50_000, "lifetime max lies in the new top bucket");
+        // The lifetime MIN predates the truncation: the bucket gives a bound,
+        // and COUNT, SUM and MAX pin it (two events of 100 000 ps in all,
+        // neither above 50 000: both are 50 000).
+        assert_eq!(
+            v.min_ps, 50_000,
+            "narrowed from the bucket bound by SUM and MAX"
+        );
+        assert_eq!(v.avg_ps(), 50_000);
+        // Four events where the sum leaves room: the bucket bound stays.
+        let mut cur3 = cur;
+        cur3.count += 2;
+        cur3.timed_count += 2;
+        cur3.sum_ps += 2 * 30_000;
+        cur3.buckets[3] += 2;
+        let v = cur3.since(&base);
         assert_eq!(
             v.min_ps,
             pfs_shm_layout::layout::BUCKET_UPPER_PS[2] + 1,
             "lifetime min predates truncation: bucket bound"
         );
-        assert_eq!(v.avg_ps(), 50_000);
+        assert_eq!(v.max_ps, 50_000);
     }
 }

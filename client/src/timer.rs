@@ -274,10 +274,12 @@ mod tests {
         for start in (1_000..1_300).step_by(7) {
             for len in [0, 1, 2, 3, 10, 1_000_003] {
                 let end = start + len;
-                let shown = c.timestamp_ps(TimerId::Cycle, end) - c.timestamp_ps(TimerId::Cycle, start);
+                let shown =
+                    c.timestamp_ps(TimerId::Cycle, end) - c.timestamp_ps(TimerId::Cycle, start);
                 let w = wait_ps(&cal, TimerId::Cycle as u32, start, end);
                 assert_eq!(u128::from(w), shown, "start {start}, end {end}");
-                differs += usize::from(u128::from(to_ps(&cal, TimerId::Cycle as u32, len)) != shown);
+                differs +=
+                    usize::from(u128::from(to_ps(&cal, TimerId::Cycle as u32, len)) != shown);
             }
         }
         assert!(differs > 0, "the case the test is for occurs");

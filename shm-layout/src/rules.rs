@@ -54,11 +54,13 @@ pub enum SyntaxError {
 /// timed), `OFF`/`NO`/`FALSE`/`0` (disabled). Returns the pattern and the
 /// `FLAG_*` bits.
 pub fn parse_instrument_rules(s: &str) -> Result<Vec<(String, u32)>, SyntaxError> {
-    parse_rules(s, "ON, OFF or COUNTED", |v| match v.to_ascii_uppercase().as_str() {
-        "ON" | "YES" | "TRUE" | "1" => Some(FLAG_ENABLED | FLAG_TIMED),
-        "COUNTED" => Some(FLAG_ENABLED),
-        "OFF" | "NO" | "FALSE" | "0" => Some(0),
-        _ => None,
+    parse_rules(s, "ON, OFF or COUNTED", |v| {
+        match v.to_ascii_uppercase().as_str() {
+            "ON" | "YES" | "TRUE" | "1" => Some(FLAG_ENABLED | FLAG_TIMED),
+            "COUNTED" => Some(FLAG_ENABLED),
+            "OFF" | "NO" | "FALSE" | "0" => Some(0),
+            _ => None,
+        }
     })
 }
 

@@ -274,7 +274,11 @@ fn nests_in(child: &Value, parent: &Value, parent_type: &str) {
     let times = |r: &Value| {
         let col = |c: &str| u64_col(r, c).unwrap_or_else(|e| panic!("{c} of {r}: {e}"));
         let (start, end, wait) = (col("timer_start"), col("timer_end"), col("timer_wait"));
-        assert_eq!(wait, end - start, "TIMER_WAIT = TIMER_END - TIMER_START: {r}");
+        assert_eq!(
+            wait,
+            end - start,
+            "TIMER_WAIT = TIMER_END - TIMER_START: {r}"
+        );
         (start, end)
     };
     let ((cs, ce), (ps, pe)) = (times(child), times(parent));

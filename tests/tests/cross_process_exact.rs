@@ -420,10 +420,25 @@ fn classic_text_passes_promtool(base: &str, openmetrics: &str) {
         .header("Accept", "text/plain;version=0.0.4;q=0.9,*/*;q=0.1")
         .call()
         .expect("GET /metrics as classic text");
-    let ct = r.headers().get("content-type").and_then(|v| v.to_str().ok()).map(str::to_string);
-    assert_eq!(ct.as_deref(), Some("text/plain; version=0.0.4; charset=utf-8"));
-    let text = r.body_mut().with_config().limit(64 << 20).read_to_string().unwrap();
-    assert!(!text.contains("# EOF") && !text.contains("# UNIT"), "classic text");
+    let ct = r
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    assert_eq!(
+        ct.as_deref(),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    let text = r
+        .body_mut()
+        .with_config()
+        .limit(64 << 20)
+        .read_to_string()
+        .unwrap();
+    assert!(
+        !text.contains("# EOF") && !text.contains("# UNIT"),
+        "classic text"
+    );
     // The same series (values may have moved between the two scrapes).
     let series = |t: &str| -> BTreeSet<String> {
         t.lines()
@@ -433,7 +448,11 @@ fn classic_text_passes_promtool(base: &str, openmetrics: &str) {
             .filter(|s| !s.starts_with("pfs_agent_"))
             .collect()
     };
-    assert_eq!(series(&text), series(openmetrics), "the same series in both formats");
+    assert_eq!(
+        series(&text),
+        series(openmetrics),
+        "the same series in both formats"
+    );
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("metrics.txt");
     std::fs::write(&file, &text).unwrap();
@@ -442,7 +461,11 @@ fn classic_text_passes_promtool(base: &str, openmetrics: &str) {
         .arg(format!("promtool check metrics < {}", file.display()))
         .output()
         .expect("run promtool (install Debian's prometheus package; scripts/test does)");
-    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         !report.contains("error") && !report.contains("not found"),
         "promtool check metrics: {report}"

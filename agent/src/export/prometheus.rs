@@ -152,7 +152,9 @@ pub fn render(registry: &Registry) -> Result<String, std::fmt::Error> {
 pub fn render_as(registry: &Registry, exposition: Exposition) -> Result<Vec<u8>, RenderError> {
     match exposition {
         Exposition::Text => Ok(render(registry)?.into_bytes()),
-        Exposition::Classic => Ok(super::classic::from_openmetrics(&render(registry)?).into_bytes()),
+        Exposition::Classic => {
+            Ok(super::classic::from_openmetrics(&render(registry)?).into_bytes())
+        }
         Exposition::Protobuf => {
             prometheus_client::encoding::prometheus_protobuf::encode_to_vec(registry)
                 .map_err(|e| RenderError::Protobuf(format!("{e:?}")))

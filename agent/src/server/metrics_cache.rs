@@ -88,6 +88,7 @@ impl MetricsCache {
     pub fn invalidate(&self, snap: &Snapshotter) {
         let _rendering = self.rendering.lock().unwrap_or_else(|p| p.into_inner());
         snap.invalidate();
-        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = [const { None }; Exposition::ALL.len()];
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) =
+            [const { None }; Exposition::ALL.len()];
     }
 }
