@@ -49,14 +49,14 @@ pub fn from_openmetrics(openmetrics: &str) -> String {
                 "TYPE" => {
                     family = (name, rest);
                     let (classic_name, classic_type) = classic_family(name, rest);
-                    if let Some((help_name, text)) = pending_help.take() {
-                        if help_name == name {
-                            out.push_str("# HELP ");
-                            out.push_str(&classic_name);
-                            out.push(' ');
-                            out.push_str(&text.replace("\\\"", "\""));
-                            out.push('\n');
-                        }
+                    if let Some((help_name, text)) = pending_help.take()
+                        && help_name == name
+                    {
+                        out.push_str("# HELP ");
+                        out.push_str(&classic_name);
+                        out.push(' ');
+                        out.push_str(&text.replace("\\\"", "\""));
+                        out.push('\n');
                     }
                     out.push_str("# TYPE ");
                     out.push_str(&classic_name);
@@ -85,11 +85,11 @@ pub fn from_openmetrics(openmetrics: &str) -> String {
             out.push(' ');
             out.push_str(value);
         }
-        if let Some(ts) = fields.next() {
-            if let Ok(secs) = ts.parse::<f64>() {
-                out.push(' ');
-                out.push_str(&format!("{}", (secs * 1000.0).round() as i64));
-            }
+        if let Some(ts) = fields.next()
+            && let Ok(secs) = ts.parse::<f64>()
+        {
+            out.push(' ');
+            out.push_str(&format!("{}", (secs * 1000.0).round() as i64));
         }
         out.push('\n');
     }
