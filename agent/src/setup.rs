@@ -146,6 +146,35 @@ pub enum InvalidChange {
     /// An actor column outside 1..=32 bytes.
     #[error("host, user and role must be 1 to 32 bytes (\"%\" matches any)")]
     ActorLength,
+    /// A `setup_timers` name that matches no event kind: it would change
+    /// nothing.
+    #[error(
+        "setup_timers has no event kind {name:?}{hint}; the name is one of wait, stage, statement, or a LIKE pattern over them (\"%\" for all)"
+    )]
+    EventKind {
+        /// The name given.
+        name: String,
+        /// A suggestion, if the name is one in another case.
+        hint: String,
+    },
+}
+
+/// Why a `setup_timers` change's `name` is refused: it matches no event
+/// kind (`STAGE`, `waits`), so it would change nothing.
+fn unknown_event_kind(name: &str) -> Option<InvalidChange> {
+    let kinds = setup::TIMER_KINDS;
+    if kinds.iter().any(|k| setup::like(name, k)) {
+        return None;
+    }
+    let hint = kinds
+        .iter()
+        .find(|k| setup::like(&name.to_ascii_lowercase(), k))
+        .map(|k| format!(" (event kinds are lower case: did you mean {k:?}?)"))
+        .unwrap_or_default();
+    Some(InvalidChange::EventKind {
+        name: name.to_string(),
+        hint,
+    })
 }
 
 /// Checks a change before touching any segment.
@@ -154,6 +183,7 @@ pub fn validate(change: &Change) -> Result<(), InvalidChange> {
         Change::Timers(t) if TimerId::from_name(&t.timer_name).is_none() => {
             Err(InvalidChange::Timer(t.timer_name.clone()))
         }
+        Change::Timers(t) => unknown_event_kind(&t.name).map_or(Ok(()), Err),
         Change::Instruments(i) if i.enabled.is_none() && i.timed.is_none() => {
             Err(InvalidChange::Nothing)
         }
@@ -338,5 +368,34 @@ impl Applied {
     /// last call.
     pub fn catch_up(&mut self, defaults: &Defaults) {
         self.classes = defaults.apply_instruments(&self.rw, self.classes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timers(name: &str) -> Change {
+        Change::Timers(TimerChange {
+            name: name.into(),
+            timer_name: "NANOSECOND".into(),
+        })
+    }
+
+    #[test]
+    fn event_kinds_are_checked() {
+        for ok in ["wait", "stage", "statement", "%", "sta%", "_tage"] {
+            assert!(validate(&timers(ok)).is_ok(), "{ok}");
+        }
+        let e = validate(&timers("STAGE")).unwrap_err().to_string();
+        assert!(
+            e.contains("\"STAGE\"") && e.contains("did you mean \"stage\""),
+            "{e}"
+        );
+        let e = validate(&timers("idle")).unwrap_err().to_string();
+        assert!(
+            e.contains("wait, stage, statement") && !e.contains("did you mean"),
+            "{e}"
+        );
     }
 }

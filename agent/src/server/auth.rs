@@ -1,5 +1,6 @@
 //! Bearer tokens: the control token (needed to change anything) and the
-//! optional read token, compared in constant time.
+//! optional read token, compared in constant time. The `Bearer` scheme is
+//! matched in any case, as RFC 9110 requires.
 
 use hyper::header::HeaderValue;
 use hyper::{Request, StatusCode};
@@ -45,6 +46,15 @@ impl Tokens {
     }
 }
 
+/// The token of an `Authorization: Bearer <token>` header value. The
+/// scheme is case-insensitive (RFC 9110 §11.1: `bearer`, `BEARER`), and one
+/// or more spaces may separate it from the token.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("Bearer") && !token.is_empty()).then_some(token)
+}
+
 /// Whether the request's bearer token equals one of `want` (constant time
 /// in the token's content; every candidate is compared).
 fn token_matches<B>(req: &Request<B>, want: [Option<&String>; 2]) -> bool {
@@ -53,7 +63,7 @@ fn token_matches<B>(req: &Request<B>, want: [Option<&String>; 2]) -> bool {
         .headers()
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .unwrap_or("");
     let mut ok = subtle::Choice::from(0);
     for w in want.into_iter().flatten() {
@@ -112,5 +122,22 @@ mod tests {
         assert!(t.authorize_read(&req(Some("Bearer c"))).is_ok());
         assert!(t.authorize_read(&req(Some("Bearer cc"))).is_err());
         assert!(t.authorize_read(&req(None)).is_err());
+    }
+
+    #[test]
+    fn the_scheme_is_case_insensitive() {
+        let t = Tokens {
+            control: Some("c".into()),
+            read: Some("r".into()),
+        };
+        for auth in ["Bearer c", "bearer c", "BEARER c", "bEaReR c", "Bearer  c"] {
+            assert!(t.authorize(&req(Some(auth))).is_ok(), "{auth}");
+            assert!(t.authorize_read(&req(Some(auth))).is_ok(), "{auth}");
+        }
+        for auth in ["Basic c", "Bearerc", "Bearer", "Bearer ", "c", "Bearer c c"] {
+            assert!(t.authorize(&req(Some(auth))).is_err(), "{auth}");
+        }
+        assert_eq!(bearer_token("bearer tok"), Some("tok"));
+        assert_eq!(bearer_token("Token tok"), None);
     }
 }

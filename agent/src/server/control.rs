@@ -1,6 +1,7 @@
 //! Control requests (POST): live setup changes and `TRUNCATE TABLE`, each
 //! allowed only with the control token. Nothing changes unless the token
-//! matches.
+//! matches, and a change that names nothing that exists (an unknown
+//! timer or event kind) is refused with 400 before any segment is touched.
 
 use std::sync::Arc;
 
@@ -28,6 +29,10 @@ pub async fn truncate(state: Arc<AppState>, name: &str) -> Resp {
         let snap = s.snap.take();
         let mut b = s.baselines();
         table.truncate(&mut b, &snap)?;
+        // A cached snapshot older than these baselines would show the rows
+        // before the truncation minus the counts at it: the next read
+        // takes a fresh one.
+        s.snap.invalidate();
         if let Some(dir) = &s.baselines_dir
             && let Err(e) = b.save(dir)
         {

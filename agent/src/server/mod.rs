@@ -9,10 +9,12 @@
 //!
 //! The routes are listed in [`routes`].
 //!
-//! Control (POST) needs `Authorization: Bearer <token>` matching the
-//! `--control-token-file`, compared in constant time: a missing or wrong
-//! token gets 401, and with no token configured control is refused (403).
-//! Nothing is changed unless the token matches.
+//! Control (POST) needs `Authorization: Bearer <token>` (the scheme in any
+//! case) matching the `--control-token-file`, compared in constant time: a
+//! missing or wrong token gets 401, and with no token configured control is
+//! refused (403). Nothing is changed unless the token matches. A known path
+//! asked with the wrong method gets 405 and an `Allow` header, before any
+//! token is checked.
 //!
 //! Reads (`/metrics`, `/api/v1/tables*`) are open unless a read token is
 //! configured (`--read-token-file`): then they need `Authorization: Bearer`

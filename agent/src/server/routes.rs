@@ -1,4 +1,7 @@
-//! Which request goes where.
+//! Which request goes where: the path picks a route (404 if none), the
+//! route's methods are checked (405 with an `Allow` header otherwise, before
+//! any token: a 405 only tells that the path exists), then its token, then
+//! its query string.
 //!
 //! | method | path | answer |
 //! |--------|------|--------|
@@ -9,10 +12,16 @@
 //! | GET | `/api/v1/tables/{table}?service=S&pid=N` | `{"table", "columns", "rows"}` (chunked) |
 //! | POST | `/api/v1/setup/{instruments,consumers,timers,actors}[?service=S&pid=N]` | `{"matched": n, "segments": m}` |
 //! | POST | `/api/v1/tables/{table}/truncate` | `{"truncated": table}` |
+//!
+//! Every GET path also answers HEAD. Query values are percent-decoded as
+//! a form would encode them (`%20` or `+` for a space, `%2F` for `/`), so
+//! `?service=orders%20api%2Fv2` matches the service `orders api/v2`; each
+//! parameter may appear once.
 
 use std::sync::Arc;
 
 use hyper::body::Incoming;
+use hyper::header::{ALLOW, HeaderValue};
 use hyper::{Method, Request, StatusCode};
 use serde_json::json;
 
@@ -23,85 +32,222 @@ use super::state::AppState;
 use super::stream::stream_table;
 use crate::export::prometheus::Exposition;
 use crate::filter::Filter;
-use crate::tables;
+use crate::tables::{self, PfsTable};
+
+/// The setup tables that `POST /api/v1/setup/{what}` changes.
+const SETUP_TABLES: [&str; 4] = ["instruments", "consumers", "timers", "actors"];
 
 /// A query string that is not `service=S` and/or `pid=N`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QueryError {
-    /// `pid=` is not a number.
-    #[error("pid must be a number, got {0:?}")]
+    /// `pid=` is not a process id (the decoded value).
+    #[error("pid must be a positive integer (a process id), got {0:?}")]
     Pid(String),
-    /// Another parameter.
+    /// Another parameter (its decoded name).
     #[error("unknown query parameter {0:?}; use service= or pid=")]
     Unknown(String),
+    /// A parameter given more than once.
+    #[error(
+        "query parameter {0:?} is given more than once; give it once (a filter selects one {0})"
+    )]
+    Repeated(&'static str),
+    /// A name or value whose percent-decoding is not UTF-8 (as sent).
+    #[error("query parameter {0:?} is not UTF-8 once percent-decoded; percent-encode UTF-8 text")]
+    NotUtf8(String),
 }
 
-/// The [`Filter`] of a query string (`service=S&pid=N`).
+/// Percent-decodes a query string's name or value, reading `+` as a space
+/// (as HTML forms and `URLSearchParams` encode them).
+fn decode(raw: &str) -> Result<String, QueryError> {
+    let spaced = raw.replace('+', " ");
+    percent_encoding::percent_decode_str(&spaced)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| QueryError::NotUtf8(raw.to_string()))
+}
+
+/// The [`Filter`] of a query string (`service=S&pid=N`, percent-decoded;
+/// each at most once).
 pub fn parse_filter(query: Option<&str>) -> Result<Filter, QueryError> {
     let mut f = Filter::default();
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "service" => f.service = Some(v.to_string()),
-            "pid" => f.pid = Some(v.parse().map_err(|_| QueryError::Pid(v.to_string()))?),
-            _ => return Err(QueryError::Unknown(k.to_string())),
+        let (k, v) = (decode(k)?, decode(v)?);
+        match k.as_str() {
+            "service" if f.service.is_some() => return Err(QueryError::Repeated("service")),
+            "pid" if f.pid.is_some() => return Err(QueryError::Repeated("pid")),
+            "service" => f.service = Some(v),
+            "pid" => match v.parse::<u32>() {
+                Ok(p) if p > 0 => f.pid = Some(p),
+                _ => return Err(QueryError::Pid(v)),
+            },
+            _ => return Err(QueryError::Unknown(k)),
         }
     }
     Ok(f)
 }
 
-async fn post(
-    state: Arc<AppState>,
-    req: Request<Incoming>,
-    path: &str,
-    query: Option<&str>,
-) -> Resp {
-    if let Err(refusal) = state.tokens.authorize(&req) {
-        return *refusal;
+/// What a path names.
+#[derive(Clone, Copy)]
+enum Route<'a> {
+    Landing,
+    Healthz,
+    Metrics,
+    TableList,
+    Table(&'static dyn PfsTable),
+    Truncate(&'static dyn PfsTable),
+    /// One of [`SETUP_TABLES`].
+    Setup(&'a str),
+}
+
+/// Who may use a route, and with which methods.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// GET/HEAD, no token (probes, the landing page).
+    Open,
+    /// GET/HEAD, with the read token if one is configured.
+    Read,
+    /// POST, with the control token.
+    Control,
+}
+
+impl Access {
+    fn allows(self, m: &Method) -> bool {
+        match self {
+            Access::Open | Access::Read => m == Method::GET || m == Method::HEAD,
+            Access::Control => m == Method::POST,
+        }
     }
-    let filter = match parse_filter(query) {
-        Ok(f) => f,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
-    };
-    if let Some(table) = path
-        .strip_prefix("/api/v1/tables/")
-        .and_then(|t| t.strip_suffix("/truncate"))
-    {
-        return control::truncate(state, table).await;
+
+    /// The `Allow` header's value.
+    fn allow(self) -> &'static str {
+        match self {
+            Access::Open | Access::Read => "GET, HEAD",
+            Access::Control => "POST",
+        }
     }
-    match path.strip_prefix("/api/v1/setup/") {
-        Some(what) => control::setup(state, req, what, filter).await,
-        None => error(
-            StatusCode::NOT_FOUND,
-            "control paths: /api/v1/setup/{instruments,consumers,timers,actors}, /api/v1/tables/{table}/truncate",
+}
+
+impl Route<'_> {
+    fn access(&self) -> Access {
+        match self {
+            Route::Landing | Route::Healthz => Access::Open,
+            Route::Metrics | Route::TableList | Route::Table(_) => Access::Read,
+            Route::Truncate(_) | Route::Setup(_) => Access::Control,
+        }
+    }
+}
+
+/// The route of `path`, or the 404 to send.
+fn route(path: &str) -> Result<Route<'_>, Box<Resp>> {
+    Ok(match path {
+        "/" => Route::Landing,
+        "/healthz" => Route::Healthz,
+        "/metrics" => Route::Metrics,
+        "/api/v1/tables" | "/api/v1/tables/" => Route::TableList,
+        p => {
+            if let Some(rest) = p.strip_prefix("/api/v1/tables/") {
+                let (name, truncate) = match rest.strip_suffix("/truncate") {
+                    Some(name) => (name, true),
+                    None => (rest, false),
+                };
+                match (tables::lookup(name), truncate) {
+                    (Some(t), false) => Route::Table(t),
+                    (Some(t), true) => Route::Truncate(t),
+                    (None, _) => return Err(Box::new(no_such_table())),
+                }
+            } else if let Some(what) = p.strip_prefix("/api/v1/setup/") {
+                match SETUP_TABLES.iter().find(|s| **s == what) {
+                    Some(s) => Route::Setup(s),
+                    None => {
+                        return Err(Box::new(error(
+                            StatusCode::NOT_FOUND,
+                            format!(
+                                "no setup table {what:?}; POST to /api/v1/setup/{{{}}}",
+                                SETUP_TABLES.join(",")
+                            ),
+                        )));
+                    }
+                }
+            } else {
+                return Err(Box::new(error(
+                    StatusCode::NOT_FOUND,
+                    "not found; try /, /metrics, /healthz or /api/v1/tables (control: POST \
+                     /api/v1/setup/{instruments,consumers,timers,actors} or \
+                     /api/v1/tables/{table}/truncate)",
+                )));
+            }
+        }
+    })
+}
+
+/// 405 for `method` on `path`, whose route is `r`, with the `Allow` header
+/// and a hint at what to do instead.
+fn method_not_allowed(method: &Method, path: &str, r: Route<'_>) -> Resp {
+    let access = r.access();
+    let hint = match r {
+        Route::Setup(what) => format!(
+            "; it changes setup_{what} (with the control token), \
+             GET /api/v1/tables/setup_{what} reads it"
         ),
-    }
+        Route::Truncate(t) => format!(
+            "; it runs TRUNCATE TABLE (with the control token), GET /api/v1/tables/{} reads the table",
+            t.name()
+        ),
+        _ => String::new(),
+    };
+    let mut resp = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!(
+            "{method} is not allowed on {path}: use {}{hint}",
+            access.allow().replace(", ", " or ")
+        ),
+    );
+    resp.headers_mut()
+        .insert(ALLOW, HeaderValue::from_static(access.allow()));
+    resp
 }
 
 /// Answers one request.
 pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     let path = req.uri().path().to_string();
     let query = req.uri().query().map(str::to_string);
-    if req.method() == Method::POST {
-        return post(state, req, &path, query.as_deref()).await;
+    let r = match route(&path) {
+        Ok(r) => r,
+        Err(not_found) => return *not_found,
+    };
+    let access = r.access();
+    if !access.allows(req.method()) {
+        return method_not_allowed(req.method(), &path, r);
     }
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        return error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "GET reads; POST changes setup or truncates",
-        );
-    }
-    // `/healthz` (probes) and the landing page (links, no data) are open.
-    if path != "/healthz"
-        && path != "/"
-        && let Err(refusal) = state.tokens.authorize_read(&req)
-    {
+    let authorized = match access {
+        Access::Open => Ok(()),
+        Access::Read => state.tokens.authorize_read(&req),
+        Access::Control => state.tokens.authorize(&req),
+    };
+    if let Err(refusal) = authorized {
         return *refusal;
     }
-    match path.as_str() {
-        "/" => landing::page(),
-        "/healthz" => reply(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
-        "/metrics" => {
+    let filter = match r {
+        Route::Table(_) | Route::Setup(_) => match parse_filter(query.as_deref()) {
+            Ok(f) => f,
+            Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+        },
+        Route::Truncate(t) if query.as_deref().is_some_and(|q| !q.is_empty()) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "TRUNCATE applies to every process: POST /api/v1/tables/{}/truncate takes no query parameters",
+                    t.name()
+                ),
+            );
+        }
+        _ => Filter::default(),
+    };
+    match r {
+        Route::Landing => landing::page(),
+        Route::Healthz => reply(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
+        Route::Metrics => {
             let accept = req.headers().get(hyper::header::ACCEPT);
             let exposition = Exposition::from_accept(accept.and_then(|v| v.to_str().ok()));
             let content_type = exposition.content_type();
@@ -114,24 +260,10 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
                 _ => error(StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed"),
             }
         }
-        "/api/v1/tables" | "/api/v1/tables/" => {
-            json_reply(StatusCode::OK, json!({ "tables": tables::names() }))
-        }
-        p if p.starts_with("/api/v1/tables/") => {
-            let name = p.trim_start_matches("/api/v1/tables/");
-            let filter = match parse_filter(query.as_deref()) {
-                Ok(f) => f,
-                Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
-            };
-            match tables::lookup(name) {
-                Some(table) => stream_table(state, table, filter),
-                None => no_such_table(),
-            }
-        }
-        _ => error(
-            StatusCode::NOT_FOUND,
-            "not found; try /, /metrics, /healthz or /api/v1/tables",
-        ),
+        Route::TableList => json_reply(StatusCode::OK, json!({ "tables": tables::names() })),
+        Route::Table(table) => stream_table(state, table, filter),
+        Route::Truncate(table) => control::truncate(state, table.name()).await,
+        Route::Setup(what) => control::setup(state, req, what, filter).await,
     }
 }
 
@@ -157,5 +289,95 @@ mod tests {
             parse_filter(Some("host=h")),
             Err(QueryError::Unknown("host".into()))
         );
+    }
+
+    #[test]
+    fn query_strings_are_percent_decoded() {
+        let service = |q| parse_filter(Some(q)).map(|f| f.service);
+        assert_eq!(
+            service("service=kvstore%2Ddemo"),
+            Ok(Some("kvstore-demo".into()))
+        );
+        for q in [
+            "service=orders%20api%2Fv2",
+            "service=orders+api/v2",
+            "service=orders%20api/v2",
+            "%73ervice=orders+api%2fv2",
+        ] {
+            assert_eq!(service(q), Ok(Some("orders api/v2".into())), "{q}");
+        }
+        assert_eq!(service("service=a%2Bb"), Ok(Some("a+b".into())));
+        assert_eq!(service("service=caf%C3%A9"), Ok(Some("café".into())));
+        assert_eq!(
+            service("service=100%"),
+            Ok(Some("100%".into())),
+            "a lone % stays"
+        );
+        assert_eq!(
+            service("service=%FF"),
+            Err(QueryError::NotUtf8("%FF".into()))
+        );
+        assert_eq!(
+            parse_filter(Some("pid=%2013080")),
+            Err(QueryError::Pid(" 13080".into())),
+            "the decoded value is echoed"
+        );
+        assert_eq!(
+            parse_filter(Some("pid=%31%33")).map(|f| f.pid),
+            Ok(Some(13))
+        );
+        assert_eq!(
+            parse_filter(Some("ho%73t=h")),
+            Err(QueryError::Unknown("host".into()))
+        );
+    }
+
+    #[test]
+    fn bad_pids_and_repeats_are_refused() {
+        for pid in ["-1", "0", "", "1.5", "4294967296"] {
+            let e = parse_filter(Some(&format!("pid={pid}"))).unwrap_err();
+            assert_eq!(e, QueryError::Pid(pid.into()));
+            assert!(e.to_string().contains("positive integer"), "{e}");
+        }
+        let e = parse_filter(Some("service=a&service=b")).unwrap_err();
+        assert_eq!(e, QueryError::Repeated("service"));
+        assert!(e.to_string().contains("\"service\""), "{e}");
+        assert_eq!(
+            parse_filter(Some("pid=1&service=a&pid=1")),
+            Err(QueryError::Repeated("pid"))
+        );
+    }
+
+    #[test]
+    fn paths_route_and_methods_are_checked() {
+        let access = |p| route(p).map(|r| r.access()).ok();
+        assert!(access("/") == Some(Access::Open));
+        assert!(access("/healthz") == Some(Access::Open));
+        assert!(access("/metrics") == Some(Access::Read));
+        assert!(access("/api/v1/tables/") == Some(Access::Read));
+        assert!(access("/api/v1/tables/threads") == Some(Access::Read));
+        assert!(access("/api/v1/tables/threads/truncate") == Some(Access::Control));
+        assert!(access("/api/v1/setup/instruments") == Some(Access::Control));
+        for p in [
+            "/nope",
+            "/api/v1/tables/nope",
+            "/api/v1/tables/nope/truncate",
+            "/api/v1/tables/threads/x",
+            "/api/v1/setup/nope",
+            "/api/v1/setup/",
+        ] {
+            assert_eq!(
+                route(p).err().map(|r| r.status()),
+                Some(StatusCode::NOT_FOUND),
+                "{p}"
+            );
+        }
+        let r = route("/api/v1/setup/timers").ok().unwrap();
+        let resp = method_not_allowed(&Method::GET, "/api/v1/setup/timers", r);
+        assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(resp.headers()[ALLOW], "POST");
+        assert!(Access::Read.allows(&Method::HEAD));
+        assert!(!Access::Read.allows(&Method::POST));
+        assert!(!Access::Control.allows(&Method::GET));
     }
 }

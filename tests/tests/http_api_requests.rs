@@ -1,0 +1,416 @@
+//! The HTTP API's request handling, against a real `pfs-agent serve` and
+//! real instrumented processes: query values percent-decoded (a service
+//! named `orders api/v2`, `kvstore%2Ddemo`), repeated or malformed
+//! parameters refused with 400 naming them, 405 with `Allow` for a known
+//! path asked with the wrong method (before any token check), the
+//! `Bearer` scheme in any case, `performance_timers` per process, and
+//! unknown `setup_timers` event kinds refused.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use pfs_tests::{Agent, Writer, poll, rows, spawn_exact, writer_exe};
+use serde_json::{Value, json};
+
+const READ: &str = "read-token-0123";
+const CONTROL: &str = "control-token-4567";
+
+/// One answer: status, `Allow` header, body (JSON when it parses).
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    allow: Option<String>,
+    body: Value,
+}
+
+/// `method url` with an optional `Authorization` header value and JSON body.
+fn request(method: &str, url: &str, auth: Option<&str>, body: Option<Value>) -> Result<Answer> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .allow_non_standard_methods(true)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into();
+    let mut b = ureq::http::Request::builder().method(method).uri(url);
+    if let Some(a) = auth {
+        b = b.header("authorization", a);
+    }
+    let sent = match body {
+        Some(v) => agent.run(
+            b.header("content-type", "application/json")
+                .body(v.to_string())?,
+        ),
+        None => agent.run(b.body(())?),
+    };
+    let mut r = sent.with_context(|| format!("{method} {url}"))?;
+    let status = r.status().as_u16();
+    let allow = r
+        .headers()
+        .get("allow")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let text = r.body_mut().read_to_string().unwrap_or_default();
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    Ok(Answer {
+        status,
+        allow,
+        body,
+    })
+}
+
+fn get(url: &str) -> Result<Answer> {
+    request("GET", url, None, None)
+}
+
+/// Two processes, `kvstore-demo` and `orders api/v2`, and an agent with a
+/// control token (and a read token with `read`).
+struct Setup {
+    _dir: tempfile::TempDir,
+    _secrets: tempfile::TempDir,
+    writers: Vec<(Writer, String)>,
+    agent: Agent,
+}
+
+impl Setup {
+    fn start(read: bool) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let secrets = tempfile::tempdir()?;
+        let mut writers = Vec::new();
+        for service in ["kvstore-demo", "orders api/v2"] {
+            let (w, _) = spawn_exact(writer_exe!(), dir.path(), service, 2, 5, 0)?;
+            writers.push((w, service.to_string()));
+        }
+        let control = secrets.path().join("control");
+        std::fs::write(&control, format!("{CONTROL}\n"))?;
+        let read_file = secrets.path().join("read");
+        std::fs::write(&read_file, format!("{READ}\n"))?;
+        let mut args = vec![
+            "--control-token-file".to_string(),
+            control.to_string_lossy().into_owned(),
+        ];
+        if read {
+            args.push("--read-token-file".into());
+            args.push(read_file.to_string_lossy().into_owned());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let agent = Agent::serve_with_args(dir.path(), &args)?;
+        let s = Self {
+            _dir: dir,
+            _secrets: secrets,
+            writers,
+            agent,
+        };
+        if !read {
+            // Both processes are visible before the test starts.
+            poll(Duration::from_secs(20), || {
+                let t = s.table("threads", "")?;
+                let services: std::collections::BTreeSet<String> = rows(&t)?
+                    .iter()
+                    .filter_map(|r| r["service"].as_str().map(str::to_string))
+                    .collect();
+                Ok((services.len() == 2).then_some(()))
+            })?;
+        }
+        Ok(s)
+    }
+
+    fn pid(&self, service: &str) -> u32 {
+        self.writers
+            .iter()
+            .find(|(_, s)| s == service)
+            .map(|(w, _)| w.guard.pid())
+            .unwrap()
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.agent.base)
+    }
+
+    /// `GET /api/v1/tables/{table}{query}`, which must answer 200.
+    fn table(&self, table: &str, query: &str) -> Result<Value> {
+        let a = get(&self.url(&format!("/api/v1/tables/{table}{query}")))?;
+        if a.status != 200 {
+            bail!("{table}{query} answered {}: {}", a.status, a.body);
+        }
+        Ok(a.body)
+    }
+}
+
+/// The `service` of every row of `t` (at least one row).
+fn services(t: &Value) -> Result<Vec<String>> {
+    let r = rows(t)?;
+    if r.is_empty() {
+        bail!("no rows: {t}");
+    }
+    Ok(r.iter()
+        .map(|r| r["service"].as_str().unwrap_or("?").to_string())
+        .collect())
+}
+
+fn error_of(a: &Answer) -> String {
+    a.body["error"].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn query_values_are_percent_decoded_and_checked() -> Result<()> {
+    let s = Setup::start(false)?;
+    let t = s.table("threads", "?service=kvstore%2Ddemo")?;
+    assert!(services(&t)?.iter().all(|x| x == "kvstore-demo"), "{t}");
+    for q in [
+        "?service=orders%20api%2Fv2",
+        "?service=orders+api%2Fv2",
+        "?service=orders+api/v2",
+        "?service=orders%20api/v2",
+    ] {
+        let t = s.table("threads", q)?;
+        assert!(
+            services(&t)?.iter().all(|x| x == "orders api/v2"),
+            "{q}: {t}"
+        );
+    }
+    // Both filters, decoded.
+    let pid = s.pid("orders api/v2");
+    let t = s.table(
+        "events_waits_summary_global_by_event_name",
+        &format!("?service=orders+api%2Fv2&pid={pid}"),
+    )?;
+    assert!(rows(&t)?.iter().all(|r| r["pid"] == pid), "{t}");
+
+    // The decoded value is echoed, never the raw text.
+    let a = get(&s.url(&format!("/api/v1/tables/threads?pid=%20{pid}")))?;
+    assert_eq!(a.status, 400, "{a:?}");
+    let e = error_of(&a);
+    assert!(
+        e.contains(&format!("\" {pid}\"")) && !e.contains("%20"),
+        "{e}"
+    );
+    for bad in ["-1", "0", "x"] {
+        let a = get(&s.url(&format!("/api/v1/tables/threads?pid={bad}")))?;
+        assert_eq!(a.status, 400, "{bad}: {a:?}");
+        assert!(error_of(&a).contains("positive integer"), "{bad}: {a:?}");
+    }
+    // A repeated parameter is refused, naming it.
+    for (q, name) in [
+        ("service=kvstore-demo&service=orders+api%2Fv2", "service"),
+        ("pid=1&pid=2", "pid"),
+    ] {
+        let a = get(&s.url(&format!("/api/v1/tables/threads?{q}")))?;
+        assert_eq!(a.status, 400, "{q}: {a:?}");
+        let e = error_of(&a);
+        assert!(
+            e.contains(&format!("\"{name}\"")) && e.contains("more than once"),
+            "{q}: {e}"
+        );
+    }
+
+    // Control requests decode the same way: only `orders api/v2` changes.
+    let a = request(
+        "POST",
+        &s.url("/api/v1/setup/consumers?service=orders%20api%2Fv2"),
+        Some(&format!("Bearer {CONTROL}")),
+        Some(json!({"name": "events_waits_history_long", "enabled": true})),
+    )?;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.body["segments"], 1, "{a:?}");
+    assert!(a.body["matched"].as_u64().unwrap_or(0) > 0, "{a:?}");
+    let c = s.table("setup_consumers", "?service=orders+api/v2")?;
+    let row = rows(&c)?
+        .iter()
+        .find(|r| r["name"] == "events_waits_history_long")
+        .cloned()
+        .context("consumer row")?;
+    assert_eq!(row["enabled"], "YES", "{row}");
+    let c = s.table("setup_consumers", "?service=kvstore-demo")?;
+    let row = rows(&c)?
+        .iter()
+        .find(|r| r["name"] == "events_waits_history_long")
+        .cloned()
+        .context("consumer row")?;
+    assert_eq!(
+        row["enabled"], "NO",
+        "the other service is untouched: {row}"
+    );
+    Ok(())
+}
+
+/// 405 and `Allow` for every known path asked with another method, with
+/// or without tokens (the 405 comes before the token check).
+fn check_wrong_methods(s: &Setup) -> Result<()> {
+    let table_paths = [
+        "/api/v1/tables/threads",
+        "/api/v1/tables/performance_timers",
+    ];
+    let mut cases: Vec<(&str, String, &str)> = vec![
+        ("POST", "/metrics".into(), "GET, HEAD"),
+        ("POST", "/healthz".into(), "GET, HEAD"),
+        ("PUT", "/".into(), "GET, HEAD"),
+        ("DELETE", "/api/v1/tables".into(), "GET, HEAD"),
+        ("GET", "/api/v1/tables/threads/truncate".into(), "POST"),
+        ("HEAD", "/api/v1/tables/threads/truncate".into(), "POST"),
+    ];
+    for p in table_paths {
+        cases.push(("DELETE", p.into(), "GET, HEAD"));
+        cases.push(("POST", p.into(), "GET, HEAD"));
+    }
+    for what in ["instruments", "consumers", "timers", "actors"] {
+        cases.push(("GET", format!("/api/v1/setup/{what}"), "POST"));
+        cases.push(("PUT", format!("/api/v1/setup/{what}"), "POST"));
+    }
+    for (method, path, allow) in &cases {
+        for auth in [
+            None,
+            Some(format!("Bearer {READ}")),
+            Some(format!("Bearer {CONTROL}")),
+            Some("Bearer wrong".to_string()),
+        ] {
+            let a = request(method, &s.url(path), auth.as_deref(), None)?;
+            assert_eq!(a.status, 405, "{method} {path} ({auth:?}): {a:?}");
+            assert_eq!(
+                a.allow.as_deref(),
+                Some(*allow),
+                "{method} {path} ({auth:?}): {a:?}"
+            );
+        }
+    }
+    // Unknown paths and tables stay 404, whatever the method.
+    for (method, path) in [
+        ("GET", "/nope"),
+        ("POST", "/nope"),
+        ("GET", "/api/v1/tables/nope"),
+        ("POST", "/api/v1/tables/nope/truncate"),
+        ("POST", "/api/v1/setup/nope"),
+    ] {
+        let a = request(method, &s.url(path), None, None)?;
+        assert_eq!(a.status, 404, "{method} {path}: {a:?}");
+        assert_eq!(a.allow, None, "{method} {path}");
+    }
+    Ok(())
+}
+
+#[test]
+fn wrong_methods_get_405_with_allow() -> Result<()> {
+    let s = Setup::start(false)?;
+    check_wrong_methods(&s)?;
+    let s = Setup::start(true)?;
+    check_wrong_methods(&s)?;
+    // Right methods still need their tokens.
+    let a = get(&s.url("/api/v1/tables/threads"))?;
+    assert_eq!(a.status, 401, "{a:?}");
+    let a = request(
+        "POST",
+        &s.url("/api/v1/tables/threads/truncate"),
+        Some(&format!("Bearer {READ}")),
+        None,
+    )?;
+    assert_eq!(a.status, 401, "{a:?}");
+    Ok(())
+}
+
+#[test]
+fn the_bearer_scheme_is_case_insensitive() -> Result<()> {
+    let s = Setup::start(true)?;
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        let a = request(
+            "GET",
+            &s.url("/api/v1/tables/setup_timers"),
+            Some(&format!("{scheme} {READ}")),
+            None,
+        )?;
+        assert_eq!(a.status, 200, "{scheme}: {a:?}");
+        let a = request(
+            "POST",
+            &s.url("/api/v1/setup/consumers"),
+            Some(&format!("{scheme} {CONTROL}")),
+            Some(json!({"name": "events_waits_history", "enabled": true})),
+        )?;
+        assert_eq!(a.status, 200, "{scheme}: {a:?}");
+    }
+    for auth in [
+        format!("Basic {READ}"),
+        format!("bearer {CONTROL}x"),
+        format!("bearer{READ}"),
+    ] {
+        let a = request("GET", &s.url("/metrics"), Some(&auth), None)?;
+        assert_eq!(a.status, 401, "{auth}: {a:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn performance_timers_are_per_process_and_filtered() -> Result<()> {
+    let s = Setup::start(false)?;
+    let all = s.table("performance_timers", "")?;
+    let cols: Vec<&str> = all["columns"]
+        .as_array()
+        .context("columns")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(&cols[..3], ["service", "pid", "timer_name"], "{all}");
+    let mut got = services(&all)?;
+    got.sort();
+    got.dedup();
+    assert_eq!(got, ["kvstore-demo", "orders api/v2"]);
+    let one = s.table("performance_timers", "?service=kvstore%2Ddemo")?;
+    let r = rows(&one)?;
+    assert_eq!(r.len(), 5, "one row per timer: {one}");
+    let pid = s.pid("kvstore-demo");
+    assert!(
+        r.iter()
+            .all(|r| r["pid"] == pid && r["service"] == "kvstore-demo")
+    );
+    let cycle = r
+        .iter()
+        .find(|r| r["timer_name"] == "CYCLE")
+        .context("CYCLE row")?;
+    assert!(
+        cycle["timer_frequency"].as_u64().unwrap_or(0) > 0,
+        "{cycle}"
+    );
+    let by_pid = s.table("performance_timers", &format!("?pid={pid}"))?;
+    assert_eq!(rows(&by_pid)?.len(), 5, "{by_pid}");
+    let none = s.table("performance_timers", "?service=nobody")?;
+    assert!(rows(&none)?.is_empty(), "{none}");
+    Ok(())
+}
+
+#[test]
+fn unknown_event_kinds_of_setup_timers_are_refused() -> Result<()> {
+    let s = Setup::start(false)?;
+    let url = s.url("/api/v1/setup/timers");
+    let auth = format!("Bearer {CONTROL}");
+    for name in ["STAGE", "idle", "waits"] {
+        let a = request(
+            "POST",
+            &url,
+            Some(&auth),
+            Some(json!({"name": name, "timer_name": "NANOSECOND"})),
+        )?;
+        assert_eq!(a.status, 400, "{name}: {a:?}");
+        let e = error_of(&a);
+        assert!(
+            e.contains(&format!("{name:?}")) && e.contains("wait, stage, statement"),
+            "{name}: {e}"
+        );
+    }
+    let a = request(
+        "POST",
+        &url,
+        Some(&auth),
+        Some(json!({"name": "stage", "timer_name": "NANOSECOND"})),
+    )?;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(
+        a.body["matched"], 2,
+        "one kind in each of two processes: {a:?}"
+    );
+    // The valid change took effect.
+    let t = s.table("setup_timers", "?service=kvstore-demo")?;
+    let stage = rows(&t)?
+        .iter()
+        .find(|r| r["name"] == "stage")
+        .cloned()
+        .context("stage row")?;
+    assert_eq!(stage["timer_name"], "NANOSECOND", "{t}");
+    Ok(())
+}
