@@ -6,7 +6,7 @@
 //! | method | path | answer |
 //! |--------|------|--------|
 //! | GET | `/` | the landing page (HTML; no data, so no token: see [`landing`]) |
-//! | GET | `/metrics` | OpenMetrics text, or Prometheus protobuf with native histograms if the `Accept` header asks for it |
+//! | GET | `/metrics` | OpenMetrics text, or what the `Accept` header prefers: Prometheus protobuf with native histograms, or the classic text format |
 //! | GET | `/healthz` | `ok` |
 //! | GET | `/api/v1/tables` | `{"tables": [...]}` |
 //! | GET | `/api/v1/tables/{table}?service=S&pid=N` | `{"table", "columns", "rows"}` (chunked) |
