@@ -140,8 +140,16 @@ fn now_other(clock: &Clock, timer: u32) -> u64 {
 #[inline(always)]
 pub(crate) fn wait_ps(clock: &Clock, timer: u32, start: u64, end: u64) -> u64 {
     if timer == TimerId::Cycle as u32 || timer > TimerId::Tick as u32 {
+        // With s, e the ticks since the base and k the ps per tick (32.32
+        // fixed point): ⌊e·k⌋ − ⌊s·k⌋ = ⌊(e − s)·k + frac(s·k)⌋, and the
+        // fraction's 32 bits are those of a 32-bit product: one wide
+        // multiply, as for the tick difference alone.
         let c = &clock.cal;
-        let ps = c.since_base_ps(end).saturating_sub(c.since_base_ps(start));
+        let s = start.saturating_sub(c.base_ticks);
+        let e = end.saturating_sub(c.base_ticks);
+        let k = c.ps_per_tick_q32;
+        let frac = (s as u32).wrapping_mul(k as u32);
+        let ps = (u128::from(e.saturating_sub(s)) * u128::from(k) + u128::from(frac)) >> 32;
         u64::try_from(ps).unwrap_or(u64::MAX)
     } else {
         end.saturating_sub(start).saturating_mul(1000)
@@ -283,6 +291,26 @@ mod tests {
             }
         }
         assert!(differs > 0, "the case the test is for occurs");
+        // Large and unordered timestamps, and ones before the base.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let (start, end) = (
+                x >> (x % 20),
+                (x >> (x % 20)).wrapping_add(x % 5_000_000) ^ (x & 1),
+            );
+            let shown = c
+                .timestamp_ps(TimerId::Cycle, end)
+                .saturating_sub(c.timestamp_ps(TimerId::Cycle, start));
+            let w = wait_ps(&cal, TimerId::Cycle as u32, start, end);
+            assert_eq!(
+                u128::from(w),
+                shown.min(u128::from(u64::MAX)),
+                "start {start}, end {end}"
+            );
+        }
         let ns = TimerId::Nanosecond as u32;
         assert_eq!(wait_ps(&cal, ns, 5, 12), 7_000);
         assert_eq!(wait_ps(&cal, ns, 12, 5), 0);
