@@ -18,9 +18,13 @@
 //!   name, inode, pid and start time, and removes it without counting it
 //!   twice.
 //! * **Corruption**: a state file that cannot be parsed (or is larger than
-//!   [`MAX_STATE_BYTES`], or of an unknown version) is renamed to
-//!   `.pfs-agent-state.json.corrupt` and logged; the agent starts from
-//!   zero retired totals and never crashes on it.
+//!   [`MAX_STATE_BYTES`], or of an unknown version, or is not a regular
+//!   file: a FIFO there is opened without blocking and refused) is renamed
+//!   to `.pfs-agent-state.json.corrupt` (`.corrupt.1` ... if that is taken:
+//!   an earlier one is never replaced) and logged; the agent starts from
+//!   zero retired totals and never crashes on it. If it cannot be set
+//!   aside, it is never overwritten either: saving fails (logged, retried)
+//!   until someone moves it away, and retired segment files are kept.
 //! * **Two agents on one directory**: the agent that holds an exclusive
 //!   `flock` on the lock file owns the directory: it alone retires
 //!   segments, removes files and writes the state. Any other agent is a
@@ -41,7 +45,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::aggregate::{Retired, ServiceTotals};
 use crate::persist::{JsonError, MemoryJson, SummaryJson};
-use crate::util::fs::{ReadError, nofollow, read_capped, write_atomic};
+use crate::util::fs::{ReadError, nofollow, read_capped, set_aside, write_atomic};
 
 /// Name of the state file in the segment directory.
 pub const STATE_FILE: &str = ".pfs-agent-state.json";
@@ -239,6 +243,9 @@ pub struct Store {
     /// A write failed; retry on the next pass.
     pub dirty: bool,
     warned_lock: bool,
+    /// `(inode, mtime ns, len)` of an unusable state file that could not be
+    /// set aside: never overwritten while it is there, unchanged.
+    unusable: Option<(u64, i64, u64)>,
 }
 
 fn stamp(m: &std::fs::Metadata) -> (u64, i64, u64) {
@@ -255,6 +262,7 @@ impl Store {
             seen: None,
             dirty: false,
             warned_lock: false,
+            unusable: None,
         }
     }
 
@@ -279,7 +287,7 @@ impl Store {
             return false;
         }
         if self.lock.is_none() {
-            let opened = nofollow(OFlags::empty())
+            let opened = nofollow(OFlags::NONBLOCK | OFlags::NOCTTY)
                 .read(true)
                 .write(true)
                 .create(true)
@@ -340,22 +348,43 @@ impl Store {
                 State::default()
             }
             Err(msg) => {
-                let aside = self.dir.join(CORRUPT_FILE);
-                let moved = self.role == Role::Owner && std::fs::rename(&path, &aside).is_ok();
+                let moved = match self.role {
+                    Role::Owner => Some(set_aside(&path, &self.dir.join(CORRUPT_FILE))),
+                    Role::Follower => None,
+                };
                 self.seen = std::fs::symlink_metadata(&path).ok().map(|m| stamp(&m));
-                if moved {
-                    tracing::error!(path = %path.display(), set_aside = %aside.display(), "state file is unusable ({msg}); it was set aside and retired totals start from zero, so services whose processes were retired may show one counter reset");
-                } else {
-                    tracing::error!(path = %path.display(), "state file is unusable ({msg}); retired totals start from zero");
+                match moved {
+                    Some(Ok(aside)) => {
+                        self.unusable = None;
+                        tracing::error!(path = %path.display(), set_aside = %aside.display(), "state file is unusable ({msg}); it was set aside and retired totals start from zero, so services whose processes were retired may show one counter reset");
+                    }
+                    Some(Err(e)) => {
+                        self.unusable = self.seen;
+                        tracing::error!(path = %path.display(), error = %e, "state file is unusable ({msg}) and cannot be set aside; it is left as it is and the retired totals are not saved (retired segment files are kept) until you move it away");
+                    }
+                    None => {
+                        tracing::error!(path = %path.display(), "state file is unusable ({msg}); retired totals start from zero");
+                    }
                 }
                 State::default()
             }
         }
     }
 
-    /// Writes the state atomically (temporary file, fsync, rename).
+    /// Writes the state atomically (temporary file, fsync, rename). Fails,
+    /// instead of replacing it, while an unusable state file that could not
+    /// be set aside is still there.
     pub fn save(&mut self, state: &State) -> std::io::Result<()> {
         let path = self.state_path();
+        if let Some(bad) = self.unusable {
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| stamp(&m) == bad) {
+                return Err(std::io::Error::other(format!(
+                    "{} is unusable and could not be set aside; move it away (the agent does not overwrite it)",
+                    path.display()
+                )));
+            }
+            self.unusable = None;
+        }
         write_atomic(&path, &encode(state))?;
         self.seen = std::fs::symlink_metadata(&path).ok().map(|m| stamp(&m));
         Ok(())
@@ -375,6 +404,7 @@ fn read_state(path: &Path) -> Result<Loaded, StateError> {
 mod tests {
     use super::*;
     use pfs_shm_layout::reader::MemoryStats;
+    use std::os::unix::fs::FileTypeExt;
 
     fn sample() -> State {
         let mut t = ServiceTotals::default();
@@ -526,5 +556,70 @@ mod tests {
         // Saving replaces the link itself, never writes through it.
         a.save(&State::default()).unwrap();
         assert_eq!(std::fs::read(&target).unwrap(), encode(&sample()));
+    }
+
+    /// A FIFO planted as the state file neither blocks the load nor costs
+    /// an earlier `.corrupt` file: it is set aside beside it.
+    #[test]
+    fn a_fifo_state_file_is_set_aside_without_blocking_or_replacing() {
+        let dir = tempfile::tempdir().unwrap();
+        let earlier = dir.path().join(CORRUPT_FILE);
+        std::fs::write(&earlier, b"an earlier corrupt state").unwrap();
+        let path = dir.path().join(STATE_FILE);
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let d = dir.path().to_path_buf();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut a = Store::new(&d);
+            a.elect();
+            tx.send(a.load().retired_segments).unwrap();
+        });
+        let loaded = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("loading a FIFO state file blocked");
+        assert_eq!(loaded, 0);
+        assert_eq!(
+            std::fs::read(&earlier).unwrap(),
+            b"an earlier corrupt state"
+        );
+        let aside = dir.path().join(format!("{CORRUPT_FILE}.1"));
+        assert!(
+            std::fs::symlink_metadata(&aside)
+                .unwrap()
+                .file_type()
+                .is_fifo()
+        );
+        assert!(std::fs::symlink_metadata(&path).is_err());
+    }
+
+    /// An unusable state file that cannot be set aside is never replaced.
+    #[test]
+    fn an_unusable_state_file_that_stays_is_not_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(STATE_FILE);
+        std::fs::write(&path, b"{ not json").unwrap();
+        // Every set-aside name is taken.
+        std::fs::create_dir(dir.path().join(CORRUPT_FILE)).unwrap();
+        for n in 1..10 {
+            std::fs::create_dir(dir.path().join(format!("{CORRUPT_FILE}.{n}"))).unwrap();
+        }
+        std::fs::write(dir.path().join(CORRUPT_FILE).join("keep"), b"x").unwrap();
+        let mut a = Store::new(dir.path());
+        a.elect();
+        assert_eq!(a.load().retired_segments, 0);
+        let e = a.save(&sample()).unwrap_err().to_string();
+        assert!(e.contains("move it away"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"{ not json");
+        // Once it is moved away, saving works again.
+        std::fs::rename(&path, dir.path().join("elsewhere")).unwrap();
+        a.save(&sample()).unwrap();
+        same(&sample(), &a.load());
     }
 }

@@ -103,12 +103,33 @@ fn control_options(
     Ok((token, defaults))
 }
 
-/// Fails with a hint if the segment directory does not exist.
+/// Fails with a hint if the segment directory does not exist or is not a
+/// directory.
 fn require_dir(dir: &Path) -> anyhow::Result<()> {
     anyhow::ensure!(
-        dir.is_dir(),
+        dir_exists(dir)?,
         "segment directory {} does not exist; pass --shm-dir (or PFS_SHM_DIR)",
         dir.display()
     );
     Ok(())
+}
+
+/// Whether the segment directory exists; an error (with a hint) if the
+/// path exists but is not a directory, or cannot be examined. A link to a
+/// directory is a directory.
+fn dir_exists(dir: &Path) -> anyhow::Result<bool> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(true),
+        Ok(_) => anyhow::bail!(
+            "segment directory {} is not a directory; pass the directory the instrumented processes write their segments to with --shm-dir (or PFS_SHM_DIR)",
+            dir.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e).with_context(|| {
+            format!(
+                "cannot examine segment directory {}; check the path and its permissions, or pass another with --shm-dir (or PFS_SHM_DIR)",
+                dir.display()
+            )
+        }),
+    }
 }

@@ -35,6 +35,20 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
         service: a.service,
         pid: a.pid,
     };
+    if snap.segments.is_empty() {
+        // Logged (not printed) so that `PFS_LOG_FORMAT=json` stays JSON.
+        let dir = a.dir.shm_dir.display();
+        if snap.invalid.is_empty() {
+            tracing::warn!(
+                "no segments in {dir}: is PFS_SHM_DIR of the instrumented processes {dir}?"
+            );
+        } else {
+            tracing::warn!(
+                "every segment file in {dir} was refused ({} file(s); the warnings above say why): the table is empty",
+                snap.invalid.len()
+            );
+        }
+    }
     let mut table = tables::build(table, &snap, &filter, &Baselines::default());
     match a.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&table.to_json())?),

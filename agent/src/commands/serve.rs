@@ -5,14 +5,16 @@ use std::time::Duration;
 use pfs_agent::segments::SegmentSet;
 use pfs_agent::server::{self, Tokens};
 
-use super::{agent, bind, control_options, runtime, shutdown_signal};
+use super::{agent, bind, control_options, dir_exists, runtime, shutdown_signal};
 use crate::cli::{ServeArgs, read_token};
 
 /// Serves `/metrics`, `/healthz`, the tables and control until a signal.
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let (token, defaults) = control_options(a.control_token_file.as_deref(), &a.defaults)?;
     let read_token = a.read_token_file.as_deref().map(read_token).transpose()?;
-    if !a.dir.shm_dir.is_dir() {
+    // A directory that does not exist yet is waited for (a sidecar may start
+    // first); a path that exists and is not a directory is an error.
+    if !dir_exists(&a.dir.shm_dir)? {
         tracing::warn!(dir = %a.dir.shm_dir.display(), "segment directory does not exist yet; waiting for instrumented processes to create it");
     }
     let mut set = SegmentSet::new(&a.dir.shm_dir, a.dead_retention)

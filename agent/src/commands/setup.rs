@@ -1,12 +1,13 @@
 //! `pfs-agent setup ...`: changes setup directly in the segment files
 //! (local admin: allowed by the files' permissions, no token).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use pfs_agent::filter::Filter;
 use pfs_agent::segments::owner_is_dead;
 use pfs_agent::setup::{self, ActorChange, Change, ConsumerChange, InstrumentChange, TimerChange};
+use pfs_agent::util::fs::open_regular;
 
 use super::require_dir;
 use crate::cli::{SetupCommand, TargetArgs};
@@ -65,13 +66,7 @@ pub fn run(cmd: SetupCommand) -> anyhow::Result<()> {
     };
     setup::validate(&change)?;
     require_dir(&target.dir.shm_dir)?;
-    let paths: Vec<PathBuf> = std::fs::read_dir(&target.dir.shm_dir)
-        .with_context(|| format!("cannot list {}", target.dir.shm_dir.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "pfs"))
-        .filter(|p| std::fs::File::open(p).is_ok_and(|f| !owner_is_dead(&f)))
-        .collect();
+    let paths = live_segments(&target.dir.shm_dir)?;
     let filter = Filter {
         service: target.service,
         pid: target.pid,
@@ -90,5 +85,33 @@ pub fn run(cmd: SetupCommand) -> anyhow::Result<()> {
     if out.segments == 0 && !out.errors.is_empty() {
         bail!("no segment could be changed");
     }
+    if out.segments == 0 {
+        let d = target.dir.shm_dir.display();
+        eprintln!(
+            "warning: no live segment in {d}: nothing changed; is PFS_SHM_DIR of the instrumented processes {d}?"
+        );
+    }
     Ok(())
+}
+
+/// The `.pfs` files of `dir` whose process lives. Each is opened without
+/// following a link or blocking (a FIFO named `*.pfs` cannot hang the
+/// command); anything but a regular file is skipped with a warning.
+fn live_segments(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir)
+        .with_context(|| format!("cannot list {}", dir.display()))?
+        .flatten()
+    {
+        let p = entry.path();
+        if p.extension().is_none_or(|x| x != "pfs") {
+            continue;
+        }
+        match open_regular(&p) {
+            Ok(Some((f, _))) if !owner_is_dead(&f) => paths.push(p),
+            Ok(_) => {} // dead, or gone
+            Err(e) => eprintln!("warning: skipping {}: {e}", p.display()),
+        }
+    }
+    Ok(paths)
 }

@@ -1,0 +1,395 @@
+//! The real `pfs-agent` binary against hostile or mistaken segment
+//! directories: FIFOs where the agent's own files or segments go (nothing
+//! may block), a state file that cannot be saved (no retired segment's file
+//! may be removed before its totals are saved), `--shm-dir` naming a file,
+//! and directories with no usable segment (a hint saying why).
+//!
+//! Dead segments are written with `pfs-shm-layout` as the client writes
+//! them (nobody holds their lock).
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
+use pfs_shm_layout::writer::EventData;
+use pfs_shm_layout::{ClassKind, Segment, SegmentWriter, TimerCalibration};
+
+const BIN: &str = env!("CARGO_BIN_EXE_pfs-agent");
+const CLASS: &str = "wait/synch/mutex/t/a";
+
+fn mkfifo(path: &Path) {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+}
+
+/// A dead segment of `service` (pid `pid`) with `n` timed waits of
+/// [`CLASS`].
+fn dead_segment(dir: &Path, service: &str, pid: u32, n: u64) -> PathBuf {
+    let path = dir.join(format!("{service}.{pid}.pfs"));
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .unwrap();
+    let cfg = pfs_shm_layout::SegmentConfig {
+        service_name: service.into(),
+        ..Default::default()
+    };
+    let seg = Segment::create(file, &cfg, TimerCalibration::NANOSECONDS, pid, 1).unwrap();
+    let w = SegmentWriter::new(seg);
+    let class = w
+        .register_class(CLASS, ClassKind::Mutex, FLAG_ENABLED | FLAG_TIMED)
+        .unwrap();
+    let slot = w.alloc_thread(1, 1, "t").unwrap();
+    let rec = w.segment().record(slot.index);
+    for i in 0..n {
+        let e = EventData {
+            event_id: i + 1,
+            class,
+            source: NONE_U32,
+            object_name: NONE_U32,
+            flags: EV_TIMED | EV_ENDED,
+            ..Default::default()
+        };
+        rec.end_event(0, &e, None, true, true);
+        rec.summarize(class as usize, true, 1_000_000 * (i + 1), 0, None);
+    }
+    path
+}
+
+/// Runs `pfs-agent args`; `None` for the status if it had not exited
+/// within `timeout` (it is killed then). Returns stdout and stderr.
+fn run(args: &[&str], timeout: Duration) -> (Option<ExitStatus>, String, String) {
+    let logs = tempfile::tempdir().unwrap();
+    let (out, err) = (logs.path().join("out"), logs.path().join("err"));
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .stdout(File::create(&out).unwrap())
+        .stderr(File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let status = wait(&mut child, timeout);
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    (status, read(&out), read(&err))
+}
+
+fn wait(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A running `pfs-agent serve`, killed on drop; its stderr in a file.
+struct Serve {
+    child: Child,
+    port: u16,
+    _logs: tempfile::TempDir,
+    stderr: PathBuf,
+}
+
+impl Serve {
+    fn start(dir: &Path, args: &[&str]) -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let logs = tempfile::tempdir().unwrap();
+        let stderr = logs.path().join("stderr");
+        let child = Command::new(BIN)
+            .arg("serve")
+            .arg("--shm-dir")
+            .arg(dir)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .args(args)
+            .env("PFS_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        Self {
+            child,
+            port,
+            _logs: logs,
+            stderr,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// `GET path`: status and body, `None` if no answer within 3 s.
+    fn get(&self, path: &str) -> Option<(u16, String)> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        let status = text.split(' ').nth(1)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        Some((status, body.to_string()))
+    }
+
+    /// Waits for `/healthz` to answer 200; panics with the log if not.
+    fn wait_healthy(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                panic!("pfs-agent exited with {s}:\n{}", self.stderr());
+            }
+            if self.get("/healthz").is_some_and(|(st, _)| st == 200) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "pfs-agent did not answer /healthz within {timeout:?}:\n{}",
+            self.stderr()
+        );
+    }
+
+    /// The `pfs_events_waits_total` of `service`'s [`CLASS`].
+    fn waits(&self, service: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics")?;
+        let svc = format!("service=\"{service}\"");
+        let class = format!("event_name=\"{CLASS}\"");
+        body.lines()
+            .find(|l| {
+                l.starts_with("pfs_events_waits_total{") && l.contains(&svc) && l.contains(&class)
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn poll(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    f()
+}
+
+/// A FIFO as the state file used to block `serve` in `open()` before it
+/// listened. Now it is refused at once, named, and set aside without
+/// replacing an earlier `.corrupt` file.
+#[test]
+fn a_fifo_as_the_state_file_does_not_block_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    mkfifo(&d.join(".pfs-agent-state.json"));
+    std::fs::write(d.join(".pfs-agent-state.json.corrupt"), b"earlier").unwrap();
+    let mut agent = Serve::start(d, &[]);
+    agent.wait_healthy(Duration::from_secs(20));
+    let log = agent.stderr();
+    assert!(
+        log.contains("a FIFO, not a regular file; remove it"),
+        "{log}"
+    );
+    assert_eq!(
+        std::fs::read(d.join(".pfs-agent-state.json.corrupt")).unwrap(),
+        b"earlier"
+    );
+}
+
+/// A FIFO as the `TRUNCATE` baselines file used to leave every request
+/// unanswered.
+#[test]
+fn a_fifo_as_the_baselines_file_does_not_block_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    mkfifo(&dir.path().join(".pfs-agent-truncate.json"));
+    let mut agent = Serve::start(dir.path(), &[]);
+    agent.wait_healthy(Duration::from_secs(20));
+    let table = agent.get("/api/v1/tables/threads");
+    assert_eq!(table.map(|(s, _)| s), Some(200), "{}", agent.stderr());
+}
+
+/// A FIFO named like a segment used to block `setup` for ever.
+#[test]
+fn setup_skips_a_fifo_named_like_a_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    mkfifo(&dir.path().join("x.1.pfs"));
+    let d = dir.path().to_str().unwrap();
+    let args = [
+        "setup",
+        "instruments",
+        "wait/%",
+        "--enabled",
+        "no",
+        "--shm-dir",
+        d,
+    ];
+    let (status, _, err) = run(&args, Duration::from_secs(15));
+    let status = status.expect("setup blocked on a FIFO");
+    assert!(status.success(), "{status}: {err}");
+    assert!(err.contains("skipping") && err.contains("a FIFO"), "{err}");
+}
+
+/// While the state cannot be saved (a directory in the way of its
+/// temporary file), a dead segment is not removed: the failure is logged
+/// once, naming the path, and once the way is clear the segment is
+/// retired, saved and removed; a restarted agent still counts it.
+#[test]
+fn a_dead_segment_is_kept_until_its_totals_are_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let seg = dead_segment(d, "svc", 4242, 5);
+    let tmp = d.join(".pfs-agent-state.json.tmp");
+    std::fs::create_dir_all(tmp.join("x")).unwrap();
+    let mut agent = Serve::start(d, &["--dead-retention", "1s"]);
+    agent.wait_healthy(Duration::from_secs(20));
+    // Several passes past the retention, each of which tries to retire it.
+    assert!(poll(Duration::from_secs(15), || agent
+        .stderr()
+        .contains("cannot save the retired totals")));
+    std::thread::sleep(Duration::from_secs(4));
+    let log = agent.stderr();
+    assert!(seg.exists(), "removed although not saved:\n{log}");
+    assert!(!log.contains("retired and removed"), "{log}");
+    assert_eq!(
+        log.matches("cannot save the retired totals").count(),
+        1,
+        "logged once, not every pass:\n{log}"
+    );
+    let tmp_text = tmp.display().to_string();
+    assert!(
+        log.contains(&format!("{tmp_text} is a directory")) && log.contains("remove it"),
+        "{log}"
+    );
+    assert_eq!(agent.waits("svc"), Some(5.0), "still exported");
+
+    std::fs::remove_dir_all(&tmp).unwrap();
+    assert!(
+        poll(Duration::from_secs(15), || !seg.exists()),
+        "{}",
+        agent.stderr()
+    );
+    assert!(agent.stderr().contains("saved again"), "{}", agent.stderr());
+    assert_eq!(agent.waits("svc"), Some(5.0), "retired, still counted");
+    drop(agent);
+
+    let mut agent = Serve::start(d, &["--dead-retention", "1s"]);
+    agent.wait_healthy(Duration::from_secs(20));
+    assert_eq!(agent.waits("svc"), Some(5.0), "counted after a restart");
+}
+
+/// `--shm-dir` naming a regular file is a configuration error for every
+/// command, `serve` included (which waits only for a path that does not
+/// exist yet).
+#[test]
+fn a_shm_dir_that_is_a_file_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("afile");
+    std::fs::write(&file, b"").unwrap();
+    let f = file.to_str().unwrap();
+    for args in [
+        vec!["query", "threads", "--shm-dir", f],
+        vec![
+            "setup",
+            "instruments",
+            "wait/%",
+            "--enabled",
+            "no",
+            "--shm-dir",
+            f,
+        ],
+        vec!["serve", "--shm-dir", f, "--listen", "127.0.0.1:0"],
+    ] {
+        let (status, _, err) = run(&args, Duration::from_secs(15));
+        let status = status.unwrap_or_else(|| panic!("{args:?} did not exit"));
+        assert!(!status.success(), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("{f} is not a directory")),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(!dir.path().join("afile.corrupt").exists());
+}
+
+/// An empty directory: `query` and `setup` succeed but say why nothing
+/// was found.
+#[test]
+fn an_empty_directory_gets_a_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let (status, out, err) = run(
+        &["query", "threads", "--shm-dir", d],
+        Duration::from_secs(15),
+    );
+    assert!(status.unwrap().success(), "{err}");
+    assert!(out.contains("0 rows"), "{out}");
+    assert!(
+        err.contains(&format!("no segments in {d}")) && err.contains("PFS_SHM_DIR"),
+        "{err}"
+    );
+    let setup = [
+        "setup",
+        "instruments",
+        "wait/%",
+        "--enabled",
+        "no",
+        "--shm-dir",
+        d,
+    ];
+    let (status, _, err) = run(&setup, Duration::from_secs(15));
+    assert!(status.unwrap().success(), "{err}");
+    assert!(
+        err.contains(&format!("no live segment in {d}")) && err.contains("PFS_SHM_DIR"),
+        "{err}"
+    );
+}
+
+/// Files that are all refused: `query` says so. (It still exits 0:
+/// `tests/tests/agent_logs.rs` relies on that.)
+#[test]
+fn query_says_when_every_segment_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("junk.1.pfs"), vec![0x5a; 4096]).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let (status, _, err) = run(
+        &["query", "threads", "--shm-dir", d],
+        Duration::from_secs(15),
+    );
+    assert!(status.unwrap().success(), "{err}");
+    assert!(
+        err.contains(&format!("every segment file in {d} was refused (1 file(s)")),
+        "{err}"
+    );
+    assert!(!err.contains("no segments in"), "{err}");
+}
