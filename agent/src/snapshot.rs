@@ -258,6 +258,9 @@ impl Snapshotter {
         let mut stats = ReadStats::default();
         let mut failed = 0u64;
         let mut carried = 0u64;
+        // Tracked segments with nothing to export (never read): listed
+        // with the refused files, so that every file is counted somewhere.
+        let mut unread = Vec::new();
         for t in set.tracked.values_mut() {
             let live = t.dead_since.is_none();
             let prev = match mode {
@@ -285,11 +288,35 @@ impl Snapshotter {
                     }
                     Err(e) => {
                         failed += 1;
-                        tracing::warn!(path = %t.path.display(), error = %e, "segment snapshot failed; exporting its previous snapshot");
+                        let message = e.to_string();
+                        let exported = if prev.is_some() {
+                            "exporting its previous snapshot"
+                        } else {
+                            "nothing read from it yet, so it is not exported (counted as invalid)"
+                        };
+                        // Logged when it starts (or changes), not on
+                        // every scrape while it lasts; a global section
+                        // busy for a moment while a previous snapshot is
+                        // exported is reported only if it stays so
+                        // (`SegmentSet::report_stuck`).
+                        let passing = prev.is_some()
+                            && matches!(e, pfs_shm_layout::SegmentError::GlobalLockStuck { .. });
+                        if !passing && t.failure.as_deref() != Some(message.as_str()) {
+                            tracing::warn!(path = %t.path.display(), reason = Refusal::of(&e).label(), error = %e, "segment snapshot failed; {exported}; retried on every read");
+                        } else {
+                            tracing::debug!(path = %t.path.display(), reason = Refusal::of(&e).label(), error = %e, "segment snapshot failed again; {exported}");
+                        }
+                        if prev.is_none() {
+                            unread.push((t.path.clone(), Refusal::of(&e), message.clone()));
+                        }
+                        t.failure = Some(message);
                         None
                     }
                 }
             };
+            if fresh.is_some() && t.failure.take().is_some() {
+                tracing::info!(path = %t.path.display(), "segment read again");
+            }
             let data = match (fresh, mode) {
                 (Some(s), Mode::Full) => {
                     t.last = Some(s.clone());
@@ -310,10 +337,12 @@ impl Snapshotter {
             }
         }
         segments.sort_by(|a, b| a.path.cmp(&b.path));
+        set.report_stuck();
         let mut invalid: Vec<_> = set
             .invalid
             .iter()
             .map(|(p, i)| (p.clone(), i.reason, i.message.clone()))
+            .chain(unread)
             .collect();
         invalid.sort_by(|a, b| a.0.cmp(&b.0));
         let snap = Snapshot {

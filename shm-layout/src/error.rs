@@ -71,9 +71,19 @@ pub enum SegmentError {
     /// The mapping could not be protected against truncation.
     #[error("cannot protect the segment mapping against truncation: {0}")]
     Protect(String),
-    /// The fold log wrapped during every attempted snapshot.
+    /// The fold log wrapped, or folds kept the global section busy,
+    /// during every attempted snapshot.
     #[error(
         "threads exit faster than a snapshot can be reconciled ({0} folds during the read); will retry on the next pass"
     )]
     FoldStorm(u64),
+    /// The global section's sequence lock stayed odd, at one value, during
+    /// every attempted snapshot: a thread-exit fold that does not finish.
+    #[error(
+        "the global section (the totals of exited threads) stayed locked by one unfinished write (sequence {seq}) during the whole read: the process is stopped (SIGSTOP, a debugger, a frozen cgroup) in the middle of a thread-exit fold, or the writing thread died in it; if it persists while the process runs, the process must be restarted for its totals to be read again"
+    )]
+    GlobalLockStuck {
+        /// The odd sequence value the lock stayed at.
+        seq: u64,
+    },
 }

@@ -543,6 +543,29 @@
 //!      (counts and sums add; MIN and MAX over rows with `timed_count` >
 //!      0, a `min` of `u64::MAX` meaning none).
 //!
+//!   **A global lock that stays odd.** A reader that finds the global
+//!   `seq` odd for its whole retry budget tells two cases apart by
+//!   sampling `seq` and `fold_count` after each failed attempt: if they
+//!   moved, folds keep the section busy (exits faster than a snapshot:
+//!   [`SegmentError::FoldStorm`], retry later); if `seq` stayed odd at
+//!   one value, one fold does not finish ([`SegmentError::GlobalLockStuck`]):
+//!   its process is stopped in the middle of it (it may resume), or the
+//!   folding thread or the whole process was killed in it. While the
+//!   process lives (it holds its `flock`), a reader keeps retrying and
+//!   never reads the section. Once it is dead, nobody can finish the
+//!   write: a reader may read the section as it is, only while `seq`
+//!   still holds that odd value ([`reader::ReadOptions::global_stuck_at`]).
+//!   The fold was stopped somewhere in: merging the thread's rows, writing
+//!   its fold-log entry, publishing `fold_count`; its record is still
+//!   ALLOCATED. If the entry for ticket `fold_count` + 1 is written, every
+//!   row was merged: the reader takes *F2* = `fold_count` + 1 and drops
+//!   the record's copy, and the totals are exact. Otherwise the rows
+//!   merged so far are in the global rows *and* in the kept copy, so the
+//!   totals are **possibly torn**: that thread's events of some classes
+//!   may count twice (a row being merged may be half added). A reader
+//!   reports such a read as torn, and must never discard the segment for
+//!   want of a consistent read.
+//!
 //! ## Modules and layers
 //!
 //! Each module has one job and builds only on modules of lower layers: it

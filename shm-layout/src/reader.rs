@@ -63,6 +63,14 @@ pub struct ReadOptions {
     /// ([`Segment::release_page`]): the reader's resident memory then does
     /// not grow with the segment's size.
     pub release_pages: bool,
+    /// Read the global section as it is if its sequence lock still holds
+    /// this odd value. Only for a segment whose writers are known to be
+    /// gone (its process died) after a snapshot failed with
+    /// [`SegmentError::GlobalLockStuck`]: a writer killed in the middle of
+    /// a thread-exit fold leaves the lock odd forever, and nobody can
+    /// finish the write. The result may be torn (see the crate docs,
+    /// "A global lock that stays odd"). `None` (the default): never.
+    pub global_stuck_at: Option<u64>,
 }
 
 impl Default for ReadOptions {
@@ -72,6 +80,7 @@ impl Default for ReadOptions {
             events: true,
             per_thread_rows: true,
             release_pages: false,
+            global_stuck_at: None,
         }
     }
 }
@@ -482,13 +491,14 @@ pub struct SegmentSnapshot {
 /// Takes a snapshot of `seg`.
 pub fn snapshot(seg: &Segment, opts: &ReadOptions) -> Result<SegmentSnapshot, SegmentError> {
     let mut stats = ReadStats::default();
-    let mut folds = 0;
+    let mut watch = GlobalWatch::default();
     // Summing rows during the walk cannot take back a copy that the fold
     // log then shows as folded already: after two such walks, keep the
     // rows per thread during the walk and sum them afterwards.
     let mut folded_walks = 0;
     let mut failures = 0;
-    while failures < 4 {
+    let mut budget = 4;
+    while failures < budget || watch.again(seg, &mut budget) {
         let mode = if opts.per_thread_rows || folded_walks >= 2 {
             RowMode::PerThread
         } else {
@@ -500,15 +510,95 @@ pub fn snapshot(seg: &Segment, opts: &ReadOptions) -> Result<SegmentSnapshot, Se
                 return Ok(s);
             }
             Err(Retry::LogWrapped(n)) => {
-                folds = folds.max(n);
+                watch.wrapped(n);
                 failures += 1;
             }
-            Err(Retry::GlobalBusy) => failures += 1,
+            Err(Retry::GlobalBusy) => {
+                watch.busy(seg);
+                failures += 1;
+            }
             Err(Retry::FoldedCopy) => folded_walks += 1,
         }
         stats.restarts += 1;
     }
-    Err(SegmentError::FoldStorm(folds))
+    Err(watch.error())
+}
+
+/// What the failed attempts of one snapshot saw of the global section:
+/// tells a lock that stays odd at one value (a fold that does not finish:
+/// its writer is stopped, or was killed in the middle of it) from folds
+/// that keep it busy (exits faster than a snapshot).
+#[derive(Debug, Default)]
+struct GlobalWatch {
+    /// Attempts that found the fold log wrapped.
+    wrapped: u32,
+    /// The lock word and `fold_count` after the first busy attempt, then
+    /// after the last one.
+    first: Option<(u64, u64)>,
+    last: (u64, u64),
+    /// Most folds seen during one wrapped attempt.
+    folds: u64,
+    /// Whether the lock was watched for [`STUCK_AFTER`] after the
+    /// attempts, and did not move.
+    stuck: bool,
+    /// Whether the attempts were extended once already.
+    extended: bool,
+}
+
+/// How long a global lock seen at one odd value by every attempt of a
+/// snapshot is watched before it is called stuck: a fold takes
+/// microseconds, but its thread may be preempted in the middle of it for
+/// a scheduler slice or two; a stuck lock then costs one snapshot this
+/// much (the reader sleeps: it never spins on a writer).
+pub const STUCK_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl GlobalWatch {
+    fn busy(&mut self, seg: &Segment) {
+        let gh = seg.global_header();
+        let now = (gh.seq.sequence(), gh.fold_count.load(Acquire));
+        self.first.get_or_insert(now);
+        self.last = now;
+    }
+
+    /// After the attempts ran out: if every one found the lock at one odd
+    /// value, watches it for [`STUCK_AFTER`]; if it moved (a slow fold, not
+    /// a stuck one), grants two more attempts (once) and returns true.
+    fn again(&mut self, seg: &Segment, budget: &mut u32) -> bool {
+        let Some(first) = self.first else {
+            return false;
+        };
+        if self.extended || self.wrapped > 0 || first != self.last || first.0 & 1 == 0 {
+            return false;
+        }
+        self.extended = true;
+        let gh = seg.global_header();
+        let start = std::time::Instant::now();
+        while start.elapsed() < STUCK_AFTER {
+            if (gh.seq.sequence(), gh.fold_count.load(Acquire)) != first {
+                *budget += 2;
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.stuck = true;
+        false
+    }
+
+    fn wrapped(&mut self, folds: u64) {
+        self.folds = self.folds.max(folds);
+        self.wrapped += 1;
+    }
+
+    /// The error after the last failed attempt.
+    fn error(&self) -> SegmentError {
+        match self.first {
+            Some(first) if self.stuck => SegmentError::GlobalLockStuck { seq: first.0 },
+            Some(first) => {
+                SegmentError::FoldStorm(self.folds.max(self.last.1.wrapping_sub(first.1)))
+            }
+            None => SegmentError::FoldStorm(self.folds),
+        }
+    }
 }
 
 /// Summaries snapshots of one segment that cost what changed since the
@@ -571,8 +661,11 @@ impl IncrementalReader {
             return snapshot(seg, opts);
         }
         let mut stats = ReadStats::default();
-        let mut folds = 0;
-        for _ in 0..4 {
+        let mut watch = GlobalWatch::default();
+        let mut attempts = 0;
+        let mut budget = 4;
+        while attempts < budget || watch.again(seg, &mut budget) {
+            attempts += 1;
             let mode = RowMode::Changed(&self.cache);
             match try_snapshot(seg, opts, mode, &mut self.changes, &mut stats) {
                 Ok((mut s, walked, delta)) => {
@@ -581,12 +674,13 @@ impl IncrementalReader {
                     s.stats = stats;
                     return Ok(s);
                 }
-                Err(Retry::LogWrapped(n)) => folds = folds.max(n),
-                Err(Retry::GlobalBusy | Retry::FoldedCopy) => {}
+                Err(Retry::LogWrapped(n)) => watch.wrapped(n),
+                Err(Retry::GlobalBusy) => watch.busy(seg),
+                Err(Retry::FoldedCopy) => {}
             }
             stats.restarts += 1;
         }
-        Err(SegmentError::FoldStorm(folds))
+        Err(watch.error())
     }
 
     /// Live records whose rows are kept.
@@ -863,7 +957,7 @@ fn try_snapshot<'c>(
     let mem_rows = seg.global_memory_rows();
     let mut exited_memory: Vec<(u32, MemoryStats)> = Vec::new();
     let mut log_words = [[0u64; 3]; FOLD_LOG_LEN];
-    let read = gh.seq.read(opts.attempts.saturating_mul(16), || {
+    let mut copy_global = || {
         exited.clear();
         exited_memory.clear();
         for (i, r) in rows.iter().enumerate() {
@@ -884,11 +978,35 @@ fn try_snapshot<'c>(
             ];
         }
         gh.fold_count.load(Relaxed)
-    });
+    };
+    let read = gh
+        .seq
+        .read(opts.attempts.saturating_mul(16), &mut copy_global);
     st.retries += u64::from(read.retries);
     total.add(&st);
-    let Some(f2) = read.value else {
-        return Err(Retry::GlobalBusy);
+    let f2 = match (read.value, opts.global_stuck_at) {
+        (Some(f2), _) => f2,
+        // The section's writer is gone (its process died) and left the
+        // lock odd: nobody can finish that write, so the section is read
+        // as it is, if the lock still holds the value the caller saw.
+        (None, Some(stuck)) if stuck & 1 == 1 && gh.seq.sequence() == stuck => {
+            let f2 = copy_global();
+            fence(Acquire);
+            if gh.seq.sequence() != stuck {
+                return Err(Retry::GlobalBusy);
+            }
+            // A fold logs its entry after merging every row, then
+            // publishes `fold_count`: a logged but unpublished fold is
+            // complete in the rows, and its record (never freed) must be
+            // dropped as folded.
+            let next = f2.wrapping_add(1);
+            if log_words[(next % FOLD_LOG_LEN as u64) as usize][0] == next {
+                next
+            } else {
+                f2
+            }
+        }
+        (None, _) => return Err(Retry::GlobalBusy),
     };
     if f2.wrapping_sub(f0) >= FOLD_LOG_LEN as u64 {
         return Err(Retry::LogWrapped(f2.wrapping_sub(f0)));

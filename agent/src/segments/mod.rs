@@ -29,6 +29,14 @@
 //!   killed in the middle of updating cannot be read any more and keeps
 //!   its last good value (carried forward), and such a segment is retired
 //!   at once, so that value is saved before anything else can lose it.
+//! * A read that finds the global section locked by one unfinished fold
+//!   (`global_lock_stuck`) is retried while the process lives; once it is
+//!   dead, the section is read as it is and flagged as possibly torn (see
+//!   [`tracked`]). A dead segment that could never be read is never
+//!   retired: its file is kept, tracked, and listed as invalid.
+//! * A file being created (header still zeros, or not marked ready) is
+//!   retried silently for the not-ready grace, then reported, counted and
+//!   listed as invalid, and still retried.
 //! * A file replaced under the same name (a restarted process that got the
 //!   same pid, as in a container) is noticed by its inode: the old segment
 //!   is retired at once and the new one tracked.
@@ -196,6 +204,7 @@ impl SegmentSet {
     /// Counts and logs a refused file, remembering it until it changes.
     fn refuse(&mut self, path: &Path, refused: Refused, stamp: Stamp) {
         let Refused { reason, message } = refused;
+        self.pending.remove(path);
         tracing::warn!(path = %path.display(), reason = reason.label(), "refusing segment file: {message}");
         *self.errors.entry(reason).or_default() += 1;
         self.invalid.insert(
@@ -206,6 +215,21 @@ impl SegmentSet {
                 stamp,
             },
         );
+    }
+
+    /// Logs and counts (once each) the tracked segments whose global
+    /// section was found stuck by a read: at once for a dead process, after
+    /// the not-ready grace for a live one (see [`Tracked::snapshot`]).
+    pub fn report_stuck(&mut self) {
+        let grace = self.not_ready_grace;
+        let n = self
+            .tracked
+            .values_mut()
+            .filter_map(|t| t.report_stuck(grace).then_some(()))
+            .count() as u64;
+        if n > 0 {
+            *self.errors.entry(Refusal::GlobalLockStuck).or_default() += n;
+        }
     }
 
     /// Drops tracked segments whose file shrank or whose mapping faulted.
@@ -313,7 +337,20 @@ impl SegmentSet {
                 retire.push(t);
             }
         }
-        self.retirement.retire(retire);
+        // Retired now: reported (if their final read found a stuck lock)
+        // before they leave the set.
+        let grace = self.not_ready_grace;
+        let stuck = retire
+            .iter_mut()
+            .map(|t| u64::from(t.report_stuck(grace)))
+            .sum::<u64>();
+        if stuck > 0 {
+            *self.errors.entry(Refusal::GlobalLockStuck).or_default() += stuck;
+        }
+        for t in self.retirement.retire(retire) {
+            self.tracked.insert(t.path.clone(), t);
+        }
+        self.report_stuck();
         for t in self.tracked.values_mut().filter(|t| t.dead_since.is_none()) {
             if let Some(applied) = &mut t.defaults {
                 applied.catch_up(&self.defaults);
@@ -327,8 +364,10 @@ impl SegmentSet {
             Err(_) => return, // vanished
         };
         let stamp = Stamp::of(&meta);
-        if self.invalid.get(path).is_some_and(|inv| inv.stamp == stamp) {
-            return; // unchanged since refused
+        if self.invalid.get(path).is_some_and(|inv| inv.stamp == stamp)
+            && !self.pending.contains_key(path)
+        {
+            return; // unchanged since refused (files still being created are retried)
         }
         let result = if meta.file_type().is_symlink() {
             Err(policy::symlink())
@@ -352,8 +391,10 @@ impl SegmentSet {
                 reason: Refusal::NotReady,
                 message,
             }) => {
-                // Being created: retried every pass; reported once if it
-                // stays so (a creator that died mid-initialisation).
+                // Being created (sized, header not written yet, or not
+                // marked ready): retried every pass, silently; reported
+                // once, counted and listed as invalid if it stays so (a
+                // creator that died mid-initialisation), still retried.
                 let now = Instant::now();
                 let (since, reported) = self
                     .pending
@@ -361,8 +402,20 @@ impl SegmentSet {
                     .or_insert((now, false));
                 if !*reported && now.duration_since(*since) >= self.not_ready_grace {
                     *reported = true;
-                    tracing::warn!(path = %path.display(), reason = Refusal::NotReady.label(), "segment file still not initialised after {:?}: {message}; its creator may have died", self.not_ready_grace);
+                    let message = format!(
+                        "still not initialised after {:?}: {message}; its creator may have died (the file is retried every pass; remove it if no process is starting)",
+                        self.not_ready_grace
+                    );
+                    tracing::warn!(path = %path.display(), reason = Refusal::NotReady.label(), "segment file {message}");
                     *self.errors.entry(Refusal::NotReady).or_default() += 1;
+                    self.invalid.insert(
+                        path.to_path_buf(),
+                        Invalid {
+                            reason: Refusal::NotReady,
+                            message,
+                            stamp,
+                        },
+                    );
                 }
             }
             Err(refused) => self.refuse(path, refused, stamp),
@@ -422,12 +475,17 @@ mod tests {
             "{:?}",
             set.errors
         );
-        assert!(set.tracked.is_empty() && set.invalid.is_empty());
+        assert!(set.tracked.is_empty());
+        assert_eq!(
+            set.invalid[&dir.path().join("stuck.pfs")].reason,
+            Refusal::NotReady,
+            "listed (counted as invalid) once reported"
+        );
         // Finished after all: it is picked up on the next pass.
         f.write_all_at(&1u64.to_le_bytes(), 0x20).unwrap();
         set.refresh();
         assert_eq!(set.tracked.len(), 1);
-        assert!(set.pending.is_empty());
+        assert!(set.pending.is_empty() && set.invalid.is_empty());
     }
 
     #[test]

@@ -1,14 +1,22 @@
 //! Which files of the directory are accepted: opened without following
 //! links or blocking, then judged on the open descriptor (regular file,
-//! not world-writable, owner, size) before the segment is validated.
+//! not world-writable, owner, size) before the segment is validated; a
+//! validation error is then explained from the file's header (a file still
+//! being created is not refused, an undefined state is corrupt). Layer 3,
+//! under [`super`].
 
-use std::fs::Metadata;
-use std::os::unix::fs::MetadataExt;
+use std::fs::{File, Metadata};
+use std::mem::{offset_of, size_of};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 
-use pfs_shm_layout::Segment;
+use pfs_shm_layout::layout::{
+    Header, MAX_SECTIONS, PAGE, SEGMENT_INITIALIZING, SEGMENT_READY, SectionEntry,
+};
+use pfs_shm_layout::{Segment, SegmentError};
 use rustix::fs::OFlags;
 
+use super::liveness::owner_is_dead;
 use super::refusal::{Refusal, Refused};
 use crate::util::fs::open_nofollow;
 
@@ -151,6 +159,104 @@ impl Policy {
                 ),
             ));
         }
-        Ok(Segment::open(file, false)?)
+        let probe = file.try_clone().map_err(|e| {
+            Refused::new(Refusal::Io, format!("cannot duplicate the descriptor: {e}"))
+        })?;
+        Segment::open(file, false).map_err(|e| explain(&probe, e))
     }
+}
+
+/// The refusal for a validation error `e` of `file`, after a second look
+/// at its header (copied with `pread`: these bytes only explain a refusal,
+/// they are never used as a segment):
+///
+/// * a file its creator is still writing is `not_ready` (retried silently
+///   for the grace time): the first page still all zeros (sized, header
+///   not written yet), or no magic yet or shorter than its header says
+///   while a process holds its lock (creators lock the file before sizing
+///   it; an empty file is never probed, its creator may not hold the lock
+///   yet, and a probe could make its lock attempt fail);
+/// * a header marked neither initialising nor ready is `corrupt`, at once;
+/// * a section that is misaligned or overlaps the header says so.
+fn explain(file: &File, e: SegmentError) -> Refused {
+    let mut page = vec![0u8; PAGE];
+    let got = read_prefix(file, &mut page);
+    let page = &page[..got];
+    let word = |off: usize, n: usize| -> Option<u64> {
+        let b = page.get(off..off + n)?;
+        let mut w = [0u8; 8];
+        w[..n].copy_from_slice(b);
+        Some(u64::from_le_bytes(w))
+    };
+    let creating = |what: &str| {
+        Refused::new(
+            Refusal::NotReady,
+            format!("{what}: its creator is still writing it"),
+        )
+    };
+    match &e {
+        SegmentError::BadMagic(0) if got > 0 && page.iter().all(|&b| b == 0) => {
+            creating("its header is still all zeros")
+        }
+        SegmentError::BadMagic(0) if got > 0 && !owner_is_dead(file) => {
+            creating("it has no magic yet and a process holds its lock")
+        }
+        SegmentError::Truncated { len, need } if *len > 0 && !owner_is_dead(file) => creating(
+            &format!("it is {len} bytes, its header needs {need}, and a process holds its lock"),
+        ),
+        SegmentError::NotReady => match word(offset_of!(Header, state), 8) {
+            Some(state) if state != SEGMENT_INITIALIZING && state != SEGMENT_READY => Refused::new(
+                Refusal::Corrupt,
+                format!(
+                    "segment is corrupt: its header's state word is {state:#x}, neither {SEGMENT_INITIALIZING} (initialising) nor {SEGMENT_READY} (ready); the file was damaged or is not a pfs segment: remove it"
+                ),
+            ),
+            _ => e.into(),
+        },
+        SegmentError::Corrupt(msg) => match misplaced_section(&word, msg) {
+            Some(why) => Refused::new(Refusal::Corrupt, format!("segment is corrupt: {why}")),
+            None => e.into(),
+        },
+        _ => e.into(),
+    }
+}
+
+/// Reads up to `buf.len()` bytes from the start of `file`; returns how
+/// many (0 on an error: nothing to explain with).
+fn read_prefix(file: &File, buf: &mut [u8]) -> usize {
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], got as u64) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    got
+}
+
+/// The real fault of the section the validator reported as "lies
+/// outside" (its message `msg`), if it is misaligned or overlaps the
+/// header; `word(offset, bytes)` reads the header.
+fn misplaced_section(word: &impl Fn(usize, usize) -> Option<u64>, msg: &str) -> Option<String> {
+    let count = (word(offset_of!(Header, section_count), 4)? as usize).min(MAX_SECTIONS);
+    (0..count).find_map(|i| {
+        let at = offset_of!(Header, sections) + i * size_of::<SectionEntry>();
+        let kind = word(at + offset_of!(SectionEntry, kind), 4)?;
+        let off = word(at + offset_of!(SectionEntry, offset), 8)?;
+        if !msg.starts_with(&format!("section kind {kind} at offset {off} ")) {
+            return None;
+        }
+        let page = PAGE as u64;
+        if off < page {
+            Some(format!(
+                "section kind {kind} at offset {off:#x} overlaps the {page}-byte header (sections start at offset {page:#x} or later); the header is damaged: remove the file"
+            ))
+        } else if off % page != 0 {
+            Some(format!(
+                "section kind {kind} at offset {off:#x} is not aligned to {page} bytes (every section starts on a page boundary); the header is damaged: remove the file"
+            ))
+        } else {
+            None
+        }
+    })
 }

@@ -46,13 +46,16 @@ pub enum Refusal {
     Io,
     /// Threads exited faster than a snapshot could be taken.
     FoldStorm,
+    /// The global section stayed locked by one unfinished write (a fold
+    /// its writer never finished).
+    GlobalLockStuck,
 }
 
 impl Refusal {
     /// Every reason a segment directory can count, in documentation order:
     /// each is exported from the start, at 0, in
     /// `pfs_agent_segment_errors_total{reason}`.
-    pub const ALL: [Refusal; 16] = [
+    pub const ALL: [Refusal; 17] = [
         Refusal::Empty,
         Refusal::Truncated,
         Refusal::BadMagic,
@@ -69,6 +72,7 @@ impl Refusal {
         Refusal::Unreadable,
         Refusal::Unprotected,
         Refusal::Io,
+        Refusal::GlobalLockStuck,
     ];
 
     /// The metric label.
@@ -93,6 +97,7 @@ impl Refusal {
             Refusal::NoSpace => "no_space",
             Refusal::Io => "io",
             Refusal::FoldStorm => "fold_storm",
+            Refusal::GlobalLockStuck => "global_lock_stuck",
         }
     }
 
@@ -120,6 +125,9 @@ impl Refusal {
             Refusal::NoSpace => "no space to reserve a region (creation only)",
             Refusal::Io => "open, stat or mmap failed",
             Refusal::FoldStorm => "threads exited faster than a snapshot could be taken",
+            Refusal::GlobalLockStuck => {
+                "the global section stayed locked by one unfinished thread-exit fold (process stopped, or died in it)"
+            }
         }
     }
 
@@ -137,6 +145,7 @@ impl Refusal {
             SegmentError::NoSpace(_) => Refusal::NoSpace,
             SegmentError::Io(..) => Refusal::Io,
             SegmentError::FoldStorm(_) => Refusal::FoldStorm,
+            SegmentError::GlobalLockStuck { .. } => Refusal::GlobalLockStuck,
             SegmentError::Shrunk { .. } => Refusal::Shrunk,
             SegmentError::Unreadable => Refusal::Unreadable,
             SegmentError::Protect(_) => Refusal::Unprotected,
@@ -193,6 +202,7 @@ mod tests {
             SegmentError::Unreadable,
             SegmentError::Protect(String::new()),
             SegmentError::Io("x", std::io::Error::other("x")),
+            SegmentError::GlobalLockStuck { seq: 1 },
         ];
         for e in &samples {
             let r = Refusal::of(e);

@@ -1,11 +1,16 @@
 //! Retiring dead segments: their final totals fold into per-service
 //! retired totals (so no counter goes backwards), the state file is
 //! saved, then their files are removed, in the order that makes a crash in
-//! between harmless. With persistence, only the directory's owning agent
-//! retires (see [`crate::retired`]).
+//! between harmless. A file is removed only once the state that counts it
+//! is saved: while saving fails (a full disk, something in the way of the
+//! temporary file) the segments stay tracked and their files stay, the
+//! failure is logged (again when it changes, or every few minutes) and the
+//! save is retried every pass. With persistence, only the directory's
+//! owning agent retires (see [`crate::retired`]).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use pfs_shm_layout::reader::SegmentSnapshot;
 
@@ -26,7 +31,12 @@ pub(super) struct Retirement {
     store: Option<Store>,
     /// Retired segments whose files may still exist.
     absorbed: Vec<Absorbed>,
+    /// The last save failure logged, and when.
+    save_warning: Option<(String, Instant)>,
 }
+
+/// A save failure that does not change is logged again after this long.
+const SAVE_WARNING_EVERY: Duration = Duration::from_secs(300);
 
 impl Retirement {
     pub(super) fn new(dir: &Path) -> Self {
@@ -36,6 +46,7 @@ impl Retirement {
             retired_segments: 0,
             store: None,
             absorbed: Vec::new(),
+            save_warning: None,
         }
     }
 
@@ -101,33 +112,80 @@ impl Retirement {
     }
 
     /// Folds dead segments' final totals into the retired totals, saves
-    /// the state, then removes their files.
-    pub(super) fn retire(&mut self, dead: Vec<Tracked>) {
+    /// the state, then removes their files. If the state cannot be saved,
+    /// the segments whose files would be removed are not retired: they are
+    /// given back, to stay tracked (and exported), and retried at the next
+    /// pass. A segment that was never read
+    /// (no figures to fold) is not retired: its file is kept and it is
+    /// given back, to stay tracked (and counted) until a read succeeds or
+    /// the file goes away; removing it would lose all its counters.
+    #[must_use = "segments that could not be retired must stay tracked"]
+    pub(super) fn retire(&mut self, dead: Vec<Tracked>) -> Vec<Tracked> {
+        let mut kept = Vec::new();
         if dead.is_empty() {
-            return self.save_if_dirty();
+            self.save_if_dirty();
+            return kept;
         }
         let mut remove = Vec::new();
         for mut t in dead {
             if t.dead_since.is_none() || t.last_summaries.is_none() {
                 t.final_read();
             }
+            let Some(s) = t.final_figures() else {
+                let same_file = std::fs::symlink_metadata(&t.path).is_ok_and(|m| m.ino() == t.ino);
+                if same_file {
+                    if !t.unretirable_reported {
+                        t.unretirable_reported = true;
+                        tracing::warn!(path = %t.path.display(), service = t.segment.service(), pid = t.segment.pid(), error = t.failure.as_deref().unwrap_or("never read"), "not retiring a dead segment that could not be read: its file is kept (and counted as invalid) so that its counters are not lost; remove it by hand once its figures are not needed");
+                    }
+                    kept.push(t);
+                } else {
+                    tracing::warn!(path = %t.path.display(), service = t.segment.service(), pid = t.segment.pid(), "a segment that could not be read was replaced or removed; its figures are lost");
+                }
+                continue;
+            };
+            // A file replaced under the same name is not ours to remove.
+            if std::fs::symlink_metadata(&t.path).is_ok_and(|m| m.ino() == t.ino) {
+                remove.push(t);
+            } else {
+                self.retired.absorb(s);
+                self.retired_segments += 1;
+            }
+        }
+        // What to go back to if the state that counts the files to remove
+        // cannot be saved.
+        let undo = (self.store.is_some() && !remove.is_empty()).then(|| {
+            (
+                self.retired.clone(),
+                self.retired_segments,
+                self.absorbed.clone(),
+            )
+        });
+        for t in &remove {
             if let Some(s) = t.final_figures() {
                 self.retired.absorb(s);
             }
             self.retired_segments += 1;
-            let id = t.identity();
-            // A file replaced under the same name is not ours to remove.
-            if std::fs::symlink_metadata(&t.path).is_ok_and(|m| m.ino() == t.ino) {
-                if self.store.is_some() {
-                    self.absorbed.push(id);
-                }
-                remove.push((t.path.clone(), t.ino));
+            if self.store.is_some() {
+                self.absorbed.push(t.identity());
             }
         }
         self.changed();
-        for (path, ino) in remove {
-            remove_retired(&path, ino);
+        if let Some((retired, retired_segments, absorbed)) = undo
+            && self.store.as_ref().is_some_and(|s| s.dirty)
+        {
+            // Not saved: a file removed now would be counted nowhere after
+            // a restart. Keep them tracked; the next pass tries again.
+            self.retired = retired;
+            self.retired_segments = retired_segments;
+            self.absorbed = absorbed;
+            kept.extend(remove);
+            return kept;
         }
+        for t in remove {
+            remove_retired(&t.path, t.ino);
+        }
+        kept
     }
 
     /// Saves the state after the totals changed; a failed save is retried
@@ -157,9 +215,28 @@ impl Retirement {
             absorbed: self.absorbed.clone(),
         };
         match store.save(&state) {
-            Ok(()) => store.dirty = false,
+            Ok(()) => {
+                store.dirty = false;
+                if self.save_warning.take().is_some() {
+                    tracing::info!(path = %store.state_path().display(), "retired totals saved again; dead segments kept meanwhile are retired and removed now");
+                }
+            }
             Err(e) => {
-                tracing::warn!(path = %store.state_path().display(), error = %e, "cannot save the retired totals; retrying every pass (until then an agent restart would make retired services' counters go backwards)")
+                let error = e.to_string();
+                let now = Instant::now();
+                let repeated = self.save_warning.as_ref().is_some_and(|(last, at)| {
+                    *last == error && now.duration_since(*at) < SAVE_WARNING_EVERY
+                });
+                let path = store.state_path();
+                let mut tmp = path.clone().into_os_string();
+                tmp.push(".tmp");
+                let tmp = PathBuf::from(tmp);
+                if repeated {
+                    tracing::debug!(path = %path.display(), error, "cannot save the retired totals (still)");
+                } else {
+                    tracing::warn!(path = %path.display(), tmp = %tmp.display(), error, "cannot save the retired totals: free space on the filesystem, or remove what is in the way (the error names it; {} is the agent's temporary file). Dead segments are not removed until the save succeeds; it is retried every pass, and this is logged again if the error changes or in {} minutes", tmp.display(), SAVE_WARNING_EVERY.as_secs() / 60);
+                    self.save_warning = Some((error, now));
+                }
             }
         }
     }

@@ -1,17 +1,40 @@
 //! A segment being exported: its mapping, whether its process lives, and
 //! the last snapshots taken of it (carry-forward source, and once the
-//! process is dead, its final figures).
+//! process is dead, its final figures). Layer 3, under [`super`].
+//!
+//! A global section whose sequence lock stays odd at one value
+//! ([`SegmentError::GlobalLockStuck`]) is a fold that does not finish. While
+//! the process lives it may still finish (a stopped process), so reads
+//! keep being retried and fail; once the process is dead nobody can finish
+//! it, so the section is read as it is ([`ReadOptions::global_stuck_at`])
+//! and the result is flagged as possibly torn ([`Stuck::torn`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pfs_shm_layout::reader::{IncrementalReader, ReadOptions, SegmentSnapshot, snapshot};
 use pfs_shm_layout::{Segment, SegmentError};
 
+use super::liveness::owner_is_dead;
 use crate::carry::carry_forward_summed;
 use crate::retired::Absorbed;
 use crate::setup::Applied;
+
+/// A global section whose sequence lock was found stuck (odd at one
+/// value for a whole read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stuck {
+    /// The odd sequence value it stays at.
+    pub seq: u64,
+    /// When it was first found at that value.
+    pub since: Instant,
+    /// Whether the owner was dead, so that the section was read as it is:
+    /// the figures exported since may be torn.
+    pub torn: bool,
+    /// Whether it was reported (logged at `WARN` and counted).
+    reported: bool,
+}
 
 /// A segment being exported.
 #[derive(Debug)]
@@ -36,6 +59,13 @@ pub struct Tracked {
     pub(super) defaults: Option<Applied>,
     /// Inode of the file (a file replaced under the same name differs).
     pub(super) ino: u64,
+    /// The global section's lock, while it is found stuck.
+    pub stuck: Option<Stuck>,
+    /// The last read failed with this message (`None` after a success):
+    /// each failure is logged at `WARN` when it first happens only.
+    pub failure: Option<String>,
+    /// Whether its retirement was refused and logged (never read).
+    pub(super) unretirable_reported: bool,
 }
 
 impl Tracked {
@@ -50,6 +80,9 @@ impl Tracked {
             reader: IncrementalReader::default(),
             defaults,
             ino: 0,
+            stuck: None,
+            failure: None,
+            unretirable_reported: false,
         }
     }
 
@@ -76,21 +109,116 @@ impl Tracked {
     /// A snapshot of the segment, refused if the file shrank or the
     /// mapping faulted during the read (the data would be zeros, not the
     /// segment's); the next refresh then drops the segment.
-    pub fn snapshot(&self, opts: &ReadOptions) -> Result<SegmentSnapshot, SegmentError> {
-        let s = snapshot(&self.segment, opts)?;
-        self.segment.check()?;
-        Ok(s)
+    /// A global section left locked by a dead process is read as it is
+    /// (see the module docs).
+    pub fn snapshot(&mut self, opts: &ReadOptions) -> Result<SegmentSnapshot, SegmentError> {
+        self.read(Some(opts))
     }
 
     /// A summaries snapshot ([`ReadOptions::summaries`]), reading only the
     /// rows that changed since the previous one; refused as
     /// [`Tracked::snapshot`] is.
     pub fn snapshot_summaries(&mut self) -> Result<SegmentSnapshot, SegmentError> {
-        let s = self
-            .reader
-            .snapshot(&self.segment, &ReadOptions::summaries())?;
+        self.read(None)
+    }
+
+    /// One read: `opts`, or an incremental summaries read for `None`.
+    fn read(&mut self, opts: Option<&ReadOptions>) -> Result<SegmentSnapshot, SegmentError> {
+        let first = self.read_once(opts, None);
+        let Err(SegmentError::GlobalLockStuck { seq }) = first else {
+            if first.is_ok() {
+                self.unstuck();
+            }
+            return first;
+        };
+        let now = Instant::now();
+        let dead = self.dead_since.is_some() || owner_is_dead(self.segment.file());
+        let stuck = match self.stuck {
+            Some(s) if s.seq == seq => s,
+            _ => Stuck {
+                seq,
+                since: now,
+                torn: false,
+                reported: false,
+            },
+        };
+        self.stuck = Some(stuck);
+        if !dead {
+            return first;
+        }
+        // Nobody can finish the write: read the section as it is.
+        let read = self.read_once(opts, Some(seq));
+        if read.is_ok()
+            && let Some(s) = &mut self.stuck
+        {
+            s.torn = true;
+        }
+        read
+    }
+
+    fn read_once(
+        &mut self,
+        opts: Option<&ReadOptions>,
+        global_stuck_at: Option<u64>,
+    ) -> Result<SegmentSnapshot, SegmentError> {
+        let s = match opts {
+            Some(o) => snapshot(
+                &self.segment,
+                &ReadOptions {
+                    global_stuck_at,
+                    ..*o
+                },
+            )?,
+            None => self.reader.snapshot(
+                &self.segment,
+                &ReadOptions {
+                    global_stuck_at,
+                    ..ReadOptions::summaries()
+                },
+            )?,
+        };
         self.segment.check()?;
         Ok(s)
+    }
+
+    /// A read succeeded without reading a stuck lock as it is.
+    fn unstuck(&mut self) {
+        if let Some(s) = self.stuck.take()
+            && s.reported
+        {
+            tracing::info!(path = %self.path.display(), service = self.segment.service(), "the global section's unfinished write completed after {:?}; the segment is read normally again", s.since.elapsed());
+        }
+    }
+
+    /// Logs (at `WARN`) a stuck global lock once it is worth an operator's
+    /// attention: at once if the process is dead (the figures are then
+    /// read as they are), after `grace` while it lives (a process stopped
+    /// for a moment in the middle of a fold is not). Returns true the one
+    /// time it is reported, to be counted.
+    pub(super) fn report_stuck(&mut self, grace: Duration) -> bool {
+        let Some(s) = &mut self.stuck else {
+            return false;
+        };
+        if s.reported || (!s.torn && s.since.elapsed() < grace) {
+            return false;
+        }
+        s.reported = true;
+        let (path, service, pid) = (
+            self.path.display(),
+            self.segment.service(),
+            self.segment.pid(),
+        );
+        if s.torn {
+            tracing::warn!(path = %path, service, pid, seq = s.seq, reason = "global_lock_stuck", "the process died in the middle of a thread-exit fold: the global section (totals of exited threads) stays locked by its unfinished write and nobody can finish it; its figures are read as they are and may be torn (the thread being folded may count some of its last events twice)");
+        } else {
+            let exported = if self.last_summaries.is_some() || self.last.is_some() {
+                "its last good snapshot stays exported"
+            } else {
+                "it is not exported (counted as invalid) until a read succeeds"
+            };
+            tracing::warn!(path = %path, service, pid, seq = s.seq, reason = "global_lock_stuck", "the global section (totals of exited threads) has stayed locked by one unfinished write for {:?} while the process lives: it is stopped in the middle of a thread-exit fold (SIGSTOP, a debugger, a frozen cgroup) or the writing thread died in it; {exported}; retried every pass (restart the process if it persists)", s.since.elapsed());
+        }
+        true
     }
 
     /// Forgets the rows kept for incremental snapshots: the next summaries
@@ -124,7 +252,16 @@ impl Tracked {
                 torn
             }
             Err(e) => {
-                tracing::warn!(path = %self.path.display(), error = %e, "cannot read the dead segment one last time; keeping its previous snapshot");
+                let keep = if self.final_figures().is_some() {
+                    "keeping its previous snapshot"
+                } else {
+                    "it was never read: its file is kept, not retired"
+                };
+                let message = e.to_string();
+                if self.failure.as_deref() != Some(message.as_str()) {
+                    tracing::warn!(path = %self.path.display(), error = %e, "cannot read the dead segment one last time; {keep}");
+                }
+                self.failure = Some(message);
                 false
             }
         }
