@@ -57,13 +57,15 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| base.join(format!("pfs-demo-{pid}"))),
         data: std::env::temp_dir().join(format!("pfs-demo-{pid}-data")),
     };
+    super::dir_exists(&dirs.shm)?;
     for d in [&dirs.shm, &dirs.data] {
         std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
     }
     let rt = runtime()?;
     rt.block_on(async {
         let listener = bind(a.listen).await?;
-        let exe = std::env::current_exe().context("cannot find the pfs-agent executable to start the workload")?;
+        let exe = std::env::current_exe()
+            .context("cannot find the pfs-agent executable to start the workload")?;
         let mut child = tokio::process::Command::new(exe)
             .arg("workload")
             .arg("--shm-dir")
@@ -83,11 +85,18 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         };
         let (state, otlp) = agent(set, tokens, None, &a.otlp)?;
         let url = format!("http://{}", a.listen);
-        println!("pfs-agent demo: workload pid {} writing segments in {}", child.id().unwrap_or(0), dirs.shm.display());
+        println!(
+            "pfs-agent demo: workload pid {} writing segments in {}",
+            child.id().unwrap_or(0),
+            dirs.shm.display()
+        );
         println!("  browse:   {url}/ (landing page and table browser)");
         println!("  metrics:  {url}/metrics");
         println!("  tables:   {url}/api/v1/tables/events_waits_summary_global_by_event_name");
-        println!("  query:    pfs-agent query events_waits_summary_global_by_event_name --shm-dir {}", dirs.shm.display());
+        println!(
+            "  query:    pfs-agent query events_waits_summary_global_by_event_name --shm-dir {}",
+            dirs.shm.display()
+        );
         println!("Ctrl-C stops the demo.");
         let server = server::serve(listener, state, shutdown_signal());
         let outcome = tokio::select! {
@@ -114,8 +123,15 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
 fn workload_ended(status: std::io::Result<std::process::ExitStatus>) -> anyhow::Result<()> {
     use std::os::unix::process::ExitStatusExt;
     let status = status.context("cannot wait for the demo workload")?;
-    let stop = [rustix::process::Signal::INT, rustix::process::Signal::TERM, rustix::process::Signal::HUP];
-    if status.signal().is_some_and(|n| stop.iter().any(|s| s.as_raw() == n)) {
+    let stop = [
+        rustix::process::Signal::INT,
+        rustix::process::Signal::TERM,
+        rustix::process::Signal::HUP,
+    ];
+    if status
+        .signal()
+        .is_some_and(|n| stop.iter().any(|s| s.as_raw() == n))
+    {
         println!("pfs-agent demo: the workload was stopped ({status}); stopping");
         return Ok(());
     }
