@@ -59,7 +59,7 @@ use crate::event_kind::EventKind;
 use crate::persist::{JsonError, MemoryJson, SummaryJson};
 use crate::setup::open_rw;
 use crate::snapshot::Snapshot;
-use crate::util::fs::{ReadError, read_capped, write_atomic};
+use crate::util::fs::{ReadError, read_capped, set_aside, write_atomic};
 
 /// What TRUNCATE removed from view.
 #[derive(Debug, Default, Clone)]
@@ -526,23 +526,48 @@ impl Baselines {
         Ok(b)
     }
 
-    /// Loads `dir`'s baselines file: empty if there is none; a file that
-    /// cannot be used is logged, set aside (`.corrupt`) and read as empty.
-    pub fn load(dir: &Path) -> Self {
+    /// `dir`'s baselines file, if there is one (of existing segments).
+    fn read(dir: &Path) -> Result<Option<Self>, BaselinesError> {
         let file = dir.join(BASELINES_FILE);
-        let result = read_capped(&file, MAX_BASELINES_BYTES)
-            .map_err(BaselinesError::from)
-            .and_then(|r| r.map(|(buf, _)| Self::decode(&buf, dir)).transpose());
-        match result {
-            Ok(Some(mut b)) => {
-                b.retain_existing();
-                b
-            }
-            Ok(None) => Self::default(),
+        let b = read_capped(&file, MAX_BASELINES_BYTES)?
+            .map(|(buf, _)| Self::decode(&buf, dir))
+            .transpose()?;
+        Ok(b.map(|mut b| {
+            b.retain_existing();
+            b
+        }))
+    }
+
+    /// Loads `dir`'s baselines file (the agent that owns the directory):
+    /// empty if there is none; a file that cannot be used is logged, set
+    /// aside (`.corrupt`, never replacing an earlier one) and read as empty.
+    pub fn load(dir: &Path) -> Self {
+        match Self::read(dir) {
+            Ok(b) => b.unwrap_or_default(),
             Err(msg) => {
+                let file = dir.join(BASELINES_FILE);
                 let aside = dir.join(format!("{BASELINES_FILE}.corrupt"));
-                let _ = std::fs::rename(&file, &aside);
-                tracing::error!(path = %file.display(), set_aside = %aside.display(), "TRUNCATE baselines file is unusable ({msg}); tables show lifetime values again");
+                match set_aside(&file, &aside) {
+                    Ok(to) => {
+                        tracing::error!(path = %file.display(), set_aside = %to.display(), "TRUNCATE baselines file is unusable ({msg}); tables show lifetime values again")
+                    }
+                    Err(e) => {
+                        tracing::error!(path = %file.display(), error = %e, "TRUNCATE baselines file is unusable ({msg}) and cannot be set aside; tables show lifetime values; move it away")
+                    }
+                }
+                Self::default()
+            }
+        }
+    }
+
+    /// Reads `dir`'s baselines file without changing anything (a reader
+    /// such as `pfs-agent query`, beside the agent that owns the
+    /// directory): empty, with a warning, if it cannot be used.
+    pub fn peek(dir: &Path) -> Self {
+        match Self::read(dir) {
+            Ok(b) => b.unwrap_or_default(),
+            Err(msg) => {
+                tracing::warn!(path = %dir.join(BASELINES_FILE).display(), "TRUNCATE baselines file is unusable ({msg}); showing lifetime values");
                 Self::default()
             }
         }

@@ -214,6 +214,31 @@ fn memory_tables_follow_the_manual() -> Result<()> {
         ],
         "phase 4 by thread, truncated with the global table",
     )?;
+    // `pfs-agent query` shows the tables as the API does: since the
+    // TRUNCATE (it reads the baselines the agent keeps in the directory).
+    for table in [GLOBAL, BY_THREAD] {
+        let out = std::process::Command::new(pfs_tests::agent_bin())
+            .args(["query", table, "--format", "json", "--shm-dir"])
+            .arg(&shm)
+            .output()?;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cli: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        let http = get_json(&format!("{base}/api/v1/tables/{table}"))?;
+        let sorted = |v: &serde_json::Value| {
+            let mut r: Vec<String> = rows(v).unwrap().iter().map(|r| r.to_string()).collect();
+            r.sort();
+            r
+        };
+        assert_eq!(
+            sorted(&cli),
+            sorted(&http),
+            "{table}: query and the API agree after TRUNCATE"
+        );
+    }
 
     // Phase 5, exit: B allocates 300 B, exits; A frees that block.
     steps(&mut w, &["alloc B b1 300", "exit B", "free A b1"])?;

@@ -1,6 +1,8 @@
 //! `pfs-agent query TABLE`: one table read directly from the segments,
 //! printed as text (durations readable on a terminal, as MySQL's
-//! `FORMAT_PICO_TIME` writes them) or as the API's JSON (picoseconds).
+//! `FORMAT_PICO_TIME` writes them) or as the API's JSON (picoseconds),
+//! since the last `TRUNCATE` as the API shows it (the baselines file the
+//! serving agent keeps in the directory; read, never changed).
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -49,7 +51,10 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
             );
         }
     }
-    let mut table = tables::build(table, &snap, &filter, &Baselines::default());
+    // As the API shows it: since the last TRUNCATE (the agent serving the
+    // directory keeps its baselines there).
+    let baselines = Baselines::peek(&a.dir.shm_dir);
+    let mut table = tables::build(table, &snap, &filter, &baselines);
     match a.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&table.to_json())?),
         Format::Text => {
