@@ -60,6 +60,11 @@
 // An internal error (a bug): instrumentation stays off.
 #define PFS_ERR_INTERNAL -8
 
+// This process was forked (without `exec`) from one that initialised
+// instrumentation: a forked child records nothing; initialise in each
+// worker after forking instead of in the parent.
+#define PFS_ERR_FORKED -9
+
 // `pfs_config_t.flags`: create the directory `0770` and the segment
 // `0660`, for an agent in the same group (`PFS_GROUP_ACCESS=1`).
 #define PFS_CONFIG_GROUP_ACCESS 1

@@ -19,3 +19,7 @@ pub const PFS_ERR_IO: i32 = -6;
 pub const PFS_ERR_SEGMENT: i32 = -7;
 /// An internal error (a bug): instrumentation stays off.
 pub const PFS_ERR_INTERNAL: i32 = -8;
+/// This process was forked (without `exec`) from one that initialised
+/// instrumentation: a forked child records nothing; initialise in each
+/// worker after forking instead of in the parent.
+pub const PFS_ERR_FORKED: i32 = -9;

@@ -75,6 +75,7 @@ fn code_of(e: &InitError) -> i32 {
         InitError::InUse(_) => PFS_ERR_IN_USE,
         InitError::Io(..) => PFS_ERR_IO,
         InitError::Segment(..) => PFS_ERR_SEGMENT,
+        InitError::Forked(_) => PFS_ERR_FORKED,
         _ => PFS_ERR_INTERNAL,
     }
 }

@@ -10,6 +10,13 @@ pub enum InitError {
     /// `init` was called twice.
     #[error("pfs-client is already initialised (segment {0})")]
     AlreadyInitialized(PathBuf),
+    /// This process was forked (without `exec`) from one that initialised
+    /// instrumentation: the segment is the parent's, and a child records
+    /// nothing.
+    #[error(
+        "this process was forked from one that initialised pfs-client (segment {0}): a forked child records nothing; initialise in each worker after forking, not in the parent, or exec"
+    )]
+    Forked(PathBuf),
     /// An environment variable has a value we cannot use.
     #[error(
         "environment variable {0} is invalid ({1}); expected a number, yes/no, or pattern=VALUE rules"

@@ -202,7 +202,9 @@ pub fn init() -> Result<(), InitError> {
 /// println!("writing {:?}", pfs_client::segment_path());
 /// ```
 pub fn init_with(config: Config) -> Result<(), InitError> {
-    runtime::init(config).map(|_| ())
+    runtime::init(config)?;
+    thread::stop_in_forked_children();
+    Ok(())
 }
 
 /// The segment file this process writes, once initialised (`None`

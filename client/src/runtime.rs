@@ -1,10 +1,13 @@
 //! Layer 2. Process-wide state: the segment this process owns, created once
-//! by [`crate::init`] and kept for the life of the process.
+//! by [`crate::init`] and kept for the life of the process, and gone in
+//! the child of a `fork` (the segment is the parent's: a forked child
+//! records nothing, see `thread`'s fork hook).
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pfs_shm_layout::layout::SetupSection;
@@ -41,14 +44,30 @@ impl Runtime {
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 
-/// The runtime, if [`crate::init`] succeeded.
+/// Set in the child of a `fork` of an initialised process ([`mark_forked`]).
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// The runtime, if [`crate::init`] succeeded in this process (not in the
+/// process it was forked from).
 #[inline(always)]
 pub(crate) fn get() -> Option<&'static Runtime> {
+    if FORKED.load(Relaxed) {
+        return None;
+    }
     RUNTIME.get()
+}
+
+/// Marks this process a forked child of an initialised one: from now on
+/// there is no runtime. Async-signal-safe (one atomic store).
+pub(crate) fn mark_forked() {
+    FORKED.store(true, Relaxed);
 }
 
 pub(crate) fn init(cfg: Config) -> Result<&'static Runtime, InitError> {
     if let Some(rt) = RUNTIME.get() {
+        if FORKED.load(Relaxed) {
+            return Err(InitError::Forked(rt.path.clone()));
+        }
         return Err(InitError::AlreadyInitialized(rt.path.clone()));
     }
     let rt = create(&cfg)?;

@@ -170,6 +170,30 @@ pub(crate) fn with_registered<R>(f: impl FnOnce(&'static ThreadCtx) -> R) -> Opt
     }
 }
 
+/// Runs in the child of a `fork` of an initialised process, on its only
+/// thread (the forking one): the runtime and this thread's context are the
+/// parent's, whose segment has one writer per record and one process
+/// behind its lock, so the child records nothing. Only stores (no lock,
+/// no allocation): the fork may have happened while another thread held
+/// the allocator's or the writer's lock.
+extern "C" fn forked_child() {
+    runtime::mark_forked();
+    // The context stays allocated: freeing it could take a lock held at
+    // the fork. Its owner's destructor frees it at thread exit and, with no
+    // runtime, folds nothing.
+    let _ = CTX.try_with(|c| c.set(DEAD));
+}
+
+/// Makes a forked child of this process record nothing ([`forked_child`]).
+/// Called once, when the runtime is created.
+pub(crate) fn stop_in_forked_children() {
+    if !pfs_shm_layout::fork::on_fork_child(forked_child) {
+        tracing::warn!(
+            "cannot register a fork handler: a process forked from this one without exec would write into this one's segment"
+        );
+    }
+}
+
 /// The `THREAD_ID` sequence, shared by threads and tasks.
 static NEXT_THREAD_ID: AtomicU64 = AtomicU64::new(1);
 

@@ -575,6 +575,7 @@
 //! | layer | module | job |
 //! |------:|--------|-----|
 //! | 0 | [`error`] | typed errors |
+//! | 0 | [`fork`] | a hook run in the child of `fork(2)`, so that a writer stops there (unsafe) |
 //! | 0 | [`kinds`] | instrument class kinds and wait operations |
 //! | 0 | [`seqlock`] | the sequence lock (one writer, readers retry) |
 //! | 0 | [`text`] | UTF-8 strings in arrays of atomic words |
@@ -600,13 +601,14 @@
 //!
 //! ## Unsafe code
 //!
-//! The crate root denies `unsafe_code`; three modules are allowed it, and
+//! The crate root denies `unsafe_code`; four modules are allowed it, and
 //! every `unsafe` block in them argues its soundness in a `// SAFETY:`
 //! comment:
 //!
 //! * [`segment`]: typed references into the mapping, at offsets checked
 //!   against the validated geometry, and `madvise` on it; the byte view
 //!   of a private row copy that `pread` fills;
+//! * [`fork`]: registering a `pthread_atfork` child handler;
 //! * [`sigbus`]: the `SIGBUS` handler (`sigaction`, `mmap`, `errno`);
 //! * [`tsc`]: the `RDTSC` intrinsic.
 //!
@@ -643,6 +645,8 @@
 pub mod actors;
 pub mod container;
 pub mod error;
+#[allow(unsafe_code)]
+pub mod fork;
 pub mod kinds;
 pub mod layout;
 pub mod lockword;
