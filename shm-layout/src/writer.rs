@@ -161,6 +161,35 @@ pub const KIND_STAGE: usize = 1;
 /// Statements.
 pub const KIND_STATEMENT: usize = 2;
 
+/// The name a class is registered under: `name` if it fits the class
+/// table's [`CLASS_NAME_BYTES`], else its first bytes (cut at a character
+/// boundary) followed by `~` and eight hex digits of a hash (FNV-1a) of the
+/// whole name, so that two long names sharing a prefix stay two classes,
+/// and one long name is always the same class.
+///
+/// ```
+/// use pfs_shm_layout::layout::CLASS_NAME_BYTES;
+/// use pfs_shm_layout::writer::class_name_that_fits;
+///
+/// assert_eq!(class_name_that_fits("wait/synch/mutex/app/m"), "wait/synch/mutex/app/m");
+/// let long = |tail: &str| format!("statement/http/GET /{}{tail}", "x".repeat(120));
+/// let (long_a, long_b) = (long("a"), long("b"));
+/// let (a, b) = (class_name_that_fits(&long_a), class_name_that_fits(&long_b));
+/// assert!(a.len() <= CLASS_NAME_BYTES && b.len() <= CLASS_NAME_BYTES);
+/// assert_ne!(a, b);
+/// assert_eq!(a, class_name_that_fits(&long_a));
+/// ```
+pub fn class_name_that_fits(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.len() <= CLASS_NAME_BYTES {
+        return name.into();
+    }
+    let hash = name.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    let head = truncate_utf8(name, CLASS_NAME_BYTES - 9);
+    format!("{head}~{hash:08x}").into()
+}
+
 impl SegmentWriter {
     /// Wraps a segment this process created.
     pub fn new(seg: Segment) -> Self {
@@ -193,9 +222,12 @@ impl SegmentWriter {
 
     /// Registers an instrument class (or returns the existing index for the
     /// same name). `flags` are the initial `FLAG_*` bits. Returns `None`
-    /// and counts a lost class when the registry is full.
+    /// and counts a lost class when the registry is full. A name longer
+    /// than [`CLASS_NAME_BYTES`] is stored as [`class_name_that_fits`]
+    /// makes it: two long names stay two classes.
     pub fn register_class(&self, name: &str, kind: ClassKind, flags: u32) -> Option<u32> {
-        let name = truncate_utf8(name, CLASS_NAME_BYTES);
+        let fitted = class_name_that_fits(name);
+        let name = fitted.as_ref();
         let mut slow = self.slow();
         if let Some(&i) = slow.classes.get(name) {
             return Some(i);
