@@ -3,8 +3,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED};
+use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED, MAX_CLASSES_LIMIT};
 pub use pfs_shm_layout::rules::{parse_consumer_rules, parse_duration, parse_instrument_rules};
+use pfs_shm_layout::segment::{MAX_HISTORY_LONG_LEN, MAX_PAGES};
+use pfs_shm_layout::setup::check_consumer_rules;
 
 use crate::error::InitError;
 
@@ -86,31 +88,51 @@ impl Config {
             .ok()
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "unknown".into());
-        let mut c = Self::new(std::env::var("PFS_SERVICE_NAME").unwrap_or(exe));
+        // An empty name is no name: the executable's.
+        let service = std::env::var("PFS_SERVICE_NAME")
+            .ok()
+            .filter(|s| !s.trim().is_empty());
+        let mut c = Self::new(service.unwrap_or(exe));
         if let Ok(d) = std::env::var("PFS_SHM_DIR") {
             c.shm_dir = d.into();
         }
-        let num = |k: &str, d: u32| -> Result<u32, InitError> {
-            match std::env::var(k) {
-                Ok(v) => v.parse().map_err(|_| InitError::BadEnv(k.to_string(), v)),
-                Err(_) => Ok(d),
-            }
-        };
+        let bad = |k: &str, why: String| InitError::BadEnv(k.to_string(), why);
+        let num =
+            |k: &str, d: u32, range: std::ops::RangeInclusive<u32>| -> Result<u32, InitError> {
+                let Ok(v) = std::env::var(k) else {
+                    return Ok(d);
+                };
+                let expect = format!("a whole number from {} to {}", range.start(), range.end());
+                match v.trim().parse::<u32>() {
+                    Ok(n) if range.contains(&n) => Ok(n),
+                    _ => Err(bad(k, format!("{v:?}; expected {expect}"))),
+                }
+            };
         let flag = |k: &str, d: bool| -> Result<bool, InitError> {
-            match std::env::var(k).as_deref() {
-                Ok("1" | "yes" | "YES" | "on" | "ON" | "true") => Ok(true),
-                Ok("0" | "no" | "NO" | "off" | "OFF" | "false") => Ok(false),
-                Ok(v) => Err(InitError::BadEnv(k.to_string(), v.to_string())),
-                Err(_) => Ok(d),
+            let Ok(v) = std::env::var(k) else {
+                return Ok(d);
+            };
+            match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "yes" | "on" | "true" => Ok(true),
+                "0" | "no" | "off" | "false" => Ok(false),
+                _ => Err(bad(
+                    k,
+                    format!("{v:?}; expected yes or no (1/0, on/off, true/false)"),
+                )),
             }
         };
-        c.history_len = num("PFS_HISTORY_SIZE", c.history_len)?;
-        c.max_classes = num("PFS_MAX_CLASSES", c.max_classes)?;
-        c.max_threads = num("PFS_MAX_THREADS", c.max_threads)?;
+        c.history_len = num("PFS_HISTORY_SIZE", c.history_len, 1..=1024)?;
+        c.max_classes = num("PFS_MAX_CLASSES", c.max_classes, 1..=MAX_CLASSES_LIMIT)?;
+        let max_threads = MAX_PAGES * c.records_per_page;
+        c.max_threads = num("PFS_MAX_THREADS", c.max_threads, 1..=max_threads)?;
         c.group_access = flag("PFS_GROUP_ACCESS", c.group_access)?;
         c.enabled = flag("PFS_INSTRUMENTS_ENABLED", c.enabled)?;
         c.timed = flag("PFS_INSTRUMENTS_TIMED", c.timed)?;
-        c.history_long_len = num("PFS_HISTORY_LONG_SIZE", c.history_long_len)?;
+        c.history_long_len = num(
+            "PFS_HISTORY_LONG_SIZE",
+            c.history_long_len,
+            0..=MAX_HISTORY_LONG_LEN,
+        )?;
         if let Ok(v) = std::env::var("PFS_INSTRUMENT") {
             c.instrument_rules = parse_instrument_rules(&v)
                 .map_err(|e| InitError::BadEnv("PFS_INSTRUMENT".into(), e.to_string()))?;
@@ -126,6 +148,7 @@ impl Config {
         }
         if let Ok(v) = std::env::var("PFS_CONSUMERS") {
             c.consumer_rules = parse_consumer_rules(&v)
+                .and_then(|r| check_consumer_rules(&r).map(|()| r))
                 .map_err(|e| InitError::BadEnv("PFS_CONSUMERS".into(), e.to_string()))?;
         }
         Ok(c)

@@ -18,9 +18,7 @@ pub enum InitError {
     )]
     Forked(PathBuf),
     /// An environment variable has a value we cannot use.
-    #[error(
-        "environment variable {0} is invalid ({1}); expected a number, yes/no, or pattern=VALUE rules"
-    )]
+    #[error("environment variable {0} is invalid: {1}")]
     BadEnv(String, String),
     /// The directory is world-writable: anyone could plant segments.
     #[error(
