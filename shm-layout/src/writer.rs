@@ -161,11 +161,13 @@ pub const KIND_STAGE: usize = 1;
 /// Statements.
 pub const KIND_STATEMENT: usize = 2;
 
-/// The name a class is registered under: `name` if it fits the class
-/// table's [`CLASS_NAME_BYTES`], else its first bytes (cut at a character
-/// boundary) followed by `~` and eight hex digits of a hash (FNV-1a) of the
-/// whole name, so that two long names sharing a prefix stay two classes,
-/// and one long name is always the same class.
+/// The name a class is registered under: `name`, its control characters
+/// (a NUL, a newline: nothing an exporter's label should carry) replaced by
+/// `?`, if it fits the class table's [`CLASS_NAME_BYTES`]; else its first
+/// bytes (cut at a character boundary) followed by `~` and eight hex
+/// digits of a hash (FNV-1a) of the whole name, so that two long names
+/// sharing a prefix stay two classes, and one long name is always the
+/// same class.
 ///
 /// ```
 /// use pfs_shm_layout::layout::CLASS_NAME_BYTES;
@@ -178,8 +180,16 @@ pub const KIND_STATEMENT: usize = 2;
 /// assert!(a.len() <= CLASS_NAME_BYTES && b.len() <= CLASS_NAME_BYTES);
 /// assert_ne!(a, b);
 /// assert_eq!(a, class_name_that_fits(&long_a));
+/// assert_eq!(class_name_that_fits("wait/io/file/app/a\0b\n"), "wait/io/file/app/a?b?");
 /// ```
 pub fn class_name_that_fits(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.chars().any(char::is_control) {
+        let clean: String = name
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
+        return class_name_that_fits(&clean).into_owned().into();
+    }
     if name.len() <= CLASS_NAME_BYTES {
         return name.into();
     }
