@@ -62,6 +62,13 @@ pub struct ServeArgs {
     /// they fold into the service totals and its file is removed (e.g. 300s, 5m).
     #[arg(long, env = "PFS_DEAD_RETENTION", default_value = "5m", value_parser = parse_duration)]
     pub dead_retention: Duration,
+    /// After SIGTERM or SIGINT, keep serving /metrics (with fresh
+    /// snapshots) and /healthz this long before stopping, so the next
+    /// scrape still sees the final counters of an application that stopped
+    /// just before (e.g. 20s: at least one scrape interval). A second
+    /// signal stops at once; 0s stops at the first.
+    #[arg(long, env = "PFS_SHUTDOWN_DELAY", default_value = "0s", value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
     /// File holding the bearer token that control requests must present.
     #[arg(long, env = "PFS_CONTROL_TOKEN_FILE")]
     pub control_token_file: Option<PathBuf>,
@@ -361,6 +368,7 @@ mod tests {
         assert_eq!(l.connection_timeout, Duration::from_secs(60));
         assert_eq!(a.policy.policy().max_size, 4 << 30);
         assert_eq!(a.dead_retention, Duration::from_secs(300));
+        assert_eq!(a.shutdown_delay, Duration::ZERO);
         let help = Cli::command()
             .find_subcommand_mut("serve")
             .unwrap()

@@ -15,6 +15,10 @@
 //!
 //! Every lock, condvar and file operation goes through `pfs-client`, so all
 //! timings come from the instrumentation; the PRNG only chooses requests.
+//!
+//! SIGTERM and SIGINT stop it cleanly (the same drain as its stop flag), so
+//! it also behaves as a container's PID 1, where a signal without a handler
+//! is dropped by the kernel; a second signal exits at once.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::OpenOptions;
@@ -108,7 +112,10 @@ const WAL_NAME: &str = "kvstore.wal";
 const SNAPSHOT_NAME: &str = "kvstore.snapshot";
 const SNAPSHOT_TMP_NAME: &str = "kvstore.snapshot.tmp";
 
-/// Options of the demo workload process.
+/// Options of the demo workload process. Everything else `pfs-client`
+/// reads from the environment (`PFS_GROUP_ACCESS`, `PFS_MAX_THREADS`, ...,
+/// see `pfs_client::Config::from_env`) applies too; these two override
+/// `PFS_SHM_DIR` and `PFS_SERVICE_NAME`.
 #[derive(Debug, Clone)]
 pub struct WorkloadOptions {
     /// Directory where the pfs-client segment is created.
@@ -121,11 +128,16 @@ pub struct WorkloadOptions {
     pub workers: usize,
 }
 
-/// Runs the demo key-value store workload forever (until the process is
-/// killed with SIGTERM / SIGINT).
+/// Runs the demo key-value store workload until the process receives
+/// SIGTERM or SIGINT, then stops cleanly (connections finish their burst,
+/// workers drain the queue, the WAL is synced) and returns `Ok`. A second
+/// signal during that drain exits the process at once (status 128 + the
+/// signal's number).
 ///
-/// First initialises `pfs-client` with a segment for `opts.service` in
-/// `opts.shm_dir`; returns that error if it fails. Then creates the WAL in
+/// First installs the signal handlers, then initialises `pfs-client` from
+/// the environment (`pfs_client::Config::from_env`: `PFS_GROUP_ACCESS`,
+/// `PFS_MAX_THREADS`, ...) with `opts.shm_dir` and `opts.service` on top;
+/// returns that error if it fails. Then creates the WAL in
 /// `opts.data_dir`, starts the async HTTP service ([`crate::http`]) and
 /// its load generator, then `opts.workers` workers, the WAL flusher, the
 /// checkpointer and the connection spawner, and blocks joining them.
@@ -136,24 +148,75 @@ pub fn run(opts: WorkloadOptions) -> anyhow::Result<()> {
         data_dir,
         workers,
     } = opts;
-    pfs_client::init_with(pfs_client::Config::new(service.clone()).shm_dir(shm_dir.clone()))
-        .with_context(|| {
-            format!(
-                "cannot initialise pfs-client for service {service:?} in {}",
-                shm_dir.display()
-            )
-        })?;
+    let stop = Arc::new(AtomicBool::new(false));
+    stop_on_signal(stop.clone())?;
+    let mut config = pfs_client::Config::from_env()
+        .context("invalid PFS_* environment variable; fix or unset it")?
+        .shm_dir(shm_dir.clone());
+    config.service_name = service.clone();
+    let group_access = config.group_access;
+    pfs_client::init_with(config).with_context(|| {
+        format!(
+            "cannot initialise pfs-client for service {service:?} in {}",
+            shm_dir.display()
+        )
+    })?;
     tracing::info!(
         service,
         segment = ?pfs_client::segment_path(),
+        group_access,
         data_dir = %data_dir.display(),
         workers,
         "kvstore demo workload starting"
     );
-    let stop = Arc::new(AtomicBool::new(false));
     let (_http, addr) = crate::http::spawn(stop.clone())?;
     tracing::info!(%addr, "orders HTTP service and its load generator started");
-    run_workload(&data_dir, workers, stop).map(|_| ())
+    let counters = run_workload(&data_dir, workers, stop)?;
+    tracing::info!(?counters, "kvstore demo workload stopped");
+    Ok(())
+}
+
+/// Sets `stop` on the first SIGTERM or SIGINT; a second one exits the
+/// process at once with status 128 + its number. The handlers are in place
+/// when this returns (a signal that arrives earlier kills the process, or
+/// is dropped if it is a PID namespace's init); a thread named `signals`
+/// waits for them.
+fn stop_on_signal(stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .context("cannot start the signal-handling runtime")?;
+    let (mut term, mut int) = {
+        let _in_rt = rt.enter();
+        let handler = |kind, name: &str| {
+            signal(kind).with_context(|| format!("cannot install a {name} handler"))
+        };
+        (
+            handler(SignalKind::terminate(), "SIGTERM")?,
+            handler(SignalKind::interrupt(), "SIGINT")?,
+        )
+    };
+    spawn_named("signals".into(), move || {
+        rt.block_on(async move {
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            tracing::info!(
+                signal = name,
+                "stopping: finishing the requests in flight; send the signal again to exit at once"
+            );
+            stop.store(true, Ordering::Release);
+            let (name, code) = tokio::select! {
+                _ = term.recv() => ("SIGTERM", 128 + 15),
+                _ = int.recv() => ("SIGINT", 128 + 2),
+            };
+            tracing::warn!(signal = name, "second signal: exiting without finishing");
+            std::process::exit(code);
+        })
+    })?;
+    Ok(())
 }
 
 /// Recovers the guard of a poisoned lock: a panicked worker must not take
@@ -771,7 +834,8 @@ fn join(h: JoinHandle<()>) -> anyhow::Result<()> {
     h.join().map_err(|_| anyhow!("demo thread {name} panicked"))
 }
 
-/// Runs the workload until `stop` is set (never, in the real process),
+/// Runs the workload until `stop` is set (by SIGTERM / SIGINT, in the real
+/// process),
 /// then drains connections and workers and returns the final counters.
 fn run_workload(
     data_dir: &Path,

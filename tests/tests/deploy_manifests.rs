@@ -7,7 +7,12 @@
 //!   schemas) is checked field by field instead.
 //! * The rendered pod specs meet the restricted Pod Security Standard and
 //!   the sidecar contract (shared in-memory volume, same uid/gid, env,
-//!   probes, token Secret, downward API, scrape annotations).
+//!   probes, token Secret, downward API), scrape by annotations or by a
+//!   PodMonitor but never both (the base has only core resources; the
+//!   `components/podmonitor` component swaps the annotations for a
+//!   PodMonitor), and budget the pod's stop (the agent's `--shutdown-delay`
+//!   longer than a scrape interval, `terminationGracePeriodSeconds` above
+//!   it) and its memory (agent limit, app limit above the shm sizeLimit).
 //! * `deploy/Dockerfile` passes hadolint and the image rules.
 //! * The `pfs-agent` binary runs the pod's two containers as written (their
 //!   args and env, as uid 65532 when the test runs as root, in a
@@ -46,6 +51,7 @@ use serde_json::Value;
 /// container `restartPolicy`, so a leftover native-sidecar field fails.
 const KUSTOMIZATIONS: &[(&str, bool, &[&str])] = &[
     ("base", true, &["1.29.0", "1.33.0"]),
+    ("overlays/prometheus-operator", true, &["1.29.0", "1.33.0"]),
     ("overlays/production", true, &["1.29.0", "1.33.0"]),
     ("overlays/classic-sidecar", false, &["1.27.0", "1.33.0"]),
 ];
@@ -54,6 +60,17 @@ const AGENT: &str = "pfs-agent";
 const APP: &str = "kvstore";
 const SHM_VOLUME: &str = "pfs-shm";
 const METRICS_PORT: i64 = 9464;
+/// The scrape interval assumed where no PodMonitor states one (an
+/// annotation-driven job: deploy/README.md asks for the delay to be raised
+/// to that job's interval).
+const DEFAULT_SCRAPE_INTERVAL_S: u64 = 15;
+/// What the pod's grace period must hold besides the agent's
+/// `--shutdown-delay`: the app's stop (10 s) and the agent's last OTLP
+/// export (5 s).
+const GRACE_BESIDES_DELAY_S: u64 = 15;
+/// The agent's memory limit: docs/PERFORMANCE.md's ~103 MiB peak of one
+/// by-thread table request, with room for concurrent ones.
+const AGENT_MIN_MEMORY_LIMIT: u64 = 256 << 20;
 
 fn kube_dir() -> PathBuf {
     workspace_root().join("deploy/kubernetes")
@@ -182,16 +199,46 @@ fn validate_strict(files: &[PathBuf], version: &str) -> Validated {
     Ok(passed)
 }
 
-/// The files a kustomization lists under `resources` (not directories).
+/// The files a kustomization lists under `resources` (not directories),
+/// and those of the components it lists.
 fn resource_files(dir: &Path) -> Vec<PathBuf> {
     let k = &read_yaml(&dir.join("kustomization.yaml"))[0];
-    k["resources"]
+    let list = |key: &str| -> Vec<PathBuf> {
+        k[key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(|r| dir.join(r))
+            .collect()
+    };
+    let mut files: Vec<PathBuf> = list("resources")
+        .into_iter()
+        .filter(|p| p.is_file())
+        .collect();
+    for c in list("components") {
+        files.extend(resource_files(&c));
+    }
+    files
+}
+
+/// The component directories (`components/*`) a kustomization lists,
+/// relative to deploy/kubernetes.
+fn components_of(dir: &str) -> Vec<String> {
+    let d = kube_dir().join(dir);
+    let k = &read_yaml(&d.join("kustomization.yaml"))[0];
+    k["components"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(Value::as_str)
-        .map(|r| dir.join(r))
-        .filter(|p| p.is_file())
+        .map(|c| {
+            let p = std::fs::canonicalize(d.join(c)).unwrap_or_else(|e| panic!("{dir}: {c}: {e}"));
+            p.strip_prefix(std::fs::canonicalize(kube_dir()).unwrap())
+                .unwrap()
+                .display()
+                .to_string()
+        })
         .collect()
 }
 
@@ -251,6 +298,37 @@ fn every_manifest_and_rendering_validates_strictly() {
         on_disk, known,
         "kustomizations on disk differ from KUSTOMIZATIONS in this test"
     );
+    // A component is not rendered alone: each one is a Component, used by
+    // a kustomization above (so it is rendered and validated there), and
+    // references every YAML file it holds.
+    let used: BTreeSet<String> = KUSTOMIZATIONS
+        .iter()
+        .flat_map(|k| components_of(k.0))
+        .collect();
+    let comps = kube.join("components");
+    for e in std::fs::read_dir(&comps).into_iter().flatten() {
+        let p = e.unwrap().path();
+        let name = format!("components/{}", p.file_name().unwrap().to_string_lossy());
+        let k = std::fs::read_to_string(p.join("kustomization.yaml"))
+            .unwrap_or_else(|e| panic!("{name}: no kustomization.yaml: {e}"));
+        assert!(
+            k.contains("kind: Component"),
+            "{name} is not a kustomize Component"
+        );
+        assert!(
+            used.contains(&name),
+            "{name} is used by no kustomization in KUSTOMIZATIONS"
+        );
+        for f in std::fs::read_dir(&p).unwrap() {
+            let f = f.unwrap().file_name().to_string_lossy().into_owned();
+            if f.ends_with(".yaml") && f != "kustomization.yaml" {
+                assert!(
+                    k.contains(&f),
+                    "{name}/{f} is not referenced by its kustomization.yaml"
+                );
+            }
+        }
+    }
 
     // What to validate against each version: every resource file and
     // every rendering, with the number of core (non-PodMonitor) resources
@@ -626,53 +704,90 @@ fn pod_problems(dir: &str, docs: &[Value], native: bool) -> Vec<String> {
         agent["command"].is_null(),
         "agent: command overrides the image entrypoint (pfs-agent serve)".into(),
     );
-    let token = arg_after(agent, "--control-token-file");
+    // The token files: each must be a key of the Secret mounted where the
+    // flag points (all keys, or one listed under `items`), or the agent
+    // cannot start.
     let token_vol = vols.iter().find(|v| !v["secret"].is_null());
-    match (&token, token_vol) {
-        (Some(t), Some(v)) => {
-            let m = mount_path(agent, v["name"].as_str().unwrap_or(""));
-            let key = v["secret"]["items"][0]["path"].as_str().unwrap_or("");
-            bad(
-                &mut p,
-                m.as_ref()
-                    .is_some_and(|m| *t == format!("{}/{key}", m.trim_end_matches('/'))),
-                format!(
-                    "agent: --control-token-file {t} is not the mounted Secret item ({m:?}/{key})"
-                ),
-            );
-            let secret_name = v["secret"]["secretName"].as_str().unwrap_or("");
-            let secret = docs
-                .iter()
-                .find(|d| kind(d) == "Secret" && d["metadata"]["name"] == secret_name);
-            if dir == "overlays/production" {
-                bad(
-                    &mut p,
-                    secret.is_none(),
-                    "production renders the placeholder token Secret".into(),
-                );
-            } else {
-                bad(
-                    &mut p,
-                    secret.is_some_and(|s| {
-                        !s["stringData"][v["secret"]["items"][0]["key"].as_str().unwrap_or("")]
-                            .is_null()
-                    }),
-                    format!("no Secret {secret_name} with the token key"),
-                );
-            }
-        }
-        _ => p.push("agent: no --control-token-file from a Secret volume".into()),
+    let token_mount = token_vol.and_then(|v| mount_path(agent, v["name"].as_str().unwrap_or("")));
+    let secret_name = token_vol
+        .and_then(|v| v["secret"]["secretName"].as_str())
+        .unwrap_or("");
+    let secret = docs
+        .iter()
+        .find(|d| kind(d) == "Secret" && d["metadata"]["name"] == secret_name);
+    if dir.starts_with("overlays/production") {
+        bad(
+            &mut p,
+            secret.is_none(),
+            "production renders the placeholder token Secret".into(),
+        );
+    } else {
+        bad(
+            &mut p,
+            secret.is_some(),
+            format!("no Secret {secret_name} for the token volume"),
+        );
     }
-
-    // Scraping: annotations, Service and PodMonitor agree with the pod.
-    let ann = &tpl["metadata"]["annotations"];
+    let control = arg_after(agent, "--control-token-file");
     bad(
         &mut p,
-        ann["prometheus.io/scrape"] == "true"
-            && ann["prometheus.io/port"].as_str() == Some(METRICS_PORT.to_string().as_str())
-            && ann["prometheus.io/path"] == "/metrics",
-        format!("pod prometheus.io annotations: {ann}"),
+        control.is_some() && token_vol.is_some(),
+        "agent: no --control-token-file from a Secret volume".into(),
     );
+    for flag in ["--control-token-file", "--read-token-file"] {
+        let (Some(t), Some(v), Some(m)) = (arg_after(agent, flag), token_vol, &token_mount) else {
+            continue;
+        };
+        let Some(file) = t.strip_prefix(&format!("{}/", m.trim_end_matches('/'))) else {
+            p.push(format!(
+                "agent: {flag} {t} is not in the Secret's mount {m}"
+            ));
+            continue;
+        };
+        let key = match v["secret"]["items"].as_array() {
+            None => Some(file.to_string()),
+            Some(items) => items
+                .iter()
+                .find(|i| i["path"] == file)
+                .and_then(|i| i["key"].as_str().map(str::to_string)),
+        };
+        let Some(key) = key else {
+            p.push(format!(
+                "agent: {flag} {t}: the Secret volume's items do not project {file}, so the agent cannot read it"
+            ));
+            continue;
+        };
+        if let Some(s) = secret {
+            bad(
+                &mut p,
+                !s["stringData"][&key].is_null() || !s["data"][&key].is_null(),
+                format!("agent: {flag} {t}: no key {key} in Secret {secret_name}"),
+            );
+        }
+    }
+
+    // Scraping: annotations or a PodMonitor (never both: every series
+    // would be scraped twice), and the Service, agree with the pod.
+    let ann = &tpl["metadata"]["annotations"];
+    let pm: Vec<&Value> = docs.iter().filter(|d| kind(d) == "PodMonitor").collect();
+    let has_ann = ann
+        .as_object()
+        .is_some_and(|a| a.keys().any(|k| k.starts_with("prometheus.io/")));
+    if pm.is_empty() {
+        bad(
+            &mut p,
+            ann["prometheus.io/scrape"] == "true"
+                && ann["prometheus.io/port"].as_str() == Some(METRICS_PORT.to_string().as_str())
+                && ann["prometheus.io/path"] == "/metrics",
+            format!("no PodMonitor, and the pod's prometheus.io annotations are not set: {ann}"),
+        );
+    } else {
+        bad(
+            &mut p,
+            !has_ann,
+            format!("both a PodMonitor and prometheus.io annotations: scraped twice: {ann}"),
+        );
+    }
     let selects = |sel: &Value| {
         sel.as_object()
             .is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| labels[k] == *v))
@@ -688,8 +803,8 @@ fn pod_problems(dir: &str, docs: &[Value], native: bool) -> Vec<String> {
         }),
         "no Service selecting the pod on 9464".into(),
     );
-    let pm: Vec<&Value> = docs.iter().filter(|d| kind(d) == "PodMonitor").collect();
-    bad(&mut p, pm.len() == 1, "expected one PodMonitor".into());
+    bad(&mut p, pm.len() <= 1, "more than one PodMonitor".into());
+    let mut interval_s = DEFAULT_SCRAPE_INTERVAL_S;
     for m in pm {
         bad(
             &mut p,
@@ -745,9 +860,75 @@ fn pod_problems(dir: &str, docs: &[Value], native: bool) -> Vec<String> {
                     format!("PodMonitor {d} is not like 15s"),
                 );
             }
+            if let Some(i) = ep["interval"].as_str().and_then(seconds) {
+                interval_s = interval_s.max(i);
+            }
         }
     }
+
+    // Stopping: the agent serves one more scrape interval after SIGTERM,
+    // within the pod's grace period.
+    let delay = arg_after(agent, "--shutdown-delay").and_then(|d| seconds(&d));
+    let grace = spec["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
+    match delay {
+        Some(d) => {
+            bad(
+                &mut p,
+                d > interval_s,
+                format!(
+                    "agent --shutdown-delay {d}s is not longer than the {interval_s}s scrape interval"
+                ),
+            );
+            bad(
+                &mut p,
+                grace >= d + GRACE_BESIDES_DELAY_S,
+                format!(
+                    "terminationGracePeriodSeconds {grace} < --shutdown-delay {d}s + {GRACE_BESIDES_DELAY_S}s (app stop, last OTLP export)"
+                ),
+            );
+        }
+        None => p.push("agent: no --shutdown-delay in seconds (e.g. 20s)".into()),
+    }
+
+    // Memory: the agent's peak, and the app's limit above the tmpfs pages
+    // it may write.
+    let limit = |c: &Value| c["resources"]["limits"]["memory"].as_str().and_then(bytes);
+    bad(
+        &mut p,
+        limit(agent).is_some_and(|l| l >= AGENT_MIN_MEMORY_LIMIT),
+        format!(
+            "agent memory limit {:?} is below 256Mi (docs/PERFORMANCE.md)",
+            agent["resources"]["limits"]["memory"]
+        ),
+    );
+    let size_limit = shm.and_then(|v| v["emptyDir"]["sizeLimit"].as_str().and_then(bytes));
+    bad(
+        &mut p,
+        limit(app).zip(size_limit).is_some_and(|(l, s)| l > s),
+        format!("app memory limit does not exceed the {SHM_VOLUME} sizeLimit it may fill"),
+    );
     p
+}
+
+/// `20s`, `2m` or a bare number of seconds, as whole seconds.
+fn seconds(s: &str) -> Option<u64> {
+    let (n, mult) = match s.strip_suffix('s') {
+        Some(n) => (n, 1),
+        None => match s.strip_suffix('m') {
+            Some(n) => (n, 60),
+            None => (s, 1),
+        },
+    };
+    n.parse::<u64>().ok().map(|n| n * mult)
+}
+
+/// A Kubernetes quantity with a binary suffix (`64Mi`, `1Gi`) in bytes.
+fn bytes(q: &str) -> Option<u64> {
+    let (n, shift) = [("Ki", 10), ("Mi", 20), ("Gi", 30)]
+        .iter()
+        .find_map(|(suf, sh)| q.strip_suffix(suf).map(|n| (n, *sh)))
+        .unwrap_or((q, 0));
+    n.parse::<u64>().ok().map(|n| n << shift)
 }
 
 #[test]
@@ -788,40 +969,117 @@ fn rendered_pods_are_restricted_and_wired_as_sidecars() {
 /// A way to break a rendered object.
 type Breakage = fn(&mut Value);
 
+/// The agent container of a rendered native-sidecar Deployment.
+fn agent_of(d: &mut Value) -> &mut Value {
+    &mut d["spec"]["template"]["spec"]["initContainers"][0]
+}
+
+/// Sets the value after `flag` in the agent's args.
+fn set_agent_arg(d: &mut Value, flag: &str, value: &str) {
+    let args = agent_of(d)["args"].as_array_mut().unwrap();
+    let i = args.iter().position(|a| a == flag).unwrap();
+    args[i + 1] = Value::String(value.into());
+}
+
 #[test]
 fn pod_checks_can_fail() {
-    // Break the base in four ways; each must be reported.
-    let docs = yaml_docs(rendered("base"));
-    let breakages: [(&str, Breakage); 4] = [
-        ("allowPrivilegeEscalation", |d| {
+    // Break the base and the PodMonitor variant in several ways; each must
+    // be reported.
+    let breakages: [(&str, &str, Breakage); 10] = [
+        ("base", "allowPrivilegeEscalation", |d| {
             d["spec"]["template"]["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] =
                 Value::Bool(true)
         }),
-        ("segment dir", |d| {
-            d["spec"]["template"]["spec"]["initContainers"][0]["args"][1] =
-                Value::String("/var/run/pfs".into())
+        ("base", "segment dir", |d| {
+            agent_of(d)["args"][1] = Value::String("/var/run/pfs".into())
         }),
-        ("emptyDir medium Memory", |d| {
+        ("base", "emptyDir medium Memory", |d| {
             d["spec"]["template"]["spec"]["volumes"][0]["emptyDir"] = serde_json::json!({})
         }),
-        ("before it is defined", |d| {
+        ("base", "before it is defined", |d| {
             let env = d["spec"]["template"]["spec"]["containers"][0]["env"]
                 .as_array_mut()
                 .unwrap();
             let last = env.pop().unwrap();
             env.insert(0, last);
         }),
+        // The read-token recipe with the Secret projecting only `token`.
+        ("base", "do not project read-token", |d| {
+            let vols = d["spec"]["template"]["spec"]["volumes"]
+                .as_array_mut()
+                .unwrap();
+            let v = vols.iter_mut().find(|v| !v["secret"].is_null()).unwrap();
+            v["secret"]["items"] = serde_json::json!([{"key": "token", "path": "token"}]);
+            let args = agent_of(d)["args"].as_array_mut().unwrap();
+            args.push(Value::String("--read-token-file".into()));
+            args.push(Value::String("/etc/pfs/read-token".into()));
+        }),
+        ("base", "not longer than the 15s scrape interval", |d| {
+            set_agent_arg(d, "--shutdown-delay", "10s")
+        }),
+        ("base", "terminationGracePeriodSeconds", |d| {
+            d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30.into()
+        }),
+        ("base", "agent memory limit", |d| {
+            agent_of(d)["resources"]["limits"]["memory"] = Value::String("128Mi".into())
+        }),
+        ("base", "sizeLimit it may fill", |d| {
+            d["spec"]["template"]["spec"]["volumes"][0]["emptyDir"]["sizeLimit"] =
+                Value::String("1Gi".into())
+        }),
+        ("overlays/prometheus-operator", "scraped twice", |d| {
+            d["spec"]["template"]["metadata"]["annotations"] =
+                serde_json::json!({"prometheus.io/scrape": "true"})
+        }),
     ];
-    for (want, breakage) in breakages {
-        let mut broken = docs.clone();
+    for (dir, want, breakage) in breakages {
+        let mut broken = yaml_docs(rendered(dir));
+        assert!(
+            pod_problems(dir, &broken, true).is_empty(),
+            "{dir} has problems before it is broken"
+        );
         let dep = broken.iter_mut().find(|d| kind(d) == "Deployment").unwrap();
         breakage(dep);
-        let problems = pod_problems("base(broken)", &broken, true);
+        let problems = pod_problems(&format!("{dir}(broken)"), &broken, true);
         assert!(
             problems.iter().any(|p| p.contains(want)),
-            "breaking {want:?} went unnoticed: {problems:?}"
+            "{dir}: breaking {want:?} went unnoticed: {problems:?}"
         );
     }
+}
+
+#[test]
+fn base_needs_no_crd_and_the_read_token_recipe_works() {
+    // `kubectl apply -k base` works on a plain cluster: core kinds only.
+    let core_groups = ["v1", "apps/v1"];
+    for d in yaml_docs(rendered("base")) {
+        let api = d["apiVersion"].as_str().unwrap_or("");
+        assert!(
+            core_groups.contains(&api),
+            "base renders {} {api}, which a cluster without its CRD rejects",
+            kind(&d)
+        );
+    }
+    // deploy/README.md's read-token recipe: a read-token key in the Secret
+    // and --read-token-file /etc/pfs/read-token need nothing else.
+    let mut docs = yaml_docs(rendered("base"));
+    for d in docs.iter_mut() {
+        if kind(d) == "Secret" {
+            d["stringData"]["read-token"] = Value::String("r".into());
+        }
+        if kind(d) == "Deployment" {
+            let args = agent_of(d)["args"].as_array_mut().unwrap();
+            args.push(Value::String("--read-token-file".into()));
+            args.push(Value::String("/etc/pfs/read-token".into()));
+        }
+    }
+    let problems = pod_problems("base+read-token", &docs, true);
+    assert!(problems.is_empty(), "the read-token recipe: {problems:?}");
+    let readme = std::fs::read_to_string(workspace_root().join("deploy/README.md")).unwrap();
+    assert!(
+        readme.contains("--read-token-file") && readme.contains("/etc/pfs/read-token"),
+        "deploy/README.md no longer shows the read-token recipe this test follows"
+    );
 }
 
 /// Dockerfile instructions (continuations joined, comments dropped).
@@ -938,6 +1196,36 @@ fn dockerfile_passes_hadolint_and_the_image_rules() {
         let parts: Vec<&str> = rest.split_whitespace().collect();
         for src in &parts[..parts.len() - 1] {
             assert!(root.join(src).exists(), "COPY source {src} does not exist");
+        }
+    }
+    // .dockerignore keeps target/ and .git/ out of the context upload and
+    // none of what the build copies.
+    let ignore = std::fs::read_to_string(root.join(".dockerignore"))
+        .expect("a .dockerignore at the workspace root (the build context)");
+    let patterns: Vec<&str> = ignore
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    for must in ["target/", ".git/"] {
+        assert!(
+            patterns.contains(&must),
+            ".dockerignore does not exclude {must}"
+        );
+    }
+    for (op, rest) in &ins {
+        if op != "COPY" || rest.starts_with("--from") {
+            continue;
+        }
+        let parts: Vec<&str> = rest.split_whitespace().collect();
+        for src in &parts[..parts.len() - 1] {
+            for pat in &patterns {
+                let pat = pat.trim_end_matches('/');
+                assert!(
+                    !(*src == pat || src.starts_with(&format!("{pat}/"))),
+                    ".dockerignore excludes {pat}, which the Dockerfile copies ({src})"
+                );
+            }
         }
     }
     let ws = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();

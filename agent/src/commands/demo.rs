@@ -153,16 +153,38 @@ async fn stop_child(child: &mut tokio::process::Child) {
 }
 
 /// The workload process: belongs to its `demo` parent (if the parent dies,
-/// even by SIGKILL, the kernel stops the workload too).
+/// even by SIGKILL, the kernel sends it SIGTERM, which stops it cleanly).
+/// It reads the `PFS_*` environment as any pfs-client application does;
+/// the service is `--service` if given on the command line, else
+/// `PFS_SERVICE_NAME` if set, else the flag's default. Run as a
+/// container's PID 1 (deploy/kubernetes), it has no parent to follow.
 pub fn workload(a: WorkloadArgs) -> anyhow::Result<()> {
     let parent = rustix::process::getppid();
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))?;
     if rustix::process::getppid() != parent {
         anyhow::bail!("the demo process exited before its workload started");
     }
+    // Whether --service was on the command line rather than its default,
+    // as clap records it.
+    let service_flag_given = || {
+        use clap::CommandFactory;
+        crate::cli::Cli::command()
+            .try_get_matches_from(std::env::args_os())
+            .ok()
+            .and_then(|m| {
+                m.subcommand_matches("workload").map(|w| {
+                    w.value_source("service") == Some(clap::parser::ValueSource::CommandLine)
+                })
+            })
+            .unwrap_or(true)
+    };
+    let service = match std::env::var("PFS_SERVICE_NAME") {
+        Ok(env) if !env.trim().is_empty() && !service_flag_given() => env,
+        _ => a.service,
+    };
     pfs_demo::workload::run(pfs_demo::workload::WorkloadOptions {
         shm_dir: a.shm_dir,
-        service: a.service,
+        service,
         data_dir: a.data_dir,
         workers: a.workers,
     })
