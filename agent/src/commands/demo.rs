@@ -116,10 +116,10 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What the workload's end means for the demo: a stop request if a signal
-/// that asks a process to stop ended it (Ctrl-C or `kill` sent to the
-/// whole process group reaches the workload too, and may end it first),
-/// else a failure.
+/// What the workload's end means for the demo: a stop if it exited cleanly
+/// or a signal that asks a process to stop ended it (Ctrl-C or `kill` sent
+/// to the whole process group reaches the workload too, and may end it
+/// first), else a failure.
 fn workload_ended(status: std::io::Result<std::process::ExitStatus>) -> anyhow::Result<()> {
     use std::os::unix::process::ExitStatusExt;
     let status = status.context("cannot wait for the demo workload")?;
@@ -128,10 +128,11 @@ fn workload_ended(status: std::io::Result<std::process::ExitStatus>) -> anyhow::
         rustix::process::Signal::TERM,
         rustix::process::Signal::HUP,
     ];
-    if status
+    // The workload itself stops cleanly (exit 0) on SIGINT and SIGTERM.
+    let signalled = status
         .signal()
-        .is_some_and(|n| stop.iter().any(|s| s.as_raw() == n))
-    {
+        .is_some_and(|n| stop.iter().any(|s| s.as_raw() == n));
+    if status.success() || signalled {
         println!("pfs-agent demo: the workload was stopped ({status}); stopping");
         return Ok(());
     }
