@@ -1,4 +1,4 @@
-//! A hook that runs in the child of `fork(2)`.
+//! Layer 0. A hook that runs in the child of `fork(2)`.
 //!
 //! A segment has one writer process: each thread record one writing
 //! thread, the global section its process's lock. After a `fork` without
