@@ -42,6 +42,19 @@ pub enum ConfigError {
     /// A scheme other than `http://` and `https://`.
     #[error("OTLP endpoint {0:?}: the scheme must be https:// or http://")]
     Scheme(String),
+    /// A port that is not a number from 1 to 65535.
+    #[error(
+        "OTLP endpoint {endpoint:?}: port {port:?} is not a number from 1 to 65535; use e.g. http://HOST:4318 (HTTP) or http://HOST:4317 (gRPC)"
+    )]
+    Port {
+        /// The endpoint as given.
+        endpoint: String,
+        /// The port as given.
+        port: String,
+    },
+    /// An endpoint without a host.
+    #[error("OTLP endpoint {0:?} has no host; use https://HOST:PORT or http://HOST:PORT")]
+    NoHost(String),
     /// A boolean variable that is neither `true` nor `false`.
     #[error("{var}={value:?} must be true or false")]
     Bool {
@@ -387,33 +400,73 @@ fn append_metrics_path(base: &str) -> String {
     format!("{}/v1/metrics", base.trim_end_matches('/'))
 }
 
+/// `e` with its scheme (before `://`) lower-cased.
+fn lower_scheme(e: &str) -> String {
+    match e.split_once("://") {
+        Some((scheme, rest)) if !scheme.is_empty() && looks_like_scheme(&format!("{scheme}:")) => {
+            format!("{}://{rest}", scheme.to_ascii_lowercase())
+        }
+        _ => e.to_string(),
+    }
+}
+
+/// Whether `e` starts with a URL scheme and `:` followed by something
+/// other than a port (`http:/x`, `https:`), as opposed to `host:port`.
+fn looks_like_scheme(e: &str) -> bool {
+    let Some((scheme, rest)) = e.split_once(':') else {
+        return false;
+    };
+    scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        && !rest.starts_with(|c: char| c.is_ascii_digit())
+        && ["http", "https"].contains(&scheme.to_ascii_lowercase().as_str())
+}
+
+/// Checks the host and port of `endpoint` (`scheme://authority/path`):
+/// a host is required, and a port, if given, must be 1..=65535 (the URL
+/// parser would otherwise fall back to the scheme's default port).
+fn check_authority(endpoint: &str, typed: &str) -> Result<(), ConfigError> {
+    let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = if let Some(v6) = host_port.strip_prefix('[') {
+        match v6.split_once(']') {
+            Some((h, p)) => (h, p.strip_prefix(':')),
+            None => (v6, None),
+        }
+    } else {
+        match host_port.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host_port, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(ConfigError::NoHost(typed.to_string()));
+    }
+    if let Some(p) = port
+        && !p.parse::<u16>().is_ok_and(|p| p > 0)
+    {
+        return Err(ConfigError::Port {
+            endpoint: typed.to_string(),
+            port: p.to_string(),
+        });
+    }
+    Ok(())
+}
+
 impl Config {
     /// The configuration from `args` and the process environment; `None`
     /// when no endpoint is configured (OTLP off).
     pub fn from_env(args: &OtlpArgs) -> Result<Option<Self>, ConfigError> {
-        let mut c = match Self::resolve(args, &|k| std::env::var(k).ok())? {
-            Some(c) => c,
-            None => return Ok(None),
-        };
-        // OTEL_RESOURCE_ATTRIBUTES through the SDK's detector (it
-        // percent-decodes and ignores malformed pairs).
-        let detected = opentelemetry_sdk::Resource::builder_empty()
-            .with_detector(Box::new(
-                opentelemetry_sdk::resource::EnvResourceDetector::new(),
-            ))
-            .build();
-        let mut user: Vec<(String, AnyValue)> = detected
-            .iter()
-            .map(|(k, v)| (k.to_string(), AnyValue::from(v.clone())))
-            .collect();
-        user.sort_by(|a, b| a.0.cmp(&b.0));
-        merge_attrs(&mut c.resource, user);
-        Ok(Some(c))
+        Self::resolve(args, &|k| std::env::var(k).ok())
     }
 
     /// Resolves the configuration from `args` and `env` (a lookup of
     /// environment variables). `OTEL_RESOURCE_ATTRIBUTES` is parsed here
-    /// too, without percent-decoding subtleties beyond `%XX`.
+    /// too: `k=v` pairs split on `,`, then each value percent-decoded (as
+    /// the specification says, so `a%2Cb` is `a,b`).
     pub fn resolve(
         args: &OtlpArgs,
         env: &dyn Fn(&str) -> Option<String>,
@@ -435,23 +488,24 @@ impl Config {
                 other => return Err(ConfigError::Protocol(other.to_string())),
             },
         };
-        let endpoint = if let Some(e) = nonempty(args.endpoint.clone()) {
-            match transport {
-                Transport::Grpc => e,
-                Transport::HttpProtobuf => append_metrics_path(&e),
-            }
+        // The endpoint as the user gave it (errors quote it), with the
+        // scheme lower-cased (schemes are case-insensitive), and whether
+        // it is a base URL (`/v1/metrics` appended for HTTP).
+        let (typed, base) = if let Some(e) = nonempty(args.endpoint.clone()) {
+            (e, true)
         } else if let Some(e) = nonempty(env(OTEL_EXPORTER_OTLP_METRICS_ENDPOINT)) {
-            e
+            (e, false)
         } else if let Some(e) = nonempty(env(OTEL_EXPORTER_OTLP_ENDPOINT)) {
-            match transport {
-                Transport::Grpc => e,
-                Transport::HttpProtobuf => append_metrics_path(&e),
-            }
+            (e, true)
         } else {
             return Ok(None);
         };
+        let endpoint = lower_scheme(&typed);
         let endpoint = if endpoint.contains("://") {
             endpoint
+        } else if looks_like_scheme(&endpoint) {
+            // `http:/x`, `http:host`: a scheme without `//`.
+            return Err(ConfigError::Scheme(typed));
         } else {
             // The specification: a gRPC endpoint without a scheme is
             // secure unless `insecure` says otherwise (which applies to
@@ -470,7 +524,7 @@ impl Config {
             match (transport, insecure) {
                 (Transport::Grpc, false) => format!("https://{endpoint}"),
                 (Transport::Grpc, true) => format!("http://{endpoint}"),
-                (Transport::HttpProtobuf, _) => return Err(ConfigError::NoScheme(endpoint)),
+                (Transport::HttpProtobuf, _) => return Err(ConfigError::NoScheme(typed)),
             }
         };
         let secure = if endpoint.starts_with("https://") {
@@ -478,7 +532,12 @@ impl Config {
         } else if endpoint.starts_with("http://") {
             false
         } else {
-            return Err(ConfigError::Scheme(endpoint));
+            return Err(ConfigError::Scheme(typed));
+        };
+        check_authority(&endpoint, &typed)?;
+        let endpoint = match transport {
+            Transport::HttpProtobuf if base => append_metrics_path(&endpoint),
+            _ => endpoint,
         };
         let tls = TlsSettings {
             ca: file_setting(
@@ -512,7 +571,7 @@ impl Config {
         endpoint
             .parse::<hyper::Uri>()
             .map_err(|source| ConfigError::Url {
-                endpoint: endpoint.clone(),
+                endpoint: typed.clone(),
                 source,
             })?;
 

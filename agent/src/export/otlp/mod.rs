@@ -16,9 +16,10 @@
 //! sends) and sends it with tonic (gRPC) or hyper (HTTP/protobuf). This
 //! gives full control over histograms (our explicit bounds), temporality,
 //! one resource per service, and failure behaviour. The OpenTelemetry
-//! environment variable names come from `opentelemetry-otlp`, and
-//! `OTEL_RESOURCE_ATTRIBUTES` is parsed by `opentelemetry_sdk`'s
-//! environment resource detector.
+//! environment variable names come from `opentelemetry-otlp`;
+//! `OTEL_RESOURCE_ATTRIBUTES` is parsed in [`config`] (split on `,`, then
+//! percent-decoded, as the specification says: the SDK's detector does not
+//! decode).
 //!
 //! # Failure behaviour
 //!
@@ -36,6 +37,7 @@
 pub mod config;
 pub mod names;
 pub mod request;
+pub mod starts;
 pub mod tls;
 pub mod transport;
 
@@ -85,6 +87,7 @@ pub fn start(
         tracing::warn!(endpoint = %cfg.endpoint, "OTLP TLS certificate settings are ignored: the endpoint is plain http://");
     }
     stats.enable_otlp();
+    let agent_start = SystemTime::now();
     tracing::info!(
         endpoint = %cfg.endpoint,
         protocol = match cfg.transport { Transport::Grpc => "grpc", Transport::HttpProtobuf => "http/protobuf" },
@@ -94,7 +97,7 @@ pub fn start(
         "OTLP metrics export enabled"
     );
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(run(cfg, sender, snap, stats, stopped));
+    let task = tokio::spawn(run(cfg, sender, snap, stats, stopped, agent_start));
     Ok(Some(OtlpExporter { stop, task }))
 }
 
@@ -111,14 +114,22 @@ impl OtlpExporter {
     }
 }
 
-async fn collect(snap: &Arc<Snapshotter>, stats: &Arc<AgentStats>) -> Option<Vec<Family>> {
+/// The families of one snapshot, and when each service's processes
+/// started.
+async fn collect(
+    snap: &Arc<Snapshotter>,
+    stats: &Arc<AgentStats>,
+) -> Option<(Vec<Family>, Vec<starts::ServiceStarts>)> {
     let snap = snap.clone();
     let stats = stats.clone();
     // One snapshot per cycle (the shared, cached one), read off the runtime
     // threads since it may walk the segments.
     tokio::task::spawn_blocking(move || {
         let s = snap.summaries();
-        model::families(&s, &snap.totals(), &stats)
+        (
+            model::families(&s, &snap.totals(), &stats),
+            starts::observe(&s),
+        )
     })
     .await
     .ok()
@@ -130,14 +141,17 @@ async fn run(
     snap: Arc<Snapshotter>,
     stats: Arc<AgentStats>,
     mut stopped: tokio::sync::watch::Receiver<bool>,
+    agent_start: SystemTime,
 ) {
-    let mut builder = RequestBuilder::new(cfg.clone());
+    let mut builder = RequestBuilder::new(cfg.clone(), agent_start);
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     tick.tick().await; // the first tick is immediate: export after one interval
     let mut failures = 0u32;
     let mut paused_until = Instant::now();
     let mut last_error: Option<String> = None;
+    // The collector's last partial-success message, logged once per change.
+    let mut last_partial: Option<transport::Partial> = None;
     loop {
         let stopping = tokio::select! {
             _ = tick.tick() => false,
@@ -146,9 +160,10 @@ async fn run(
         if !stopping && Instant::now() < paused_until {
             continue;
         }
-        let Some(families) = collect(&snap, &stats).await else {
+        let Some((families, services)) = collect(&snap, &stats).await else {
             continue;
         };
+        builder.observe(&services);
         let built = builder.build(&families, SystemTime::now());
         let points = built.points;
         let req = built.request.clone();
@@ -163,12 +178,10 @@ async fn run(
             }
         };
         match result {
-            Ok(rejected) => {
+            Ok(partial) => {
                 stats.count_otlp_export(ExportResult::Success);
                 builder.commit(built);
-                if rejected > 0 {
-                    tracing::warn!(rejected, points, "OTLP collector rejected some data points");
-                }
+                log_partial(&partial, points, &mut last_partial);
                 if last_error.take().is_some() {
                     tracing::info!(endpoint = %cfg.endpoint, after_failures = failures, "OTLP export recovered");
                 } else {
@@ -179,8 +192,13 @@ async fn run(
             }
             Err(e) => {
                 stats.count_otlp_export(e.result());
+                builder.keep_baselines(built);
                 failures = failures.saturating_add(1);
-                let pause = backoff(cfg.interval, failures);
+                // The collector's Retry-After (bounded) wins over the
+                // back-off for the next attempt.
+                let pause = e
+                    .retry_after()
+                    .unwrap_or_else(|| backoff(cfg.interval, failures));
                 // Ticks keep coming every interval; those before the end of
                 // the pause are skipped (half an interval of slack so the
                 // tick that ends it is not).
@@ -196,6 +214,28 @@ async fn run(
             break;
         }
     }
+}
+
+/// Logs what a delivered export's answer says about rejected points, once
+/// per change (not on every export).
+fn log_partial(p: &transport::Partial, points: usize, last: &mut Option<transport::Partial>) {
+    let is_partial = p.rejected != 0 || !p.message.is_empty();
+    if !is_partial {
+        if last.take().is_some() {
+            tracing::info!("OTLP collector accepts every data point again");
+        }
+        return;
+    }
+    if last.as_ref() == Some(p) {
+        return;
+    }
+    let message = transport::printable(&p.message, 300);
+    if p.rejected > 0 {
+        tracing::warn!(rejected = p.rejected, points, collector_message = %message, "OTLP collector rejected some data points (partial success); fix what it names, the rest was delivered");
+    } else {
+        tracing::warn!(collector_message = %message, "OTLP collector accepted every data point with a warning (partial success, 0 rejected)");
+    }
+    *last = Some(p.clone());
 }
 
 #[cfg(test)]
@@ -371,6 +411,89 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn bad_ports_and_schemes_are_refused_with_what_was_typed() {
+        let a = OtlpArgs::default();
+        let ep = |e: &str| resolve(&a, &[(OTEL_EXPORTER_OTLP_ENDPOINT, e)]);
+        for (typed, port) in [
+            ("http://127.0.0.1:abc", "abc"),
+            ("http://127.0.0.1:99999", "99999"),
+            ("http://127.0.0.1:0/x", "0"),
+            ("http://[::1]:70000", "70000"),
+        ] {
+            let e = ep(typed).unwrap_err();
+            assert!(matches!(e, ConfigError::Port { .. }), "{typed}: {e}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&format!("{typed:?}")) && msg.contains(&format!("port {port:?}")),
+                "{msg}"
+            );
+        }
+        let grpc = |e: &str| {
+            resolve(
+                &a,
+                &[
+                    (OTEL_EXPORTER_OTLP_ENDPOINT, e),
+                    (OTEL_EXPORTER_OTLP_PROTOCOL, "grpc"),
+                ],
+            )
+        };
+        assert!(matches!(
+            grpc("c:abc").unwrap_err(),
+            ConfigError::Port { .. }
+        ));
+        // Schemes are case-insensitive.
+        let c = ep("HTTP://c:4318").unwrap().unwrap();
+        assert_eq!(
+            (c.endpoint.as_str(), c.secure),
+            ("http://c:4318/v1/metrics", false)
+        );
+        let c = grpc("HttpS://c:4317").unwrap().unwrap();
+        assert_eq!((c.endpoint.as_str(), c.secure), ("https://c:4317", true));
+        // Errors quote the endpoint as typed, not a rewritten URL.
+        for typed in ["http://", "http:///v1/metrics"] {
+            let e = ep(typed).unwrap_err();
+            assert!(matches!(e, ConfigError::NoHost(_)), "{typed}: {e}");
+            assert!(e.to_string().contains(&format!("{typed:?}")), "{e}");
+        }
+        for typed in ["http:/x", "https:c"] {
+            let e = ep(typed).unwrap_err();
+            assert!(e.to_string().contains(&format!("{typed:?}")), "{e}");
+            let e = grpc(typed).unwrap_err();
+            assert!(e.to_string().contains(&format!("{typed:?}")), "{e}");
+        }
+        let e = ep("ftp://c:4318").unwrap_err();
+        assert!(e.to_string().contains("\"ftp://c:4318\""), "{e}");
+        // Good ones still pass.
+        assert!(ep("http://c").unwrap().is_some());
+        assert!(ep("http://user@[::1]:4318/p").unwrap().is_some());
+        assert!(grpc("c:4317").unwrap().is_some());
+    }
+
+    #[test]
+    fn resource_attribute_values_are_percent_decoded() {
+        let c = resolve(
+            &OtlpArgs::default(),
+            &[
+                (OTEL_EXPORTER_OTLP_ENDPOINT, "http://c:4318"),
+                (
+                    config::OTEL_RESOURCE_ATTRIBUTES,
+                    "team=a%2Cb,note=x%3Dy%20z",
+                ),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        let get = |k: &str| {
+            c.resource
+                .iter()
+                .find(|(rk, _)| rk == k)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(get("team"), Some(str_value("a,b")));
+        assert_eq!(get("note"), Some(str_value("x=y z")));
     }
 
     #[test]
@@ -690,7 +813,7 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        let mut b = RequestBuilder::new(cfg.clone());
+        let mut b = RequestBuilder::new(cfg.clone(), SystemTime::now());
         let t0 = SystemTime::now();
         let built = b.build(&fams, t0);
         let names = |r: &ResourceMetrics| {
@@ -743,11 +866,14 @@ mod tests {
         b.commit(built);
 
         // Delta: the second export carries only what changed.
-        let mut d = RequestBuilder::new(Config {
-            temporality: Temporality::Delta,
-            service_name: Some("forced".into()),
-            ..cfg
-        });
+        let mut d = RequestBuilder::new(
+            Config {
+                temporality: Temporality::Delta,
+                service_name: Some("forced".into()),
+                ..cfg
+            },
+            SystemTime::now(),
+        );
         let first = d.build(&fams, t0);
         assert_eq!(
             first.request.resource_metrics.len(),

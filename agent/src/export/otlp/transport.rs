@@ -1,6 +1,8 @@
 //! Sending a request to the collector: gRPC (tonic) or HTTP/protobuf
 //! (hyper), over TLS for `https://` endpoints, with the configured headers
-//! and compression.
+//! and compression; and reading its answer: partial success, an error
+//! status (`google.rpc.Status`), `Retry-After`, or an answer that is not
+//! OTLP at all.
 
 use std::io::Write;
 use std::time::Duration;
@@ -35,8 +37,23 @@ pub enum SendError {
     Status {
         /// The status.
         status: hyper::StatusCode,
-        /// The start of the answer's body.
+        /// The `google.rpc.Status` message of the body, else its start
+        /// (control characters escaped).
         body: String,
+        /// `Retry-After` (429, 503), in seconds.
+        retry_after: Option<Duration>,
+    },
+    /// A success status whose body is not an OTLP response.
+    #[error(
+        "the endpoint answered HTTP {status} with {content_type} that is not an OTLP response ({detail}): something in front of the collector (a proxy, a login page?) answered; check the endpoint"
+    )]
+    NotOtlp {
+        /// The status.
+        status: hyper::StatusCode,
+        /// The `Content-Type` of the answer.
+        content_type: String,
+        /// What is wrong with the body.
+        detail: String,
     },
     /// Compressing the body failed.
     #[error("cannot compress the request: {0}")]
@@ -47,6 +64,15 @@ pub enum SendError {
 }
 
 impl SendError {
+    /// How long the collector asked to wait before the next attempt
+    /// (`Retry-After`), if it did.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
     /// The `result` under which this failure is counted.
     pub fn result(&self) -> ExportResult {
         match self {
@@ -54,6 +80,79 @@ impl SendError {
             _ => ExportResult::Failure,
         }
     }
+}
+
+/// What a delivered export's answer says about rejected points.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Partial {
+    /// Data points the collector rejected.
+    pub rejected: i64,
+    /// The collector's explanation (may be empty).
+    pub message: String,
+}
+
+impl Partial {
+    fn of(
+        p: Option<opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsPartialSuccess>,
+    ) -> Self {
+        p.map(|p| Self {
+            rejected: p.rejected_data_points,
+            message: p.error_message,
+        })
+        .unwrap_or_default()
+    }
+}
+
+/// `google.rpc.Status`, the body of an OTLP/HTTP error answer (only the
+/// fields we log).
+#[derive(Clone, PartialEq, prost::Message)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+}
+
+/// The longest `Retry-After` honoured.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
+/// `Retry-After` in seconds (an HTTP date is not honoured), bounded by
+/// [`MAX_RETRY_AFTER`].
+fn retry_after(h: &hyper::HeaderMap) -> Option<Duration> {
+    let v = h.get(hyper::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let secs: u64 = v.parse().ok()?;
+    Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER))
+}
+
+/// Text for a log line: control characters escaped, at most `max` chars.
+pub(super) fn printable(s: &str, max: usize) -> String {
+    let mut out = String::new();
+    for c in s.chars().take(max) {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    if s.chars().count() > max {
+        out.push('…');
+    }
+    out
+}
+
+/// An error answer's body: the `google.rpc.Status` message if it is one
+/// (protobuf), else its start as text.
+fn error_body(content_type: &str, body: &[u8]) -> String {
+    if content_type.contains("protobuf")
+        && let Ok(st) = RpcStatus::decode(body)
+        && !st.message.is_empty()
+    {
+        return printable(&st.message, 300);
+    }
+    if body.is_empty() {
+        return "(empty body)".to_string();
+    }
+    printable(&String::from_utf8_lossy(&body[..body.len().min(300)]), 200)
 }
 
 type HttpConnector = hyper_util::client::legacy::connect::HttpConnector;
@@ -197,13 +296,13 @@ impl Sender {
         tls.explain(e, &detail()).map(SendError::Tls)
     }
 
-    /// Sends `req`; `Ok` with the number of rejected points the collector
-    /// reported (partial success).
+    /// Sends `req`; `Ok` with what the collector said about rejected
+    /// points (partial success).
     pub(super) async fn send(
         &self,
         cfg: &Config,
         req: ExportMetricsServiceRequest,
-    ) -> Result<i64, SendError> {
+    ) -> Result<Partial, SendError> {
         if let Some(t) = &self.tls {
             t.begin_export();
         }
@@ -224,11 +323,7 @@ impl Sender {
                     self.tls_error(&s, || grpc_detail(&s))
                         .unwrap_or_else(|| SendError::Grpc(Box::new(s)))
                 })?;
-                Ok(resp
-                    .into_inner()
-                    .partial_success
-                    .map(|p| p.rejected_data_points)
-                    .unwrap_or(0))
+                Ok(Partial::of(resp.into_inner().partial_success))
             }
             Conn::Http(c) => {
                 let mut body = req.encode_to_vec();
@@ -260,6 +355,13 @@ impl Sender {
                         .unwrap_or_else(|| SendError::Http(chain(&e)))
                 })?;
                 let status = resp.status();
+                let content_type = resp
+                    .headers()
+                    .get(hyper::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_ascii_lowercase();
+                let wait = retry_after(resp.headers());
                 let body = resp
                     .into_body()
                     .collect()
@@ -267,14 +369,39 @@ impl Sender {
                     .map(|b| b.to_bytes())
                     .unwrap_or_default();
                 if !status.is_success() {
-                    let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
-                    return Err(SendError::Status { status, body: text });
+                    return Err(SendError::Status {
+                        status,
+                        body: error_body(&content_type, &body),
+                        retry_after: matches!(status.as_u16(), 429 | 503)
+                            .then_some(wait)
+                            .flatten(),
+                    });
                 }
-                Ok(ExportMetricsServiceResponse::decode(body)
-                    .ok()
-                    .and_then(|r| r.partial_success)
-                    .map(|p| p.rejected_data_points)
-                    .unwrap_or(0))
+                if body.is_empty() {
+                    return Ok(Partial::default());
+                }
+                let not_otlp = |detail: String| SendError::NotOtlp {
+                    status,
+                    content_type: if content_type.is_empty() {
+                        "no content type".to_string()
+                    } else {
+                        format!("content type {content_type}")
+                    },
+                    detail,
+                };
+                if !content_type.is_empty() && !content_type.contains("protobuf") {
+                    return Err(not_otlp(format!(
+                        "{} bytes starting {:?}",
+                        body.len(),
+                        printable(&String::from_utf8_lossy(&body[..body.len().min(40)]), 40)
+                    )));
+                }
+                match ExportMetricsServiceResponse::decode(body) {
+                    Ok(r) => Ok(Partial::of(r.partial_success)),
+                    Err(e) => Err(not_otlp(format!(
+                        "not an ExportMetricsServiceResponse: {e}"
+                    ))),
+                }
             }
         }
     }

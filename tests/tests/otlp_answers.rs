@@ -1,0 +1,166 @@
+//! How the agent reads an OTLP/HTTP endpoint's answers, against a tiny
+//! fake endpoint (Python's `http.server`, below) that answers every export
+//! the same way: a 200 HTML page is a failure, not a success; an error's
+//! `google.rpc.Status` is decoded for the log; `Retry-After` is honoured;
+//! a partial success is logged once, with the collector's message. Each
+//! export's arrival time is a line on the server's stdout.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use pfs_tests::{Agent, ChildGuard, free_port, poll, sample};
+
+const SERVER: &str = r#"
+import sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+mode, port = sys.argv[1], int(sys.argv[2])
+def status_pb(code, msg):
+    m = msg.encode()
+    return bytes([0x08, code, 0x12, len(m)]) + m
+def partial_pb(rejected, msg):
+    m = msg.encode()
+    inner = bytes([0x08, rejected, 0x12, len(m)]) + m
+    return bytes([0x0a, len(inner)]) + inner
+class H(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        print(time.monotonic(), flush=True)
+        headers = {}
+        if mode == "html":
+            code, ctype, body = 200, "text/html", b"<html><body>Please log in</body></html>"
+        elif mode == "status":
+            code, ctype, body = 400, "application/x-protobuf", status_pb(3, "metric name is bad")
+        elif mode == "retry":
+            code, ctype, body = 503, "text/plain", b"busy"
+            headers["Retry-After"] = "4"
+        else:
+            code, ctype, body = 200, "application/x-protobuf", partial_pb(2, "2 points had no name")
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+"#;
+
+/// The fake endpoint in `mode` and an agent exporting to it every second.
+fn start(mode: &str) -> (ChildGuard, Agent) {
+    let port = free_port();
+    let mut cmd = Command::new("python3");
+    cmd.arg("-u")
+        .arg("-c")
+        .arg(SERVER)
+        .arg(mode)
+        .arg(port.to_string());
+    let server = ChildGuard::spawn("fake-otlp", cmd, false).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::serve_with_env(
+        dir.path(),
+        &[
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                format!("http://127.0.0.1:{port}"),
+            ),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "1000".to_string()),
+        ],
+    )
+    .unwrap();
+    (server, agent)
+}
+
+/// Arrival times of the exports the server has seen.
+fn arrivals(server: &ChildGuard) -> Vec<f64> {
+    server
+        .stdout()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+fn wait_exports(server: &ChildGuard, n: usize, timeout: Duration) -> Vec<f64> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let a = arrivals(server);
+        if a.len() >= n || Instant::now() > deadline {
+            return a;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn counted(agent: &Agent, result: &str) -> f64 {
+    let m = agent.metrics().unwrap();
+    sample(&m, "pfs_agent_otlp_exports_total", &[("result", result)]).unwrap()
+}
+
+#[test]
+fn otlp_http_200_that_is_not_otlp_is_a_failure() {
+    let (server, agent) = start("html");
+    let failures = poll(Duration::from_secs(15), || {
+        let f = counted(&agent, "failure");
+        Ok((f > 0.0).then_some(f))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.guard.stderr()));
+    assert!(failures >= 1.0);
+    assert_eq!(counted(&agent, "success"), 0.0);
+    let log = agent.guard.stderr();
+    assert!(log.contains("not an OTLP response"), "{log}");
+    assert!(
+        log.contains("text/html") && log.contains("check the endpoint"),
+        "{log}"
+    );
+    drop(server);
+}
+
+#[test]
+fn otlp_http_error_status_body_is_decoded() {
+    let (server, agent) = start("status");
+    wait_exports(&server, 1, Duration::from_secs(15));
+    let log = poll(Duration::from_secs(10), || {
+        let log = agent.guard.stderr();
+        Ok(log.contains("OTLP export failed").then_some(log))
+    })
+    .unwrap();
+    assert!(
+        log.contains("HTTP 400 Bad Request: metric name is bad"),
+        "{log}"
+    );
+    assert!(!log.contains('\u{8}') && !log.contains('\u{12}'), "{log:?}");
+}
+
+#[test]
+fn otlp_http_retry_after_is_honoured() {
+    let (server, agent) = start("retry");
+    let a = wait_exports(&server, 3, Duration::from_secs(25));
+    assert!(a.len() >= 3, "{a:?}\n{}", agent.guard.stderr());
+    // Retry-After: 4 on every answer, with a 1 s interval (whose back-off
+    // would retry after 1 s, then 2 s).
+    for w in a.windows(2) {
+        assert!(
+            w[1] - w[0] >= 3.4,
+            "retried after {:.1} s: {a:?}",
+            w[1] - w[0]
+        );
+    }
+}
+
+#[test]
+fn otlp_partial_success_is_logged_once_with_the_message() {
+    let (server, agent) = start("partial");
+    let a = wait_exports(&server, 4, Duration::from_secs(20));
+    assert!(a.len() >= 4, "{a:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(counted(&agent, "success") >= 4.0);
+    let log = agent.guard.stderr();
+    assert_eq!(
+        log.matches("2 points had no name").count(),
+        1,
+        "logged once per change, with the collector's message:\n{log}"
+    );
+    assert!(log.contains("rejected=2"), "{log}");
+}
