@@ -155,7 +155,16 @@ fn otlp_partial_success_is_logged_once_with_the_message() {
     let a = wait_exports(&server, 4, Duration::from_secs(20));
     assert!(a.len() >= 4, "{a:?}");
     std::thread::sleep(Duration::from_millis(300));
-    assert!(counted(&agent, "success") >= 4.0);
+    // Delivered, but partly: counted as such, with the points rejected.
+    let partial = counted(&agent, "partial");
+    assert!(partial >= 4.0, "partial exports counted: {partial}");
+    assert_eq!(counted(&agent, "success"), 0.0);
+    let m = agent.metrics().unwrap();
+    let rejected = sample(&m, "pfs_agent_otlp_rejected_points_total", &[]).unwrap();
+    assert!(
+        rejected >= 2.0 * partial - 2.0,
+        "2 per export: {rejected} for {partial}"
+    );
     let log = agent.guard.stderr();
     assert_eq!(
         log.matches("2 points had no name").count(),

@@ -29,6 +29,8 @@ pub struct AgentStats {
     otlp_enabled: AtomicBool,
     /// OTLP exports, by [`ExportResult`] (index = position in `ALL`).
     otlp_exports: [AtomicU64; ExportResult::ALL.len()],
+    /// Data points the collector said it rejected (partial success).
+    otlp_rejected_points: AtomicU64,
 }
 
 /// The outcome of one OTLP export: the `result` label of
@@ -37,6 +39,9 @@ pub struct AgentStats {
 pub enum ExportResult {
     /// Delivered.
     Success,
+    /// Delivered, but the collector rejected some data points (OTLP
+    /// partial success; its message is logged).
+    Partial,
     /// Not delivered: TLS failed (collector certificate not trusted,
     /// client certificate refused...).
     TlsFailure,
@@ -47,12 +52,18 @@ pub enum ExportResult {
 
 impl ExportResult {
     /// Every result, in label order.
-    pub const ALL: [Self; 3] = [Self::Failure, Self::Success, Self::TlsFailure];
+    pub const ALL: [Self; 4] = [
+        Self::Failure,
+        Self::Partial,
+        Self::Success,
+        Self::TlsFailure,
+    ];
 
     /// The `result` label value.
     pub fn label(self) -> &'static str {
         match self {
             Self::Success => "success",
+            Self::Partial => "partial",
             Self::TlsFailure => "tls_failure",
             Self::Failure => "failure",
         }
@@ -85,6 +96,19 @@ impl AgentStats {
     /// Counts one OTLP export.
     pub fn count_otlp_export(&self, result: ExportResult) {
         self.otlp_exports[result.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts data points a collector rejected.
+    pub fn count_otlp_rejected(&self, points: u64) {
+        self.otlp_rejected_points
+            .fetch_add(points, Ordering::Relaxed);
+    }
+
+    /// Data points collectors rejected, if OTLP is configured.
+    pub fn otlp_rejected_points(&self) -> Option<u64> {
+        self.otlp_enabled
+            .load(Ordering::Relaxed)
+            .then(|| self.otlp_rejected_points.load(Ordering::Relaxed))
     }
 
     /// OTLP exports by result (every [`ExportResult`]), if OTLP is
@@ -710,6 +734,17 @@ fn agent_families(snap: &Snapshot, tot: &Totals, stats: &AgentStats) -> Vec<Fami
         for (result, n) in exports {
             f.push(vec![("result", result.label().to_string())], Value::Int(n));
         }
+        out.push(f);
+    }
+    if let Some(n) = stats.otlp_rejected_points() {
+        let mut f = Family::new(
+            "pfs_agent_otlp_rejected_points",
+            None,
+            ("pfs.agent.otlp.rejected_points", "{point}"),
+            Kind::Counter,
+            "Data points OTLP collectors rejected in exports they otherwise accepted (partial success).",
+        );
+        f.push(vec![], Value::Int(n));
         out.push(f);
     }
     out

@@ -179,7 +179,12 @@ async fn run(
         };
         match result {
             Ok(partial) => {
-                stats.count_otlp_export(ExportResult::Success);
+                if partial.rejected > 0 {
+                    stats.count_otlp_export(ExportResult::Partial);
+                    stats.count_otlp_rejected(partial.rejected.unsigned_abs());
+                } else {
+                    stats.count_otlp_export(ExportResult::Success);
+                }
                 builder.commit(built);
                 log_partial(&partial, points, &mut last_partial);
                 if last_error.take().is_some() {
