@@ -322,6 +322,11 @@ impl TlsClient {
                 ) => format!("the collector refused the client certificate {c}"),
                 _ => "the collector ended the TLS handshake".to_string(),
             },
+            // The first bytes back were not a TLS record: a server that
+            // speaks plain HTTP (or gRPC without TLS) on that port.
+            rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType) => {
+                "the endpoint does not speak TLS: for a plain-text collector use an http:// endpoint (or --otlp-insecure for gRPC)".to_string()
+            }
             _ => "the TLS handshake failed".to_string(),
         };
         Some(format!("TLS error: {e}: {hint}"))
