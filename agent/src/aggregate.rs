@@ -176,8 +176,12 @@ impl ServiceTotals {
         }
     }
 
-    fn add_memory(&mut self, s: &SegmentSnapshot) {
+    /// Adds a segment's memory rows: all of them for a live process; for a
+    /// dead one the counts and sums only (the memory it had in use is
+    /// gone with it, so its CURRENT, HIGH and LOW no longer add up).
+    fn add_memory(&mut self, s: &SegmentSnapshot, live: bool) {
         for (name, m) in segment_global_memory(s) {
+            let m = if live { m } else { counts_only(&m) };
             self.memory.entry(name).or_default().merge(&m);
         }
     }
@@ -186,6 +190,18 @@ impl ServiceTotals {
         for (a, b) in self.lost.iter_mut().zip(lost) {
             *a += b;
         }
+    }
+}
+
+/// A memory row's counts and sums, its in-use figures (CURRENT, HIGH,
+/// LOW) zero: what a process that is gone still contributes.
+fn counts_only(m: &MemoryStats) -> MemoryStats {
+    MemoryStats {
+        count_alloc: m.count_alloc,
+        count_free: m.count_free,
+        bytes_alloc: m.bytes_alloc,
+        bytes_free: m.bytes_free,
+        ..MemoryStats::default()
     }
 }
 
@@ -203,14 +219,17 @@ impl Retired {
     pub fn absorb(&mut self, s: &SegmentSnapshot) {
         let t = self.by_service.entry(s.service.clone()).or_default();
         t.add_classes(&segment_global(s));
-        t.add_memory(s);
+        t.add_memory(s, false);
         t.add_lost(&s.lost);
     }
 }
 
-/// Per-service totals over live and dead segments plus the retired ones.
+/// Per-service totals over live and dead segments (each with whether its
+/// process lives) plus the retired ones: counters add up over all of them;
+/// what is in use now (threads, memory in use and its watermarks) over
+/// the live processes only.
 pub fn by_service<'a>(
-    segments: impl Iterator<Item = &'a SegmentSnapshot>,
+    segments: impl Iterator<Item = (&'a SegmentSnapshot, bool)>,
     retired: &Retired,
 ) -> BTreeMap<String, ServiceTotals> {
     let mut out: BTreeMap<String, ServiceTotals> = retired
@@ -221,17 +240,80 @@ pub fn by_service<'a>(
                 k.clone(),
                 ServiceTotals {
                     threads: 0,
+                    memory: v
+                        .memory
+                        .iter()
+                        .map(|(n, m)| (n.clone(), counts_only(m)))
+                        .collect(),
                     ..v.clone()
                 },
             )
         })
         .collect();
-    for s in segments {
+    for (s, live) in segments {
         let t = out.entry(s.service.clone()).or_default();
         t.add_classes(&segment_global(s));
-        t.add_memory(s);
+        t.add_memory(s, live);
         t.add_lost(&s.lost);
-        t.threads += s.threads.len() as u64;
+        if live {
+            t.threads += s.threads.len() as u64;
+        }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::segment_at;
+    use pfs_shm_layout::reader::{ReadOptions, snapshot};
+    use pfs_shm_layout::{ClassKind, SegmentConfig};
+
+    #[test]
+    fn gone_processes_add_counts_but_nothing_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = SegmentConfig {
+            service_name: "svc".into(),
+            ..Default::default()
+        };
+        let (_f, w) = segment_at(&dir.path().join("svc.1.pfs"), &cfg, 1, true);
+        let class = w
+            .register_class(
+                "memory/t/buf",
+                ClassKind::Memory,
+                pfs_shm_layout::layout::FLAG_ENABLED,
+            )
+            .unwrap();
+        let slot = w.alloc_thread(1, 1, "t").unwrap();
+        w.segment()
+            .record(slot.index)
+            .memory_alloc(class as usize, 4096, 0);
+        let s = snapshot(w.segment(), &ReadOptions::default()).unwrap();
+        let used = |live: bool, retired: &Retired| {
+            let t = &by_service(std::iter::once((&s, live)), retired)["svc"];
+            let m = &t.memory["memory/t/buf"];
+            (
+                t.threads,
+                m.count_alloc,
+                m.bytes_alloc,
+                m.current_bytes,
+                m.high_bytes,
+            )
+        };
+        assert_eq!(used(true, &Retired::default()), (1, 1, 4096, 4096, 4096));
+        assert_eq!(
+            used(false, &Retired::default()),
+            (0, 1, 4096, 0, 0),
+            "a dead process"
+        );
+        let mut retired = Retired::default();
+        retired.absorb(&s);
+        let t = &by_service(std::iter::empty(), &retired)["svc"];
+        let m = &t.memory["memory/t/buf"];
+        assert_eq!(
+            (t.threads, m.count_alloc, m.current_bytes, m.high_bytes),
+            (0, 1, 0, 0),
+            "retired"
+        );
+    }
 }

@@ -474,7 +474,10 @@ fn memory_families(services: &BTreeMap<String, ServiceTotals>) -> Vec<Family> {
 /// Every family for `snap`. `totals` are the agent's cumulative reading
 /// figures; `stats` its other own figures.
 pub fn families(snap: &Snapshot, totals: &Totals, stats: &AgentStats) -> Vec<Family> {
-    let services = by_service(snap.segments.iter().map(|v| &*v.data), &snap.retired);
+    let services = by_service(
+        snap.segments.iter().map(|v| (&*v.data, v.live)),
+        &snap.retired,
+    );
     let mut events = EventKind::ALL.map(|k| (k, EventFamilies::of(k)));
     let mut figures = statement_figure_families();
     let mut threads = Family::new(
@@ -535,10 +538,11 @@ fn container_pages(snap: &Snapshot) -> Family {
         None,
         ("pfs.container.pages", "{page}"),
         Kind::Gauge,
-        "Pages of the instrumentation's record containers, by state (active pages hold memory; reclaimed ones returned it to the OS).",
+        "Pages of the live processes' record containers, by state (active pages hold memory; reclaimed ones returned it to the OS).",
     );
     let mut by: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
-    for v in &snap.segments {
+    // A dead process's pages are its segment's, not memory it holds.
+    for v in snap.segments.iter().filter(|v| v.live) {
         let s = &v.data;
         for state in [PageState::Active, PageState::Reclaimed] {
             let n = s.page_states.iter().filter(|p| **p == state).count();

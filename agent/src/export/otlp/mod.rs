@@ -578,6 +578,7 @@ mod tests {
             got,
             [
                 (ExportResult::Failure, 0),
+                (ExportResult::Partial, 0),
                 (ExportResult::Success, 1),
                 (ExportResult::TlsFailure, 2)
             ]
