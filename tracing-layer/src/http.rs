@@ -9,6 +9,9 @@ pub const TARGET: &str = "pfs_tracing::http";
 /// and, with feature `axum`, `route` (axum's `MatchedPath`, absent for a
 /// request no route matched): what the default rules
 /// ([`crate::StatementRule::http`]) make a `statement/http/<METHOD> <route>`.
+/// `method` is one of the nine methods of RFC 9110 and RFC 5789, or
+/// `_OTHER` (as OpenTelemetry's `http.request.method`): a client inventing
+/// methods cannot make classes, as one requesting unknown paths cannot.
 /// Use it as `TraceLayer::new_for_http().make_span_with(pfs_tracing::http::make_span)`,
 /// in a layer added with axum's `Router::layer` (inside the router, where
 /// `MatchedPath` is known).
@@ -20,6 +23,9 @@ pub const TARGET: &str = "pfs_tracing::http";
 /// let req = http::Request::get("/users/7").body(()).unwrap();
 /// let span = pfs_tracing::http::make_span(&req);
 /// # let _ = span;
+/// assert_eq!(pfs_tracing::http::method_name(&http::Method::PATCH), "PATCH");
+/// let made_up = http::Method::from_bytes(b"X42").unwrap();
+/// assert_eq!(pfs_tracing::http::method_name(&made_up), "_OTHER");
 /// ```
 pub fn make_span<B>(request: &::http::Request<B>) -> tracing::Span {
     #[cfg(feature = "axum")]
@@ -32,9 +38,19 @@ pub fn make_span<B>(request: &::http::Request<B>) -> tracing::Span {
     tracing::info_span!(
         target: TARGET,
         "request",
-        method = %request.method(),
+        method = method_name(request.method()),
         uri = %request.uri(),
         version = ?request.version(),
         route,
     )
+}
+
+/// A request method as [`make_span`] records it: a standard method's name,
+/// else `_OTHER`.
+pub fn method_name(m: &::http::Method) -> &str {
+    match m.as_str() {
+        known @ ("GET" | "HEAD" | "POST" | "PUT" | "DELETE" | "CONNECT" | "OPTIONS" | "TRACE"
+        | "PATCH") => known,
+        _ => "_OTHER",
+    }
 }
