@@ -126,7 +126,13 @@ pub struct SegmentSet {
     /// whether the wait was already reported.
     pending: HashMap<PathBuf, (Instant, bool)>,
     not_ready_grace: Duration,
+    /// The last failure to list the directory, and when it was logged
+    /// (logged again only when it changes, or every [`RELOG_AFTER`]).
+    list_error: Option<(String, Instant)>,
 }
+
+/// How often a failure that persists is logged again.
+const RELOG_AFTER: Duration = Duration::from_secs(300);
 
 impl SegmentSet {
     /// An empty set over `dir`; dead segments are exported for
@@ -145,6 +151,7 @@ impl SegmentSet {
             identity: policy::Identity::current(),
             pending: HashMap::new(),
             not_ready_grace: NOT_READY_GRACE,
+            list_error: None,
         }
     }
 
@@ -262,17 +269,36 @@ impl SegmentSet {
     /// segments dead for longer than the retention.
     pub fn refresh(&mut self) {
         self.drop_damaged();
-        let entries = match std::fs::read_dir(&self.dir) {
-            Ok(e) => e,
-            Err(e) => {
-                tracing::warn!(dir = %self.dir.display(), error = %e, "cannot list the segment directory; check --shm-dir and its permissions");
-                return;
-            }
-        };
-        self.sync_state(false);
         let mut seen = HashSet::new();
         let mut retire = Vec::new();
-        for entry in entries.flatten() {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(e) => {
+                if self.list_error.take().is_some() {
+                    tracing::info!(dir = %self.dir.display(), "the segment directory can be listed again");
+                }
+                Some(e)
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                let relog = self
+                    .list_error
+                    .as_ref()
+                    .is_none_or(|(m, at)| *m != msg || at.elapsed() >= RELOG_AFTER);
+                if relog {
+                    tracing::warn!(dir = %self.dir.display(), error = %e, tracked = self.tracked.len(), "cannot list the segment directory; check --shm-dir and its permissions (the segments already found are still read, and their processes' exits still noticed)");
+                    self.list_error = Some((msg, Instant::now()));
+                }
+                // No discovery this pass; the tracked segments are not
+                // "vanished" (the listing failed, not the files), and their
+                // liveness is checked through the files they hold below.
+                seen.extend(self.tracked.keys().cloned());
+                None
+            }
+        };
+        if entries.is_some() {
+            self.sync_state(false);
+        }
+        for entry in entries.into_iter().flatten().flatten() {
             let path = entry.path();
             if path.extension().is_none_or(|e| e != "pfs") {
                 continue;
@@ -300,9 +326,12 @@ impl SegmentSet {
             self.consider(&path);
             self.adopt(&path, entry.ino());
         }
-        // Files removed behind our back (by an operator, or the owning agent).
-        self.invalid.retain(|p, _| seen.contains(p));
-        self.pending.retain(|p, _| seen.contains(p));
+        // Files removed behind our back (by an operator, or the owning
+        // agent): known only from a listing.
+        if self.list_error.is_none() {
+            self.invalid.retain(|p, _| seen.contains(p));
+            self.pending.retain(|p, _| seen.contains(p));
+        }
         let vanished = self.tracked.keys().any(|p| !seen.contains(p));
         if vanished && self.role() == Role::Follower {
             // The owner wrote the state before removing the file.
@@ -486,6 +515,37 @@ mod tests {
         set.refresh();
         assert_eq!(set.tracked.len(), 1);
         assert!(set.pending.is_empty() && set.invalid.is_empty());
+    }
+
+    #[test]
+    fn a_process_exit_is_noticed_after_the_directory_is_gone() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("shm");
+        std::fs::create_dir(&dir).unwrap();
+        let cfg = pfs_shm_layout::SegmentConfig {
+            service_name: "unit".into(),
+            ..Default::default()
+        };
+        let (lock, w) = crate::testing::segment_at(&dir.join("unit.1.pfs"), &cfg, 1, true);
+        let mut set = SegmentSet::new(&dir, Duration::from_secs(60));
+        set.refresh();
+        assert_eq!(set.tracked.len(), 1);
+        assert!(set.tracked.values().all(|t| t.dead_since.is_none()));
+        // The directory goes (a demo removing its own), then the process.
+        std::fs::remove_dir_all(&dir).unwrap();
+        set.refresh();
+        assert!(
+            set.tracked.values().all(|t| t.dead_since.is_none()),
+            "a failed listing is not a vanished file"
+        );
+        drop((lock, w));
+        set.refresh();
+        assert_eq!(set.tracked.len(), 1);
+        assert!(
+            set.tracked.values().all(|t| t.dead_since.is_some()),
+            "the exit is seen through the file the agent holds"
+        );
+        assert!(set.list_error.is_some());
     }
 
     #[test]
