@@ -239,7 +239,8 @@ fn a_file_whose_header_is_still_zeros_is_not_ready_not_refused() {
 fn a_file_still_zeros_after_the_grace_is_reported_once_and_listed() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("robust.5.pfs");
-    let (file, _w, _) = segment(&path, false);
+    // Its creator holds it still (a file nobody holds is removed instead).
+    let (file, _w, _) = segment(&path, true);
     file.write_all_at(&[0u8; 4096], 0).unwrap();
     let mut set =
         SegmentSet::new(dir.path(), Duration::from_secs(60)).with_not_ready_grace(Duration::ZERO);

@@ -417,30 +417,49 @@ impl SegmentSet {
                 );
             }
             Err(Refused {
-                reason: Refusal::NotReady,
+                reason: reason @ (Refusal::NotReady | Refusal::Empty),
                 message,
             }) => {
-                // Being created (sized, header not written yet, or not
-                // marked ready): retried every pass, silently; reported
-                // once, counted and listed as invalid if it stays so (a
-                // creator that died mid-initialisation), still retried.
+                // Being created (empty: created, not sized yet; sized,
+                // header not written yet, or not marked ready): retried
+                // every pass, silently. If it stays so past the grace and
+                // no process holds it, its creator died while creating it:
+                // the agent that owns the directory removes it. Otherwise
+                // reported once, counted and listed as invalid, still
+                // retried.
                 let now = Instant::now();
-                let (since, reported) = self
+                let since = self
                     .pending
                     .entry(path.to_path_buf())
-                    .or_insert((now, false));
-                if !*reported && now.duration_since(*since) >= self.not_ready_grace {
+                    .or_insert((now, false))
+                    .0;
+                let overdue = now.duration_since(since) >= self.not_ready_grace;
+                if overdue && self.role() == Role::Owner && abandoned(path) {
+                    match std::fs::remove_file(path) {
+                        Ok(()) => {
+                            tracing::info!(path = %path.display(), "removed a segment file whose creator died while creating it (no process holds it)")
+                        }
+                        Err(e) => {
+                            tracing::warn!(path = %path.display(), error = %e, "cannot remove a segment file whose creator died while creating it; remove it")
+                        }
+                    }
+                    self.pending.remove(path);
+                    self.invalid.remove(path);
+                    return;
+                }
+                let (_, reported) = self.pending.get_mut(path).expect("inserted above");
+                if !*reported && overdue {
                     *reported = true;
                     let message = format!(
                         "still not initialised after {:?}: {message}; its creator may have died (the file is retried every pass; remove it if no process is starting)",
                         self.not_ready_grace
                     );
-                    tracing::warn!(path = %path.display(), reason = Refusal::NotReady.label(), "segment file {message}");
-                    *self.errors.entry(Refusal::NotReady).or_default() += 1;
+                    tracing::warn!(path = %path.display(), reason = reason.label(), "segment file {message}");
+                    *self.errors.entry(reason).or_default() += 1;
                     self.invalid.insert(
                         path.to_path_buf(),
                         Invalid {
-                            reason: Refusal::NotReady,
+                            reason,
                             message,
                             stamp,
                         },
@@ -469,6 +488,12 @@ impl SegmentSet {
     }
 }
 
+/// Whether nobody holds the lock of the file at `path` (a segment's
+/// creator locks it right after creating it, for its whole life).
+fn abandoned(path: &Path) -> bool {
+    matches!(crate::util::fs::open_regular(path), Ok(Some((f, _))) if owner_is_dead(&f))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -490,7 +515,17 @@ mod tests {
     #[test]
     fn a_file_stuck_initialising_is_reported_once_and_retried() {
         let dir = tempfile::tempdir().unwrap();
-        let f = segment_file(&dir.path().join("stuck.pfs"));
+        // Its creator still holds it (a slow or stopped one).
+        let cfg = pfs_shm_layout::SegmentConfig {
+            service_name: "unit".into(),
+            history_len: 2,
+            max_classes: 4,
+            max_strings: 4,
+            records_per_page: 1,
+            max_pages: 1,
+            history_long_len: 1,
+        };
+        let (f, _w) = crate::testing::segment_at(&dir.path().join("stuck.pfs"), &cfg, 1, true);
         // state = SEGMENT_INITIALIZING, as a creator that died mid-way.
         f.write_all_at(&0u64.to_le_bytes(), 0x20).unwrap();
         let mut set = SegmentSet::new(dir.path(), Duration::from_secs(60))
@@ -546,6 +581,45 @@ mod tests {
             "the exit is seen through the file the agent holds"
         );
         assert!(set.list_error.is_some());
+    }
+
+    #[test]
+    fn a_file_abandoned_while_created_is_removed_by_the_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut set = SegmentSet::new(dir.path(), Duration::from_secs(60))
+            .with_not_ready_grace(Duration::ZERO);
+        // Empty (created, never sized) and sized but never initialised;
+        // nobody holds either.
+        let empty = dir.path().join("empty.1.pfs");
+        std::fs::write(&empty, b"").unwrap();
+        let stuck = dir.path().join("stuck.2.pfs");
+        let f = segment_file(&stuck);
+        f.write_all_at(&0u64.to_le_bytes(), 0x20).unwrap();
+        drop(f);
+        set.refresh();
+        set.refresh();
+        assert!(set.role() == Role::Owner, "this set owns its directory");
+        assert!(!empty.exists() && !stuck.exists(), "removed");
+        assert!(set.invalid.is_empty() && set.pending.is_empty());
+        assert!(
+            set.errors.is_empty(),
+            "not counted as refused: {:?}",
+            set.errors
+        );
+    }
+
+    #[test]
+    fn an_empty_file_is_not_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut set = SegmentSet::new(dir.path(), Duration::from_secs(60));
+        std::fs::write(dir.path().join("new.3.pfs"), b"").unwrap();
+        set.refresh();
+        assert!(
+            set.errors.is_empty(),
+            "a file being created: {:?}",
+            set.errors
+        );
+        assert!(set.invalid.is_empty());
     }
 
     #[test]
