@@ -104,7 +104,7 @@ impl Refusal {
     /// What it means, for the documentation.
     pub fn meaning(self) -> &'static str {
         match self {
-            Refusal::Empty => "zero-length file",
+            Refusal::Empty => "zero-length file, still empty after 10 s",
             Refusal::Truncated => "shorter than its header (or than one header page)",
             Refusal::BadMagic => "not a pfs segment (random bytes, other files)",
             Refusal::ByteOrder => "written by a process of the other byte order",
