@@ -119,7 +119,9 @@ fn agent_survives_bad_segments() {
     let files = make_bad_files(dir.path(), &good);
     let agent = Agent::serve(dir.path()).unwrap();
 
-    let m = poll(Duration::from_secs(15), || {
+    // (The empty file is reported once it stayed empty for the 10 s a
+    // file being created is given.)
+    let m = poll(Duration::from_secs(30), || {
         let m = agent.metrics()?;
         let invalid = sample(&m, "pfs_agent_segments", &[("state", "invalid")])?;
         let total = sample(

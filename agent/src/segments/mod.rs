@@ -422,10 +422,11 @@ impl SegmentSet {
             }) => {
                 // Being created (empty: created, not sized yet; sized,
                 // header not written yet, or not marked ready): retried
-                // every pass, silently. If it stays so past the grace and
-                // no process holds it, its creator died while creating it:
-                // the agent that owns the directory removes it. Otherwise
-                // reported once, counted and listed as invalid, still
+                // every pass, silently. If it is a creator's (not empty)
+                // and stays so past the grace with no process holding it,
+                // its creator died while creating it: the agent that owns
+                // the directory removes it. Otherwise reported once,
+                // counted and listed as invalid past the grace, still
                 // retried.
                 let now = Instant::now();
                 let since = self
@@ -434,7 +435,13 @@ impl SegmentSet {
                     .or_insert((now, false))
                     .0;
                 let overdue = now.duration_since(since) >= self.not_ready_grace;
-                if overdue && self.role() == Role::Owner && abandoned(path) {
+                // (An empty file is not known to be a creator's: it may be
+                // an operator's; it is reported, never removed.)
+                if overdue
+                    && reason == Refusal::NotReady
+                    && self.role() == Role::Owner
+                    && abandoned(path)
+                {
                     match std::fs::remove_file(path) {
                         Ok(()) => {
                             tracing::info!(path = %path.display(), "removed a segment file whose creator died while creating it (no process holds it)")
@@ -584,12 +591,12 @@ mod tests {
     }
 
     #[test]
-    fn a_file_abandoned_while_created_is_removed_by_the_owner() {
+    fn a_file_abandoned_while_created_is_removed_by_the_owner_an_empty_one_reported() {
         let dir = tempfile::tempdir().unwrap();
         let mut set = SegmentSet::new(dir.path(), Duration::from_secs(60))
             .with_not_ready_grace(Duration::ZERO);
-        // Empty (created, never sized) and sized but never initialised;
-        // nobody holds either.
+        // Sized but never initialised, and empty (never sized: maybe an
+        // operator's `touch`); nobody holds either.
         let empty = dir.path().join("empty.1.pfs");
         std::fs::write(&empty, b"").unwrap();
         let stuck = dir.path().join("stuck.2.pfs");
@@ -599,13 +606,16 @@ mod tests {
         set.refresh();
         set.refresh();
         assert!(set.role() == Role::Owner, "this set owns its directory");
-        assert!(!empty.exists() && !stuck.exists(), "removed");
-        assert!(set.invalid.is_empty() && set.pending.is_empty());
-        assert!(
-            set.errors.is_empty(),
-            "not counted as refused: {:?}",
-            set.errors
+        assert!(!stuck.exists(), "the creator's file is removed");
+        assert!(!set.invalid.contains_key(&stuck) && !set.pending.contains_key(&stuck));
+        assert!(empty.exists(), "an empty file is never removed");
+        assert_eq!(
+            set.invalid[&empty].reason,
+            Refusal::Empty,
+            "reported past the grace"
         );
+        assert_eq!(set.errors.get(&Refusal::Empty), Some(&1));
+        assert_eq!(set.errors.get(&Refusal::NotReady), None);
     }
 
     #[test]
