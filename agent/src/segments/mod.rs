@@ -506,7 +506,9 @@ mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
 
-    fn segment_file(path: &Path) -> std::fs::File {
+    /// A small segment at `path`, its lock held (by the returned writer's
+    /// file) if `held`.
+    fn segment(path: &Path, held: bool) -> (std::fs::File, pfs_shm_layout::SegmentWriter) {
         let cfg = pfs_shm_layout::SegmentConfig {
             service_name: "unit".into(),
             history_len: 2,
@@ -516,23 +518,19 @@ mod tests {
             max_pages: 1,
             history_long_len: 1,
         };
-        crate::testing::segment_at(path, &cfg, 1, false).0
+        crate::testing::segment_at(path, &cfg, 1, held)
+    }
+
+    /// A small segment at `path` that nobody holds.
+    fn segment_file(path: &Path) -> std::fs::File {
+        segment(path, false).0
     }
 
     #[test]
     fn a_file_stuck_initialising_is_reported_once_and_retried() {
         let dir = tempfile::tempdir().unwrap();
         // Its creator still holds it (a slow or stopped one).
-        let cfg = pfs_shm_layout::SegmentConfig {
-            service_name: "unit".into(),
-            history_len: 2,
-            max_classes: 4,
-            max_strings: 4,
-            records_per_page: 1,
-            max_pages: 1,
-            history_long_len: 1,
-        };
-        let (f, _w) = crate::testing::segment_at(&dir.path().join("stuck.pfs"), &cfg, 1, true);
+        let (f, _w) = segment(&dir.path().join("stuck.pfs"), true);
         // state = SEGMENT_INITIALIZING, as a creator that died mid-way.
         f.write_all_at(&0u64.to_le_bytes(), 0x20).unwrap();
         let mut set = SegmentSet::new(dir.path(), Duration::from_secs(60))
