@@ -16,7 +16,7 @@
 //! | layer | module | job |
 //! |---|---|---|
 //! | 0 | [`util`] | files opened without following links, atomic writes, capped reads, sizes and durations as text, giving heap memory back |
-//! | 0 | `testing` | (tests only) fixtures: real segments written as the client writes them |
+//! | 0 | [`testing`] | (tests only: unit tests, and feature `testing` for integration tests) fixtures: real segments written as the client writes them |
 //! | 1 | [`event_kind`] | the three kinds of timed event (waits, stages, statements) |
 //! | 1 | [`filter`] | which processes a table or a change applies to |
 //! | 1 | [`aggregate`] | totals per segment, per service, and of retired segments |
@@ -73,8 +73,8 @@ pub mod server;
 pub mod setup;
 pub mod snapshot;
 pub mod tables;
-#[cfg(test)]
-mod testing;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod timers;
 pub mod truncate;
 pub mod util;

@@ -1,5 +1,6 @@
-//! Layer 0 (tests only): fixtures for the agent's unit tests, real
-//! segments written the way pfs-client writes them.
+//! Layer 0 (tests only): fixtures for the agent's unit tests and, with
+//! feature `testing`, for integration tests: real segments written the way
+//! pfs-client writes them.
 
 use std::fs::File;
 use std::path::Path;
@@ -33,6 +34,27 @@ pub fn segment_at(path: &Path, cfg: &SegmentConfig, pid: u32, live: bool) -> (Fi
     )
     .unwrap();
     (file, SegmentWriter::new(seg))
+}
+
+/// A dead segment (nobody holds it) of `service`, pid `pid`, at
+/// `dir/<service>.<pid>.pfs`, whose one thread recorded `n` timed waits of
+/// `wait/synch/mutex/t/a` (see [`record_waits`]); returns its path.
+pub fn dead_segment(dir: &Path, service: &str, pid: u32, n: u64) -> std::path::PathBuf {
+    let path = dir.join(format!("{service}.{pid}.pfs"));
+    let cfg = SegmentConfig {
+        service_name: service.into(),
+        history_len: 2,
+        max_classes: 4,
+        max_strings: 4,
+        records_per_page: 1,
+        max_pages: 1,
+        history_long_len: 1,
+    };
+    let (_file, w) = segment_at(&path, &cfg, pid, false);
+    let class = mutex_class(&w, "a");
+    let slot = w.alloc_thread(1, 1, "t").expect("a record");
+    record_waits(&w, slot.index, class, n);
+    path
 }
 
 /// A timed mutex instrument `wait/synch/mutex/t/{name}`.

@@ -14,10 +14,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
-use pfs_shm_layout::writer::EventData;
-use pfs_shm_layout::{ClassKind, Segment, SegmentWriter, TimerCalibration};
-
 const BIN: &str = env!("CARGO_BIN_EXE_pfs-agent");
 const CLASS: &str = "wait/synch/mutex/t/a";
 
@@ -30,42 +26,6 @@ fn mkfifo(path: &Path) {
         0,
     )
     .unwrap();
-}
-
-/// A dead segment of `service` (pid `pid`) with `n` timed waits of
-/// [`CLASS`].
-fn dead_segment(dir: &Path, service: &str, pid: u32, n: u64) -> PathBuf {
-    let path = dir.join(format!("{service}.{pid}.pfs"));
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .unwrap();
-    let cfg = pfs_shm_layout::SegmentConfig {
-        service_name: service.into(),
-        ..Default::default()
-    };
-    let seg = Segment::create(file, &cfg, TimerCalibration::NANOSECONDS, pid, 1).unwrap();
-    let w = SegmentWriter::new(seg);
-    let class = w
-        .register_class(CLASS, ClassKind::Mutex, FLAG_ENABLED | FLAG_TIMED)
-        .unwrap();
-    let slot = w.alloc_thread(1, 1, "t").unwrap();
-    let rec = w.segment().record(slot.index);
-    for i in 0..n {
-        let e = EventData {
-            event_id: i + 1,
-            class,
-            source: NONE_U32,
-            object_name: NONE_U32,
-            flags: EV_TIMED | EV_ENDED,
-            ..Default::default()
-        };
-        rec.end_event(0, &e, None, true, true);
-        rec.summarize(class as usize, true, 1_000_000 * (i + 1), 0, None);
-    }
-    path
 }
 
 /// Runs `pfs-agent args`; `None` for the status if it had not exited
@@ -269,7 +229,7 @@ fn setup_skips_a_fifo_named_like_a_segment() {
 fn a_dead_segment_is_kept_until_its_totals_are_saved() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let seg = dead_segment(d, "svc", 4242, 5);
+    let seg = pfs_agent::testing::dead_segment(d, "svc", 4242, 5);
     let tmp = d.join(".pfs-agent-state.json.tmp");
     std::fs::create_dir_all(tmp.join("x")).unwrap();
     let mut agent = Serve::start(d, &["--dead-retention", "1s"]);

@@ -17,8 +17,8 @@ use std::time::Duration;
 use pfs_agent::aggregate::segment_global;
 use pfs_agent::segments::{Refusal, SegmentSet};
 use pfs_agent::snapshot::Snapshotter;
-use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
-use pfs_shm_layout::writer::EventData;
+use pfs_agent::testing::record_waits;
+use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED};
 use pfs_shm_layout::{
     ClassKind, Segment, SegmentConfig, SegmentWriter, ThreadSlot, TimerCalibration,
 };
@@ -60,27 +60,11 @@ fn segment(path: &Path, live: bool) -> (File, SegmentWriter, ThreadSlot) {
         .register_class(CLASS, ClassKind::Mutex, FLAG_ENABLED | FLAG_TIMED)
         .unwrap();
     let gone = w.alloc_thread(1, 11, "gone").unwrap();
-    waits(&w, gone.index, class, 3);
+    record_waits(&w, gone.index, class, 3);
     w.fold_and_free(gone);
     let stays = w.alloc_thread(2, 12, "stays").unwrap();
-    waits(&w, stays.index, class, 2);
+    record_waits(&w, stays.index, class, 2);
     (file, w, stays)
-}
-
-fn waits(w: &SegmentWriter, slot: u32, class: u32, n: u64) {
-    let rec = w.segment().record(slot);
-    for i in 0..n {
-        let e = EventData {
-            event_id: i + 1,
-            class,
-            source: NONE_U32,
-            object_name: NONE_U32,
-            flags: EV_TIMED | EV_ENDED,
-            ..Default::default()
-        };
-        rec.end_event(0, &e, None, true, true);
-        rec.summarize(class as usize, true, 1_000_000 * (i + 1), 0, None);
-    }
 }
 
 /// Byte offset in the file of a field of the writer's mapping.

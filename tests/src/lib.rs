@@ -846,3 +846,30 @@ pub fn prom_query(base: &str, q: &str) -> Result<Vec<Value>> {
     }
     Ok(v["data"]["result"].as_array().cloned().unwrap_or_default())
 }
+
+/// A private tmpfs of `size` bytes, unmounted (lazily) on drop. Needs
+/// root, as the suite runs.
+pub struct Tmpfs(pub tempfile::TempDir);
+
+impl Tmpfs {
+    /// Mounts it (panics, saying root is needed, if it cannot).
+    pub fn mount(size: usize) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = std::ffi::CString::new(format!("size={size},mode=0755")).unwrap();
+        rustix::mount::mount(
+            "tmpfs",
+            dir.path(),
+            "tmpfs",
+            rustix::mount::MountFlags::empty(),
+            opts.as_c_str(),
+        )
+        .unwrap_or_else(|e| panic!("mount tmpfs (this test needs root): {e}"));
+        Self(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(self.0.path(), rustix::mount::UnmountFlags::DETACH);
+    }
+}

@@ -32,7 +32,7 @@ use anyhow::{Result, bail};
 use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, EventType, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
 use pfs_shm_layout::writer::EventData;
 use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration};
-use pfs_tests::{Agent, Sample, TEST_CLASSES, Writer, poll, sample, writer_exe};
+use pfs_tests::{Agent, Sample, TEST_CLASSES, Tmpfs, Writer, poll, sample, writer_exe};
 
 const WAITS: &str = "pfs_events_waits_total";
 const ERRORS: &str = "pfs_agent_segment_errors_total";
@@ -345,32 +345,6 @@ fn agent_survives_every_hostile_file_while_exporting_a_real_workload() {
     .unwrap_or_else(|e| panic!("{e:#}\n{}", h.agent.guard.describe()));
     h.expect("random.pfs", "bad_magic", 1.0); // counters are monotonic
     writer.finish(Duration::from_secs(10)).unwrap();
-}
-
-/// A private tmpfs of `size` bytes, unmounted (lazily) on drop. Needs
-/// root, as the suite runs.
-struct Tmpfs(tempfile::TempDir);
-
-impl Tmpfs {
-    fn mount(size: usize) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let opts = std::ffi::CString::new(format!("size={size},mode=0755")).unwrap();
-        rustix::mount::mount(
-            "tmpfs",
-            dir.path(),
-            "tmpfs",
-            rustix::mount::MountFlags::empty(),
-            opts.as_c_str(),
-        )
-        .unwrap_or_else(|e| panic!("mount tmpfs (this test needs root): {e}"));
-        Self(dir)
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = rustix::mount::unmount(self.0.path(), rustix::mount::UnmountFlags::DETACH);
-    }
 }
 
 #[test]

@@ -6,80 +6,11 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
-use pfs_shm_layout::writer::EventData;
-use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration};
-use pfs_tests::{Agent, sample};
+use pfs_tests::{Agent, Tmpfs, sample};
 
 const CLASS: &str = "wait/synch/mutex/t/a";
-
-/// A private tmpfs of `size` bytes, unmounted (lazily) on drop.
-struct Tmpfs(tempfile::TempDir);
-
-impl Tmpfs {
-    fn mount(size: usize) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let opts = std::ffi::CString::new(format!("size={size},mode=0755")).unwrap();
-        rustix::mount::mount(
-            "tmpfs",
-            dir.path(),
-            "tmpfs",
-            rustix::mount::MountFlags::empty(),
-            opts.as_c_str(),
-        )
-        .unwrap_or_else(|e| panic!("mount tmpfs (this test needs root): {e}"));
-        Self(dir)
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = rustix::mount::unmount(self.0.path(), rustix::mount::UnmountFlags::DETACH);
-    }
-}
-
-/// A small dead segment of `service` with `n` timed waits of [`CLASS`].
-fn dead_segment(dir: &Path, service: &str, n: u64) -> PathBuf {
-    let path = dir.join(format!("{service}.4242.pfs"));
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .unwrap();
-    let cfg = SegmentConfig {
-        service_name: service.into(),
-        history_len: 2,
-        max_classes: 4,
-        max_strings: 4,
-        records_per_page: 1,
-        max_pages: 1,
-        history_long_len: 1,
-    };
-    let seg = Segment::create(file, &cfg, TimerCalibration::NANOSECONDS, 4242, 1).unwrap();
-    let w = SegmentWriter::new(seg);
-    let class = w
-        .register_class(CLASS, ClassKind::Mutex, FLAG_ENABLED | FLAG_TIMED)
-        .unwrap();
-    let slot = w.alloc_thread(1, 1, "t").unwrap();
-    let rec = w.segment().record(slot.index);
-    for i in 0..n {
-        let e = EventData {
-            event_id: i + 1,
-            class,
-            source: NONE_U32,
-            object_name: NONE_U32,
-            flags: EV_TIMED | EV_ENDED,
-            ..Default::default()
-        };
-        rec.end_event(0, &e, None, true, true);
-        rec.summarize(class as usize, true, 1_000_000 * (i + 1), 0, None);
-    }
-    path
-}
 
 fn poll(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
@@ -96,7 +27,7 @@ fn poll(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 fn a_dead_segment_stays_while_the_disk_is_full() {
     let fs = Tmpfs::mount(4 << 20);
     let d = fs.0.path();
-    let seg = dead_segment(d, "svc", 5);
+    let seg = pfs_agent::testing::dead_segment(d, "svc", 4242, 5);
     // Fill the volume (the segment's pages are written already).
     let filler = d.join("filler");
     let mut f = File::create(&filler).unwrap();
