@@ -212,11 +212,29 @@ fn counts_only(m: &MemoryStats) -> MemoryStats {
 pub struct Retired {
     /// By service name.
     pub by_service: BTreeMap<String, ServiceTotals>,
+    /// The earliest start (ns since the epoch) of the processes in a
+    /// service's retired totals, when all of them are known. A service of
+    /// `by_service` missing here has totals of unknown origin (from a
+    /// state file written before starts were kept).
+    pub earliest_start_ns: BTreeMap<String, u64>,
 }
 
 impl Retired {
     /// Adds a dead segment's final snapshot.
     pub fn absorb(&mut self, s: &SegmentSnapshot) {
+        let known = self.earliest_start_ns.get(&s.service).copied();
+        match (self.by_service.contains_key(&s.service), known) {
+            (false, _) => {
+                self.earliest_start_ns
+                    .insert(s.service.clone(), s.start_time_unix_ns);
+            }
+            (true, Some(t)) => {
+                self.earliest_start_ns
+                    .insert(s.service.clone(), t.min(s.start_time_unix_ns));
+            }
+            // Totals of unknown origin stay of unknown origin.
+            (true, None) => {}
+        }
         let t = self.by_service.entry(s.service.clone()).or_default();
         t.add_classes(&segment_global(s));
         t.add_memory(s, false);
@@ -315,5 +333,20 @@ mod tests {
             (0, 1, 0, 0),
             "retired"
         );
+        // The retired totals know when their processes started: the
+        // earliest of them.
+        assert_eq!(retired.earliest_start_ns["svc"], s.start_time_unix_ns);
+        let mut later = s.clone();
+        later.start_time_unix_ns += 1_000;
+        retired.absorb(&later);
+        assert_eq!(retired.earliest_start_ns["svc"], s.start_time_unix_ns);
+        let mut other = Retired::default();
+        other.absorb(&later);
+        other.absorb(&s);
+        assert_eq!(other.earliest_start_ns["svc"], s.start_time_unix_ns);
+        // Totals of unknown origin (an older state file) stay unknown.
+        retired.earliest_start_ns.clear();
+        retired.absorb(&later);
+        assert!(retired.earliest_start_ns.is_empty());
     }
 }

@@ -127,6 +127,10 @@ struct ServiceV1 {
     classes: BTreeMap<String, ClassV1>,
     memory: BTreeMap<String, MemoryJson>,
     lost: Vec<u64>,
+    /// The earliest start of the processes counted (absent in files of
+    /// agents that did not keep it: the origin is then unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    earliest_start_unix_ns: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -176,6 +180,7 @@ pub fn encode(state: &State) -> Vec<u8> {
                     classes,
                     memory,
                     lost: t.lost.to_vec(),
+                    earliest_start_unix_ns: state.retired.earliest_start_ns.get(svc).copied(),
                 },
             )
         })
@@ -213,6 +218,9 @@ pub fn decode(bytes: &[u8]) -> Result<State, StateError> {
         // A newer agent may count more kinds of loss: keep the ones we know.
         for (a, b) in t.lost.iter_mut().zip(s.lost.iter().take(LOST_COUNTERS)) {
             *a = *b;
+        }
+        if let Some(t) = s.earliest_start_unix_ns {
+            retired.earliest_start_ns.insert(svc.clone(), t);
         }
         retired.by_service.insert(svc, t);
     }
@@ -439,6 +447,9 @@ mod tests {
         t.lost[2] = 4;
         let mut retired = Retired::default();
         retired.by_service.insert("svc".into(), t);
+        retired
+            .earliest_start_ns
+            .insert("svc".into(), 1_600_000_000_000_000_000);
         State {
             retired,
             retired_segments: 12,
@@ -453,6 +464,7 @@ mod tests {
 
     fn same(a: &State, b: &State) {
         assert_eq!(a.retired_segments, b.retired_segments);
+        assert_eq!(a.retired.earliest_start_ns, b.retired.earliest_start_ns);
         assert_eq!(a.absorbed, b.absorbed);
         assert_eq!(
             a.retired.by_service.keys().collect::<Vec<_>>(),
@@ -471,6 +483,18 @@ mod tests {
         let s = sample();
         let back = decode(&encode(&s)).unwrap();
         same(&s, &back);
+    }
+
+    /// A state file written before retired totals kept their processes'
+    /// earliest start loads, the start unknown.
+    #[test]
+    fn a_state_file_without_starts_loads_with_unknown_starts() {
+        let mut v: serde_json::Value = serde_json::from_slice(&encode(&sample())).unwrap();
+        let svc = v["services"]["svc"].as_object_mut().unwrap();
+        assert!(svc.remove("earliest_start_unix_ns").is_some());
+        let back = decode(v.to_string().as_bytes()).unwrap();
+        assert!(back.retired.by_service.contains_key("svc"));
+        assert!(back.retired.earliest_start_ns.is_empty());
     }
 
     /// A state file written before `SUM_CPU_TIME` and `COUNT_CANCELLED`

@@ -3,7 +3,8 @@
 //! the agent started are never sent as a delta (a restart must not re-add
 //! history), a process started after the agent has its whole count in its
 //! deltas, and cumulative points start no later than the first counted
-//! event (the process start, not the agent's).
+//! event (the process start, not the agent's). A process that starts and
+//! is retired between two exports still has its whole count in the deltas.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -45,13 +46,17 @@ fn waits(req: &Value, service: &str) -> Vec<(String, u64, u64)> {
 }
 
 fn agent_env(port: u16, temporality: &str) -> Vec<(&'static str, String)> {
+    agent_env_every(port, temporality, 1000)
+}
+
+fn agent_env_every(port: u16, temporality: &str, interval_ms: u32) -> Vec<(&'static str, String)> {
     vec![
         (
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             format!("http://127.0.0.1:{port}"),
         ),
         ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf".to_string()),
-        ("OTEL_METRIC_EXPORT_INTERVAL", "1000".to_string()),
+        ("OTEL_METRIC_EXPORT_INTERVAL", interval_ms.to_string()),
         (
             "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
             temporality.to_string(),
@@ -154,4 +159,56 @@ fn otlp_cumulative_start_time_is_the_process_start() {
         );
     }
     writer.finish(Duration::from_secs(10)).unwrap();
+}
+
+#[test]
+fn otlp_delta_counts_a_process_retired_between_two_exports() {
+    let dir = tempfile::tempdir().unwrap();
+    let brief = "otlp-delta-brief-process";
+    let port = free_port();
+    let mut receiver = OtlpReceiver::start(None, Some(port)).unwrap();
+    // A dead process is retired 300 ms after it exits: well within one
+    // export interval.
+    let mut env = agent_env_every(port, "delta", 4000);
+    env.push(("PFS_DEAD_RETENTION", "300ms".to_string()));
+    let agent = Agent::serve_with_env(dir.path(), &env).unwrap();
+    receiver
+        .wait_for(Duration::from_secs(20), |r| {
+            !otlp_metrics(r, "pfs.agent.snapshots").is_empty()
+        })
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.guard.describe()));
+    // Right after an export: the process lives, exits and is retired
+    // (its file removed) before the next one, which is the first to see
+    // its service, and then only as retired totals.
+    let (mut writer, _) =
+        spawn_exact(writer_exe!(), dir.path(), brief, N as u32, K as u32, 0).unwrap();
+    let file = writer.segment_in(dir.path(), brief);
+    writer.finish(Duration::from_secs(10)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while file.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the dead process was never retired\n{}",
+            agent.guard.describe()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut total: std::collections::BTreeMap<String, u64> = Default::default();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(total.len() == TEST_CLASSES.len() && total.values().all(|v| *v == N * K)) {
+        assert!(
+            Instant::now() < deadline,
+            "the retired process's counts never arrived in full: {total:?}\n{}",
+            agent.guard.describe()
+        );
+        let Some(req) = receiver.next(Duration::from_secs(5)).unwrap() else {
+            continue;
+        };
+        for (c, v, _) in waits(&req, brief) {
+            *total.entry(c).or_default() += v;
+        }
+    }
+    for (c, v) in &total {
+        assert_eq!(*v, N * K, "{c}: counted twice");
+    }
 }

@@ -513,17 +513,17 @@ mod tests {
             ServiceStarts {
                 service: "old".into(),
                 earliest_ns: Some(100),
-                retired: false,
+                unknown_history: false,
             },
             ServiceStarts {
                 service: "new".into(),
                 earliest_ns: Some(2_000),
-                retired: false,
+                unknown_history: false,
             },
             ServiceStarts {
                 service: "gone".into(),
                 earliest_ns: Some(2_500),
-                retired: true,
+                unknown_history: true,
             },
         ]);
     }
@@ -572,7 +572,7 @@ mod tests {
         observe(&mut b);
         let first = b.build(&families(0), at(3_000));
         // `old` started before the agent: a baseline, nothing sent. `gone`
-        // has retired totals the agent never saw: a baseline too. `new`
+        // has retired totals of unknown start: a baseline too. `new`
         // was watched from its start: its whole count, from its start.
         assert_eq!(
             sums(&first),

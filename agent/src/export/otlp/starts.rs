@@ -1,9 +1,10 @@
 //! When each service's counts began: the earliest process start among its
-//! segments (the `start_time_unix_ns` of each segment header), remembered
-//! for the agent's lifetime so that retiring a dead process never moves a
-//! series' start later; or *unknown* when the service's retired totals
-//! (which the agent keeps, across restarts, without start times) predate
-//! this agent. [`super::request`] uses it for cumulative start times and
+//! segments (the `start_time_unix_ns` of each segment header) and its
+//! retired totals (which keep the earliest start of the processes they
+//! count, across restarts), remembered for the agent's lifetime so that
+//! retiring a dead process never moves a series' start later; or
+//! *unknown* when retired totals do not know their start (a state file of
+//! an agent that did not keep it). [`super::request`] uses it for cumulative start times and
 //! for the first delta of each series.
 
 use std::collections::HashMap;
@@ -15,11 +16,11 @@ use crate::snapshot::Snapshot;
 pub struct ServiceStarts {
     /// The service.
     pub service: String,
-    /// The earliest process start among its segments (live or dead, not
-    /// yet retired), ns since the epoch.
+    /// The earliest process start among its segments (live, dead or
+    /// retired), ns since the epoch.
     pub earliest_ns: Option<u64>,
-    /// Its totals include retired segments (dead processes folded in).
-    pub retired: bool,
+    /// Its totals include retired processes whose starts are not known.
+    pub unknown_history: bool,
 }
 
 /// Every service of `snap`, with its earliest process start.
@@ -31,19 +32,21 @@ pub fn observe(snap: &Snapshot) -> Vec<ServiceStarts> {
             .or_insert_with(|| ServiceStarts {
                 service: v.data.service.clone(),
                 earliest_ns: None,
-                retired: false,
+                unknown_history: false,
             });
         let t = v.data.start_time_unix_ns;
         s.earliest_ns = Some(s.earliest_ns.map_or(t, |e| e.min(t)));
     }
     for name in snap.retired.by_service.keys() {
-        by.entry(name.as_str())
-            .or_insert_with(|| ServiceStarts {
-                service: name.clone(),
-                earliest_ns: None,
-                retired: true,
-            })
-            .retired = true;
+        let s = by.entry(name.as_str()).or_insert_with(|| ServiceStarts {
+            service: name.clone(),
+            earliest_ns: None,
+            unknown_history: false,
+        });
+        match snap.retired.earliest_start_ns.get(name) {
+            Some(&t) => s.earliest_ns = Some(s.earliest_ns.map_or(t, |e| e.min(t))),
+            None => s.unknown_history = true,
+        }
     }
     let mut out: Vec<ServiceStarts> = by.into_values().collect();
     out.sort_by(|a, b| a.service.cmp(&b.service));
@@ -56,8 +59,8 @@ pub enum Origin {
     /// No later than this time (ns since the epoch): the earliest start of
     /// the processes whose counts are in the totals.
     Known(u64),
-    /// The totals include retired processes this agent never saw, whose
-    /// start times are not kept.
+    /// The totals include retired processes whose start times are not
+    /// kept.
     Unknown,
 }
 
@@ -70,14 +73,14 @@ pub struct Origins {
 impl Origins {
     /// Takes in one snapshot's [`observe`]: a service's origin only ever
     /// moves earlier (a retired process's start stays in it); a service
-    /// first seen with retired totals has an unknown origin for the rest
-    /// of the agent's life (those processes died before it looked).
+    /// first seen with retired totals of unknown start has an unknown
+    /// origin for the rest of the agent's life.
     pub fn update(&mut self, services: &[ServiceStarts]) {
         for s in services {
             let next = match (self.by_service.get(&s.service), s.earliest_ns) {
                 (Some(Origin::Unknown), _) => Origin::Unknown,
                 (Some(Origin::Known(t)), e) => Origin::Known(e.map_or(*t, |e| e.min(*t))),
-                (None, _) if s.retired => Origin::Unknown,
+                (None, _) if s.unknown_history => Origin::Unknown,
                 (None, Some(e)) => Origin::Known(e),
                 (None, None) => Origin::Unknown,
             };
@@ -98,16 +101,16 @@ impl Origins {
 mod tests {
     use super::*;
 
-    fn s(service: &str, earliest_ns: Option<u64>, retired: bool) -> ServiceStarts {
+    fn s(service: &str, earliest_ns: Option<u64>, unknown_history: bool) -> ServiceStarts {
         ServiceStarts {
             service: service.to_string(),
             earliest_ns,
-            retired,
+            unknown_history,
         }
     }
 
     #[test]
-    fn origins_move_earlier_only_and_retired_history_is_unknown() {
+    fn origins_move_earlier_only_and_unknown_history_stays_unknown() {
         let mut o = Origins::default();
         o.update(&[s("a", Some(100), false), s("old", Some(50), true)]);
         assert_eq!(o.of("a"), Origin::Known(100));
@@ -120,5 +123,8 @@ mod tests {
         assert_eq!(o.of("old"), Origin::Unknown);
         o.update(&[s("a", Some(40), true)]);
         assert_eq!(o.of("a"), Origin::Known(40));
+        // A service first seen retired, with its processes' start known.
+        o.update(&[s("brief", Some(2_000), false)]);
+        assert_eq!(o.of("brief"), Origin::Known(2_000));
     }
 }
