@@ -3,7 +3,8 @@
 //! the same way: a 200 HTML page is a failure, not a success; an error's
 //! `google.rpc.Status` is decoded for the log; `Retry-After` is honoured;
 //! a partial success is logged once, with the collector's message. Each
-//! export's arrival time is a line on the server's stdout.
+//! export's arrival time is a line on the server's stdout. Over gRPC (a
+//! fake grpcio server), the `RetryInfo` of an error status is honoured.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -47,6 +48,34 @@ class H(BaseHTTPRequestHandler):
 ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
 "#;
 
+/// A gRPC collector that answers every export UNAVAILABLE with a
+/// `google.rpc.RetryInfo` of 4 s in the status details (the protobuf bytes
+/// written out by hand).
+const GRPC_SERVER: &str = r#"
+import sys, time
+from concurrent import futures
+import grpc
+port = int(sys.argv[1])
+def field(tag, b):
+    return bytes([tag << 3 | 2, len(b)]) + b
+duration = bytes([0x08, 4])
+retry_info = field(1, duration)
+any_ = field(1, b"type.googleapis.com/google.rpc.RetryInfo") + field(2, retry_info)
+status = bytes([0x08, 14]) + field(2, b"busy") + field(3, any_)
+def export(request, context):
+    print(time.monotonic(), flush=True)
+    context.set_trailing_metadata([("grpc-status-details-bin", status)])
+    context.abort(grpc.StatusCode.UNAVAILABLE, "busy")
+handler = grpc.method_handlers_generic_handler(
+    "opentelemetry.proto.collector.metrics.v1.MetricsService",
+    {"Export": grpc.unary_unary_rpc_method_handler(export)})
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+server.add_generic_rpc_handlers((handler,))
+server.add_insecure_port("127.0.0.1:%d" % port)
+server.start()
+server.wait_for_termination()
+"#;
+
 /// The fake endpoint in `mode` and an agent exporting to it every second.
 fn start(mode: &str) -> (ChildGuard, Agent) {
     let port = free_port();
@@ -57,20 +86,25 @@ fn start(mode: &str) -> (ChildGuard, Agent) {
         .arg(mode)
         .arg(port.to_string());
     let server = ChildGuard::spawn("fake-otlp", cmd, false).unwrap();
+    (server, agent_to(port, "http/protobuf"))
+}
+
+/// An agent exporting to `port` every second over `protocol`.
+fn agent_to(port: u16, protocol: &str) -> Agent {
     std::thread::sleep(Duration::from_millis(500));
     let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::serve_with_env(
+    Agent::serve_with_env(
         dir.path(),
         &[
             (
                 "OTEL_EXPORTER_OTLP_ENDPOINT",
                 format!("http://127.0.0.1:{port}"),
             ),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol.to_string()),
             ("OTEL_METRIC_EXPORT_INTERVAL", "1000".to_string()),
         ],
     )
-    .unwrap();
-    (server, agent)
+    .unwrap()
 }
 
 /// Arrival times of the exports the server has seen.
@@ -147,6 +181,37 @@ fn otlp_http_retry_after_is_honoured() {
             w[1] - w[0]
         );
     }
+}
+
+#[test]
+fn otlp_grpc_retry_info_is_honoured() {
+    let port = free_port();
+    let mut cmd = Command::new("python3");
+    cmd.arg("-u")
+        .arg("-c")
+        .arg(GRPC_SERVER)
+        .arg(port.to_string());
+    let server = ChildGuard::spawn("fake-otlp-grpc", cmd, false).unwrap();
+    let agent = agent_to(port, "grpc");
+    let a = wait_exports(&server, 3, Duration::from_secs(25));
+    assert!(
+        a.len() >= 3,
+        "{a:?}\n{}\n{}",
+        agent.guard.stderr(),
+        server.describe()
+    );
+    // RetryInfo of 4 s on every answer, with a 1 s interval (whose
+    // back-off would retry after 1 s, then 2 s).
+    for w in a.windows(2) {
+        assert!(
+            w[1] - w[0] >= 3.4,
+            "retried after {:.1} s: {a:?}",
+            w[1] - w[0]
+        );
+    }
+    let log = agent.guard.stderr();
+    assert!(log.contains("Unavailable") && log.contains("busy"), "{log}");
+    assert!(log.contains("retry_in=4s"), "{log}");
 }
 
 #[test]

@@ -1,8 +1,8 @@
 //! Sending a request to the collector: gRPC (tonic) or HTTP/protobuf
 //! (hyper), over TLS for `https://` endpoints, with the configured headers
 //! and compression; and reading its answer: partial success, an error
-//! status (`google.rpc.Status`), `Retry-After`, or an answer that is not
-//! OTLP at all.
+//! status (`google.rpc.Status`), `Retry-After` or gRPC `RetryInfo`, or an
+//! answer that is not OTLP at all.
 
 use std::io::Write;
 use std::time::Duration;
@@ -65,10 +65,17 @@ pub enum SendError {
 
 impl SendError {
     /// How long the collector asked to wait before the next attempt
-    /// (`Retry-After`), if it did.
+    /// (HTTP `Retry-After`, gRPC `google.rpc.RetryInfo`), if it did,
+    /// bounded by [`MAX_RETRY_AFTER`].
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Status { retry_after, .. } => *retry_after,
+            Self::Grpc(s) => {
+                use tonic_types::StatusExt;
+                s.get_details_retry_info()
+                    .and_then(|r| r.retry_delay)
+                    .map(|d| d.min(MAX_RETRY_AFTER))
+            }
             _ => None,
         }
     }
@@ -404,5 +411,38 @@ impl Sender {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic_types::{ErrorDetails, StatusExt};
+
+    fn grpc(delay: Option<Duration>) -> SendError {
+        let details = match delay {
+            Some(d) => ErrorDetails::with_retry_info(Some(d)),
+            None => ErrorDetails::new(),
+        };
+        SendError::Grpc(Box::new(tonic::Status::with_error_details(
+            tonic::Code::Unavailable,
+            "busy",
+            details,
+        )))
+    }
+
+    #[test]
+    fn grpc_retry_info_is_the_retry_delay_bounded() {
+        assert_eq!(
+            grpc(Some(Duration::from_secs(4))).retry_after(),
+            Some(Duration::from_secs(4))
+        );
+        assert_eq!(
+            grpc(Some(Duration::from_secs(86_400))).retry_after(),
+            Some(MAX_RETRY_AFTER)
+        );
+        assert_eq!(grpc(None).retry_after(), None);
+        let plain = SendError::Grpc(Box::new(tonic::Status::unavailable("busy")));
+        assert_eq!(plain.retry_after(), None);
     }
 }
