@@ -5,11 +5,13 @@
 //! a partial success is logged once, with the collector's message. Each
 //! export's arrival time is a line on the server's stdout. Over gRPC (a
 //! fake grpcio server), the `RetryInfo` of an error status is honoured.
+//! An endpoint of the other transport (the real receiver's gRPC port for
+//! OTLP/HTTP, and the reverse) gets a failure that says what to change.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use pfs_tests::{Agent, ChildGuard, free_port, poll, sample};
+use pfs_tests::{Agent, ChildGuard, OtlpReceiver, free_port, poll, sample};
 
 const SERVER: &str = r#"
 import sys, time
@@ -237,4 +239,22 @@ fn otlp_partial_success_is_logged_once_with_the_message() {
         "logged once per change, with the collector's message:\n{log}"
     );
     assert!(log.contains("rejected=2"), "{log}");
+}
+
+#[test]
+fn otlp_to_the_other_transports_port_says_what_to_change() {
+    let (grpc_port, http_port) = (free_port(), free_port());
+    let _receiver = OtlpReceiver::start(Some(grpc_port), Some(http_port)).unwrap();
+    for (port, protocol, hint) in [
+        (grpc_port, "http/protobuf", "OTEL_EXPORTER_OTLP_PROTOCOL=grpc"),
+        (http_port, "grpc", "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"),
+    ] {
+        let agent = agent_to(port, protocol);
+        let log = poll(Duration::from_secs(15), || {
+            let log = agent.guard.stderr();
+            Ok(log.contains("OTLP export failed").then_some(log))
+        })
+        .unwrap_or_else(|e| panic!("{protocol}: {e:#}\n{}", agent.guard.stderr()));
+        assert!(log.contains(hint), "{protocol} to the other port:\n{log}");
+    }
 }

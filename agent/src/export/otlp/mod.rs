@@ -96,6 +96,9 @@ pub fn start(
         temporality = ?cfg.temporality,
         "OTLP metrics export enabled"
     );
+    if let Some(hint) = default_port_mismatch(cfg.transport, &cfg.endpoint) {
+        tracing::warn!(endpoint = %cfg.endpoint, "{hint}");
+    }
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(run(cfg, sender, snap, stats, stopped, agent_start));
     Ok(Some(OtlpExporter { stop, task }))
@@ -243,6 +246,22 @@ fn log_partial(p: &transport::Partial, points: usize, last: &mut Option<transpor
     *last = Some(p.clone());
 }
 
+/// A warning when the endpoint's port is the other transport's default
+/// (4317 is OTLP/gRPC's, 4318 OTLP/HTTP's): the usual cause of exports
+/// failing with a protocol error.
+fn default_port_mismatch(transport: Transport, endpoint: &str) -> Option<&'static str> {
+    let port = endpoint.parse::<hyper::Uri>().ok()?.port_u16()?;
+    match (transport, port) {
+        (Transport::HttpProtobuf, 4317) => Some(
+            "port 4317 is the OTLP/gRPC default but the protocol is http/protobuf: if exports fail, set OTEL_EXPORTER_OTLP_PROTOCOL=grpc or use port 4318",
+        ),
+        (Transport::Grpc, 4318) => Some(
+            "port 4318 is the OTLP/HTTP default but the protocol is grpc: if exports fail, set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf or use port 4317",
+        ),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,6 +291,19 @@ mod tests {
 
     fn resolve(args: &OtlpArgs, pairs: &[(&str, &str)]) -> Result<Option<Config>, ConfigError> {
         Config::resolve(args, &env_of(pairs))
+    }
+
+    #[test]
+    fn the_other_transports_default_port_is_warned_about() {
+        assert!(
+            default_port_mismatch(Transport::HttpProtobuf, "http://c:4317/v1/metrics").is_some()
+        );
+        assert!(default_port_mismatch(Transport::Grpc, "https://c:4318").is_some());
+        assert!(default_port_mismatch(Transport::Grpc, "http://c:4317").is_none());
+        assert!(
+            default_port_mismatch(Transport::HttpProtobuf, "http://c:4318/v1/metrics").is_none()
+        );
+        assert!(default_port_mismatch(Transport::HttpProtobuf, "http://c/v1/metrics").is_none());
     }
 
     #[test]

@@ -55,6 +55,15 @@ pub enum SendError {
         /// What is wrong with the body.
         detail: String,
     },
+    /// The connection failed in a way that says the endpoint speaks the
+    /// other OTLP transport: the failure, then what to change.
+    #[error("{detail}; {hint}")]
+    WrongProtocol {
+        /// The failure (the whole cause chain).
+        detail: String,
+        /// What to change.
+        hint: &'static str,
+    },
     /// Compressing the body failed.
     #[error("cannot compress the request: {0}")]
     Compress(#[source] std::io::Error),
@@ -203,6 +212,33 @@ fn grpc_detail(s: &tonic::Status) -> String {
     msg
 }
 
+/// What a failure whose cause chain reads `detail` says about the
+/// endpoint, when it means the endpoint speaks the other OTLP transport:
+/// an HTTP/1.1 request answered by an HTTP/2-only (gRPC) server, or gRPC's
+/// HTTP/2 preface answered in HTTP/1.1.
+fn wrong_protocol(transport: Transport, detail: &str) -> Option<&'static str> {
+    match transport {
+        Transport::HttpProtobuf
+            if detail.contains("invalid HTTP version parsed")
+                || detail.contains("received unexpected message from connection") =>
+        {
+            Some(
+                "the endpoint seems to speak gRPC (HTTP/2 only): set OTEL_EXPORTER_OTLP_PROTOCOL=grpc (--otlp-protocol grpc), or use the collector's OTLP/HTTP port (4318 by default)",
+            )
+        }
+        Transport::Grpc
+            if detail.contains("frame with invalid size")
+                || detail.contains("invalid HTTP version")
+                || detail.contains("connection reset") && detail.contains("h2") =>
+        {
+            Some(
+                "the endpoint seems to speak HTTP/1.1 (OTLP/HTTP?): set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf (--otlp-protocol http/protobuf), or use the collector's gRPC port (4317 by default)",
+            )
+        }
+        _ => None,
+    }
+}
+
 /// The TCP connector under both transports (and TLS).
 fn tcp(cfg: &Config) -> HttpConnector {
     let mut conn = HttpConnector::new();
@@ -327,8 +363,16 @@ impl Sender {
                     r.metadata_mut().insert(k, v);
                 }
                 let resp = c.clone().export(r).await.map_err(|s| {
-                    self.tls_error(&s, || grpc_detail(&s))
-                        .unwrap_or_else(|| SendError::Grpc(Box::new(s)))
+                    self.tls_error(&s, || grpc_detail(&s)).unwrap_or_else(|| {
+                        let detail = grpc_detail(&s);
+                        match wrong_protocol(Transport::Grpc, &detail) {
+                            Some(hint) => SendError::WrongProtocol {
+                                detail: format!("gRPC {:?}: {detail}", s.code()),
+                                hint,
+                            },
+                            None => SendError::Grpc(Box::new(s)),
+                        }
+                    })
                 })?;
                 Ok(Partial::of(resp.into_inner().partial_success))
             }
@@ -358,8 +402,16 @@ impl Sender {
                     HttpClient::Tls(c) => c.request(r).await,
                 };
                 let resp = sent.map_err(|e| {
-                    self.tls_error(&e, || chain(&e))
-                        .unwrap_or_else(|| SendError::Http(chain(&e)))
+                    self.tls_error(&e, || chain(&e)).unwrap_or_else(|| {
+                        let detail = chain(&e);
+                        match wrong_protocol(Transport::HttpProtobuf, &detail) {
+                            Some(hint) => SendError::WrongProtocol {
+                                detail: format!("HTTP request failed: {detail}"),
+                                hint,
+                            },
+                            None => SendError::Http(detail),
+                        }
+                    })
                 })?;
                 let status = resp.status();
                 let content_type = resp
