@@ -246,8 +246,16 @@ fn otlp_to_the_other_transports_port_says_what_to_change() {
     let (grpc_port, http_port) = (free_port(), free_port());
     let _receiver = OtlpReceiver::start(Some(grpc_port), Some(http_port)).unwrap();
     for (port, protocol, hint) in [
-        (grpc_port, "http/protobuf", "OTEL_EXPORTER_OTLP_PROTOCOL=grpc"),
-        (http_port, "grpc", "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"),
+        (
+            grpc_port,
+            "http/protobuf",
+            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
+        ),
+        (
+            http_port,
+            "grpc",
+            "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+        ),
     ] {
         let agent = agent_to(port, protocol);
         let log = poll(Duration::from_secs(15), || {
