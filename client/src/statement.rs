@@ -375,14 +375,26 @@ impl TaskStatement {
         (self.data.thread_id, self.data.event_id)
     }
 
-    /// `SQL_TEXT` (truncated to 200 bytes on a character boundary).
+    /// `SQL_TEXT` (truncated to 200 bytes on a character boundary): kept
+    /// for the statement's end, and shown now in the
+    /// `events_statements_current` row of the thread polling the task,
+    /// if that row shows the statement running.
     pub fn set_text(&mut self, text: &str) {
-        if self.rt.is_none() {
+        let Some(rt) = self.rt else {
             return;
-        }
+        };
         let t = truncate_utf8(text, STATEMENT_TEXT_BYTES).as_bytes();
         self.text[..t.len()].copy_from_slice(t);
         self.text_len = t.len() as u8;
+        if let Some(ctx) = thread::current(rt) {
+            // This thread is the row's only writer: it reads its own stores.
+            let cur = ctx.rec.current(KIND_STATEMENT);
+            if cur.event_id.load(Relaxed) == self.data.event_id
+                && cur.thread_id.load(Relaxed) == self.data.thread_id
+            {
+                ctx.rec.set_statement_text(text);
+            }
+        }
     }
 
     figure_setters!();

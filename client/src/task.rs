@@ -22,9 +22,11 @@
 //! * The `events_*_summary_by_thread_*` tables count a task's events under
 //!   the worker thread that polled them (the task has no record); the
 //!   global, account, user and host summaries are unaffected.
-//! * While the task waits (between polls) its open statement is in no
-//!   `events_statements_current` row: the rows show what the thread is
-//!   running or last ran.
+//! * While the task waits (between polls) its open statement and stage are
+//!   in no `events_*_current` row: when a poll returns, the worker's rows
+//!   that show them running are emptied, so the rows show what the thread
+//!   is running or last ran (an event that ended). The statement's row is
+//!   written again, whole, with its text, where it ends.
 //!
 //! A statement opened in a task is a `TaskStatement`: `Send`, held across
 //! `.await`, ended on any thread. Its `CPU_TIME` is the time its task was
@@ -50,6 +52,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use pfs_shm_layout::layout::TimerId;
+use pfs_shm_layout::writer::{KIND_STAGE, KIND_STATEMENT};
 
 use crate::context::EventState;
 use crate::runtime::{self, Runtime};
@@ -199,6 +202,17 @@ impl TaskContext {
         }
         ctx.swap(&mut self.state);
         self.entered_on = 0;
+        // The task stops running here: its open statement and stage leave
+        // this thread's current rows (they are written again where they
+        // go on or end).
+        let s = &self.state;
+        if s.statement_id != 0 {
+            ctx.rec
+                .hide_unended(KIND_STATEMENT, s.thread_id, s.statement_id);
+        }
+        if s.stage_id != 0 {
+            ctx.rec.hide_unended(KIND_STAGE, s.thread_id, s.stage_id);
+        }
         if self.state.poll_start != 0
             && let Some(rt) = runtime::get()
         {

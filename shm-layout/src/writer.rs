@@ -932,6 +932,26 @@ impl RecordRef<'_> {
         );
     }
 
+    /// Empties `events_*_current` of `kind` if it shows the event
+    /// `event_id` of logical thread `thread_id` still running: for a task
+    /// that stops being polled with that event open, so that no current
+    /// row shows it while the task waits (the row shows what its thread
+    /// runs; [`RecordRef::resume_statement`] and a full
+    /// [`RecordRef::end_event`] write the event again where it goes on).
+    /// Only the thread that owns the record may call it.
+    #[inline]
+    pub fn hide_unended(&self, kind: usize, thread_id: u64, event_id: u64) {
+        let cur = self.current(kind);
+        // This thread is the row's only writer: it reads its own stores.
+        if cur.event_id.load(Relaxed) == event_id
+            && cur.thread_id.load(Relaxed) == thread_id
+            && cur.flags.load(Relaxed) & EV_ENDED == 0
+        {
+            let _w = cur.seq.write();
+            cur.event_id.store(0, Relaxed);
+        }
+    }
+
     /// Sets the current statement's `SQL_TEXT` (truncated to 200 bytes).
     pub fn set_statement_text(&self, text: &str) {
         let cur = &self.header.statements_current;

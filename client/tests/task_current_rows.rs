@@ -1,0 +1,120 @@
+//! `events_*_current` and tasks, read back from the real segment: while a
+//! task runs, its worker's rows show its statement (with its text) and
+//! stage running; while it waits between polls, its open statement and stage are in no
+//! worker's current row (a worker's row shows what it runs, or last ran);
+//! once the statement ends, on whichever worker, the only rows that show
+//! it show it ended, with its text. One test function: `init` is once per
+//! process.
+
+use std::time::{Duration, Instant};
+
+use pfs_client::task::TaskExt;
+use pfs_client::{LazyStageClass, LazyStatementClass};
+use pfs_shm_layout::Segment;
+use pfs_shm_layout::reader::{ReadOptions, SegmentSnapshot, snapshot};
+
+static PARKED: LazyStatementClass = LazyStatementClass::new("statement/test/parked");
+static WAITING: LazyStageClass = LazyStageClass::new("stage/test/waiting");
+
+fn read(path: &std::path::Path) -> SegmentSnapshot {
+    let seg = Segment::open(std::fs::File::open(path).unwrap(), false).unwrap();
+    snapshot(&seg, &ReadOptions::default()).unwrap()
+}
+
+/// The current statement and stage rows showing logical thread `tid`'s
+/// events: (kind, event id, ended, text).
+fn rows_of(s: &SegmentSnapshot, tid: u64) -> Vec<(&'static str, u64, bool, String)> {
+    let mut out = Vec::new();
+    for t in &s.threads {
+        if let Some(c) = t
+            .statements_current
+            .as_ref()
+            .filter(|c| c.ev.thread_id == tid)
+        {
+            out.push((
+                "statement",
+                c.ev.event_id,
+                c.ev.end_event_id.is_some(),
+                c.text.clone(),
+            ));
+        }
+        if let Some(c) = t.stages_current.as_ref().filter(|c| c.thread_id == tid) {
+            out.push(("stage", c.event_id, c.end_event_id.is_some(), String::new()));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_waiting_task_is_in_no_current_row_and_an_ended_one_is_shown_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    pfs_client::init_with(pfs_client::Config::new("task-current-rows").shm_dir(dir.path()))
+        .unwrap();
+    let path = pfs_client::segment_path().unwrap().to_path_buf();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let seg = path.clone();
+    let task = rt.spawn(
+        async move {
+            let mut stmt = PARKED.start_task();
+            stmt.set_text("parked request");
+            WAITING.enter();
+            // While the task runs, its worker's rows show both running,
+            // the statement with its text.
+            let (tid, id) = stmt.id();
+            assert_eq!(
+                rows_of(&read(&seg), tid),
+                [
+                    ("stage", id + 1, false, String::new()),
+                    ("statement", id, false, "parked request".to_string()),
+                ]
+            );
+            started_tx.send(stmt.id()).unwrap();
+            // Parked here until the test says go: no worker runs it.
+            go_rx.await.unwrap();
+            // Woken by another thread: possibly resumed on the other worker.
+            tokio::task::yield_now().await;
+            stmt.end();
+        }
+        .pfs_task(),
+    );
+    let (tid, stmt_id) = started_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_ne!(tid, 0, "the task records");
+
+    // Once the poll that started them returned, no current row shows the
+    // open statement or stage.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let shown = rows_of(&read(&path), tid);
+        if shown.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a parked task's open events are still shown running: {shown:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    go_tx.send(()).unwrap();
+    rt.block_on(task).unwrap();
+    // Ended: one statement row, ended, with its text, and one stage row,
+    // ended (the statement's end ended its stage), on the worker that
+    // ended them; none left running on the worker that started them.
+    let shown = rows_of(&read(&path), tid);
+    assert_eq!(
+        shown,
+        [
+            ("stage", stmt_id + 1, true, String::new()),
+            ("statement", stmt_id, true, "parked request".to_string()),
+        ],
+        "{shown:?}"
+    );
+    drop(rt);
+}
