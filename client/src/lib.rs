@@ -56,12 +56,12 @@
 //! | 6 | `memory` | memory instruments: tokens, scopes and the accounting of allocations and frees |
 //! | 6 | `wait` | waits: [`WaitClass`], [`LazyWaitClass`] and the [`WaitGuard`] of one wait |
 //! | 6 | `stage` | stages: [`StageClass`], [`LazyStageClass`], [`end_stage`] |
-//! | 6 | [`task`] | async tasks: [`task::TaskContext`], the event state a task carries between polls, and the [`task::Task`] adapter |
-//! | 7 | `statement` | statements: [`StatementClass`], [`LazyStatementClass`], [`StatementGuard`] and the `Send` [`TaskStatement`] |
+//! | 7 | [`task`] | async tasks: [`task::TaskContext`], the event state (and memory scope) a task carries between polls, and the [`task::Task`] adapter |
 //! | 7 | [`alloc`] | the `GlobalAlloc` wrapper that accounts heap allocations |
 //! | 7 | [`sync`] | instrumented `Mutex`, `RwLock` and `Condvar` |
 //! | 7 | [`fs`] | an instrumented `File` |
-//! | 7 | `tokio` | instrumented drop-ins for `tokio::sync` (feature `tokio`) |
+//! | 8 | `statement` | statements: [`StatementClass`], [`LazyStatementClass`], [`StatementGuard`] and the `Send` [`TaskStatement`] |
+//! | 8 | `tokio` | instrumented drop-ins for `tokio::sync` (feature `tokio`) |
 //!
 //! # Unsafe code
 //!

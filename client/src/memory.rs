@@ -280,7 +280,17 @@ pub fn memory_scope(class: &'static LazyMemoryClass) -> MemoryScope {
     MemoryScope { prev }
 }
 
+/// Exchanges the calling thread's memory scope with `other`: how a task
+/// context carries its own scope from poll to poll (the `task` module).
+#[inline(always)]
+pub(crate) fn swap_scope(other: &mut Option<ClassRef>) {
+    *other = SCOPE.with(|s| s.replace(*other));
+}
+
 /// Guard of [`memory_scope`]; restores the enclosing scope when dropped.
+/// Inside a task (a `pfs_client::task` context) the scope is the task's: it stays
+/// with the task across `.await`, whichever worker polls it, and
+/// allocations by other tasks on the same worker are not in it.
 #[derive(Debug)]
 pub struct MemoryScope {
     prev: Option<ClassRef>,

@@ -1,4 +1,4 @@
-//! Layer 7. Statements (`statement/<area>/<name>`): the unit of work a
+//! Layer 8. Statements (`statement/<area>/<name>`): the unit of work a
 //! thread or a task serves (a request, a query, a job step), with its own
 //! figures. A thread's is a [`StatementGuard`] (not `Send`); a task's is a
 //! [`TaskStatement`] (`Send`, held across `.await`; see [`crate::task`]).

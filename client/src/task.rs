@@ -1,4 +1,4 @@
-//! Layer 6. Tasks: an event context that a future carries from poll to
+//! Layer 7. Tasks: an event context that a future carries from poll to
 //! poll and from worker thread to worker thread, so that an async task's
 //! statements, stages and waits nest in each other, and nothing another
 //! task records on the same worker lands in them.
@@ -41,7 +41,8 @@
 //!
 //! # Cost
 //!
-//! Entering and leaving swap ten thread-local cells each way; a poll
+//! Entering and leaving swap ten thread-local cells each way, and the
+//! memory scope; a poll
 //! reads the CYCLE timer (`RDTSC`) twice while a statement is open (for
 //! `CPU_TIME`), never otherwise. No lock, no allocation, no shared write
 //! (a thread takes task ids 64 at a time).
@@ -54,9 +55,10 @@ use std::task::{Context, Poll};
 use pfs_shm_layout::layout::TimerId;
 use pfs_shm_layout::writer::{KIND_STAGE, KIND_STATEMENT};
 
+use crate::class::ClassRef;
 use crate::context::EventState;
 use crate::runtime::{self, Runtime};
-use crate::{thread, timer};
+use crate::{memory, thread, timer};
 
 /// The event state of one async task (a logical thread), kept between
 /// polls. `Send`: it moves with the task between worker threads.
@@ -83,6 +85,9 @@ pub struct TaskContext {
     depth: u32,
     /// `own_thread_id` of the thread it is entered on (0 = none).
     entered_on: u64,
+    /// The task's [`memory_scope`](crate::memory_scope) while it is not
+    /// entered; while it is, the polling thread's.
+    scope: Option<ClassRef>,
 }
 
 impl Default for TaskContext {
@@ -99,6 +104,7 @@ impl TaskContext {
             state: EventState::new(0),
             depth: 0,
             entered_on: 0,
+            scope: None,
         }
     }
 
@@ -178,6 +184,7 @@ impl TaskContext {
             start_poll(rt, &mut self.state);
         }
         ctx.swap(&mut self.state);
+        memory::swap_scope(&mut self.scope);
         self.depth = 1;
         self.entered_on = ctx.own_thread_id;
         true
@@ -201,6 +208,7 @@ impl TaskContext {
             return;
         }
         ctx.swap(&mut self.state);
+        memory::swap_scope(&mut self.scope);
         self.entered_on = 0;
         // The task stops running here: its open statement and stage leave
         // this thread's current rows (they are written again where they

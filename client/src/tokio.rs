@@ -1,4 +1,4 @@
-//! Layer 7. Instrumented drop-ins for `tokio::sync` (feature `tokio`):
+//! Layer 8. Instrumented drop-ins for `tokio::sync` (feature `tokio`):
 //! [`Mutex`], [`RwLock`], [`Semaphore`], [`Notify`] and the receiving end
 //! of an [`mpsc`] channel, whose waits to acquire are recorded as
 //! `wait/synch/...` waits of the task that waited.
