@@ -164,7 +164,7 @@ pub fn statement_event_id() -> Option<u64> {
 
 /// Counts one instrument that an adapter declined to create because its
 /// own bound on classes was reached (as a `tracing` layer does for an
-/// unknown route beyond its limit): `pfs_lost_total{kind="classes"}`,
+/// unknown route beyond its limit): `pfs_lost_total{kind="instrument_classes"}`,
 /// `Performance_schema_*_classes_lost`. A no-op before [`init`].
 ///
 /// ```

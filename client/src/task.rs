@@ -32,6 +32,9 @@
 //! `.await`, ended on any thread. Its `CPU_TIME` is the time its task was
 //! being polled while it was open; `TIMER_WAIT` stays wall time.
 //!
+//! A stage the task left open ends when its future completes or is
+//! dropped, as a thread's open stage ends when the thread exits.
+//!
 //! # Cancellation
 //!
 //! A [`Task`] whose future is dropped before it completed drops it inside
@@ -58,7 +61,7 @@ use pfs_shm_layout::writer::{KIND_STAGE, KIND_STATEMENT};
 use crate::class::ClassRef;
 use crate::context::EventState;
 use crate::runtime::{self, Runtime};
-use crate::{memory, thread, timer};
+use crate::{event, memory, thread, timer};
 
 /// The event state of one async task (a logical thread), kept between
 /// polls. `Send`: it moves with the task between worker threads.
@@ -314,7 +317,10 @@ pin_project_lite::pin_project! {
             let this = this.project();
             if this.fut.is_some() {
                 let mut fut = this.fut;
-                this.ctx.cancel_with(|| fut.set(None));
+                this.ctx.cancel_with(|| {
+                    fut.set(None);
+                    end_task_stage();
+                });
             }
         }
     }
@@ -348,8 +354,18 @@ impl<F: Future> Future for Task<F> {
         if out.is_ready() {
             // Completed: dropped here, inside the context, not cancelled.
             this.fut.set(None);
+            end_task_stage();
         }
         out
+    }
+}
+
+/// Ends the stage the entered task left open as its future completed or
+/// was dropped (its statement, if any, ended it already), as a thread's
+/// open stage ends when the thread exits.
+fn end_task_stage() {
+    if let Some(ctx) = thread::with_registered(|c| c).filter(|c| c.in_task()) {
+        event::end_open_stage(ctx);
     }
 }
 

@@ -3,8 +3,9 @@
 //! stage running; while it waits between polls, its open statement and stage are in no
 //! worker's current row (a worker's row shows what it runs, or last ran);
 //! once the statement ends, on whichever worker, the only rows that show
-//! it show it ended, with its text. One test function: `init` is once per
-//! process.
+//! it show it ended, with its text. A stage left open by a task (without a
+//! statement) ends when the task does. One test function: `init` is once
+//! per process.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,7 @@ use pfs_shm_layout::reader::{ReadOptions, SegmentSnapshot, snapshot};
 
 static PARKED: LazyStatementClass = LazyStatementClass::new("statement/test/parked");
 static WAITING: LazyStageClass = LazyStageClass::new("stage/test/waiting");
+static LONE: LazyStageClass = LazyStageClass::new("stage/test/lone");
 
 fn read(path: &std::path::Path) -> SegmentSnapshot {
     let seg = Segment::open(std::fs::File::open(path).unwrap(), false).unwrap();
@@ -115,6 +117,54 @@ fn a_waiting_task_is_in_no_current_row_and_an_ended_one_is_shown_ended() {
             ("statement", stmt_id, true, "parked request".to_string()),
         ],
         "{shown:?}"
+    );
+
+    // A stage without a statement, left open by a task that completes
+    // (here after migrating), and one left open by a task that is dropped.
+    let lone = rt.block_on(async {
+        let done = tokio::spawn(
+            async {
+                LONE.enter();
+                tokio::task::yield_now().await;
+                pfs_client::thread_id().unwrap()
+            }
+            .pfs_task(),
+        );
+        let tid = done.await.unwrap();
+        let (_tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (entered_tx, entered_rx) = tokio::sync::oneshot::channel::<()>();
+        let parked = tokio::spawn(
+            async move {
+                LONE.enter();
+                entered_tx.send(()).unwrap();
+                let _ = rx.await;
+            }
+            .pfs_task(),
+        );
+        entered_rx.await.unwrap();
+        parked.abort();
+        let _ = parked.await;
+        tid
+    });
+    let s = read(&path);
+    let lone_class = s
+        .classes
+        .iter()
+        .find(|c| c.name == LONE.name())
+        .unwrap()
+        .index;
+    let count: u64 = s
+        .threads
+        .iter()
+        .flat_map(|t| t.rows.iter())
+        .filter(|(c, _)| *c == lone_class)
+        .map(|(_, r)| r.count)
+        .sum();
+    assert_eq!(count, 2, "both tasks' open stages ended and were counted");
+    assert!(
+        rows_of(&s, lone).iter().all(|r| r.2),
+        "no stage left running: {:?}",
+        rows_of(&s, lone)
     );
     drop(rt);
 }

@@ -1,7 +1,7 @@
 //! Layer 0. The statement classes the layer names from field values, and
 //! their bound: at most `max` are created; beyond, a new name folds into
 //! its rule's `other` class and counts one lost class
-//! (`pfs_lost_total{kind="classes"}`). A name is looked up, once per
+//! (`pfs_lost_total{kind="instrument_classes"}`). A name is looked up, once per
 //! statement, in a small per-thread cache of recent names, else under the
 //! map's read lock (threads serving the same routes then share no lock
 //! word); a name seen for the first time takes the write lock and

@@ -129,7 +129,7 @@
 //! most [`PfsLayerBuilder::max_classes`] (default
 //! [`DEFAULT_MAX_CLASSES`]) of them. Past the bound, a statement whose
 //! name is new is recorded under its rule's `statement/<area>/other`
-//! class, and `pfs_lost_total{kind="classes"}` counts one lost class per
+//! class, and `pfs_lost_total{kind="instrument_classes"}` counts one lost class per
 //! distinct name folded (the first 4096 folded names are remembered;
 //! beyond, every statement folded counts one). The `unknown` and `other`
 //! classes of each rule are outside the bound, as are static names (a
