@@ -224,7 +224,8 @@ pub enum SetupCommand {
         /// Target.
         target: TargetArgs,
     },
-    /// Insert, update (`--enabled/--history`) or `--delete` a setup_actors row.
+    /// Insert, update (`--enabled/--history`; a column not given keeps its
+    /// value, YES in a new row) or `--delete` a setup_actors row (48 at most).
     Actors {
         /// HOST (`%` = any).
         #[arg(long, default_value = "%")]

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use pfs_shm_layout::layout::TimerId;
 use pfs_shm_layout::rules::{SyntaxError, parse_consumer_rules, parse_instrument_rules};
+use pfs_shm_layout::setup::ActorsFull;
 use pfs_shm_layout::{Segment, SegmentError, setup};
 use serde::Deserialize;
 
@@ -92,6 +93,10 @@ pub struct Outcome {
     pub segments: usize,
     /// Segments that could not be opened for writing, with the reason.
     pub errors: Vec<OpenError>,
+    /// Segments left out by the `service`/`pid` filter, by service (pid).
+    pub filtered_out: Vec<(String, u32)>,
+    /// Segments whose `setup_actors` table had no room for a new row.
+    pub full: usize,
 }
 
 impl Outcome {
@@ -107,14 +112,37 @@ impl Outcome {
     ///     enabled: Some(false),
     ///     timed: None,
     /// });
-    /// let none = Outcome { matched: 0, segments: 1, errors: vec![] };
+    /// let none = Outcome { matched: 0, segments: 1, ..Outcome::default() };
     /// assert!(none.nothing_matched(&change).unwrap().contains("PFS_INSTRUMENT"));
-    /// let some = Outcome { matched: 3, segments: 1, errors: vec![] };
+    /// let some = Outcome { matched: 3, segments: 1, ..Outcome::default() };
     /// assert!(some.nothing_matched(&change).is_none());
     /// ```
     pub fn nothing_matched(&self, change: &Change) -> Option<String> {
-        if self.matched > 0 || self.segments == 0 {
+        if self.matched > 0 {
             return None;
+        }
+        if self.segments == 0 {
+            // Segments were there, the filter left them all out.
+            return (!self.filtered_out.is_empty()).then(|| {
+                let mut live: Vec<String> = self
+                    .filtered_out
+                    .iter()
+                    .map(|(svc, pid)| format!("{svc} (pid {pid})"))
+                    .collect();
+                live.sort();
+                live.truncate(10);
+                format!(
+                    "no live segment matches the service/pid filter: nothing changed; live: {}",
+                    live.join(", ")
+                )
+            });
+        }
+        if self.full > 0 {
+            return Some(format!(
+                "{} in {} segment(s): nothing changed",
+                pfs_shm_layout::setup::ActorsFull,
+                self.full
+            ));
         }
         Some(match change {
             Change::Instruments(c) => format!(
@@ -246,17 +274,23 @@ pub fn apply(paths: &[PathBuf], filter: &Filter, change: &Change) -> Outcome {
             }
         };
         if !filter.matches(seg.service(), seg.pid()) {
+            out.filtered_out
+                .push((seg.service().to_string(), seg.pid()));
             continue;
         }
-        out.matched += apply_one(&seg, change);
+        match apply_one(&seg, change) {
+            Ok(n) => out.matched += n,
+            Err(ActorsFull) => out.full += 1,
+        }
         out.segments += 1;
     }
     out
 }
 
-/// Applies `change` to one writable segment; returns rows matched.
-pub fn apply_one(seg: &Segment, change: &Change) -> usize {
-    match change {
+/// Applies `change` to one writable segment; returns rows matched, or
+/// [`ActorsFull`] for a new `setup_actors` row without room.
+pub fn apply_one(seg: &Segment, change: &Change) -> Result<usize, ActorsFull> {
+    Ok(match change {
         Change::Instruments(c) => setup::set_instruments(seg, &c.name, c.enabled, c.timed),
         Change::Consumers(c) => setup::set_consumers(seg, &c.name, c.enabled),
         Change::Timers(c) => match TimerId::from_name(&c.timer_name) {
@@ -264,11 +298,11 @@ pub fn apply_one(seg: &Segment, change: &Change) -> usize {
             None => 0,
         },
         Change::Actors(c) => {
-            let flags =
-                (!c.delete).then_some((c.enabled.unwrap_or(true), c.history.unwrap_or(true)));
-            setup::set_actor(seg, &c.host, &c.user, &c.role, flags)
+            // Columns not given keep their value (a new row: YES).
+            let flags = (!c.delete).then_some((c.enabled, c.history));
+            return setup::set_actor(seg, &c.host, &c.user, &c.role, flags);
         }
-    }
+    })
 }
 
 /// Setup defaults from the agent's command line.

@@ -288,16 +288,24 @@ pub fn set_timers(seg: &Segment, pattern: &str, timer: TimerId) -> usize {
     matched
 }
 
-/// Inserts or replaces the `setup_actors` row for `(host, user, role)`;
-/// `None` flags delete it. Returns how many rows were changed (0 if the
-/// table is full or the row to delete does not exist).
+/// Why a `setup_actors` row could not be inserted: every one of its
+/// [`MAX_ACTORS`] rows is in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("setup_actors is full ({MAX_ACTORS} rows): delete a row before inserting another")]
+pub struct ActorsFull;
+
+/// Inserts, updates (`Some((enabled, history))`) or deletes (`None`) the
+/// `setup_actors` row (`host`, `user`, `role`). An update changes the
+/// columns given (`Some`) and keeps the others; a new row takes `YES` for
+/// a column not given, as in MySQL. Returns the rows changed (0 or 1), or
+/// [`ActorsFull`] if a new row has no room.
 pub fn set_actor(
     seg: &Segment,
     host: &str,
     user: &str,
     role: &str,
-    flags: Option<(bool, bool)>,
-) -> usize {
+    flags: Option<(Option<bool>, Option<bool>)>,
+) -> Result<usize, ActorsFull> {
     let setup = seg.setup();
     let same = |e: &ActorEntry| {
         e.flags.load(Relaxed) & ACTOR_USED != 0
@@ -313,22 +321,33 @@ pub fn set_actor(
         }
         (None, None) => 0,
         (Some((enabled, history)), e) => {
+            // An existing row's columns, or a new row's defaults.
+            let old = e.map_or(ACTOR_ENABLED | ACTOR_HISTORY, |e| e.flags.load(Relaxed));
             let Some(e) = e.or_else(|| {
                 setup
                     .actors
                     .iter()
                     .find(|e| e.flags.load(Relaxed) & ACTOR_USED == 0)
             }) else {
-                return 0;
+                return Err(ActorsFull);
             };
-            let f =
-                if enabled { ACTOR_ENABLED } else { 0 } | if history { ACTOR_HISTORY } else { 0 };
-            write_actor(e, host, user, role, f);
+            let bit = |given: Option<bool>, bit: u32| match given {
+                Some(true) => bit,
+                Some(false) => 0,
+                None => old & bit,
+            };
+            write_actor(
+                e,
+                host,
+                user,
+                role,
+                bit(enabled, ACTOR_ENABLED) | bit(history, ACTOR_HISTORY),
+            );
             1
         }
     };
     setup.actors_version.fetch_add(1, Release);
-    changed
+    Ok(changed)
 }
 
 #[cfg(test)]

@@ -113,8 +113,8 @@ fn run(c: &Case, tally: &Tally) {
         setup::set_instruments(&seg, "%", Some(true), Some(false));
         setup::set_consumers(&seg, "events_%", true);
         setup::set_timers(&seg, "%", TimerId::Nanosecond);
-        setup::set_actor(&seg, "h", "u", "r", Some((true, false)));
-        setup::set_actor(&seg, "%", "alice", "%", None);
+        let _ = setup::set_actor(&seg, "h", "u", "r", Some((Some(true), Some(false))));
+        let _ = setup::set_actor(&seg, "%", "alice", "%", None);
     }
     let shrunk = c
         .shrink_mapped

@@ -363,3 +363,98 @@ fn toggling_instruments_timers_and_consumers_takes_effect_at_the_next_event() ->
     w.finish(Duration::from_secs(10))?;
     Ok(())
 }
+
+/// `setup_actors` through the control API and the CLI as MySQL's
+/// statements: an update keeps the columns it does not give, a full table
+/// is an error that says so; a service filter that matches nothing says
+/// that, not that the directory is empty.
+#[test]
+fn actors_updates_keep_other_columns_a_full_table_is_an_error_and_filters_are_named() -> Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let d = dir.path().to_str().unwrap();
+    let mut w = Writer::spawn(
+        writer_exe!(),
+        &["loop", "--shm-dir", d, "--service", "act", "--threads", "1"],
+    )?;
+    w.read_json(Duration::from_secs(20))?;
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "t0ken")?;
+    let (_a, base) = serve(
+        dir.path(),
+        &["--control-token-file", token_file.to_str().unwrap()],
+    )?;
+    let tok = Some("t0ken");
+    let actors = |body: Value| post(&format!("{base}/api/v1/setup/actors"), tok, body);
+    let app_row = || -> Result<(String, String)> {
+        let t = get_json(&format!("{base}/api/v1/tables/setup_actors"))?;
+        let r = rows(&t)?
+            .iter()
+            .find(|r| r["user"] == "app")
+            .cloned()
+            .context("no row for app")?;
+        Ok((
+            r["enabled"].as_str().unwrap_or_default().to_string(),
+            r["history"].as_str().unwrap_or_default().to_string(),
+        ))
+    };
+    let (code, reply) = actors(json!({"host": "%", "user": "app", "enabled": false}))?;
+    assert_eq!(code, 200, "{reply}");
+    assert_eq!(app_row()?, ("NO".into(), "YES".into()));
+    let (code, reply) = actors(json!({"host": "%", "user": "app", "history": false}))?;
+    assert_eq!(code, 200, "{reply}");
+    assert_eq!(
+        app_row()?,
+        ("NO".into(), "NO".into()),
+        "updating HISTORY kept ENABLED"
+    );
+
+    // Fill the table: the row that does not fit is refused, saying why.
+    let existing = rows(&get_json(&format!("{base}/api/v1/tables/setup_actors"))?)?.len();
+    for i in existing..pfs_shm_layout::layout::MAX_ACTORS {
+        let (code, reply) = actors(json!({"host": "%", "user": format!("u{i}")}))?;
+        assert_eq!(code, 200, "{reply}");
+    }
+    let (code, reply) = actors(json!({"host": "%", "user": "one-too-many"}))?;
+    assert_eq!(code, 409, "{reply}");
+    assert!(reply.to_string().contains("full"), "{reply}");
+    let cli = std::process::Command::new(pfs_tests::agent_bin())
+        .args(["setup", "actors", "--user", "another", "--shm-dir", d])
+        .output()?;
+    let err = String::from_utf8_lossy(&cli.stderr);
+    assert!(!cli.status.success() && err.contains("full"), "{err}");
+
+    // A filter that leaves every live segment out is named as such.
+    let (code, reply) = post(
+        &format!("{base}/api/v1/setup/instruments?service=nosuch"),
+        tok,
+        json!({"name": "wait/%", "enabled": false}),
+    )?;
+    assert_eq!(code, 200, "{reply}");
+    assert_eq!(reply["segments"], 0);
+    let warning = reply["warning"].as_str().unwrap_or_default();
+    assert!(
+        warning.contains("filter") && warning.contains("act (pid"),
+        "{reply}"
+    );
+    let cli = std::process::Command::new(pfs_tests::agent_bin())
+        .args([
+            "setup",
+            "instruments",
+            "wait/%",
+            "--enabled",
+            "no",
+            "--service",
+            "nosuch",
+            "--shm-dir",
+            d,
+        ])
+        .output()?;
+    let err = String::from_utf8_lossy(&cli.stderr);
+    assert!(
+        err.contains("filter") && !err.contains("no live segment in"),
+        "{err}"
+    );
+    w.finish(Duration::from_secs(10))?;
+    Ok(())
+}

@@ -79,13 +79,20 @@ pub fn run(cmd: SetupCommand) -> anyhow::Result<()> {
         "matched {} row(s) in {} segment(s)",
         out.matched, out.segments
     );
+    if out.full > 0 && out.matched == 0 {
+        bail!(
+            "{} in {} segment(s): nothing changed",
+            pfs_shm_layout::setup::ActorsFull,
+            out.full
+        );
+    }
     if let Some(w) = out.nothing_matched(&change) {
         eprintln!("warning: {w}");
     }
     if out.segments == 0 && !out.errors.is_empty() {
         bail!("no segment could be changed");
     }
-    if out.segments == 0 {
+    if out.segments == 0 && out.filtered_out.is_empty() {
         let d = target.dir.shm_dir.display();
         eprintln!(
             "warning: no live segment in {d}: nothing changed; is PFS_SHM_DIR of the instrumented processes {d}?"

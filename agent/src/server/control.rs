@@ -103,6 +103,14 @@ pub async fn setup(
     })
     .await;
     match out {
+        Ok(o) if o.full > 0 && o.matched == 0 => error(
+            StatusCode::CONFLICT,
+            format!(
+                "{} in {} segment(s): nothing changed",
+                pfs_shm_layout::setup::ActorsFull,
+                o.full
+            ),
+        ),
         Ok(o) => {
             let errors: Vec<String> = o.errors.iter().map(ToString::to_string).collect();
             for e in &errors {

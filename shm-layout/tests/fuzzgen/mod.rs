@@ -76,7 +76,14 @@ fn build(cfg: SegmentConfig) -> Base {
     w.intern("src/fuzz.rs:1").unwrap();
     w.intern("object").unwrap();
     w.intern("alice").unwrap();
-    setup::set_actor(w.segment(), "%", "alice", "%", Some((true, true)));
+    setup::set_actor(
+        w.segment(),
+        "%",
+        "alice",
+        "%",
+        Some((Some(true), Some(true))),
+    )
+    .expect("room for an actor");
     setup::set_consumers(w.segment(), "%", true);
     let figures = StatementFigures {
         errors: 1,
