@@ -144,7 +144,9 @@ impl PolicyArgs {
 
 /// Setup defaults the agent applies to every segment it finds (and to
 /// instruments registered later), like mysqld's
-/// `--performance-schema-instrument`.
+/// `--performance-schema-instrument`: once per process (recorded in its
+/// segment), so that an agent restarted with the same defaults keeps the
+/// live changes made since.
 #[derive(Debug, Args, Clone, Default)]
 pub struct DefaultsArgs {
     /// `PATTERN=ON|OFF|COUNTED` (repeatable), e.g. `--instrument 'wait/io/file/%=OFF'`.

@@ -332,18 +332,47 @@ impl Defaults {
         self.instruments.is_empty() && self.consumers.is_empty()
     }
 
+    /// A stable fingerprint of these defaults (never 0), recorded in each
+    /// segment they were applied to.
+    pub fn fingerprint(&self) -> u32 {
+        let mut text = String::new();
+        for (p, f) in &self.instruments {
+            text.push_str(&format!("i\0{p}\0{f}\0"));
+        }
+        for (p, on) in &self.consumers {
+            text.push_str(&format!("c\0{p}\0{on}\0"));
+        }
+        pfs_shm_layout::text::fnv1a32(text.as_bytes()).max(1)
+    }
+
     /// Starts applying the defaults to the segment at `path`: consumers
-    /// now, instruments as they register ([`Applied::catch_up`]). `None`
-    /// (with a warning) if it cannot be opened for writing, or if there
-    /// is nothing to apply.
+    /// now, instruments as they register ([`Applied::catch_up`]). A
+    /// segment that records these same defaults as applied already (by
+    /// this agent before a restart, or by another agent on the directory)
+    /// is not set again: its consumers and the classes they covered keep
+    /// the live changes made since; only classes registered after are
+    /// set. `None` (with a warning) if it cannot be opened for writing, or
+    /// if there is nothing to apply.
     pub fn attach(&self, path: &Path) -> Option<Applied> {
         if self.is_empty() {
             return None;
         }
         match open_rw(path) {
             Ok(rw) => {
-                self.apply_consumers(&rw);
-                Some(Applied { rw, classes: 0 })
+                let fingerprint = self.fingerprint();
+                let (recorded, covered) = setup::agent_defaults(&rw);
+                let classes = if recorded == fingerprint {
+                    covered as usize
+                } else {
+                    self.apply_consumers(&rw);
+                    setup::set_agent_defaults(&rw, fingerprint, 0);
+                    0
+                };
+                Some(Applied {
+                    rw,
+                    classes,
+                    fingerprint,
+                })
             }
             Err(e) => {
                 tracing::warn!("cannot apply setup defaults: {e}");
@@ -395,13 +424,19 @@ impl Defaults {
 pub struct Applied {
     rw: Segment,
     classes: usize,
+    /// [`Defaults::fingerprint`], recorded in the segment with `classes`.
+    fingerprint: u32,
 }
 
 impl Applied {
     /// Applies the instrument defaults to classes registered since the
-    /// last call.
+    /// last call, and records them as covered in the segment.
     pub fn catch_up(&mut self, defaults: &Defaults) {
-        self.classes = defaults.apply_instruments(&self.rw, self.classes);
+        let n = defaults.apply_instruments(&self.rw, self.classes);
+        if n != self.classes {
+            self.classes = n;
+            setup::set_agent_defaults(&self.rw, self.fingerprint, n as u32);
+        }
     }
 }
 

@@ -23,7 +23,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"PFSSHM\0\0");
 pub const LAYOUT_MAJOR: u32 = 5;
 /// Minor layout version: compatible additions (new section kinds, use of
 /// reserved fields). Readers accept any minor version of a known major.
-pub const LAYOUT_MINOR: u32 = 0;
+pub const LAYOUT_MINOR: u32 = 1;
 /// Written natively by the creator; a reader on the other byte order would
 /// read `0x0403_0201` and refuses the segment.
 pub const BYTE_ORDER_MARK: u32 = 0x0102_0304;
@@ -671,8 +671,13 @@ pub struct SetupSection {
     /// Bumped by the agent on every TRUNCATE of a memory table: a memory
     /// row whose `truncate_gen` differs sets LOW = HIGH = CURRENT.
     pub memory_truncate_gen: AtomicU64,
+    /// Layout 5.1: the agent's setup defaults applied to this segment,
+    /// `fingerprint << 32 | classes covered` (0 = none): written by the
+    /// agent, so that an agent started again with the same defaults does
+    /// not apply them again over live changes.
+    pub agent_defaults: AtomicU64,
     /// Reserved, zero.
-    pub reserved2: [AtomicU64; 6],
+    pub reserved2: [AtomicU64; 5],
     /// `setup_actors` rows.
     pub actors: [ActorEntry; MAX_ACTORS],
     /// Pads the section to 8192 bytes.

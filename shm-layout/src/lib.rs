@@ -8,12 +8,14 @@
 //! checked at compile time, and `tests/spec.rs` checks every number of the
 //! tables below against them.
 //!
-//! Layout version **5.0** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
+//! Layout version **5.1** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
 //! All integers are little-endian (the header's byte-order mark says so).
 //! Every field is an aligned 32- or 64-bit word, read and written with
 //! atomic instructions only.
 //!
-//! Versions: 5.0 moved the sequence lock of each per-thread summary and
+//! Versions: 5.1 uses a reserved word of the setup section,
+//! `agent_defaults`, where the agent records the setup defaults it applied
+//! (5.0 readers and writers ignore it). 5.0 moved the sequence lock of each per-thread summary and
 //! memory row out of the row (whose first word is now reserved) into a
 //! dense array, and split each record in a head (header and row
 //! sequences; the heads of a page side by side) and a body (history rings
@@ -123,7 +125,7 @@
 //! |-------:|-----:|-------|---------|
 //! | 0x000 | 8 | `magic` | `"PFSSHM\0\0"` |
 //! | 0x008 | 4 | `major` | 5; refuse any other |
-//! | 0x00C | 4 | `minor` | 0; compatible additions (new section kinds, use of reserved fields): accept any |
+//! | 0x00C | 4 | `minor` | 1 (5.1: `agent_defaults` in the setup section); compatible additions (new section kinds, use of reserved fields): accept any |
 //! | 0x010 | 4 | `byte_order` | `0x01020304` as written by the creator |
 //! | 0x014 | 4 | `header_size` | 4096 |
 //! | 0x018 | 8 | `segment_size` | file size set by the creator; must be ≤ the file's length |
@@ -418,7 +420,8 @@
 //! | 68 | 60 | `reserved1[15]` | reserved |
 //! | 128 | 8 | `actors_version` | bumped on every actor change |
 //! | 136 | 8 | `memory_truncate_gen` | bumped on every TRUNCATE of a memory table |
-//! | 144 | 48 | `reserved2[6]` | reserved |
+//! | 144 | 8 | `agent_defaults` | (5.1) written by the agent: the fingerprint of the setup defaults it applied (high 32 bits) and the classes they cover (low 32 bits); 0 = none |
+//! | 152 | 40 | `reserved2[5]` | reserved |
 //! | 192 | 6144 | `actors[48]` | `setup_actors` rows, below |
 //! | 6336 | 1856 | `padding` | reserved |
 //!

@@ -288,6 +288,21 @@ pub fn set_timers(seg: &Segment, pattern: &str, timer: TimerId) -> usize {
     matched
 }
 
+/// The agent's setup defaults recorded in the segment (layout 5.1):
+/// `(fingerprint, classes covered)`, `(0, 0)` if none were applied.
+pub fn agent_defaults(seg: &Segment) -> (u32, u32) {
+    let w = seg.setup().agent_defaults.load(Acquire);
+    ((w >> 32) as u32, w as u32)
+}
+
+/// Records that the setup defaults of `fingerprint` were applied to the
+/// segment, its classes `0..classes` included.
+pub fn set_agent_defaults(seg: &Segment, fingerprint: u32, classes: u32) {
+    seg.setup()
+        .agent_defaults
+        .store((u64::from(fingerprint) << 32) | u64::from(classes), Release);
+}
+
 /// Why a `setup_actors` row could not be inserted: every one of its
 /// [`MAX_ACTORS`] rows is in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

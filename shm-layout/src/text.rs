@@ -2,7 +2,8 @@
 //! words with its length, loading it back (checked), and truncating on a
 //! character boundary. Every string field of the segment (service name,
 //! class and thread names, interned strings, statement text, actor
-//! columns) goes through these functions.
+//! columns) goes through these functions, and names are hashed here
+//! ([`fnv1a32`]).
 //!
 //! Layer 0 (see the crate docs): depends on no other module of the crate.
 
@@ -72,4 +73,17 @@ pub fn truncate_utf8(s: &str, max: usize) -> &str {
         end -= 1;
     }
     &s[..end]
+}
+
+/// 32-bit FNV-1a of `bytes`: a stable hash (the same in every build and
+/// version) for names that must stay the same across processes.
+///
+/// ```
+/// assert_eq!(pfs_shm_layout::text::fnv1a32(b""), 0x811c_9dc5);
+/// assert_eq!(pfs_shm_layout::text::fnv1a32(b"a"), 0xe40c_292c);
+/// ```
+pub fn fnv1a32(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5u32, |h, &b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
 }

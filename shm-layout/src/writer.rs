@@ -25,7 +25,7 @@ use crate::layout::*;
 use crate::lockword;
 use crate::segment::{RecordRef, Segment, touched_classes};
 use crate::seqlock::SeqLock;
-use crate::text::{store_bytes, store_prefix, truncate_utf8};
+use crate::text::{fnv1a32, store_bytes, store_prefix, truncate_utf8};
 
 // Moved to `tsc` (the unsafe fence) and `values` (below the reader);
 // re-exported at their old paths.
@@ -193,9 +193,7 @@ pub fn class_name_that_fits(name: &str) -> std::borrow::Cow<'_, str> {
     if name.len() <= CLASS_NAME_BYTES {
         return name.into();
     }
-    let hash = name.bytes().fold(0x811c_9dc5u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    });
+    let hash = fnv1a32(name.as_bytes());
     let head = truncate_utf8(name, CLASS_NAME_BYTES - 9);
     format!("{head}~{hash:08x}").into()
 }

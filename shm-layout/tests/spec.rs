@@ -129,7 +129,7 @@ fn code_structs() -> BTreeMap<&'static str, Struct> {
         }
         SetupSection {
             consumers, reserved0, timers, reserved1, actors_version,
-            memory_truncate_gen, reserved2, actors, padding,
+            memory_truncate_gen, agent_defaults, reserved2, actors, padding,
         }
         ActorEntry {
             seq, flags, host_len, user_len, role_len, host, user, role, reserved,

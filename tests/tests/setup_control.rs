@@ -458,3 +458,94 @@ fn actors_updates_keep_other_columns_a_full_table_is_an_error_and_filters_are_na
     w.finish(Duration::from_secs(10))?;
     Ok(())
 }
+
+/// `serve --instrument/--consumer` defaults are applied once per segment:
+/// an agent started again with the same defaults keeps the live changes
+/// made since (its own before the restart included); started with other
+/// defaults, it applies those.
+#[test]
+fn an_agent_restart_keeps_live_changes_over_its_defaults() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path().to_str().unwrap();
+    let mut w = Writer::spawn(
+        writer_exe!(),
+        &[
+            "loop",
+            "--shm-dir",
+            d,
+            "--service",
+            "keep",
+            "--threads",
+            "1",
+        ],
+    )?;
+    w.read_json(Duration::from_secs(20))?;
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "t0ken")?;
+    let token = token_file.to_str().unwrap();
+    let defaults = [
+        "--control-token-file",
+        token,
+        "--instrument",
+        "wait/synch/mutex/test/a=OFF",
+        "--consumer",
+        "events_waits_history_long=ON",
+    ];
+    let state = |base: &str| -> Result<(String, String)> {
+        let inst = get_json(&format!("{base}/api/v1/tables/setup_instruments"))?;
+        let a = rows(&inst)?
+            .iter()
+            .find(|r| r["name"] == "wait/synch/mutex/test/a")
+            .map(|r| r["enabled"].as_str().unwrap_or_default().to_string())
+            .unwrap_or_default();
+        let cons = get_json(&format!("{base}/api/v1/tables/setup_consumers"))?;
+        let long = rows(&cons)?
+            .iter()
+            .find(|r| r["name"] == "events_waits_history_long")
+            .map(|r| r["enabled"].as_str().unwrap_or_default().to_string())
+            .unwrap_or_default();
+        Ok((a, long))
+    };
+    {
+        let (_a, base) = serve(dir.path(), &defaults)?;
+        wait_until("the defaults applied", Duration::from_secs(10), || {
+            Ok(state(&base)? == ("NO".into(), "YES".into()))
+        })?;
+        // Live changes against the defaults.
+        for (what, body) in [
+            (
+                "instruments",
+                json!({"name": "wait/synch/mutex/test/a", "enabled": true}),
+            ),
+            (
+                "consumers",
+                json!({"name": "events_waits_history_long", "enabled": false}),
+            ),
+        ] {
+            let (code, reply) = post(&format!("{base}/api/v1/setup/{what}"), Some("t0ken"), body)?;
+            assert_eq!(code, 200, "{reply}");
+        }
+        assert_eq!(state(&base)?, ("YES".into(), "NO".into()));
+    }
+    // The same defaults again: the live changes stay, pass after pass.
+    {
+        let (_a, base) = serve(dir.path(), &defaults)?;
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(
+            state(&base)?,
+            ("YES".into(), "NO".into()),
+            "a restarted agent undid live changes"
+        );
+    }
+    // Other defaults: applied.
+    {
+        let mut other = defaults.to_vec();
+        other.extend(["--instrument", "wait/io/file/%=OFF"]);
+        let (_a, base) = serve(dir.path(), &other)?;
+        wait_until("the new defaults applied", Duration::from_secs(10), || {
+            Ok(state(&base)? == ("NO".into(), "YES".into()))
+        })?;
+    }
+    w.finish(Duration::from_secs(10))?;
+    Ok(())
+}
