@@ -16,6 +16,17 @@ use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentWriter, TimerCali
 /// nanoseconds. With `live`, the returned file holds the owner's lock, as
 /// a running process does (the segment is dead once it is dropped).
 pub fn segment_at(path: &Path, cfg: &SegmentConfig, pid: u32, live: bool) -> (File, SegmentWriter) {
+    segment_started_at(path, cfg, pid, live, 0)
+}
+
+/// [`segment_at`], its creator started at `start_time_unix_ns`.
+pub fn segment_started_at(
+    path: &Path,
+    cfg: &SegmentConfig,
+    pid: u32,
+    live: bool,
+    start_time_unix_ns: u64,
+) -> (File, SegmentWriter) {
     let file = File::options()
         .read(true)
         .write(true)
@@ -30,7 +41,7 @@ pub fn segment_at(path: &Path, cfg: &SegmentConfig, pid: u32, live: bool) -> (Fi
         cfg,
         TimerCalibration::NANOSECONDS,
         pid,
-        0,
+        start_time_unix_ns,
     )
     .unwrap();
     (file, SegmentWriter::new(seg))

@@ -12,7 +12,8 @@
 //!   truncating a global table also truncates the by-thread table of the
 //!   same kind;
 //! * `current`, `history` and `history_long` tables hide the events that
-//!   existed at truncation time: per logical thread, its events up to the
+//!   existed at truncation time, each table on its own (truncating
+//!   `events_waits_history` leaves `events_waits_current` whole): per logical thread, its events up to the
 //!   newest id then seen (event ids count per thread, and per task: a
 //!   task's events are written into the records of whichever threads
 //!   polled it, under the task's `THREAD_ID`, so one record's ring may
@@ -43,15 +44,17 @@
 //!
 //! `/metrics` and OTLP are unaffected. `pfs-agent serve` keeps the
 //! baselines in [`BASELINES_FILE`] in the segment directory (written
-//! atomically after every `TRUNCATE`, keyed by segment file name, entries of
-//! removed files dropped), so a restarted agent shows the same tables. With
+//! atomically after every `TRUNCATE`, keyed by segment file name with the
+//! creator's start time, entries of removed files dropped), so a restarted
+//! agent shows the same tables, and a new process whose file took an old
+//! one's name (a reused pid, as in containers) shows its own figures whole. With
 //! two agents on one directory, the last `TRUNCATE` of either is what a
 //! restarted agent loads.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use pfs_shm_layout::reader::{Event, MemoryStats, Summary, ThreadSnapshot};
+use pfs_shm_layout::reader::{Event, MemoryStats, SegmentSnapshot, Summary, ThreadSnapshot};
 use serde::{Deserialize, Serialize};
 
 use crate::aggregate::{segment_global, segment_global_memory};
@@ -61,15 +64,61 @@ use crate::setup::open_rw;
 use crate::snapshot::Snapshot;
 use crate::util::fs::{ReadError, read_capped, set_aside, write_atomic};
 
+/// The per-thread event tables a `TRUNCATE` hides events of, each on its
+/// own (as in MySQL, truncating `events_waits_history` leaves
+/// `events_waits_current` whole).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventsTable {
+    /// `events_*_current`.
+    Current,
+    /// `events_*_history`.
+    History,
+}
+
+/// The events one table hides: per logical thread, its ids up to the
+/// newest seen at the truncation.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Hidden {
+    /// Per record lifetime: the newest event id of the record's own thread.
+    own: HashMap<(PathBuf, u32, u64, EventKind), u64>,
+    /// Per segment: the newest event id of each task (by `THREAD_ID`).
+    tasks: HashMap<(PathBuf, EventKind), HashMap<u64, u64>>,
+}
+
+/// A hidden record's own thread in the file: (segment, record, version,
+/// kind, newest id).
+type OwnRow = (Name, u32, u64, usize, u64);
+/// A hidden task in the file: (segment, kind, task `THREAD_ID`, newest id).
+type TaskRow = (Name, usize, u64, u64);
+
+impl Hidden {
+    fn own_rows(&self) -> Vec<OwnRow> {
+        self.own
+            .iter()
+            .map(|(k, v)| (name_of(&k.0), k.1, k.2, k.3.index(), *v))
+            .collect()
+    }
+
+    fn task_rows(&self) -> Vec<TaskRow> {
+        self.tasks
+            .iter()
+            .flat_map(|(k, m)| {
+                m.iter()
+                    .map(|(tid, id)| (name_of(&k.0), k.1.index(), *tid, *id))
+            })
+            .collect()
+    }
+}
+
 /// What TRUNCATE removed from view.
 #[derive(Debug, Default, Clone)]
 pub struct Baselines {
     thread: HashMap<(PathBuf, u32, u64, u32), Summary>,
     global: HashMap<(PathBuf, String), Summary>,
-    /// Per record lifetime: the newest event id of the record's own thread.
-    events: HashMap<(PathBuf, u32, u64, EventKind), u64>,
-    /// Per segment: the newest event id of each task (by `THREAD_ID`).
-    task_events: HashMap<(PathBuf, EventKind), HashMap<u64, u64>>,
+    /// `events_*_current`.
+    current: Hidden,
+    /// `events_*_history`.
+    history: Hidden,
     long: HashMap<(PathBuf, EventKind, u64), u64>,
     mem_thread: HashMap<(PathBuf, u32, u64, u32), MemoryStats>,
     mem_global: HashMap<(PathBuf, String), MemoryStats>,
@@ -79,14 +128,53 @@ pub struct Baselines {
     /// Segments whose watermarks could not be reset in the segment (dead
     /// or read-only): the view resets them (they no longer change).
     mem_reset: HashSet<PathBuf>,
+    /// The segment each file's baselines belong to (its creator's start
+    /// time): a file of the same name made by another process (a pid
+    /// reused, as in containers) has none of them.
+    owners: HashMap<PathBuf, u64>,
 }
 
 impl Baselines {
+    /// Whether the baselines kept for `path` belong to the segment `s`
+    /// there now (true when no owner was recorded: a file written before
+    /// owners were kept).
+    pub fn belong_to(&self, path: &Path, s: &SegmentSnapshot) -> bool {
+        self.owners
+            .get(path)
+            .is_none_or(|&t| t == s.start_time_unix_ns)
+    }
+
+    /// Before truncating the segment `s` at `path`: drops what was kept
+    /// for an earlier segment of that name, and records `s` as the owner.
+    fn claim(&mut self, path: &Path, s: &SegmentSnapshot) {
+        if !self.belong_to(path, s) {
+            self.forget(|p| p != path);
+        }
+        self.owners.insert(path.to_path_buf(), s.start_time_unix_ns);
+    }
+
+    /// Keeps only the baselines of the files `keep` says yes to.
+    fn forget(&mut self, mut keep: impl FnMut(&PathBuf) -> bool) {
+        self.thread.retain(|k, _| keep(&k.0));
+        self.global.retain(|k, _| keep(&k.0));
+        for h in [&mut self.current, &mut self.history] {
+            h.own.retain(|k, _| keep(&k.0));
+            h.tasks.retain(|k, _| keep(&k.0));
+        }
+        self.long.retain(|k, _| keep(&k.0));
+        self.mem_thread.retain(|k, _| keep(&k.0));
+        self.mem_global.retain(|k, _| keep(&k.0));
+        self.mem_global_marks.retain(|k, _| keep(&k.0));
+        self.mem_reset.retain(|p| keep(p));
+        self.owners.retain(|p, _| keep(p));
+    }
+
     /// Truncates the summaries of `kind` as of `snap`: the by-thread rows,
     /// and with `global` the global rows too (truncating a global table
     /// also truncates the by-thread table of the same kind, as in PFS).
     pub fn truncate_summaries(&mut self, snap: &Snapshot, kind: EventKind, global: bool) {
         for v in &snap.segments {
+            self.claim(&v.path, &v.data);
             let (path, s) = (&v.path, &v.data);
             let kinds: HashMap<u32, pfs_shm_layout::ClassKind> =
                 s.classes.iter().map(|c| (c.index, c.kind)).collect();
@@ -108,13 +196,18 @@ impl Baselines {
         }
     }
 
-    /// Hides the `current` and `history` events of `kind` that exist in
-    /// `snap`: each logical thread's events (a thread's own, or a task's
-    /// in any record) up to its newest id, over every kind.
-    pub fn truncate_events(&mut self, snap: &Snapshot, kind: EventKind) {
+    /// Hides the events of `kind` in `table` that exist in `snap`: each
+    /// logical thread's events (a thread's own, or a task's in any record)
+    /// up to its newest id, over every kind.
+    pub fn truncate_events(&mut self, snap: &Snapshot, kind: EventKind, table: EventsTable) {
         for v in &snap.segments {
-            let old = self
-                .task_events
+            self.claim(&v.path, &v.data);
+            let hidden = match table {
+                EventsTable::Current => &mut self.current,
+                EventsTable::History => &mut self.history,
+            };
+            let old = hidden
+                .tasks
                 .remove(&(v.path.clone(), kind))
                 .unwrap_or_default();
             let mut tasks: HashMap<u64, u64> = HashMap::new();
@@ -128,8 +221,8 @@ impl Baselines {
                     };
                     *newest = (*newest).max(id);
                 }
-                let e = self
-                    .events
+                let e = hidden
+                    .own
                     .entry((v.path.clone(), t.record, t.version, kind))
                     .or_default();
                 *e = (*e).max(own);
@@ -140,7 +233,7 @@ impl Baselines {
                 *id = (*id).max(old.get(tid).copied().unwrap_or(0));
             }
             if !tasks.is_empty() {
-                self.task_events.insert((v.path.clone(), kind), tasks);
+                hidden.tasks.insert((v.path.clone(), kind), tasks);
             }
         }
     }
@@ -148,6 +241,7 @@ impl Baselines {
     /// Hides the `history_long` events of `kind` that exist in `snap`.
     pub fn truncate_long(&mut self, snap: &Snapshot, kind: EventKind) {
         for v in &snap.segments {
+            self.claim(&v.path, &v.data);
             let s = &v.data;
             let mut max: HashMap<u64, u64> = HashMap::new();
             let ids: Vec<(u64, u64)> = match kind {
@@ -178,6 +272,7 @@ impl Baselines {
     /// reset by its writers.
     pub fn truncate_memory(&mut self, snap: &Snapshot, global: bool) {
         for v in &snap.segments {
+            self.claim(&v.path, &v.data);
             let path = &v.path;
             let s = &v.data;
             for t in &s.threads {
@@ -287,22 +382,27 @@ impl Baselines {
         }
     }
 
-    /// Which `current` and `history` events of `kind` in thread record
-    /// `t` are still visible: those of a logical thread (the record's own,
-    /// or a task it polled) newer than its newest at the last `TRUNCATE`.
+    /// Which events of `kind` in `table` of thread record `t` are still
+    /// visible: those of a logical thread (the record's own, or a task it
+    /// polled) newer than its newest at the table's last `TRUNCATE`.
     pub fn visible_events<'a>(
         &'a self,
         path: &Path,
         t: &ThreadSnapshot,
         kind: EventKind,
+        table: EventsTable,
     ) -> impl Fn(&Event) -> bool + 'a {
+        let hidden = match table {
+            EventsTable::Current => &self.current,
+            EventsTable::History => &self.history,
+        };
         let path = path.to_path_buf();
-        let own = self
-            .events
+        let own = hidden
+            .own
             .get(&(path.clone(), t.record, t.version, kind))
             .copied()
             .unwrap_or(0);
-        let tasks = self.task_events.get(&(path, kind));
+        let tasks = hidden.tasks.get(&(path, kind));
         let thread_id = t.thread_id;
         move |e: &Event| {
             let floor = if e.thread_id == thread_id {
@@ -372,11 +472,19 @@ struct FileV1 {
     version: u32,
     thread: Vec<(Name, u32, u64, u32, SummaryJson)>,
     global: Vec<(Name, String, SummaryJson)>,
-    /// A record's own thread: (segment, record, version, kind, newest id).
-    events: Vec<(Name, u32, u64, usize, u64)>,
-    /// Tasks (since layout 3.1): (segment, kind, task `THREAD_ID`, newest id).
+    /// `events_*_current`, a record's own thread. (Before `history_events`:
+    /// both tables.)
+    events: Vec<OwnRow>,
+    /// `events_*_current`, tasks (since layout 3.1).
     #[serde(default)]
-    task_events: Vec<(Name, usize, u64, u64)>,
+    task_events: Vec<TaskRow>,
+    /// `events_*_history`, as `events`; absent in files of agents that
+    /// kept one set for both tables (it is then `events`).
+    #[serde(default)]
+    history_events: Option<Vec<OwnRow>>,
+    /// `events_*_history`, as `task_events`.
+    #[serde(default)]
+    history_task_events: Option<Vec<TaskRow>>,
     long: Vec<(Name, usize, u64, u64)>,
     mem_thread: Vec<(Name, u32, u64, u32, MemoryJson)>,
     mem_global: Vec<(Name, String, MemoryJson)>,
@@ -384,6 +492,9 @@ struct FileV1 {
     #[serde(default)]
     mem_global_marks: Vec<(Name, String, MemoryJson)>,
     mem_reset: Vec<Name>,
+    /// The segment (creator's start time) each file's baselines belong to.
+    #[serde(default)]
+    owners: Vec<(Name, u64)>,
 }
 
 fn name_of(p: &Path) -> Name {
@@ -397,28 +508,20 @@ impl Baselines {
     pub fn is_empty(&self) -> bool {
         self.thread.is_empty()
             && self.global.is_empty()
-            && self.events.is_empty()
-            && self.task_events.is_empty()
+            && self.current == Hidden::default()
+            && self.history == Hidden::default()
             && self.long.is_empty()
             && self.mem_thread.is_empty()
             && self.mem_global.is_empty()
             && self.mem_global_marks.is_empty()
             && self.mem_reset.is_empty()
+            && self.owners.is_empty()
     }
 
     /// Forgets the baselines of segment files that no longer exist.
     pub fn retain_existing(&mut self) {
         let mut exists: HashMap<PathBuf, bool> = HashMap::new();
-        let mut keep = |p: &PathBuf| *exists.entry(p.clone()).or_insert_with(|| p.exists());
-        self.thread.retain(|k, _| keep(&k.0));
-        self.global.retain(|k, _| keep(&k.0));
-        self.events.retain(|k, _| keep(&k.0));
-        self.task_events.retain(|k, _| keep(&k.0));
-        self.long.retain(|k, _| keep(&k.0));
-        self.mem_thread.retain(|k, _| keep(&k.0));
-        self.mem_global.retain(|k, _| keep(&k.0));
-        self.mem_global_marks.retain(|k, _| keep(&k.0));
-        self.mem_reset.retain(|p| keep(p));
+        self.forget(|p| *exists.entry(p.clone()).or_insert_with(|| p.exists()));
     }
 
     /// The baselines as the file's JSON text.
@@ -436,19 +539,10 @@ impl Baselines {
                 .iter()
                 .map(|(k, v)| (name_of(&k.0), k.1.clone(), SummaryJson::of(v)))
                 .collect(),
-            events: self
-                .events
-                .iter()
-                .map(|(k, v)| (name_of(&k.0), k.1, k.2, k.3.index(), *v))
-                .collect(),
-            task_events: self
-                .task_events
-                .iter()
-                .flat_map(|(k, m)| {
-                    m.iter()
-                        .map(|(tid, id)| (name_of(&k.0), k.1.index(), *tid, *id))
-                })
-                .collect(),
+            events: self.current.own_rows(),
+            task_events: self.current.task_rows(),
+            history_events: Some(self.history.own_rows()),
+            history_task_events: Some(self.history.task_rows()),
             long: self
                 .long
                 .iter()
@@ -470,6 +564,7 @@ impl Baselines {
                 .map(|(k, v)| (name_of(&k.0), k.1.clone(), MemoryJson::from(v)))
                 .collect(),
             mem_reset: self.mem_reset.iter().map(|p| name_of(p)).collect(),
+            owners: self.owners.iter().map(|(p, t)| (name_of(p), *t)).collect(),
         };
         serde_json::to_vec(&f).expect("baselines always serialize")
     }
@@ -498,15 +593,25 @@ impl Baselines {
         for (n, class, s) in &f.global {
             b.global.insert((path(n)?, class.clone()), s.get(n)?);
         }
-        for (n, r, v, k, id) in &f.events {
-            b.events.insert((path(n)?, *r, *v, kind(*k)?), *id);
-        }
-        for (n, k, t, id) in &f.task_events {
-            b.task_events
-                .entry((path(n)?, kind(*k)?))
-                .or_default()
-                .insert(*t, *id);
-        }
+        let hidden = |own: &[OwnRow], tasks: &[TaskRow]| -> Result<Hidden, BaselinesError> {
+            let mut h = Hidden::default();
+            for (n, r, v, k, id) in own {
+                h.own.insert((path(n)?, *r, *v, kind(*k)?), *id);
+            }
+            for (n, k, t, id) in tasks {
+                h.tasks
+                    .entry((path(n)?, kind(*k)?))
+                    .or_default()
+                    .insert(*t, *id);
+            }
+            Ok(h)
+        };
+        b.current = hidden(&f.events, &f.task_events)?;
+        // A file of an agent that kept one set for both tables: both.
+        b.history = hidden(
+            f.history_events.as_deref().unwrap_or(&f.events),
+            f.history_task_events.as_deref().unwrap_or(&f.task_events),
+        )?;
         for (n, k, t, id) in &f.long {
             b.long.insert((path(n)?, kind(*k)?, *t), *id);
         }
@@ -522,6 +627,9 @@ impl Baselines {
         }
         for n in &f.mem_reset {
             b.mem_reset.insert(path(n)?);
+        }
+        for (n, t) in &f.owners {
+            b.owners.insert(path(n)?, *t);
         }
         Ok(b)
     }
@@ -620,12 +728,18 @@ mod tests {
         b.thread.insert((seg.clone(), 1, 2, 3), sum);
         b.thread.insert((gone.clone(), 1, 2, 3), sum);
         b.global.insert((seg.clone(), "wait/x".into()), sum);
-        b.events.insert((seg.clone(), 1, 2, EventKind::Wait), 77);
-        b.task_events.insert(
+        b.current
+            .own
+            .insert((seg.clone(), 1, 2, EventKind::Wait), 77);
+        b.history
+            .own
+            .insert((seg.clone(), 1, 2, EventKind::Wait), 66);
+        b.current.tasks.insert(
             (seg.clone(), EventKind::Statement),
             [(9, 5), (11, 6)].into(),
         );
-        b.task_events
+        b.current
+            .tasks
             .insert((gone.clone(), EventKind::Statement), [(9, 5)].into());
         b.long.insert((seg.clone(), EventKind::Stage, 4), 88);
         let m = MemoryStats {
@@ -647,9 +761,11 @@ mod tests {
         );
         assert_eq!(back.thread[&(seg.clone(), 1, 2, 3)], sum);
         assert_eq!(back.global[&(seg.clone(), "wait/x".to_string())], sum);
-        assert_eq!(back.events[&(seg.clone(), 1, 2, EventKind::Wait)], 77);
+        assert_eq!(back.current.own[&(seg.clone(), 1, 2, EventKind::Wait)], 77);
+        assert_eq!(back.history.own[&(seg.clone(), 1, 2, EventKind::Wait)], 66);
+        assert!(back.history.tasks.is_empty(), "the tables are apart");
         assert_eq!(
-            back.task_events,
+            back.current.tasks,
             HashMap::from([(
                 (seg.clone(), EventKind::Statement),
                 [(9, 5), (11, 6)].into()
@@ -690,8 +806,13 @@ mod tests {
         });
         let b = Baselines::decode(old.to_string().as_bytes(), dir.path()).unwrap();
         let seg = dir.path().join("svc.7.pfs");
-        assert_eq!(b.events[&(seg, 1, 2, EventKind::Statement)], 41);
-        assert!(b.task_events.is_empty());
+        // One set for both tables, as the agent that wrote it had.
+        assert_eq!(
+            b.current.own[&(seg.clone(), 1, 2, EventKind::Statement)],
+            41
+        );
+        assert_eq!(b.history.own[&(seg, 1, 2, EventKind::Statement)], 41);
+        assert!(b.current.tasks.is_empty());
     }
 
     /// A live segment at `path` with history rings of `history` rows, a
@@ -729,13 +850,17 @@ mod tests {
         statement(&w, slot, q, (7, 4), 10, done);
         statement(&w, slot, q, (8, 2), 10, done);
         let mut b = Baselines::default();
-        b.truncate_events(&snap(dir.path()), EventKind::Statement);
+        b.truncate_events(
+            &snap(dir.path()),
+            EventKind::Statement,
+            EventsTable::History,
+        );
         let key = (path.clone(), EventKind::Statement);
         // Tasks by id; the record's own thread by its lifetime.
-        assert_eq!(b.task_events[&key], [(7, 4), (8, 2)].into());
+        assert_eq!(b.history.tasks[&key], [(7, 4), (8, 2)].into());
         let t = &snap(dir.path()).segments[0].data.threads[0];
         assert_eq!(
-            b.events[&(path.clone(), t.record, t.version, EventKind::Statement)],
+            b.history.own[&(path.clone(), t.record, t.version, EventKind::Statement)],
             1
         );
         // Task 8's next statements push task 7 (and thread 1) out of the
@@ -743,16 +868,46 @@ mod tests {
         // 8's newest and thread 1's.
         statement(&w, slot, q, (8, 3), 10, done);
         statement(&w, slot, q, (8, 4), 10, done);
-        b.truncate_events(&snap(dir.path()), EventKind::Statement);
-        assert_eq!(b.task_events[&key], [(8, 4)].into());
+        b.truncate_events(
+            &snap(dir.path()),
+            EventKind::Statement,
+            EventsTable::History,
+        );
+        assert_eq!(b.history.tasks[&key], [(8, 4)].into());
         assert_eq!(
-            b.events[&(path.clone(), t.record, t.version, EventKind::Statement)],
+            b.history.own[&(path.clone(), t.record, t.version, EventKind::Statement)],
             1
         );
         // Other kinds keep their own.
-        b.truncate_events(&snap(dir.path()), EventKind::Wait);
-        assert_eq!(b.task_events[&key], [(8, 4)].into());
-        assert_eq!(b.task_events[&(path, EventKind::Wait)], [(8, 4)].into());
+        b.truncate_events(&snap(dir.path()), EventKind::Wait, EventsTable::History);
+        assert_eq!(b.history.tasks[&key], [(8, 4)].into());
+        assert_eq!(b.history.tasks[&(path, EventKind::Wait)], [(8, 4)].into());
+    }
+
+    #[test]
+    fn a_file_name_reused_by_another_process_has_none_of_the_baselines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("svc.7.pfs");
+        let (_f, w, q, slot) = thread_with_tasks(&path, 4);
+        crate::testing::statement(&w, slot, q, (1, 1), 5_000, Some(Default::default()));
+        let mut old = snap(dir.path());
+        let mut b = Baselines::default();
+        b.truncate_summaries(&old, EventKind::Statement, true);
+        assert!(!b.global.is_empty());
+        let seg = old.segments[0].clone();
+        assert!(b.belong_to(&seg.path, &seg.data));
+        // The same name, another process (a reused pid).
+        let mut other = (*seg.data).clone();
+        other.start_time_unix_ns += 1;
+        assert!(!b.belong_to(&seg.path, &other));
+        // The owner survives the file.
+        let back = Baselines::decode(&b.encode(), dir.path()).unwrap();
+        assert!(back.belong_to(&seg.path, &seg.data) && !back.belong_to(&seg.path, &other));
+        // Truncating the new process drops what was kept for the old one.
+        old.segments[0].data = std::sync::Arc::new(other.clone());
+        b.truncate_events(&old, EventKind::Statement, EventsTable::History);
+        assert!(b.global.is_empty() && b.thread.is_empty());
+        assert!(b.belong_to(&seg.path, &other));
     }
 
     #[test]

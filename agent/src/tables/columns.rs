@@ -12,6 +12,7 @@ use pfs_shm_layout::reader::{
 use super::cell::{Cell, Sink};
 use super::view::View;
 use crate::event_kind::EventKind;
+use crate::truncate::EventsTable;
 
 /// `NULL` for `None`.
 pub(super) fn opt<'a, T: Into<Cell<'a>>>(v: Option<T>) -> Cell<'a> {
@@ -373,7 +374,13 @@ pub(super) fn emit_thread_events(
     for (path, s) in &view.segments {
         let classes = class_map(&s.classes);
         for t in &s.threads {
-            let visible = view.baselines.visible_events(path, t, kind);
+            let table = match ring {
+                Ring::Current => EventsTable::Current,
+                Ring::History => EventsTable::History,
+            };
+            let visible = view
+                .baselines_for(path, s)
+                .visible_events(path, t, kind, table);
             for (e, st) in thread_events(t, kind, ring).filter(|(e, _)| visible(e)) {
                 sink.row(&event_row(s, &classes, e, st, kind));
             }

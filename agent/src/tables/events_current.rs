@@ -1,13 +1,12 @@
 //! `events_{waits,stages,statements}_current`: each thread's current
 //! event of one kind, under the event's own `THREAD_ID` (a task's, when the
 //! thread last ran one of a task's events). `TRUNCATE` hides the events
-//! that exist at that time (here and in the history table of the same
-//! kind).
+//! that exist at that time, in this table only.
 
 use super::columns::{Ring, emit_thread_events};
 use super::view::KindTable;
 use crate::event_kind::EventKind;
-use crate::truncate::Baselines;
+use crate::truncate::EventsTable;
 
 /// The `events_*_current` table of `kind`.
 pub fn table(kind: EventKind) -> KindTable {
@@ -15,6 +14,6 @@ pub fn table(kind: EventKind) -> KindTable {
         kind,
         "current",
         |view, sink, kind| emit_thread_events(view, sink, kind, Ring::Current),
-        Baselines::truncate_events,
+        |b, snap, kind| b.truncate_events(snap, kind, EventsTable::Current),
     )
 }

@@ -2,13 +2,12 @@
 //! of one kind (its history ring), each under its own `THREAD_ID`: a ring
 //! also holds the events of tasks the thread polled, ordered by
 //! (`THREAD_ID`, `EVENT_ID`). `TRUNCATE` hides the events that exist at
-//! that time (here and in the current table of the same kind), per
-//! logical thread.
+//! that time, in this table only, per logical thread.
 
 use super::columns::{Ring, emit_thread_events};
 use super::view::KindTable;
 use crate::event_kind::EventKind;
-use crate::truncate::Baselines;
+use crate::truncate::EventsTable;
 
 /// The `events_*_history` table of `kind`.
 pub fn table(kind: EventKind) -> KindTable {
@@ -16,6 +15,6 @@ pub fn table(kind: EventKind) -> KindTable {
         kind,
         "history",
         |view, sink, kind| emit_thread_events(view, sink, kind, Ring::History),
-        Baselines::truncate_events,
+        |b, snap, kind| b.truncate_events(snap, kind, EventsTable::History),
     )
 }

@@ -17,7 +17,10 @@ fn emit(view: &View<'_>, sink: &mut dyn Sink, kind: EventKind) {
     sink.columns(&event_columns(kind));
     for (path, s) in &view.segments {
         let classes = class_map(&s.classes);
-        let keep = |event_id, thread_id| view.baselines.keep_long(path, kind, event_id, thread_id);
+        let keep = |event_id, thread_id| {
+            view.baselines_for(path, s)
+                .keep_long(path, kind, event_id, thread_id)
+        };
         match kind {
             EventKind::Statement => {
                 for e in s

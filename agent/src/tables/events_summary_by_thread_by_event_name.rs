@@ -37,7 +37,7 @@ fn emit(view: &View<'_>, sink: &mut dyn Sink, kind: EventKind) {
             by_name.sort_by_key(|(n, _, _)| *n);
             for &(n, c, sum) in &by_name {
                 let sum = view
-                    .baselines
+                    .baselines_for(path, s)
                     .thread_view(path, t.record, t.version, c, sum);
                 let mut row = head(s);
                 row.extend([t.thread_id.into(), n.into()]);

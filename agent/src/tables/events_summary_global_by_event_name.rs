@@ -26,7 +26,7 @@ fn emit(view: &View<'_>, sink: &mut dyn Sink, kind: EventKind) {
     for (path, s) in &view.segments {
         for (n, (class_kind, sum)) in segment_global(s) {
             if kind.matches(class_kind) {
-                let sum = view.baselines.global_view(path, &n, &sum);
+                let sum = view.baselines_for(path, s).global_view(path, &n, &sum);
                 let mut row = head(s);
                 row.push(n.into());
                 row.extend(summary_values(&sum, kind));

@@ -87,7 +87,7 @@ impl PfsTable for MemoryByActor {
                 for (c, m) in &t.memory {
                     let Some(ci) = classes.get(c) else { continue };
                     let v = view
-                        .baselines
+                        .baselines_for(path, s)
                         .memory_thread_view(path, t.record, t.version, *c, m);
                     agg.entry((
                         serde_json::to_string(&key).unwrap_or_default(),

@@ -34,7 +34,7 @@ impl PfsTable for MemoryByThread {
                     .filter_map(|(c, m)| {
                         let ci = classes.get(c)?;
                         let m = view
-                            .baselines
+                            .baselines_for(path, s)
                             .memory_thread_view(path, t.record, t.version, *c, m);
                         Some((ci.name.as_str(), m))
                     })

@@ -29,7 +29,7 @@ impl PfsTable for MemoryGlobal {
                 let mut row = head(s);
                 row.extend(memory_values(
                     &n,
-                    &view.baselines.memory_global_view(path, &n, &m),
+                    &view.baselines_for(path, s).memory_global_view(path, &n, &m),
                 ));
                 sink.row(&row);
             }

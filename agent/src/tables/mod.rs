@@ -545,18 +545,87 @@ mod task_tests {
     }
 
     #[test]
+    fn a_new_process_under_a_truncated_ones_file_name_shows_its_own_figures() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut b = Baselines::default();
+        {
+            let (_f, _w, _q, _slot) = segment(dir.path());
+            for name in [
+                "events_statements_summary_global_by_event_name",
+                "events_statements_history",
+            ] {
+                lookup(name)
+                    .unwrap()
+                    .truncate(&mut b, &snap(dir.path()))
+                    .unwrap();
+            }
+            assert!(
+                table(dir.path(), "events_statements_history", &b)
+                    .rows
+                    .is_empty()
+            );
+        }
+        // The process is gone; another gets its pid, so its file name, and
+        // runs two statements. (The creation time tells them apart.)
+        std::fs::remove_file(dir.path().join("svc.9.pfs")).unwrap();
+        let cfg = SegmentConfig {
+            service_name: "svc".into(),
+            ..SegmentConfig::default()
+        };
+        let (_f, w) = crate::testing::segment_started_at(
+            &dir.path().join("svc.9.pfs"),
+            &cfg,
+            9,
+            true,
+            1_700_000_000_000_000_000,
+        );
+        let q = statement_class(&w, "q");
+        let slot = w.alloc_thread(1, 100, "worker-1").unwrap().index;
+        statement(&w, slot, q, (1, 1), 5_000_000, cpu(0));
+        statement(&w, slot, q, (1, 2), 1_000_000, cpu(0));
+        let g = table(
+            dir.path(),
+            "events_statements_summary_global_by_event_name",
+            &b,
+        );
+        assert_eq!(col(&g, "count_star"), [json!(2)]);
+        assert_eq!(col(&g, "sum_timer_wait"), [json!(6_000_000)]);
+        let h = table(dir.path(), "events_statements_history", &b);
+        assert_eq!(ids(&h), [(1, 1), (1, 2)]);
+    }
+
+    #[test]
     fn truncate_hides_each_logical_threads_events_wherever_they_end() {
         let dir = tempfile::tempdir().unwrap();
         let (_f, w, q, slot) = segment(dir.path());
         let slot2 = w.alloc_thread(2, 200, "worker-2").unwrap().index;
         let mut b = Baselines::default();
+        let current_before = ids(&table(dir.path(), "events_statements_current", &b));
+        assert!(!current_before.is_empty());
         lookup("events_statements_history")
             .unwrap()
             .truncate(&mut b, &snap(dir.path()))
             .unwrap();
-        for t in ["events_statements_history", "events_statements_current"] {
-            assert!(table(dir.path(), t, &b).rows.is_empty(), "{t}");
-        }
+        assert!(
+            table(dir.path(), "events_statements_history", &b)
+                .rows
+                .is_empty()
+        );
+        // Each table truncates on its own, as in MySQL.
+        assert_eq!(
+            ids(&table(dir.path(), "events_statements_current", &b)),
+            current_before,
+            "truncating the history left the current table whole"
+        );
+        lookup("events_statements_current")
+            .unwrap()
+            .truncate(&mut b, &snap(dir.path()))
+            .unwrap();
+        assert!(
+            table(dir.path(), "events_statements_current", &b)
+                .rows
+                .is_empty()
+        );
         // Thread 1's next statement, a new task's first (ids from 1 again),
         // thread 2's own; task 7's statement 3 (running at TRUNCATE) ends
         // on thread 2, then its statement 4 runs there.

@@ -19,6 +19,9 @@ pub struct View<'a> {
     pub segments: Vec<(&'a Path, &'a SegmentSnapshot)>,
     /// `TRUNCATE` baselines.
     pub baselines: &'a Baselines,
+    /// No baselines: what a segment that replaced a truncated one (a
+    /// reused file name) shows through.
+    none: Baselines,
 }
 
 impl<'a> View<'a> {
@@ -32,6 +35,18 @@ impl<'a> View<'a> {
                 .map(|v| (v.path.as_path(), &*v.data))
                 .collect(),
             baselines,
+            none: Baselines::default(),
+        }
+    }
+
+    /// The baselines of the segment `s` at `path`: none if they were kept
+    /// for an earlier segment of that file name (a process whose pid a new
+    /// one reused).
+    pub fn baselines_for(&self, path: &Path, s: &SegmentSnapshot) -> &Baselines {
+        if self.baselines.belong_to(path, s) {
+            self.baselines
+        } else {
+            &self.none
         }
     }
 }
