@@ -84,6 +84,7 @@ fn parse_rules<T>(
         .map(|r| {
             let (p, v) = r
                 .split_once('=')
+                .filter(|(p, _)| !p.trim().is_empty())
                 .ok_or_else(|| SyntaxError::NotPatternValue(r.to_string()))?;
             let v = value(v.trim()).ok_or_else(|| SyntaxError::UnknownValue {
                 rule: r.to_string(),
@@ -147,6 +148,11 @@ mod tests {
         assert_eq!(
             parse_instrument_rules("x").unwrap_err().to_string(),
             "\"x\" is not pattern=VALUE"
+        );
+        assert_eq!(
+            parse_instrument_rules(" =OFF").unwrap_err().to_string(),
+            "\"=OFF\" is not pattern=VALUE",
+            "a rule without a pattern"
         );
         assert_eq!(
             parse_consumer_rules("a=COUNTED").unwrap_err().to_string(),

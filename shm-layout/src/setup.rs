@@ -100,9 +100,13 @@ pub fn consumers() -> Vec<(String, u32)> {
 }
 
 /// Whether consumer `which` of event kind `kind` is in effect, applying
-/// PFS's hierarchy: nothing without `global_instrumentation`; per-thread
-/// tables also need `thread_instrumentation`; the history tables also need
-/// their kind's `current` consumer. One test of a [`Plan`].
+/// PFS's hierarchy: nothing without `global_instrumentation`; the current
+/// and history tables also need `thread_instrumentation`; the history
+/// tables also need their kind's `current` consumer. Summaries need only
+/// `global_instrumentation` and their own consumer: the global summaries
+/// are sums of the per-thread rows, so those keep counting (and
+/// `*_summary_by_thread_*` shows them) with `thread_instrumentation` off.
+/// One test of a [`Plan`].
 #[inline(always)]
 pub const fn effective(word: u32, kind: usize, which: ConsumerKind) -> bool {
     Plan::new(word, kind).has(which)
@@ -141,7 +145,8 @@ impl Plan {
         if !global {
             return 0;
         }
-        // Every per-thread table needs thread_instrumentation...
+        // Every per-thread table but the summaries (the source of the
+        // global ones) needs thread_instrumentation...
         let mut keep = if thread {
             0xF
         } else {

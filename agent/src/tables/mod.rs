@@ -545,6 +545,24 @@ mod task_tests {
     }
 
     #[test]
+    fn memory_instruments_have_no_timed_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_f, w, _q, _slot) = segment(dir.path());
+        w.register_class(
+            "memory/t/buf",
+            pfs_shm_layout::ClassKind::Memory,
+            pfs_shm_layout::layout::FLAG_ENABLED,
+        )
+        .unwrap();
+        let t = table(dir.path(), "setup_instruments", &Baselines::default());
+        let names = col(&t, "name");
+        let timed = col(&t, "timed");
+        let of = |n: &str| timed[names.iter().position(|x| x == n).unwrap()].clone();
+        assert_eq!(of("memory/t/buf"), Value::Null);
+        assert_eq!(of("statement/t/q"), json!("YES"));
+    }
+
+    #[test]
     fn a_new_process_under_a_truncated_ones_file_name_shows_its_own_figures() {
         let dir = tempfile::tempdir().unwrap();
         let mut b = Baselines::default();

@@ -1,5 +1,8 @@
 //! `setup_instruments`: every instrument of every process, with its
-//! ENABLED and TIMED flags.
+//! ENABLED and TIMED flags (TIMED is NULL for memory instruments, which
+//! are never timed, as in MySQL).
+
+use pfs_shm_layout::ClassKind;
 
 use super::cell::{Cell, Sink};
 use super::columns::{head, with_head, yes_no};
@@ -29,7 +32,11 @@ impl PfsTable for SetupInstruments {
                 r.extend([
                     c.name.as_str().into(),
                     yes_no(c.enabled()),
-                    yes_no(c.timed()),
+                    if c.kind == ClassKind::Memory {
+                        Cell::Null
+                    } else {
+                        yes_no(c.timed())
+                    },
                     "".into(),
                     0u64.into(),
                     Cell::Null,
