@@ -1,19 +1,17 @@
-//! Layer 7. An instrumented file: `open`, `read`, `write`, `sync`, `seek`
+//! Layer 8. An instrumented file: `open`, `read`, `write`, `sync`, `seek`
 //! and `close` become `wait/io/file/...` waits carrying byte counts and
 //! the file name.
 
 use std::fs::OpenOptions;
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, Seek, SeekFrom};
 use std::os::fd::AsRawFd;
 use std::panic::Location;
 use std::path::Path;
 
 use pfs_shm_layout::Operation;
-use pfs_shm_layout::layout::NONE_U32;
 
-use crate::reentry::reentrant;
-use crate::runtime;
-use crate::wait::{LazyWaitClass, WaitGuard};
+use crate::io_wait::{IoObject, none, read_write_waits};
+use crate::wait::LazyWaitClass;
 
 /// A `std::fs::File` whose I/O is recorded.
 ///
@@ -28,10 +26,8 @@ use crate::wait::{LazyWaitClass, WaitGuard};
 /// ```
 #[derive(Debug)]
 pub struct File {
-    class: &'static LazyWaitClass,
+    obj: IoObject,
     inner: Option<std::fs::File>,
-    name: u32,
-    id: u64,
 }
 
 impl File {
@@ -70,178 +66,71 @@ impl File {
         op: Operation,
     ) -> io::Result<Self> {
         let path = path.as_ref();
-        let name = match runtime::get() {
-            Some(rt) if class.get().is_enabled() => {
-                reentrant(|| rt.writer.intern(&path.to_string_lossy())).unwrap_or(NONE_U32)
-            }
-            _ => NONE_U32,
-        };
-        let loc = Location::caller();
-        let w = Self::begin(class, op, 0, name, loc);
+        let name = IoObject::intern(class, &path.to_string_lossy());
+        let w = IoObject::begin(class, op, 0, name, Location::caller());
         let inner = opts.open(path);
         drop(w);
         let inner = inner?;
         let id = inner.as_raw_fd() as u64;
         Ok(Self {
-            class,
+            obj: IoObject { class, name, id },
             inner: Some(inner),
-            name,
-            id,
         })
-    }
-
-    #[inline]
-    fn begin(
-        class: &'static LazyWaitClass,
-        op: Operation,
-        id: u64,
-        name: u32,
-        loc: &'static Location<'static>,
-    ) -> WaitGuard {
-        let c = class.get();
-        if !c.is_enabled() {
-            return c.start(op, 0); // disabled: records nothing
-        }
-        c.start_at(op, id, name, loc)
     }
 
     fn file(&mut self) -> &mut std::fs::File {
         self.inner.as_mut().expect("file is open until dropped")
     }
 
-    /// Starts an `op` wait on this file, attributed to `loc`.
-    #[inline]
-    fn wait(&self, op: Operation, loc: &'static Location<'static>) -> WaitGuard {
-        Self::begin(self.class, op, self.id, self.name, loc)
-    }
-
-    /// Runs `f` on the open file as one `op` wait attributed to `loc`;
-    /// `bytes` gives the wait's `NUMBER_OF_BYTES` when `f` succeeds (`None`
-    /// for operations that move no data).
+    /// Runs `f` on the open file as one `op` wait attributed to `loc`.
     #[inline]
     fn io<R>(
         &mut self,
         op: Operation,
         loc: &'static Location<'static>,
         f: impl FnOnce(&mut std::fs::File) -> io::Result<R>,
-        bytes: impl FnOnce(&R) -> Option<u64>,
     ) -> io::Result<R> {
-        let mut w = self.wait(op, loc);
-        let r = f(self.file());
-        if let Some(n) = r.as_ref().ok().and_then(bytes) {
-            w.set_bytes(n);
-        }
-        r
+        let obj = self.obj;
+        obj.io(op, loc, self.file(), f, none)
     }
 
     /// Flushes data and metadata (`sync` wait).
     #[track_caller]
     pub fn sync_all(&mut self) -> io::Result<()> {
-        self.io(Operation::Sync, Location::caller(), |f| f.sync_all(), none)
+        self.io(Operation::Sync, Location::caller(), |f| f.sync_all())
     }
 
     /// Flushes data (`sync` wait).
     #[track_caller]
     pub fn sync_data(&mut self) -> io::Result<()> {
-        self.io(Operation::Sync, Location::caller(), |f| f.sync_data(), none)
+        self.io(Operation::Sync, Location::caller(), |f| f.sync_data())
     }
 
     /// File metadata (`stat` wait).
     #[track_caller]
     pub fn metadata(&mut self) -> io::Result<std::fs::Metadata> {
-        self.io(Operation::Stat, Location::caller(), |f| f.metadata(), none)
+        self.io(Operation::Stat, Location::caller(), |f| f.metadata())
     }
 
     /// Truncates or extends (`chsize` wait).
     #[track_caller]
     pub fn set_len(&mut self, len: u64) -> io::Result<()> {
-        self.io(
-            Operation::Chsize,
-            Location::caller(),
-            |f| f.set_len(len),
-            none,
-        )
+        self.io(Operation::Chsize, Location::caller(), |f| f.set_len(len))
     }
 }
 
-/// `NUMBER_OF_BYTES` of an operation that moves no data: not set.
-fn none<R>(_: &R) -> Option<u64> {
-    None
-}
-
-/// `NUMBER_OF_BYTES` of a read or write that reports its count.
-fn count(n: &usize) -> Option<u64> {
-    Some(*n as u64)
-}
-
-impl Read for File {
-    #[track_caller]
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.io(Operation::Read, Location::caller(), |f| f.read(buf), count)
-    }
-
-    /// One `read` wait for the whole buffer, attributed to the caller.
-    #[track_caller]
-    fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
-        let n = buf.len() as u64;
-        self.io(
-            Operation::Read,
-            Location::caller(),
-            |f| f.read_exact(buf),
-            |_| Some(n),
-        )
-    }
-
-    /// One `read` wait for the whole file, attributed to the caller.
-    #[track_caller]
-    fn read_to_end(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
-        self.io(
-            Operation::Read,
-            Location::caller(),
-            |f| f.read_to_end(buf),
-            count,
-        )
-    }
-}
-
-impl Write for File {
-    #[track_caller]
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.io(
-            Operation::Write,
-            Location::caller(),
-            |f| f.write(buf),
-            count,
-        )
-    }
-
-    /// One `write` wait for the whole buffer, attributed to the caller.
-    #[track_caller]
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        let n = buf.len() as u64;
-        self.io(
-            Operation::Write,
-            Location::caller(),
-            |f| f.write_all(buf),
-            |_| Some(n),
-        )
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.file().flush()
-    }
-}
+read_write_waits!(File, file, Operation::Read, Operation::Write);
 
 impl Seek for File {
     #[track_caller]
     fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
-        self.io(Operation::Seek, Location::caller(), |f| f.seek(pos), none)
+        self.io(Operation::Seek, Location::caller(), |f| f.seek(pos))
     }
 }
 
 impl Drop for File {
     fn drop(&mut self) {
-        let _w = self.wait(Operation::Close, Location::caller());
+        let _w = self.obj.wait(Operation::Close, Location::caller());
         drop(self.inner.take());
     }
 }

@@ -59,7 +59,9 @@
 //! | 7 | [`task`] | async tasks: [`task::TaskContext`], the event state (and memory scope) a task carries between polls, and the [`task::Task`] adapter |
 //! | 7 | [`alloc`] | the `GlobalAlloc` wrapper that accounts heap allocations |
 //! | 7 | [`sync`] | instrumented `Mutex`, `RwLock` and `Condvar` |
-//! | 7 | [`fs`] | an instrumented `File` |
+//! | 7 | `io_wait` | I/O waits on one object (a file, a socket): its class, `OBJECT_NAME` and `OBJECT_INSTANCE`, one operation's wait and byte count, the shared `Read`/`Write` |
+//! | 8 | [`fs`] | an instrumented `File` |
+//! | 8 | [`net`] | an instrumented `TcpStream` and `TcpListener` |
 //! | 8 | `statement` | statements: [`StatementClass`], [`LazyStatementClass`], [`StatementGuard`] and the `Send` [`TaskStatement`] |
 //! | 8 | `tokio` | instrumented drop-ins for `tokio::sync` (feature `tokio`) |
 //!
@@ -87,7 +89,9 @@ mod context;
 mod error;
 mod event;
 pub mod fs;
+mod io_wait;
 mod memory;
+pub mod net;
 mod reentry;
 mod runtime;
 mod source;

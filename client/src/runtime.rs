@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use pfs_shm_layout::layout::SetupSection;
+use pfs_shm_layout::layout::{ConsumerKind, SetupSection};
 use pfs_shm_layout::{Segment, SegmentConfig, SegmentWriter};
 use rustix::fs::FlockOperation;
 
@@ -149,6 +149,14 @@ fn create(cfg: &Config) -> Result<Runtime, InitError> {
     let setup = writer.segment().setup();
     for (pattern, on) in &cfg.consumer_rules {
         pfs_shm_layout::setup::set_consumers(writer.segment(), pattern, *on);
+    }
+    // The history_long rings on from the start are reserved now, not by
+    // the first event appended (whose statement would count the time).
+    let consumers = setup.consumers.load(std::sync::atomic::Ordering::Relaxed);
+    for kind in 0..3 {
+        if pfs_shm_layout::setup::effective(consumers, kind, ConsumerKind::HistoryLong) {
+            writer.prepare_long(kind);
+        }
     }
     if let Some(quiet) = cfg.reclaim_after {
         writer.set_reclaim_after(Some(quiet));

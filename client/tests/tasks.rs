@@ -99,6 +99,16 @@ fn task_statements_nest_exactly_across_workers() {
     )
     .unwrap();
     let path = pfs_client::segment_path().unwrap().to_path_buf();
+    // The history_long rings on at init are reserved by init, not by the
+    // first event appended (whose statement would count the time).
+    let seg = Segment::open(std::fs::File::open(&path).unwrap(), false).unwrap();
+    assert_eq!(
+        seg.header()
+            .long_reserved
+            .load(std::sync::atomic::Ordering::Acquire),
+        0b111
+    );
+    drop(seg);
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)

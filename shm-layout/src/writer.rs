@@ -525,6 +525,13 @@ impl SegmentWriter {
         true
     }
 
+    /// Reserves the `history_long` ring of `kind` now (it is otherwise
+    /// reserved by its first append, which then pays for it); false if
+    /// the volume is full (its events are then counted lost).
+    pub fn prepare_long(&self, kind: usize) -> bool {
+        kind < 3 && self.reserve_long(kind)
+    }
+
     #[cold]
     fn reserve_long(&self, kind: usize) -> bool {
         let _slow = self.slow();

@@ -545,6 +545,25 @@ mod task_tests {
     }
 
     #[test]
+    fn truncating_setup_actors_removes_every_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_f, w, _q, _slot) = segment(dir.path());
+        for user in ["app", "batch"] {
+            pfs_shm_layout::setup::set_actor(w.segment(), "%", user, "%", Some((None, None)))
+                .unwrap();
+        }
+        let none = Baselines::default();
+        assert!(table(dir.path(), "setup_actors", &none).rows.len() >= 2);
+        let mut b = Baselines::default();
+        lookup("setup_actors")
+            .unwrap()
+            .truncate(&mut b, &snap(dir.path()))
+            .unwrap();
+        assert!(table(dir.path(), "setup_actors", &none).rows.is_empty());
+        assert!(b.is_empty(), "no baselines: the rows are gone");
+    }
+
+    #[test]
     fn memory_instruments_have_no_timed_flag() {
         let dir = tempfile::tempdir().unwrap();
         let (_f, w, _q, _slot) = segment(dir.path());

@@ -1,8 +1,16 @@
 //! `setup_actors`: which threads are instrumented, by user, host and role.
+//! `TRUNCATE` removes every row of every live process, as MySQL's
+//! `TRUNCATE TABLE setup_actors` does (threads already running keep their
+//! verdict; new sessions find no row: not instrumented).
+
+use pfs_shm_layout::setup;
 
 use super::cell::Sink;
 use super::columns::{head, with_head, yes_no};
-use super::view::{PfsTable, View};
+use super::view::{NotTruncatable, PfsTable, View};
+use crate::setup::open_rw;
+use crate::snapshot::Snapshot;
+use crate::truncate::Baselines;
 
 /// The `setup_actors` table.
 #[derive(Debug)]
@@ -28,5 +36,19 @@ impl PfsTable for SetupActors {
                 sink.row(&r);
             }
         }
+    }
+
+    fn truncate(&self, _: &mut Baselines, snap: &Snapshot) -> Result<(), NotTruncatable> {
+        for v in snap.segments.iter().filter(|v| v.live) {
+            match open_rw(&v.path) {
+                Ok(seg) => {
+                    for a in setup::read_actors(&seg) {
+                        let _ = setup::set_actor(&seg, &a.host, &a.user, &a.role, None);
+                    }
+                }
+                Err(e) => tracing::warn!("TRUNCATE setup_actors: {e}"),
+            }
+        }
+        Ok(())
     }
 }

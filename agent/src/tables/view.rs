@@ -54,7 +54,7 @@ impl<'a> View<'a> {
 /// `TRUNCATE` of a table that has nothing to truncate (setup tables,
 /// `threads`, ...).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0} cannot be truncated; the events_* and memory_summary_* tables can")]
+#[error("{0} cannot be truncated; the events_*, memory_summary_* and setup_actors tables can")]
 pub struct NotTruncatable(pub String);
 
 /// A PFS table the agent serves: one implementation per table (or per
