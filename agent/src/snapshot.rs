@@ -38,6 +38,9 @@ pub struct SegmentView {
     pub path: PathBuf,
     /// False once the owning process has died.
     pub live: bool,
+    /// The segment's timer when the snapshot was taken (ps on its time
+    /// line): the `TIMER_END` of its events still running.
+    pub timer_now_ps: u128,
     /// Its content (shared with the cache; never copied).
     pub data: Arc<SegmentSnapshot>,
 }
@@ -332,6 +335,7 @@ impl Snapshotter {
                 segments.push(SegmentView {
                     path: t.path.clone(),
                     live,
+                    timer_now_ps: data.timer.now_ps(),
                     data,
                 });
             }

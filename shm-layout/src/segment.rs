@@ -120,6 +120,21 @@ impl TimerCalibration {
         (u128::from(ticks.saturating_sub(self.base_ticks)) * u128::from(self.ps_per_tick_q32)) >> 32
     }
 
+    /// The segment's time line now, in picoseconds since its base, as a
+    /// reader on the same host reads it: the TSC through the calibration
+    /// when the segment's CYCLE timer is the TSC, else `CLOCK_MONOTONIC`
+    /// (every timer's timestamps lie on this line). PFS's `TIMER_END` of
+    /// an event still running.
+    pub fn now_ps(&self) -> u128 {
+        #[cfg(target_arch = "x86_64")]
+        if self.kind == 1 {
+            return self.since_base_ps(crate::tsc::read_tsc());
+        }
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        let ns = t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64;
+        u128::from(ns.saturating_sub(self.base_ns)) * 1000
+    }
+
     /// Converts a timestamp taken with `timer` to picoseconds since the
     /// segment's creation: CYCLE ticks through the calibration, the other
     /// timers' nanoseconds by multiplying by 1000.

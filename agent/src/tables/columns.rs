@@ -256,12 +256,17 @@ pub(super) fn class_map(classes: &[ClassInfo]) -> HashMap<u32, &ClassInfo> {
 /// One event's row for [`event_columns`]; `st` is the statement part of a
 /// statement event. `THREAD_ID` is the event's own: a task's events sit in
 /// the records of the threads that polled it, under the task's id.
+/// `now`: the segment's timer now, for an event still running in a live
+/// process, whose `TIMER_END` is then the current timer value and
+/// `TIMER_WAIT` the time elapsed so far, as in PFS (`END_EVENT_ID` stays
+/// NULL).
 pub(super) fn event_row<'a>(
     s: &'a SegmentSnapshot,
     classes: &HashMap<u32, &'a ClassInfo>,
     e: &Event,
     st: Option<&'a StatementEvent>,
     kind: EventKind,
+    now: Option<u128>,
 ) -> Vec<Cell<'a>> {
     let class = classes.get(&e.class).copied();
     let string = |i: Option<u32>| opt(i.and_then(|i| s.strings.get(&i).map(String::as_str)));
@@ -273,9 +278,16 @@ pub(super) fn event_row<'a>(
         opt(class.map(|c| c.name.as_str())),
         string(e.source),
         e.timer_start.map_or(Cell::Null, Cell::Ps),
-        e.timer_end.map_or(Cell::Null, Cell::Ps),
-        opt(e.timer_wait),
     ]);
+    match (e.timer_start, e.end_event_id, now) {
+        // Running, timed, in a live process: the time so far.
+        (Some(start), None, Some(now)) => {
+            let end = now.max(start);
+            let so_far = u64::try_from(end - start).unwrap_or(u64::MAX);
+            row.extend([Cell::Ps(end), so_far.into()]);
+        }
+        _ => row.extend([e.timer_end.map_or(Cell::Null, Cell::Ps), opt(e.timer_wait)]),
+    }
     let nesting = [
         opt(e.nesting_event_id),
         opt(e.nesting_event_type.pfs_name()),
@@ -373,6 +385,9 @@ pub(super) fn emit_thread_events(
     sink.columns(&event_columns(kind));
     for (path, s) in &view.segments {
         let classes = class_map(&s.classes);
+        // Events still running show the time so far (current rows of a
+        // live process only: a dead one's never end).
+        let now = view.running_now(path).filter(|_| ring == Ring::Current);
         for t in &s.threads {
             let table = match ring {
                 Ring::Current => EventsTable::Current,
@@ -382,7 +397,7 @@ pub(super) fn emit_thread_events(
                 .baselines_for(path, s)
                 .visible_events(path, t, kind, table);
             for (e, st) in thread_events(t, kind, ring).filter(|(e, _)| visible(e)) {
-                sink.row(&event_row(s, &classes, e, st, kind));
+                sink.row(&event_row(s, &classes, e, st, kind, now));
             }
         }
     }

@@ -28,7 +28,7 @@ fn emit(view: &View<'_>, sink: &mut dyn Sink, kind: EventKind) {
                     .iter()
                     .filter(|e| keep(e.ev.event_id, e.ev.thread_id))
                 {
-                    sink.row(&event_row(s, &classes, &e.ev, Some(e), kind));
+                    sink.row(&event_row(s, &classes, &e.ev, Some(e), kind, None));
                 }
             }
             EventKind::Wait | EventKind::Stage => {
@@ -36,7 +36,7 @@ fn emit(view: &View<'_>, sink: &mut dyn Sink, kind: EventKind) {
                     .iter()
                     .filter(|e| keep(e.event_id, e.thread_id))
                 {
-                    sink.row(&event_row(s, &classes, e, None, kind));
+                    sink.row(&event_row(s, &classes, e, None, kind, None));
                 }
             }
         }

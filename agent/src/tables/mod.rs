@@ -523,6 +523,14 @@ mod task_tests {
         assert_eq!(col(&c, "end_event_id"), [Value::Null]);
         assert_eq!(col(&c, "cpu_time"), [Value::Null]);
         assert_eq!(col(&c, "cancelled"), ["NO"]);
+        // Running, timed: TIMER_END is the timer now, TIMER_WAIT the time
+        // so far (PFS); the timer is the segment's, on its time line.
+        let (start, end, wait) = (
+            col(&c, "timer_start")[0].as_u64().unwrap(),
+            col(&c, "timer_end")[0].as_u64().unwrap(),
+            col(&c, "timer_wait")[0].as_u64().unwrap(),
+        );
+        assert!(end > start && wait == end - start, "{start} {end} {wait}");
         // A task is not a thread.
         let th = table(dir.path(), "threads", &none);
         assert_eq!(col(&th, "thread_id"), [json!(1)]);

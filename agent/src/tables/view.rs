@@ -22,6 +22,9 @@ pub struct View<'a> {
     /// No baselines: what a segment that replaced a truncated one (a
     /// reused file name) shows through.
     none: Baselines,
+    /// The segments whose process lives, with their timer at the
+    /// snapshot.
+    live: std::collections::HashMap<&'a Path, u128>,
 }
 
 impl<'a> View<'a> {
@@ -36,7 +39,19 @@ impl<'a> View<'a> {
                 .collect(),
             baselines,
             none: Baselines::default(),
+            live: snap
+                .segments
+                .iter()
+                .filter(|v| v.live)
+                .map(|v| (v.path.as_path(), v.timer_now_ps))
+                .collect(),
         }
+    }
+
+    /// The timer of the segment at `path` when the snapshot was taken, if
+    /// its process lives: the `TIMER_END` of its events still running.
+    pub fn running_now(&self, path: &Path) -> Option<u128> {
+        self.live.get(path).copied()
     }
 
     /// The baselines of the segment `s` at `path`: none if they were kept
