@@ -165,8 +165,28 @@ fn waits_are_recorded_with_their_details() {
     let cur = me.statements_current.as_ref().expect("statement open");
     assert_eq!((cur.ev.thread_id, cur.ev.event_id), (tid, stmt_id));
     assert_eq!(cur.text, "SELECT 1");
+    // A nested statement takes the current row (with its own text); the
+    // outer one, ended after it, never shows the inner's text.
+    let mut inner = Q.start();
+    inner.set_text("INNER");
+    let (_, inner_id) = inner.id();
+    drop(inner);
     drop(stmt);
     assert_eq!(pfs_client::statement_event_id(), None, "ended");
+    let s = read(&path);
+    let me = s.threads.iter().find(|t| t.thread_id == tid).unwrap();
+    let text_of = |id: u64| {
+        me.statements_history
+            .iter()
+            .find(|e| e.ev.event_id == id)
+            .map(|e| e.text.clone())
+            .unwrap()
+    };
+    assert_eq!(text_of(inner_id), "INNER");
+    assert_ne!(text_of(stmt_id), "INNER", "the outer statement's text");
+    let cur = me.statements_current.as_ref().unwrap();
+    assert_eq!(cur.ev.event_id, stmt_id);
+    assert_ne!(cur.text, "INNER");
     // Another thread has another id.
     let other = std::thread::spawn(pfs_client::thread_id).join().unwrap();
     assert!(other.is_some_and(|o| o != tid));

@@ -1000,6 +1000,11 @@ impl RecordRef<'_> {
                 store_end_fields(cur, e);
             } else {
                 store_row(cur, e);
+                if kind == KIND_STATEMENT {
+                    // The text in the row is another statement's (an inner
+                    // one's): this one's is not known here.
+                    h.statements_current.text_len.store(0, Relaxed);
+                }
             }
             if let (KIND_STATEMENT, Some(f)) = (kind, stmt) {
                 let sc = &h.statements_current;
