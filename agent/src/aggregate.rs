@@ -116,6 +116,9 @@ fn container_memory(s: &SegmentSnapshot) -> MemoryStats {
     }
 }
 
+/// The prefix of the instrumentation's own memory rows ([`own_memory`]).
+pub const OWN_MEMORY_PREFIX: &str = "memory/performance_schema/";
+
 /// The instrumentation's own memory, from the segment geometry: the fixed
 /// sections (reserved at creation), the thread container pages in use
 /// (added or revived, minus reclaimed), and the `history_long` rings

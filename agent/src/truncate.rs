@@ -57,7 +57,7 @@ use std::path::{Path, PathBuf};
 use pfs_shm_layout::reader::{Event, MemoryStats, SegmentSnapshot, Summary, ThreadSnapshot};
 use serde::{Deserialize, Serialize};
 
-use crate::aggregate::{segment_global, segment_global_memory};
+use crate::aggregate::{OWN_MEMORY_PREFIX, segment_global, segment_global_memory};
 use crate::event_kind::EventKind;
 use crate::persist::{JsonError, MemoryJson, SummaryJson};
 use crate::setup::open_rw;
@@ -329,6 +329,18 @@ impl Baselines {
     pub fn memory_global_view(&self, path: &Path, name: &str, m: &MemoryStats) -> MemoryStats {
         let m = self.memory_global_marked(path, name, m);
         match self.mem_global.get(&(path.to_path_buf(), name.to_string())) {
+            // The instrumentation's own rows, computed by the agent: no
+            // writer resets their watermarks, so since the truncation they
+            // span the use then and now.
+            Some(base) if name.starts_with(OWN_MEMORY_PREFIX) => {
+                let then = MemoryStats {
+                    current_count: base.current_count,
+                    current_bytes: base.current_bytes,
+                    ..MemoryStats::default()
+                }
+                .reset_watermarks();
+                m.rebased(base).reset_watermarks().widened(&then)
+            }
             Some(base) => m.rebased(base),
             None => m,
         }

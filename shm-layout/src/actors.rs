@@ -58,14 +58,16 @@ pub fn clear_actor(e: &ActorEntry) {
 /// PFS's rule for a thread that declares `user`@`host` with `role`: the
 /// most specific matching row decides (a literal beats `%`, compared on
 /// host, then user, then role). No matching row: not instrumented.
-/// Returns `(INSTRUMENTED, HISTORY)`.
+/// Returns `(INSTRUMENTED, HISTORY)`, the row's `ENABLED` and `HISTORY`
+/// each as it is (a thread not instrumented records nothing, whatever its
+/// `HISTORY`).
 pub fn match_actor(actors: &[Actor], user: &str, host: &str, role: &str) -> (bool, bool) {
     let fits = |pat: &str, v: &str| pat == "%" || pat == v;
     actors
         .iter()
         .filter(|a| fits(&a.host, host) && fits(&a.user, user) && fits(&a.role, role))
         .max_by_key(|a| (a.host != "%", a.user != "%", a.role != "%"))
-        .map(|a| (a.enabled, a.enabled && a.history))
+        .map(|a| (a.enabled, a.history))
         .unwrap_or((false, false))
 }
 
@@ -88,7 +90,11 @@ mod tests {
             a("db1", "%", true),
         ];
         assert_eq!(match_actor(&rows, "web", "h", ""), (true, true));
-        assert_eq!(match_actor(&rows, "batch", "h", ""), (false, false));
+        assert_eq!(
+            match_actor(&rows, "batch", "h", ""),
+            (false, true),
+            "HISTORY is the row's, as in MySQL"
+        );
         assert_eq!(
             match_actor(&rows, "batch", "db1", ""),
             (true, true),

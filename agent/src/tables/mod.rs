@@ -574,6 +574,33 @@ mod task_tests {
     }
 
     #[test]
+    fn truncating_global_memory_resets_the_own_rows_watermarks_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_f, _w, _q, _slot) = segment(dir.path());
+        let mut b = Baselines::default();
+        lookup("memory_summary_global_by_event_name")
+            .unwrap()
+            .truncate(&mut b, &snap(dir.path()))
+            .unwrap();
+        let t = table(dir.path(), "memory_summary_global_by_event_name", &b);
+        let names = col(&t, "event_name");
+        let i = names
+            .iter()
+            .position(|n| n == "memory/performance_schema/segment_fixed_sections")
+            .unwrap();
+        let v = |c: &str| col(&t, c)[i].clone();
+        // The manual: ALLOC and FREE drop by the smaller (0): CURRENT stays.
+        assert_eq!(v("count_alloc"), json!(1));
+        assert_eq!(v("current_count_used"), json!(1));
+        assert_eq!(v("low_count_used"), json!(1), "LOW = CURRENT at TRUNCATE");
+        assert_eq!(v("high_count_used"), json!(1));
+        assert_eq!(
+            v("low_number_of_bytes_used"),
+            v("current_number_of_bytes_used")
+        );
+    }
+
+    #[test]
     fn memory_instruments_have_no_timed_flag() {
         let dir = tempfile::tempdir().unwrap();
         let (_f, w, _q, _slot) = segment(dir.path());
