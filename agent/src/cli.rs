@@ -43,7 +43,7 @@ pub enum Command {
 #[derive(Debug, Args, Clone)]
 pub struct DirArgs {
     /// Directory of segment files (the instrumented processes' PFS_SHM_DIR).
-    #[arg(long, env = "PFS_SHM_DIR", default_value = "/dev/shm/pfs")]
+    #[arg(long, env = "PFS_SHM_DIR", default_value = pfs_shm_layout::files::DEFAULT_SHM_DIR)]
     pub shm_dir: PathBuf,
 }
 
@@ -370,7 +370,10 @@ mod tests {
         assert_eq!(l.header_timeout, Duration::from_secs(10));
         assert_eq!(l.connection_timeout, Duration::from_secs(60));
         assert_eq!(a.policy.policy().max_size, 4 << 30);
-        assert_eq!(a.dead_retention, Duration::from_secs(300));
+        assert_eq!(
+            a.dead_retention,
+            pfs_agent::segments::DEFAULT_DEAD_RETENTION
+        );
         assert_eq!(a.shutdown_delay, Duration::ZERO);
         let help = Cli::command()
             .find_subcommand_mut("serve")

@@ -65,14 +65,22 @@ fn init_logs(format: LogFormat, default_level: &str) {
 
 /// Runs the command; an error is printed as `Error:` and its causes, one
 /// per line (never a backtrace, whatever `RUST_BACKTRACE` says: these are
-/// the user's errors, each worded to say what to do), with exit code 1.
+/// the user's errors, each worded to say what to do), with exit code 1. A
+/// cause whose text the line above already ends with (libraries' errors
+/// quote their source, for programs that print only the top one) is not
+/// printed again.
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("Error: {e}");
+            let mut above = e.to_string();
+            eprintln!("Error: {above}");
             for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                let text = cause.to_string();
+                if !above.ends_with(&text) {
+                    eprintln!("  caused by: {text}");
+                }
+                above = text;
             }
             std::process::ExitCode::FAILURE
         }

@@ -54,10 +54,7 @@ pub(crate) unsafe fn str_out(s: &str, buf: *mut c_char, len: usize) -> usize {
     if buf.is_null() || len == 0 {
         return s.len();
     }
-    let mut n = s.len().min(len - 1);
-    while !s.is_char_boundary(n) {
-        n -= 1;
-    }
+    let n = pfs_shm_layout::text::truncate_utf8(s, len - 1).len();
     // SAFETY: `buf` is non-null and valid for `len` bytes (contract);
     // `n + 1 <= len`, and `s` is a Rust string, which cannot overlap a
     // buffer the caller lent us for writing.

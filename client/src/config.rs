@@ -11,7 +11,7 @@ use pfs_shm_layout::setup::check_consumer_rules;
 use crate::error::InitError;
 
 /// Default segment directory (a tmpfs on Linux).
-pub const DEFAULT_SHM_DIR: &str = "/dev/shm/pfs";
+pub use pfs_shm_layout::files::DEFAULT_SHM_DIR;
 
 /// How [`crate::init_with`] creates this process's segment.
 ///

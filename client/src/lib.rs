@@ -225,7 +225,7 @@ pub fn segment_path() -> Option<&'static Path> {
 /// assert_eq!(pfs_client::segment_file_name("checkout api", 42), "checkout_api.42.pfs");
 /// ```
 pub fn segment_file_name(service: &str, pid: u32) -> String {
-    runtime::segment_file_name(service, pid)
+    pfs_shm_layout::files::segment_file_name(service, pid)
 }
 
 /// The README's instrumentation examples, compiled as doctests so they

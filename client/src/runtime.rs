@@ -78,21 +78,6 @@ pub(crate) fn init(cfg: Config) -> Result<&'static Runtime, InitError> {
     Ok(RUNTIME.get().expect("just set"))
 }
 
-/// File name: `<service>.<pid>.pfs`, so a listing tells service and pid.
-pub(crate) fn segment_file_name(service: &str, pid: u32) -> String {
-    let safe: String = service
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("{safe}.{pid}.pfs")
-}
-
 fn create(cfg: &Config) -> Result<Runtime, InitError> {
     let dir = &cfg.shm_dir;
     let dir_mode = if cfg.group_access { 0o770 } else { 0o700 };
@@ -112,7 +97,10 @@ fn create(cfg: &Config) -> Result<Runtime, InitError> {
         return Err(InitError::WorldWritable(dir.clone()));
     }
     let pid = std::process::id();
-    let path = dir.join(segment_file_name(&cfg.service_name, pid));
+    let path = dir.join(pfs_shm_layout::files::segment_file_name(
+        &cfg.service_name,
+        pid,
+    ));
     let file_mode = if cfg.group_access { 0o660 } else { 0o600 };
     let file = open_new(&path, file_mode)?;
     file.set_permissions(std::fs::Permissions::from_mode(file_mode))

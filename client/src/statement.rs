@@ -199,7 +199,7 @@ macro_rules! figure_setters {
         /// `DIGEST`: a hash of the normalised text the application supplies
         /// (e.g. `GET ?`), so that statements group by shape.
         pub fn set_digest_text(&mut self, digest_text: &str) {
-            self.figures.digest = fnv1a(digest_text);
+            self.figures.digest = pfs_shm_layout::text::fnv1a64(digest_text.as_bytes());
         }
 
         /// `ERRORS` (adds).
@@ -227,13 +227,6 @@ macro_rules! figure_setters {
             self.figures.rows_examined = n;
         }
     };
-}
-
-/// 64-bit FNV-1a, the statement `DIGEST` of a digest text.
-fn fnv1a(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 impl StatementGuard {

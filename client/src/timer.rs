@@ -19,7 +19,7 @@
 use std::sync::OnceLock;
 
 use pfs_shm_layout::TimerCalibration;
-use pfs_shm_layout::layout::TimerId;
+use pfs_shm_layout::layout::{TIMER_KIND_MONOTONIC, TIMER_KIND_TSC, TimerId};
 use rustix::time::{ClockId, clock_gettime};
 
 static CLOCK: OnceLock<quanta::Clock> = OnceLock::new();
@@ -35,9 +35,6 @@ fn ns(id: ClockId) -> u64 {
     let t = clock_gettime(id);
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
-
-/// `TimerCalibration::kind` of a TSC-based CYCLE timer.
-const CAL_TSC: u32 = 1;
 
 /// The segment's timer calibration with what the hot path derives from
 /// it, computed once: what the timers read through.
@@ -80,7 +77,7 @@ pub(crate) fn now_and_cycles(clock: &Clock, timer: u32) -> (u64, Option<u64>) {
     if timer == TimerId::Cycle as u32 {
         let c = cycle(clock);
         (c, Some(c))
-    } else if timer == TimerId::Nanosecond as u32 && clock.cal.kind == CAL_TSC {
+    } else if timer == TimerId::Nanosecond as u32 && clock.cal.kind == TIMER_KIND_TSC {
         let c = cycle(clock);
         (ns_at(clock, c), Some(c))
     } else {
@@ -106,7 +103,7 @@ fn ns_at(clock: &Clock, tsc: u64) -> u64 {
 #[inline(always)]
 fn cycle(clock: &Clock) -> u64 {
     #[cfg(target_arch = "x86_64")]
-    if clock.cal.kind == CAL_TSC {
+    if clock.cal.kind == TIMER_KIND_TSC {
         return pfs_shm_layout::writer::read_tsc();
     }
     let _ = clock;
@@ -116,7 +113,7 @@ fn cycle(clock: &Clock) -> u64 {
 #[inline(never)]
 fn now_other(clock: &Clock, timer: u32) -> u64 {
     let mono_ns = || {
-        if clock.cal.kind == CAL_TSC {
+        if clock.cal.kind == TIMER_KIND_TSC {
             tsc_ns(clock)
         } else {
             ns(ClockId::Monotonic)
@@ -182,7 +179,11 @@ pub(crate) fn calibration() -> TimerCalibration {
         (u128::from(SPAN) * 1_000_000_000 / u128::from(ns)) as u64
     };
     // quanta scales raw values 1:1 when it falls back to the monotonic clock.
-    let kind = if ns == SPAN { 2 } else { 1 };
+    let kind = if ns == SPAN {
+        TIMER_KIND_MONOTONIC
+    } else {
+        TIMER_KIND_TSC
+    };
     TimerCalibration {
         kind,
         base_ticks: base,

@@ -7,7 +7,7 @@
 //! writer's byte order anyway so that a reader never guesses.
 //!
 //! Layer 1 (see the crate docs): depends only on [`crate::seqlock`] (the
-//! sequence word inside rows). The protocols over these words live above:
+//! sequence word inside rows) and [`crate::kinds`] (named in the docs). The protocols over these words live above:
 //! the record lock word in the `lockword` module, the page words in the
 //! `container` module.
 
@@ -29,6 +29,12 @@ pub const LAYOUT_MINOR: u32 = 1;
 pub const BYTE_ORDER_MARK: u32 = 0x0102_0304;
 /// Size of the header, and alignment of every section and container page.
 pub const PAGE: usize = 4096;
+/// Header `timer_kind`: the CYCLE timer is the CPU's invariant TSC,
+/// and the other timers are derived from it.
+pub const TIMER_KIND_TSC: u32 = 1;
+/// Header `timer_kind`: no invariant TSC; every timer reads the monotonic
+/// clock (CYCLE in nanosecond ticks).
+pub const TIMER_KIND_MONOTONIC: u32 = 2;
 /// Header `state`: the creator is still initialising the segment.
 pub const SEGMENT_INITIALIZING: u64 = 0;
 /// Header `state`: every section is initialised; readers may proceed.
@@ -150,7 +156,7 @@ pub struct Header {
     pub timer_ps_per_tick_q32: AtomicU64,
     /// Measured timer frequency, ticks per second.
     pub timer_frequency_hz: AtomicU64,
-    /// Timer source: 1 = CYCLE (TSC), 2 = NANOSECOND (monotonic clock).
+    /// Timer source: [`TIMER_KIND_TSC`] or [`TIMER_KIND_MONOTONIC`].
     pub timer_kind: AtomicU32,
     /// Events kept per thread in each `events_*_history` ring.
     pub history_len: AtomicU32,

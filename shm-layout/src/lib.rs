@@ -136,7 +136,7 @@
 //! | 0x038 | 8 | `timer_base_ticks` | tick value of `TIMER_START` = 0 |
 //! | 0x040 | 8 | `timer_ps_per_tick_q32` | ps per tick, 32.32 fixed point |
 //! | 0x048 | 8 | `timer_frequency_hz` | ticks per second |
-//! | 0x050 | 4 | `timer_kind` | 1 CYCLE (TSC), 2 NANOSECOND |
+//! | 0x050 | 4 | `timer_kind` | 1 TSC (`TIMER_KIND_TSC`: CYCLE is the TSC), 2 monotonic (`TIMER_KIND_MONOTONIC`: no invariant TSC) |
 //! | 0x054 | 4 | `history_len` | events per history ring (≤ 1024, at least 1) |
 //! | 0x058 | 4 | `service_name_len` | bytes of UTF-8 in `service_name` (≤ 64) |
 //! | 0x05C | 4 | `reserved0` | reserved |
@@ -578,6 +578,7 @@
 //! | layer | module | job |
 //! |------:|--------|-----|
 //! | 0 | [`error`] | typed errors |
+//! | 0 | [`files`] | where segments live: the default directory, a segment's file name |
 //! | 0 | [`fork`] | a hook run in the child of `fork(2)`, so that a writer stops there (unsafe) |
 //! | 0 | [`kinds`] | instrument class kinds and wait operations |
 //! | 0 | [`seqlock`] | the sequence lock (one writer, readers retry) |
@@ -648,6 +649,7 @@
 pub mod actors;
 pub mod container;
 pub mod error;
+pub mod files;
 #[allow(unsafe_code)]
 pub mod fork;
 pub mod kinds;

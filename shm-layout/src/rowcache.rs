@@ -22,7 +22,8 @@
 //! when a row leaving the sum held the class's extreme, that extreme is
 //! recomputed from the kept rows of the class.
 //!
-//! Layer 3 (see the crate docs): builds on [`crate::values`] only; it
+//! Layer 3 (see the crate docs): builds on [`crate::values`] and
+//! [`crate::layout`] (the histogram's bucket count); it
 //! never touches a segment.
 
 use std::collections::HashMap;

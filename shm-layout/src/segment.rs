@@ -1,14 +1,15 @@
 //! Mapping a segment file: creation (by the instrumented process), a
 //! validating open (by the agent), and typed views of every section.
 //!
-//! One of the three modules allowed to use `unsafe` (with
-//! [`crate::sigbus`] and [`crate::tsc`]; the crate root denies
-//! `unsafe_code` everywhere else): this one turns offsets, checked against
-//! the validated geometry, into typed references to atomics.
+//! One of the four modules allowed to use `unsafe` (with
+//! [`crate::sigbus`], [`crate::tsc`] and [`crate::fork`]; the crate root
+//! denies `unsafe_code` everywhere else): this one turns offsets, checked
+//! against the validated geometry, into typed references to atomics.
 //!
 //! Layer 3 (see the crate docs): builds on [`crate::layout`],
-//! [`crate::sigbus`], [`crate::actors`] (the default actor row written at
-//! creation), [`crate::text`] and [`crate::error`].
+//! [`crate::seqlock`], [`crate::sigbus`], [`crate::actors`] (the default
+//! actor row written at creation), [`crate::text`], [`crate::tsc`] (a
+//! reader's "now" on a TSC time line) and [`crate::error`].
 
 use std::fs::File;
 use std::mem::{align_of, size_of};
@@ -73,7 +74,8 @@ impl Default for SegmentConfig {
 /// How raw timer ticks convert to picoseconds; stored in the header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimerCalibration {
-    /// 1 = CYCLE (TSC), 2 = NANOSECOND.
+    /// [`TIMER_KIND_TSC`](crate::layout::TIMER_KIND_TSC) or
+    /// [`TIMER_KIND_MONOTONIC`](crate::layout::TIMER_KIND_MONOTONIC).
     pub kind: u32,
     /// Tick value that maps to `TIMER_START` 0.
     pub base_ticks: u64,
@@ -95,7 +97,7 @@ impl TimerCalibration {
     /// assert_eq!(TimerCalibration::NANOSECONDS.ticks_to_ps(3), 3_000);
     /// ```
     pub const NANOSECONDS: Self = Self {
-        kind: 2,
+        kind: crate::layout::TIMER_KIND_MONOTONIC,
         base_ticks: 0,
         ps_per_tick_q32: 1000 << 32,
         frequency_hz: 1_000_000_000,
@@ -127,7 +129,7 @@ impl TimerCalibration {
     /// an event still running.
     pub fn now_ps(&self) -> u128 {
         #[cfg(target_arch = "x86_64")]
-        if self.kind == 1 {
+        if self.kind == crate::layout::TIMER_KIND_TSC {
             return self.since_base_ps(crate::tsc::read_tsc());
         }
         let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);

@@ -35,7 +35,7 @@
 //! static table and calls `mmap`/`sigaction` (system calls); it never
 //! allocates, locks or logs, and it preserves `errno`.
 //!
-//! One of the three modules allowed to use `unsafe` (see the crate docs):
+//! One of the four modules allowed to use `unsafe` (see the crate docs):
 //! installing a signal handler and patching a mapping are system calls.
 //!
 //! Layer 1 (see the crate docs): depends only on [`crate::error`].

@@ -87,3 +87,16 @@ pub fn fnv1a32(bytes: &[u8]) -> u32 {
         (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
     })
 }
+
+/// 64-bit FNV-1a of `bytes`: a statement's `DIGEST` (the hash of the
+/// digest text the application supplied, as the segment stores it).
+///
+/// ```
+/// assert_eq!(pfs_shm_layout::text::fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+/// assert_eq!(pfs_shm_layout::text::fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+/// ```
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}

@@ -1,5 +1,5 @@
 //! Reading the CPU's time-stamp counter: the CYCLE timer of the writer's
-//! hot path. One of the three modules allowed to use `unsafe` (see the
+//! hot path. One of the four modules allowed to use `unsafe` (see the
 //! crate docs): the counter is read through an intrinsic.
 //!
 //! Layer 0 (see the crate docs): depends on no other module of the crate.

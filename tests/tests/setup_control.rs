@@ -55,6 +55,32 @@ fn count(base: &str) -> Result<u64> {
     u64_col(&global_row(base, "wait/synch/mutex/test/a")?, "count_star")
 }
 
+/// A `pfs-test-writer loop` of `service` with `threads` threads in `dir`,
+/// once it is ready.
+fn loop_writer(dir: &str, service: &str, threads: &str) -> Result<Writer> {
+    let mut w = Writer::spawn(
+        writer_exe!(),
+        &[
+            "loop",
+            "--shm-dir",
+            dir,
+            "--service",
+            service,
+            "--threads",
+            threads,
+        ],
+    )?;
+    w.read_json(Duration::from_secs(20))?;
+    Ok(w)
+}
+
+/// `pfs-agent` run with `args`, to its end.
+fn agent_cli(args: &[&str]) -> Result<std::process::Output> {
+    Ok(std::process::Command::new(pfs_tests::agent_bin())
+        .args(args)
+        .output()?)
+}
+
 fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
     let end = Instant::now() + timeout;
     while Instant::now() < end {
@@ -175,11 +201,7 @@ fn nesting_is_consistent_across_processes() -> Result<()> {
 fn control_api_refuses_without_the_right_token_and_changes_nothing() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let d = dir.path().to_str().unwrap();
-    let mut w = Writer::spawn(
-        writer_exe!(),
-        &["loop", "--shm-dir", d, "--service", "ctl", "--threads", "1"],
-    )?;
-    w.read_json(Duration::from_secs(20))?;
+    let mut w = loop_writer(d, "ctl", "1")?;
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "s3cret-token\n")?;
     let (_a, base) = serve(
@@ -246,11 +268,7 @@ fn toggling_instruments_timers_and_consumers_takes_effect_at_the_next_event() ->
     let dir = tempfile::tempdir()?;
     let d = dir.path().to_str().unwrap();
     const THREADS: u64 = 2;
-    let mut w = Writer::spawn(
-        writer_exe!(),
-        &["loop", "--shm-dir", d, "--service", "tog", "--threads", "2"],
-    )?;
-    w.read_json(Duration::from_secs(20))?;
+    let mut w = loop_writer(d, "tog", "2")?;
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "t0ken")?;
     let (_a, base) = serve(
@@ -373,11 +391,7 @@ fn actors_updates_keep_other_columns_a_full_table_is_an_error_and_filters_are_na
 {
     let dir = tempfile::tempdir()?;
     let d = dir.path().to_str().unwrap();
-    let mut w = Writer::spawn(
-        writer_exe!(),
-        &["loop", "--shm-dir", d, "--service", "act", "--threads", "1"],
-    )?;
-    w.read_json(Duration::from_secs(20))?;
+    let mut w = loop_writer(d, "act", "1")?;
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "t0ken")?;
     let (_a, base) = serve(
@@ -418,9 +432,7 @@ fn actors_updates_keep_other_columns_a_full_table_is_an_error_and_filters_are_na
     let (code, reply) = actors(json!({"host": "%", "user": "one-too-many"}))?;
     assert_eq!(code, 409, "{reply}");
     assert!(reply.to_string().contains("full"), "{reply}");
-    let cli = std::process::Command::new(pfs_tests::agent_bin())
-        .args(["setup", "actors", "--user", "another", "--shm-dir", d])
-        .output()?;
+    let cli = agent_cli(&["setup", "actors", "--user", "another", "--shm-dir", d])?;
     let err = String::from_utf8_lossy(&cli.stderr);
     assert!(!cli.status.success() && err.contains("full"), "{err}");
 
@@ -437,19 +449,17 @@ fn actors_updates_keep_other_columns_a_full_table_is_an_error_and_filters_are_na
         warning.contains("filter") && warning.contains("act (pid"),
         "{reply}"
     );
-    let cli = std::process::Command::new(pfs_tests::agent_bin())
-        .args([
-            "setup",
-            "instruments",
-            "wait/%",
-            "--enabled",
-            "no",
-            "--service",
-            "nosuch",
-            "--shm-dir",
-            d,
-        ])
-        .output()?;
+    let cli = agent_cli(&[
+        "setup",
+        "instruments",
+        "wait/%",
+        "--enabled",
+        "no",
+        "--service",
+        "nosuch",
+        "--shm-dir",
+        d,
+    ])?;
     let err = String::from_utf8_lossy(&cli.stderr);
     assert!(
         err.contains("filter") && !err.contains("no live segment in"),
@@ -546,6 +556,51 @@ fn an_agent_restart_keeps_live_changes_over_its_defaults() -> Result<()> {
             Ok(state(&base)? == ("NO".into(), "YES".into()))
         })?;
     }
+    w.finish(Duration::from_secs(10))?;
+    Ok(())
+}
+
+/// `pfs-agent setup` never writes into a segment `serve` would refuse to
+/// read (here a world-writable one), and says why it skipped it.
+#[test]
+fn setup_skips_a_segment_serve_refuses() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir()?;
+    let d = dir.path().to_str().unwrap();
+    let mut w = loop_writer(d, "ww", "1")?;
+    let file = w.segment_in(dir.path(), "ww");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666))?;
+    let out = agent_cli(&[
+        "setup",
+        "instruments",
+        "wait/%",
+        "--enabled",
+        "no",
+        "--shm-dir",
+        d,
+    ])?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        stdout.contains("matched 0 row(s) in 0 segment(s)"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("skipping") && stderr.contains("0666"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("no live segment in"), "{stderr}");
+    let seg = Segment::open(std::fs::File::open(&file)?, false)?;
+    let s = snapshot(&seg, &ReadOptions::default())?;
+    assert!(
+        s.classes
+            .iter()
+            .filter(|c| c.name.starts_with("wait/"))
+            .all(|c| c.enabled()),
+        "the refused segment was changed"
+    );
     w.finish(Duration::from_secs(10))?;
     Ok(())
 }

@@ -32,7 +32,7 @@ impl Drop for DemoDirs {
 fn remove_segments(dir: &Path) {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
-            if e.path().extension().is_some_and(|x| x == "pfs") {
+            if pfs_shm_layout::files::is_segment_file(&e.path()) {
                 let _ = std::fs::remove_file(e.path());
             }
         }
@@ -77,7 +77,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
             .kill_on_drop(true)
             .spawn()
             .context("cannot start the demo workload process")?;
-        let mut set = SegmentSet::new(&dirs.shm, Duration::from_secs(300));
+        let mut set = SegmentSet::new(&dirs.shm, pfs_agent::segments::DEFAULT_DEAD_RETENTION);
         set.defaults = defaults;
         let tokens = Tokens {
             control: token,

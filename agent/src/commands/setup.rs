@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use pfs_agent::filter::Filter;
-use pfs_agent::segments::owner_is_dead;
+use pfs_agent::segments::{Policy, owner_is_dead};
 use pfs_agent::setup::{self, ActorChange, Change, ConsumerChange, InstrumentChange, TimerChange};
 use pfs_agent::util::fs::open_regular;
 
@@ -66,7 +66,7 @@ pub fn run(cmd: SetupCommand) -> anyhow::Result<()> {
     };
     setup::validate(&change)?;
     require_dir(&target.dir.shm_dir)?;
-    let paths = live_segments(&target.dir.shm_dir)?;
+    let (paths, skipped) = live_segments(&target.dir.shm_dir)?;
     let filter = Filter {
         service: target.service,
         pid: target.pid,
@@ -92,7 +92,7 @@ pub fn run(cmd: SetupCommand) -> anyhow::Result<()> {
     if out.segments == 0 && !out.errors.is_empty() {
         bail!("no segment could be changed");
     }
-    if out.segments == 0 && out.filtered_out.is_empty() {
+    if out.segments == 0 && out.filtered_out.is_empty() && skipped == 0 {
         let d = target.dir.shm_dir.display();
         eprintln!(
             "warning: no live segment in {d}: nothing changed; is PFS_SHM_DIR of the instrumented processes {d}?"
@@ -103,22 +103,37 @@ pub fn run(cmd: SetupCommand) -> anyhow::Result<()> {
 
 /// The `.pfs` files of `dir` whose process lives. Each is opened without
 /// following a link or blocking (a FIFO named `*.pfs` cannot hang the
-/// command); anything but a regular file is skipped with a warning.
-fn live_segments(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+/// command); anything but a regular file, and any file the agent's default
+/// policy refuses, is skipped with a warning (and counted).
+fn live_segments(dir: &Path) -> anyhow::Result<(Vec<PathBuf>, usize)> {
     let mut paths = Vec::new();
+    let mut skipped = 0;
     for entry in std::fs::read_dir(dir)
         .with_context(|| format!("cannot list {}", dir.display()))?
         .flatten()
     {
         let p = entry.path();
-        if p.extension().is_none_or(|x| x != "pfs") {
+        if !pfs_shm_layout::files::is_segment_file(&p) {
             continue;
         }
         match open_regular(&p) {
-            Ok(Some((f, _))) if !owner_is_dead(&f) => paths.push(p),
-            Ok(_) => {} // dead, or gone
-            Err(e) => eprintln!("warning: skipping {}: {e}", p.display()),
+            Ok(Some((f, _))) if !owner_is_dead(&f) => {}
+            Ok(_) => continue, // dead, or gone
+            Err(e) => {
+                eprintln!("warning: skipping {}: {e}", p.display());
+                skipped += 1;
+                continue;
+            }
+        }
+        // What `serve` refuses to read (world-writable, too large, not a
+        // valid segment...) is not written either.
+        match Policy::default().check(&p) {
+            Ok(()) => paths.push(p),
+            Err(r) => {
+                eprintln!("warning: skipping {}: {}", p.display(), r.message);
+                skipped += 1;
+            }
         }
     }
-    Ok(paths)
+    Ok((paths, skipped))
 }

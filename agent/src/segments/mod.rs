@@ -105,6 +105,11 @@ impl Stamp {
 /// (see [`SegmentSet::with_not_ready_grace`]).
 const NOT_READY_GRACE: Duration = Duration::from_secs(10);
 
+/// How long a dead process's segment stays exported before it is retired
+/// when nothing else is said (`serve --dead-retention`, whose default
+/// text `5m` a test keeps equal to this).
+pub const DEFAULT_DEAD_RETENTION: Duration = Duration::from_secs(300);
+
 /// Every segment file of one directory.
 #[derive(Debug)]
 pub struct SegmentSet {
@@ -300,7 +305,7 @@ impl SegmentSet {
         }
         for entry in entries.into_iter().flatten().flatten() {
             let path = entry.path();
-            if path.extension().is_none_or(|e| e != "pfs") {
+            if !pfs_shm_layout::files::is_segment_file(&path) {
                 continue;
             }
             seen.insert(path.clone());

@@ -98,6 +98,14 @@ pub(super) fn not_regular(meta: &Metadata) -> Refused {
 }
 
 impl Policy {
+    /// Whether `serve` would accept the file at `path` under this policy
+    /// (links, file type, permissions, owner, size, validation), for a
+    /// tool that writes into segments (`pfs-agent setup`): it must never
+    /// write into a file the agent refuses to read.
+    pub fn check(&self, path: &Path) -> Result<(), Refused> {
+        self.open(path, &Identity::current()).map(drop)
+    }
+
     /// Opens `path` without following links or blocking, applies the
     /// policy to the open descriptor (so a file swapped in after the
     /// `lstat` is judged itself), then validates it.

@@ -341,20 +341,11 @@ pub(super) fn event_row<'a>(
     row
 }
 
-/// Which per-thread events a table shows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Ring {
-    /// The thread's current event.
-    Current,
-    /// The thread's history ring.
-    History,
-}
-
 /// A thread's events of `kind` in `ring`, each with its statement part.
 fn thread_events<'a>(
     t: &'a ThreadSnapshot,
     kind: EventKind,
-    ring: Ring,
+    ring: EventsTable,
 ) -> Box<dyn Iterator<Item = (&'a Event, Option<&'a StatementEvent>)> + 'a> {
     let plain = |v: &'a [Event]| -> Box<dyn Iterator<Item = _> + 'a> {
         Box::new(v.iter().map(|e| (e, None)))
@@ -363,12 +354,12 @@ fn thread_events<'a>(
         Box::new(v.iter().map(|e| (&e.ev, Some(e))))
     };
     match (kind, ring) {
-        (EventKind::Wait, Ring::Current) => plain(t.waits_current.as_slice()),
-        (EventKind::Wait, Ring::History) => plain(&t.waits_history),
-        (EventKind::Stage, Ring::Current) => plain(t.stages_current.as_slice()),
-        (EventKind::Stage, Ring::History) => plain(&t.stages_history),
-        (EventKind::Statement, Ring::Current) => statements(t.statements_current.as_slice()),
-        (EventKind::Statement, Ring::History) => statements(&t.statements_history),
+        (EventKind::Wait, EventsTable::Current) => plain(t.waits_current.as_slice()),
+        (EventKind::Wait, EventsTable::History) => plain(&t.waits_history),
+        (EventKind::Stage, EventsTable::Current) => plain(t.stages_current.as_slice()),
+        (EventKind::Stage, EventsTable::History) => plain(&t.stages_history),
+        (EventKind::Statement, EventsTable::Current) => statements(t.statements_current.as_slice()),
+        (EventKind::Statement, EventsTable::History) => statements(&t.statements_history),
     }
 }
 
@@ -380,22 +371,20 @@ pub(super) fn emit_thread_events(
     view: &View<'_>,
     sink: &mut dyn Sink,
     kind: EventKind,
-    ring: Ring,
+    ring: EventsTable,
 ) {
     sink.columns(&event_columns(kind));
     for (path, s) in &view.segments {
         let classes = class_map(&s.classes);
         // Events still running show the time so far (current rows of a
         // live process only: a dead one's never end).
-        let now = view.running_now(path).filter(|_| ring == Ring::Current);
+        let now = view
+            .running_now(path)
+            .filter(|_| ring == EventsTable::Current);
         for t in &s.threads {
-            let table = match ring {
-                Ring::Current => EventsTable::Current,
-                Ring::History => EventsTable::History,
-            };
             let visible = view
                 .baselines_for(path, s)
-                .visible_events(path, t, kind, table);
+                .visible_events(path, t, kind, ring);
             for (e, st) in thread_events(t, kind, ring).filter(|(e, _)| visible(e)) {
                 sink.row(&event_row(s, &classes, e, st, kind, now));
             }

@@ -3,7 +3,7 @@
 //! thread last ran one of a task's events). `TRUNCATE` hides the events
 //! that exist at that time, in this table only.
 
-use super::columns::{Ring, emit_thread_events};
+use super::columns::emit_thread_events;
 use super::view::KindTable;
 use crate::event_kind::EventKind;
 use crate::truncate::EventsTable;
@@ -13,7 +13,7 @@ pub fn table(kind: EventKind) -> KindTable {
     KindTable::new(
         kind,
         "current",
-        |view, sink, kind| emit_thread_events(view, sink, kind, Ring::Current),
+        |view, sink, kind| emit_thread_events(view, sink, kind, EventsTable::Current),
         |b, snap, kind| b.truncate_events(snap, kind, EventsTable::Current),
     )
 }

@@ -4,7 +4,7 @@
 //! (`THREAD_ID`, `EVENT_ID`). `TRUNCATE` hides the events that exist at
 //! that time, in this table only, per logical thread.
 
-use super::columns::{Ring, emit_thread_events};
+use super::columns::emit_thread_events;
 use super::view::KindTable;
 use crate::event_kind::EventKind;
 use crate::truncate::EventsTable;
@@ -14,7 +14,7 @@ pub fn table(kind: EventKind) -> KindTable {
     KindTable::new(
         kind,
         "history",
-        |view, sink, kind| emit_thread_events(view, sink, kind, Ring::History),
+        |view, sink, kind| emit_thread_events(view, sink, kind, EventsTable::History),
         |b, snap, kind| b.truncate_events(snap, kind, EventsTable::History),
     )
 }

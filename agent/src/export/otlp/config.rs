@@ -44,7 +44,9 @@ pub enum ConfigError {
     Scheme(String),
     /// A port that is not a number from 1 to 65535.
     #[error(
-        "OTLP endpoint {endpoint:?}: port {port:?} is not a number from 1 to 65535; use e.g. http://HOST:4318 (HTTP) or http://HOST:4317 (gRPC)"
+        "OTLP endpoint {endpoint:?}: port {port:?} is not a number from 1 to 65535; use e.g. http://HOST:{} (HTTP) or http://HOST:{} (gRPC)",
+        Transport::HttpProtobuf.default_port(),
+        Transport::Grpc.default_port()
     )]
     Port {
         /// The endpoint as given.
@@ -154,7 +156,7 @@ pub struct OtlpArgs {
     pub endpoint: Option<String>,
     /// OTLP transport (overrides OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL;
     /// default http/protobuf).
-    #[arg(long = "otlp-protocol", value_name = "PROTOCOL", value_parser = ["grpc", "http/protobuf"])]
+    #[arg(long = "otlp-protocol", value_name = "PROTOCOL", value_parser = clap::builder::PossibleValuesParser::new(Transport::ALL.map(Transport::name)))]
     pub protocol: Option<String>,
     /// Aggregation temporality (overrides
     /// OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE; default cumulative).
@@ -266,6 +268,51 @@ pub enum Transport {
     Grpc,
     /// HTTP POST of a protobuf body, `http/protobuf`.
     HttpProtobuf,
+}
+
+impl Transport {
+    /// Every transport.
+    pub const ALL: [Transport; 2] = [Transport::Grpc, Transport::HttpProtobuf];
+
+    /// Its `OTEL_EXPORTER_OTLP_PROTOCOL` value.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Transport::Grpc => "grpc",
+            Transport::HttpProtobuf => "http/protobuf",
+        }
+    }
+
+    /// Its collectors' default port (OTLP's 4317 for gRPC, 4318 for HTTP).
+    pub const fn default_port(self) -> u16 {
+        match self {
+            Transport::Grpc => 4317,
+            Transport::HttpProtobuf => 4318,
+        }
+    }
+
+    /// The other transport.
+    pub const fn other(self) -> Transport {
+        match self {
+            Transport::Grpc => Transport::HttpProtobuf,
+            Transport::HttpProtobuf => Transport::Grpc,
+        }
+    }
+
+    /// A warning when `endpoint`'s port is the other transport's default:
+    /// the usual cause of exports failing with a protocol error.
+    pub fn port_warning(self, endpoint: &str) -> Option<String> {
+        let port = endpoint.parse::<hyper::Uri>().ok()?.port_u16()?;
+        let other = self.other();
+        (port == other.default_port()).then(|| {
+            format!(
+                "port {port} is the OTLP {} default but the protocol is {}: if exports fail, set OTEL_EXPORTER_OTLP_PROTOCOL={} or use port {}",
+                other.name(),
+                self.name(),
+                other.name(),
+                self.default_port()
+            )
+        })
+    }
 }
 
 /// The resolved exporter configuration.
@@ -482,10 +529,9 @@ impl Config {
             .map(|(_, v)| v)
         }) {
             None => Transport::HttpProtobuf,
-            Some(p) => match p.as_str() {
-                "grpc" => Transport::Grpc,
-                "http/protobuf" => Transport::HttpProtobuf,
-                other => return Err(ConfigError::Protocol(other.to_string())),
+            Some(p) => match Transport::ALL.into_iter().find(|t| t.name() == p) {
+                Some(t) => t,
+                None => return Err(ConfigError::Protocol(p)),
             },
         };
         // The endpoint as the user gave it (errors quote it), with the

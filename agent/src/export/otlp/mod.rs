@@ -90,13 +90,13 @@ pub fn start(
     let agent_start = SystemTime::now();
     tracing::info!(
         endpoint = %cfg.endpoint,
-        protocol = match cfg.transport { Transport::Grpc => "grpc", Transport::HttpProtobuf => "http/protobuf" },
+        protocol = cfg.transport.name(),
         tls = %sender.tls_description().unwrap_or_else(|| "off".to_string()),
         interval = ?cfg.interval,
         temporality = ?cfg.temporality,
         "OTLP metrics export enabled"
     );
-    if let Some(hint) = default_port_mismatch(cfg.transport, &cfg.endpoint) {
+    if let Some(hint) = cfg.transport.port_warning(&cfg.endpoint) {
         tracing::warn!(endpoint = %cfg.endpoint, "{hint}");
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -246,22 +246,6 @@ fn log_partial(p: &transport::Partial, points: usize, last: &mut Option<transpor
     *last = Some(p.clone());
 }
 
-/// A warning when the endpoint's port is the other transport's default
-/// (4317 is OTLP/gRPC's, 4318 OTLP/HTTP's): the usual cause of exports
-/// failing with a protocol error.
-fn default_port_mismatch(transport: Transport, endpoint: &str) -> Option<&'static str> {
-    let port = endpoint.parse::<hyper::Uri>().ok()?.port_u16()?;
-    match (transport, port) {
-        (Transport::HttpProtobuf, 4317) => Some(
-            "port 4317 is the OTLP/gRPC default but the protocol is http/protobuf: if exports fail, set OTEL_EXPORTER_OTLP_PROTOCOL=grpc or use port 4318",
-        ),
-        (Transport::Grpc, 4318) => Some(
-            "port 4318 is the OTLP/HTTP default but the protocol is grpc: if exports fail, set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf or use port 4317",
-        ),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,15 +279,23 @@ mod tests {
 
     #[test]
     fn the_other_transports_default_port_is_warned_about() {
+        let w = Transport::HttpProtobuf.port_warning("http://c:4317/v1/metrics");
         assert!(
-            default_port_mismatch(Transport::HttpProtobuf, "http://c:4317/v1/metrics").is_some()
+            w.unwrap()
+                .contains("OTEL_EXPORTER_OTLP_PROTOCOL=grpc or use port 4318")
         );
-        assert!(default_port_mismatch(Transport::Grpc, "https://c:4318").is_some());
-        assert!(default_port_mismatch(Transport::Grpc, "http://c:4317").is_none());
+        assert!(Transport::Grpc.port_warning("https://c:4318").is_some());
+        assert!(Transport::Grpc.port_warning("http://c:4317").is_none());
         assert!(
-            default_port_mismatch(Transport::HttpProtobuf, "http://c:4318/v1/metrics").is_none()
+            Transport::HttpProtobuf
+                .port_warning("http://c:4318/v1/metrics")
+                .is_none()
         );
-        assert!(default_port_mismatch(Transport::HttpProtobuf, "http://c/v1/metrics").is_none());
+        assert!(
+            Transport::HttpProtobuf
+                .port_warning("http://c/v1/metrics")
+                .is_none()
+        );
     }
 
     #[test]

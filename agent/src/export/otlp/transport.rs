@@ -62,7 +62,7 @@ pub enum SendError {
         /// The failure (the whole cause chain).
         detail: String,
         /// What to change.
-        hint: &'static str,
+        hint: String,
     },
     /// Compressing the body failed.
     #[error("cannot compress the request: {0}")]
@@ -216,27 +216,29 @@ fn grpc_detail(s: &tonic::Status) -> String {
 /// endpoint, when it means the endpoint speaks the other OTLP transport:
 /// an HTTP/1.1 request answered by an HTTP/2-only (gRPC) server, or gRPC's
 /// HTTP/2 preface answered in HTTP/1.1.
-fn wrong_protocol(transport: Transport, detail: &str) -> Option<&'static str> {
-    match transport {
+fn wrong_protocol(transport: Transport, detail: &str) -> Option<String> {
+    let speaks = match transport {
         Transport::HttpProtobuf
             if detail.contains("invalid HTTP version parsed")
                 || detail.contains("received unexpected message from connection") =>
         {
-            Some(
-                "the endpoint seems to speak gRPC (HTTP/2 only): set OTEL_EXPORTER_OTLP_PROTOCOL=grpc (--otlp-protocol grpc), or use the collector's OTLP/HTTP port (4318 by default)",
-            )
+            "gRPC (HTTP/2 only)"
         }
         Transport::Grpc
             if detail.contains("frame with invalid size")
                 || detail.contains("invalid HTTP version")
                 || detail.contains("connection reset") && detail.contains("h2") =>
         {
-            Some(
-                "the endpoint seems to speak HTTP/1.1 (OTLP/HTTP?): set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf (--otlp-protocol http/protobuf), or use the collector's gRPC port (4317 by default)",
-            )
+            "HTTP/1.1 (OTLP/HTTP?)"
         }
-        _ => None,
-    }
+        _ => return None,
+    };
+    let other = transport.other().name();
+    Some(format!(
+        "the endpoint seems to speak {speaks}: set OTEL_EXPORTER_OTLP_PROTOCOL={other} (--otlp-protocol {other}), or use the collector's {} port ({} by default)",
+        transport.name(),
+        transport.default_port()
+    ))
 }
 
 /// The TCP connector under both transports (and TLS).

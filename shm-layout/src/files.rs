@@ -1,0 +1,47 @@
+//! Layer 0. Where segments live: the default directory, the file name of
+//! a process's segment (`<service>.<pid>.pfs`, so that a listing tells
+//! service and pid) and how a file is recognised as a segment by its name.
+//! The writer names its file with these; readers list a directory with
+//! them.
+
+use std::path::Path;
+
+/// The segment directory when `PFS_SHM_DIR` is not set.
+pub const DEFAULT_SHM_DIR: &str = "/dev/shm/pfs";
+
+/// The extension of every segment file.
+pub const SEGMENT_EXTENSION: &str = "pfs";
+
+/// The file name of the segment of process `pid` of `service`:
+/// `<service>.<pid>.pfs`, the service's characters other than ASCII
+/// letters, digits, `-` and `_` replaced by `_`.
+///
+/// ```
+/// use pfs_shm_layout::files::segment_file_name;
+/// assert_eq!(segment_file_name("orders api/v2", 42), "orders_api_v2.42.pfs");
+/// ```
+pub fn segment_file_name(service: &str, pid: u32) -> String {
+    let safe: String = service
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{safe}.{pid}.{SEGMENT_EXTENSION}")
+}
+
+/// Whether `path` names a segment file (by its extension; what it holds
+/// is for the reader to check).
+///
+/// ```
+/// use pfs_shm_layout::files::is_segment_file;
+/// assert!(is_segment_file(std::path::Path::new("/dev/shm/pfs/api.7.pfs")));
+/// assert!(!is_segment_file(std::path::Path::new("/dev/shm/pfs/.pfs-agent.lock")));
+/// ```
+pub fn is_segment_file(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == SEGMENT_EXTENSION)
+}
