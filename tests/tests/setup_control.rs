@@ -477,19 +477,7 @@ fn actors_updates_keep_other_columns_a_full_table_is_an_error_and_filters_are_na
 fn an_agent_restart_keeps_live_changes_over_its_defaults() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let d = dir.path().to_str().unwrap();
-    let mut w = Writer::spawn(
-        writer_exe!(),
-        &[
-            "loop",
-            "--shm-dir",
-            d,
-            "--service",
-            "keep",
-            "--threads",
-            "1",
-        ],
-    )?;
-    w.read_json(Duration::from_secs(20))?;
+    let mut w = loop_writer(d, "keep", "1")?;
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "t0ken")?;
     let token = token_file.to_str().unwrap();

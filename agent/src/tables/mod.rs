@@ -408,6 +408,11 @@ mod task_tests {
         .take()
     }
 
+    /// `TRUNCATE` of table `name` as of a snapshot of `dir`, into `b`.
+    fn truncate(dir: &Path, name: &str, b: &mut Baselines) {
+        lookup(name).unwrap().truncate(b, &snap(dir)).unwrap();
+    }
+
     fn table(dir: &Path, name: &str, b: &Baselines) -> Table {
         build(lookup(name).unwrap(), &snap(dir), &Filter::default(), b)
     }
@@ -565,10 +570,7 @@ mod task_tests {
         let none = Baselines::default();
         assert!(table(dir.path(), "setup_actors", &none).rows.len() >= 2);
         let mut b = Baselines::default();
-        lookup("setup_actors")
-            .unwrap()
-            .truncate(&mut b, &snap(dir.path()))
-            .unwrap();
+        truncate(dir.path(), "setup_actors", &mut b);
         assert!(table(dir.path(), "setup_actors", &none).rows.is_empty());
         assert!(b.is_empty(), "no baselines: the rows are gone");
     }
@@ -578,10 +580,7 @@ mod task_tests {
         let dir = tempfile::tempdir().unwrap();
         let (_f, _w, _q, _slot) = segment(dir.path());
         let mut b = Baselines::default();
-        lookup("memory_summary_global_by_event_name")
-            .unwrap()
-            .truncate(&mut b, &snap(dir.path()))
-            .unwrap();
+        truncate(dir.path(), "memory_summary_global_by_event_name", &mut b);
         let t = table(dir.path(), "memory_summary_global_by_event_name", &b);
         let names = col(&t, "event_name");
         let i = names
@@ -628,10 +627,7 @@ mod task_tests {
                 "events_statements_summary_global_by_event_name",
                 "events_statements_history",
             ] {
-                lookup(name)
-                    .unwrap()
-                    .truncate(&mut b, &snap(dir.path()))
-                    .unwrap();
+                truncate(dir.path(), name, &mut b);
             }
             assert!(
                 table(dir.path(), "events_statements_history", &b)
@@ -676,10 +672,7 @@ mod task_tests {
         let mut b = Baselines::default();
         let current_before = ids(&table(dir.path(), "events_statements_current", &b));
         assert!(!current_before.is_empty());
-        lookup("events_statements_history")
-            .unwrap()
-            .truncate(&mut b, &snap(dir.path()))
-            .unwrap();
+        truncate(dir.path(), "events_statements_history", &mut b);
         assert!(
             table(dir.path(), "events_statements_history", &b)
                 .rows
@@ -691,10 +684,7 @@ mod task_tests {
             current_before,
             "truncating the history left the current table whole"
         );
-        lookup("events_statements_current")
-            .unwrap()
-            .truncate(&mut b, &snap(dir.path()))
-            .unwrap();
+        truncate(dir.path(), "events_statements_current", &mut b);
         assert!(
             table(dir.path(), "events_statements_current", &b)
                 .rows
@@ -744,10 +734,11 @@ mod task_tests {
         let dir = tempfile::tempdir().unwrap();
         let (_f, w, q, slot) = segment(dir.path());
         let mut b = Baselines::default();
-        lookup("events_statements_summary_global_by_event_name")
-            .unwrap()
-            .truncate(&mut b, &snap(dir.path()))
-            .unwrap();
+        truncate(
+            dir.path(),
+            "events_statements_summary_global_by_event_name",
+            &mut b,
+        );
         statement(&w, slot, q, (TASK, 3), 4_000_000, cancelled(1_500_000));
         for name in [
             "events_statements_summary_global_by_event_name",
