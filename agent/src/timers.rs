@@ -14,8 +14,8 @@
 
 use std::time::{Duration, Instant};
 
+use pfs_shm_layout::clock::coarse_ns;
 use pfs_shm_layout::layout::TimerId;
-use rustix::time::{ClockId, clock_gettime};
 
 /// One `performance_timers` row.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -28,11 +28,6 @@ pub struct TimerRow {
     pub resolution: Option<u64>,
     /// `TIMER_OVERHEAD` (cycles).
     pub overhead: Option<u64>,
-}
-
-fn ns(id: ClockId) -> u64 {
-    let t = clock_gettime(id);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 fn clock() -> &'static quanta::Clock {
@@ -60,7 +55,7 @@ fn read(t: TimerId) -> Option<u64> {
         TimerId::Nanosecond => nanos(),
         TimerId::Microsecond => nanos() / 1000,
         TimerId::Millisecond => nanos() / 1_000_000,
-        TimerId::Tick => ns(ClockId::MonotonicCoarse),
+        TimerId::Tick => coarse_ns(),
     })
 }
 

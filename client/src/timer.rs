@@ -19,8 +19,8 @@
 use std::sync::OnceLock;
 
 use pfs_shm_layout::TimerCalibration;
+use pfs_shm_layout::clock::{PS_PER_NS, coarse_ns, monotonic_ns};
 use pfs_shm_layout::layout::{TIMER_KIND_MONOTONIC, TIMER_KIND_TSC, TimerId};
-use rustix::time::{ClockId, clock_gettime};
 
 static CLOCK: OnceLock<quanta::Clock> = OnceLock::new();
 
@@ -28,12 +28,6 @@ static CLOCK: OnceLock<quanta::Clock> = OnceLock::new();
 #[inline(always)]
 pub(crate) fn quanta_clock() -> &'static quanta::Clock {
     CLOCK.get_or_init(quanta::Clock::new)
-}
-
-#[inline(always)]
-fn ns(id: ClockId) -> u64 {
-    let t = clock_gettime(id);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// The segment's timer calibration with what the hot path derives from
@@ -116,14 +110,14 @@ fn now_other(clock: &Clock, timer: u32) -> u64 {
         if clock.cal.kind == TIMER_KIND_TSC {
             tsc_ns(clock)
         } else {
-            ns(ClockId::Monotonic)
+            monotonic_ns()
         }
     };
     match TimerId::from_u32(timer) {
         Some(TimerId::Nanosecond) => mono_ns(),
         Some(TimerId::Microsecond) => mono_ns() / 1000 * 1000,
         Some(TimerId::Millisecond) => mono_ns() / 1_000_000 * 1_000_000,
-        Some(TimerId::Tick) => ns(ClockId::MonotonicCoarse),
+        Some(TimerId::Tick) => coarse_ns(),
         Some(TimerId::Cycle) | None => quanta_clock().raw(),
     }
 }
@@ -168,11 +162,11 @@ pub(crate) fn to_ps(clock: &Clock, timer: u32, ticks: u64) -> u64 {
 pub(crate) fn calibration() -> TimerCalibration {
     let c = quanta_clock();
     let base = c.raw();
-    let base_ns = ns(ClockId::Monotonic);
+    let base_ns = monotonic_ns();
     const SPAN: u64 = 1 << 40;
     let ns = c.delta_as_nanos(0, SPAN);
     // ps per tick (q32) = ns * 1000 * 2^32 / 2^40 = ns * 1000 / 2^8
-    let q32 = ((u128::from(ns) * 1000) >> 8) as u64;
+    let q32 = ((u128::from(ns) * u128::from(PS_PER_NS)) >> 8) as u64;
     let frequency_hz = if ns == 0 {
         0
     } else {
@@ -225,7 +219,7 @@ mod tests {
     #[test]
     fn tsc_nanoseconds_follow_the_monotonic_clock() {
         let cal = Clock::new(calibration());
-        let mono = || ns(ClockId::Monotonic);
+        let mono = || monotonic_ns();
         let nano = || now(&cal, TimerId::Nanosecond as u32);
         // Same scale and origin as CLOCK_MONOTONIC at creation...
         let (m0, n0) = (mono(), nano());

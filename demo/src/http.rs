@@ -148,26 +148,14 @@ fn app() -> Router {
         .layer(TraceLayer::new_for_http().make_span_with(pfs_tracing::http::make_span))
 }
 
-/// A small xorshift PRNG: the load generator's choices.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 /// One client of the load generator: a keep-alive HTTP/1 connection pool
 /// sending a mix of requests until `stop`.
 async fn client(addr: SocketAddr, seed: u64, stop: Arc<AtomicBool>) {
     let http = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let mut rng = Rng(seed | 1);
+    let mut rng = fastrand::Rng::with_seed(seed);
     while !stop.load(Ordering::Relaxed) {
-        let (method, path, patient) = match rng.below(100) {
-            0..=59 => ("GET", format!("/orders/{}", rng.below(160)), true),
+        let (method, path, patient) = match rng.u64(..100) {
+            0..=59 => ("GET", format!("/orders/{}", rng.u64(..160)), true),
             60..=84 => ("POST", "/orders".to_string(), true),
             85..=97 => ("GET", "/report".to_string(), true),
             _ => ("GET", "/slow".to_string(), false),

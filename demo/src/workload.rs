@@ -225,39 +225,14 @@ fn relock<G>(r: LockResult<G>) -> G {
     r.unwrap_or_else(PoisonError::into_inner)
 }
 
-/// xorshift64* — deterministic load generation, never used for timings.
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> Self {
-        Self(seed.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next_u64() % (hi - lo + 1)
-    }
-}
-
 fn key_name(n: u64) -> String {
     format!("key-{n:04}")
 }
 
 /// A printable value of `len` bytes (no spaces or newlines, so a WAL
 /// record is one line).
-fn make_value(rng: &mut XorShift, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|_| b'a' + (rng.next_u64() % 26) as u8)
-        .collect()
+fn make_value(rng: &mut fastrand::Rng, len: usize) -> Vec<u8> {
+    (0..len).map(|_| rng.u8(b'a'..=b'z')).collect()
 }
 
 /// The write-ahead log: an append-only file, group-committed, truncated
@@ -670,12 +645,12 @@ fn worker_loop(shared: &Shared) {
     }
 }
 
-fn make_request(rng: &mut XorShift, reply: &Arc<Reply>) -> Request {
-    let slot = rng.range(0, KEY_SPACE - 1);
-    let op = match rng.range(0, 99) {
+fn make_request(rng: &mut fastrand::Rng, reply: &Arc<Reply>) -> Request {
+    let slot = rng.u64(0..=KEY_SPACE - 1);
+    let op = match rng.u64(0..=99) {
         0..70 => Op::Get,
         70..95 => {
-            let len = rng.range(16, 256) as usize;
+            let len = rng.u64(16..=256) as usize;
             Op::Put(make_value(rng, len))
         }
         _ => Op::Delete,
@@ -708,11 +683,11 @@ fn connection(shared: &Shared, id: u64) {
     // Who this connection serves: setup_actors decides whether it is
     // instrumented, and the threads table shows it.
     pfs_client::set_thread_actor("app", &format!("client-{}", id % 3), "");
-    let mut rng = XorShift::new(id);
-    let bursts = rng.range(4, 20);
+    let mut rng = fastrand::Rng::with_seed(id);
+    let bursts = rng.u64(4..=20);
     let mut answered = 0usize;
     for _ in 0..bursts {
-        let n = rng.range(8, 48) as usize;
+        let n = rng.u64(8..=48) as usize;
         let reply = Arc::new(Reply::new(n));
         let batch: Vec<Request> = (0..n).map(|_| make_request(&mut rng, &reply)).collect();
         {
@@ -731,7 +706,7 @@ fn connection(shared: &Shared, id: u64) {
         }
         answered += st.found;
         drop(st);
-        thread::sleep(Duration::from_millis(rng.range(20, 60)));
+        thread::sleep(Duration::from_millis(rng.u64(20..=60)));
     }
     relock(shared.stats.lock()).counters.connections += 1;
     tracing::trace!(id, bursts, answered, "connection closed");
@@ -757,7 +732,7 @@ fn spawn_connection(shared: &Arc<Shared>) {
 /// Keeps `MIN_CONNS..=MAX_CONNS` connections alive, starting one every
 /// 50-200 ms.
 fn spawner_loop(shared: &Arc<Shared>) {
-    let mut rng = XorShift::new(0x5EED);
+    let mut rng = fastrand::Rng::with_seed(0x5EED);
     loop {
         while shared.conns_alive.load(Ordering::Acquire) < MIN_CONNS && !shared.stopped() {
             spawn_connection(shared);
@@ -765,7 +740,7 @@ fn spawner_loop(shared: &Arc<Shared>) {
         if shared.conns_alive.load(Ordering::Acquire) < MAX_CONNS && !shared.stopped() {
             spawn_connection(shared);
         }
-        if !shared.sleep(Duration::from_millis(rng.range(50, 200))) {
+        if !shared.sleep(Duration::from_millis(rng.u64(50..=200))) {
             return;
         }
     }
@@ -844,9 +819,9 @@ fn run_workload(
 ) -> anyhow::Result<Counters> {
     let store = Store::open(data_dir)
         .with_context(|| format!("cannot create the WAL in {}", data_dir.display()))?;
-    let mut rng = XorShift::new(0xDA7A);
+    let mut rng = fastrand::Rng::with_seed(0xDA7A);
     for n in 0..PRELOAD_KEYS {
-        let len = rng.range(16, 256) as usize;
+        let len = rng.u64(16..=256) as usize;
         store.put(&key_name(n), make_value(&mut rng, len));
     }
     let shared = Arc::new(Shared {
@@ -955,14 +930,15 @@ mod tests {
     }
 
     #[test]
-    fn xorshift_is_deterministic_and_in_range() {
-        let (mut a, mut b) = (XorShift::new(3), XorShift::new(3));
+    fn load_choices_are_deterministic_and_in_range() {
+        let (mut a, mut b) = (fastrand::Rng::with_seed(3), fastrand::Rng::with_seed(3));
         for _ in 0..1000 {
-            let x = a.range(8, 48);
-            assert_eq!(x, b.range(8, 48));
+            let x = a.u64(8..=48);
+            assert_eq!(x, b.u64(8..=48));
             assert!((8..=48).contains(&x));
         }
-        assert_ne!(XorShift::new(1).next_u64(), XorShift::new(2).next_u64());
+        let value = make_value(&mut a, 64);
+        assert!(value.iter().all(u8::is_ascii_lowercase));
     }
 
     #[test]

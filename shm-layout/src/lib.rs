@@ -577,6 +577,7 @@
 //!
 //! | layer | module | job |
 //! |------:|--------|-----|
+//! | 0 | [`clock`] | the monotonic clocks every timer reads, in ns |
 //! | 0 | [`error`] | typed errors |
 //! | 0 | [`files`] | where segments live: the default directory, a segment's file name |
 //! | 0 | [`fork`] | a hook run in the child of `fork(2)`, so that a writer stops there (unsafe) |
@@ -647,6 +648,7 @@
 #![deny(unsafe_code)]
 
 pub mod actors;
+pub mod clock;
 pub mod container;
 pub mod error;
 pub mod files;

@@ -8,8 +8,9 @@
 //!
 //! Layer 3 (see the crate docs): builds on [`crate::layout`],
 //! [`crate::seqlock`], [`crate::sigbus`], [`crate::actors`] (the default
-//! actor row written at creation), [`crate::text`], [`crate::tsc`] (a
-//! reader's "now" on a TSC time line) and [`crate::error`].
+//! actor row written at creation), [`crate::text`], [`crate::tsc`] and
+//! [`crate::clock`] (a reader's "now" on the segment's time line) and
+//! [`crate::error`].
 
 use std::fs::File;
 use std::mem::{align_of, size_of};
@@ -132,9 +133,8 @@ impl TimerCalibration {
         if self.kind == crate::layout::TIMER_KIND_TSC {
             return self.since_base_ps(crate::tsc::read_tsc());
         }
-        let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-        let ns = t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64;
-        u128::from(ns.saturating_sub(self.base_ns)) * 1000
+        let ns = crate::clock::monotonic_ns();
+        u128::from(ns.saturating_sub(self.base_ns)) * u128::from(crate::clock::PS_PER_NS)
     }
 
     /// Converts a timestamp taken with `timer` to picoseconds since the
@@ -143,7 +143,9 @@ impl TimerCalibration {
     pub fn timestamp_ps(&self, timer: crate::layout::TimerId, ticks: u64) -> u128 {
         match timer {
             crate::layout::TimerId::Cycle => self.since_base_ps(ticks),
-            _ => u128::from(ticks.saturating_sub(self.base_ns)) * 1000,
+            _ => {
+                u128::from(ticks.saturating_sub(self.base_ns)) * u128::from(crate::clock::PS_PER_NS)
+            }
         }
     }
 }
