@@ -172,7 +172,10 @@ pub enum InvalidChange {
     #[error("nothing to change: give \"enabled\" and/or \"timed\"")]
     Nothing,
     /// An actor column outside 1..=32 bytes.
-    #[error("host, user and role must be 1 to 32 bytes (\"%\" matches any)")]
+    #[error(
+        "host, user and role must be 1 to {} bytes (\"%\" matches any)",
+        pfs_shm_layout::layout::ACTOR_FIELD_BYTES
+    )]
     ActorLength,
     /// A `setup_timers` name that matches no event kind: it would change
     /// nothing.
@@ -218,7 +221,7 @@ pub fn validate(change: &Change) -> Result<(), InvalidChange> {
         Change::Actors(a)
             if [&a.host, &a.user, &a.role]
                 .iter()
-                .any(|s| s.is_empty() || s.len() > 32) =>
+                .any(|s| s.is_empty() || s.len() > pfs_shm_layout::layout::ACTOR_FIELD_BYTES) =>
         {
             Err(InvalidChange::ActorLength)
         }

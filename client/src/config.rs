@@ -121,7 +121,11 @@ impl Config {
                 )),
             }
         };
-        c.history_len = num("PFS_HISTORY_SIZE", c.history_len, 1..=1024)?;
+        c.history_len = num(
+            "PFS_HISTORY_SIZE",
+            c.history_len,
+            1..=pfs_shm_layout::segment::MAX_HISTORY_LEN,
+        )?;
         c.max_classes = num("PFS_MAX_CLASSES", c.max_classes, 1..=MAX_CLASSES_LIMIT)?;
         let max_threads = MAX_PAGES * c.records_per_page;
         c.max_threads = num("PFS_MAX_THREADS", c.max_threads, 1..=max_threads)?;

@@ -109,7 +109,11 @@ fn create(cfg: &Config) -> Result<Runtime, InitError> {
         .map_err(|e| InitError::Io(format!("lock {}", path.display()), e.into()))?;
     let records_per_page = cfg.records_per_page.max(1);
     let seg_cfg = SegmentConfig {
-        service_name: pfs_shm_layout::segment::truncate_utf8(&cfg.service_name, 64).to_string(),
+        service_name: pfs_shm_layout::text::truncate_utf8(
+            &cfg.service_name,
+            pfs_shm_layout::layout::SERVICE_NAME_BYTES,
+        )
+        .to_string(),
         history_len: cfg.history_len,
         max_classes: cfg.max_classes,
         max_strings: cfg.max_strings,

@@ -37,6 +37,8 @@ pub const MAX_RECORDS_PER_PAGE: u32 = 4096;
 pub const MAX_PAGES: u32 = 1 << 16;
 /// Largest `history_long` ring.
 pub const MAX_HISTORY_LONG_LEN: u32 = 1 << 24;
+/// Largest `history_len` (events per thread and kind in the history rings).
+pub const MAX_HISTORY_LEN: u32 = 1024;
 
 /// Parameters fixed when a segment is created.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,27 +196,34 @@ impl Geometry {
     /// Lays out a segment for `cfg`, or explains which parameter is out of
     /// range.
     pub fn new(cfg: &SegmentConfig) -> Result<Self, SegmentError> {
-        let bad = |what: &str| Err(SegmentError::BadConfig(what.to_string()));
-        if cfg.history_len == 0 || cfg.history_len > 1024 {
-            return bad("history_len must be in 1..=1024");
+        let bad = |what: String| Err(SegmentError::BadConfig(what));
+        let in_range = |v: u32, max: u32| (1..=max).contains(&v);
+        if !in_range(cfg.history_len, MAX_HISTORY_LEN) {
+            return bad(format!("history_len must be in 1..={MAX_HISTORY_LEN}"));
         }
-        if cfg.max_classes == 0 || cfg.max_classes > MAX_CLASSES_LIMIT {
-            return bad("max_classes must be in 1..=1024");
+        if !in_range(cfg.max_classes, MAX_CLASSES_LIMIT) {
+            return bad(format!("max_classes must be in 1..={MAX_CLASSES_LIMIT}"));
         }
-        if cfg.max_strings == 0 || cfg.max_strings > MAX_STRINGS {
-            return bad("max_strings must be in 1..=1048576");
+        if !in_range(cfg.max_strings, MAX_STRINGS) {
+            return bad(format!("max_strings must be in 1..={MAX_STRINGS}"));
         }
-        if cfg.records_per_page == 0 || cfg.records_per_page > MAX_RECORDS_PER_PAGE {
-            return bad("records_per_page must be in 1..=4096");
+        if !in_range(cfg.records_per_page, MAX_RECORDS_PER_PAGE) {
+            return bad(format!(
+                "records_per_page must be in 1..={MAX_RECORDS_PER_PAGE}"
+            ));
         }
-        if cfg.max_pages == 0 || cfg.max_pages > MAX_PAGES {
-            return bad("max_pages must be in 1..=65536");
+        if !in_range(cfg.max_pages, MAX_PAGES) {
+            return bad(format!("max_pages must be in 1..={MAX_PAGES}"));
         }
         if cfg.service_name.len() > SERVICE_NAME_BYTES {
-            return bad("service_name must be at most 64 bytes");
+            return bad(format!(
+                "service_name must be at most {SERVICE_NAME_BYTES} bytes"
+            ));
         }
         if cfg.history_long_len > MAX_HISTORY_LONG_LEN {
-            return bad("history_long_len must be at most 16777216");
+            return bad(format!(
+                "history_long_len must be at most {MAX_HISTORY_LONG_LEN}"
+            ));
         }
         let record_size = thread_record_size(cfg.history_len, cfg.max_classes);
         let page_size = page_align(record_size * cfg.records_per_page as usize);
@@ -642,7 +651,9 @@ impl Segment {
         }
         let service =
             load_string(&h.service_name, h.service_name_len.load(r)).ok_or_else(|| {
-                SegmentError::Corrupt("service name is not valid UTF-8 of at most 64 bytes".into())
+                SegmentError::Corrupt(format!(
+                    "service name is not valid UTF-8 of at most {SERVICE_NAME_BYTES} bytes"
+                ))
             })?;
         let history_len = h.history_len.load(r);
         let mut found: [Option<(u64, u64, u32, u32)>; 10] = [None; 10];
@@ -737,7 +748,7 @@ impl Segment {
         if (GLOBAL_ROWS_OFFSET + gcount as usize * size_of::<SummaryRow>()) as u64 > gsize {
             return corrupt("global section too small for its rows".into());
         }
-        if history_len == 0 || history_len > 1024 {
+        if history_len == 0 || history_len > MAX_HISTORY_LEN {
             return corrupt(format!("history_len {history_len} out of range"));
         }
         if (size_of::<ContainerHeader>() as u64) > tsize {
