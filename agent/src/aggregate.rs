@@ -59,11 +59,7 @@ pub fn segment_global_memory(s: &SegmentSnapshot) -> MemoryByEventName {
     for n in names.values() {
         out.insert((*n).to_string(), MemoryStats::default());
     }
-    let rows = s
-        .exited_memory
-        .iter()
-        .chain(s.threads.iter().flat_map(|t| t.memory.iter()));
-    for (class, m) in rows {
+    for (class, m) in s.memory_rows() {
         if let Some(name) = names.get(class) {
             out.entry((*name).to_string()).or_default().merge(m);
         }

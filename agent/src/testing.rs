@@ -47,12 +47,10 @@ pub fn segment_started_at(
     (file, SegmentWriter::new(seg))
 }
 
-/// A dead segment (nobody holds it) of `service`, pid `pid`, at
-/// `dir/<service>.<pid>.pfs`, whose one thread recorded `n` timed waits of
-/// `wait/synch/mutex/t/a` (see [`record_waits`]); returns its path.
-pub fn dead_segment(dir: &Path, service: &str, pid: u32, n: u64) -> std::path::PathBuf {
-    let path = dir.join(format!("{service}.{pid}.pfs"));
-    let cfg = SegmentConfig {
+/// The smallest useful segment of `service`: one record of one page,
+/// four classes and strings, rings of two (and one for `history_long`).
+pub fn tiny_config(service: &str) -> SegmentConfig {
+    SegmentConfig {
         service_name: service.into(),
         history_len: 2,
         max_classes: 4,
@@ -60,8 +58,15 @@ pub fn dead_segment(dir: &Path, service: &str, pid: u32, n: u64) -> std::path::P
         records_per_page: 1,
         max_pages: 1,
         history_long_len: 1,
-    };
-    let (_file, w) = segment_at(&path, &cfg, pid, false);
+    }
+}
+
+/// A dead segment (nobody holds it) of `service`, pid `pid`, at
+/// `dir/<service>.<pid>.pfs`, whose one thread recorded `n` timed waits of
+/// `wait/synch/mutex/t/a` (see [`record_waits`]); returns its path.
+pub fn dead_segment(dir: &Path, service: &str, pid: u32, n: u64) -> std::path::PathBuf {
+    let path = dir.join(pfs_shm_layout::files::segment_file_name(service, pid));
+    let (_file, w) = segment_at(&path, &tiny_config(service), pid, false);
     let class = mutex_class(&w, "a");
     let slot = w.alloc_thread(1, 1, "t").expect("a record");
     record_waits(&w, slot.index, class, n);

@@ -89,17 +89,7 @@ fn storm_totals_are_exact() {
     let totals = |name: &str| {
         let s = snapshot(&seg, &ReadOptions::default()).unwrap();
         let idx = s.classes.iter().find(|c| c.name == name).unwrap().index;
-        let mut m = pfs_shm_layout::reader::MemoryStats::default();
-        for (c, r) in s
-            .exited_memory
-            .iter()
-            .chain(s.threads.iter().flat_map(|t| t.memory.iter()))
-        {
-            if *c == idx {
-                m.merge(r);
-            }
-        }
-        m
+        s.memory_of(idx)
     };
     // Expected STORM figures: per round 4 allocs (box, aligned, zeroed,
     // realloc'd) and 4 frees.

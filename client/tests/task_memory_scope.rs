@@ -28,17 +28,7 @@ fn totals(name: &str) -> MemoryStats {
     .unwrap();
     let s = snapshot(&seg, &ReadOptions::default()).unwrap();
     let idx = s.classes.iter().find(|c| c.name == name).unwrap().index;
-    let mut m = MemoryStats::default();
-    for (c, r) in s
-        .exited_memory
-        .iter()
-        .chain(s.threads.iter().flat_map(|t| t.memory.iter()))
-    {
-        if *c == idx {
-            m.merge(r);
-        }
-    }
-    m
+    s.memory_of(idx)
 }
 
 /// Tasks without a scope, allocating on the runtime's workers.

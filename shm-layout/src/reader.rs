@@ -488,6 +488,27 @@ pub struct SegmentSnapshot {
     pub stats: ReadStats,
 }
 
+impl SegmentSnapshot {
+    /// Every memory row of the segment: what exited threads folded in,
+    /// then each live thread's rows, as (class index, figures).
+    pub fn memory_rows(&self) -> impl Iterator<Item = &(u32, MemoryStats)> {
+        self.exited_memory
+            .iter()
+            .chain(self.threads.iter().flat_map(|t| t.memory.iter()))
+    }
+
+    /// The process's memory figures of class `class`: the sum of its
+    /// [`memory_rows`](Self::memory_rows) (LOW and HIGH add, as the
+    /// children's sum).
+    pub fn memory_of(&self, class: u32) -> MemoryStats {
+        let mut m = MemoryStats::default();
+        for (_, r) in self.memory_rows().filter(|(c, _)| *c == class) {
+            m.merge(r);
+        }
+        m
+    }
+}
+
 /// Takes a snapshot of `seg`.
 pub fn snapshot(seg: &Segment, opts: &ReadOptions) -> Result<SegmentSnapshot, SegmentError> {
     let mut stats = ReadStats::default();

@@ -514,16 +514,7 @@ mod tests {
     /// A small segment at `path`, its lock held (by the returned writer's
     /// file) if `held`.
     fn segment(path: &Path, held: bool) -> (std::fs::File, pfs_shm_layout::SegmentWriter) {
-        let cfg = pfs_shm_layout::SegmentConfig {
-            service_name: "unit".into(),
-            history_len: 2,
-            max_classes: 4,
-            max_strings: 4,
-            records_per_page: 1,
-            max_pages: 1,
-            history_long_len: 1,
-        };
-        crate::testing::segment_at(path, &cfg, 1, held)
+        crate::testing::segment_at(path, &crate::testing::tiny_config("unit"), 1, held)
     }
 
     /// A small segment at `path` that nobody holds.
