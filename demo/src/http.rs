@@ -1,4 +1,4 @@
-//! Layer 0. The demo's async service: a small "orders" HTTP API (axum on a
+//! Layer 1. The demo's async service: a small "orders" HTTP API (axum on a
 //! multi-threaded tokio runtime), instrumented the way an async Rust
 //! service is: tower-http's `TraceLayer` request spans become statements
 //! through the `pfs-tracing` layer, the handlers enter stages, and their
@@ -25,7 +25,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -37,6 +36,8 @@ use hyper_util::rt::TokioExecutor;
 use pfs_client::{LazyStageClass, LazyWaitClass};
 use tower_http::trace::TraceLayer;
 use tracing_subscriber::layer::SubscriberExt;
+
+use crate::error::DemoError;
 
 /// The order book: read by GETs, written by commits.
 static BOOK_LOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/rwlock/orders/book");
@@ -191,7 +192,7 @@ thread_local! {
 /// Starts the service and its load generator on their own runtime, in a
 /// thread `http-service`, until `stop` is set. Returns the thread and the
 /// address the service listens on (127.0.0.1, a free port).
-pub fn spawn(stop: Arc<AtomicBool>) -> anyhow::Result<(JoinHandle<()>, SocketAddr)> {
+pub fn spawn(stop: Arc<AtomicBool>) -> Result<(JoinHandle<()>, SocketAddr), DemoError> {
     let dispatch =
         tracing::Dispatch::new(tracing_subscriber::registry().with(pfs_tracing::PfsLayer::http()));
     let on_start = dispatch.clone();
@@ -205,11 +206,13 @@ pub fn spawn(stop: Arc<AtomicBool>) -> anyhow::Result<(JoinHandle<()>, SocketAdd
         })
         .on_thread_stop(|| DISPATCH.with(|d| drop(d.borrow_mut().take())))
         .build()
-        .context("cannot start the HTTP service's runtime")?;
+        .map_err(DemoError::resource("start the HTTP service's runtime"))?;
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .context("cannot bind the HTTP service")?;
-    let addr = listener.local_addr()?;
+        .map_err(DemoError::resource("bind the HTTP service to 127.0.0.1"))?;
+    let addr = listener
+        .local_addr()
+        .map_err(DemoError::resource("read the HTTP service's address"))?;
     let handle = std::thread::Builder::new()
         .name("http-service".into())
         .spawn(move || {
@@ -234,7 +237,7 @@ pub fn spawn(stop: Arc<AtomicBool>) -> anyhow::Result<(JoinHandle<()>, SocketAdd
                 }
             });
         })
-        .context("cannot start the HTTP service thread")?;
+        .map_err(DemoError::resource("start the HTTP service thread"))?;
     Ok((handle, addr))
 }
 

@@ -12,8 +12,9 @@
 //!
 //! | layer | module | job |
 //! |---|---|---|
-//! | 0 | [`http`] | the async "orders" HTTP service (axum, tokio, the tracing layer) and its load generator |
-//! | 1 | [`workload`] | the key-value store, its threads and the instruments they record; starts the HTTP service beside them |
+//! | 0 | [`error`] | [`error::DemoError`], every way the demo can fail |
+//! | 1 | [`http`] | the async "orders" HTTP service (axum, tokio, the tracing layer) and its load generator |
+//! | 2 | [`workload`] | the key-value store, its threads and the instruments they record; starts the HTTP service beside them |
 //!
 //! ```no_run
 //! // Runs until the process is killed (SIGTERM / SIGINT).
@@ -29,5 +30,6 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod error;
 pub mod http;
 pub mod workload;

@@ -1,6 +1,6 @@
 //! The instrumented demo application that `pfs-agent demo` runs as a child
 //! process: an in-memory key-value store with a write-ahead log on disk,
-//! and the async HTTP service of [`crate::http`] beside it. Layer 1.
+//! and the async HTTP service of [`crate::http`] beside it. Layer 2.
 //!
 //! * Short-lived connection threads (`conn-N`) submit bursts of GET / PUT /
 //!   DELETE requests to a queue (mutex + condvar) and wait for the replies
@@ -29,10 +29,11 @@ use std::sync::{Arc, LockResult, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, anyhow};
 use pfs_client::fs::File;
 use pfs_client::sync::{Condvar, Mutex, RwLock};
 use pfs_client::{LazyMemoryClass, LazyStageClass, LazyStatementClass, LazyWaitClass, MemoryToken};
+
+use crate::error::DemoError;
 
 /// Protects the request queue (producers: connections; consumers: workers).
 static QUEUE_LOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/kvstore/queue_lock");
@@ -141,7 +142,7 @@ pub struct WorkloadOptions {
 /// `opts.data_dir`, starts the async HTTP service ([`crate::http`]) and
 /// its load generator, then `opts.workers` workers, the WAL flusher, the
 /// checkpointer and the connection spawner, and blocks joining them.
-pub fn run(opts: WorkloadOptions) -> anyhow::Result<()> {
+pub fn run(opts: WorkloadOptions) -> Result<(), DemoError> {
     let WorkloadOptions {
         shm_dir,
         service,
@@ -151,15 +152,14 @@ pub fn run(opts: WorkloadOptions) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     stop_on_signal(stop.clone())?;
     let mut config = pfs_client::Config::from_env()
-        .context("invalid PFS_* environment variable; fix or unset it")?
+        .map_err(DemoError::Environment)?
         .shm_dir(shm_dir.clone());
     config.service_name = service.clone();
     let group_access = config.group_access;
-    pfs_client::init_with(config).with_context(|| {
-        format!(
-            "cannot initialise pfs-client for service {service:?} in {}",
-            shm_dir.display()
-        )
+    pfs_client::init_with(config).map_err(|source| DemoError::Init {
+        service: service.clone(),
+        shm_dir: shm_dir.clone(),
+        source,
     })?;
     tracing::info!(
         service,
@@ -181,16 +181,16 @@ pub fn run(opts: WorkloadOptions) -> anyhow::Result<()> {
 /// when this returns (a signal that arrives earlier kills the process, or
 /// is dropped if it is a PID namespace's init); a thread named `signals`
 /// waits for them.
-fn stop_on_signal(stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+fn stop_on_signal(stop: Arc<AtomicBool>) -> Result<(), DemoError> {
     use tokio::signal::unix::{SignalKind, signal};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
-        .context("cannot start the signal-handling runtime")?;
+        .map_err(DemoError::resource("start the signal-handling runtime"))?;
     let (mut term, mut int) = {
         let _in_rt = rt.enter();
         let handler = |kind, name: &str| {
-            signal(kind).with_context(|| format!("cannot install a {name} handler"))
+            signal(kind).map_err(DemoError::resource(format!("install a {name} handler")))
         };
         (
             handler(SignalKind::terminate(), "SIGTERM")?,
@@ -712,11 +712,14 @@ fn connection(shared: &Shared, id: u64) {
     tracing::trace!(id, bursts, answered, "connection closed");
 }
 
-fn spawn_named(name: String, f: impl FnOnce() + Send + 'static) -> anyhow::Result<JoinHandle<()>> {
+fn spawn_named(
+    name: String,
+    f: impl FnOnce() + Send + 'static,
+) -> Result<JoinHandle<()>, DemoError> {
     thread::Builder::new()
         .name(name.clone())
         .spawn(f)
-        .with_context(|| format!("cannot spawn thread {name}"))
+        .map_err(DemoError::resource(format!("spawn thread {name}")))
 }
 
 fn spawn_connection(shared: &Arc<Shared>) {
@@ -787,7 +790,7 @@ fn checkpoint_loop(shared: &Shared) {
 fn start_threads(
     shared: &Arc<Shared>,
     workers: usize,
-) -> anyhow::Result<(Vec<JoinHandle<()>>, JoinHandle<()>)> {
+) -> Result<(Vec<JoinHandle<()>>, JoinHandle<()>), DemoError> {
     let mut handles = Vec::new();
     for i in 0..workers.max(1) {
         let s = Arc::clone(shared);
@@ -804,9 +807,9 @@ fn start_threads(
     Ok((handles, spawner))
 }
 
-fn join(h: JoinHandle<()>) -> anyhow::Result<()> {
+fn join(h: JoinHandle<()>) -> Result<(), DemoError> {
     let name = h.thread().name().unwrap_or("?").to_owned();
-    h.join().map_err(|_| anyhow!("demo thread {name} panicked"))
+    h.join().map_err(|_| DemoError::ThreadPanicked { name })
 }
 
 /// Runs the workload until `stop` is set (by SIGTERM / SIGINT, in the real
@@ -816,9 +819,11 @@ fn run_workload(
     data_dir: &Path,
     workers: usize,
     stop: Arc<AtomicBool>,
-) -> anyhow::Result<Counters> {
-    let store = Store::open(data_dir)
-        .with_context(|| format!("cannot create the WAL in {}", data_dir.display()))?;
+) -> Result<Counters, DemoError> {
+    let store = Store::open(data_dir).map_err(|source| DemoError::Wal {
+        dir: data_dir.to_owned(),
+        source,
+    })?;
     let mut rng = fastrand::Rng::with_seed(0xDA7A);
     for n in 0..PRELOAD_KEYS {
         let len = rng.u64(16..=256) as usize;

@@ -188,5 +188,6 @@ pub fn workload(a: WorkloadArgs) -> anyhow::Result<()> {
         service,
         data_dir: a.data_dir,
         workers: a.workers,
-    })
+    })?;
+    Ok(())
 }
