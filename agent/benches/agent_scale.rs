@@ -58,10 +58,12 @@ use pfs_agent::segments::SegmentSet;
 use pfs_agent::snapshot::Snapshotter;
 use pfs_agent::tables;
 use pfs_agent::truncate::Baselines;
-use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, EventType, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
+use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
 use pfs_shm_layout::reader::{ReadOptions, snapshot};
-use pfs_shm_layout::writer::{EventData, KIND_STAGE, KIND_STATEMENT, KIND_WAIT, StatementFigures};
-use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration};
+use pfs_shm_layout::writer::{EventData, StatementFigures};
+use pfs_shm_layout::{
+    ClassKind, EventKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration,
+};
 
 const TIMER: TimerCalibration = TimerCalibration::NANOSECONDS;
 
@@ -72,17 +74,17 @@ struct Synthetic {
     _lock: File,
     writer: SegmentWriter,
     /// Summary classes registered, with their kind.
-    classes: Vec<(u32, usize)>,
+    classes: Vec<(u32, EventKind)>,
     threads: Vec<u32>,
 }
 
-fn class_name(i: u32) -> (String, usize) {
+fn class_name(i: u32) -> (String, EventKind) {
     match i % 10 {
-        0..=3 => (format!("wait/synch/mutex/bench/m{i}"), KIND_WAIT),
-        4 | 5 => (format!("wait/io/file/bench/f{i}"), KIND_WAIT),
-        6 => (format!("wait/synch/rwlock/bench/r{i}"), KIND_WAIT),
-        7 | 8 => (format!("stage/bench/s{i}"), KIND_STAGE),
-        _ => (format!("statement/bench/q{i}"), KIND_STATEMENT),
+        0..=3 => (format!("wait/synch/mutex/bench/m{i}"), EventKind::Wait),
+        4 | 5 => (format!("wait/io/file/bench/f{i}"), EventKind::Wait),
+        6 => (format!("wait/synch/rwlock/bench/r{i}"), EventKind::Wait),
+        7 | 8 => (format!("stage/bench/s{i}"), EventKind::Stage),
+        _ => (format!("statement/bench/q{i}"), EventKind::Statement),
     }
 }
 
@@ -120,7 +122,7 @@ fn build(threads: u32, instruments: u32) -> Synthetic {
     )
     .expect("create segment");
     let w = SegmentWriter::new(seg);
-    let classes: Vec<(u32, usize)> = (0..instruments)
+    let classes: Vec<(u32, EventKind)> = (0..instruments)
         .map(|i| {
             let (name, kind) = class_name(i);
             let k = ClassKind::from_name(&name).expect("PFS name");
@@ -145,7 +147,7 @@ fn build(threads: u32, instruments: u32) -> Synthetic {
             for &(class, kind) in &classes {
                 id += 1;
                 let wait_ps = (u64::from(class) + 1) * 7_919 * (round * 37 + tid % 11 + 1);
-                let stmt = (kind == KIND_STATEMENT).then_some(StatementFigures {
+                let stmt = (kind == EventKind::Statement).then_some(StatementFigures {
                     rows_sent: id % 5,
                     rows_examined: id % 17,
                     digest: u64::from(class),
@@ -161,11 +163,7 @@ fn build(threads: u32, instruments: u32) -> Synthetic {
                     source: NONE_U32,
                     object_name: NONE_U32,
                     flags: EV_TIMED | EV_ENDED,
-                    event_type: match kind {
-                        KIND_WAIT => EventType::Wait,
-                        KIND_STAGE => EventType::Stage,
-                        _ => EventType::Statement,
-                    } as u32,
+                    event_type: kind as u32,
                     thread_id: tid,
                     ..EventData::default()
                 };
@@ -197,7 +195,7 @@ fn change_one_percent(syn: &Synthetic, seed: &mut u64) {
             .segment()
             .record(syn.threads[r / syn.classes.len()]);
         let (class, kind) = syn.classes[r % syn.classes.len()];
-        let stmt = (kind == KIND_STATEMENT).then_some(StatementFigures {
+        let stmt = (kind == EventKind::Statement).then_some(StatementFigures {
             rows_sent: 1,
             ..StatementFigures::default()
         });

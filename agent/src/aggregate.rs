@@ -4,9 +4,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use pfs_shm_layout::ClassKind;
 use pfs_shm_layout::layout::LOST_COUNTERS;
 use pfs_shm_layout::reader::{MemoryStats, SegmentSnapshot, Summary};
+use pfs_shm_layout::{ClassKind, EventKind};
 
 /// Totals by instrument name.
 pub type ByEventName = BTreeMap<String, (ClassKind, Summary)>;
@@ -131,20 +131,17 @@ pub fn own_memory(s: &SegmentSnapshot) -> Vec<(&'static str, MemoryStats)> {
             container_memory(s),
         ),
     ];
-    for (k, name) in [
+    for (kind, name) in EventKind::ALL.into_iter().zip([
         "memory/performance_schema/events_waits_history_long",
         "memory/performance_schema/events_stages_history_long",
         "memory/performance_schema/events_statements_history_long",
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let used = s.long_tickets[k] > 0;
+    ]) {
+        let used = s.long_tickets[kind.index()] > 0;
         v.push((
             name,
             allocated(
                 u64::from(used),
-                if used { g.long_size(k) as u64 } else { 0 },
+                if used { g.long_size(kind) as u64 } else { 0 },
             ),
         ));
     }

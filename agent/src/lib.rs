@@ -17,7 +17,6 @@
 //! |---|---|---|
 //! | 0 | [`util`] | files opened without following links, atomic writes, capped reads, sizes and durations as text, giving heap memory back |
 //! | 0 | [`testing`] | (tests only: unit tests, and feature `testing` for integration tests) fixtures: real segments written as the client writes them |
-//! | 1 | [`event_kind`] | the three kinds of timed event (waits, stages, statements) |
 //! | 1 | [`filter`] | which processes a table or a change applies to |
 //! | 1 | [`aggregate`] | totals per segment, per service, and of retired segments |
 //! | 1 | [`carry`] | carry-forward: a skipped row replaced by its previous read |
@@ -33,6 +32,10 @@
 //! | 7 | [`server`] | the HTTP server: routes, auth, `/metrics` cache, streaming, control |
 //! | 8 | `cli` | (binary) the command line |
 //! | 9 | `commands` | (binary) `serve`, `query`, `setup`, `demo` |
+//!
+//! The three kinds of timed event that tables, metrics and truncation
+//! baselines are split by (waits, stages, statements) are the segment
+//! format's [`pfs_shm_layout::EventKind`], not a type of this crate.
 //!
 //! ## Features
 //!
@@ -63,7 +66,6 @@
 
 pub mod aggregate;
 pub mod carry;
-pub mod event_kind;
 pub mod export;
 pub mod filter;
 pub mod persist;

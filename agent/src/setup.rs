@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use pfs_shm_layout::layout::TimerId;
 use pfs_shm_layout::rules::{SyntaxError, parse_consumer_rules, parse_instrument_rules};
 use pfs_shm_layout::setup::ActorsFull;
-use pfs_shm_layout::{Segment, SegmentError, setup};
+use pfs_shm_layout::{EventKind, Segment, SegmentError, setup};
 use serde::Deserialize;
 
 use crate::filter::Filter;
@@ -193,7 +193,7 @@ pub enum InvalidChange {
 /// Why a `setup_timers` change's `name` is refused: it matches no event
 /// kind (`STAGE`, `waits`), so it would change nothing.
 fn unknown_event_kind(name: &str) -> Option<InvalidChange> {
-    let kinds = setup::TIMER_KINDS;
+    let kinds = EventKind::ALL.map(EventKind::name);
     if kinds.iter().any(|k| setup::like(name, k)) {
         return None;
     }

@@ -6,11 +6,13 @@ use std::fs::File;
 use std::path::Path;
 
 use pfs_shm_layout::layout::{
-    EV_CANCELLED, EV_ENDED, EV_TIMED, EventType, FLAG_ENABLED, FLAG_TIMED, NONE_U32,
+    EV_CANCELLED, EV_ENDED, EV_TIMED, FLAG_ENABLED, FLAG_TIMED, NONE_U32,
 };
 use pfs_shm_layout::values::StatementFigures;
-use pfs_shm_layout::writer::{EventData, KIND_STATEMENT};
-use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration};
+use pfs_shm_layout::writer::EventData;
+use pfs_shm_layout::{
+    ClassKind, EventKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration,
+};
 
 /// A segment file at `path` created with `cfg` by pid `pid`, ticking in
 /// nanoseconds. With `live`, the returned file holds the owner's lock, as
@@ -96,7 +98,7 @@ pub fn record_waits(w: &SegmentWriter, slot: u32, class: u32, n: u64) {
             flags: EV_TIMED | EV_ENDED,
             ..Default::default()
         };
-        rec.end_event(0, &e, None, true, true);
+        rec.end_event(EventKind::Wait, &e, None, true, true);
         rec.summarize(class as usize, true, 1_000_000 * (i + 1), 0, None);
     }
 }
@@ -134,16 +136,16 @@ pub fn statement(
         source: NONE_U32,
         object_name: NONE_U32,
         flags: EV_TIMED,
-        event_type: EventType::Statement as u32,
+        event_type: EventKind::Statement as u32,
         thread_id,
         ..Default::default()
     };
-    rec.begin_event(KIND_STATEMENT, &e);
+    rec.begin_event(EventKind::Statement, &e);
     let Some(f) = figures else { return };
     e.end_event_id = event_id + 1;
     e.timer_end = e.timer_start + wait_ps / 1_000;
     e.timer_wait = wait_ps;
     e.flags |= EV_ENDED | if cancelled { EV_CANCELLED } else { 0 };
-    rec.end_event(KIND_STATEMENT, &e, Some(&f), true, true);
+    rec.end_event(EventKind::Statement, &e, Some(&f), true, true);
     rec.summarize(class as usize, true, wait_ps, 0, Some(&f));
 }

@@ -54,11 +54,11 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
+use pfs_shm_layout::EventKind;
 use pfs_shm_layout::reader::{Event, MemoryStats, SegmentSnapshot, Summary, ThreadSnapshot};
 use serde::{Deserialize, Serialize};
 
 use crate::aggregate::{OWN_MEMORY_PREFIX, segment_global, segment_global_memory};
-use crate::event_kind::EventKind;
 use crate::persist::{JsonError, MemoryJson, SummaryJson};
 use crate::setup::open_rw;
 use crate::snapshot::Snapshot;

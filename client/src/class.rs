@@ -6,8 +6,8 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
-use pfs_shm_layout::ClassKind;
 use pfs_shm_layout::layout::{FLAG_ENABLED, NONE_U32};
+use pfs_shm_layout::{ClassKind, EventKind};
 
 use crate::reentry::reentrant;
 use crate::runtime;
@@ -27,24 +27,27 @@ pub(crate) enum Family {
 }
 
 impl Family {
+    /// The kind of event the family's classes record (`None`: memory).
+    fn event_kind(self) -> Option<EventKind> {
+        match self {
+            Family::Wait => Some(EventKind::Wait),
+            Family::Stage => Some(EventKind::Stage),
+            Family::Statement => Some(EventKind::Statement),
+            Family::Memory => None,
+        }
+    }
+
     /// Whether a class of `kind` belongs to this family.
     fn accepts(self, kind: ClassKind) -> bool {
-        match self {
-            Family::Wait => kind.is_wait(),
-            Family::Stage => kind == ClassKind::Stage,
-            Family::Statement => kind == ClassKind::Statement,
-            Family::Memory => kind == ClassKind::Memory,
+        match self.event_kind() {
+            Some(k) => k.matches(kind),
+            None => kind == ClassKind::Memory,
         }
     }
 
     /// The family's word, for the warning about a wrong name.
     fn what(self) -> &'static str {
-        match self {
-            Family::Wait => "wait",
-            Family::Stage => "stage",
-            Family::Statement => "statement",
-            Family::Memory => "memory",
-        }
+        self.event_kind().map_or("memory", EventKind::name)
     }
 }
 

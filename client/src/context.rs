@@ -14,9 +14,9 @@
 use std::cell::Cell;
 use std::sync::atomic::AtomicU64;
 
-use pfs_shm_layout::layout::{EventType, NONE_U32};
-use pfs_shm_layout::writer::{EventData, KIND_WAIT, MemoryRowRef};
-use pfs_shm_layout::{RecordRef, ThreadSlot};
+use pfs_shm_layout::layout::NONE_U32;
+use pfs_shm_layout::writer::{EventData, MemoryRowRef};
+use pfs_shm_layout::{EventKind, RecordRef, ThreadSlot};
 
 /// The event state of a logical thread: an OS thread's own, or a task's
 /// while it is not being polled. The same fields as [`ThreadCtx`]'s cells.
@@ -179,16 +179,18 @@ impl ThreadCtx {
     /// `kind`: waits nest in the open stage, else the open statement;
     /// stages and statements nest in the open statement.
     #[inline(always)]
-    pub(crate) fn nesting_for(&self, kind: usize) -> (u64, u32) {
-        if kind == KIND_WAIT {
+    pub(crate) fn nesting_for(&self, kind: EventKind) -> (u64, u32) {
+        // Each arm's type is a constant (the wire word of `EventKind::wire`):
+        // the choice compiles to a select between constants.
+        if kind == EventKind::Wait {
             let stage = self.stage_id.get();
             if stage != 0 {
-                return (stage, EventType::Stage as u32);
+                return (stage, EventKind::wire(Some(EventKind::Stage)));
             }
         }
         match self.statement_id.get() {
-            0 => (0, EventType::None as u32),
-            id => (id, EventType::Statement as u32),
+            0 => (0, EventKind::wire(None)),
+            id => (id, EventKind::wire(Some(EventKind::Statement))),
         }
     }
 }

@@ -10,17 +10,33 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
+use pfs_shm_layout::EventKind;
 use pfs_shm_layout::layout::{
     CONSUMER_GLOBAL, ConsumerKind, EV_ENDED, EV_HAS_BYTES, EV_HAS_PROGRESS, EV_TIMED,
     EV_TIMER_MASK, EV_TIMER_SHIFT, FLAG_ENABLED, FLAG_TIMED, NONE_U32, timer_of,
 };
 use pfs_shm_layout::setup::{Plan, effective};
-use pfs_shm_layout::writer::{EventData, KIND_STAGE, KIND_STATEMENT, StatementFigures};
+use pfs_shm_layout::writer::{EventData, StatementFigures};
 
 use crate::class::ClassRef;
 use crate::context::ThreadCtx;
 use crate::runtime::{self, Runtime};
 use crate::{source, timer};
+
+/// The kind a const parameter `KIND` stands for. Stable Rust takes no
+/// enum as a const generic parameter, so the functions below take the
+/// kind's [`EventKind::index`] (call sites write
+/// `begin::<{ EventKind::Wait.index() }>`) and turn it back into the
+/// kind here, at compile time: an index of no kind does not compile.
+struct Kind<const KIND: usize>;
+
+impl<const KIND: usize> Kind<KIND> {
+    /// The kind of index `KIND`.
+    const OF: EventKind = match EventKind::from_index(KIND) {
+        Some(kind) => kind,
+        None => panic!("KIND is not an EventKind index"),
+    };
+}
 
 /// An event in flight. Its kind is the `KIND` parameter of [`begin`] and
 /// [`end`] (a constant at every call site).
@@ -54,12 +70,12 @@ fn admit(
     Some((rt, ctx, consumers))
 }
 
-/// Starts an event of kind `KIND` for `class`, whose setup flags the
-/// caller loaded (`flags`), on the current thread, or `None` if the class,
-/// the thread or the consumers say no. `current` gives the current
-/// thread's context (registering the thread on its first event), or
-/// `None` for a thread without a record; it is called only once the class
-/// and the consumers said yes.
+/// Starts an event of kind `KIND` (an [`EventKind::index`]) for `class`,
+/// whose setup flags the caller loaded (`flags`), on the current thread,
+/// or `None` if the class, the thread or the consumers say no. `current`
+/// gives the current thread's context (registering the thread on its
+/// first event), or `None` for a thread without a record; it is called
+/// only once the class and the consumers said yes.
 #[inline(always)]
 pub(crate) fn begin<const KIND: usize>(
     current: impl FnOnce(&'static Runtime) -> Option<&'static ThreadCtx>,
@@ -70,9 +86,10 @@ pub(crate) fn begin<const KIND: usize>(
     object_name: u32,
     source: Option<&'static std::panic::Location<'static>>,
 ) -> Option<Active> {
+    let kind = Kind::<KIND>::OF;
     let (rt, ctx, consumers) = admit(current, flags)?;
     let timed = flags & FLAG_TIMED != 0;
-    let timer = timer_of(rt.setup.timers.load(Relaxed), KIND);
+    let timer = timer_of(rt.setup.timers.load(Relaxed), kind);
     let mut data = new_event::<KIND>(
         rt,
         ctx,
@@ -86,8 +103,8 @@ pub(crate) fn begin<const KIND: usize>(
     );
     // The start time is read last, once the row is written: the wait being
     // measured starts when this function returns.
-    if effective(consumers, KIND, ConsumerKind::Current) {
-        let row = ctx.rec.begin_event_open(KIND, &data);
+    if effective(consumers, kind, ConsumerKind::Current) {
+        let row = ctx.rec.begin_event_open(kind, &data);
         data.timer_start = start_time(rt, timed, timer);
         row.publish(data.timer_start);
     } else {
@@ -110,8 +127,9 @@ fn new_event<const KIND: usize>(
     object_name: u32,
     source: Option<&'static std::panic::Location<'static>>,
 ) -> EventData {
+    let kind = Kind::<KIND>::OF;
     let event_id = ctx.next_event_id();
-    let (nesting_event_id, nesting_event_type) = ctx.nesting_for(KIND);
+    let (nesting_event_id, nesting_event_type) = ctx.nesting_for(kind);
     let source = source.map_or(NONE_U32, |l| source::source_id(rt, l));
     EventData {
         event_id,
@@ -129,7 +147,7 @@ fn new_event<const KIND: usize>(
         nesting_event_id,
         nesting_event_type,
         flags: (if timed { EV_TIMED } else { 0 }) | (timer << EV_TIMER_SHIFT),
-        event_type: KIND as u32 + 1,
+        event_type: EventKind::wire(Some(kind)),
         thread_id: ctx.thread_id.get(),
     }
 }
@@ -193,6 +211,7 @@ pub(crate) fn end_at<const KIND: usize>(
     stmt: Option<&StatementFigures>,
     now: Option<u64>,
 ) -> Option<u64> {
+    let kind = Kind::<KIND>::OF;
     let rt = a.rt;
     let d = &mut a.data;
     let timed = d.flags & EV_TIMED != 0;
@@ -210,13 +229,13 @@ pub(crate) fn end_at<const KIND: usize>(
         d.event_id + 1
     };
     d.flags |= EV_ENDED;
-    let mut plan = Plan::new(rt.setup.consumers.load(Relaxed), KIND);
+    let mut plan = Plan::new(rt.setup.consumers.load(Relaxed), kind);
     if !a.ctx.history.get() {
         plan = plan.without_history();
     }
     let rec = &a.ctx.rec;
     rec.end_event(
-        KIND,
+        kind,
         d,
         stmt,
         plan.has(ConsumerKind::Current),
@@ -241,10 +260,11 @@ pub(crate) fn end_at<const KIND: usize>(
 /// line.
 #[inline(never)]
 fn append_long<const KIND: usize>(a: &Active, stmt: Option<&StatementFigures>) {
+    let kind = Kind::<KIND>::OF;
     let stmt = stmt
-        .filter(|_| KIND == KIND_STATEMENT)
+        .filter(|_| kind == EventKind::Statement)
         .map(|f| (f, &a.ctx.rec.header.statements_current));
-    a.rt.writer.append_long(KIND, &a.data, stmt);
+    a.rt.writer.append_long(kind, &a.data, stmt);
 }
 
 /// Ends the thread's open stage, if any: when a new stage starts, when the
@@ -256,6 +276,6 @@ pub(crate) fn end_open_stage(ctx: &'static ThreadCtx) {
     ctx.stage_id.set(0);
     if let (Some(data), Some(rt)) = (ctx.stage.take(), runtime::get()) {
         let mut a = Active { rt, ctx, data };
-        end::<KIND_STAGE>(&mut a, None);
+        end::<{ EventKind::Stage.index() }>(&mut a, None);
     }
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pfs_shm_layout::layout::{ConsumerKind, SetupSection};
-use pfs_shm_layout::{Segment, SegmentConfig, SegmentWriter};
+use pfs_shm_layout::{EventKind, Segment, SegmentConfig, SegmentWriter};
 use rustix::fs::FlockOperation;
 
 use crate::config::Config;
@@ -145,7 +145,7 @@ fn create(cfg: &Config) -> Result<Runtime, InitError> {
     // The history_long rings on from the start are reserved now, not by
     // the first event appended (whose statement would count the time).
     let consumers = setup.consumers.load(std::sync::atomic::Ordering::Relaxed);
-    for kind in 0..3 {
+    for kind in EventKind::ALL {
         if pfs_shm_layout::setup::effective(consumers, kind, ConsumerKind::HistoryLong) {
             writer.prepare_long(kind);
         }

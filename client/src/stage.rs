@@ -3,8 +3,8 @@
 //! overlap; the open stage ends when the statement ends (or with
 //! [`end_stage`]).
 
+use pfs_shm_layout::EventKind;
 use pfs_shm_layout::layout::{EV_HAS_BYTES, EV_HAS_PROGRESS, EV_HAS_SPINS, NONE_U32};
-use pfs_shm_layout::writer::KIND_STAGE;
 
 use crate::class::{ClassRef, Family, LazyRef};
 use crate::event::{self, end_open_stage};
@@ -33,7 +33,7 @@ impl StageClass {
     pub fn enter(&self) {
         let loc = std::panic::Location::caller();
         with_registered(end_open_stage);
-        if let Some(a) = event::begin::<KIND_STAGE>(
+        if let Some(a) = event::begin::<{ EventKind::Stage.index() }>(
             thread::current,
             self.0,
             self.0.flags(),
@@ -110,7 +110,7 @@ pub fn stage_progress(completed: u64, estimated: u64) {
             d.spins = estimated;
             d.flags |= EV_HAS_PROGRESS | EV_HAS_BYTES | EV_HAS_SPINS;
             ctx.stage.set(Some(d));
-            ctx.rec.begin_event(KIND_STAGE, &d);
+            ctx.rec.begin_event(EventKind::Stage, &d);
         }
     });
 }

@@ -7,13 +7,14 @@ use std::marker::PhantomData;
 
 use std::sync::atomic::Ordering::Relaxed;
 
+use pfs_shm_layout::EventKind;
 use pfs_shm_layout::layout::{
     ConsumerKind, EV_CANCELLED, EV_TIMED, EV_TIMER_MASK, EV_TIMER_SHIFT, NONE_U32,
     STATEMENT_TEXT_BYTES,
 };
 use pfs_shm_layout::setup::effective;
 use pfs_shm_layout::text::truncate_utf8;
-use pfs_shm_layout::writer::{EventData, KIND_STATEMENT, StatementFigures};
+use pfs_shm_layout::writer::{EventData, StatementFigures};
 
 use crate::class::{ClassRef, Family, LazyRef};
 use crate::context::ThreadCtx;
@@ -43,7 +44,7 @@ impl StatementClass {
     #[track_caller]
     pub fn start(&self) -> StatementGuard {
         let loc = std::panic::Location::caller();
-        let active = event::begin::<KIND_STATEMENT>(
+        let active = event::begin::<{ EventKind::Statement.index() }>(
             thread::current,
             self.0,
             self.0.flags(),
@@ -76,7 +77,7 @@ impl StatementClass {
     #[track_caller]
     pub fn start_task(&self) -> TaskStatement {
         let loc = std::panic::Location::caller();
-        let Some(a) = event::begin::<KIND_STATEMENT>(
+        let Some(a) = event::begin::<{ EventKind::Statement.index() }>(
             thread::current,
             self.0,
             self.0.flags(),
@@ -281,7 +282,7 @@ impl StatementGuard {
             end_open_stage(a.ctx);
         }
         a.ctx.statement_id.set(self.parent);
-        event::end::<KIND_STATEMENT>(a, Some(&self.figures))
+        event::end::<{ EventKind::Statement.index() }>(a, Some(&self.figures))
     }
 }
 
@@ -346,9 +347,9 @@ impl TaskStatement {
             source: NONE_U32,
             object_name: NONE_U32,
             nesting_event_id: 0,
-            nesting_event_type: 0,
+            nesting_event_type: EventKind::wire(None),
             flags: 0,
-            event_type: 0,
+            event_type: EventKind::wire(None),
             thread_id: 0,
         },
         parent: 0,
@@ -381,7 +382,7 @@ impl TaskStatement {
         self.text_len = t.len() as u8;
         if let Some(ctx) = thread::current(rt) {
             // This thread is the row's only writer: it reads its own stores.
-            let cur = ctx.rec.current(KIND_STATEMENT);
+            let cur = ctx.rec.current(EventKind::Statement);
             if cur.event_id.load(Relaxed) == self.data.event_id
                 && cur.thread_id.load(Relaxed) == self.data.thread_id
             {
@@ -443,8 +444,8 @@ impl TaskStatement {
             data.flags |= EV_CANCELLED;
         }
         let consumers = rt.setup.consumers.load(Relaxed);
-        if effective(consumers, KIND_STATEMENT, ConsumerKind::Current) {
-            let cur = ctx.rec.current(KIND_STATEMENT);
+        if effective(consumers, EventKind::Statement, ConsumerKind::Current) {
+            let cur = ctx.rec.current(EventKind::Statement);
             // This thread is the row's only writer: it reads its own stores.
             let in_row = cur.event_id.load(Relaxed) == data.event_id
                 && cur.thread_id.load(Relaxed) == data.thread_id;
@@ -457,7 +458,7 @@ impl TaskStatement {
             }
         }
         let mut a = Active { rt, ctx, data };
-        event::end_at::<KIND_STATEMENT>(&mut a, Some(&figures), now)
+        event::end_at::<{ EventKind::Statement.index() }>(&mut a, Some(&figures), now)
     }
 
     /// `CPU_TIME`: the task's poll time since the start, up to now; never

@@ -55,8 +55,8 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use pfs_shm_layout::EventKind;
 use pfs_shm_layout::layout::TimerId;
-use pfs_shm_layout::writer::{KIND_STAGE, KIND_STATEMENT};
 
 use crate::class::ClassRef;
 use crate::context::EventState;
@@ -219,10 +219,11 @@ impl TaskContext {
         let s = &self.state;
         if s.statement_id != 0 {
             ctx.rec
-                .hide_unended(KIND_STATEMENT, s.thread_id, s.statement_id);
+                .hide_unended(EventKind::Statement, s.thread_id, s.statement_id);
         }
         if s.stage_id != 0 {
-            ctx.rec.hide_unended(KIND_STAGE, s.thread_id, s.stage_id);
+            ctx.rec
+                .hide_unended(EventKind::Stage, s.thread_id, s.stage_id);
         }
         if self.state.poll_start != 0
             && let Some(rt) = runtime::get()

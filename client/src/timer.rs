@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 
 use pfs_shm_layout::TimerCalibration;
 use pfs_shm_layout::clock::{PS_PER_NS, coarse_ns, monotonic_ns};
-use pfs_shm_layout::layout::{TIMER_KIND_MONOTONIC, TIMER_KIND_TSC, TimerId};
+use pfs_shm_layout::layout::{TimerId, TimerSource};
 
 static CLOCK: OnceLock<quanta::Clock> = OnceLock::new();
 
@@ -71,7 +71,7 @@ pub(crate) fn now_and_cycles(clock: &Clock, timer: u32) -> (u64, Option<u64>) {
     if timer == TimerId::Cycle as u32 {
         let c = cycle(clock);
         (c, Some(c))
-    } else if timer == TimerId::Nanosecond as u32 && clock.cal.kind == TIMER_KIND_TSC {
+    } else if timer == TimerId::Nanosecond as u32 && clock.cal.kind == TimerSource::Tsc {
         let c = cycle(clock);
         (ns_at(clock, c), Some(c))
     } else {
@@ -97,7 +97,7 @@ fn ns_at(clock: &Clock, tsc: u64) -> u64 {
 #[inline(always)]
 fn cycle(clock: &Clock) -> u64 {
     #[cfg(target_arch = "x86_64")]
-    if clock.cal.kind == TIMER_KIND_TSC {
+    if clock.cal.kind == TimerSource::Tsc {
         return pfs_shm_layout::writer::read_tsc();
     }
     let _ = clock;
@@ -107,7 +107,7 @@ fn cycle(clock: &Clock) -> u64 {
 #[inline(never)]
 fn now_other(clock: &Clock, timer: u32) -> u64 {
     let mono_ns = || {
-        if clock.cal.kind == TIMER_KIND_TSC {
+        if clock.cal.kind == TimerSource::Tsc {
             tsc_ns(clock)
         } else {
             monotonic_ns()
@@ -174,9 +174,9 @@ pub(crate) fn calibration() -> TimerCalibration {
     };
     // quanta scales raw values 1:1 when it falls back to the monotonic clock.
     let kind = if ns == SPAN {
-        TIMER_KIND_MONOTONIC
+        TimerSource::Monotonic
     } else {
-        TIMER_KIND_TSC
+        TimerSource::Tsc
     };
     TimerCalibration {
         kind,

@@ -5,13 +5,12 @@ use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::panic::Location;
 
-use pfs_shm_layout::Operation;
+use pfs_shm_layout::{EventKind, Operation};
 use std::sync::atomic::Ordering::Relaxed;
 
 use pfs_shm_layout::layout::{
     EV_HAS_BYTES, EV_HAS_SPINS, FLAG_ENABLED, FLAG_TIMED, NONE_U32, timer_of,
 };
-use pfs_shm_layout::writer::KIND_WAIT;
 
 use crate::class::{ClassRef, Family, LazyRef};
 use crate::event::{self, Active};
@@ -159,7 +158,7 @@ impl WaitClass {
         loc: &'static Location<'static>,
     ) -> WaitGuard {
         WaitGuard {
-            active: event::begin::<KIND_WAIT>(
+            active: event::begin::<{ EventKind::Wait.index() }>(
                 thread::current,
                 self.0,
                 flags,
@@ -189,7 +188,7 @@ impl WaitClass {
         }
         let start = runtime::get().and_then(|rt| {
             (flags & FLAG_TIMED != 0).then(|| {
-                let t = timer_of(rt.setup.timers.load(Relaxed), KIND_WAIT);
+                let t = timer_of(rt.setup.timers.load(Relaxed), EventKind::Wait);
                 (timer::now(&rt.clock, t), t)
             })
         });
@@ -260,7 +259,7 @@ impl AsyncWait {
     #[inline(never)]
     fn finish(&mut self) -> Option<u64> {
         let class = self.class.take()?;
-        event::record_since::<KIND_WAIT>(
+        event::record_since::<{ EventKind::Wait.index() }>(
             thread::current,
             class,
             self.start,
@@ -377,7 +376,7 @@ impl WaitGuard {
 /// the guard in place (no copy of the event).
 #[inline(never)]
 fn finish(a: &mut Active) -> Option<u64> {
-    event::end::<KIND_WAIT>(a, None)
+    event::end::<{ EventKind::Wait.index() }>(a, None)
 }
 
 impl Drop for WaitGuard {

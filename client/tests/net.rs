@@ -11,9 +11,8 @@ use std::sync::mpsc;
 
 use pfs_client::LazyWaitClass;
 use pfs_client::net::{TcpListener, TcpStream};
-use pfs_shm_layout::Operation;
-use pfs_shm_layout::Segment;
 use pfs_shm_layout::reader::{Event, ReadOptions, SegmentSnapshot, Summary, snapshot};
+use pfs_shm_layout::{EventKind, Operation, Segment};
 
 static NET: LazyWaitClass = LazyWaitClass::new("wait/io/socket/nettest/conn");
 static OFF: LazyWaitClass = LazyWaitClass::new("wait/io/socket/nettest/off");
@@ -268,7 +267,7 @@ fn socket_waits_are_recorded_exactly() {
     expect_server.push((Operation::Close, server_name.clone(), listener_fd, None));
 
     let of = |thread_id: u64| -> Vec<Wait> {
-        s.long[0]
+        s.long[EventKind::Wait.index()]
             .iter()
             .filter(|e| e.thread_id == thread_id && e.class == net)
             .map(|e| wait(&s, e))
@@ -279,7 +278,10 @@ fn socket_waits_are_recorded_exactly() {
     assert_eq!(of(server.thread_id), expect_server, "the server's waits");
     // No other thread recorded a NET wait (the main thread bound the
     // listener, which records none).
-    let all: Vec<&Event> = s.long[0].iter().filter(|e| e.class == net).collect();
+    let all: Vec<&Event> = s.long[EventKind::Wait.index()]
+        .iter()
+        .filter(|e| e.class == net)
+        .collect();
     assert_eq!(all.len(), expect_client.len() + expect_server.len());
 
     // Per operation, over both threads.
@@ -312,7 +314,11 @@ fn socket_waits_are_recorded_exactly() {
     // The disabled class recorded nothing and interned no name.
     let off = class_index(&s, OFF.name()).expect("OFF registered");
     assert!(!s.classes.iter().find(|c| c.index == off).unwrap().enabled());
-    assert!(s.long[0].iter().all(|e| e.class != off));
+    assert!(
+        s.long[EventKind::Wait.index()]
+            .iter()
+            .all(|e| e.class != off)
+    );
     assert_eq!(global(&s, off).count, 0);
     assert_eq!(global(&s, off).bytes, 0);
     // (Its client's IP alone is the enabled class's name too.)

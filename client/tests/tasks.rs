@@ -12,7 +12,6 @@ use std::time::Duration;
 use pfs_client::task::TaskExt;
 use pfs_client::{LazyStageClass, LazyStatementClass, LazyWaitClass, Operation};
 use pfs_shm_layout::Segment;
-use pfs_shm_layout::layout::EventType;
 use pfs_shm_layout::reader::{Event, ReadOptions, SegmentSnapshot, StatementEvent, snapshot};
 
 static REQ: LazyStatementClass = LazyStatementClass::new("statement/test/request");
@@ -181,7 +180,7 @@ fn task_statements_nest_exactly_across_workers() {
             "a task's THREAD_ID is never a thread's"
         );
         assert_eq!(st.ev.event_id, 1, "a task's first event is its statement");
-        assert_eq!(st.ev.nesting_event_type, EventType::None);
+        assert_eq!(st.ev.nesting_event_type, None);
         assert_eq!(st.text, format!("request {}", st.figures.rows_sent));
         assert_eq!(st.figures.cancelled, 0);
         assert!(

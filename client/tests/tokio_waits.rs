@@ -25,9 +25,8 @@ use std::time::Duration;
 use pfs_client::task::TaskExt;
 use pfs_client::tokio::{Mutex, Notify, OwnedMutexGuard, RwLock, Semaphore, mpsc};
 use pfs_client::{LazyStageClass, LazyStatementClass, LazyWaitClass, Operation};
-use pfs_shm_layout::Segment;
-use pfs_shm_layout::layout::EventType;
 use pfs_shm_layout::reader::{Event, ReadOptions, SegmentSnapshot, Summary, snapshot};
+use pfs_shm_layout::{EventKind, Segment};
 
 static REQ: LazyStatementClass = LazyStatementClass::new("statement/tokio_test/request");
 static ABORTED: LazyStatementClass = LazyStatementClass::new("statement/tokio_test/aborted");
@@ -169,7 +168,7 @@ fn check_waits(
     let name = class.name();
     let idx = class_index(s, name).unwrap_or_else(|| panic!("{name} registered"));
     let locking = class_index(s, LOCKING.name()).expect("stage registered");
-    let waits: Vec<Event> = s.long[0]
+    let waits: Vec<Event> = s.long[EventKind::Wait.index()]
         .iter()
         .filter(|e| e.class == idx)
         .copied()
@@ -192,7 +191,7 @@ fn check_waits(
         let (thread_id, statement_id) = w.statement;
         *found.entry(thread_id).or_default() += 1;
         assert_eq!(e.operation, Some(w.operation), "{name}");
-        assert_eq!(e.event_type, EventType::Wait);
+        assert_eq!(e.event_type, Some(EventKind::Wait));
         assert!(e.end_event_id.is_some(), "{name}: ended");
         assert!(e.event_id > statement_id, "{name}: after its statement");
         let stmt = s
@@ -205,15 +204,23 @@ fn check_waits(
             "{name}: inside it"
         );
         if w.staged {
-            assert_eq!(e.nesting_event_type, EventType::Stage, "{name}: {e:?}");
-            let stage = s.long[1]
+            assert_eq!(
+                e.nesting_event_type,
+                Some(EventKind::Stage),
+                "{name}: {e:?}"
+            );
+            let stage = s.long[EventKind::Stage.index()]
                 .iter()
                 .find(|st| st.thread_id == thread_id && Some(st.event_id) == e.nesting_event_id)
                 .unwrap_or_else(|| panic!("{name}: the task's stage {e:?}"));
             assert_eq!(stage.class, locking);
             assert_eq!(stage.nesting_event_id, Some(statement_id));
         } else {
-            assert_eq!(e.nesting_event_type, EventType::Statement, "{name}: {e:?}");
+            assert_eq!(
+                e.nesting_event_type,
+                Some(EventKind::Statement),
+                "{name}: {e:?}"
+            );
             assert_eq!(e.nesting_event_id, Some(statement_id), "{name}");
         }
         let wait = e.timer_wait.expect("timed");
@@ -245,7 +252,10 @@ fn check_nothing(s: &SegmentSnapshot, class: &LazyWaitClass) {
     let name = class.name();
     let idx = class_index(s, name).unwrap_or_else(|| panic!("{name} registered"));
     assert_eq!(
-        s.long[0].iter().filter(|e| e.class == idx).count(),
+        s.long[EventKind::Wait.index()]
+            .iter()
+            .filter(|e| e.class == idx)
+            .count(),
         0,
         "{name}"
     );

@@ -1,4 +1,5 @@
-//! Instrument class kinds and wait operations, as stored in the segment.
+//! Instrument class kinds, event kinds and wait operations, as stored in
+//! the segment.
 //!
 //! Layer 0 (see the crate docs): depends on no other module of the crate.
 
@@ -97,6 +98,133 @@ impl ClassKind {
     }
 }
 
+/// A kind of timed event: what the tables, consumers, timers, history
+/// rings and metrics are split by (waits, stages, statements), with
+/// everything that differs between the kinds in one place.
+///
+/// The discriminants are the wire values of an event row's `event_type`
+/// and `nesting_event_type`, where 0 means none: the wire encoding of a
+/// nesting type is an `Option<EventKind>` ([`EventKind::from_wire`],
+/// [`EventKind::wire`]). [`EventKind::index`] is the kind's index in the
+/// segment's per-kind arrays (history rings, `history_long` sections,
+/// consumer and timer bits).
+///
+/// ```
+/// use pfs_shm_layout::{ClassKind, EventKind};
+///
+/// assert_eq!(EventKind::Wait.table_word(), "waits");
+/// assert_eq!(EventKind::Stage.index(), 1);
+/// assert_eq!(EventKind::from_index(2), Some(EventKind::Statement));
+/// assert_eq!(EventKind::wire(Some(EventKind::Statement)), 3);
+/// assert_eq!(EventKind::from_wire(0), None);
+/// assert_eq!(EventKind::Wait.pfs_name(), "WAIT");
+/// assert!(EventKind::Wait.matches(ClassKind::Mutex));
+/// assert_eq!(EventKind::of_class(ClassKind::Stage), Some(EventKind::Stage));
+/// assert_eq!(EventKind::of_class(ClassKind::Memory), None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u32)]
+pub enum EventKind {
+    /// `wait/...` instruments (synch, I/O, ...): `events_waits_*`.
+    Wait = 1,
+    /// `stage/...` instruments: `events_stages_*`.
+    Stage = 2,
+    /// `statement/...` instruments: `events_statements_*`.
+    Statement = 3,
+}
+
+impl EventKind {
+    /// Every kind, in table (and index) order.
+    pub const ALL: [EventKind; 3] = [EventKind::Wait, EventKind::Stage, EventKind::Statement];
+
+    /// The index of this kind in the segment's per-kind arrays (waits 0,
+    /// stages 1, statements 2), also its number in the agent's state
+    /// files. A `const fn`, so that it can stand for the kind where only
+    /// an integer can (a const generic parameter).
+    #[inline(always)]
+    pub const fn index(self) -> usize {
+        self as usize - 1
+    }
+
+    /// The kind whose [`EventKind::index`] is `i`.
+    #[inline(always)]
+    pub const fn from_index(i: usize) -> Option<EventKind> {
+        match i {
+            0 => Some(EventKind::Wait),
+            1 => Some(EventKind::Stage),
+            2 => Some(EventKind::Statement),
+            _ => None,
+        }
+    }
+
+    /// Decodes a stored `event_type` / `nesting_event_type`: 0 (and any
+    /// unknown value) is none.
+    #[inline(always)]
+    pub const fn from_wire(v: u32) -> Option<EventKind> {
+        match v {
+            1 => Some(EventKind::Wait),
+            2 => Some(EventKind::Stage),
+            3 => Some(EventKind::Statement),
+            _ => None,
+        }
+    }
+
+    /// Encodes an `event_type` / `nesting_event_type` for the segment:
+    /// the kind's discriminant, 0 for none.
+    #[inline(always)]
+    pub const fn wire(kind: Option<EventKind>) -> u32 {
+        match kind {
+            Some(k) => k as u32,
+            None => 0,
+        }
+    }
+
+    /// The PFS spelling, as in `NESTING_EVENT_TYPE` (`WAIT`, `STAGE`,
+    /// `STATEMENT`).
+    pub const fn pfs_name(self) -> &'static str {
+        match self {
+            EventKind::Wait => "WAIT",
+            EventKind::Stage => "STAGE",
+            EventKind::Statement => "STATEMENT",
+        }
+    }
+
+    /// The word in table and consumer names (`events_waits_current`).
+    pub const fn table_word(self) -> &'static str {
+        match self {
+            EventKind::Wait => "waits",
+            EventKind::Stage => "stages",
+            EventKind::Statement => "statements",
+        }
+    }
+
+    /// The kind's lower-case name (`wait`, `stage`, `statement`): the
+    /// first word of its instruments' names and the `NAME` of its
+    /// `setup_timers` row.
+    pub const fn name(self) -> &'static str {
+        match self {
+            EventKind::Wait => "wait",
+            EventKind::Stage => "stage",
+            EventKind::Statement => "statement",
+        }
+    }
+
+    /// Whether instruments of class kind `c` record events of this kind.
+    pub fn matches(self, c: ClassKind) -> bool {
+        match self {
+            EventKind::Wait => c.is_wait(),
+            EventKind::Stage => c == ClassKind::Stage,
+            EventKind::Statement => c == ClassKind::Statement,
+        }
+    }
+
+    /// The event kind an instrument of class kind `c` records, if any
+    /// (memory instruments record none).
+    pub fn of_class(c: ClassKind) -> Option<EventKind> {
+        EventKind::ALL.into_iter().find(|k| k.matches(c))
+    }
+}
+
 macro_rules! operations {
     ($($variant:ident = $n:literal => $s:literal,)*) => {
         /// A wait's `OPERATION`, with PFS spellings.
@@ -186,5 +314,43 @@ mod tests {
         }
         assert_eq!(Operation::from_u32(0), None);
         assert_eq!(Operation::ReadLock.name(), "read_lock");
+    }
+
+    #[test]
+    fn event_kinds_round_trip() {
+        for (i, k) in EventKind::ALL.into_iter().enumerate() {
+            assert_eq!(k.index(), i);
+            assert_eq!(EventKind::from_index(k.index()), Some(k));
+            assert_eq!(EventKind::from_wire(k as u32), Some(k));
+            assert_eq!(EventKind::from_wire(EventKind::wire(Some(k))), Some(k));
+        }
+        assert_eq!(EventKind::from_index(3), None);
+        assert_eq!(EventKind::wire(None), 0);
+        assert_eq!(EventKind::from_wire(0), None);
+        assert_eq!(EventKind::from_wire(4), None);
+        let names: Vec<_> = EventKind::ALL.map(EventKind::pfs_name).into();
+        assert_eq!(names, ["WAIT", "STAGE", "STATEMENT"]);
+    }
+
+    #[test]
+    fn every_class_kind_has_at_most_one_event_kind() {
+        for v in 1..=10 {
+            let c = ClassKind::from_u32(v).unwrap();
+            let kinds: Vec<_> = EventKind::ALL
+                .into_iter()
+                .filter(|k| k.matches(c))
+                .collect();
+            let expected = match c {
+                ClassKind::Memory => None,
+                ClassKind::Stage => Some(EventKind::Stage),
+                ClassKind::Statement => Some(EventKind::Statement),
+                _ => {
+                    assert!(c.is_wait(), "{c:?}");
+                    Some(EventKind::Wait)
+                }
+            };
+            assert_eq!(kinds, Vec::from_iter(expected), "{c:?}");
+            assert_eq!(EventKind::of_class(c), expected, "{c:?}");
+        }
     }
 }

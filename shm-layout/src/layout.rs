@@ -7,13 +7,16 @@
 //! writer's byte order anyway so that a reader never guesses.
 //!
 //! Layer 1 (see the crate docs): depends only on [`crate::seqlock`] (the
-//! sequence word inside rows) and [`crate::kinds`] (named in the docs). The protocols over these words live above:
+//! sequence word inside rows) and [`crate::kinds`] (the event kind that
+//! indexes per-kind consumer and timer bits). The protocols over these
+//! words live above:
 //! the record lock word in the `lockword` module, the page words in the
 //! `container` module.
 
 use std::mem::{align_of, offset_of, size_of};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
+use crate::kinds::EventKind;
 use crate::seqlock::SeqLock;
 
 /// `b"PFSSHM\0\0"` read as a little-endian `u64`.
@@ -29,12 +32,34 @@ pub const LAYOUT_MINOR: u32 = 1;
 pub const BYTE_ORDER_MARK: u32 = 0x0102_0304;
 /// Size of the header, and alignment of every section and container page.
 pub const PAGE: usize = 4096;
-/// Header `timer_kind`: the CYCLE timer is the CPU's invariant TSC,
-/// and the other timers are derived from it.
-pub const TIMER_KIND_TSC: u32 = 1;
-/// Header `timer_kind`: no invariant TSC; every timer reads the monotonic
-/// clock (CYCLE in nanosecond ticks).
-pub const TIMER_KIND_MONOTONIC: u32 = 2;
+/// The header's `timer_kind`: what the CYCLE timer reads.
+///
+/// ```
+/// use pfs_shm_layout::layout::TimerSource;
+/// assert_eq!(TimerSource::from_u32(TimerSource::Tsc as u32), Some(TimerSource::Tsc));
+/// assert_eq!(TimerSource::from_u32(0), None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum TimerSource {
+    /// The CYCLE timer is the CPU's invariant TSC, and the other timers
+    /// are derived from it.
+    Tsc = 1,
+    /// No invariant TSC: every timer reads the monotonic clock (CYCLE in
+    /// nanosecond ticks).
+    Monotonic = 2,
+}
+
+impl TimerSource {
+    /// From the stored value; unknown values are `None`.
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            1 => Some(Self::Tsc),
+            2 => Some(Self::Monotonic),
+            _ => None,
+        }
+    }
+}
 /// Header `state`: the creator is still initialising the segment.
 pub const SEGMENT_INITIALIZING: u64 = 0;
 /// Header `state`: every section is initialised; readers may proceed.
@@ -156,7 +181,7 @@ pub struct Header {
     pub timer_ps_per_tick_q32: AtomicU64,
     /// Measured timer frequency, ticks per second.
     pub timer_frequency_hz: AtomicU64,
-    /// Timer source: [`TIMER_KIND_TSC`] or [`TIMER_KIND_MONOTONIC`].
+    /// Timer source: a [`TimerSource`] as `u32`.
     pub timer_kind: AtomicU32,
     /// Events kept per thread in each `events_*_history` ring.
     pub history_len: AtomicU32,
@@ -172,8 +197,9 @@ pub struct Header {
     pub timer_base_ns: AtomicU64,
     /// Events per `events_*_history_long` ring (0 = none).
     pub history_long_len: AtomicU64,
-    /// Bit *k* set: `history_long` ring *k* (0 waits, 1 stages, 2
-    /// statements) has been reserved and may be read. A reader must not
+    /// Bit *k* set: the `history_long` ring of [`EventKind::index`] *k*
+    /// (0 waits, 1 stages, 2 statements) has been reserved and may be
+    /// read. A reader must not
     /// touch an unreserved ring: on a full volume, even reading a hole of a
     /// shared mapping faults (SIGBUS).
     pub long_reserved: AtomicU64,
@@ -430,42 +456,6 @@ pub struct MemoryRow {
     pub reserved: [AtomicU64; 36],
 }
 
-/// Event kinds, as PFS `NESTING_EVENT_TYPE` and the `kind` of an event row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub enum EventType {
-    /// No event.
-    None = 0,
-    /// A wait.
-    Wait = 1,
-    /// A stage.
-    Stage = 2,
-    /// A statement.
-    Statement = 3,
-}
-
-impl EventType {
-    /// From the raw value, `None` for anything unknown.
-    pub fn from_u32(v: u32) -> Self {
-        match v {
-            1 => Self::Wait,
-            2 => Self::Stage,
-            3 => Self::Statement,
-            _ => Self::None,
-        }
-    }
-
-    /// The PFS spelling (`WAIT`, `STAGE`, `STATEMENT`).
-    pub fn pfs_name(self) -> Option<&'static str> {
-        match self {
-            Self::None => None,
-            Self::Wait => Some("WAIT"),
-            Self::Stage => Some("STAGE"),
-            Self::Statement => Some("STATEMENT"),
-        }
-    }
-}
-
 /// Event flag: `timer_start`, `timer_end` and `timer_wait` are valid
 /// (PFS: non-NULL timers).
 pub const EV_TIMED: u32 = 1;
@@ -570,17 +560,15 @@ impl TimerId {
     }
 }
 
-/// Event kinds that have consumers and timers, in bit order.
-pub const EVENT_KINDS: [EventType; 3] = [EventType::Wait, EventType::Stage, EventType::Statement];
-
 /// Consumer bit: nothing is recorded without it (`global_instrumentation`).
 pub const CONSUMER_GLOBAL: u32 = 1 << 0;
 /// Consumer bit: per-thread tables (`thread_instrumentation`).
 pub const CONSUMER_THREAD: u32 = 1 << 1;
-/// Per-kind consumer bits: kind `k` (0 waits, 1 stages, 2 statements) uses
-/// bits `2 + 4k ..`: current, history, history_long, summaries.
-pub const fn consumer_bit(kind: usize, which: ConsumerKind) -> u32 {
-    1 << (2 + 4 * kind as u32 + which as u32)
+/// Per-kind consumer bits: the kind of [`EventKind::index`] `k` (0 waits,
+/// 1 stages, 2 statements) uses bits `2 + 4k ..`: current, history,
+/// history_long, summaries.
+pub const fn consumer_bit(kind: EventKind, which: ConsumerKind) -> u32 {
+    1 << (2 + 4 * kind.index() as u32 + which as u32)
 }
 
 /// Which per-kind consumer.
@@ -600,12 +588,13 @@ pub enum ConsumerKind {
 /// Default consumers: everything but the `history_long` rings (as PFS).
 pub const CONSUMERS_DEFAULT: u32 = {
     let mut v = CONSUMER_GLOBAL | CONSUMER_THREAD;
-    let mut k = 0;
-    while k < 3 {
+    let mut i = 0;
+    while i < EventKind::ALL.len() {
+        let k = EventKind::ALL[i];
         v |= consumer_bit(k, ConsumerKind::Current)
             | consumer_bit(k, ConsumerKind::History)
             | consumer_bit(k, ConsumerKind::Summaries);
-        k += 1;
+        i += 1;
     }
     v
 };
@@ -614,14 +603,16 @@ pub const CONSUMERS_DEFAULT: u32 = {
 pub const TIMERS_DEFAULT: u32 =
     timers_word([TimerId::Cycle, TimerId::Nanosecond, TimerId::Nanosecond]);
 
-/// Packs one timer per event kind (3 bits each).
+/// Packs one timer per event kind (3 bits each), `t` indexed by
+/// [`EventKind::index`].
 pub const fn timers_word(t: [TimerId; 3]) -> u32 {
     (t[0] as u32) | ((t[1] as u32) << 3) | ((t[2] as u32) << 6)
 }
 
-/// The timer of event kind `kind` (0 waits, 1 stages, 2 statements).
-pub const fn timer_of(word: u32, kind: usize) -> u32 {
-    (word >> (3 * kind as u32)) & 7
+/// The timer of event kind `kind` (bits `3k ..` for [`EventKind::index`]
+/// `k`).
+pub const fn timer_of(word: u32, kind: EventKind) -> u32 {
+    (word >> (3 * kind.index() as u32)) & 7
 }
 
 /// Actor flag: threads matching this row are instrumented (`ENABLED`).
@@ -755,11 +746,11 @@ pub struct EventRecord {
     pub object_name: AtomicU32,
     /// `NESTING_EVENT_ID` (0 = NULL).
     pub nesting_event_id: AtomicU64,
-    /// `NESTING_EVENT_TYPE` as [`EventType`].
+    /// `NESTING_EVENT_TYPE`: [`EventKind::wire`] of the parent's kind.
     pub nesting_event_type: AtomicU32,
     /// `EV_*` flags.
     pub flags: AtomicU32,
-    /// This event's own [`EventType`].
+    /// This event's own kind: [`EventKind::wire`].
     pub event_type: AtomicU32,
     /// Reserved, zero.
     pub reserved32: AtomicU32,
@@ -811,12 +802,13 @@ pub struct ThreadHeader {
     pub role: AtomicU32,
     /// Reserved, zero.
     pub reserved0: AtomicU32,
-    /// Next history slot per kind (waits, stages, statements); owner only.
+    /// Next history slot per kind (by [`EventKind::index`]); owner only.
     pub history_next: [AtomicU32; 3],
     /// Reserved, zero.
     pub reserved1: AtomicU32,
-    /// Events ever appended to each history ring; event *k* of a kind is in
-    /// slot *k* mod `history_len`. Stored after the slot is complete.
+    /// Events ever appended to each history ring (by [`EventKind::index`]);
+    /// event *k* of a kind is in slot *k* mod `history_len`. Stored after
+    /// the slot is complete.
     pub history_count: [AtomicU64; 3],
     /// Bit `c` set = summary row `c` has been written since allocation.
     /// Readers visit only touched rows.

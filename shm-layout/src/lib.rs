@@ -136,14 +136,14 @@
 //! | 0x038 | 8 | `timer_base_ticks` | tick value of `TIMER_START` = 0 |
 //! | 0x040 | 8 | `timer_ps_per_tick_q32` | ps per tick, 32.32 fixed point |
 //! | 0x048 | 8 | `timer_frequency_hz` | ticks per second |
-//! | 0x050 | 4 | `timer_kind` | 1 TSC (`TIMER_KIND_TSC`: CYCLE is the TSC), 2 monotonic (`TIMER_KIND_MONOTONIC`: no invariant TSC) |
+//! | 0x050 | 4 | `timer_kind` | [`layout::TimerSource`]: 1 TSC (CYCLE is the TSC), 2 monotonic (no invariant TSC) |
 //! | 0x054 | 4 | `history_len` | events per history ring (≤ 1024, at least 1) |
 //! | 0x058 | 4 | `service_name_len` | bytes of UTF-8 in `service_name` (≤ 64) |
 //! | 0x05C | 4 | `reserved0` | reserved |
 //! | 0x060 | 64 | `service_name` | UTF-8, zero padded |
 //! | 0x0A0 | 8 | `timer_base_ns` | `CLOCK_MONOTONIC` ns at creation (base of the non-CYCLE timers) |
 //! | 0x0A8 | 8 | `history_long_len` | rows per `history_long` ring (≤ 16777216) |
-//! | 0x0B0 | 8 | `long_reserved` | bit *k*: `history_long` ring *k* is reserved and readable (readers never touch an unreserved ring) |
+//! | 0x0B0 | 8 | `long_reserved` | bit *k*: `history_long` ring *k* ([`EventKind::index`]) is reserved and readable (readers never touch an unreserved ring) |
 //! | 0x0B8 | 72 | `reserved1` | reserved |
 //! | 0x100 | 512 | `sections[16]` | section directory, below |
 //! | 0x300 | 3328 | `padding` | reserved, up to the end of the header |
@@ -338,7 +338,7 @@
 //! | 80 | 4 | `source` | string index, `0xFFFFFFFF` none |
 //! | 84 | 4 | `object_name` | string index, `0xFFFFFFFF` none |
 //! | 88 | 8 | `nesting_event_id` | 0 = NULL |
-//! | 96 | 4 | `nesting_event_type` | 0 none, 1 WAIT, 2 STAGE, 3 STATEMENT |
+//! | 96 | 4 | `nesting_event_type` | [`EventKind`]: 0 none, 1 WAIT, 2 STAGE, 3 STATEMENT |
 //! | 100 | 4 | `flags` | 1 TIMED, 2 ENDED, 4 HAS_BYTES, 8 HAS_SPINS, 16 HAS_PROGRESS, 32 CANCELLED; timer in bits 8..=10 |
 //! | 104 | 4 | `event_type` | as `nesting_event_type` |
 //! | 108 | 4 | `reserved32` | reserved |
@@ -414,7 +414,7 @@
 //!
 //! | offset | size | field | meaning |
 //! |-------:|-----:|-------|---------|
-//! | 0 | 4 | `consumers` | bit 0 global_instrumentation, 1 thread_instrumentation; kind *k* (0 waits, 1 stages, 2 statements) uses bits 2+4*k*.. : current, history, history_long, summaries |
+//! | 0 | 4 | `consumers` | bit 0 global_instrumentation, 1 thread_instrumentation; kind *k* ([`EventKind::index`]: 0 waits, 1 stages, 2 statements) uses bits 2+4*k*.. : current, history, history_long, summaries |
 //! | 4 | 60 | `reserved0[15]` | reserved |
 //! | 64 | 4 | `timers` | 3 bits per kind (waits at bit 0, stages 3, statements 6): timer id |
 //! | 68 | 60 | `reserved1[15]` | reserved |
@@ -581,7 +581,7 @@
 //! | 0 | [`error`] | typed errors |
 //! | 0 | [`files`] | where segments live: the default directory, a segment's file name |
 //! | 0 | [`fork`] | a hook run in the child of `fork(2)`, so that a writer stops there (unsafe) |
-//! | 0 | [`kinds`] | instrument class kinds and wait operations |
+//! | 0 | [`kinds`] | instrument class kinds, event kinds and wait operations |
 //! | 0 | [`seqlock`] | the sequence lock (one writer, readers retry) |
 //! | 0 | [`text`] | UTF-8 strings in arrays of atomic words |
 //! | 0 | [`tsc`] | reading the CPU time-stamp counter (unsafe) |
@@ -620,7 +620,7 @@
 //! ## Example: create, write, read back
 //!
 //! ```
-//! use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration};
+//! use pfs_shm_layout::{ClassKind, EventKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration};
 //! use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
 //! use pfs_shm_layout::writer::EventData;
 //! use pfs_shm_layout::reader::{snapshot, ReadOptions};
@@ -635,7 +635,7 @@
 //! let rec = w.segment().record(slot.index);
 //! let ev = EventData { event_id: 1, end_event_id: 2, class, timer_start: 10, timer_end: 15,
 //!     timer_wait: 5_000, source: NONE_U32, object_name: NONE_U32, flags: EV_TIMED | EV_ENDED, ..Default::default() };
-//! rec.end_event(0, &ev, None, true, true);        // events_waits_current + history
+//! rec.end_event(EventKind::Wait, &ev, None, true, true); // events_waits_current + history
 //! rec.summarize(class as usize, true, 5_000, 0, None); // summary row
 //!
 //! let reader = Segment::open(file, false).unwrap(); // as the agent would
@@ -673,6 +673,6 @@ pub mod values;
 pub mod writer;
 
 pub use error::SegmentError;
-pub use kinds::{ClassKind, Operation};
+pub use kinds::{ClassKind, EventKind, Operation};
 pub use segment::{Geometry, RecordRef, Segment, SegmentConfig, TimerCalibration};
 pub use writer::{SegmentWriter, ThreadSlot};

@@ -32,7 +32,7 @@ use std::sync::atomic::{Ordering::*, fence};
 
 use crate::container::PageState;
 use crate::error::SegmentError;
-use crate::kinds::{ClassKind, Operation};
+use crate::kinds::{ClassKind, EventKind, Operation};
 use crate::layout::*;
 use crate::lockword::{self, RecordState};
 use crate::rowcache::{Changes, Delta, KeptRecord, NOT_KEPT, RowCache, Rows, Walked};
@@ -304,10 +304,11 @@ pub struct Event {
     pub object_name: Option<u32>,
     /// `NESTING_EVENT_ID`.
     pub nesting_event_id: Option<u64>,
-    /// `NESTING_EVENT_TYPE`.
-    pub nesting_event_type: EventType,
-    /// This event's type.
-    pub event_type: EventType,
+    /// `NESTING_EVENT_TYPE`: the parent's kind (`None`: no parent, or a
+    /// value this reader does not know).
+    pub nesting_event_type: Option<EventKind>,
+    /// This event's kind, if the writer said (and this reader knows it).
+    pub event_type: Option<EventKind>,
     /// The timer that produced the timestamps.
     pub timer: TimerId,
     /// Stages: `WORK_COMPLETED` and `WORK_ESTIMATED`.
@@ -380,8 +381,8 @@ impl Event {
             source: idx(r.source.load(Relaxed)),
             object_name: idx(r.object_name.load(Relaxed)),
             nesting_event_id: (nesting != 0).then_some(nesting),
-            nesting_event_type: EventType::from_u32(r.nesting_event_type.load(Relaxed)),
-            event_type: EventType::from_u32(r.event_type.load(Relaxed)),
+            nesting_event_type: EventKind::from_wire(r.nesting_event_type.load(Relaxed)),
+            event_type: EventKind::from_wire(r.event_type.load(Relaxed)),
             timer: tid,
             progress: progress.then(|| (r.bytes.load(Relaxed), r.spins.load(Relaxed))),
             thread_id: r.thread_id.load(Relaxed),
@@ -467,12 +468,13 @@ pub struct SegmentSnapshot {
     pub timers: u32,
     /// `setup_actors` rows.
     pub actors: Vec<Actor>,
-    /// `events_waits_history_long` and `events_stages_history_long`,
-    /// oldest first.
+    /// `events_waits_history_long` and `events_stages_history_long` (by
+    /// [`EventKind::index`]), oldest first.
     pub long: [Vec<Event>; 2],
     /// `events_statements_history_long`, oldest first.
     pub long_statements: Vec<StatementEvent>,
-    /// Tickets taken per `history_long` ring (events offered to it).
+    /// Tickets taken per `history_long` ring (events offered to it), by
+    /// [`EventKind::index`].
     pub long_tickets: [u64; 3],
     /// Container pages added.
     pub pages: u32,
@@ -1069,8 +1071,8 @@ fn try_snapshot<'c>(
     };
     // Unreserved rings are holes: never touched (see `long_reserved`).
     let reserved = seg.header().long_reserved.load(Acquire);
-    let long_tickets = [0, 1, 2].map(|k| {
-        if reserved & (1 << k) != 0 {
+    let long_tickets = EventKind::ALL.map(|k| {
+        if reserved & (1 << k.index()) != 0 {
             seg.long_header(k).next.load(Acquire)
         } else {
             0
@@ -1297,11 +1299,11 @@ fn read_thread(
         });
         st.retries += u64::from(c.retries);
         t.statements_current = c.value.flatten();
-        let counts = [0, 1, 2].map(|k| h.history_count[k].load(Acquire));
+        let counts = EventKind::ALL.map(|k| h.history_count[k.index()].load(Acquire));
         let ev = |r: &EventRecord| Event::load(r, timer).map(own);
         t.waits_history = read_ring(
             rec.history,
-            counts[0],
+            counts[EventKind::Wait.index()],
             |r| &r.seq,
             ev,
             |e| (e.thread_id, e.event_id),
@@ -1310,7 +1312,7 @@ fn read_thread(
         );
         t.stages_history = read_ring(
             rec.stages_history,
-            counts[1],
+            counts[EventKind::Stage.index()],
             |r| &r.seq,
             ev,
             |e| (e.thread_id, e.event_id),
@@ -1319,7 +1321,7 @@ fn read_thread(
         );
         t.statements_history = read_ring(
             rec.statements_history,
-            counts[2],
+            counts[EventKind::Statement.index()],
             |r| &r.ev.seq,
             |r| StatementEvent::load(r, timer).map(own_stmt),
             |e| (e.ev.thread_id, e.ev.event_id),
@@ -1511,12 +1513,15 @@ fn read_long(
 ) -> ([Vec<Event>; 2], Vec<StatementEvent>) {
     let timer = seg.timer();
     let mut events: [Vec<Event>; 2] = Default::default();
-    for (k, out) in events.iter_mut().enumerate() {
-        if tickets[k] == 0 {
+    for (kind, out) in [EventKind::Wait, EventKind::Stage]
+        .into_iter()
+        .zip(events.iter_mut())
+    {
+        if tickets[kind.index()] == 0 {
             continue;
         }
         let mut rows: Vec<(u64, Event)> = Vec::new();
-        for r in seg.long_events(k) {
+        for r in seg.long_events(kind) {
             let v = r
                 .seq
                 .read_versioned(opts.attempts, || Event::load(r, timer));
@@ -1531,7 +1536,7 @@ fn read_long(
         *out = rows.into_iter().map(|(_, e)| e).collect();
     }
     let mut stmts: Vec<(u64, StatementEvent)> = Vec::new();
-    if tickets[2] != 0 {
+    if tickets[EventKind::Statement.index()] != 0 {
         for r in seg.long_statements() {
             let v =
                 r.ev.seq

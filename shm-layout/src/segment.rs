@@ -7,6 +7,7 @@
 //! against the validated geometry, into typed references to atomics.
 //!
 //! Layer 3 (see the crate docs): builds on [`crate::layout`],
+//! [`crate::kinds`] (the event kind of a `history_long` ring),
 //! [`crate::seqlock`], [`crate::sigbus`], [`crate::actors`] (the default
 //! actor row written at creation), [`crate::text`], [`crate::tsc`] and
 //! [`crate::clock`] (a reader's "now" on the segment's time line) and
@@ -20,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::SegmentError;
+use crate::kinds::EventKind;
 use crate::layout::*;
 use crate::seqlock::SeqLock;
 use crate::sigbus::Registration;
@@ -77,9 +79,9 @@ impl Default for SegmentConfig {
 /// How raw timer ticks convert to picoseconds; stored in the header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimerCalibration {
-    /// [`TIMER_KIND_TSC`](crate::layout::TIMER_KIND_TSC) or
-    /// [`TIMER_KIND_MONOTONIC`](crate::layout::TIMER_KIND_MONOTONIC).
-    pub kind: u32,
+    /// What the CYCLE timer reads. A segment that stores an unknown source
+    /// opens as [`TimerSource::Monotonic`]: only a TSC is read as one.
+    pub kind: TimerSource,
     /// Tick value that maps to `TIMER_START` 0.
     pub base_ticks: u64,
     /// Picoseconds per tick, 32.32 fixed point.
@@ -100,7 +102,7 @@ impl TimerCalibration {
     /// assert_eq!(TimerCalibration::NANOSECONDS.ticks_to_ps(3), 3_000);
     /// ```
     pub const NANOSECONDS: Self = Self {
-        kind: crate::layout::TIMER_KIND_MONOTONIC,
+        kind: TimerSource::Monotonic,
         base_ticks: 0,
         ps_per_tick_q32: 1000 << 32,
         frequency_hz: 1_000_000_000,
@@ -132,7 +134,7 @@ impl TimerCalibration {
     /// an event still running.
     pub fn now_ps(&self) -> u128 {
         #[cfg(target_arch = "x86_64")]
-        if self.kind == crate::layout::TIMER_KIND_TSC {
+        if self.kind == TimerSource::Tsc {
             return self.since_base_ps(crate::tsc::read_tsc());
         }
         let ns = crate::clock::monotonic_ns();
@@ -178,7 +180,8 @@ pub struct Geometry {
     pub setup_off: usize,
     /// Offset of the thread container section.
     pub threads_off: usize,
-    /// Offsets of the waits, stages and statements `history_long` sections.
+    /// Offsets of the waits, stages and statements `history_long` sections
+    /// (by [`EventKind::index`]).
     pub long_off: [usize; 3],
     /// Slots per `history_long` ring.
     pub long_len: u32,
@@ -250,12 +253,13 @@ impl Geometry {
         let event_long = page_align(size_of::<LongHeader>() + long_len * size_of::<EventRecord>());
         let stmt_long =
             page_align(size_of::<LongHeader>() + long_len * size_of::<StatementRecord>());
+        // Waits, stages, statements (in `EventKind::index` order).
         let long_off = [
             threads_end,
             threads_end + event_long,
             threads_end + 2 * event_long,
         ];
-        let total_size = long_off[2] + stmt_long;
+        let total_size = long_off[EventKind::Statement.index()] + stmt_long;
         Ok(Self {
             history_len: cfg.history_len,
             max_classes: cfg.max_classes,
@@ -277,9 +281,9 @@ impl Geometry {
         })
     }
 
-    /// Bytes of `history_long` section `kind` (0 waits, 1 stages, 2 statements).
-    pub fn long_size(&self, kind: usize) -> usize {
-        let slot = if kind == 2 {
+    /// Bytes of the `history_long` section of `kind`.
+    pub fn long_size(&self, kind: EventKind) -> usize {
+        let slot = if kind == EventKind::Statement {
             size_of::<StatementRecord>()
         } else {
             size_of::<EventRecord>()
@@ -433,7 +437,7 @@ impl Segment {
         h.timer_base_ticks.store(timer.base_ticks, r);
         h.timer_ps_per_tick_q32.store(timer.ps_per_tick_q32, r);
         h.timer_frequency_hz.store(timer.frequency_hz, r);
-        h.timer_kind.store(timer.kind, r);
+        h.timer_kind.store(timer.kind as u32, r);
         h.timer_base_ns.store(timer.base_ns, r);
         h.history_long_len.store(u64::from(geom.long_len), r);
         h.history_len.store(geom.history_len, r);
@@ -481,28 +485,28 @@ impl Segment {
             (
                 SectionKind::Threads,
                 geom.threads_off,
-                geom.long_off[0] - geom.threads_off,
+                geom.long_off[EventKind::Wait.index()] - geom.threads_off,
                 geom.max_pages,
                 geom.page_size as u32,
             ),
             (
                 SectionKind::WaitsLong,
-                geom.long_off[0],
-                geom.long_size(0),
+                geom.long_off[EventKind::Wait.index()],
+                geom.long_size(EventKind::Wait),
                 geom.long_len,
                 size_of::<EventRecord>() as u32,
             ),
             (
                 SectionKind::StagesLong,
-                geom.long_off[1],
-                geom.long_size(1),
+                geom.long_off[EventKind::Stage.index()],
+                geom.long_size(EventKind::Stage),
                 geom.long_len,
                 size_of::<EventRecord>() as u32,
             ),
             (
                 SectionKind::StatementsLong,
-                geom.long_off[2],
-                geom.long_size(2),
+                geom.long_off[EventKind::Statement.index()],
+                geom.long_size(EventKind::Statement),
                 geom.long_len,
                 size_of::<StatementRecord>() as u32,
             ),
@@ -708,16 +712,13 @@ impl Segment {
             ));
         }
         let mut long_off = [0usize; 3];
-        for (i, k) in [
+        for (kind, k) in EventKind::ALL.into_iter().zip([
             SectionKind::WaitsLong,
             SectionKind::StagesLong,
             SectionKind::StatementsLong,
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        ]) {
             let (off, size, count, stride) = need(k)?;
-            let slot = if i == 2 {
+            let slot = if kind == EventKind::Statement {
                 size_of::<StatementRecord>()
             } else {
                 size_of::<EventRecord>()
@@ -732,7 +733,7 @@ impl Segment {
                     "{k:?} ring of {long_len} slots does not fit its section"
                 ));
             }
-            long_off[i] = off as usize;
+            long_off[kind.index()] = off as usize;
         }
         if cstride as usize != size_of::<ClassEntry>()
             || sstride as usize != size_of::<StringEntry>()
@@ -811,7 +812,7 @@ impl Segment {
             total_size: seg_size as usize,
         };
         let timer = TimerCalibration {
-            kind: h.timer_kind.load(r),
+            kind: TimerSource::from_u32(h.timer_kind.load(r)).unwrap_or(TimerSource::Monotonic),
             base_ticks: h.timer_base_ticks.load(r),
             ps_per_tick_q32: h.timer_ps_per_tick_q32.load(r),
             frequency_hz: h.timer_frequency_hz.load(r),
@@ -1091,16 +1092,19 @@ impl Segment {
         self.at(self.geom.setup_off)
     }
 
-    /// Header of `history_long` ring `kind` (0 waits, 1 stages, 2 statements).
-    pub fn long_header(&self, kind: usize) -> &LongHeader {
-        self.at(self.geom.long_off[kind])
+    /// Header of the `history_long` ring of `kind`.
+    pub fn long_header(&self, kind: EventKind) -> &LongHeader {
+        self.at(self.geom.long_off[kind.index()])
     }
 
-    /// Slots of the waits (0) or stages (1) `history_long` ring.
-    pub fn long_events(&self, kind: usize) -> &[EventRecord] {
-        assert!(kind < 2, "statements use long_statements");
+    /// Slots of the waits or stages `history_long` ring.
+    pub fn long_events(&self, kind: EventKind) -> &[EventRecord] {
+        assert!(
+            kind != EventKind::Statement,
+            "statements use long_statements"
+        );
         self.slice_at(
-            self.geom.long_off[kind] + size_of::<LongHeader>(),
+            self.geom.long_off[kind.index()] + size_of::<LongHeader>(),
             self.geom.long_len as usize,
         )
     }
@@ -1108,16 +1112,16 @@ impl Segment {
     /// Slots of the statements `history_long` ring.
     pub fn long_statements(&self) -> &[StatementRecord] {
         self.slice_at(
-            self.geom.long_off[2] + size_of::<LongHeader>(),
+            self.geom.long_off[EventKind::Statement.index()] + size_of::<LongHeader>(),
             self.geom.long_len as usize,
         )
     }
 
-    /// Reserves `history_long` ring `kind` before its first use.
-    pub fn reserve_long(&self, kind: usize) -> Result<(), SegmentError> {
+    /// Reserves the `history_long` ring of `kind` before its first use.
+    pub fn reserve_long(&self, kind: EventKind) -> Result<(), SegmentError> {
         reserve(
             &self.file,
-            self.geom.long_off[kind],
+            self.geom.long_off[kind.index()],
             self.geom.long_size(kind),
         )
     }

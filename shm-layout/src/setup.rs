@@ -18,6 +18,7 @@
 
 use std::sync::atomic::Ordering::*;
 
+use crate::kinds::EventKind;
 use crate::layout::*;
 use crate::segment::Segment;
 use crate::text::load_string;
@@ -76,7 +77,8 @@ pub fn check_consumer_rules(rules: &[(String, bool)]) -> Result<(), crate::rules
 /// The `setup_consumers` rows: name and bit, in PFS order.
 pub fn consumers() -> Vec<(String, u32)> {
     let mut v = Vec::new();
-    for (k, kind) in ["waits", "stages", "statements"].iter().enumerate() {
+    for k in EventKind::ALL {
+        let kind = k.table_word();
         v.push((
             format!("events_{kind}_current"),
             consumer_bit(k, ConsumerKind::Current),
@@ -108,7 +110,7 @@ pub fn consumers() -> Vec<(String, u32)> {
 /// `*_summary_by_thread_*` shows them) with `thread_instrumentation` off.
 /// One test of a [`Plan`].
 #[inline(always)]
-pub const fn effective(word: u32, kind: usize, which: ConsumerKind) -> bool {
+pub const fn effective(word: u32, kind: EventKind, which: ConsumerKind) -> bool {
     Plan::new(word, kind).has(which)
 }
 
@@ -119,10 +121,11 @@ pub const fn effective(word: u32, kind: usize, which: ConsumerKind) -> bool {
 /// applying the hierarchy four times.
 ///
 /// ```
+/// use pfs_shm_layout::EventKind;
 /// use pfs_shm_layout::layout::{CONSUMERS_DEFAULT, ConsumerKind};
 /// use pfs_shm_layout::setup::Plan;
 ///
-/// let waits = Plan::new(CONSUMERS_DEFAULT, 0);
+/// let waits = Plan::new(CONSUMERS_DEFAULT, EventKind::Wait);
 /// assert!(waits.has(ConsumerKind::History));
 /// assert!(!waits.has(ConsumerKind::HistoryLong)); // off by default
 /// assert!(!waits.without_history().has(ConsumerKind::History));
@@ -174,7 +177,7 @@ impl Plan {
     /// The plan of kind `kind` under consumers word `word`: a shift, two
     /// masks and a table load.
     #[inline(always)]
-    pub const fn new(word: u32, kind: usize) -> Self {
+    pub const fn new(word: u32, kind: EventKind) -> Self {
         const _: () = assert!(CONSUMER_GLOBAL == 1 && CONSUMER_THREAD == 2);
         // The kind's four consumer bits, in `ConsumerKind` order.
         let own = (word >> consumer_bit(kind, ConsumerKind::Current).trailing_zeros()) & 0xF;
@@ -273,18 +276,16 @@ pub fn set_consumers(seg: &Segment, pattern: &str, enabled: bool) -> usize {
     matched.len()
 }
 
-/// `setup_timers` names, by event kind.
-pub const TIMER_KINDS: [&str; 3] = ["wait", "stage", "statement"];
-
-/// Sets the timer of every event kind matching `pattern` (`wait`, `stage`,
-/// `statement`, or `%`); returns how many matched.
+/// Sets the timer of every event kind whose [`EventKind::name`]
+/// matches `pattern` (`wait`, `stage`, `statement`, or `%`); returns how
+/// many matched.
 pub fn set_timers(seg: &Segment, pattern: &str, timer: TimerId) -> usize {
     let w = &seg.setup().timers;
     let mut matched = 0;
-    for (k, name) in TIMER_KINDS.iter().enumerate() {
-        if like(pattern, name) {
+    for k in EventKind::ALL {
+        if like(pattern, k.name()) {
             matched += 1;
-            let shift = 3 * k as u32;
+            let shift = 3 * k.index() as u32;
             let _ = w.fetch_update(Relaxed, Relaxed, |v| {
                 Some((v & !(7 << shift)) | ((timer as u32) << shift))
             });
@@ -388,18 +389,23 @@ mod tests {
     #[test]
     fn consumer_hierarchy() {
         let w = CONSUMERS_DEFAULT;
-        assert!(effective(w, 0, ConsumerKind::History));
+        let wait = EventKind::Wait;
+        assert!(effective(w, wait, ConsumerKind::History));
         assert!(
-            !effective(w, 0, ConsumerKind::HistoryLong),
+            !effective(w, wait, ConsumerKind::HistoryLong),
             "off by default"
         );
-        let no_current = w & !consumer_bit(0, ConsumerKind::Current);
+        let no_current = w & !consumer_bit(wait, ConsumerKind::Current);
         assert!(
-            !effective(no_current, 0, ConsumerKind::History),
+            !effective(no_current, wait, ConsumerKind::History),
             "history needs current"
         );
-        assert!(effective(no_current, 0, ConsumerKind::Summaries));
-        assert!(!effective(w & !CONSUMER_GLOBAL, 2, ConsumerKind::Summaries));
+        assert!(effective(no_current, wait, ConsumerKind::Summaries));
+        assert!(!effective(
+            w & !CONSUMER_GLOBAL,
+            EventKind::Statement,
+            ConsumerKind::Summaries
+        ));
         assert_eq!(consumers().len(), 14);
     }
 
@@ -408,7 +414,7 @@ mod tests {
         // The plan against the hierarchy written out, for every
         // combination of the global, thread and one kind's four bits.
         use ConsumerKind::*;
-        for kind in 0..3 {
+        for kind in EventKind::ALL {
             for combo in 0u32..64 {
                 let own: u32 = (0..4)
                     .filter(|i| combo & (1 << i) != 0)
@@ -430,7 +436,7 @@ mod tests {
                 assert_eq!(plan.without_history().has(Current), plan.has(Current));
                 // Other kinds' bits do not leak in.
                 let all_kinds = ((1 << (2 + 4 * 3)) - 1) & !3;
-                let others = all_kinds & !(0xF << (2 + 4 * kind));
+                let others = all_kinds & !(0xF << (2 + 4 * kind.index()));
                 assert_eq!(Plan::new(word | others, kind), plan, "{word:#x}");
             }
         }

@@ -15,12 +15,12 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering::*};
 
 use std::time::{Duration, Instant};
 
 use crate::container::{self, PageState};
-use crate::kinds::ClassKind;
+use crate::kinds::{ClassKind, EventKind};
 use crate::layout::*;
 use crate::lockword;
 use crate::segment::{RecordRef, Segment, touched_classes};
@@ -39,8 +39,9 @@ pub use crate::values::StatementFigures;
 pub struct SegmentWriter {
     seg: Segment,
     slow: Mutex<SlowState>,
-    /// Per `history_long` ring: 0 not reserved yet, 1 reserved, 2 failed.
-    long_state: [std::sync::atomic::AtomicU8; 3],
+    /// Per `history_long` ring (by [`EventKind::index`]): a [`LongState`]
+    /// as its discriminant.
+    long_state: [AtomicU8; 3],
     /// Bumped (under the process lock) whenever a record may have become
     /// free for an allocator that already scanned past it: a record
     /// released, a page added, revived or given back ACTIVE by the
@@ -89,6 +90,31 @@ pub struct ReclaimStats {
     pub punch_failures: u64,
 }
 
+/// Where the reservation of a `history_long` ring stands, as stored in
+/// [`SegmentWriter`]'s `long_state` (its discriminant).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum LongState {
+    /// Not reserved yet: the next append (or a prepare) tries.
+    NotReserved = 0,
+    /// Reserved and usable.
+    Reserved = 1,
+    /// The reservation failed (volume full): events are counted lost.
+    Failed = 2,
+}
+
+impl LongState {
+    /// From the stored discriminant (anything unknown is not reserved).
+    #[inline(always)]
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => Self::Reserved,
+            2 => Self::Failed,
+            _ => Self::NotReserved,
+        }
+    }
+}
+
 /// A thread record owned by the calling thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ThreadSlot {
@@ -99,6 +125,11 @@ pub struct ThreadSlot {
 }
 
 /// Everything one event row holds, in the writer's registers.
+///
+/// The two kind fields hold wire words ([`EventKind::wire`]), not
+/// `Option<EventKind>`s: an enum field would be the niche of an `Option`
+/// of a struct holding an `EventData` (the client's event in flight), and
+/// that `None` would then be a copy of a whole row instead of a zero word.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EventData {
     /// `EVENT_ID`.
@@ -127,11 +158,13 @@ pub struct EventData {
     pub object_name: u32,
     /// `NESTING_EVENT_ID`.
     pub nesting_event_id: u64,
-    /// `NESTING_EVENT_TYPE`.
+    /// `NESTING_EVENT_TYPE` as stored: [`EventKind::wire`] of the parent
+    /// event's kind (0: none).
     pub nesting_event_type: u32,
     /// `EV_*` flags.
     pub flags: u32,
-    /// [`EventType`] of this event.
+    /// This event's own kind as stored: [`EventKind::wire`] (0: not
+    /// said).
     pub event_type: u32,
     /// `THREAD_ID` (written to `history_long` slots).
     pub thread_id: u64,
@@ -153,13 +186,6 @@ impl StartedRow<'_> {
         self.row.timer_start.store(timer_start, Relaxed);
     }
 }
-
-/// Event kinds of the hot path, as indexes (waits 0, stages 1, statements 2).
-pub const KIND_WAIT: usize = 0;
-/// Stages.
-pub const KIND_STAGE: usize = 1;
-/// Statements.
-pub const KIND_STATEMENT: usize = 2;
 
 /// The name a class is registered under: `name`, its control characters
 /// (a NUL, a newline: nothing an exporter's label should carry) replaced by
@@ -213,7 +239,7 @@ impl SegmentWriter {
         Self {
             seg,
             slow: Mutex::new(slow),
-            long_state: Default::default(),
+            long_state: [const { AtomicU8::new(LongState::NotReserved as u8) }; 3],
             epoch: AtomicU64::new(0),
             hint: AtomicU32::new(0),
         }
@@ -486,12 +512,14 @@ impl SegmentWriter {
     #[inline]
     pub fn append_long(
         &self,
-        kind: usize,
+        kind: EventKind,
         e: &EventData,
         stmt: Option<(&StatementFigures, &StatementRecord)>,
     ) -> bool {
-        if self.long_state[kind].load(Relaxed) != 1 && !self.reserve_long(kind) {
-            self.seg.count_lost(LONG_LOST[kind]);
+        if self.long_state[kind.index()].load(Relaxed) != LongState::Reserved as u8
+            && !self.reserve_long(kind)
+        {
+            self.seg.count_lost(long_lost(kind));
             return false;
         }
         let h = self.seg.long_header(kind);
@@ -503,16 +531,16 @@ impl SegmentWriter {
         // history_long is off by default: this division and the shared
         // ticket line are its documented cost.
         let slot = (ticket % len) as usize;
-        let seq = if kind == KIND_STATEMENT {
+        let seq = if kind == EventKind::Statement {
             &self.seg.long_statements()[slot].ev.seq
         } else {
             &self.seg.long_events(kind)[slot].seq
         };
         let Some(guard) = seq.try_claim(long_seq(ticket)) else {
-            self.seg.count_lost(LONG_LOST[kind]);
+            self.seg.count_lost(long_lost(kind));
             return false;
         };
-        if kind == KIND_STATEMENT {
+        if kind == EventKind::Statement {
             let r = &self.seg.long_statements()[slot];
             store_event_fields(&r.ev, e);
             if let Some((f, cur)) = stmt {
@@ -528,22 +556,31 @@ impl SegmentWriter {
     /// Reserves the `history_long` ring of `kind` now (it is otherwise
     /// reserved by its first append, which then pays for it); false if
     /// the volume is full (its events are then counted lost).
-    pub fn prepare_long(&self, kind: usize) -> bool {
-        kind < 3 && self.reserve_long(kind)
+    pub fn prepare_long(&self, kind: EventKind) -> bool {
+        self.reserve_long(kind)
     }
 
     #[cold]
-    fn reserve_long(&self, kind: usize) -> bool {
+    fn reserve_long(&self, kind: EventKind) -> bool {
         let _slow = self.slow();
-        match self.long_state[kind].load(Relaxed) {
-            1 => true,
-            2 => false,
-            _ => {
+        let state = &self.long_state[kind.index()];
+        match LongState::from_u8(state.load(Relaxed)) {
+            LongState::Reserved => true,
+            LongState::Failed => false,
+            LongState::NotReserved => {
                 let ok = self.seg.reserve_long(kind).is_ok();
                 if ok {
-                    self.seg.header().long_reserved.fetch_or(1 << kind, Release);
+                    self.seg
+                        .header()
+                        .long_reserved
+                        .fetch_or(1 << kind.index(), Release);
                 }
-                self.long_state[kind].store(if ok { 1 } else { 2 }, Release);
+                let new = if ok {
+                    LongState::Reserved
+                } else {
+                    LongState::Failed
+                };
+                state.store(new as u8, Release);
                 ok
             }
         }
@@ -634,9 +671,9 @@ fn init_record(rec: RecordRef<'_>, thread_id: u64, os_tid: u64, name: &str) {
     for w in &h.touched {
         w.store(0, Relaxed);
     }
-    for k in 0..3 {
-        h.history_count[k].store(0, Relaxed);
-        h.history_next[k].store(0, Relaxed);
+    for k in EventKind::ALL {
+        h.history_count[k.index()].store(0, Relaxed);
+        h.history_next[k.index()].store(0, Relaxed);
     }
     for cur in [
         &h.waits_current,
@@ -748,12 +785,15 @@ fn merge_memory_row(dst: &MemoryRow, src: &MemoryRow, tgen: u64) {
     add(&dst.high_bytes_used, pick(&src.high_bytes_used, cb));
 }
 
-/// `history_long` lost counter of each kind.
-const LONG_LOST: [LostKind; 3] = [
-    LostKind::WaitsLong,
-    LostKind::StagesLong,
-    LostKind::StatementsLong,
-];
+/// The `history_long` lost counter of `kind`.
+#[inline(always)]
+fn long_lost(kind: EventKind) -> LostKind {
+    match kind {
+        EventKind::Wait => LostKind::WaitsLong,
+        EventKind::Stage => LostKind::StagesLong,
+        EventKind::Statement => LostKind::StatementsLong,
+    }
+}
 
 #[inline(always)]
 fn store_event_fields(rec: &EventRecord, e: &EventData) {
@@ -864,11 +904,11 @@ fn store_statement_fields(dst: &StatementRecord, f: &StatementFigures, cur: &Sta
 impl RecordRef<'_> {
     /// `events_*_current` of `kind`.
     #[inline(always)]
-    pub fn current(&self, kind: usize) -> &EventRecord {
+    pub fn current(&self, kind: EventKind) -> &EventRecord {
         match kind {
-            KIND_WAIT => &self.header.waits_current,
-            KIND_STAGE => &self.header.stages_current,
-            _ => &self.header.statements_current.ev,
+            EventKind::Wait => &self.header.waits_current,
+            EventKind::Stage => &self.header.stages_current,
+            EventKind::Statement => &self.header.statements_current.ev,
         }
     }
 
@@ -880,8 +920,8 @@ impl RecordRef<'_> {
     /// when set, as by a stage's progress), and per-thread rows leave
     /// `thread_id` alone (the record header has it).
     #[inline(always)]
-    pub fn begin_event(&self, kind: usize, e: &EventData) {
-        if kind == KIND_STATEMENT {
+    pub fn begin_event(&self, kind: EventKind, e: &EventData) {
+        if kind == EventKind::Statement {
             // A new statement starts with no text.
             let cur = &self.header.statements_current;
             let _w = cur.ev.seq.write();
@@ -901,8 +941,8 @@ impl RecordRef<'_> {
     /// reads its timer in between, so that the row's writes are not part of
     /// the measured interval.
     #[inline(always)]
-    pub fn begin_event_open(&self, kind: usize, e: &EventData) -> StartedRow<'_> {
-        let row = if kind == KIND_STATEMENT {
+    pub fn begin_event_open(&self, kind: EventKind, e: &EventData) -> StartedRow<'_> {
+        let row = if kind == EventKind::Statement {
             let cur = &self.header.statements_current;
             let w = cur.ev.seq.write();
             store_statement_fields(cur, &StatementFigures::default(), cur);
@@ -945,7 +985,7 @@ impl RecordRef<'_> {
     /// [`RecordRef::end_event`] write the event again where it goes on).
     /// Only the thread that owns the record may call it.
     #[inline]
-    pub fn hide_unended(&self, kind: usize, thread_id: u64, event_id: u64) {
+    pub fn hide_unended(&self, kind: EventKind, thread_id: u64, event_id: u64) {
         let cur = self.current(kind);
         // This thread is the row's only writer: it reads its own stores.
         if cur.event_id.load(Relaxed) == event_id
@@ -980,7 +1020,7 @@ impl RecordRef<'_> {
     #[inline(always)]
     pub fn end_event(
         &self,
-        kind: usize,
+        kind: EventKind,
         e: &EventData,
         stmt: Option<&StatementFigures>,
         current: bool,
@@ -1000,13 +1040,13 @@ impl RecordRef<'_> {
                 store_end_fields(cur, e);
             } else {
                 store_row(cur, e);
-                if kind == KIND_STATEMENT {
+                if kind == EventKind::Statement {
                     // The text in the row is another statement's (an inner
                     // one's): this one's is not known here.
                     h.statements_current.text_len.store(0, Relaxed);
                 }
             }
-            if let (KIND_STATEMENT, Some(f)) = (kind, stmt) {
+            if let (EventKind::Statement, Some(f)) = (kind, stmt) {
                 let sc = &h.statements_current;
                 store_statement_fields(sc, f, sc);
             }
@@ -1015,16 +1055,17 @@ impl RecordRef<'_> {
             return;
         }
         let len = match kind {
-            KIND_WAIT => self.history.len(),
-            KIND_STAGE => self.stages_history.len(),
-            _ => self.statements_history.len(),
+            EventKind::Wait => self.history.len(),
+            EventKind::Stage => self.stages_history.len(),
+            EventKind::Statement => self.statements_history.len(),
         };
-        let slot = h.history_next[kind].load(Relaxed) as usize;
+        let k = kind.index();
+        let slot = h.history_next[k].load(Relaxed) as usize;
         let slot = if slot < len { slot } else { 0 };
         match kind {
-            KIND_WAIT => write_history(&self.history[slot], e),
-            KIND_STAGE => write_history(&self.stages_history[slot], e),
-            _ => {
+            EventKind::Wait => write_history(&self.history[slot], e),
+            EventKind::Stage => write_history(&self.stages_history[slot], e),
+            EventKind::Statement => {
                 let dst = &self.statements_history[slot];
                 let _w = dst.ev.seq.write();
                 store_row(&dst.ev, e);
@@ -1036,8 +1077,8 @@ impl RecordRef<'_> {
             }
         }
         let next = if slot + 1 == len { 0 } else { slot + 1 };
-        h.history_next[kind].store(next as u32, Relaxed);
-        h.history_count[kind].store(h.history_count[kind].load(Relaxed) + 1, Release);
+        h.history_next[k].store(next as u32, Relaxed);
+        h.history_count[k].store(h.history_count[k].load(Relaxed) + 1, Release);
     }
 
     /// Adds one event to summary row `class`.
@@ -1290,7 +1331,7 @@ mod tests {
             source: NONE_U32,
             object_name: NONE_U32,
             flags: EV_TIMED,
-            event_type: EventType::Wait as u32,
+            event_type: EventKind::Wait as u32,
             ..Default::default()
         }
     }
@@ -1318,12 +1359,12 @@ mod tests {
         let slot = w.alloc_thread(1, 1, "t").unwrap();
         let rec = w.segment().record(slot.index);
         let e = started(1, 42);
-        rec.begin_event(KIND_WAIT, &e);
+        rec.begin_event(EventKind::Wait, &e);
         let running = current(&w);
         assert_eq!((running.event_id, running.end_event_id), (1, None));
         assert_eq!(running.bytes, None);
         let e = ended(e, Some(512));
-        rec.end_event(KIND_WAIT, &e, None, true, true);
+        rec.end_event(EventKind::Wait, &e, None, true, true);
         let c = current(&w);
         assert_eq!(c.end_event_id, Some(2));
         assert_eq!(c.object_instance, 42);
@@ -1339,20 +1380,20 @@ mod tests {
         let slot = w.alloc_thread(1, 1, "t").unwrap();
         let rec = w.segment().record(slot.index);
         let outer = started(1, 10);
-        rec.begin_event(KIND_WAIT, &outer);
+        rec.begin_event(EventKind::Wait, &outer);
         let inner = started(2, 20);
-        rec.begin_event(KIND_WAIT, &inner);
-        rec.end_event(KIND_WAIT, &ended(inner, Some(1)), None, true, true);
+        rec.begin_event(EventKind::Wait, &inner);
+        rec.end_event(EventKind::Wait, &ended(inner, Some(1)), None, true, true);
         // The outer one ends without bytes, over the inner one's row.
         let outer = ended(outer, None);
-        rec.end_event(KIND_WAIT, &outer, None, true, true);
+        rec.end_event(EventKind::Wait, &outer, None, true, true);
         let c = current(&w);
         assert_eq!((c.event_id, c.object_instance, c.bytes), (1, 10, None));
         assert_eq!(c.end_event_id, Some(2));
         // Begun while the current consumer was off: ending with it on
         // writes the whole row.
         let late = started(3, 30);
-        rec.end_event(KIND_WAIT, &ended(late, None), None, true, false);
+        rec.end_event(EventKind::Wait, &ended(late, None), None, true, false);
         let c = current(&w);
         assert_eq!((c.event_id, c.object_instance), (3, 30));
         assert_eq!(c.timer_start, Some(u128::from(late.timer_start) * 1000));

@@ -16,7 +16,7 @@ use pfs_shm_layout::layout::*;
 use pfs_shm_layout::reader::{ReadOptions, SegmentSnapshot, snapshot};
 use pfs_shm_layout::values::Summary;
 use pfs_shm_layout::writer::EventData;
-use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentError};
+use pfs_shm_layout::{ClassKind, EventKind, Segment, SegmentConfig, SegmentError};
 
 fn small() -> SegmentConfig {
     config("t", 2, 3)
@@ -373,7 +373,7 @@ fn history_long_never_publishes_torn_or_duplicate_slots_and_counts_losses_exactl
             while !stop.load(Ordering::Relaxed) {
                 let s = snapshot(&seg, &ReadOptions::default()).unwrap();
                 let mut seen = std::collections::HashSet::new();
-                for e in &s.long[0] {
+                for e in &s.long[EventKind::Wait.index()] {
                     let (t, id) = (e.thread_id, e.event_id);
                     assert!(
                         seen.insert((t, id)),
@@ -404,7 +404,7 @@ fn history_long_never_publishes_torn_or_duplicate_slots_and_counts_losses_exactl
                         end_event_id: id + 1,
                         ..e
                     };
-                    written += u64::from(w.append_long(0, &e, None));
+                    written += u64::from(w.append_long(EventKind::Wait, &e, None));
                 }
                 written
             })
@@ -414,7 +414,10 @@ fn history_long_never_publishes_torn_or_duplicate_slots_and_counts_losses_exactl
     stop.store(true, Ordering::Relaxed);
     let (snapshots, validated) = reader.join().unwrap();
     let seg = w.segment();
-    let tickets = seg.long_header(0).next.load(Ordering::Relaxed);
+    let tickets = seg
+        .long_header(EventKind::Wait)
+        .next
+        .load(Ordering::Relaxed);
     let lost = seg.lost().counters[LostKind::WaitsLong as usize].load(Ordering::Relaxed);
     assert_eq!(tickets, WRITERS * PER_WRITER, "one ticket per append");
     assert_eq!(
@@ -423,7 +426,11 @@ fn history_long_never_publishes_torn_or_duplicate_slots_and_counts_losses_exactl
         "every ticket written once or counted lost: {written} + {lost}"
     );
     let s = snapshot(&Segment::open(f, false).unwrap(), &ReadOptions::default()).unwrap();
-    assert_eq!(s.long[0].len(), 64, "a full ring after the storm");
+    assert_eq!(
+        s.long[EventKind::Wait.index()].len(),
+        64,
+        "a full ring after the storm"
+    );
     assert!(
         validated > 1000,
         "reader validated {validated} slots in {snapshots} snapshots"

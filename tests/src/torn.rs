@@ -13,7 +13,8 @@ use std::collections::HashMap;
 
 use anyhow::{Result, anyhow};
 use pfs_client::{LazyWaitClass, Operation};
-use pfs_shm_layout::layout::{EventType, TimerId};
+use pfs_shm_layout::EventKind;
+use pfs_shm_layout::layout::TimerId;
 use pfs_shm_layout::reader::{Event, Summary};
 use serde_json::{Value, json};
 
@@ -192,8 +193,8 @@ pub fn consistent_copy(n: u64) -> Event {
         source: None,
         object_name: None,
         nesting_event_id: None,
-        nesting_event_type: EventType::None,
-        event_type: EventType::Wait,
+        nesting_event_type: None,
+        event_type: Some(EventKind::Wait),
         timer: TimerId::Cycle,
         progress: None,
         thread_id: 0,

@@ -29,9 +29,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, EventType, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
+use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
 use pfs_shm_layout::writer::EventData;
-use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration};
+use pfs_shm_layout::{
+    ClassKind, EventKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration,
+};
 use pfs_tests::{Agent, Sample, TEST_CLASSES, Tmpfs, Writer, poll, sample, writer_exe};
 
 const WAITS: &str = "pfs_events_waits_total";
@@ -89,12 +91,12 @@ fn make_segment(path: &Path, service: &str, events: u64, max_pages: u32) -> Segm
             class: c,
             timer_wait: 1000,
             flags: EV_TIMED | EV_ENDED,
-            event_type: EventType::Wait as u32,
+            event_type: EventKind::Wait as u32,
             source: NONE_U32,
             object_name: NONE_U32,
             ..Default::default()
         };
-        rec.end_event(0, &e, None, true, true);
+        rec.end_event(EventKind::Wait, &e, None, true, true);
         rec.summarize(c as usize, true, 1000, 0, None);
     }
     w

@@ -7,9 +7,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use pfs_shm_layout::Segment;
-use pfs_shm_layout::layout::EventType;
 use pfs_shm_layout::reader::{ReadOptions, snapshot};
+use pfs_shm_layout::{EventKind, Segment};
 use pfs_tests::{Agent, ChildGuard, Writer, get_json, rows, u64_col, writer_exe};
 use serde_json::{Value, json};
 
@@ -148,7 +147,11 @@ fn nesting_is_consistent_across_processes() -> Result<()> {
             );
         }
         for st in &t.stages_history {
-            assert_eq!(st.nesting_event_type, EventType::Statement, "stage {st:?}");
+            assert_eq!(
+                st.nesting_event_type,
+                Some(EventKind::Statement),
+                "stage {st:?}"
+            );
             let parent = stmts
                 .get(&st.nesting_event_id.unwrap())
                 .expect("stage's parent is a statement of the same thread");
@@ -159,7 +162,7 @@ fn nesting_is_consistent_across_processes() -> Result<()> {
         for wt in &t.waits_history {
             let pid = wt.nesting_event_id.expect("every wait is nested");
             match wt.nesting_event_type {
-                EventType::Stage => {
+                Some(EventKind::Stage) => {
                     let p = stages
                         .get(&pid)
                         .expect("wait's parent stage is in this thread's history");
@@ -172,7 +175,7 @@ fn nesting_is_consistent_across_processes() -> Result<()> {
                         wt.object_instance
                     );
                 }
-                EventType::Statement => {
+                Some(EventKind::Statement) => {
                     assert!(stmts.contains_key(&pid));
                     assert_eq!(
                         wt.object_instance, 1,

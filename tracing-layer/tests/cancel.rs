@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::get;
-use pfs_shm_layout::layout::EventType;
+use pfs_shm_layout::EventKind;
 use pfs_tracing::PfsLayer;
 use tokio::io::AsyncWriteExt;
 use tower_http::trace::TraceLayer;
@@ -116,13 +116,13 @@ fn a_client_hanging_up_cancels_the_statement() {
         assert!(wait < 30_000_000_000_000, "ended at the hang-up: {wait} ps");
         assert!(wait >= st.figures.cpu_time_ps);
         // Its stage ended with it, nested in it.
-        let stage = s.long[1]
+        let stage = s.long[EventKind::Stage.index()]
             .iter()
             .find(|e| e.thread_id == st.ev.thread_id)
             .expect("the stage of the cancelled statement");
         assert_eq!(stage.class, waiting);
         assert_eq!(stage.nesting_event_id, Some(st.ev.event_id));
-        assert_eq!(stage.nesting_event_type, EventType::Statement);
+        assert_eq!(stage.nesting_event_type, Some(EventKind::Statement));
         assert!(stage.timer_wait.unwrap() <= wait);
     }
 }

@@ -15,7 +15,8 @@ use axum::Router;
 use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use pfs_shm_layout::layout::{EventType, LostKind};
+use pfs_shm_layout::EventKind;
+use pfs_shm_layout::layout::LostKind;
 use pfs_shm_layout::reader::StatementEvent;
 use pfs_tracing::{PfsLayer, SpanMatch, StageRule};
 use tower_http::trace::TraceLayer;
@@ -176,8 +177,7 @@ fn per_route_statements_equal_what_the_clients_received() {
         assert!(cpu > 0, "{class}: CPU_TIME > 0");
         assert!(wait >= cpu, "{class}: TIMER_WAIT {wait} >= CPU_TIME {cpu}");
         assert_eq!(
-            st.ev.nesting_event_type,
-            EventType::None,
+            st.ev.nesting_event_type, None,
             "a statement span is a logical thread"
         );
         assert_eq!(
@@ -216,13 +216,13 @@ fn per_route_statements_equal_what_the_clients_received() {
     let load = common::class_index(&s, "stage/app/load_user").expect("stage registered");
     let render = common::class_index(&s, "stage/app/render").expect("stage registered");
     let mut stages_of: HashMap<(u64, u64), Vec<u32>> = HashMap::new();
-    for e in &s.long[1] {
+    for e in &s.long[EventKind::Stage.index()] {
         assert!(
             e.class == load || e.class == render,
             "only our stages: {e:?}"
         );
         let parent = (e.thread_id, e.nesting_event_id.expect("nested"));
-        assert_eq!(e.nesting_event_type, EventType::Statement);
+        assert_eq!(e.nesting_event_type, Some(EventKind::Statement));
         let st = by_id
             .get(&parent)
             .unwrap_or_else(|| panic!("{e:?}: its statement, same THREAD_ID"));

@@ -10,7 +10,7 @@ mod common;
 use std::collections::HashMap;
 
 use pfs_client::LazyStatementClass;
-use pfs_shm_layout::layout::EventType;
+use pfs_shm_layout::EventKind;
 use pfs_shm_layout::reader::StatementEvent;
 use pfs_tracing::{PfsLayer, SpanMatch, StageRule, StatementRule};
 use tracing::field::Empty;
@@ -145,12 +145,12 @@ fn rules_and_the_span_model() {
             .collect()
     };
     let stages_of = |st: &StatementEvent| -> Vec<&str> {
-        s.long[1]
+        s.long[EventKind::Stage.index()]
             .iter()
             .filter(|e| e.thread_id == st.ev.thread_id)
             .map(|e| {
                 assert_eq!(e.nesting_event_id, Some(st.ev.event_id), "{e:?}");
-                assert_eq!(e.nesting_event_type, EventType::Statement);
+                assert_eq!(e.nesting_event_type, Some(EventKind::Statement));
                 assert!(e.timer_wait.unwrap() <= st.ev.timer_wait.unwrap());
                 name[&e.class]
             })
@@ -219,7 +219,7 @@ fn rules_and_the_span_model() {
         panic!()
     };
     assert_ne!(outer.ev.thread_id, inner.ev.thread_id);
-    assert_eq!(inner.ev.nesting_event_type, EventType::None);
+    assert_eq!(inner.ev.nesting_event_type, None);
     assert_eq!(stages_of(inner), ["stage/test/in_inner"]);
     assert_eq!(stages_of(outer), ["stage/test/before", "stage/test/after"]);
 
@@ -243,7 +243,7 @@ fn rules_and_the_span_model() {
         s.threads.iter().any(|t| t.thread_id == own.ev.thread_id),
         "the thread's own statement has the thread's THREAD_ID"
     );
-    assert_eq!(own.ev.nesting_event_type, EventType::None);
+    assert_eq!(own.ev.nesting_event_type, None);
     assert_eq!(own.text, "on the thread");
 
     // 6.
@@ -254,7 +254,9 @@ fn rules_and_the_span_model() {
     assert!(
         s.classes.iter().all(|c| c.name != "stage/test/elsewhere") || {
             let i = common::class_index(&s, "stage/test/elsewhere").unwrap();
-            s.long[1].iter().all(|e| e.class != i)
+            s.long[EventKind::Stage.index()]
+                .iter()
+                .all(|e| e.class != i)
         }
     );
 

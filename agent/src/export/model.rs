@@ -8,12 +8,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use pfs_shm_layout::EventKind;
 use pfs_shm_layout::container::PageState;
 use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, LostKind, bucket_upper_seconds};
 use pfs_shm_layout::reader::Summary;
 
 use crate::aggregate::{ServiceTotals, by_service};
-use crate::event_kind::EventKind;
 use crate::segments::Refusal;
 use crate::snapshot::{Snapshot, Totals};
 use crate::timers;

@@ -5,13 +5,13 @@
 use std::collections::HashMap;
 
 use pfs_shm_layout::ClassKind;
+use pfs_shm_layout::EventKind;
 use pfs_shm_layout::reader::{
     ClassInfo, Event, MemoryStats, SegmentSnapshot, StatementEvent, Summary, ThreadSnapshot,
 };
 
 use super::cell::{Cell, Sink};
 use super::view::View;
-use crate::event_kind::EventKind;
 use crate::truncate::EventsTable;
 
 /// `NULL` for `None`.
@@ -290,7 +290,7 @@ pub(super) fn event_row<'a>(
     }
     let nesting = [
         opt(e.nesting_event_id),
-        opt(e.nesting_event_type.pfs_name()),
+        opt(e.nesting_event_type.map(EventKind::pfs_name)),
     ];
     match kind {
         EventKind::Wait => {

@@ -3,9 +3,10 @@
 //! thread last ran one of a task's events). `TRUNCATE` hides the events
 //! that exist at that time, in this table only.
 
+use pfs_shm_layout::EventKind;
+
 use super::columns::emit_thread_events;
 use super::view::KindTable;
-use crate::event_kind::EventKind;
 use crate::truncate::EventsTable;
 
 /// The `events_*_current` table of `kind`.

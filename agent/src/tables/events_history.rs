@@ -4,9 +4,10 @@
 //! (`THREAD_ID`, `EVENT_ID`). `TRUNCATE` hides the events that exist at
 //! that time, in this table only, per logical thread.
 
+use pfs_shm_layout::EventKind;
+
 use super::columns::emit_thread_events;
 use super::view::KindTable;
-use crate::event_kind::EventKind;
 use crate::truncate::EventsTable;
 
 /// The `events_*_history` table of `kind`.

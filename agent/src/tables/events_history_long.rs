@@ -2,10 +2,11 @@
 //! kind over all threads of a process (the global ring, off by default).
 //! `TRUNCATE` hides the events it holds at that time.
 
+use pfs_shm_layout::EventKind;
+
 use super::cell::Sink;
 use super::columns::{class_map, event_columns, event_row};
 use super::view::{KindTable, View};
-use crate::event_kind::EventKind;
 use crate::truncate::Baselines;
 
 /// The `events_*_history_long` table of `kind`.

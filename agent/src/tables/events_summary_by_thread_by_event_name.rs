@@ -7,7 +7,7 @@
 use super::cell::Sink;
 use super::columns::{class_map, head, summary_columns, summary_values, with_head};
 use super::view::{KindTable, View};
-use crate::event_kind::EventKind;
+use pfs_shm_layout::EventKind;
 use pfs_shm_layout::reader::Summary;
 
 /// The by-thread summary table of `kind`.

@@ -3,11 +3,12 @@
 //! registered instrument has a row). `TRUNCATE` restarts them, and the
 //! by-thread table of the same kind, from zero.
 
+use pfs_shm_layout::EventKind;
+
 use super::cell::Sink;
 use super::columns::{head, summary_columns, summary_values, with_head};
 use super::view::{KindTable, View};
 use crate::aggregate::segment_global;
-use crate::event_kind::EventKind;
 
 /// The global summary table of `kind`.
 pub fn table(kind: EventKind) -> KindTable {

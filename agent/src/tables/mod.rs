@@ -36,7 +36,8 @@ pub use cell::{Cell, Sink, Table};
 pub use columns::{ColumnKind, column_kind, duration_columns};
 pub use view::{KindTable, NotTruncatable, PfsTable, View};
 
-use crate::event_kind::EventKind;
+use pfs_shm_layout::EventKind;
+
 use crate::filter::Filter;
 use crate::snapshot::Snapshot;
 use crate::truncate::Baselines;
@@ -127,10 +128,8 @@ pub fn write_json(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, EventType, FLAG_ENABLED, FLAG_TIMED};
-    use pfs_shm_layout::writer::{
-        EventData, KIND_STAGE, KIND_STATEMENT, KIND_WAIT, StatementFigures,
-    };
+    use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, FLAG_ENABLED, FLAG_TIMED};
+    use pfs_shm_layout::writer::{EventData, StatementFigures};
     use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration};
     use std::time::Duration;
 
@@ -160,12 +159,12 @@ mod tests {
             .unwrap(),
         );
         let names = [
-            ("wait/io/file/t/f\\ö", KIND_WAIT),
-            ("wait/synch/mutex/t/m", KIND_WAIT),
-            ("stage/t/s", KIND_STAGE),
-            ("statement/t/q", KIND_STATEMENT),
+            ("wait/io/file/t/f\\ö", EventKind::Wait),
+            ("wait/synch/mutex/t/m", EventKind::Wait),
+            ("stage/t/s", EventKind::Stage),
+            ("statement/t/q", EventKind::Statement),
         ];
-        let classes: Vec<(u32, usize)> = names
+        let classes: Vec<(u32, EventKind)> = names
             .iter()
             .map(|(n, k)| {
                 let kind = ClassKind::from_name(n).unwrap();
@@ -198,7 +197,7 @@ mod tests {
             for round in 0..3u64 {
                 for &(class, kind) in &classes {
                     id += 1;
-                    let stmt = (kind == KIND_STATEMENT).then_some(StatementFigures {
+                    let stmt = (kind == EventKind::Statement).then_some(StatementFigures {
                         rows_sent: id,
                         digest: if round == 0 { 0 } else { 0xabc },
                         ..StatementFigures::default()
@@ -214,16 +213,12 @@ mod tests {
                         object_name: if round == 1 { object } else { NONE },
                         bytes: round * 10,
                         flags: EV_TIMED | if round == 2 { 0 } else { EV_ENDED },
-                        event_type: match kind {
-                            KIND_WAIT => EventType::Wait,
-                            KIND_STAGE => EventType::Stage,
-                            _ => EventType::Statement,
-                        } as u32,
+                        event_type: kind as u32,
                         thread_id: t + 1,
                         ..EventData::default()
                     };
                     rec.begin_event(kind, &e);
-                    if kind == KIND_STATEMENT && round == 1 {
+                    if kind == EventKind::Statement && round == 1 {
                         rec.set_statement_text("SELECT \"é\" FROM t WHERE a = '\\'");
                     }
                     rec.end_event(kind, &e, stmt.as_ref(), true, true);

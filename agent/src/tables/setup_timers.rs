@@ -1,7 +1,7 @@
 //! `setup_timers`: the timer each kind of event is timed with, per process.
 
+use pfs_shm_layout::EventKind;
 use pfs_shm_layout::layout::{TimerId, timer_of};
-use pfs_shm_layout::setup::TIMER_KINDS;
 
 use super::cell::Sink;
 use super::columns::{head, with_head};
@@ -19,10 +19,10 @@ impl PfsTable for SetupTimers {
     fn emit(&self, view: &View<'_>, sink: &mut dyn Sink) {
         sink.columns(&with_head(&["name", "timer_name"]));
         for (_, s) in &view.segments {
-            for (k, n) in TIMER_KINDS.iter().enumerate() {
+            for k in EventKind::ALL {
                 let t = TimerId::from_u32(timer_of(s.timers, k)).unwrap_or(TimerId::Cycle);
                 let mut r = head(s);
-                r.extend([(*n).into(), t.name().into()]);
+                r.extend([k.name().into(), t.name().into()]);
                 sink.row(&r);
             }
         }

@@ -3,10 +3,10 @@
 
 use std::path::Path;
 
+use pfs_shm_layout::EventKind;
 use pfs_shm_layout::reader::SegmentSnapshot;
 
 use super::cell::Sink;
-use crate::event_kind::EventKind;
 use crate::filter::Filter;
 use crate::snapshot::Snapshot;
 use crate::truncate::Baselines;

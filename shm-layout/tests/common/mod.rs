@@ -6,11 +6,11 @@
 
 use std::fs::File;
 
-use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, EventType, NONE_U32};
+use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, NONE_U32};
 use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED};
 use pfs_shm_layout::writer::EventData;
 use pfs_shm_layout::{
-    ClassKind, RecordRef, Segment, SegmentConfig, SegmentWriter, TimerCalibration,
+    ClassKind, EventKind, RecordRef, Segment, SegmentConfig, SegmentWriter, TimerCalibration,
 };
 
 /// A small segment: history rings of 4, 8 classes, 16 strings,
@@ -54,14 +54,14 @@ pub fn wait_event(class: u32, id: u64, wait_ps: u64) -> EventData {
         source: NONE_U32,
         object_name: NONE_U32,
         flags: EV_TIMED | EV_ENDED,
-        event_type: EventType::Wait as u32,
+        event_type: EventKind::Wait as u32,
         ..Default::default()
     }
 }
 
 /// Ends a wait the way the client does: current, history, summary.
 pub fn record_wait(rec: RecordRef<'_>, e: &EventData) {
-    rec.end_event(0, e, None, true, true);
+    rec.end_event(EventKind::Wait, e, None, true, true);
     rec.summarize(e.class as usize, true, e.timer_wait, 0, None);
 }
 

@@ -13,12 +13,12 @@ use pfs_shm_layout::layout::*;
 use pfs_shm_layout::reader::{ReadOptions, snapshot};
 use pfs_shm_layout::writer::{EventData, StatementFigures};
 use pfs_shm_layout::{
-    ClassKind, Geometry, Segment, SegmentConfig, SegmentWriter, TimerCalibration, setup,
+    ClassKind, EventKind, Geometry, Segment, SegmentConfig, SegmentWriter, TimerCalibration, setup,
 };
 use proptest::prelude::*;
 
 const TIMER: TimerCalibration = TimerCalibration {
-    kind: 1,
+    kind: TimerSource::Tsc,
     base_ticks: 100,
     ps_per_tick_q32: 300 << 32,
     frequency_hz: 3_000_000_000,
@@ -38,7 +38,7 @@ pub fn memfd(name: &str) -> File {
     File::from(fd)
 }
 
-fn ev(class: u32, id: u64, kind: EventType) -> EventData {
+fn ev(class: u32, id: u64, kind: EventKind) -> EventData {
     EventData {
         event_id: id,
         end_event_id: id + 1,
@@ -98,21 +98,25 @@ fn build(cfg: SegmentConfig) -> Base {
         rec.set_actor(2, 1, NONE_U32, THREAD_INSTRUMENTED | THREAD_HISTORY);
         for i in 0..6 {
             let id = t * 100 + i * 3 + 1;
-            let e = ev(mutex, id, EventType::Wait);
-            rec.end_event(0, &e, None, true, true);
+            let e = ev(mutex, id, EventKind::Wait);
+            rec.end_event(EventKind::Wait, &e, None, true, true);
             rec.summarize(mutex as usize, true, e.timer_wait, 8, None);
-            w.append_long(0, &e, None);
-            let s = ev(stage, id + 1, EventType::Stage);
-            rec.begin_event(1, &s);
-            rec.end_event(1, &s, None, true, true);
+            w.append_long(EventKind::Wait, &e, None);
+            let s = ev(stage, id + 1, EventKind::Stage);
+            rec.begin_event(EventKind::Stage, &s);
+            rec.end_event(EventKind::Stage, &s, None, true, true);
             rec.summarize(stage as usize, true, s.timer_wait, 0, None);
-            w.append_long(1, &s, None);
-            let q = ev(stmt, id + 2, EventType::Statement);
-            rec.begin_event(2, &q);
+            w.append_long(EventKind::Stage, &s, None);
+            let q = ev(stmt, id + 2, EventKind::Statement);
+            rec.begin_event(EventKind::Statement, &q);
             rec.set_statement_text("SELECT * FROM fuzz WHERE id = 1");
-            rec.end_event(2, &q, Some(&figures), true, true);
+            rec.end_event(EventKind::Statement, &q, Some(&figures), true, true);
             rec.summarize(stmt as usize, true, q.timer_wait, 0, Some(&figures));
-            w.append_long(2, &q, Some((&figures, &rec.header.statements_current)));
+            w.append_long(
+                EventKind::Statement,
+                &q,
+                Some((&figures, &rec.header.statements_current)),
+            );
             rec.memory_alloc(mem as usize, 64 * (i + 1), 0);
             if i % 2 == 0 {
                 rec.memory_free(mem as usize, 64, 0);
