@@ -25,8 +25,11 @@ pub enum InitError {
         "segment directory {0} is world-writable; use a private directory (mode 0700, or 0770 with PFS_GROUP_ACCESS=1)"
     )]
     WorldWritable(PathBuf),
-    /// A live process already owns this segment path.
-    #[error("segment {0} is held by a running process")]
+    /// Live processes hold this segment path and its numbered alternatives
+    /// (`<service>.<pid>.<n>.pfs`).
+    #[error(
+        "segment {0} and its numbered alternatives are held by running processes; give each process its own PFS_SERVICE_NAME"
+    )]
     InUse(PathBuf),
     /// A filesystem call failed.
     #[error("cannot {0}: {1}; check PFS_SHM_DIR and its permissions")]

@@ -219,7 +219,10 @@ pub fn segment_path() -> Option<&'static Path> {
 
 /// The segment file name a process with this service name and pid uses:
 /// `<service>.<pid>.pfs`, characters other than ASCII letters, digits, `-`
-/// and `_` replaced by `_`.
+/// and `_` replaced by `_`. If another file has that name (another
+/// container's process with the same pid, or a dead predecessor's segment
+/// that no agent has collected yet), the process takes the first free
+/// `<service>.<pid>.<n>.pfs` instead; [`segment_path`] says which.
 ///
 /// ```
 /// assert_eq!(pfs_client::segment_file_name("checkout api", 42), "checkout_api.42.pfs");

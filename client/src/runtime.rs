@@ -58,12 +58,23 @@ pub(crate) fn get() -> Option<&'static Runtime> {
 }
 
 /// Marks this process a forked child of an initialised one: from now on
-/// there is no runtime. Async-signal-safe (one atomic store).
+/// there is no runtime, and the child's view of the segment is a private
+/// copy (`Segment::detach_after_fork`), so that guards open at the fork
+/// and ended in the child write nothing the parent or an agent reads.
+/// Async-signal-safe (an atomic store and one `mmap`).
 pub(crate) fn mark_forked() {
     FORKED.store(true, Relaxed);
+    if let Some(rt) = RUNTIME.get() {
+        rt.writer.segment().detach_after_fork();
+    }
 }
 
+/// Serialises [`init`]: two threads initialising at once (a plugin and its
+/// host) must not both create a segment, the loser removing the winner's.
+static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 pub(crate) fn init(cfg: Config) -> Result<&'static Runtime, InitError> {
+    let _one_at_a_time = INIT.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(rt) = RUNTIME.get() {
         if FORKED.load(Relaxed) {
             return Err(InitError::Forked(rt.path.clone()));
@@ -81,28 +92,15 @@ pub(crate) fn init(cfg: Config) -> Result<&'static Runtime, InitError> {
 fn create(cfg: &Config) -> Result<Runtime, InitError> {
     let dir = &cfg.shm_dir;
     let dir_mode = if cfg.group_access { 0o770 } else { 0o700 };
-    if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(dir_mode)
-            .create(dir)
-            .map_err(|e| InitError::Io(format!("create segment directory {}", dir.display()), e))?;
-        // The umask (typically 022) would take the group's write bit.
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(dir_mode))
-            .map_err(|e| InitError::Io(format!("chmod segment directory {}", dir.display()), e))?;
-    }
+    create_dir(dir, dir_mode)?;
     let meta = std::fs::metadata(dir)
         .map_err(|e| InitError::Io(format!("inspect segment directory {}", dir.display()), e))?;
     if meta.permissions().mode() & 0o002 != 0 {
         return Err(InitError::WorldWritable(dir.clone()));
     }
     let pid = std::process::id();
-    let path = dir.join(pfs_shm_layout::files::segment_file_name(
-        &cfg.service_name,
-        pid,
-    ));
     let file_mode = if cfg.group_access { 0o660 } else { 0o600 };
-    let file = open_new(&path, file_mode)?;
+    let (path, file) = open_new(dir, &cfg.service_name, pid, file_mode)?;
     file.set_permissions(std::fs::Permissions::from_mode(file_mode))
         .map_err(|e| InitError::Io(format!("chmod {}", path.display()), e))?;
     rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive)
@@ -165,6 +163,27 @@ fn create(cfg: &Config) -> Result<Runtime, InitError> {
     })
 }
 
+/// Creates the segment directory `dir` (and its parents) with `mode`,
+/// unless it exists.
+fn create_dir(dir: &Path, mode: u32) -> Result<(), InitError> {
+    if dir.exists() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)
+        .map_err(|e| InitError::Io(format!("create segment directory {}", dir.display()), e))?;
+    // The umask (typically 022) would take the group's write bit. A
+    // set-group-ID bit inherited from the parent (a Kubernetes volume
+    // with `fsGroup`) stays: it gives the segments the volume's group,
+    // the one the agent shares.
+    let inherited = std::fs::metadata(dir).map_or(0, |m| m.permissions().mode() & 0o2000);
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | inherited))
+        .map_err(|e| InitError::Io(format!("chmod segment directory {}", dir.display()), e))?;
+    Ok(())
+}
+
 /// Starts the `pfs-maintenance` thread: every quarter of the quiet time
 /// (between 10 ms and 5 s) it runs the container reclaimer, a slow path
 /// that never touches the event hot path. If the thread cannot be started
@@ -186,8 +205,19 @@ fn spawn_maintenance(writer: &'static SegmentWriter, quiet: Duration) {
     }
 }
 
-fn open_new(path: &Path, mode: u32) -> Result<File, InitError> {
-    let open = || {
+/// How many numbered names ([`pfs_shm_layout::files::numbered_segment_file_name`])
+/// a process tries after its plain one before it replaces a dead
+/// predecessor's segment: the dead segments of as many restarts in a row
+/// wait for an agent (one that was down meanwhile) to collect them.
+const NUMBERED_NAMES: u32 = 8;
+
+/// Creates the segment file: under the first of the process's names that
+/// no file has, else in place of the first dead predecessor's (a file no
+/// running process holds); [`InitError::InUse`] if running processes hold
+/// them all. Never removes a file some process holds, nor, while a free
+/// name remains, one an agent has not collected yet.
+fn open_new(dir: &Path, service: &str, pid: u32, mode: u32) -> Result<(PathBuf, File), InitError> {
+    let open = |path: &Path| {
         OpenOptions::new()
             .read(true)
             .write(true)
@@ -196,22 +226,37 @@ fn open_new(path: &Path, mode: u32) -> Result<File, InitError> {
             .custom_flags(libc_o_nofollow())
             .open(path)
     };
-    match open() {
-        Ok(f) => Ok(f),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            // A previous process with our pid (pid reuse, or a container
-            // restart) left it behind. Replace it only if nobody holds it.
-            let old = File::open(path)
-                .map_err(|e| InitError::Io(format!("open {}", path.display()), e))?;
-            if rustix::fs::flock(&old, FlockOperation::NonBlockingLockExclusive).is_err() {
-                return Err(InitError::InUse(path.to_path_buf()));
-            }
-            std::fs::remove_file(path)
-                .map_err(|e| InitError::Io(format!("remove stale {}", path.display()), e))?;
-            open().map_err(|e| InitError::Io(format!("create {}", path.display()), e))
+    let names = (0..=NUMBERED_NAMES).map(|n| {
+        dir.join(pfs_shm_layout::files::numbered_segment_file_name(
+            service, pid, n,
+        ))
+    });
+    for path in names.clone() {
+        match open(&path) {
+            Ok(f) => return Ok((path, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(InitError::Io(format!("create {}", path.display()), e)),
         }
-        Err(e) => Err(InitError::Io(format!("create {}", path.display()), e)),
     }
+    let mut first = None;
+    for path in names {
+        let old =
+            File::open(&path).map_err(|e| InitError::Io(format!("open {}", path.display()), e))?;
+        if rustix::fs::flock(&old, FlockOperation::NonBlockingLockExclusive).is_err() {
+            first.get_or_insert(path);
+            continue; // a running process's
+        }
+        tracing::warn!(
+            path = %path.display(),
+            "pfs: replacing a dead process's segment that no agent collected ({} restarts in a row without one)",
+            NUMBERED_NAMES + 1
+        );
+        std::fs::remove_file(&path)
+            .map_err(|e| InitError::Io(format!("remove stale {}", path.display()), e))?;
+        let f = open(&path).map_err(|e| InitError::Io(format!("create {}", path.display()), e))?;
+        return Ok((path, f));
+    }
+    Err(InitError::InUse(first.expect("at least one name")))
 }
 
 fn libc_o_nofollow() -> i32 {
@@ -223,4 +268,79 @@ pub(crate) fn now_unix_ns() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(path: &Path) -> File {
+        let f = File::create(path).unwrap();
+        rustix::fs::flock(&f, FlockOperation::NonBlockingLockExclusive).unwrap();
+        f
+    }
+
+    fn name(n: u32) -> String {
+        pfs_shm_layout::files::numbered_segment_file_name("svc", 1, n)
+    }
+
+    #[test]
+    fn a_name_held_by_a_running_process_gives_the_next_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let _other_container = held(&dir.path().join(name(0)));
+        let (path, _f) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
+        assert_eq!(path, dir.path().join("svc.1.1.pfs"));
+    }
+
+    #[test]
+    fn a_dead_predecessor_is_kept_for_the_agent_while_a_name_is_free() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(name(0)), b"dead predecessor").unwrap();
+        let (path, _f) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
+        assert_eq!(path, dir.path().join("svc.1.1.pfs"));
+        assert_eq!(
+            std::fs::read(dir.path().join(name(0))).unwrap(),
+            b"dead predecessor",
+            "not removed before an agent collected it"
+        );
+    }
+
+    #[test]
+    fn with_every_name_taken_the_first_dead_predecessor_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let _held: Vec<File> = (0..2).map(|n| held(&dir.path().join(name(n)))).collect();
+        for n in 2..=NUMBERED_NAMES {
+            std::fs::write(dir.path().join(name(n)), b"dead").unwrap();
+        }
+        let (path, _f) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
+        assert_eq!(path, dir.path().join(name(2)));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0, "a new file");
+    }
+
+    #[test]
+    fn with_every_name_held_init_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let _held: Vec<File> = (0..=NUMBERED_NAMES)
+            .map(|n| held(&dir.path().join(name(n))))
+            .collect();
+        let e = open_new(dir.path(), "svc", 1, 0o600).unwrap_err();
+        assert!(matches!(e, InitError::InUse(_)), "{e}");
+        assert!(e.to_string().contains("PFS_SERVICE_NAME"), "{e}");
+    }
+
+    #[test]
+    fn a_new_directory_keeps_the_volumes_set_group_id_bit() {
+        let vol = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(vol.path(), std::fs::Permissions::from_mode(0o2770)).unwrap();
+        let dir = vol.path().join("segments");
+        create_dir(&dir, 0o770).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o2770, "{mode:o}");
+        // Without one to inherit, none is added.
+        let plain = tempfile::tempdir().unwrap();
+        let dir = plain.path().join("segments");
+        create_dir(&dir, 0o700).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o700, "{mode:o}");
+    }
 }

@@ -1,6 +1,6 @@
 //! Layer 0. Where segments live: the default directory, the file name of
 //! a process's segment (`<service>.<pid>.pfs`, so that a listing tells
-//! service and pid) and how a file is recognised as a segment by its name.
+//! service and pid; `<service>.<pid>.<n>.pfs` when that name is taken) and how a file is recognised as a segment by its name.
 //! The writer names its file with these; readers list a directory with
 //! them.
 
@@ -21,6 +21,21 @@ pub const SEGMENT_EXTENSION: &str = "pfs";
 /// assert_eq!(segment_file_name("orders api/v2", 42), "orders_api_v2.42.pfs");
 /// ```
 pub fn segment_file_name(service: &str, pid: u32) -> String {
+    numbered_segment_file_name(service, pid, 0)
+}
+
+/// The `n`-th file name a process of `service` with `pid` may take:
+/// [`segment_file_name`] for 0, `<service>.<pid>.<n>.pfs` after it. A
+/// process takes the first name no other file has: two containers of one
+/// pod are both pid 1, and a restarted process must not remove the segment
+/// of its dead predecessor before an agent has read it.
+///
+/// ```
+/// use pfs_shm_layout::files::numbered_segment_file_name;
+/// assert_eq!(numbered_segment_file_name("api", 1, 0), "api.1.pfs");
+/// assert_eq!(numbered_segment_file_name("api", 1, 2), "api.1.2.pfs");
+/// ```
+pub fn numbered_segment_file_name(service: &str, pid: u32, n: u32) -> String {
     let safe: String = service
         .chars()
         .map(|c| {
@@ -31,7 +46,11 @@ pub fn segment_file_name(service: &str, pid: u32) -> String {
             }
         })
         .collect();
-    format!("{safe}.{pid}.{SEGMENT_EXTENSION}")
+    if n == 0 {
+        format!("{safe}.{pid}.{SEGMENT_EXTENSION}")
+    } else {
+        format!("{safe}.{pid}.{n}.{SEGMENT_EXTENSION}")
+    }
 }
 
 /// Whether `path` names a segment file (by its extension; what it holds

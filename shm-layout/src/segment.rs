@@ -1134,6 +1134,40 @@ impl Segment {
 }
 
 impl Segment {
+    /// Turns this process's mapping of the segment into a private
+    /// copy-on-write one, at the same address: for the writer's segment in
+    /// the child of a `fork`. The child's copies of the parent's guards and
+    /// contexts still hold references into the mapping; whatever they write
+    /// from now on (an event open at the fork and ended in the child, a
+    /// free of the parent's block) changes the child's private pages only,
+    /// never the file the parent and the agent share. Reads still see the
+    /// segment as it was at the fork. Async-signal-safe (one `mmap`, no
+    /// allocation, no lock), as a `fork` child handler must be; returns
+    /// `false` if the system refused (the mapping is then unchanged).
+    pub fn detach_after_fork(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let (addr, len) = (self.map.as_mut_ptr(), self.map.len());
+        // SAFETY: the new mapping replaces exactly this segment's own
+        // range (`MAP_FIXED` over `addr..addr + len`, which `self.map`
+        // owns and unmaps at drop), with the same file from offset 0, so
+        // every reference into the range stays valid memory holding the
+        // same bytes; only where later writes go changes. `mmap` either
+        // replaces the whole range or, failing, leaves it as it was. The
+        // caller is a fork child handler: the child's only thread, so no
+        // access to the range runs concurrently.
+        let r = unsafe {
+            libc::mmap(
+                addr.cast(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_FIXED,
+                self.file.as_raw_fd(),
+                0,
+            )
+        };
+        r != libc::MAP_FAILED
+    }
+
     /// Returns the bytes of container page `page` to the operating system
     /// (`fallocate(PUNCH_HOLE)`; the file keeps its size and the range reads
     /// as zeros). Only the page's owner calls this, on a RECLAIMING page.

@@ -46,14 +46,17 @@ fn an_instrumented_program_runs_under_valgrind_and_its_events_are_exact() {
     // The process is gone; its segment is still there for the agent.
     let q = Command::new(agent_bin())
         .args(["query", "events_waits_summary_global_by_event_name"])
-        .args(["--format", "json", "--pid", &pid.to_string(), "--shm-dir", d])
+        .args([
+            "--format",
+            "json",
+            "--pid",
+            &pid.to_string(),
+            "--shm-dir",
+            d,
+        ])
         .output()
         .unwrap();
-    assert!(
-        q.status.success(),
-        "{}",
-        String::from_utf8_lossy(&q.stderr)
-    );
+    assert!(q.status.success(), "{}", String::from_utf8_lossy(&q.stderr));
     let v: Value = serde_json::from_slice(&q.stdout).unwrap();
     let classes = ready["classes"].as_object().unwrap();
     assert_eq!(classes.len(), 3, "{ready}");
