@@ -11,10 +11,10 @@
 //! worker to worker, while its events are written into the record of
 //! whichever thread polls it.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::AtomicU64;
 
-use pfs_shm_layout::layout::NONE_U32;
+use pfs_shm_layout::layout::{NONE_U32, STATEMENT_TEXT_BYTES};
 use pfs_shm_layout::writer::{EventData, MemoryRowRef};
 use pfs_shm_layout::{EventKind, RecordRef, ThreadSlot};
 
@@ -65,6 +65,18 @@ impl EventState {
     }
 }
 
+/// The `SQL_TEXT` of one of a thread's statements, kept aside while a
+/// statement nested in it holds the thread's `events_statements_current`
+/// row (see `statement`).
+pub(crate) struct OuterText {
+    /// The statement's `EVENT_ID`.
+    pub(crate) event_id: u64,
+    /// Bytes of `text` in use.
+    pub(crate) len: usize,
+    /// The text (UTF-8, cut at a character boundary when it was set).
+    pub(crate) text: [u8; STATEMENT_TEXT_BYTES],
+}
+
 /// What the hot path needs of the current thread.
 pub(crate) struct ThreadCtx {
     pub(crate) rec: RecordRef<'static>,
@@ -103,6 +115,15 @@ pub(crate) struct ThreadCtx {
     pub(crate) busy_ticks: Cell<u64>,
     /// See [`EventState::cancelling`].
     pub(crate) cancelling: Cell<bool>,
+    /// Texts of this OS thread's open statements that a nested statement
+    /// replaced in the current row, innermost last (empty unless
+    /// statements nest; its buffer is kept once grown).
+    pub(crate) outer_texts: RefCell<Vec<OuterText>>,
+    /// A statement of this OS thread that ended while a statement nested in
+    /// it was still open (ends out of order): its `EVENT_ID` and its
+    /// parent's, so that the nested one's end restores the parent, not the
+    /// ended statement. `(0, 0)` if none.
+    pub(crate) ended_early: Cell<(u64, u64)>,
 }
 
 impl ThreadCtx {
@@ -137,6 +158,8 @@ impl ThreadCtx {
             poll_start: Cell::new(s.poll_start),
             busy_ticks: Cell::new(s.busy_ticks),
             cancelling: Cell::new(s.cancelling),
+            outer_texts: RefCell::new(Vec::new()),
+            ended_early: Cell::new((0, 0)),
         }
     }
 

@@ -17,7 +17,7 @@ use pfs_shm_layout::text::truncate_utf8;
 use pfs_shm_layout::writer::{EventData, StatementFigures};
 
 use crate::class::{ClassRef, Family, LazyRef};
-use crate::context::ThreadCtx;
+use crate::context::{OuterText, ThreadCtx};
 use crate::event::{self, Active, end_open_stage};
 use crate::runtime::Runtime;
 use crate::task::POLL_TIMER;
@@ -44,6 +44,12 @@ impl StatementClass {
     #[track_caller]
     pub fn start(&self) -> StatementGuard {
         let loc = std::panic::Location::caller();
+        if let Some(ctx) = thread::live()
+            && ctx.statement_id.get() != 0
+            && !ctx.in_task()
+        {
+            keep_outer_text(ctx);
+        }
         let active = event::begin::<{ EventKind::Statement.index() }>(
             thread::current,
             self.0,
@@ -255,7 +261,11 @@ impl StatementGuard {
     /// now into `events_statements_current`.
     pub fn set_text(&mut self, text: &str) {
         if let Some(a) = &self.active {
-            a.ctx.rec.set_statement_text(text);
+            if a.ctx.outer_texts.borrow().is_empty()
+                || !set_outer_text(a.ctx, a.data.event_id, text)
+            {
+                a.ctx.rec.set_statement_text(text);
+            }
         }
     }
 
@@ -281,8 +291,80 @@ impl StatementGuard {
         {
             end_open_stage(a.ctx);
         }
-        a.ctx.statement_id.set(self.parent);
+        let (ctx, id) = (a.ctx, a.data.event_id);
+        if ctx.statement_id.get() == id {
+            // The parent, unless it ended first (out of order): then its
+            // own parent.
+            let (early, its_parent) = ctx.ended_early.get();
+            if early != 0 && early == self.parent && !ctx.in_task() {
+                ctx.ended_early.set((0, 0));
+                ctx.statement_id.set(its_parent);
+            } else {
+                ctx.statement_id.set(self.parent);
+            }
+        } else if !ctx.in_task() {
+            // Ended before a statement nested in it: what is open is that
+            // one, which restores past this one when it ends.
+            ctx.ended_early.set((id, self.parent));
+        }
+        if !ctx.outer_texts.borrow().is_empty() {
+            resume_outer_text(a);
+        }
         event::end::<{ EventKind::Statement.index() }>(a, Some(&self.figures))
+    }
+}
+
+/// Keeps aside the text of the thread's open statement (the innermost,
+/// `ctx.statement_id`) if the current row shows it: a statement nested in
+/// it is about to take the row. Cold: statements rarely nest.
+#[cold]
+#[inline(never)]
+fn keep_outer_text(ctx: &ThreadCtx) {
+    let id = ctx.statement_id.get();
+    let mut text = [0; STATEMENT_TEXT_BYTES];
+    if let Some(len) = ctx
+        .rec
+        .copy_statement_text(ctx.thread_id.get(), id, &mut text)
+    {
+        ctx.outer_texts.borrow_mut().push(OuterText {
+            event_id: id,
+            len,
+            text,
+        });
+    }
+}
+
+/// Sets the kept-aside text of statement `id`, if it has one (a nested
+/// statement holds the row); false if not.
+#[cold]
+#[inline(never)]
+fn set_outer_text(ctx: &ThreadCtx, id: u64, text: &str) -> bool {
+    let mut texts = ctx.outer_texts.borrow_mut();
+    let Some(t) = texts.iter_mut().rev().find(|t| t.event_id == id) else {
+        return false;
+    };
+    let bytes = truncate_utf8(text, STATEMENT_TEXT_BYTES).as_bytes();
+    t.text[..bytes.len()].copy_from_slice(bytes);
+    t.len = bytes.len();
+    true
+}
+
+/// Puts back a statement's kept-aside text (and the statement) in the
+/// current row as it ends, so that its row and its history row show its
+/// own `SQL_TEXT`, not the nested statement's.
+#[cold]
+#[inline(never)]
+fn resume_outer_text(a: &Active) {
+    let mut texts = a.ctx.outer_texts.borrow_mut();
+    let Some(i) = texts.iter().rposition(|t| t.event_id == a.data.event_id) else {
+        return;
+    };
+    let t = texts.remove(i);
+    drop(texts);
+    let consumers = a.rt.setup.consumers.load(Relaxed);
+    if effective(consumers, EventKind::Statement, ConsumerKind::Current) {
+        let text = std::str::from_utf8(&t.text[..t.len]).unwrap_or_default();
+        a.ctx.rec.resume_statement(&a.data, text);
     }
 }
 

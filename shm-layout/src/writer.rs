@@ -960,6 +960,31 @@ impl RecordRef<'_> {
         }
     }
 
+    /// Copies the `SQL_TEXT` of this record's current statement into `out`
+    /// if the row shows event `event_id` of logical thread `thread_id`;
+    /// returns its length (0 if it has none), or `None` if the row shows
+    /// another event. For a statement an inner one is about to replace in
+    /// the row: its text is kept aside and written back with
+    /// [`RecordRef::resume_statement`] when it ends. Only the record's
+    /// owner calls it (it reads its own stores).
+    pub fn copy_statement_text(
+        &self,
+        thread_id: u64,
+        event_id: u64,
+        out: &mut [u8; STATEMENT_TEXT_BYTES],
+    ) -> Option<usize> {
+        let cur = &self.header.statements_current;
+        if cur.ev.event_id.load(Relaxed) != event_id || cur.ev.thread_id.load(Relaxed) != thread_id
+        {
+            return None;
+        }
+        let len = (cur.text_len.load(Relaxed) as usize).min(STATEMENT_TEXT_BYTES);
+        for (chunk, word) in out.chunks_mut(8).zip(&cur.text).take(len.div_ceil(8)) {
+            chunk.copy_from_slice(&word.load(Relaxed).to_le_bytes()[..chunk.len()]);
+        }
+        Some(len)
+    }
+
     /// Makes `e`, a statement that started earlier (possibly in another
     /// record: a task's statement, resumed on this thread), this record's
     /// current statement, with its `SQL_TEXT`, in one sequence-locked
