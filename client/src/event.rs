@@ -13,13 +13,14 @@ use std::sync::atomic::Ordering::Relaxed;
 use pfs_shm_layout::EventKind;
 use pfs_shm_layout::layout::{
     CONSUMER_GLOBAL, ConsumerKind, EV_ENDED, EV_HAS_BYTES, EV_HAS_PROGRESS, EV_TIMED,
-    EV_TIMER_MASK, EV_TIMER_SHIFT, FLAG_ENABLED, FLAG_TIMED, NONE_U32, timer_of,
+    EV_TIMER_MASK, EV_TIMER_SHIFT, FLAG_ENABLED, FLAG_TIMED, NONE_U32, STATEMENT_TEXT_BYTES,
+    timer_of,
 };
 use pfs_shm_layout::setup::{Plan, effective};
 use pfs_shm_layout::writer::{EventData, StatementFigures};
 
 use crate::class::ClassRef;
-use crate::context::ThreadCtx;
+use crate::context::{OuterText, ThreadCtx};
 use crate::runtime::{self, Runtime};
 use crate::{source, timer};
 
@@ -104,6 +105,9 @@ pub(crate) fn begin<const KIND: usize>(
     // The start time is read last, once the row is written: the wait being
     // measured starts when this function returns.
     if effective(consumers, kind, ConsumerKind::Current) {
+        if kind == EventKind::Statement && ctx.statement_id.get() != 0 && !ctx.in_task() {
+            keep_outer_text(ctx);
+        }
         let row = ctx.rec.begin_event_open(kind, &data);
         data.timer_start = start_time(rt, timed, timer);
         row.publish(data.timer_start);
@@ -111,6 +115,27 @@ pub(crate) fn begin<const KIND: usize>(
         data.timer_start = start_time(rt, timed, timer);
     }
     Some(Active { rt, ctx, data })
+}
+
+/// Keeps aside the text of the thread's open statement (the innermost,
+/// `ctx.statement_id`) if the current row shows it: a statement nested in
+/// it is about to take the row, and gives it back when it ends (see
+/// `statement`). Cold: statements rarely nest.
+#[cold]
+#[inline(never)]
+fn keep_outer_text(ctx: &ThreadCtx) {
+    let id = ctx.statement_id.get();
+    let mut text = [0; STATEMENT_TEXT_BYTES];
+    if let Some(len) = ctx
+        .rec
+        .copy_statement_text(ctx.thread_id.get(), id, &mut text)
+    {
+        ctx.outer_texts.borrow_mut().push(OuterText {
+            event_id: id,
+            len,
+            text,
+        });
+    }
 }
 
 /// A new event's row, in registers: ids and nesting from `ctx`, no times.

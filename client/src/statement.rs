@@ -17,7 +17,7 @@ use pfs_shm_layout::text::truncate_utf8;
 use pfs_shm_layout::writer::{EventData, StatementFigures};
 
 use crate::class::{ClassRef, Family, LazyRef};
-use crate::context::{OuterText, ThreadCtx};
+use crate::context::ThreadCtx;
 use crate::event::{self, Active, end_open_stage};
 use crate::runtime::Runtime;
 use crate::task::POLL_TIMER;
@@ -44,12 +44,6 @@ impl StatementClass {
     #[track_caller]
     pub fn start(&self) -> StatementGuard {
         let loc = std::panic::Location::caller();
-        if let Some(ctx) = thread::live()
-            && ctx.statement_id.get() != 0
-            && !ctx.in_task()
-        {
-            keep_outer_text(ctx);
-        }
         let active = event::begin::<{ EventKind::Statement.index() }>(
             thread::current,
             self.0,
@@ -295,13 +289,15 @@ impl StatementGuard {
         if ctx.statement_id.get() == id {
             // The parent, unless it ended first (out of order): then its
             // own parent.
-            let (early, its_parent) = ctx.ended_early.get();
-            if early != 0 && early == self.parent && !ctx.in_task() {
-                ctx.ended_early.set((0, 0));
-                ctx.statement_id.set(its_parent);
-            } else {
-                ctx.statement_id.set(self.parent);
+            let mut parent = self.parent;
+            if parent != 0 {
+                let (early, its_parent) = ctx.ended_early.get();
+                if early == parent && !ctx.in_task() {
+                    ctx.ended_early.set((0, 0));
+                    parent = its_parent;
+                }
             }
+            ctx.statement_id.set(parent);
         } else if !ctx.in_task() {
             // Ended before a statement nested in it: what is open is that
             // one, which restores past this one when it ends.
@@ -311,26 +307,6 @@ impl StatementGuard {
             resume_outer_text(a);
         }
         event::end::<{ EventKind::Statement.index() }>(a, Some(&self.figures))
-    }
-}
-
-/// Keeps aside the text of the thread's open statement (the innermost,
-/// `ctx.statement_id`) if the current row shows it: a statement nested in
-/// it is about to take the row. Cold: statements rarely nest.
-#[cold]
-#[inline(never)]
-fn keep_outer_text(ctx: &ThreadCtx) {
-    let id = ctx.statement_id.get();
-    let mut text = [0; STATEMENT_TEXT_BYTES];
-    if let Some(len) = ctx
-        .rec
-        .copy_statement_text(ctx.thread_id.get(), id, &mut text)
-    {
-        ctx.outer_texts.borrow_mut().push(OuterText {
-            event_id: id,
-            len,
-            text,
-        });
     }
 }
 
