@@ -588,12 +588,14 @@
 //! | 1 | [`layout`] | offsets and sizes of every section: the `repr(C)` types and constants |
 //! | 1 | [`sigbus`] | surviving a mapped file that shrinks (unsafe) |
 //! | 2 | [`actors`] | `setup_actors` rows: writing, clearing, matching |
+//! | 2 | [`calibration`] | how a segment's timer ticks become picoseconds |
+//! | 2 | [`geometry`] | a segment's parameters, their limits, and every section's offset and size |
 //! | 2 | [`lockword`] | the record lock word (version and state) |
 //! | 2 | [`rules`] | text syntax of setup rules and durations |
 //! | 2 | [`values`] | summary, memory and statement figures, and their arithmetic |
 //! | 3 | [`container`] | the thread container's page protocol |
 //! | 3 | [`rowcache`] | kept copies of threads' summary rows and their sums, for incremental snapshots |
-//! | 3 | [`segment`] | creating, validating and mapping a segment; typed views (unsafe) |
+//! | 3 | [`segment`] | creating, validating and mapping a segment file; typed views of its sections (unsafe) |
 //! | 4 | [`setup`] | live setup: instruments, consumers, timers, actors |
 //! | 4 | [`writer`] | the writer side: registration, allocation, the hot path, folding |
 //! | 5 | [`reader`] | the reader side: lock-free, version-checked snapshots |
@@ -602,7 +604,9 @@
 //! `segment::truncate_utf8` (now [`text`]), `setup::{Actor, write_actor,
 //! clear_actor, match_actor}` (now [`actors`]), `reader::{Summary,
 //! MemoryStats}` and `writer::StatementFigures` (now [`values`]),
-//! `writer::read_tsc` (now [`tsc`]).
+//! `writer::read_tsc` (now [`tsc`]), `segment::{SegmentConfig, Geometry,
+//! MAX_*}` (now [`geometry`]), `segment::TimerCalibration` (now
+//! [`calibration`]).
 //!
 //! ## Unsafe code
 //!
@@ -612,7 +616,8 @@
 //!
 //! * [`segment`]: typed references into the mapping, at offsets checked
 //!   against the validated geometry, and `madvise` on it; the byte view
-//!   of a private row copy that `pread` fills;
+//!   of a private row copy that `pread` fills; the mapping made private
+//!   in a forked child;
 //! * [`fork`]: registering a `pthread_atfork` child handler;
 //! * [`sigbus`]: the `SIGBUS` handler (`sigaction`, `mmap`, `errno`);
 //! * [`tsc`]: the `RDTSC` intrinsic.
@@ -648,12 +653,14 @@
 #![deny(unsafe_code)]
 
 pub mod actors;
+pub mod calibration;
 pub mod clock;
 pub mod container;
 pub mod error;
 pub mod files;
 #[allow(unsafe_code)]
 pub mod fork;
+pub mod geometry;
 pub mod kinds;
 pub mod layout;
 pub mod lockword;
@@ -674,5 +681,7 @@ pub mod writer;
 
 pub use error::SegmentError;
 pub use kinds::{ClassKind, EventKind, Operation};
-pub use segment::{Geometry, RecordRef, Segment, SegmentConfig, TimerCalibration};
+pub use calibration::TimerCalibration;
+pub use geometry::{Geometry, SegmentConfig};
+pub use segment::{RecordRef, Segment};
 pub use writer::{SegmentWriter, ThreadSlot};
