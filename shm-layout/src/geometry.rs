@@ -223,4 +223,3 @@ impl Geometry {
         self.pages_off + page as usize * self.page_size
     }
 }
-

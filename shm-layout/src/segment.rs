@@ -35,8 +35,8 @@ pub use crate::text::truncate_utf8;
 // mapping); re-exported at their old paths.
 pub use crate::calibration::TimerCalibration;
 pub use crate::geometry::{
-    Geometry, MAX_HISTORY_LEN, MAX_HISTORY_LONG_LEN, MAX_PAGES, MAX_RECORDS_PER_PAGE,
-    MAX_STRINGS, SegmentConfig,
+    Geometry, MAX_HISTORY_LEN, MAX_HISTORY_LONG_LEN, MAX_PAGES, MAX_RECORDS_PER_PAGE, MAX_STRINGS,
+    SegmentConfig,
 };
 
 /// A private copy of one row slot, filled by [`Segment::copy_row`] and
