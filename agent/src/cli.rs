@@ -53,10 +53,11 @@ pub struct ServeArgs {
     #[command(flatten)]
     /// Segment directory.
     pub dir: DirArgs,
-    /// Address to listen on. The default listens on every interface, as a
-    /// sidecar must for Prometheus to reach it; use 127.0.0.1:9464 to keep
-    /// it local.
-    #[arg(long, env = "PFS_LISTEN", default_value = "0.0.0.0:9464")]
+    /// Address to listen on. The default listens on every interface, IPv6
+    /// and IPv4 (dual-stack; on a host without IPv6, IPv4 only, as
+    /// 0.0.0.0:9464), as a sidecar must for Prometheus and the kubelet to
+    /// reach it on any cluster; use 127.0.0.1:9464 to keep it local.
+    #[arg(long, env = "PFS_LISTEN", default_value = "[::]:9464")]
     pub listen: SocketAddr,
     /// How long a dead process's final counters keep being exported before
     /// they fold into the service totals and its file is removed (e.g. 300s, 5m).
@@ -70,11 +71,15 @@ pub struct ServeArgs {
     #[arg(long, env = "PFS_SHUTDOWN_DELAY", default_value = "0s", value_parser = parse_duration)]
     pub shutdown_delay: Duration,
     /// File holding the bearer token that control requests must present.
+    /// If the file does not exist, the agent starts with control disabled
+    /// (an optional Kubernetes Secret not created yet); any other problem
+    /// with it stops the agent.
     #[arg(long, env = "PFS_CONTROL_TOKEN_FILE")]
     pub control_token_file: Option<PathBuf>,
     /// File holding a bearer token that reads (/metrics, /api/v1/tables)
     /// must present; the control token is accepted too. /healthz stays
-    /// open. Without it, reads are open to anyone who can connect.
+    /// open. Without it, reads are open to anyone who can connect; a file
+    /// that does not exist stops the agent (reads never open by accident).
     #[arg(long, env = "PFS_READ_TOKEN_FILE")]
     pub read_token_file: Option<PathBuf>,
     #[command(flatten)]
@@ -375,6 +380,11 @@ mod tests {
             pfs_agent::segments::DEFAULT_DEAD_RETENTION
         );
         assert_eq!(a.shutdown_delay, Duration::ZERO);
+        assert_eq!(
+            a.listen,
+            "[::]:9464".parse::<SocketAddr>().unwrap(),
+            "every interface, IPv6 and IPv4"
+        );
         let help = Cli::command()
             .find_subcommand_mut("serve")
             .unwrap()

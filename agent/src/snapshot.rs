@@ -96,6 +96,9 @@ pub struct Snapshotter {
     cache: Mutex<Option<Arc<Snapshot>>>,
     summaries_cache: Mutex<Option<Arc<Snapshot>>>,
     totals: Mutex<Totals>,
+    /// When the last [`Snapshotter::refresh`] ended (at first, when the
+    /// snapshotter was made).
+    last_refresh: Mutex<Instant>,
     max_age: Duration,
     /// [`FULL_KEEP`] (shorter in tests).
     full_keep: Duration,
@@ -119,6 +122,7 @@ impl Snapshotter {
             cache: Mutex::new(None),
             summaries_cache: Mutex::new(None),
             totals: Mutex::new(Totals::default()),
+            last_refresh: Mutex::new(Instant::now()),
             max_age,
             full_keep: FULL_KEEP,
         }
@@ -132,6 +136,17 @@ impl Snapshotter {
     /// Cumulative figures.
     pub fn totals(&self) -> Totals {
         *self.totals.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How long ago the last background discovery pass
+    /// ([`Snapshotter::refresh`]) ended, or the snapshotter was made if
+    /// none has: what `/healthz` checks, so that a stuck discovery (a
+    /// hung filesystem, a pass that never ends) shows.
+    pub fn since_refresh(&self) -> Duration {
+        self.last_refresh
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
     }
 
     /// Paths of the segments whose processes live.
@@ -161,7 +176,8 @@ impl Snapshotter {
     /// it holds every thread's rows and events, and one table request
     /// should not keep that memory for good.
     /// Once dropped, the allocator is asked to give the freed memory back
-    /// (glibc keeps it otherwise).
+    /// (glibc keeps it otherwise). Its end is recorded
+    /// ([`Snapshotter::since_refresh`]).
     pub fn refresh(&self) {
         let mut dropped = false;
         let stale = {
@@ -185,6 +201,7 @@ impl Snapshotter {
         if dropped {
             release_free_memory();
         }
+        *self.last_refresh.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 
     /// The current full snapshot (events and per-thread rows: the PFS
@@ -396,7 +413,10 @@ mod tests {
             let set = s.set.lock().unwrap();
             set.tracked.values().filter(|t| t.last.is_some()).count()
         };
+        std::thread::sleep(Duration::from_millis(20));
+        let before = snap.since_refresh();
         snap.refresh();
+        assert!(snap.since_refresh() < before, "a pass is recorded");
         assert_eq!(kept(&snap), 1, "a fresh full snapshot is kept");
         assert!(Arc::ptr_eq(&snap.get(), &full), "and served from the cache");
         snap.full_keep = Duration::ZERO;

@@ -2,7 +2,8 @@
 //! directories: FIFOs where the agent's own files or segments go (nothing
 //! may block), a state file that cannot be saved (no retired segment's file
 //! may be removed before its totals are saved), `--shm-dir` naming a file,
-//! and directories with no usable segment (a hint saying why).
+//! directories with no usable segment (a hint saying why), and one that
+//! does not exist yet (waited for, without a warning at every pass).
 //!
 //! Dead segments are written with `pfs-shm-layout` as the client writes
 //! them (nobody holds their lock).
@@ -267,6 +268,37 @@ fn a_dead_segment_is_kept_until_its_totals_are_saved() {
     let mut agent = Serve::start(d, &["--dead-retention", "1s"]);
     agent.wait_healthy(Duration::from_secs(20));
     assert_eq!(agent.waits("svc"), Some(5.0), "counted after a restart");
+}
+
+/// A sidecar starts before its application: the segment directory does
+/// not exist yet. The agent says so once, waits without warning at every
+/// discovery pass that it cannot list it, and exports what appears.
+#[test]
+fn a_segment_directory_that_does_not_exist_yet_is_waited_for_quietly() {
+    let parent = tempfile::tempdir().unwrap();
+    let d = parent.path().join("segments");
+    let mut agent = Serve::start(&d, &[]);
+    agent.wait_healthy(Duration::from_secs(20));
+    // Several discovery passes (one a second).
+    std::thread::sleep(Duration::from_millis(3500));
+    let log = agent.stderr();
+    assert_eq!(
+        log.matches("does not exist yet").count(),
+        1,
+        "said once:\n{log}"
+    );
+    assert!(!log.contains("cannot list the segment directory"), "{log}");
+    assert!(!log.contains("No such file or directory"), "{log}");
+    std::fs::create_dir(&d).unwrap();
+    pfs_agent::testing::dead_segment(&d, "late", 4343, 3);
+    assert!(
+        poll(Duration::from_secs(10), || agent.waits("late") == Some(3.0)),
+        "{}",
+        agent.stderr()
+    );
+    let log = agent.stderr();
+    assert!(log.contains("the segment directory exists now"), "{log}");
+    assert!(!log.contains("WARN pfs_agent::segments"), "{log}");
 }
 
 /// `--shm-dir` naming a regular file is a configuration error for every

@@ -32,17 +32,18 @@
 //!
 //! | layer | module | job |
 //! | --- | --- | --- |
-//! | 0 | `codes` | the error codes the API returns |
+//! | 0 | `codes` | the error codes the API returns and their messages |
 //! | 0 | `text` | C strings in (null and invalid UTF-8 refused), strings out into caller buffers |
 //! | 0 | `shield` | catches a panic at the boundary and turns it into the call's no-op value |
-//! | 1 | `slot` | caller-owned storage: a Rust guard kept in place inside a C struct |
+//! | 1 | `slot` | caller-owned storage: a Rust guard kept in place inside a C struct, usable only by the thread that put it there |
 //! | 1 | `classes` | class handles for C: one leaked, lazily registered class per name |
-//! | 2 | `init` | `pfs_init`, `pfs_init_with` and `pfs_config_t`, the last error's message, the segment path |
+//! | 2 | `init` | `pfs_init`, `pfs_init_with` and `pfs_config_t` (checked field by field), the last error's message, the segment path |
 //! | 2 | `wait` | timed waits: `pfs_wait_t`, begin and end, operation codes |
 //! | 2 | `stage` | stages: enter, progress, end |
 //! | 2 | `statement` | statements: `pfs_statement_t`, text, digest, rows, errors |
 //! | 2 | `memory` | memory accounting: `pfs_memory_t` tokens |
-//! | 2 | `thread` | the calling thread: actor, `THREAD_ID`, its open statement's `EVENT_ID` |
+//! | 2 | `thread` | the calling thread: actor, name, `THREAD_ID`, its open statement's `EVENT_ID` |
+//! | 3 | `abi` | the ABI's version (the SONAME's number) and the check that a program's `pfs.h` matches the library |
 //!
 //! # Unsafe code
 //!
@@ -55,6 +56,7 @@
 // The C names of the API (`pfs_wait_t`, ...) are its contract.
 #![allow(non_camel_case_types)]
 
+mod abi;
 mod classes;
 mod codes;
 mod init;
@@ -67,6 +69,7 @@ mod text;
 mod thread;
 mod wait;
 
+pub use abi::*;
 pub use classes::{pfs_memory_class_t, pfs_stage_class_t, pfs_statement_class_t, pfs_wait_class_t};
 pub use codes::*;
 pub use init::*;

@@ -9,7 +9,7 @@ use pfs_client::MemoryToken;
 
 use crate::classes::{self, pfs_memory_class_t};
 use crate::shield::shield;
-use crate::slot::{self, Slot};
+use crate::slot::{self, Owner, Slot};
 use crate::text::str_in;
 
 /// Size of `pfs_memory_t` in 64-bit words.
@@ -86,7 +86,7 @@ pub unsafe extern "C" fn pfs_memory_alloc(
         let counted = t.counted();
         // SAFETY: as above; a pfs_memory_t holds a slot (checked at
         // compile time above).
-        unsafe { slot::put(slot, t) };
+        unsafe { slot::put(slot, Owner::ANY, t) };
         counted
     })
 }
@@ -104,7 +104,7 @@ pub unsafe extern "C" fn pfs_memory_free(token: *mut pfs_memory_t) {
     shield((), || {
         if !token.is_null() {
             // SAFETY: `token` was filled by pfs_memory_alloc (contract).
-            unsafe { slot::take(token.cast::<Slot<MemoryToken>>(), |_| {}) }
+            unsafe { slot::take(token.cast::<Slot<MemoryToken>>(), Owner::ANY, |_| {}) }
         }
     })
 }

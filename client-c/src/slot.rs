@@ -4,14 +4,73 @@
 //!
 //! A [`Slot`] is an "armed" word and the value. `put` writes both without
 //! reading what was there (C stack memory is uninitialised); `take` runs
-//! the value's last use and drops it in place only if the slot is armed,
-//! then disarms it, so a second end of the same struct is a no-op.
+//! the value's last use and drops it in place only if the slot is armed
+//! for the caller, then disarms it, so a second end of the same struct is
+//! a no-op.
+//!
+//! The armed word also says which thread may use the value ([`Owner`]): a
+//! wait or a statement holds a reference to its thread's context, which
+//! is freed when that thread exits, so only the thread that armed it may
+//! end it. A struct that another thread armed (begun on another thread,
+//! or stack memory left by a thread that exited and whose stack a new
+//! thread reuses) is then, to the caller, as empty as uninitialised
+//! memory: `with` and `take` refuse it, at the cost of one thread-local
+//! read.
 
+use std::cell::Cell;
 use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// The armed word's value ("pfs_slot" in ASCII): any other value, zero
-/// included, means empty.
+/// The armed word's value ("pfs_slot" in ASCII) for a slot any thread may
+/// take, XOR the owner's token for a slot of one thread: any other value,
+/// zero included, means empty.
 const ARMED: u64 = 0x7066_735f_736c_6f74;
+
+/// Who may use and take a slot's value: any thread, or the one thread
+/// that armed it. A thread is known by a token no other thread of the
+/// process has, had or will have (a counter, so never reused, unlike a
+/// thread id or a context's address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Owner(u64);
+
+/// The next thread token (0 is [`Owner::ANY`]).
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// The calling thread's token, 0 until its first use. Const and
+    /// without a destructor: readable at any time, thread exit included.
+    static TOKEN: Cell<u64> = const { Cell::new(0) };
+}
+
+impl Owner {
+    /// Any thread (memory tokens, which may be freed on any thread).
+    pub(crate) const ANY: Owner = Owner(0);
+
+    /// The calling thread: one thread-local read (and the first time, a
+    /// shared counter's increment).
+    #[inline(always)]
+    pub(crate) fn me() -> Owner {
+        match TOKEN.with(Cell::get) {
+            0 => Self::first(),
+            t => Owner(t),
+        }
+    }
+
+    /// The calling thread's token, taken on its first use.
+    #[cold]
+    #[inline(never)]
+    fn first() -> Owner {
+        let t = NEXT_TOKEN.fetch_add(1, Relaxed);
+        TOKEN.with(|c| c.set(t));
+        Owner(t)
+    }
+
+    /// The armed word of a slot of this owner.
+    #[inline(always)]
+    const fn armed(self) -> u64 {
+        ARMED ^ self.0
+    }
+}
 
 /// A value of type `T` in caller-owned memory, with its armed word.
 #[repr(C)]
@@ -28,20 +87,21 @@ impl<T> Slot<T> {
     }
 }
 
-/// Stores `value` in the slot at `p`, armed; whatever `p` held before is
-/// overwritten without being read or dropped.
+/// Stores `value` in the slot at `p`, armed for `owner`; whatever `p` held
+/// before is overwritten without being read or dropped.
 ///
 /// # Safety
 ///
 /// `p` is non-null, aligned for `Slot<T>` and valid for writes of
-/// `size_of::<Slot<T>>()` bytes, and no other reference to it is live.
+/// `size_of::<Slot<T>>()` bytes, and no other reference to it is live;
+/// `owner` is [`Owner::ANY`] or [`Owner::me`].
 #[inline(always)]
-pub(crate) unsafe fn put<T>(p: *mut Slot<T>, value: T) {
+pub(crate) unsafe fn put<T>(p: *mut Slot<T>, owner: Owner, value: T) {
     // SAFETY: by this function's contract `p` is valid, aligned and
     // exclusively ours; `write` does not read or drop the old contents.
     unsafe {
         p.write(Slot {
-            armed: ARMED,
+            armed: owner.armed(),
             value: MaybeUninit::new(value),
         })
     };
@@ -61,16 +121,16 @@ pub(crate) unsafe fn place<'a, T>(p: *mut Slot<T>) -> &'a mut MaybeUninit<T> {
     unsafe { &mut (*p).value }
 }
 
-/// Marks the slot at `p` armed: its value was initialised through
-/// [`place`].
+/// Marks the slot at `p` armed for `owner`: its value was initialised
+/// through [`place`].
 ///
 /// # Safety
 ///
 /// As for [`put`], and the value is initialised.
 #[inline(always)]
-pub(crate) unsafe fn arm<T>(p: *mut Slot<T>) {
+pub(crate) unsafe fn arm<T>(p: *mut Slot<T>, owner: Owner) {
     // SAFETY: by this function's contract `p` is valid and ours.
-    unsafe { (&raw mut (*p).armed).write(ARMED) };
+    unsafe { (&raw mut (*p).armed).write(owner.armed()) };
 }
 
 /// Marks the slot at `p` empty (without reading it), so that its end is a
@@ -86,18 +146,26 @@ pub(crate) unsafe fn clear<T>(p: *mut Slot<T>) {
     unsafe { (&raw mut (*p).armed).write(0) };
 }
 
-/// Runs `f` on the value of an armed slot (`None` if empty).
+/// Runs `f` on the value of a slot armed for `owner` (`None` if it is
+/// empty or armed for another owner).
 ///
 /// # Safety
 ///
 /// `p` is non-null, aligned and valid for reads and writes of a
-/// `Slot<T>`, exclusively ours, and either armed by [`put`] (and not taken
-/// since) or holding any armed word other than [`ARMED`].
+/// `Slot<T>`, exclusively ours, and either armed for `owner` by [`put`] or
+/// [`arm`] (and not taken since) or holding any armed word other than
+/// `owner`'s. For `owner` [`Owner::me`], the second case covers whatever
+/// another thread left there: only the calling thread arms a slot with
+/// its token, and no other thread has or will have it.
 #[inline(always)]
-pub(crate) unsafe fn with<T, R>(p: *mut Slot<T>, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+pub(crate) unsafe fn with<T, R>(
+    p: *mut Slot<T>,
+    owner: Owner,
+    f: impl FnOnce(&mut T) -> R,
+) -> Option<R> {
     // SAFETY: `p` is valid and exclusive (contract).
     let slot = unsafe { &mut *p };
-    if slot.armed != ARMED {
+    if slot.armed != owner.armed() {
         return None;
     }
     // SAFETY: an armed slot holds an initialised value written by `put`
@@ -105,17 +173,18 @@ pub(crate) unsafe fn with<T, R>(p: *mut Slot<T>, f: impl FnOnce(&mut T) -> R) ->
     Some(f(unsafe { slot.value.assume_init_mut() }))
 }
 
-/// If the slot is armed: disarms it, runs `last` on the value, then drops
-/// the value in place (for a guard, the drop ends the event).
+/// If the slot is armed for `owner`: disarms it, runs `last` on the
+/// value, then drops the value in place (for a guard, the drop ends the
+/// event). A slot armed for another owner is left as it is.
 ///
 /// # Safety
 ///
 /// As [`with`].
 #[inline(always)]
-pub(crate) unsafe fn take<T>(p: *mut Slot<T>, last: impl FnOnce(&mut T)) {
+pub(crate) unsafe fn take<T>(p: *mut Slot<T>, owner: Owner, last: impl FnOnce(&mut T)) {
     // SAFETY: `p` is valid and exclusive (contract).
     let slot = unsafe { &mut *p };
-    if slot.armed != ARMED {
+    if slot.armed != owner.armed() {
         return;
     }
     slot.armed = 0;
@@ -148,18 +217,43 @@ mod tests {
         let p = mem.as_mut_ptr();
         // SAFETY: `p` points to a local, aligned, exclusive slot.
         unsafe {
-            put(p, CountsDrops(&drops));
-            assert_eq!(with(p, |_| 5), Some(5));
+            put(p, Owner::ANY, CountsDrops(&drops));
+            assert_eq!(with(p, Owner::ANY, |_| 5), Some(5));
             let mut seen = false;
-            take(p, |_| seen = true);
+            take(p, Owner::ANY, |_| seen = true);
             assert!(seen);
             assert_eq!(drops.get(), 1);
-            take(p, |_| panic!("an empty slot runs nothing"));
-            assert_eq!(with(p, |_| 5), None);
-            put(p, CountsDrops(&drops));
+            take(p, Owner::ANY, |_| panic!("an empty slot runs nothing"));
+            assert_eq!(with(p, Owner::ANY, |_| 5), None);
+            put(p, Owner::ANY, CountsDrops(&drops));
             clear(p);
-            take(p, |_| panic!("a cleared slot runs nothing"));
+            take(p, Owner::ANY, |_| panic!("a cleared slot runs nothing"));
         }
         assert_eq!(drops.get(), 1);
+    }
+
+    #[test]
+    fn only_the_owner_takes_its_slot() {
+        let me = Owner::me();
+        assert_eq!(me, Owner::me(), "one token per thread");
+        assert_ne!(me, Owner::ANY);
+        let other = std::thread::spawn(Owner::me).join().unwrap();
+        assert_ne!(me, other, "each thread its own token");
+        let mut mem = MaybeUninit::<Slot<u32>>::uninit();
+        let p = mem.as_mut_ptr();
+        // SAFETY: `p` points to a local, aligned, exclusive slot; `other`
+        // stands for a thread that armed the memory before us.
+        unsafe {
+            put(p, other, 7);
+            assert_eq!(with(p, me, |v| *v), None, "another thread's slot");
+            take(p, me, |_| panic!("another thread's slot is not taken"));
+            take(p, Owner::ANY, |_| panic!("nor by an any-thread take"));
+            assert_eq!(with(p, other, |v| *v), Some(7), "still armed for it");
+            put(p, me, 8);
+            assert_eq!(with(p, Owner::ANY, |v| *v), None);
+            let mut got = 0;
+            take(p, me, |v| got = *v);
+            assert_eq!(got, 8);
+        }
     }
 }

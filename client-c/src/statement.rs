@@ -8,7 +8,7 @@ use pfs_client::StatementGuard;
 
 use crate::classes::{self, pfs_statement_class_t};
 use crate::shield::shield;
-use crate::slot::{self, Slot};
+use crate::slot::{self, Owner, Slot};
 use crate::text::{prefix_in, str_in};
 
 /// Size of `pfs_statement_t` in 64-bit words.
@@ -21,8 +21,9 @@ pub const PFS_STATEMENT_WORDS: usize = 40;
 /// reverse order of their begins.
 ///
 /// Threading: begin, set and end on the same thread, and end it before
-/// that thread exits. Ownership: the caller owns the memory. End each
-/// begun statement exactly once (a second end is a no-op).
+/// that thread exits; a set or an end on another thread is a no-op.
+/// Ownership: the caller owns the memory. End each begun statement
+/// exactly once (a second end is a no-op).
 #[repr(C)]
 pub struct pfs_statement_t {
     _opaque: [u64; PFS_STATEMENT_WORDS],
@@ -33,18 +34,21 @@ const _: () = assert!(
     "pfs_statement_t is too small for a StatementGuard: raise PFS_STATEMENT_WORDS (an ABI change)"
 );
 
-/// Runs `f` on the statement begun in `st`, if it is recording.
+/// Runs `f` on the statement begun in `st`, if it is recording and was
+/// begun by the calling thread.
 ///
 /// # Safety
 ///
-/// `st` is NULL or was begun by `pfs_statement_begin` on this thread.
+/// `st` is NULL or points to a readable and writable `pfs_statement_t`
+/// that no other thread uses during the call.
 #[inline(always)]
 unsafe fn with(st: *mut pfs_statement_t, f: impl FnOnce(&mut StatementGuard)) {
     shield((), || {
         if !st.is_null() {
-            // SAFETY: `st` was begun on this thread (contract): its slot is
-            // armed with a StatementGuard, or empty.
-            unsafe { slot::with(st.cast::<Slot<StatementGuard>>(), f) };
+            // SAFETY: `st` is valid and ours during the call (contract); a
+            // slot armed for this thread holds the StatementGuard its begin
+            // put there, and any other content is refused (`slot::with`).
+            unsafe { slot::with(st.cast::<Slot<StatementGuard>>(), Owner::me(), f) };
         }
     })
 }
@@ -97,7 +101,7 @@ pub unsafe extern "C" fn pfs_statement_begin(
         match class {
             // SAFETY: `st` is non-null, writable and ours (contract), and
             // large and aligned enough (checked at compile time above).
-            Some(c) if c.is_enabled() => unsafe { slot::put(slot, c.start()) },
+            Some(c) if c.is_enabled() => unsafe { slot::put(slot, Owner::me(), c.start()) },
             // SAFETY: as above.
             _ => unsafe { slot::clear(slot) },
         }
@@ -195,19 +199,23 @@ pub unsafe extern "C" fn pfs_statement_add_warnings(st: *mut pfs_statement_t, n:
 }
 
 /// Ends the statement begun on `st`: ends its open stage, then records
-/// the statement (current, history, summaries). A no-op if it was not
-/// recording or was already ended.
+/// the statement (current, history, summaries).
+///
+/// A no-op, as every `pfs_statement_set_*`/`_add_*` call, if `st` holds no
+/// statement that the calling thread began and has not ended: not
+/// recording, already ended, begun on another thread, or never begun (see
+/// `pfs_wait_end`; never end a copy).
 ///
 /// # Safety
 ///
-/// `st` is NULL or points to a `pfs_statement_t` that
-/// `pfs_statement_begin` started on this thread.
+/// `st` is NULL or points to a readable and writable `pfs_statement_t`
+/// that no other thread uses during the call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pfs_statement_end(st: *mut pfs_statement_t) {
     shield((), || {
         if !st.is_null() {
-            // SAFETY: `st` was begun on this thread (contract).
-            unsafe { slot::take(st.cast::<Slot<StatementGuard>>(), |_| {}) }
+            // SAFETY: as in `with`.
+            unsafe { slot::take(st.cast::<Slot<StatementGuard>>(), Owner::me(), |_| {}) }
         }
     })
 }

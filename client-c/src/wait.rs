@@ -7,7 +7,7 @@ use pfs_client::{Operation, WaitGuard};
 
 use crate::classes::{self, pfs_wait_class_t};
 use crate::shield::shield;
-use crate::slot::{self, Slot};
+use crate::slot::{self, Owner, Slot};
 use crate::text::str_in;
 
 /// `OPERATION` `lock` (mutex).
@@ -69,10 +69,10 @@ pub const PFS_WAIT_WORDS: usize = 24;
 /// content is private.
 ///
 /// Threading: begin and end on the same thread, and end it before that
-/// thread exits (not from a thread-exit destructor). Ownership: the caller
-/// owns the memory; the library neither keeps nor frees it. End each
-/// begun wait exactly once (a second end of the same struct is a no-op;
-/// do not end a copy as well).
+/// thread exits (not from a thread-exit destructor); an end on another
+/// thread is a no-op. Ownership: the caller owns the memory; the library
+/// neither keeps nor frees it. End each begun wait exactly once (a second
+/// end of the same struct is a no-op; do not end a copy as well).
 #[repr(C)]
 pub struct pfs_wait_t {
     _opaque: [u64; PFS_WAIT_WORDS],
@@ -159,7 +159,7 @@ pub unsafe extern "C" fn pfs_wait_begin(
             // at compile time above).
             Some(c) if c.is_enabled() => unsafe {
                 c.start_in(slot::place(slot), operation(op), object as usize);
-                slot::arm(slot);
+                slot::arm(slot, Owner::me());
             },
             // SAFETY: as above.
             _ => unsafe { slot::clear(slot) },
@@ -168,20 +168,28 @@ pub unsafe extern "C" fn pfs_wait_begin(
 }
 
 /// Ends the wait begun on `w` now and records it (`TIMER_WAIT`, current,
-/// history, summaries). A no-op if it was not recording or was already
-/// ended. No lock, no allocation.
+/// history, summaries). No lock, no allocation.
+///
+/// A no-op, recording nothing and touching no other thread's state, if `w`
+/// holds no wait that the calling thread began and has not ended: not
+/// recording (disabled class, no `pfs_init`), already ended, begun on
+/// another thread (that thread may still end it), or never begun
+/// (uninitialised memory, whatever an exited thread left on a reused
+/// stack). The one case it cannot tell: a byte copy of a wait that this
+/// same thread began and has not ended (never end a copy).
 ///
 /// # Safety
 ///
-/// `w` is NULL or points to a `pfs_wait_t` that `pfs_wait_begin` started
-/// on this thread.
+/// `w` is NULL or points to a readable and writable `pfs_wait_t` that no
+/// other thread uses during the call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pfs_wait_end(w: *mut pfs_wait_t) {
     shield((), || {
         if !w.is_null() {
-            // SAFETY: `w` was begun on this thread (contract), so its slot
-            // is armed with a WaitGuard or empty.
-            unsafe { slot::take(w.cast::<Slot<WaitGuard>>(), |_| {}) }
+            // SAFETY: `w` is valid and ours during the call (contract); a
+            // slot armed for this thread holds the WaitGuard its begin put
+            // there, and any other content is refused (see `slot::with`).
+            unsafe { slot::take(w.cast::<Slot<WaitGuard>>(), Owner::me(), |_| {}) }
         }
     })
 }
@@ -197,7 +205,11 @@ pub unsafe extern "C" fn pfs_wait_end_bytes(w: *mut pfs_wait_t, bytes: u64) {
     shield((), || {
         if !w.is_null() {
             // SAFETY: as in pfs_wait_end.
-            unsafe { slot::take(w.cast::<Slot<WaitGuard>>(), |g| g.set_bytes(bytes)) }
+            unsafe {
+                slot::take(w.cast::<Slot<WaitGuard>>(), Owner::me(), |g| {
+                    g.set_bytes(bytes)
+                })
+            }
         }
     })
 }

@@ -16,7 +16,33 @@ fn generate() -> String {
         .expect("cbindgen generates the header");
     let mut out = Vec::new();
     bindings.write(&mut out);
-    String::from_utf8(out).expect("the header is UTF-8")
+    let header = String::from_utf8(out).expect("the header is UTF-8");
+    parenthesise_negative_macros(&header)
+}
+
+/// `#define NAME -6` as `#define NAME (-6)`: an unparenthesised negative
+/// macro misparses in `x-NAME` (`x--6`). cbindgen has no setting for it.
+fn parenthesise_negative_macros(header: &str) -> String {
+    let mut out = String::with_capacity(header.len() + 64);
+    for line in header.split_inclusive('\n') {
+        let body = line.trim_end_matches('\n');
+        let fixed = body.strip_prefix("#define ").and_then(|rest| {
+            let (name, value) = rest.split_once(' ')?;
+            let digits = value.strip_prefix('-')?;
+            digits
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| format!("#define {name} ({value})"))
+        });
+        match fixed {
+            Some(f) => {
+                out.push_str(&f);
+                out.push_str(&line[body.len()..]);
+            }
+            None => out.push_str(line),
+        }
+    }
+    out
 }
 
 #[test]
@@ -67,11 +93,26 @@ fn the_header_declares_every_entry_point() {
         "int32_t pfs_set_thread_actor(const char *user, const char *host, const char *role)",
         "uint64_t pfs_thread_id(void)",
         "uint64_t pfs_statement_event_id(void)",
+        "int32_t pfs_set_thread_name(const char *name)",
+        "const char *pfs_strerror(int32_t code)",
+        "uint32_t pfs_abi_version(void)",
+        "int32_t pfs_check_abi(uint32_t abi_version,",
+        "#define PFS_ABI_VERSION 0",
+        "#define PFS_CONFIG_INIT {",
+        "#define PFS_CHECK_ABI()",
+        "#define PFS_SERVICE_NAME_MAX 64",
         "} pfs_wait_t;",
         "uint64_t _opaque[PFS_WAIT_WORDS];",
         "#define PFS_OP_WRITE 13",
-        "#define PFS_ERR_INVALID_ARGUMENT -1",
+        "#define PFS_ERR_INVALID_ARGUMENT (-1)",
+        "#define PFS_ERR_NO_THREAD_RECORD (-12)",
     ] {
         assert!(h.contains(f), "pfs.h lacks `{f}`:\n{h}");
+    }
+    for line in h.lines().filter(|l| l.starts_with("#define ")) {
+        assert!(
+            !line.contains(" -"),
+            "unparenthesised negative macro: {line}"
+        );
     }
 }

@@ -1,11 +1,13 @@
-//! Layer 1. Client configuration, from code or from the environment.
+//! Layer 1. Client configuration, from code or from the environment, and
+//! its checks against what a segment can hold (`Config::validate`).
 
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED, MAX_CLASSES_LIMIT};
 pub use pfs_shm_layout::rules::{parse_consumer_rules, parse_duration, parse_instrument_rules};
-use pfs_shm_layout::segment::{MAX_HISTORY_LONG_LEN, MAX_PAGES};
+use pfs_shm_layout::segment::{MAX_HISTORY_LEN, MAX_HISTORY_LONG_LEN, MAX_PAGES};
 use pfs_shm_layout::setup::check_consumer_rules;
 
 use crate::error::InitError;
@@ -59,6 +61,29 @@ pub struct Config {
 
 /// Default quiet time before an empty container page is reclaimed.
 pub const DEFAULT_RECLAIM_AFTER: Duration = Duration::from_secs(30);
+
+/// A [`Config`] setting that a segment cannot hold, found by
+/// [`Config::validate`]. Each names the field as `Config` (and C's
+/// `pfs_config_t`) spells it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A number outside the range the segment layout accepts.
+    #[error("{field} is {value}; expected {min} to {max}")]
+    OutOfRange {
+        /// The field's name (`max_threads`, ...).
+        field: &'static str,
+        /// Its value.
+        value: u32,
+        /// The smallest accepted value.
+        min: u32,
+        /// The largest accepted value.
+        max: u32,
+    },
+    /// A consumer rule whose pattern matches no consumer (a typo), which
+    /// `PFS_CONSUMERS` also rejects.
+    #[error("consumer_rules: {0}")]
+    Consumers(#[from] pfs_shm_layout::rules::SyntaxError),
+}
 
 impl Config {
     /// Defaults for `service_name`.
@@ -121,21 +146,16 @@ impl Config {
                 )),
             }
         };
-        c.history_len = num(
-            "PFS_HISTORY_SIZE",
-            c.history_len,
-            1..=pfs_shm_layout::segment::MAX_HISTORY_LEN,
-        )?;
-        c.max_classes = num("PFS_MAX_CLASSES", c.max_classes, 1..=MAX_CLASSES_LIMIT)?;
-        let max_threads = MAX_PAGES * c.records_per_page;
-        c.max_threads = num("PFS_MAX_THREADS", c.max_threads, 1..=max_threads)?;
+        c.history_len = num("PFS_HISTORY_SIZE", c.history_len, Self::HISTORY_LEN_RANGE)?;
+        c.max_classes = num("PFS_MAX_CLASSES", c.max_classes, Self::MAX_CLASSES_RANGE)?;
+        c.max_threads = num("PFS_MAX_THREADS", c.max_threads, c.max_threads_range())?;
         c.group_access = flag("PFS_GROUP_ACCESS", c.group_access)?;
         c.enabled = flag("PFS_INSTRUMENTS_ENABLED", c.enabled)?;
         c.timed = flag("PFS_INSTRUMENTS_TIMED", c.timed)?;
         c.history_long_len = num(
             "PFS_HISTORY_LONG_SIZE",
             c.history_long_len,
-            0..=MAX_HISTORY_LONG_LEN,
+            Self::HISTORY_LONG_LEN_RANGE,
         )?;
         if let Ok(v) = std::env::var("PFS_INSTRUMENT") {
             c.instrument_rules = parse_instrument_rules(&v)
@@ -197,5 +217,62 @@ impl Config {
 
     pub(crate) fn default_flags(&self) -> u32 {
         (if self.enabled { FLAG_ENABLED } else { 0 }) | (if self.timed { FLAG_TIMED } else { 0 })
+    }
+}
+
+impl Config {
+    /// Accepted `history_len` (`PFS_HISTORY_SIZE`).
+    pub const HISTORY_LEN_RANGE: RangeInclusive<u32> = 1..=MAX_HISTORY_LEN;
+    /// Accepted `max_classes` (`PFS_MAX_CLASSES`).
+    pub const MAX_CLASSES_RANGE: RangeInclusive<u32> = 1..=MAX_CLASSES_LIMIT;
+    /// Accepted `history_long_len` (`PFS_HISTORY_LONG_SIZE`; 0 keeps no
+    /// `history_long` rings).
+    pub const HISTORY_LONG_LEN_RANGE: RangeInclusive<u32> = 0..=MAX_HISTORY_LONG_LEN;
+
+    /// Accepted `max_threads` (`PFS_MAX_THREADS`) with this
+    /// `records_per_page`: the container holds at most `MAX_PAGES` pages.
+    /// The segment rounds `max_threads` up to a multiple of
+    /// `records_per_page`.
+    pub fn max_threads_range(&self) -> RangeInclusive<u32> {
+        1..=MAX_PAGES.saturating_mul(self.records_per_page.max(1))
+    }
+
+    /// Checks every setting that `PFS_*` variables would have checked:
+    /// the numbers against what the segment layout accepts, and the
+    /// consumer rules against the consumers' names. [`Config::from_env`]
+    /// gives a valid config or an error; a config built in code (or from
+    /// C's `pfs_config_t`) can be checked with this before
+    /// [`crate::init_with`].
+    ///
+    /// ```
+    /// let cfg = pfs_client::Config::new("svc").max_threads(u32::MAX);
+    /// let e = cfg.validate().unwrap_err();
+    /// assert_eq!(e.to_string(), "max_threads is 4294967295; expected 1 to 1048576");
+    /// let cfg = pfs_client::Config::new("svc").consumer("events_waits_histroy", true);
+    /// assert!(cfg.validate().is_err());
+    /// ```
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let check = |field, value, range: RangeInclusive<u32>| {
+            if range.contains(&value) {
+                Ok(())
+            } else {
+                Err(ConfigError::OutOfRange {
+                    field,
+                    value,
+                    min: *range.start(),
+                    max: *range.end(),
+                })
+            }
+        };
+        check("history_len", self.history_len, Self::HISTORY_LEN_RANGE)?;
+        check("max_classes", self.max_classes, Self::MAX_CLASSES_RANGE)?;
+        check("max_threads", self.max_threads, self.max_threads_range())?;
+        check(
+            "history_long_len",
+            self.history_long_len,
+            Self::HISTORY_LONG_LEN_RANGE,
+        )?;
+        check_consumer_rules(&self.consumer_rules)?;
+        Ok(())
     }
 }

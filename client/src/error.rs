@@ -17,6 +17,10 @@ pub enum InitError {
         "this process was forked from one that initialised pfs-client (segment {0}): a forked child records nothing; initialise in each worker after forking, not in the parent, or exec"
     )]
     Forked(PathBuf),
+    /// A [`crate::Config`] field is out of range, or a rule matches
+    /// nothing.
+    #[error("invalid pfs-client configuration: {0}")]
+    BadConfig(#[from] crate::config::ConfigError),
     /// An environment variable has a value we cannot use.
     #[error("environment variable {0} is invalid: {1}")]
     BadEnv(String, String),

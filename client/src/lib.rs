@@ -106,8 +106,8 @@ pub mod tokio;
 mod wait;
 
 pub use config::{
-    Config, DEFAULT_RECLAIM_AFTER, DEFAULT_SHM_DIR, parse_consumer_rules, parse_duration,
-    parse_instrument_rules,
+    Config, ConfigError, DEFAULT_RECLAIM_AFTER, DEFAULT_SHM_DIR, parse_consumer_rules,
+    parse_duration, parse_instrument_rules,
 };
 pub use error::InitError;
 pub use memory::{LazyMemoryClass, MemoryClass, MemoryScope, MemoryToken, memory_scope};
@@ -131,6 +131,23 @@ pub use wait::{AsyncWait, LazyWaitClass, WaitClass, WaitGuard};
 /// ```
 pub fn set_thread_actor(user: &str, host: &str, role: &str) -> (bool, bool) {
     thread::set_actor(user, host, role)
+}
+
+/// Names the current thread's row in the `threads` table (`NAME`),
+/// registering the thread if it has no record yet. A thread's row is
+/// otherwise named, when the thread registers, by its Rust name
+/// (`std::thread::Builder::name`), else its OS name (`pthread_setname_np`,
+/// `prctl(PR_SET_NAME)`), else `thread-<THREAD_ID>`. The name is cut to 32
+/// bytes on a character boundary. Returns whether the row now has the
+/// name: false before [`init`], or if the thread could not get a record
+/// (the thread container is full).
+///
+/// ```
+/// // Not initialised here: there is no row to name.
+/// assert!(!pfs_client::set_thread_name("flusher-1"));
+/// ```
+pub fn set_thread_name(name: &str) -> bool {
+    thread::set_name(name)
 }
 
 /// The `THREAD_ID` under which the current thread's events appear in the

@@ -81,6 +81,7 @@ pub(crate) fn init(cfg: Config) -> Result<&'static Runtime, InitError> {
         }
         return Err(InitError::AlreadyInitialized(rt.path.clone()));
     }
+    cfg.validate()?;
     let rt = create(&cfg)?;
     let path = rt.path.clone();
     RUNTIME

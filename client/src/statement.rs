@@ -254,12 +254,11 @@ impl StatementGuard {
     /// `SQL_TEXT`: the statement's text (truncated to 200 bytes), copied
     /// now into `events_statements_current`.
     pub fn set_text(&mut self, text: &str) {
-        if let Some(a) = &self.active {
-            if a.ctx.outer_texts.borrow().is_empty()
-                || !set_outer_text(a.ctx, a.data.event_id, text)
-            {
-                a.ctx.rec.set_statement_text(text);
-            }
+        if let Some(a) = &self.active
+            && (a.ctx.outer_texts.borrow().is_empty()
+                || !set_outer_text(a.ctx, a.data.event_id, text))
+        {
+            a.ctx.rec.set_statement_text(text);
         }
     }
 

@@ -1,7 +1,9 @@
 //! Layer 5. The thread registry: gives the current thread its context
 //! (registering it lazily, on its first event, into a record of the
-//! segment's thread container) and takes it back when the thread exits,
-//! ending its open stage and folding its record into the process totals.
+//! segment's thread container, under its name) and takes it back when the
+//! thread exits, ending its open stage and folding its record into the
+//! process totals. A thread without a record counts each of its events as
+//! lost, in the segment.
 //!
 //! Holds unsafe code, two blocks: [`lookup`] turns the thread-local
 //! pointer to the thread's context into a reference, and `Owner::drop`
@@ -48,13 +50,6 @@ impl Drop for Owner {
                     rt.writer.fold_and_free(ctx.slot);
                 }
             }
-            let lost = LOST_EVENTS.with(|c| c.get());
-            if lost > 0
-                && let Some(rt) = runtime::get()
-            {
-                rt.writer.segment().lost().counters[LostKind::Events as usize]
-                    .fetch_add(lost, Relaxed);
-            }
         });
     }
 }
@@ -68,7 +63,6 @@ thread_local! {
     /// destructor: readable during thread teardown.
     static CTX: Cell<*const ThreadCtx> = const { Cell::new(std::ptr::null()) };
     static OWNER: RefCell<Owner> = const { RefCell::new(Owner(None)) };
-    static LOST_EVENTS: Cell<u64> = const { Cell::new(0) };
 }
 
 /// The three states of the current thread.
@@ -126,11 +120,44 @@ fn lookup() -> Lookup {
 pub(crate) fn current(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
     match lookup() {
         Lookup::Live(ctx) => Some(ctx),
-        Lookup::New => register(rt),
+        Lookup::New => register_or_lose(rt),
         Lookup::Dead => {
-            LOST_EVENTS.with(|c| c.set(c.get() + 1));
+            lose_event(rt);
             None
         }
+    }
+}
+
+/// Counts one event of a thread without a record as lost
+/// (`pfs_lost_total{kind="events_no_thread_record"}`), in the segment at
+/// once: such a thread may never run the exit hook that a registered
+/// thread runs. A shared-line RMW, on the path of threads that record
+/// nothing anyway.
+#[cold]
+#[inline(never)]
+fn lose_event(rt: &'static Runtime) {
+    rt.writer.segment().count_lost(LostKind::Events);
+}
+
+/// [`register`] for an event: if the thread gets no record, the event
+/// that tried is the thread's first lost one.
+#[cold]
+#[inline(never)]
+fn register_or_lose(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
+    let ctx = register(rt);
+    if ctx.is_none() {
+        lose_event(rt);
+    }
+    ctx
+}
+
+/// The current thread's context, registering the thread if it is new,
+/// for a call that is not an event (nothing is counted as lost).
+fn own(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
+    match lookup() {
+        Lookup::Live(ctx) => Some(ctx),
+        Lookup::New => register(rt),
+        Lookup::Dead => None,
     }
 }
 
@@ -232,11 +259,7 @@ fn register(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
 fn register_inner(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
     let thread_id = NEXT_THREAD_ID.fetch_add(1, Relaxed);
     let os_tid = rustix::thread::gettid().as_raw_nonzero().get() as u64;
-    let cur = std::thread::current();
-    let name = cur
-        .name()
-        .map(str::to_owned)
-        .unwrap_or_else(|| format!("thread-{thread_id}"));
+    let name = thread_name().unwrap_or_else(|| format!("thread-{thread_id}"));
     let Some(slot) = rt.writer.alloc_thread(thread_id, os_tid, &name) else {
         CTX.with(|c| c.set(DEAD));
         return None;
@@ -262,6 +285,28 @@ fn register_inner(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
     };
     CTX.with(|c| c.set(p.as_ptr()));
     with_registered(|ctx| ctx)
+}
+
+/// The calling thread's name: its Rust name, else (a thread that C or
+/// another runtime created, or an unnamed Rust thread) its OS name, as
+/// `pthread_setname_np` or `prctl(PR_SET_NAME)` set it (or as it inherited
+/// it from its creator). One `prctl` call, at registration only.
+fn thread_name() -> Option<String> {
+    if let Some(n) = std::thread::current().name() {
+        return Some(n.to_owned());
+    }
+    let os = rustix::thread::name().ok()?;
+    let os = os.to_string_lossy();
+    (!os.is_empty()).then(|| os.into_owned())
+}
+
+/// See [`crate::set_thread_name`].
+pub(crate) fn set_name(name: &str) -> bool {
+    let Some(ctx) = runtime::get().and_then(own) else {
+        return false;
+    };
+    ctx.rec.set_name(name);
+    true
 }
 
 /// See [`crate::set_thread_actor`].

@@ -679,9 +679,9 @@ pub mod tsc;
 pub mod values;
 pub mod writer;
 
-pub use error::SegmentError;
-pub use kinds::{ClassKind, EventKind, Operation};
 pub use calibration::TimerCalibration;
+pub use error::SegmentError;
 pub use geometry::{Geometry, SegmentConfig};
+pub use kinds::{ClassKind, EventKind, Operation};
 pub use segment::{RecordRef, Segment};
 pub use writer::{SegmentWriter, ThreadSlot};

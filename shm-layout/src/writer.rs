@@ -652,17 +652,23 @@ impl SegmentWriter {
     }
 }
 
+/// Stores a thread's `NAME` in its header (under the caller's write of
+/// the header's sequence lock).
+fn store_name(h: &ThreadHeader, name: &str) {
+    store_bytes(
+        &h.name,
+        &h.name_len,
+        truncate_utf8(name, THREAD_NAME_BYTES).as_bytes(),
+    );
+}
+
 fn init_record(rec: RecordRef<'_>, thread_id: u64, os_tid: u64, name: &str) {
     let h = rec.header;
     {
         let _w = h.seq.write();
         h.thread_id.store(thread_id, Relaxed);
         h.os_tid.store(os_tid, Relaxed);
-        store_bytes(
-            &h.name,
-            &h.name_len,
-            truncate_utf8(name, THREAD_NAME_BYTES).as_bytes(),
-        );
+        store_name(h, name);
         h.flags.store(THREAD_INSTRUMENTED | THREAD_HISTORY, Relaxed);
         for a in [&h.user, &h.host, &h.role] {
             a.store(NONE_U32, Relaxed);
@@ -1207,6 +1213,15 @@ impl RecordRef<'_> {
             first_touch_memory(row, seq, word, class, tgen);
         }
         Some(MemoryRowRef { row, seq })
+    }
+
+    /// Renames the thread (`threads.NAME`): `name` cut to
+    /// [`THREAD_NAME_BYTES`] on a character boundary. Only the record's
+    /// owner calls it.
+    pub fn set_name(&self, name: &str) {
+        let h = self.header;
+        let _w = h.seq.write();
+        store_name(h, name);
     }
 
     /// Records the thread's actor and its setup_actors verdict.

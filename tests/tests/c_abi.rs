@@ -1,18 +1,31 @@
-//! The C ABI end to end: `tests/c/pfs_c_demo.c` is compiled with `cc`
-//! against `client-c/include/pfs.h` and `libpfs.so`, through the flags of
-//! `client-c/pfs.pc.in` rendered for a staged install, and runs as a
-//! separate process. A real `pfs-agent` reads its segment: every count,
-//! sum of figures and memory total is exact in the tables and in
-//! `/metrics`, every event nests where the program opened it (wait →
-//! stage → statement, by `NESTING_EVENT_ID` and the parent's
-//! `[EVENT_ID, END_EVENT_ID)`), and the totals stay exact once the C
-//! threads have exited (their records folded).
+//! The C ABI end to end, each C program compiled with the real compiler
+//! against a staged install made by `client-c/install.sh` (header,
+//! `libpfs.so.VERSION` with its SONAME links, `pfs.pc`), with the flags of
+//! its `pfs.pc`, and run as a separate process:
+//!
+//! * `tests/c/pfs_c_demo.c`: a real `pfs-agent` reads its segment: every
+//!   count, sum of figures and memory total is exact in the tables and in
+//!   `/metrics`, every event nests where the program opened it (wait →
+//!   stage → statement, by `NESTING_EVENT_ID` and the parent's
+//!   `[EVENT_ID, END_EVENT_ID)`), and the totals stay exact once the C
+//!   threads have exited (their records folded).
+//! * `tests/c/pfs_c_edges.c`: the API's edges, read from the segment:
+//!   ends by a thread that did not begin (no-ops, no crash), lost events
+//!   of threads without a record (counted exactly), thread names,
+//!   `pfs_config_t` checks, the ABI check; and the SONAME, with `readelf`.
+//! * `tests/c/pfs_cxx_config.cpp`: the header from C++ under `-Wextra
+//!   -Werror`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use pfs_shm_layout::Segment;
+use pfs_shm_layout::layout::LostKind;
+use pfs_shm_layout::reader::{ReadOptions, SegmentSnapshot, snapshot};
+use pfs_shm_layout::values::Summary;
 use pfs_tests::{Agent, Writer, poll, rows, sample, str_col, u64_col, workspace_root};
 use serde_json::Value;
 
@@ -55,14 +68,9 @@ fn build_libpfs() -> PathBuf {
         .unwrap_or_else(|| panic!("no libpfs.so among cargo's artifacts:\n{stdout}"))
 }
 
-/// `pfs.pc.in` rendered for `prefix`, and the values of its variables and
-/// keywords with `${var}` expanded (what `pkg-config` reads).
-fn render_pc(prefix: &Path) -> (String, BTreeMap<String, String>) {
-    let template = std::fs::read_to_string(workspace_root().join("client-c/pfs.pc.in"))
-        .expect("client-c/pfs.pc.in");
-    let pc = template
-        .replace("@PREFIX@", prefix.to_str().expect("UTF-8 temp dir"))
-        .replace("@VERSION@", env!("CARGO_PKG_VERSION"));
+/// The variables and keywords of a `.pc` file, `${var}` expanded (what
+/// `pkg-config` reads).
+fn parse_pc(pc: &str) -> BTreeMap<String, String> {
     let mut vars: BTreeMap<String, String> = BTreeMap::new();
     for line in pc.lines().filter(|l| !l.starts_with('#')) {
         let Some(i) = line.find(['=', ':']) else {
@@ -75,60 +83,103 @@ fn render_pc(prefix: &Path) -> (String, BTreeMap<String, String>) {
         }
         vars.insert(key.to_string(), v);
     }
-    (pc, vars)
+    vars
 }
 
-/// Compiles the demo program against a staged install (`prefix/include`,
-/// `prefix/lib`, `prefix/lib/pkgconfig/pfs.pc`), with the `.pc` file's
-/// flags; checks them against `pkg-config`'s where it is installed.
-fn compile_demo(prefix: &Path) -> PathBuf {
-    let lib = build_libpfs();
-    let root = workspace_root();
-    std::fs::create_dir_all(prefix.join("lib/pkgconfig")).unwrap();
-    std::fs::create_dir_all(prefix.join("include")).unwrap();
-    std::fs::copy(&lib, prefix.join("lib/libpfs.so")).unwrap();
-    std::fs::copy(
-        root.join("client-c/include/pfs.h"),
-        prefix.join("include/pfs.h"),
-    )
-    .unwrap();
-    let (pc, vars) = render_pc(prefix);
-    std::fs::write(prefix.join("lib/pkgconfig/pfs.pc"), &pc).unwrap();
-    assert_eq!(vars["Version"], env!("CARGO_PKG_VERSION"));
-    let cflags = vars["Cflags"].clone();
-    let libs = vars["Libs"].clone();
-    if let Ok(out) = Command::new("pkg-config")
-        .args(["--cflags", "--libs", "pfs"])
-        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))
-        .output()
-    {
-        assert!(out.status.success(), "pkg-config rejects pfs.pc:\n{pc}");
-        let got = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(
-            got.split_whitespace().collect::<Vec<_>>(),
-            format!("{cflags} {libs}")
-                .split_whitespace()
-                .collect::<Vec<_>>(),
-            "pkg-config reads pfs.pc as we do"
+/// libpfs installed under `prefix` by `client-c/install.sh`, as the docs
+/// say, with the variables of its `pfs.pc`.
+struct Install {
+    prefix: PathBuf,
+    pc: BTreeMap<String, String>,
+}
+
+/// The staged install, made once per test process (in Cargo's temporary
+/// directory for tests, replaced each run). Checks the `.pc` file against
+/// `pkg-config` where it is installed.
+fn install() -> &'static Install {
+    static INSTALL: OnceLock<Install> = OnceLock::new();
+    INSTALL.get_or_init(|| {
+        let lib = build_libpfs();
+        let prefix = Path::new(env!("CARGO_TARGET_TMPDIR")).join("c_abi_install");
+        let _ = std::fs::remove_dir_all(&prefix);
+        let out = Command::new("sh")
+            .arg(workspace_root().join("client-c/install.sh"))
+            .arg(&prefix)
+            .env("PFS_BUILD_DIR", lib.parent().unwrap())
+            .current_dir(workspace_root())
+            .output()
+            .expect("run client-c/install.sh");
+        assert!(
+            out.status.success(),
+            "install.sh failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
         );
+        let pc_path = prefix.join("lib/pkgconfig/pfs.pc");
+        let pc_text = std::fs::read_to_string(&pc_path).expect("install.sh wrote pfs.pc");
+        let pc = parse_pc(&pc_text);
+        assert_eq!(pc["Version"], env!("CARGO_PKG_VERSION"), "{pc_text}");
+        assert_eq!(Path::new(&pc["prefix"]), prefix, "{pc_text}");
+        if let Ok(out) = Command::new("pkg-config")
+            .args(["--cflags", "--libs", "pfs"])
+            .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))
+            .output()
+        {
+            assert!(
+                out.status.success(),
+                "pkg-config rejects pfs.pc:\n{pc_text}"
+            );
+            let got = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(
+                got.split_whitespace().collect::<Vec<_>>(),
+                format!("{} {}", pc["Cflags"], pc["Libs"])
+                    .split_whitespace()
+                    .collect::<Vec<_>>(),
+                "pkg-config reads pfs.pc as we do"
+            );
+        }
+        Install { prefix, pc }
+    })
+}
+
+/// Compiles `tests/c/<source>` against the staged install with `compiler`
+/// and its warnings as errors, with the `.pc` file's flags; returns the
+/// executable. Once per source and test process (tests running in
+/// parallel share it: none overwrites a program another runs).
+fn compile_with(compiler: &str, std: &str, source: &str) -> PathBuf {
+    static BUILT: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(exe) = built.get(source) {
+        return exe.clone();
     }
-    let exe = prefix.join("pfs_c_demo");
-    let out = Command::new("cc")
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pthread"])
-        .args(cflags.split_whitespace())
-        .arg(root.join("tests/c/pfs_c_demo.c"))
+    let inst = install();
+    let exe = inst
+        .prefix
+        .join("bin")
+        .join(Path::new(source).file_stem().expect("a source file name"));
+    std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+    let out = Command::new(compiler)
+        .args([std, "-Wall", "-Wextra", "-Werror", "-pthread"])
+        .args(inst.pc["Cflags"].split_whitespace())
+        .arg(workspace_root().join("tests/c").join(source))
         .arg("-o")
         .arg(&exe)
-        .args(libs.split_whitespace())
-        .arg(format!("-Wl,-rpath,{}", vars["libdir"]))
+        .args(inst.pc["Libs"].split_whitespace())
+        .arg(format!("-Wl,-rpath,{}", inst.pc["libdir"]))
         .output()
-        .expect("run cc");
+        .unwrap_or_else(|e| panic!("run {compiler}: {e}"));
     assert!(
         out.status.success(),
-        "cc failed:\n{}",
+        "{compiler} {source} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    built.insert(source.to_string(), exe.clone());
     exe
+}
+
+/// Compiles a C program of `tests/c` (C11).
+fn compile(source: &str) -> PathBuf {
+    compile_with("cc", "-std=c11", source)
 }
 
 /// The rows of `table` for the demo's service, keyed by `event_name`,
@@ -386,8 +437,7 @@ fn check_nesting(agent: &Agent, ready: &Value) {
 
 #[test]
 fn a_c_program_is_read_exactly_by_the_agent() {
-    let install = tempfile::tempdir().unwrap();
-    let exe = compile_demo(install.path());
+    let exe = compile("pfs_c_demo.c");
     let dir = tempfile::tempdir().unwrap();
     let mut demo = Writer::spawn(
         &exe,
@@ -424,5 +474,228 @@ fn a_c_program_is_read_exactly_by_the_agent() {
         demo.guard.stderr().is_empty(),
         "the demo complained:\n{}",
         demo.guard.describe()
+    );
+}
+
+/// Runs `pfs_c_edges` in `mode` with `args` to completion: its one JSON
+/// line. It must exit cleanly and say nothing on standard error.
+fn run_edges(mode: &str, args: &[&str]) -> Value {
+    let exe = compile("pfs_c_edges.c");
+    let out = Command::new(&exe)
+        .arg(mode)
+        .args(args)
+        .output()
+        .expect("run pfs_c_edges");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.is_empty(),
+        "pfs_c_edges {mode}: {}\n{stderr}",
+        out.status
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON line")
+}
+
+/// Starts `pfs_c_edges` in a mode that records, keeps its threads alive
+/// and prints `{"ready":true,"segment":...}`: the program (ended by
+/// `finish`), that line, and a snapshot of its segment.
+fn start_edges(mode: &str, args: &[&str]) -> (Writer, Value, SegmentSnapshot) {
+    let exe = compile("pfs_c_edges.c");
+    let mut all = vec![mode];
+    all.extend_from_slice(args);
+    let mut w = Writer::spawn(&exe, &all).unwrap();
+    let ready = w
+        .read_json(Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("pfs_c_edges {mode}: {e:#}"));
+    assert_eq!(ready["ready"], true, "{ready}");
+    let file = std::fs::File::open(ready["segment"].as_str().unwrap()).unwrap();
+    let seg = Segment::open(file, false).unwrap();
+    let snap = snapshot(&seg, &ReadOptions::default()).unwrap();
+    (w, ready, snap)
+}
+
+/// Ends a program of [`start_edges`]: a clean exit, nothing on stderr.
+fn finish_edges(mut w: Writer) {
+    w.finish(Duration::from_secs(20)).unwrap();
+    assert!(
+        w.guard.stderr().is_empty(),
+        "pfs_c_edges complained:\n{}",
+        w.guard.describe()
+    );
+}
+
+/// The process total of class `name`: exited threads' folds and live
+/// threads' rows.
+fn class_total(s: &SegmentSnapshot, name: &str) -> Summary {
+    let class = s
+        .classes
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("class {name} not registered"))
+        .index;
+    let mut total = Summary::ZERO;
+    for (_, r) in s
+        .exited
+        .iter()
+        .chain(s.live_rows.iter())
+        .chain(s.threads.iter().flat_map(|t| t.rows.iter()))
+        .filter(|(c, _)| *c == class)
+    {
+        total.count += r.count;
+        total.bytes += r.bytes;
+        total.statement.rows_sent += r.statement.rows_sent;
+        total.statement.errors += r.statement.errors;
+    }
+    total
+}
+
+/// `readelf -d` of `file`.
+fn dynamic_section(file: &Path) -> String {
+    let out = Command::new("readelf")
+        .arg("-d")
+        .arg(file)
+        .output()
+        .expect("run readelf");
+    assert!(out.status.success(), "readelf -d {}", file.display());
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The library's SONAME is `libpfs.so.<PFS_ABI_VERSION>`, install.sh
+/// lays out the usual names, a program linked with `-lpfs` needs the
+/// SONAME, and the ABI check refuses a header that does not match.
+#[test]
+fn libpfs_is_versioned_and_checks_the_abi() {
+    let inst = install();
+    let lib = inst.prefix.join("lib");
+    let real = format!("libpfs.so.{}", env!("CARGO_PKG_VERSION"));
+    assert!(
+        dynamic_section(&lib.join(&real)).contains("Library soname: [libpfs.so.0]"),
+        "no SONAME libpfs.so.0 in {real}"
+    );
+    assert_eq!(
+        std::fs::read_link(lib.join("libpfs.so.0")).unwrap(),
+        Path::new(&real)
+    );
+    assert_eq!(
+        std::fs::read_link(lib.join("libpfs.so")).unwrap(),
+        Path::new("libpfs.so.0")
+    );
+    let exe = compile("pfs_c_edges.c");
+    assert!(
+        dynamic_section(&exe).contains("Shared library: [libpfs.so.0]"),
+        "the program needs libpfs.so.0"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let got = run_edges("abi", &[dir.path().to_str().unwrap()]);
+    assert_eq!(got["abi"], 0, "{got}");
+}
+
+/// An end (or a statement's set) on a thread that did not begin the
+/// struct is a no-op: a wait begun on a live thread (which still ends
+/// it), one begun on a thread that has exited since (its context freed
+/// and overwritten), stale memory an exited thread left (ended by a later
+/// thread and by main), and garbage. Nothing crashes, nothing phantom is
+/// recorded.
+#[test]
+fn an_end_by_a_thread_that_did_not_begin_is_a_no_op() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w, _, snap) = start_edges("owner", &[dir.path().to_str().unwrap(), "c-owner"]);
+    let waits = class_total(&snap, "wait/synch/mutex/cedge/owned");
+    assert_eq!(
+        (waits.count, waits.bytes),
+        (2, 7),
+        "the owner's end (7 bytes) and leaves_a_copy's, nothing else"
+    );
+    let st = class_total(&snap, "statement/cedge/owned");
+    assert_eq!(
+        (st.count, st.statement.rows_sent, st.statement.errors),
+        (1, 1, 0),
+        "the owner's statement, without main's figures"
+    );
+    finish_edges(w);
+}
+
+/// Threads that find no free record count every event as lost, exactly
+/// and at once (`pfs_lost_total{kind="events_no_thread_record"}`): 40
+/// threads alive together, 16 records.
+#[test]
+fn events_of_threads_without_a_record_are_counted_exactly() {
+    const THREADS: u64 = 40;
+    const EVENTS: u64 = 250;
+    let dir = tempfile::tempdir().unwrap();
+    let (w, _, snap) = start_edges(
+        "lost",
+        &[
+            dir.path().to_str().unwrap(),
+            "c-lost",
+            &THREADS.to_string(),
+            &EVENTS.to_string(),
+        ],
+    );
+    let recorded = snap.threads.len() as u64;
+    assert_eq!(recorded, 16, "max_threads 16: 16 records");
+    let busy = class_total(&snap, "wait/synch/mutex/cedge/busy");
+    assert_eq!(busy.count, recorded * EVENTS);
+    assert_eq!(snap.lost[LostKind::Threads as usize], THREADS - recorded);
+    assert_eq!(
+        snap.lost[LostKind::Events as usize],
+        (THREADS - recorded) * EVENTS,
+        "every event of every thread without a record, the first included"
+    );
+    finish_edges(w);
+}
+
+/// A C thread's row is named by its OS name (`pthread_setname_np`) or by
+/// `pfs_set_thread_name`, before or after its first event, cut to 32
+/// bytes.
+#[test]
+fn c_threads_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w, ready, snap) = start_edges("names", &[dir.path().to_str().unwrap(), "c-names"]);
+    let name_of = |key: &str| {
+        let id = ready[key].as_u64().unwrap();
+        snap.threads
+            .iter()
+            .find(|t| t.thread_id == id)
+            .unwrap_or_else(|| panic!("no thread {id} ({key}) in {:?}", snap.threads))
+            .name
+            .clone()
+    };
+    assert_eq!(name_of("os"), "c-os-named");
+    assert_eq!(name_of("api"), "pfs-named-worker");
+    assert_eq!(name_of("renamed"), "renamed-later");
+    assert_eq!(name_of("long"), "a-thread-name-of-forty-bytes-lon");
+    finish_edges(w);
+}
+
+/// `pfs_init_with` checks every field as the `PFS_*` variables are
+/// checked (a consumer typo, unknown flags, numbers out of range: an
+/// invalid argument naming the C field), `pfs_strerror` describes each
+/// code, negative codes are parenthesised, and a 399-byte service name is
+/// cut to 64 bytes instead of failing on the file name.
+#[test]
+fn pfs_config_t_is_checked_field_by_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let got = run_edges("config", &[dir.path().to_str().unwrap()]);
+    let segment = PathBuf::from(got["segment"].as_str().unwrap());
+    assert_eq!(
+        segment.file_name().unwrap().to_str().unwrap(),
+        format!("{}.{}.pfs", "s".repeat(64), got["pid"])
+    );
+}
+
+/// C++ includes pfs.h warning-free under -Wall -Wextra -Werror, with
+/// `PFS_CONFIG_INIT` for a config and `PFS_CHECK_ABI()`.
+#[test]
+fn cxx_programs_initialise_a_config_without_warnings() {
+    let exe = compile_with("c++", "-std=c++11", "pfs_cxx_config.cpp");
+    let out = Command::new(&exe).output().expect("run pfs_cxx_config");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        r#"{"ok":true}"#
     );
 }

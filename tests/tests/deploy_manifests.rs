@@ -7,12 +7,18 @@
 //!   schemas) is checked field by field instead.
 //! * The rendered pod specs meet the restricted Pod Security Standard and
 //!   the sidecar contract (shared in-memory volume, same uid/gid, env,
-//!   probes, token Secret, downward API), scrape by annotations or by a
+//!   startup and liveness probes but no readiness probe, an optional token
+//!   Secret volume and no Secret shipped, downward API), scrape by
+//!   annotations or by a
 //!   PodMonitor but never both (the base has only core resources; the
 //!   `components/podmonitor` component swaps the annotations for a
 //!   PodMonitor), and budget the pod's stop (the agent's `--shutdown-delay`
 //!   longer than a scrape interval, `terminationGracePeriodSeconds` above
 //!   it) and its memory (agent limit, app limit above the shm sizeLimit).
+//!   Where a NetworkPolicy is rendered (production), port 9464 admits only
+//!   Prometheus pods and the pod's other ports stay open.
+//! * deploy/README.md creates Secrets idempotently (`--dry-run=client -o
+//!   yaml | kubectl apply -f -`), so its recipes work on a second run too.
 //! * `deploy/Dockerfile` passes hadolint and the image rules.
 //! * The `pfs-agent` binary runs the pod's two containers as written (their
 //!   args and env, as uid 65532 when the test runs as root, in a
@@ -691,7 +697,7 @@ fn pod_problems(dir: &str, docs: &[Value], native: bool) -> Vec<String> {
             format!("agent --listen {listen}"),
         );
     }
-    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+    for probe in ["startupProbe", "livenessProbe"] {
         let g = &agent[probe]["httpGet"];
         bad(
             &mut p,
@@ -699,6 +705,13 @@ fn pod_problems(dir: &str, docs: &[Value], native: bool) -> Vec<String> {
             format!("agent: {probe} is not GET /healthz on {METRICS_PORT}: {g}"),
         );
     }
+    // A sidecar's readiness is the pod's: the agent must not take the
+    // application out of its Services.
+    bad(
+        &mut p,
+        agent["readinessProbe"].is_null(),
+        "agent: a readinessProbe gates the application's traffic on the agent".into(),
+    );
     bad(
         &mut p,
         agent["command"].is_null(),
@@ -706,7 +719,9 @@ fn pod_problems(dir: &str, docs: &[Value], native: bool) -> Vec<String> {
     );
     // The token files: each must be a key of the Secret mounted where the
     // flag points (all keys, or one listed under `items`), or the agent
-    // cannot start.
+    // cannot start. No Secret is shipped (see the rendering test): the
+    // volume is optional, and the agent starts with control disabled until
+    // one is created (deploy/README.md's recipe).
     let token_vol = vols.iter().find(|v| !v["secret"].is_null());
     let token_mount = token_vol.and_then(|v| mount_path(agent, v["name"].as_str().unwrap_or("")));
     let secret_name = token_vol
@@ -715,19 +730,13 @@ fn pod_problems(dir: &str, docs: &[Value], native: bool) -> Vec<String> {
     let secret = docs
         .iter()
         .find(|d| kind(d) == "Secret" && d["metadata"]["name"] == secret_name);
-    if dir.starts_with("overlays/production") {
-        bad(
-            &mut p,
-            secret.is_none(),
-            "production renders the placeholder token Secret".into(),
-        );
-    } else {
-        bad(
-            &mut p,
-            secret.is_some(),
-            format!("no Secret {secret_name} for the token volume"),
-        );
-    }
+    bad(
+        &mut p,
+        token_vol.is_some_and(|v| v["secret"]["optional"] == true),
+        format!(
+            "the token Secret volume ({secret_name}) is not optional: the pod cannot start before the Secret is created"
+        ),
+    );
     let control = arg_after(agent, "--control-token-file");
     bad(
         &mut p,
@@ -804,6 +813,9 @@ fn pod_problems(dir: &str, docs: &[Value], native: bool) -> Vec<String> {
         "no Service selecting the pod on 9464".into(),
     );
     bad(&mut p, pm.len() <= 1, "more than one PodMonitor".into());
+    for np in docs.iter().filter(|d| kind(d) == "NetworkPolicy") {
+        p.extend(network_policy_problems(np, &selects));
+    }
     let mut interval_s = DEFAULT_SCRAPE_INTERVAL_S;
     for m in pm {
         bad(
@@ -910,6 +922,85 @@ fn pod_problems(dir: &str, docs: &[Value], native: bool) -> Vec<String> {
     p
 }
 
+/// Whether a NetworkPolicy port entry (`port`, optional `endPort`; no
+/// `port` at all: every port) covers TCP `port`.
+fn covers(entry: &Value, port: i64) -> bool {
+    if entry["protocol"].as_str().is_some_and(|p| p != "TCP") {
+        return false;
+    }
+    match entry["port"].as_i64() {
+        None => entry["port"].is_null(), // a named port is not 9464 here
+        Some(from) => {
+            let to = entry["endPort"].as_i64().unwrap_or(from);
+            (from..=to).contains(&port)
+        }
+    }
+}
+
+/// What is wrong with a NetworkPolicy meant to admit only Prometheus to
+/// the agent's port: it must select the pod for Ingress, admit 9464 from
+/// pods labelled `app.kubernetes.io/name: prometheus` and from nothing
+/// else, and keep the pod's other ports open (a rule without `from`
+/// covering them).
+fn network_policy_problems(np: &Value, selects: &dyn Fn(&Value) -> bool) -> Vec<String> {
+    let mut p = Vec::new();
+    let name = np["metadata"]["name"].as_str().unwrap_or("?");
+    bad(
+        &mut p,
+        selects(&np["spec"]["podSelector"]["matchLabels"]),
+        format!("NetworkPolicy {name} does not select the pod"),
+    );
+    bad(
+        &mut p,
+        np["spec"]["policyTypes"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t == "Ingress")),
+        format!("NetworkPolicy {name} is not an Ingress policy"),
+    );
+    let rules: Vec<&Value> = np["spec"]["ingress"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    let port_of = |r: &Value, port: i64| {
+        r["ports"]
+            .as_array()
+            .is_none_or(|ps| ps.iter().any(|e| covers(e, port)))
+    };
+    let mut admits_prometheus = false;
+    for r in rules.iter().filter(|r| port_of(r, METRICS_PORT)) {
+        let from: Vec<&Value> = r["from"].as_array().into_iter().flatten().collect();
+        let prometheus_only = !from.is_empty()
+            && from.iter().all(|f| {
+                f["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "prometheus"
+                    && f["ipBlock"].is_null()
+            });
+        bad(
+            &mut p,
+            prometheus_only,
+            format!(
+                "NetworkPolicy {name} admits port {METRICS_PORT} from more than Prometheus pods: {r}"
+            ),
+        );
+        admits_prometheus |= prometheus_only;
+    }
+    bad(
+        &mut p,
+        admits_prometheus,
+        format!("NetworkPolicy {name} does not admit Prometheus to port {METRICS_PORT}"),
+    );
+    for other in [80, 8080, METRICS_PORT - 1, METRICS_PORT + 1] {
+        bad(
+            &mut p,
+            rules
+                .iter()
+                .any(|r| r["from"].is_null() && port_of(r, other)),
+            format!("NetworkPolicy {name} shuts the application's port {other}"),
+        );
+    }
+    p
+}
+
 /// `20s`, `2m` or a bare number of seconds, as whole seconds.
 fn seconds(s: &str) -> Option<u64> {
     let (n, mult) = match s.strip_suffix('s') {
@@ -944,7 +1035,18 @@ fn rendered_pods_are_restricted_and_wired_as_sidecars() {
             problems.len()
         );
         all.extend(problems.into_iter().map(|p| format!("{dir}: {p}")));
+        // No token in Git: a shipped Secret's token is one anyone can use.
+        for d in docs.iter().filter(|d| kind(d) == "Secret") {
+            all.push(format!(
+                "{dir}: ships Secret {}: create it out of band (deploy/README.md)",
+                d["metadata"]["name"]
+            ));
+        }
         if *dir == "overlays/production" {
+            assert!(
+                docs.iter().any(|d| kind(d) == "NetworkPolicy"),
+                "production: no NetworkPolicy restricting port {METRICS_PORT}"
+            );
             // The overlay's own promises.
             let dep = docs.iter().find(|d| kind(d) == "Deployment").unwrap();
             assert_eq!(dep["spec"]["replicas"], 3, "production replicas");
@@ -985,7 +1087,7 @@ fn set_agent_arg(d: &mut Value, flag: &str, value: &str) {
 fn pod_checks_can_fail() {
     // Break the base and the PodMonitor variant in several ways; each must
     // be reported.
-    let breakages: [(&str, &str, Breakage); 10] = [
+    let breakages: [(&str, &str, Breakage); 12] = [
         ("base", "allowPrivilegeEscalation", |d| {
             d["spec"]["template"]["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] =
                 Value::Bool(true)
@@ -1031,7 +1133,53 @@ fn pod_checks_can_fail() {
             d["spec"]["template"]["metadata"]["annotations"] =
                 serde_json::json!({"prometheus.io/scrape": "true"})
         }),
+        (
+            "base",
+            "readinessProbe gates",
+            |d| {
+                agent_of(d)["readinessProbe"] =
+                    serde_json::json!({"httpGet": {"path": "/healthz", "port": "metrics"}})
+            },
+        ),
+        ("base", "is not optional", |d| {
+            let vols = d["spec"]["template"]["spec"]["volumes"]
+                .as_array_mut()
+                .unwrap();
+            let v = vols.iter_mut().find(|v| !v["secret"].is_null()).unwrap();
+            v["secret"]["optional"] = Value::Bool(false);
+        }),
     ];
+    // The NetworkPolicy, broken: 9464 open to all, or the app's ports shut.
+    let policy_breakages: [(&str, Breakage); 3] = [
+        ("more than Prometheus pods", |np| {
+            np["spec"]["ingress"][0]["from"]
+                .as_array_mut()
+                .unwrap()
+                .push(serde_json::json!({"namespaceSelector": {}}))
+        }),
+        ("more than Prometheus pods", |np| {
+            np["spec"]["ingress"][1]["ports"][0]["endPort"] = 65535.into()
+        }),
+        ("shuts the application's port", |np| {
+            np["spec"]["ingress"].as_array_mut().unwrap().truncate(1)
+        }),
+    ];
+    for (want, breakage) in policy_breakages {
+        let dir = "overlays/production";
+        let mut broken = yaml_docs(rendered(dir));
+        assert!(pod_problems(dir, &broken, true).is_empty());
+        breakage(
+            broken
+                .iter_mut()
+                .find(|d| kind(d) == "NetworkPolicy")
+                .unwrap(),
+        );
+        let problems = pod_problems(&format!("{dir}(broken)"), &broken, true);
+        assert!(
+            problems.iter().any(|p| p.contains(want)),
+            "{dir}: breaking the NetworkPolicy ({want:?}) went unnoticed: {problems:?}"
+        );
+    }
     for (dir, want, breakage) in breakages {
         let mut broken = yaml_docs(rendered(dir));
         assert!(
@@ -1060,13 +1208,17 @@ fn base_needs_no_crd_and_the_read_token_recipe_works() {
             kind(&d)
         );
     }
-    // deploy/README.md's read-token recipe: a read-token key in the Secret
-    // and --read-token-file /etc/pfs/read-token need nothing else.
+    // deploy/README.md's read-token recipe: the Secret it creates (keys
+    // token and read-token) and --read-token-file /etc/pfs/read-token need
+    // nothing else.
     let mut docs = yaml_docs(rendered("base"));
+    docs.push(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "pfs-agent-control-token"},
+        "data": {"token": "dA==", "read-token": "cg=="},
+    }));
     for d in docs.iter_mut() {
-        if kind(d) == "Secret" {
-            d["stringData"]["read-token"] = Value::String("r".into());
-        }
         if kind(d) == "Deployment" {
             let args = agent_of(d)["args"].as_array_mut().unwrap();
             args.push(Value::String("--read-token-file".into()));
@@ -1080,6 +1232,42 @@ fn base_needs_no_crd_and_the_read_token_recipe_works() {
         readme.contains("--read-token-file") && readme.contains("/etc/pfs/read-token"),
         "deploy/README.md no longer shows the read-token recipe this test follows"
     );
+    let creates = secret_commands(&readme);
+    assert!(
+        creates
+            .iter()
+            .any(|c| c.contains("--from-literal=read-token=")),
+        "deploy/README.md no longer creates the read-token key: {creates:?}"
+    );
+    for c in &creates {
+        assert!(
+            c.contains("--dry-run=client -o yaml | kubectl apply -f -"),
+            "deploy/README.md: `{c}` fails with AlreadyExists once the Secret exists; \
+             pipe it through --dry-run=client -o yaml | kubectl apply -f -"
+        );
+    }
+}
+
+/// Every `kubectl create secret` command in `text`, its continuation
+/// lines joined.
+fn secret_commands(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur: Option<String> = None;
+    for line in text.lines().map(str::trim) {
+        if cur.is_none() && line.starts_with("kubectl create secret") {
+            cur = Some(String::new());
+        }
+        if let Some(c) = cur.as_mut() {
+            c.push_str(line.trim_end_matches('\\').trim());
+            c.push(' ');
+            if !line.ends_with('\\') {
+                out.push(c.trim().to_string());
+                cur = None;
+            }
+        }
+    }
+    assert!(!out.is_empty(), "no `kubectl create secret` in the text");
+    out
 }
 
 /// Dockerfile instructions (continuations joined, comments dropped).
@@ -1378,7 +1566,7 @@ fn agent_binary_runs_the_pod_as_written() {
     let as_root = rustix::process::geteuid().is_root();
 
     // The pod's filesystem: the image's /pfs-agent, the emptyDir (0777, as
-    // the kubelet makes it), /data and the Secret.
+    // the kubelet makes it), /data and the (empty) Secret volume.
     let root = tempfile::tempdir().unwrap();
     let r = root.path();
     std::fs::set_permissions(r, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -1403,15 +1591,10 @@ fn agent_binary_runs_the_pod_as_written() {
         std::fs::Permissions::from_mode(0o777),
     )
     .unwrap();
-    let token = map[token_mount].join("token");
-    std::fs::write(&token, "test-token\n").unwrap();
-    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o440)).unwrap();
+    // The token Secret is optional and none is shipped: as deployed, the
+    // kubelet mounts it empty, and the agent starts with control disabled.
     if as_root {
-        for p in [
-            map["/data"].clone(),
-            token.clone(),
-            map[token_mount].clone(),
-        ] {
+        for p in [map["/data"].clone(), map[token_mount].clone()] {
             std::os::unix::fs::chown(&p, Some(0), Some(gid)).unwrap();
         }
         std::fs::set_permissions(&map["/data"], std::fs::Permissions::from_mode(0o770)).unwrap();
@@ -1452,6 +1635,25 @@ fn agent_binary_runs_the_pod_as_written() {
     let mut agent_proc = ChildGuard::spawn("pod-pfs-agent", command(agent), false).unwrap();
     let base = format!("http://127.0.0.1:{port}");
     wait_healthz(&base, &mut agent_proc, Duration::from_secs(20)).unwrap();
+    // As shipped (no token Secret), control is disabled: 403.
+    let control = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(
+            b"POST /api/v1/tables/threads/truncate HTTP/1.1\r\nHost: x\r\n\
+              Authorization: Bearer guess\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        )
+        .unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        answer
+    };
+    assert!(
+        control.starts_with("HTTP/1.1 403"),
+        "control without a token Secret: {control}\n{}",
+        agent_proc.describe()
+    );
     let mut app_proc = ChildGuard::spawn("pod-kvstore", command(app), false).unwrap();
     let seen = poll(Duration::from_secs(30), || {
         if let Some(s) = app_proc.try_wait() {

@@ -9,7 +9,9 @@
 //! * A slowloris connection (headers trickled forever) and an idle one are
 //!   closed by the header timeout, while other clients are served.
 //! * Oversize headers get 431; an oversize control body gets 413.
-//! * Connections beyond `--max-connections` wait until a slot frees.
+//! * Requests on connections beyond `--max-connections` wait until a slot
+//!   frees, except `/healthz`, answered at once (the kubelet's probes never
+//!   queue behind the limit).
 //! * A client that never reads its responses is cut off by the connection
 //!   timeout, and does not hold up anyone else's scrape.
 
@@ -267,15 +269,29 @@ fn connections_beyond_the_limit_wait_for_a_slot() {
     )
     .unwrap();
     let a = addr(&agent);
-    // Two silent connections take both slots (until the header timeout).
+    // Two silent connections take both slots (until the header timeout),
+    // once the start-up probe's connection has given its slot back (else
+    // one may be accepted as a spare, leaving a slot free).
+    std::thread::sleep(Duration::from_millis(500));
     let _x = TcpStream::connect(&a).unwrap();
     let _y = TcpStream::connect(&a).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     let start = Instant::now();
     let mut third = TcpStream::connect(&a).unwrap();
     third
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    // A probe meanwhile is answered at once.
+    let mut probe = TcpStream::connect(&a).unwrap();
+    probe
         .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .unwrap();
+    let (resp, _) = read_until_closed(&mut probe, Duration::from_secs(1));
+    assert!(
+        status_line(&resp).contains(" 200 "),
+        "/healthz with both slots taken: {:?}",
+        String::from_utf8_lossy(&resp)
+    );
     third
         .set_read_timeout(Some(Duration::from_millis(1000)))
         .unwrap();

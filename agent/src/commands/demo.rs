@@ -63,7 +63,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     }
     let rt = runtime()?;
     rt.block_on(async {
-        let listener = bind(a.listen).await?;
+        let (listener, listen) = bind(a.listen).await?;
         let exe = std::env::current_exe()
             .context("cannot find the pfs-agent executable to start the workload")?;
         let mut child = tokio::process::Command::new(exe)
@@ -83,8 +83,8 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
             control: token,
             read: None,
         };
-        let (state, otlp) = agent(set, tokens, None, &a.otlp)?;
-        let url = format!("http://{}", a.listen);
+        let agent = agent(set, tokens, None, &a.otlp)?;
+        let url = format!("http://{listen}");
         println!(
             "pfs-agent demo: workload pid {} writing segments in {}",
             child.id().unwrap_or(0),
@@ -98,18 +98,19 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
             dirs.shm.display()
         );
         println!("Ctrl-C stops the demo.");
-        let server = server::serve(listener, state, shutdown_signal());
+        let server = server::serve(listener, agent.state, shutdown_signal());
         let outcome = tokio::select! {
             _ = server => Ok(()),
             status = child.wait() => workload_ended(status),
         };
         stop_child(&mut child).await;
-        if let Some(o) = otlp {
+        if let Some(o) = agent.otlp {
             o.shutdown(Duration::from_secs(5)).await;
         }
+        // Stop background discovery before the directory disappears under it.
+        drop(agent.discovery);
         outcome
     })?;
-    // Stop background discovery before the directory disappears under it.
     rt.shutdown_timeout(Duration::from_secs(2));
     drop(dirs);
     println!("pfs-agent demo stopped; segments removed");

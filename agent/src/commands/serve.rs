@@ -38,16 +38,17 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let limits = a.limits.limits();
     let delay = a.shutdown_delay;
     runtime()?.block_on(async move {
-        let listener = bind(a.listen).await?;
-        tracing::info!(listen = %a.listen, dir = %a.dir.shm_dir.display(), max_connections = limits.max_connections, shutdown_delay = %HumanDuration(delay), "pfs-agent serving /metrics, /healthz, /api/v1/tables");
-        if reads_open && !a.listen.ip().is_loopback() {
-            tracing::info!("reads are open to anyone who can reach {}; use --read-token-file or a loopback --listen to restrict them", a.listen);
+        let (listener, listen) = bind(a.listen).await?;
+        tracing::info!(listen = %listen, dir = %a.dir.shm_dir.display(), max_connections = limits.max_connections, shutdown_delay = %HumanDuration(delay), "pfs-agent serving /metrics, /healthz, /api/v1/tables");
+        if reads_open && !listen.ip().is_loopback() {
+            tracing::info!("reads are open to anyone who can reach {listen}; use --read-token-file or a loopback --listen to restrict them");
         }
-        let (state, otlp) = agent(set, tokens, Some(a.dir.shm_dir.clone()), &a.otlp)?;
-        server::serve_with(listener, state, limits, stop_requested(delay)).await;
-        if let Some(o) = otlp {
+        let agent = agent(set, tokens, Some(a.dir.shm_dir.clone()), &a.otlp)?;
+        server::serve_with(listener, agent.state, limits, stop_requested(delay)).await;
+        if let Some(o) = agent.otlp {
             o.shutdown(Duration::from_secs(5)).await;
         }
+        drop(agent.discovery);
         tracing::info!("pfs-agent stopped");
         Ok(())
     })

@@ -134,6 +134,11 @@ pub struct SegmentSet {
     /// The last failure to list the directory, and when it was logged
     /// (logged again only when it changes, or every [`RELOG_AFTER`]).
     list_error: Option<(String, Instant)>,
+    /// Whether that failure is the directory not existing while no
+    /// segment was ever found in it: a sidecar started before its
+    /// application, which `serve` says once at start, not a problem to
+    /// warn about at every pass.
+    dir_absent: bool,
 }
 
 /// How often a failure that persists is logged again.
@@ -157,6 +162,7 @@ impl SegmentSet {
             pending: HashMap::new(),
             not_ready_grace: NOT_READY_GRACE,
             list_error: None,
+            dir_absent: false,
         }
     }
 
@@ -278,8 +284,13 @@ impl SegmentSet {
         let mut retire = Vec::new();
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(e) => {
+                let absent = std::mem::take(&mut self.dir_absent);
                 if self.list_error.take().is_some() {
-                    tracing::info!(dir = %self.dir.display(), "the segment directory can be listed again");
+                    if absent {
+                        tracing::info!(dir = %self.dir.display(), "the segment directory exists now");
+                    } else {
+                        tracing::info!(dir = %self.dir.display(), "the segment directory can be listed again");
+                    }
                 }
                 Some(e)
             }
@@ -289,8 +300,16 @@ impl SegmentSet {
                     .list_error
                     .as_ref()
                     .is_none_or(|(m, at)| *m != msg || at.elapsed() >= RELOG_AFTER);
+                // Not there yet, and nothing found in it before: waiting
+                // is normal (`serve` said so at start).
+                self.dir_absent =
+                    e.kind() == std::io::ErrorKind::NotFound && self.tracked.is_empty();
                 if relog {
-                    tracing::warn!(dir = %self.dir.display(), error = %e, tracked = self.tracked.len(), "cannot list the segment directory; check --shm-dir and its permissions (the segments already found are still read, and their processes' exits still noticed)");
+                    if self.dir_absent {
+                        tracing::debug!(dir = %self.dir.display(), "the segment directory does not exist yet; waiting for an instrumented process to create it");
+                    } else {
+                        tracing::warn!(dir = %self.dir.display(), error = %e, tracked = self.tracked.len(), "cannot list the segment directory; check --shm-dir and its permissions (the segments already found are still read, and their processes' exits still noticed)");
+                    }
                     self.list_error = Some((msg, Instant::now()));
                 }
                 // No discovery this pass; the tracked segments are not

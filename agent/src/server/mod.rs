@@ -30,8 +30,11 @@
 //!   and writing a body to a slow client holds no lock. While one request
 //!   renders the next body, the others get the previous one (at most
 //!   [`metrics_cache::STALE_WHILE_RENDERING`] old) instead of queueing.
-//! * At most `max_connections` connections are served at once; further
-//!   ones wait in the kernel's listen backlog until one ends.
+//! * At most `max_connections` connections are served at once. Up to
+//!   [`SPARE_CONNECTIONS`] more are accepted: on those `/healthz` is
+//!   answered at once (so the kubelet's probes never queue behind the
+//!   limit), and any other request waits for a slot. Further connections
+//!   wait in the kernel's listen backlog until one ends.
 //! * Request headers must arrive within `header_timeout` (this also ends
 //!   idle keep-alive connections) and be at most [`MAX_HEADER_BYTES`] long
 //!   (431 otherwise); a connection lives at most `connection_timeout`
@@ -39,14 +42,20 @@
 //!   no new request, and the response in flight gets [`CLOSE_GRACE`] to
 //!   finish (a keep-alive client is never cut mid-body by its connection's
 //!   age); control bodies are at most [`control::MAX_BODY`] bytes (413).
-//! * Tables are streamed: a blocking task serialises the rows one at a
-//!   time into [`stream::TABLE_CHUNK`]-byte chunks, at most
+//! * Tables are streamed: a thread of the stream's own serialises the rows
+//!   one at a time into [`stream::TABLE_CHUNK`]-byte chunks, at most
 //!   [`stream::TABLE_CHUNKS_QUEUED`] ahead of the client, so a request holds the
 //!   (shared) full snapshot and a few chunks, never the whole JSON. A
-//!   client that stops reading stalls its task, which then keeps that
+//!   client that stops reading stalls that thread, which then keeps that
 //!   snapshot alive until `connection_timeout` ends the connection; a
 //!   failure after the headers closes the connection without the final
-//!   chunk, so a cut table is never taken for a whole one.
+//!   chunk, so a cut table is never taken for a whole one. At most
+//!   [`stream::MAX_TABLE_STREAMS`] tables are sent at once (a request
+//!   waits up to [`stream::TABLE_STREAM_WAIT`] for one to end, then gets
+//!   503), and never on the runtime's blocking threads, so no table client
+//!   can hold up `/metrics`, OTLP or control.
+//! * `/healthz` answers 503 with the reason when the background discovery
+//!   is stuck (see [`AppOptions::discovery_stale_after`]).
 
 pub mod auth;
 pub mod body;
@@ -72,6 +81,13 @@ pub use state::{AppOptions, AppState};
 
 /// Largest request head (request line and headers) accepted; larger gets 431.
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// Connections accepted beyond `max_connections`, so that a probe's
+/// `GET /healthz` is answered at once whatever the other clients do; any
+/// other request on one of them waits for a regular slot, as it would have
+/// in the listen backlog. Beyond these too, connections wait in the
+/// backlog.
+pub const SPARE_CONNECTIONS: usize = 16;
 
 /// How long a connection past `connection_timeout` has to finish the
 /// response in flight before it is dropped.
@@ -113,6 +129,34 @@ pub async fn serve(
     serve_with(listener, state, Limits::default(), shutdown).await
 }
 
+/// The slot a connection holds: one of `max_connections`, or one of the
+/// [`SPARE_CONNECTIONS`] accepted beyond them (which answers `/healthz` at
+/// once and makes any other request wait for a regular slot).
+struct Slot {
+    regular: Option<tokio::sync::OwnedSemaphorePermit>,
+    spare: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// Before a request other than `/healthz` on a connection accepted beyond
+/// the limit: waits for a regular slot, which the connection then keeps
+/// (giving its spare one back).
+async fn regular_slot(slot: &std::sync::Mutex<Slot>, slots: &Arc<tokio::sync::Semaphore>) {
+    let has_one = slot
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .regular
+        .is_some();
+    if has_one {
+        return;
+    }
+    let Ok(permit) = slots.clone().acquire_owned().await else {
+        return;
+    };
+    let mut s = slot.lock().unwrap_or_else(|p| p.into_inner());
+    s.regular = Some(permit);
+    s.spare = None;
+}
+
 /// Serves until `shutdown` completes, within `limits`. Requests are
 /// answered from the shared, cached snapshot.
 pub async fn serve_with(
@@ -122,15 +166,22 @@ pub async fn serve_with(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let spares = Arc::new(tokio::sync::Semaphore::new(SPARE_CONNECTIONS));
     tokio::pin!(shutdown);
     loop {
-        // A slot first: beyond the limit, connections wait in the backlog.
-        let permit = tokio::select! {
+        // A slot first, a spare one if none is free: beyond both,
+        // connections wait in the backlog.
+        let mut slot = tokio::select! {
+            biased;
+            _ = &mut shutdown => return,
             p = slots.clone().acquire_owned() => match p {
-                Ok(p) => p,
+                Ok(p) => Slot { regular: Some(p), spare: None },
                 Err(_) => return,
             },
-            _ = &mut shutdown => return,
+            p = spares.clone().acquire_owned() => match p {
+                Ok(p) => Slot { regular: None, spare: Some(p) },
+                Err(_) => return,
+            },
         };
         let (stream, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
             r = listener.accept() => match r {
@@ -143,12 +194,28 @@ pub async fn serve_with(
             },
             _ = &mut shutdown => return,
         };
+        if slot.regular.is_none()
+            && let Ok(p) = slots.clone().try_acquire_owned()
+        {
+            // A slot freed while this connection was awaited.
+            slot = Slot {
+                regular: Some(p),
+                spare: None,
+            };
+        }
+        let slot = Arc::new(std::sync::Mutex::new(slot));
+        let slots = slots.clone();
         let state = state.clone();
         tokio::spawn(async move {
-            let _permit = permit;
-            let svc = service_fn(move |req| {
+            let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 let state = state.clone();
-                async move { Ok::<_, Infallible>(handle(state, req).await) }
+                let (slot, slots) = (slot.clone(), slots.clone());
+                async move {
+                    if req.uri().path() != "/healthz" {
+                        regular_slot(&slot, &slots).await;
+                    }
+                    Ok::<_, Infallible>(handle(state, req).await)
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())

@@ -7,7 +7,7 @@
 //! |--------|------|--------|
 //! | GET | `/` | the landing page (HTML; no data, so no token: see [`landing`]) |
 //! | GET | `/metrics` | OpenMetrics text, or what the `Accept` header prefers: Prometheus protobuf with native histograms, or the classic text format |
-//! | GET | `/healthz` | `ok` |
+//! | GET | `/healthz` | `ok`, or 503 and why if the background discovery is stuck ([`AppState::unhealthy`]) |
 //! | GET | `/api/v1/tables` | `{"tables": [...]}` |
 //! | GET | `/api/v1/tables/{table}?service=S&pid=N` | `{"table", "columns", "rows"}` (chunked) |
 //! | POST | `/api/v1/setup/{instruments,consumers,timers,actors}[?service=S&pid=N]` | `{"matched": n, "segments": m}` |
@@ -246,7 +246,17 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     };
     match r {
         Route::Landing => landing::page(),
-        Route::Healthz => reply(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
+        Route::Healthz => match state.unhealthy() {
+            None => reply(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
+            Some(why) => {
+                tracing::warn!("/healthz answers 503: {}", why.trim_end());
+                reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain; charset=utf-8",
+                    why,
+                )
+            }
+        },
         Route::Metrics => {
             let accept = req.headers().get(hyper::header::ACCEPT);
             let exposition = Exposition::from_accept(accept.and_then(|v| v.to_str().ok()));
@@ -261,7 +271,18 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
             }
         }
         Route::TableList => json_reply(StatusCode::OK, json!({ "tables": tables::names() })),
-        Route::Table(table) => stream_table(state, table, filter),
+        Route::Table(table) => {
+            let s = state.clone();
+            let baselines = move || s.baselines().clone();
+            stream_table(
+                &state.table_streams,
+                state.snap.clone(),
+                baselines,
+                table,
+                filter,
+            )
+            .await
+        }
         Route::Truncate(table) => control::truncate(state, table.name()).await,
         Route::Setup(what) => control::setup(state, req, what, filter).await,
     }

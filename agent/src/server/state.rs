@@ -1,11 +1,14 @@
 //! What every request of one server shares: the snapshot source, the
-//! `/metrics` cache, the tokens and the `TRUNCATE` baselines.
+//! `/metrics` cache, the tokens, the `TRUNCATE` baselines, the table
+//! streams' slots and what `/healthz` checks.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use super::auth::Tokens;
 use super::metrics_cache::MetricsCache;
+use super::stream::TableStreams;
 use crate::export::model::AgentStats;
 use crate::snapshot::Snapshotter;
 use crate::truncate::Baselines;
@@ -22,6 +25,10 @@ pub struct AppState {
     baselines: Mutex<Baselines>,
     /// Where the TRUNCATE baselines are saved.
     pub(super) baselines_dir: Option<PathBuf>,
+    /// The table streams' slots.
+    pub(super) table_streams: TableStreams,
+    /// See [`AppOptions::discovery_stale_after`].
+    pub(super) discovery_stale_after: Option<Duration>,
 }
 
 /// Options of the server beyond its snapshot source.
@@ -35,6 +42,11 @@ pub struct AppOptions {
     /// The agent's own figures, shared with the OTLP exporter (none: the
     /// server's own).
     pub stats: Option<Arc<AgentStats>>,
+    /// `/healthz` answers 503 once the snapshotter's last background
+    /// discovery pass ([`Snapshotter::since_refresh`]) is older than this:
+    /// set it when something refreshes the snapshotter in the background
+    /// (`serve` does, every second). None: `/healthz` always answers `ok`.
+    pub discovery_stale_after: Option<Duration>,
 }
 
 impl AppState {
@@ -67,12 +79,33 @@ impl AppState {
             tokens: o.tokens,
             baselines: Mutex::new(baselines),
             baselines_dir: o.baselines_dir,
+            table_streams: TableStreams::default(),
+            discovery_stale_after: o.discovery_stale_after,
         })
     }
 
     /// The `TRUNCATE` baselines.
     pub(super) fn baselines(&self) -> MutexGuard<'_, Baselines> {
         self.baselines.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Why the agent is unhealthy, if it is: its background discovery has
+    /// not completed a pass for longer than
+    /// [`AppOptions::discovery_stale_after`] (a pass stuck on a hung
+    /// filesystem, or the discovery thread gone). Dead processes then go
+    /// unnoticed and `/metrics` may hang; `/healthz` says so with 503.
+    pub fn unhealthy(&self) -> Option<String> {
+        let limit = self.discovery_stale_after?;
+        let since = self.snap.since_refresh();
+        (since > limit).then(|| {
+            format!(
+                "unhealthy: the segment discovery has not completed a pass for {:.1} s \
+                 (limit {} s): the agent is stuck (a hung filesystem under --shm-dir?) \
+                 and needs a restart\n",
+                since.as_secs_f64(),
+                limit.as_secs()
+            )
+        })
     }
 
     /// Renders `/metrics` as text (see [`MetricsCache::render`]).

@@ -1,29 +1,60 @@
-//! Tables written while they are sent: a blocking task serialises the
-//! rows one at a time into [`TABLE_CHUNK`]-byte chunks, at most
-//! [`TABLE_CHUNKS_QUEUED`] ahead of the client, so a request holds the
+//! Tables written while they are sent: a thread of the stream's own
+//! serialises the rows one at a time into [`TABLE_CHUNK`]-byte chunks, at
+//! most [`TABLE_CHUNKS_QUEUED`] ahead of the client, so a request holds the
 //! (shared) full snapshot and a few chunks, never the whole JSON nor a
 //! `Value` per cell.
+//!
+//! A client that stops reading stalls its stream's thread. That thread is
+//! never one of the runtime's blocking threads, which `/metrics`, OTLP and
+//! control need: at most [`MAX_TABLE_STREAMS`] streams run at once, each
+//! on a thread started for it, and a table request that finds them all
+//! taken waits up to [`TABLE_STREAM_WAIT`] (holding no thread) before it
+//! gets 503. A stalled stream ends with its connection
+//! (`--connection-timeout`).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
-use hyper::Response;
-use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use hyper::{Response, StatusCode};
 
-use super::body::{Body, Resp};
-use super::state::AppState;
+use super::body::{Body, Resp, error};
 use crate::filter::Filter;
+use crate::snapshot::Snapshotter;
 use crate::tables::{self, PfsTable};
+use crate::truncate::Baselines;
 
 /// Size of the chunks a streamed table is sent in.
 pub const TABLE_CHUNK: usize = 64 * 1024;
 
-/// Chunks in flight between the task writing a table and the connection.
+/// Chunks in flight between the thread writing a table and the connection.
 pub const TABLE_CHUNKS_QUEUED: usize = 4;
 
+/// Table streams served at once. Each may hold a full snapshot of its own
+/// (about 100 MiB at 1 000 processes × 200 threads, docs/PERFORMANCE.md)
+/// for as long as its client takes to read it, which bounds the agent's
+/// memory as well as its threads.
+pub const MAX_TABLE_STREAMS: usize = 2;
+
+/// How long a table request waits for one of the [`MAX_TABLE_STREAMS`]
+/// to end before it is answered 503.
+pub const TABLE_STREAM_WAIT: Duration = Duration::from_secs(10);
+
+/// The stream slots of one server: [`MAX_TABLE_STREAMS`] permits.
+#[derive(Debug)]
+pub struct TableStreams(Arc<tokio::sync::Semaphore>);
+
+impl Default for TableStreams {
+    fn default() -> Self {
+        Self(Arc::new(tokio::sync::Semaphore::new(MAX_TABLE_STREAMS)))
+    }
+}
+
 /// Where a streamed table is written: chunks of [`TABLE_CHUNK`] bytes,
-/// each sent to the connection once full (blocking while
-/// [`TABLE_CHUNKS_QUEUED`] wait), so that the JSON is never held whole.
+/// each sent to the connection once full (blocking the stream's own
+/// thread while [`TABLE_CHUNKS_QUEUED`] wait), so that the JSON is never
+/// held whole.
 struct ChunkWriter {
     buf: Vec<u8>,
     tx: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
@@ -55,37 +86,90 @@ impl std::io::Write for ChunkWriter {
     }
 }
 
-/// Answers a table request: its JSON is written row by row by a blocking
-/// task into [`Body::Stream`]. A client that stops reading stalls the
-/// task, which then keeps the snapshot alive until the connection
-/// timeout; a failure after the headers closes the connection without
-/// the final chunk, so a cut table is never taken for a whole one.
-pub fn stream_table(state: Arc<AppState>, table: &'static dyn PfsTable, filter: Filter) -> Resp {
-    let (tx, rx) = tokio::sync::mpsc::channel(TABLE_CHUNKS_QUEUED);
-    tokio::task::spawn_blocking(move || {
-        let mut out = ChunkWriter {
-            buf: Vec::with_capacity(TABLE_CHUNK + 1024),
-            tx: tx.clone(),
-        };
-        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let snap = state.snap.get();
-            let baselines = state.baselines().clone();
-            tables::write_json(table, &snap, &filter, &baselines, &mut out)
-        }));
-        let failed = match written {
-            Ok(Ok(())) => match std::io::Write::flush(&mut out) {
-                Ok(()) => None,
-                Err(_) => return, // the client went away
-            },
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => return,
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(_) => Some("building the table panicked".to_string()),
-        };
-        if let Some(why) = failed {
-            tracing::warn!(table = table.name(), "table response cut short: {why}");
-            let _ = tx.blocking_send(Err(std::io::Error::other(why)));
+/// 503 for a table request that found every stream taken, or no thread.
+fn busy(why: String) -> Resp {
+    let mut r = error(StatusCode::SERVICE_UNAVAILABLE, why);
+    r.headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from_static("5"));
+    r
+}
+
+/// Writes `table` into `tx` (on the stream's own thread). A failure after
+/// the headers is sent as an error, which closes the connection without
+/// the final chunk.
+fn produce(
+    snap: &Snapshotter,
+    baselines: impl FnOnce() -> Baselines,
+    table: &'static dyn PfsTable,
+    filter: &Filter,
+    tx: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+) {
+    let mut out = ChunkWriter {
+        buf: Vec::with_capacity(TABLE_CHUNK + 1024),
+        tx: tx.clone(),
+    };
+    let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let snap = snap.get();
+        tables::write_json(table, &snap, filter, &baselines(), &mut out)
+    }));
+    let failed = match written {
+        Ok(Ok(())) => match std::io::Write::flush(&mut out) {
+            Ok(()) => None,
+            Err(_) => return, // the client went away
+        },
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => return,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some("building the table panicked".to_string()),
+    };
+    if let Some(why) = failed {
+        tracing::warn!(table = table.name(), "table response cut short: {why}");
+        let _ = tx.blocking_send(Err(std::io::Error::other(why)));
+    }
+}
+
+/// Answers a table request: once one of `streams` is free (503 after
+/// [`TABLE_STREAM_WAIT`]), its JSON (a snapshot from `snap`, less the
+/// `TRUNCATE` baselines that `baselines` gives once it is taken) is
+/// written row by row by a thread of its own into [`Body::Stream`]. A
+/// client that stops reading stalls that thread, which then keeps the
+/// snapshot and its stream's slot until the connection timeout; a failure
+/// after the headers closes the connection without the final chunk, so a
+/// cut table is never taken for a whole one.
+pub async fn stream_table(
+    streams: &TableStreams,
+    snap: Arc<Snapshotter>,
+    baselines: impl FnOnce() -> Baselines + Send + 'static,
+    table: &'static dyn PfsTable,
+    filter: Filter,
+) -> Resp {
+    let slots = streams.0.clone();
+    let permit = match tokio::time::timeout(TABLE_STREAM_WAIT, slots.acquire_owned()).await {
+        Ok(Ok(p)) => p,
+        _ => {
+            tracing::debug!(
+                table = table.name(),
+                "table request refused: {MAX_TABLE_STREAMS} table streams busy"
+            );
+            return busy(format!(
+                "{MAX_TABLE_STREAMS} tables are being sent already (to clients that may not be \
+                 reading them) and none ended within {} s; retry later",
+                TABLE_STREAM_WAIT.as_secs()
+            ));
         }
-    });
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(TABLE_CHUNKS_QUEUED);
+    let started = std::thread::Builder::new()
+        .name("pfs-table".into())
+        .spawn(move || {
+            let _permit = permit;
+            produce(&snap, baselines, table, &filter, tx);
+        });
+    if let Err(e) = started {
+        tracing::warn!(table = table.name(), error = %e, "cannot start a thread to send a table");
+        return busy(format!(
+            "cannot start a thread to send the table ({e}); retry later"
+        ));
+    }
     let mut r = Response::new(Body::Stream(rx));
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));

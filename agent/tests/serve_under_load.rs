@@ -1,0 +1,500 @@
+//! The real `pfs-agent serve` under clients that misbehave, on loopback:
+//!
+//! * table clients that never read their (large) response hold no thread
+//!   that `/metrics`, OTLP or discovery need: `/metrics` keeps answering
+//!   within seconds and a process's exit is still noticed within seconds;
+//! * `/healthz` is answered even when every `--max-connections` slot is
+//!   taken (other requests still wait for a slot);
+//! * the default `--listen` (`[::]`) answers on IPv4 and IPv6 loopback;
+//! * with `--control-token-file` naming a file that does not exist (an
+//!   optional Kubernetes Secret not created), the agent starts with
+//!   control disabled; a missing `--read-token-file` still stops it (reads
+//!   must not open up by accident);
+//! * `/healthz` answers 503, saying why, once the background discovery has
+//!   not completed a pass for too long (the library's server on a real
+//!   socket, whose snapshotter nobody refreshes: a stuck discovery).
+//!
+//! Segments are written with `pfs-shm-layout` as the client writes them;
+//! a segment is live while this test process holds its file's lock.
+
+use std::fs::File;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pfs_agent::testing::{mutex_class, record_waits, segment_at, tiny_config};
+use pfs_shm_layout::SegmentConfig;
+
+const BIN: &str = env!("CARGO_BIN_EXE_pfs-agent");
+/// A table of 256 threads × 200 instruments: about 10 MB of JSON, more
+/// than a connection's socket buffers (up to 4 MB on Linux) and the
+/// stream's queue hold.
+const BIG_TABLE: &str = "events_waits_summary_by_thread_by_event_name";
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running `pfs-agent serve`, killed on drop; its stderr in a file.
+struct Serve {
+    child: Child,
+    addr: SocketAddr,
+    _logs: tempfile::TempDir,
+    stderr: PathBuf,
+}
+
+impl Serve {
+    /// Serves `dir` on `listen` (127.0.0.1 and a free port if `None`);
+    /// requests go to `connect` (the listen address if `None`).
+    fn start_on(dir: &Path, listen: Option<String>, connect: SocketAddr, args: &[&str]) -> Self {
+        let logs = tempfile::tempdir().unwrap();
+        let stderr = logs.path().join("stderr");
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve").arg("--shm-dir").arg(dir);
+        match &listen {
+            Some(l) => cmd.env("PFS_LISTEN", l),
+            None => cmd.env_remove("PFS_LISTEN"),
+        };
+        let child = cmd
+            .args(args)
+            .env("PFS_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        Self {
+            child,
+            addr: connect,
+            _logs: logs,
+            stderr,
+        }
+    }
+
+    fn start(dir: &Path, args: &[&str]) -> Self {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        Self::start_on(dir, Some(addr.to_string()), addr, args)
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<(u16, String), String> {
+        request(self.addr, method, path, timeout)
+    }
+
+    fn get(&self, path: &str) -> Result<(u16, String), String> {
+        get(self.addr, path)
+    }
+
+    /// Waits for `/healthz` to answer 200; panics with the log if not.
+    fn wait_healthy(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                panic!("pfs-agent exited with {s}:\n{}", self.stderr());
+            }
+            if self
+                .request("GET", "/healthz", Duration::from_secs(2))
+                .is_ok_and(|(st, _)| st == 200)
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "pfs-agent did not answer /healthz within {timeout:?}:\n{}",
+            self.stderr()
+        );
+    }
+
+    /// The value of the `/metrics` sample `pfs_agent_segments{state}`.
+    fn segments(&self, state: &str) -> Result<f64, String> {
+        let (status, body) = self.get("/metrics")?;
+        if status != 200 {
+            return Err(format!("/metrics answered {status}: {body}"));
+        }
+        let label = format!("state=\"{state}\"");
+        body.lines()
+            .find(|l| l.starts_with("pfs_agent_segments{") && l.contains(&label))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .ok_or_else(|| format!("no pfs_agent_segments{{{label}}} in /metrics"))
+    }
+}
+
+/// `method path` to `addr` on a new connection: status and body, or why
+/// there was no answer within `timeout`.
+fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<(u16, String), String> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout)).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)
+        .map_err(|e| format!("no answer to {method} {path} within {timeout:?}: {e}"))?;
+    let text = String::from_utf8_lossy(&raw);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status line in {text:?}"))?;
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    Ok((status, body.to_string()))
+}
+
+/// `GET path` to `addr`, answered within 5 s.
+fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    request(addr, "GET", path, Duration::from_secs(5))
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A live segment of 256 threads that each recorded one wait of each of
+/// 200 instruments (its lock held by the returned file).
+fn big_segment(dir: &Path) -> (File, pfs_shm_layout::SegmentWriter) {
+    let cfg = SegmentConfig {
+        service_name: "big".into(),
+        history_len: 2,
+        max_classes: 256,
+        max_strings: 512,
+        records_per_page: 16,
+        max_pages: 16,
+        history_long_len: 1,
+    };
+    let (file, w) = segment_at(&dir.join("big.100.pfs"), &cfg, 100, true);
+    let classes: Vec<u32> = (0..200)
+        .map(|i| mutex_class(&w, &format!("c{i}")))
+        .collect();
+    for t in 0..256u64 {
+        let slot = w.alloc_thread(t + 1, 1000 + t, "worker").unwrap();
+        for &c in &classes {
+            record_waits(&w, slot.index, c, 1);
+        }
+    }
+    (file, w)
+}
+
+/// A connection with a tiny receive buffer that asks for `path` and never
+/// reads the answer.
+fn stalled_client(addr: SocketAddr, path: &str) -> TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let s = rt.block_on(async {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        sock.connect(addr).await.unwrap().into_std().unwrap()
+    });
+    s.set_nonblocking(false).unwrap();
+    let mut w = &s;
+    write!(w, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    s
+}
+
+#[test]
+fn table_clients_that_never_read_starve_neither_metrics_nor_discovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let _big = big_segment(dir.path());
+    let victim = segment_at(
+        &dir.path().join("victim.200.pfs"),
+        &tiny_config("victim"),
+        200,
+        true,
+    );
+    let mut agent = Serve::start(dir.path(), &["--connection-timeout", "120s"]);
+    agent.wait_healthy(Duration::from_secs(20));
+    let (status, table) = agent.get(&format!("/api/v1/tables/{BIG_TABLE}")).unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        table.len() > 8 << 20,
+        "the table is too small ({} bytes) to stall its stream",
+        table.len()
+    );
+    assert_eq!(agent.segments("live"), Ok(2.0));
+
+    // More stalled table clients than the runtime has blocking threads.
+    let stalled: Vec<TcpStream> = (0..6)
+        .map(|_| stalled_client(agent.addr, &format!("/api/v1/tables/{BIG_TABLE}")))
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+
+    // /metrics answers, again and again (each past the 250 ms cache).
+    for _ in 0..4 {
+        let start = Instant::now();
+        let r = agent.request("GET", "/metrics", Duration::from_secs(5));
+        let took = start.elapsed();
+        assert!(
+            matches!(&r, Ok((200, _))),
+            "/metrics with 6 stalled table clients: {:?} after {took:?}\n{}",
+            r.map(|(s, b)| (s, b.len())),
+            agent.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(400));
+    }
+
+    // Two streams are stalled for good (the connection timeout is 120 s):
+    // another table request waits for one, then is told to retry.
+    let start = Instant::now();
+    let r = agent.request(
+        "GET",
+        &format!("/api/v1/tables/{BIG_TABLE}"),
+        Duration::from_secs(20),
+    );
+    let (status, body) = r.unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("retry later"), "{body}");
+    eprintln!(
+        "serve_under_load: a table request beyond the busy streams got 503 after {:?}",
+        start.elapsed()
+    );
+
+    // A process's exit is noticed by discovery within seconds.
+    drop(victim);
+    let start = Instant::now();
+    let mut dead = Err(String::new());
+    while start.elapsed() < Duration::from_secs(6) {
+        dead = agent.segments("dead");
+        if dead == Ok(1.0) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        dead,
+        Ok(1.0),
+        "the victim's exit was not noticed within 6 s ({:?})\n{}",
+        start.elapsed(),
+        agent.stderr()
+    );
+    eprintln!(
+        "serve_under_load: 6 stalled table clients of a {} byte table; exit noticed after {:?}",
+        table.len(),
+        start.elapsed()
+    );
+    assert_eq!(agent.get("/healthz").map(|r| r.0), Ok(200));
+    drop(stalled);
+}
+
+/// Reads from `s` for up to `limit`: whatever came, or nothing.
+fn read_for(s: &mut TcpStream, limit: Duration) -> Vec<u8> {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    match s.read(&mut buf) {
+        Ok(n) => buf[..n].to_vec(),
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => Vec::new(),
+        Err(e) => panic!("read: {e}"),
+    }
+}
+
+fn status_of(resp: &[u8]) -> String {
+    String::from_utf8_lossy(resp)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
+#[test]
+fn healthz_is_answered_beyond_the_connection_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = Serve::start(
+        dir.path(),
+        &["--max-connections", "2", "--header-timeout", "30s"],
+    );
+    agent.wait_healthy(Duration::from_secs(20));
+    // Two silent connections take both slots, once the probe's connection
+    // above has given its slot back (else one of them may be accepted as a
+    // spare, leaving a slot for the scrape).
+    std::thread::sleep(Duration::from_millis(500));
+    let x = TcpStream::connect(agent.addr).unwrap();
+    let y = TcpStream::connect(agent.addr).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // A scrape waits for a slot ...
+    let mut scrape = TcpStream::connect(agent.addr).unwrap();
+    scrape
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    // ... while probes are answered at once, again and again.
+    for _ in 0..3 {
+        let start = Instant::now();
+        let r = agent.request("GET", "/healthz", Duration::from_secs(2));
+        assert_eq!(
+            r,
+            Ok((200, "ok\n".to_string())),
+            "a probe with every slot taken, after {:?}\n{}",
+            start.elapsed(),
+            agent.stderr()
+        );
+    }
+    let early = read_for(&mut scrape, Duration::from_secs(1));
+    assert!(
+        early.is_empty(),
+        "the scrape was served while both slots were taken: {}",
+        status_of(&early)
+    );
+    // Once a slot frees, the scrape is served.
+    drop((x, y));
+    let late = read_for(&mut scrape, Duration::from_secs(10));
+    assert!(
+        status_of(&late).contains(" 200 "),
+        "the waiting scrape after the slots freed: {:?}",
+        status_of(&late)
+    );
+}
+
+#[test]
+fn listening_on_the_ipv6_any_address_answers_ipv4_and_ipv6() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let v4: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    // `[::]:PORT` is the default's address on a free port (the default
+    // itself, `[::]:9464`, is checked in the command line's tests).
+    let mut agent = Serve::start_on(dir.path(), Some(format!("[::]:{port}")), v4, &[]);
+    agent.wait_healthy(Duration::from_secs(20));
+    assert_eq!(agent.get("/healthz"), Ok((200, "ok\n".to_string())));
+    let v6: SocketAddr = format!("[::1]:{port}").parse().unwrap();
+    if TcpListener::bind("[::1]:0").is_ok() {
+        agent.addr = v6;
+        assert_eq!(
+            agent.get("/healthz"),
+            Ok((200, "ok\n".to_string())),
+            "over IPv6 loopback"
+        );
+    } else {
+        eprintln!("serve_under_load: no IPv6 loopback here; checked IPv4 only");
+    }
+    let log = agent.stderr();
+    assert!(log.contains(&format!("listen=[::]:{port}")), "{log}");
+}
+
+#[test]
+fn a_missing_control_token_file_disables_control_a_missing_read_token_file_is_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let secrets = tempfile::tempdir().unwrap();
+    let missing = secrets.path().join("token");
+    let missing = missing.to_str().unwrap();
+    let mut agent = Serve::start(dir.path(), &["--control-token-file", missing]);
+    agent.wait_healthy(Duration::from_secs(20));
+    let (status, body) = agent
+        .request(
+            "POST",
+            "/api/v1/tables/threads/truncate",
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    assert_eq!(status, 403, "control with no token file: {body}");
+    let log = agent.stderr();
+    assert!(
+        log.contains("the control token file does not exist") && log.contains("is disabled"),
+        "{log}"
+    );
+    assert!(!log.contains("WARN"), "{log}");
+    drop(agent);
+
+    // An empty file is a mistake, not an absent Secret: the agent stops.
+    std::fs::write(missing, "\n").unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--control-token-file",
+            missing,
+        ])
+        .arg("--shm-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is empty"), "{err}");
+
+    // A read token file that does not exist would open the reads: fatal.
+    let read = secrets.path().join("read-token");
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--read-token-file"])
+        .arg(&read)
+        .arg("--shm-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "started without its read token");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot read the token file"), "{err}");
+}
+
+#[test]
+fn healthz_fails_once_discovery_is_stale() {
+    use pfs_agent::segments::SegmentSet;
+    use pfs_agent::server::{AppOptions, AppState};
+    use pfs_agent::snapshot::Snapshotter;
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let snap = Arc::new(Snapshotter::new(
+        SegmentSet::new(dir.path(), Duration::MAX),
+        Duration::ZERO,
+    ));
+    let state = AppState::with_options(
+        snap.clone(),
+        AppOptions {
+            discovery_stale_after: Some(Duration::from_millis(500)),
+            ..AppOptions::default()
+        },
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    rt.spawn(pfs_agent::server::serve(listener, state, async {
+        let _ = stopped.await;
+    }));
+    snap.refresh();
+    assert_eq!(get(addr, "/healthz"), Ok((200, "ok\n".to_string())));
+    // No pass for longer than the limit: a stuck discovery.
+    std::thread::sleep(Duration::from_millis(800));
+    let (status, body) = get(addr, "/healthz").unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("discovery has not completed a pass") && body.contains("restart"),
+        "{body}"
+    );
+    // /metrics still answers (a stale discovery is for the probe to act on).
+    assert_eq!(get(addr, "/metrics").map(|r| r.0), Ok(200));
+    // A pass again: healthy again.
+    snap.refresh();
+    assert_eq!(get(addr, "/healthz"), Ok((200, "ok\n".to_string())));
+    let _ = stop.send(());
+}

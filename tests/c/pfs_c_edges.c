@@ -1,0 +1,389 @@
+/*
+ * pfs_c_edges: the edges of the C API (include/pfs.h, libpfs), one mode
+ * per run, run by tests/tests/c_abi.rs, which reads the results from the
+ * segment:
+ *
+ *   pfs_c_edges owner SHM_DIR SERVICE   ends of waits and statements that
+ *                                       the ending thread did not begin
+ *   pfs_c_edges lost SHM_DIR SERVICE THREADS EVENTS
+ *                                       THREADS threads, 16 thread records
+ *   pfs_c_edges names SHM_DIR SERVICE   thread names: OS and pfs_set_thread_name
+ *   pfs_c_edges config SHM_DIR          pfs_config_t checks, pfs_strerror
+ *   pfs_c_edges abi SHM_DIR             PFS_ABI_VERSION and pfs_check_abi
+ *
+ * Standard output: JSON lines. The modes owner, lost and names print
+ * {"ready":true,"segment":PATH,...} once their events are recorded, keep
+ * their threads alive until standard input reaches end of file, then
+ * exit. The others print one line and exit. Any unexpected result exits
+ * with status 1 and a message on standard error.
+ */
+#define _GNU_SOURCE /* pthread_setname_np */
+#include <malloc.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pfs.h"
+
+#define CHECK(cond)                                                         \
+    do {                                                                    \
+        if (!(cond)) {                                                      \
+            fprintf(stderr, "pfs_c_edges: check failed at line %d: %s\n",   \
+                    __LINE__, #cond);                                       \
+            exit(1);                                                        \
+        }                                                                   \
+    } while (0)
+
+/* The text a macro expands to, as a string. */
+#define STRINGIFY(x) #x
+#define EXPANDED(x) STRINGIFY(x)
+
+static void init_or_die(const char *shm_dir, const char *service, uint32_t max_threads) {
+    pfs_config_t cfg = PFS_CONFIG_INIT;
+    cfg.service_name = service;
+    cfg.shm_dir = shm_dir;
+    cfg.max_threads = max_threads;
+    cfg.flags = PFS_CONFIG_NO_RECLAIM;
+    int rc = pfs_init_with(&cfg);
+    if (rc != PFS_OK) {
+        char msg[512];
+        pfs_init_error(msg, sizeof msg);
+        fprintf(stderr, "pfs_init_with: %s: %s\n", pfs_strerror(rc), msg);
+        exit(1);
+    }
+}
+
+static void print_segment_line(const char *extra) {
+    char path[512];
+    size_t n = pfs_segment_path(path, sizeof path);
+    CHECK(n > 0 && n < sizeof path);
+    printf("{\"ready\":true,\"segment\":\"%s\"%s}\n", path, extra);
+    fflush(stdout);
+}
+
+static void wait_for_eof(void) {
+    char buf[64];
+    while (fread(buf, 1, sizeof buf, stdin) > 0) {
+    }
+}
+
+/* A step-by-step handshake between two threads. */
+static pthread_mutex_t step_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t step_changed = PTHREAD_COND_INITIALIZER;
+static int step = 0;
+
+static void set_step(int s) {
+    pthread_mutex_lock(&step_lock);
+    step = s;
+    pthread_cond_broadcast(&step_changed);
+    pthread_mutex_unlock(&step_lock);
+}
+
+static void await_step(int s) {
+    pthread_mutex_lock(&step_lock);
+    while (step < s) pthread_cond_wait(&step_changed, &step_lock);
+    pthread_mutex_unlock(&step_lock);
+}
+
+/* ---- owner ---------------------------------------------------------- */
+
+static const pfs_wait_class_t *OWNED;
+static const pfs_statement_class_t *OWNED_ST;
+static pfs_wait_t shared_w;
+static pfs_statement_t shared_st;
+static pfs_wait_t *orphan_w;
+static unsigned char stale[sizeof(pfs_wait_t)];
+
+/* Begins a wait and a statement, lets main try to end them, then ends
+ * them itself: main's ends must be no-ops (NUMBER_OF_BYTES 7, not 999). */
+static void *begins_and_waits(void *arg) {
+    (void)arg;
+    pfs_wait_begin(&shared_w, OWNED, PFS_OP_LOCK, 1);
+    pfs_statement_begin(&shared_st, OWNED_ST);
+    set_step(1);
+    await_step(2);
+    pfs_wait_end_bytes(&shared_w, 7);
+    pfs_statement_set_rows_sent(&shared_st, 1);
+    pfs_statement_end(&shared_st);
+    return NULL;
+}
+
+/* Begins a wait and exits without ending it: its context is freed. */
+static void *begins_and_exits(void *arg) {
+    (void)arg;
+    pfs_wait_begin(orphan_w, OWNED, PFS_OP_LOCK, 2);
+    return NULL;
+}
+
+/* Leaves a copy of a begun wait where a later thread's stack may be
+ * (what a reused stack holds), then ends its own wait and exits. */
+static void *leaves_a_copy(void *arg) {
+    (void)arg;
+    pfs_wait_t w;
+    pfs_wait_begin(&w, OWNED, PFS_OP_LOCK, 3);
+    memcpy(stale, &w, sizeof w);
+    pfs_wait_end(&w);
+    return NULL;
+}
+
+/* An uninitialised wait on a stack that holds what an exited thread left. */
+static void *ends_stale_memory(void *arg) {
+    (void)arg;
+    pfs_wait_t w;
+    memcpy(&w, stale, sizeof w);
+    pfs_wait_end_bytes(&w, 1000);
+    pfs_statement_t st;
+    memset(&st, 0xa5, sizeof st);
+    pfs_statement_set_rows_sent(&st, 1000);
+    pfs_statement_end(&st);
+    return NULL;
+}
+
+static int owner(const char *shm_dir, const char *service) {
+    /* Freed memory is overwritten (as MALLOC_PERTURB_ does): a write
+     * through an exited thread's context would crash or show. */
+    CHECK(mallopt(M_PERTURB, 0xa5) == 1);
+    OWNED = pfs_wait_class_register("wait/synch/mutex/cedge/owned");
+    OWNED_ST = pfs_statement_class_register("statement/cedge/owned");
+    CHECK(OWNED && OWNED_ST);
+    init_or_die(shm_dir, service, 0);
+
+    /* A wait and a statement begun on a live thread: another thread's end
+     * and set are no-ops; the owner still ends them. */
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, begins_and_waits, NULL) == 0);
+    await_step(1);
+    pfs_wait_end_bytes(&shared_w, 999);
+    pfs_wait_end(&shared_w);
+    pfs_statement_set_rows_sent(&shared_st, 1000);
+    pfs_statement_add_errors(&shared_st, 1000);
+    pfs_statement_end(&shared_st);
+    set_step(2);
+    CHECK(pthread_join(t, NULL) == 0);
+
+    /* A wait begun on a thread that has exited since. */
+    orphan_w = malloc(sizeof *orphan_w);
+    CHECK(orphan_w != NULL);
+    CHECK(pthread_create(&t, NULL, begins_and_exits, NULL) == 0);
+    CHECK(pthread_join(t, NULL) == 0);
+    pfs_wait_end_bytes(orphan_w, 1000);
+    free(orphan_w);
+
+    /* What an exited thread left on a stack, ended by a later thread and
+     * by this one; and garbage. */
+    CHECK(pthread_create(&t, NULL, leaves_a_copy, NULL) == 0);
+    CHECK(pthread_join(t, NULL) == 0);
+    CHECK(pthread_create(&t, NULL, ends_stale_memory, NULL) == 0);
+    CHECK(pthread_join(t, NULL) == 0);
+    pfs_wait_end_bytes((pfs_wait_t *)(void *)stale, 1000);
+    pfs_wait_t garbage;
+    memset(&garbage, 0x5a, sizeof garbage);
+    pfs_wait_end(&garbage);
+
+    /* Recorded: the owner's wait (7 bytes) and leaves_a_copy's (0 bytes),
+     * one statement with ROWS_SENT 1, no error. */
+    print_segment_line("");
+    wait_for_eof();
+    return 0;
+}
+
+/* ---- lost ----------------------------------------------------------- */
+
+static const pfs_wait_class_t *BUSY;
+static long LOST_EVENTS_PER_THREAD;
+static pthread_barrier_t started, recorded;
+
+static void *records_events(void *arg) {
+    (void)arg;
+    /* Every thread is alive before any registers: the first 16 to
+     * register take the 16 records and keep them until all are done. */
+    pthread_barrier_wait(&started);
+    for (long i = 0; i < LOST_EVENTS_PER_THREAD; i++) {
+        pfs_wait_t w;
+        pfs_wait_begin(&w, BUSY, PFS_OP_LOCK, (uint64_t)i);
+        pfs_wait_end(&w);
+    }
+    pthread_barrier_wait(&recorded);
+    await_step(1);
+    return NULL;
+}
+
+static int lost(const char *shm_dir, const char *service, long threads, long events) {
+    CHECK(threads > 0 && threads <= 256);
+    LOST_EVENTS_PER_THREAD = events;
+    BUSY = pfs_wait_class_register("wait/synch/mutex/cedge/busy");
+    init_or_die(shm_dir, service, 16);
+    CHECK(pthread_barrier_init(&started, NULL, (unsigned)threads) == 0);
+    CHECK(pthread_barrier_init(&recorded, NULL, (unsigned)threads + 1) == 0);
+    pthread_t tids[256];
+    for (long t = 0; t < threads; t++)
+        CHECK(pthread_create(&tids[t], NULL, records_events, NULL) == 0);
+    pthread_barrier_wait(&recorded);
+    print_segment_line("");
+    wait_for_eof();
+    set_step(1);
+    for (long t = 0; t < threads; t++) CHECK(pthread_join(tids[t], NULL) == 0);
+    return 0;
+}
+
+/* ---- names ---------------------------------------------------------- */
+
+static const pfs_wait_class_t *NAMED;
+static uint64_t named_ids[4];
+static pthread_barrier_t named;
+
+static void one_wait(void) {
+    pfs_wait_t w;
+    pfs_wait_begin(&w, NAMED, PFS_OP_LOCK, 0);
+    pfs_wait_end(&w);
+}
+
+static void *named_thread(void *arg) {
+    long which = (long)arg;
+    switch (which) {
+    case 0: /* named by the OS only */
+        CHECK(pthread_setname_np(pthread_self(), "c-os-named") == 0);
+        one_wait();
+        break;
+    case 1: /* named through the API before its first event */
+        CHECK(pfs_set_thread_name("pfs-named-worker") == PFS_OK);
+        one_wait();
+        break;
+    case 2: /* registered under its OS name, renamed after */
+        CHECK(pthread_setname_np(pthread_self(), "c-before") == 0);
+        one_wait();
+        CHECK(pfs_set_thread_name("renamed-later") == PFS_OK);
+        break;
+    default: /* a name longer than the column: cut to 32 bytes */
+        CHECK(pfs_set_thread_name("a-thread-name-of-forty-bytes-long-xxxxxx") == PFS_OK);
+        one_wait();
+        break;
+    }
+    CHECK(pfs_set_thread_name(NULL) == PFS_ERR_INVALID_ARGUMENT);
+    CHECK(pfs_set_thread_name("") == PFS_ERR_INVALID_ARGUMENT);
+    named_ids[which] = pfs_thread_id();
+    CHECK(named_ids[which] != 0);
+    pthread_barrier_wait(&named);
+    await_step(1);
+    return NULL;
+}
+
+static int names(const char *shm_dir, const char *service) {
+    NAMED = pfs_wait_class_register("wait/synch/mutex/cedge/named");
+    CHECK(pfs_set_thread_name("too-early") == PFS_ERR_NOT_INITIALIZED);
+    init_or_die(shm_dir, service, 0);
+    CHECK(pthread_barrier_init(&named, NULL, 5) == 0);
+    pthread_t tids[4];
+    for (long t = 0; t < 4; t++)
+        CHECK(pthread_create(&tids[t], NULL, named_thread, (void *)t) == 0);
+    pthread_barrier_wait(&named);
+    char extra[256];
+    snprintf(extra, sizeof extra,
+             ",\"os\":%llu,\"api\":%llu,\"renamed\":%llu,\"long\":%llu",
+             (unsigned long long)named_ids[0], (unsigned long long)named_ids[1],
+             (unsigned long long)named_ids[2], (unsigned long long)named_ids[3]);
+    print_segment_line(extra);
+    wait_for_eof();
+    set_step(1);
+    for (long t = 0; t < 4; t++) CHECK(pthread_join(tids[t], NULL) == 0);
+    return 0;
+}
+
+/* ---- config --------------------------------------------------------- */
+
+/* pfs_init_with(cfg) fails with `code` and a message containing `what`. */
+static void rejected(const pfs_config_t *cfg, int code, const char *what) {
+    int rc = pfs_init_with(cfg);
+    char msg[512];
+    pfs_init_error(msg, sizeof msg);
+    if (rc != code || strstr(msg, what) == NULL) {
+        fprintf(stderr, "pfs_c_edges: expected %d (%s) mentioning \"%s\", got %d: %s\n", code,
+                pfs_strerror(code), what, rc, msg);
+        exit(1);
+    }
+    CHECK(!pfs_is_initialized());
+}
+
+static int config(const char *shm_dir) {
+    pfs_config_t cfg = PFS_CONFIG_INIT;
+    cfg.shm_dir = shm_dir;
+    cfg.consumer_rules = "events_waits_histroy=ON"; /* PFS_CONSUMERS rejects it */
+    rejected(&cfg, PFS_ERR_INVALID_ARGUMENT, "pfs_config_t.consumer_rules");
+    cfg.consumer_rules = NULL;
+    cfg.flags = PFS_CONFIG_NO_RECLAIM | 0x100;
+    rejected(&cfg, PFS_ERR_INVALID_ARGUMENT, "pfs_config_t.flags has unknown bits 0x100");
+    cfg.flags = 0;
+    cfg.max_threads = UINT32_MAX;
+    rejected(&cfg, PFS_ERR_INVALID_ARGUMENT,
+             "pfs_config_t.max_threads is 4294967295; expected 1 to 1048576");
+    cfg.max_threads = 0;
+    cfg.history_len = 5000;
+    rejected(&cfg, PFS_ERR_INVALID_ARGUMENT, "pfs_config_t.history_len is 5000");
+    cfg.history_len = 0;
+
+    CHECK(strcmp(pfs_strerror(PFS_OK), "success") == 0);
+    CHECK(strcmp(pfs_strerror(PFS_ERR_INVALID_ARGUMENT), "invalid argument") == 0);
+    CHECK(strcmp(pfs_strerror(12345), "unknown pfs error code") == 0);
+    for (int c = PFS_ERR_NO_THREAD_RECORD; c < PFS_OK; c++)
+        CHECK(strcmp(pfs_strerror(c), "unknown pfs error code") != 0);
+    /* Negative codes are parenthesised (CERT PRE02-C), as any
+     * expression-like macro should be. */
+    CHECK(strcmp(EXPANDED(PFS_ERR_IO), "(-6)") == 0);
+    CHECK(strcmp(EXPANDED(PFS_ERR_NO_THREAD_RECORD), "(-12)") == 0);
+
+    /* A 399-byte service name is cut to PFS_SERVICE_NAME_MAX bytes. */
+    char service[400];
+    memset(service, 's', 399);
+    service[399] = '\0';
+    cfg.service_name = service;
+    int rc = pfs_init_with(&cfg);
+    if (rc != PFS_OK) {
+        char msg[512];
+        pfs_init_error(msg, sizeof msg);
+        fprintf(stderr, "pfs_init_with (long name): %s: %s\n", pfs_strerror(rc), msg);
+        return 1;
+    }
+    char path[1024];
+    CHECK(pfs_segment_path(path, sizeof path) < sizeof path);
+    printf("{\"segment\":\"%s\",\"pid\":%ld}\n", path, (long)getpid());
+    return 0;
+}
+
+/* ---- abi ------------------------------------------------------------ */
+
+static int abi(const char *shm_dir) {
+    CHECK(pfs_abi_version() == PFS_ABI_VERSION);
+    CHECK(PFS_CHECK_ABI() == PFS_OK);
+    /* A header whose pfs_wait_t is one word smaller is refused, and so is
+     * every initialisation after that. */
+    CHECK(pfs_check_abi(PFS_ABI_VERSION, sizeof(pfs_config_t), sizeof(pfs_wait_t) - 8,
+                        sizeof(pfs_statement_t), sizeof(pfs_memory_t)) == PFS_ERR_ABI_MISMATCH);
+    char msg[512];
+    pfs_init_error(msg, sizeof msg);
+    CHECK(strstr(msg, "sizeof(pfs_wait_t)") != NULL);
+    CHECK(pfs_check_abi(PFS_ABI_VERSION + 1, sizeof(pfs_config_t), sizeof(pfs_wait_t),
+                        sizeof(pfs_statement_t), sizeof(pfs_memory_t)) == PFS_ERR_ABI_MISMATCH);
+    pfs_init_error(msg, sizeof msg);
+    CHECK(strstr(msg, "PFS_ABI_VERSION 1 (this libpfs: 0)") != NULL);
+    pfs_config_t cfg = PFS_CONFIG_INIT;
+    cfg.shm_dir = shm_dir;
+    CHECK(pfs_init_with(&cfg) == PFS_ERR_ABI_MISMATCH);
+    CHECK(pfs_init() == PFS_ERR_ABI_MISMATCH);
+    CHECK(!pfs_is_initialized());
+    printf("{\"abi\":%u}\n", pfs_abi_version());
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (strcmp(mode, "owner") == 0 && argc == 4) return owner(argv[2], argv[3]);
+    if (strcmp(mode, "lost") == 0 && argc == 6)
+        return lost(argv[2], argv[3], strtol(argv[4], NULL, 10), strtol(argv[5], NULL, 10));
+    if (strcmp(mode, "names") == 0 && argc == 4) return names(argv[2], argv[3]);
+    if (strcmp(mode, "config") == 0 && argc == 3) return config(argv[2]);
+    if (strcmp(mode, "abi") == 0 && argc == 3) return abi(argv[2]);
+    fprintf(stderr, "usage: %s owner|lost|names|config|abi SHM_DIR [SERVICE ...]\n", argv[0]);
+    return 2;
+}
