@@ -10,7 +10,7 @@ pub use pfs_shm_layout::rules::{parse_consumer_rules, parse_duration, parse_inst
 use pfs_shm_layout::segment::{MAX_HISTORY_LEN, MAX_HISTORY_LONG_LEN, MAX_PAGES};
 use pfs_shm_layout::setup::check_consumer_rules;
 
-use crate::error::InitError;
+use crate::error::{ConfigError, InitError};
 
 /// Default segment directory (a tmpfs on Linux).
 pub use pfs_shm_layout::files::DEFAULT_SHM_DIR;
@@ -61,29 +61,6 @@ pub struct Config {
 
 /// Default quiet time before an empty container page is reclaimed.
 pub const DEFAULT_RECLAIM_AFTER: Duration = Duration::from_secs(30);
-
-/// A [`Config`] setting that a segment cannot hold, found by
-/// [`Config::validate`]. Each names the field as `Config` (and C's
-/// `pfs_config_t`) spells it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    /// A number outside the range the segment layout accepts.
-    #[error("{field} is {value}; expected {min} to {max}")]
-    OutOfRange {
-        /// The field's name (`max_threads`, ...).
-        field: &'static str,
-        /// Its value.
-        value: u32,
-        /// The smallest accepted value.
-        min: u32,
-        /// The largest accepted value.
-        max: u32,
-    },
-    /// A consumer rule whose pattern matches no consumer (a typo), which
-    /// `PFS_CONSUMERS` also rejects.
-    #[error("consumer_rules: {0}")]
-    Consumers(#[from] pfs_shm_layout::rules::SyntaxError),
-}
 
 impl Config {
     /// Defaults for `service_name`.

@@ -1,4 +1,4 @@
-//! Layer 0. Initialisation errors. Instrumentation never fails after
+//! Layer 0. Initialisation and configuration errors. Instrumentation never fails after
 //! `init`: what does not fit is counted as lost.
 
 use std::path::PathBuf;
@@ -20,7 +20,7 @@ pub enum InitError {
     /// A [`crate::Config`] field is out of range, or a rule matches
     /// nothing.
     #[error("invalid pfs-client configuration: {0}")]
-    BadConfig(#[from] crate::config::ConfigError),
+    BadConfig(#[from] ConfigError),
     /// An environment variable has a value we cannot use.
     #[error("environment variable {0} is invalid: {1}")]
     BadEnv(String, String),
@@ -41,4 +41,27 @@ pub enum InitError {
     /// The segment could not be laid out or reserved.
     #[error("cannot create segment {0}: {1}")]
     Segment(PathBuf, #[source] pfs_shm_layout::SegmentError),
+}
+
+/// A [`crate::Config`] setting that a segment cannot hold, found by
+/// [`crate::Config::validate`]. Each names the field as `Config` (and C's
+/// `pfs_config_t`) spells it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A number outside the range the segment layout accepts.
+    #[error("{field} is {value}; expected {min} to {max}")]
+    OutOfRange {
+        /// The field's name (`max_threads`, ...).
+        field: &'static str,
+        /// Its value.
+        value: u32,
+        /// The smallest accepted value.
+        min: u32,
+        /// The largest accepted value.
+        max: u32,
+    },
+    /// A consumer rule whose pattern matches no consumer (a typo), which
+    /// `PFS_CONSUMERS` also rejects.
+    #[error("consumer_rules: {0}")]
+    Consumers(#[from] pfs_shm_layout::rules::SyntaxError),
 }

@@ -46,7 +46,7 @@
 //! | 0 | `reentry` | the re-entrancy guard: a thread-local flag set during the client's own slow paths, whose allocations are then not accounted |
 //! | 0 | `context` | the per-thread context the hot path works on: the thread's record and its event state |
 //! | 0 | `timer` | the timers (CYCLE, NANOSECOND, ...) and their conversion to picoseconds |
-//! | 0 | `error` | [`InitError`], why `init` failed |
+//! | 0 | `error` | [`InitError`], why `init` failed, and [`ConfigError`], a setting a segment cannot hold |
 //! | 1 | `config` | [`Config`], from code or from `PFS_*` variables |
 //! | 2 | `runtime` | the process-wide segment: created once by `init`, read by every event |
 //! | 3 | `class` | instrument classes: registration, live setup flags, lazily registered statics |
@@ -106,10 +106,10 @@ pub mod tokio;
 mod wait;
 
 pub use config::{
-    Config, ConfigError, DEFAULT_RECLAIM_AFTER, DEFAULT_SHM_DIR, parse_consumer_rules,
-    parse_duration, parse_instrument_rules,
+    Config, DEFAULT_RECLAIM_AFTER, DEFAULT_SHM_DIR, parse_consumer_rules, parse_duration,
+    parse_instrument_rules,
 };
-pub use error::InitError;
+pub use error::{ConfigError, InitError};
 pub use memory::{LazyMemoryClass, MemoryClass, MemoryScope, MemoryToken, memory_scope};
 pub use pfs_shm_layout::Operation;
 pub use stage::{LazyStageClass, StageClass, end_stage, stage_progress};
