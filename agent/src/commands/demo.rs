@@ -74,6 +74,10 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
             .arg(&dirs.data)
             .arg("--workers")
             .arg(a.workers.to_string())
+            // Its own process group: Ctrl-C in a terminal signals the
+            // agent alone, which then stops the workload with one SIGTERM
+            // (the workload takes a second signal as "exit at once").
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .context("cannot start the demo workload process")?;
@@ -118,9 +122,9 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
 }
 
 /// What the workload's end means for the demo: a stop if it exited cleanly
-/// or a signal that asks a process to stop ended it (Ctrl-C or `kill` sent
-/// to the whole process group reaches the workload too, and may end it
-/// first), else a failure.
+/// or a signal that asks a process to stop ended it (the workload has its
+/// own process group, but a `kill` may still target it directly), else a
+/// failure.
 fn workload_ended(status: std::io::Result<std::process::ExitStatus>) -> anyhow::Result<()> {
     use std::os::unix::process::ExitStatusExt;
     let status = status.context("cannot wait for the demo workload")?;
