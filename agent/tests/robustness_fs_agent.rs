@@ -9,13 +9,13 @@
 //! them (nobody holds their lock).
 
 use std::fs::File;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_pfs-agent");
+mod common;
+
+use common::{BIN, Serve};
 const CLASS: &str = "wait/synch/mutex/t/a";
 
 fn mkfifo(path: &Path) {
@@ -64,96 +64,13 @@ fn wait(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     }
 }
 
-/// A running `pfs-agent serve`, killed on drop; its stderr in a file.
-struct Serve {
-    child: Child,
-    port: u16,
-    _logs: tempfile::TempDir,
-    stderr: PathBuf,
-}
-
-impl Serve {
-    fn start(dir: &Path, args: &[&str]) -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let logs = tempfile::tempdir().unwrap();
-        let stderr = logs.path().join("stderr");
-        let child = Command::new(BIN)
-            .arg("serve")
-            .arg("--shm-dir")
-            .arg(dir)
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .args(args)
-            .env("PFS_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&stderr).unwrap())
-            .spawn()
-            .unwrap();
-        Self {
-            child,
-            port,
-            _logs: logs,
-            stderr,
-        }
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    /// `GET path`: status and body, `None` if no answer within 3 s.
-    fn get(&self, path: &str) -> Option<(u16, String)> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
-        write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).ok()?;
-        let status = text.split(' ').nth(1)?.parse().ok()?;
-        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        Some((status, body.to_string()))
-    }
-
-    /// Waits for `/healthz` to answer 200; panics with the log if not.
-    fn wait_healthy(&mut self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                panic!("pfs-agent exited with {s}:\n{}", self.stderr());
-            }
-            if self.get("/healthz").is_some_and(|(st, _)| st == 200) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!(
-            "pfs-agent did not answer /healthz within {timeout:?}:\n{}",
-            self.stderr()
-        );
-    }
-
-    /// The `pfs_events_waits_total` of `service`'s [`CLASS`].
-    fn waits(&self, service: &str) -> Option<f64> {
-        let (_, body) = self.get("/metrics")?;
-        let svc = format!("service=\"{service}\"");
-        let class = format!("event_name=\"{CLASS}\"");
-        body.lines()
-            .find(|l| {
-                l.starts_with("pfs_events_waits_total{") && l.contains(&svc) && l.contains(&class)
-            })
-            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The `pfs_events_waits_total` of `service`'s [`CLASS`].
+fn waits(agent: &Serve, service: &str) -> Option<f64> {
+    let (svc, class) = (
+        format!("service=\"{service}\""),
+        format!("event_name=\"{CLASS}\""),
+    );
+    agent.metric("pfs_events_waits_total", &[&svc, &class]).ok()
 }
 
 fn poll(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
@@ -198,7 +115,7 @@ fn a_fifo_as_the_baselines_file_does_not_block_requests() {
     let mut agent = Serve::start(dir.path(), &[]);
     agent.wait_healthy(Duration::from_secs(20));
     let table = agent.get("/api/v1/tables/threads");
-    assert_eq!(table.map(|(s, _)| s), Some(200), "{}", agent.stderr());
+    assert_eq!(table.map(|(s, _)| s), Ok(200), "{}", agent.stderr());
 }
 
 /// A FIFO named like a segment used to block `setup` for ever.
@@ -253,7 +170,7 @@ fn a_dead_segment_is_kept_until_its_totals_are_saved() {
         log.contains(&format!("{tmp_text} is a directory")) && log.contains("remove it"),
         "{log}"
     );
-    assert_eq!(agent.waits("svc"), Some(5.0), "still exported");
+    assert_eq!(waits(&agent, "svc"), Some(5.0), "still exported");
 
     std::fs::remove_dir_all(&tmp).unwrap();
     assert!(
@@ -262,12 +179,12 @@ fn a_dead_segment_is_kept_until_its_totals_are_saved() {
         agent.stderr()
     );
     assert!(agent.stderr().contains("saved again"), "{}", agent.stderr());
-    assert_eq!(agent.waits("svc"), Some(5.0), "retired, still counted");
+    assert_eq!(waits(&agent, "svc"), Some(5.0), "retired, still counted");
     drop(agent);
 
     let mut agent = Serve::start(d, &["--dead-retention", "1s"]);
     agent.wait_healthy(Duration::from_secs(20));
-    assert_eq!(agent.waits("svc"), Some(5.0), "counted after a restart");
+    assert_eq!(waits(&agent, "svc"), Some(5.0), "counted after a restart");
 }
 
 /// A sidecar starts before its application: the segment directory does
@@ -292,7 +209,8 @@ fn a_segment_directory_that_does_not_exist_yet_is_waited_for_quietly() {
     std::fs::create_dir(&d).unwrap();
     pfs_agent::testing::dead_segment(&d, "late", 4343, 3);
     assert!(
-        poll(Duration::from_secs(10), || agent.waits("late") == Some(3.0)),
+        poll(Duration::from_secs(10), || waits(&agent, "late")
+            == Some(3.0)),
         "{}",
         agent.stderr()
     );

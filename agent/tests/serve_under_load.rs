@@ -20,158 +20,24 @@
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{BIN, Serve, free_port, get};
 use pfs_agent::testing::{mutex_class, record_waits, segment_at, tiny_config};
 use pfs_shm_layout::SegmentConfig;
 
-const BIN: &str = env!("CARGO_BIN_EXE_pfs-agent");
 /// A table of 256 threads × 200 instruments: about 10 MB of JSON, more
 /// than a connection's socket buffers (up to 4 MB on Linux) and the
 /// stream's queue hold.
 const BIG_TABLE: &str = "events_waits_summary_by_thread_by_event_name";
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A running `pfs-agent serve`, killed on drop; its stderr in a file.
-struct Serve {
-    child: Child,
-    addr: SocketAddr,
-    _logs: tempfile::TempDir,
-    stderr: PathBuf,
-}
-
-impl Serve {
-    /// Serves `dir` on `listen` (127.0.0.1 and a free port if `None`);
-    /// requests go to `connect` (the listen address if `None`).
-    fn start_on(dir: &Path, listen: Option<String>, connect: SocketAddr, args: &[&str]) -> Self {
-        let logs = tempfile::tempdir().unwrap();
-        let stderr = logs.path().join("stderr");
-        let mut cmd = Command::new(BIN);
-        cmd.arg("serve").arg("--shm-dir").arg(dir);
-        match &listen {
-            Some(l) => cmd.env("PFS_LISTEN", l),
-            None => cmd.env_remove("PFS_LISTEN"),
-        };
-        let child = cmd
-            .args(args)
-            .env("PFS_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&stderr).unwrap())
-            .spawn()
-            .unwrap();
-        Self {
-            child,
-            addr: connect,
-            _logs: logs,
-            stderr,
-        }
-    }
-
-    fn start(dir: &Path, args: &[&str]) -> Self {
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        Self::start_on(dir, Some(addr.to_string()), addr, args)
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    fn request(
-        &self,
-        method: &str,
-        path: &str,
-        timeout: Duration,
-    ) -> Result<(u16, String), String> {
-        request(self.addr, method, path, timeout)
-    }
-
-    fn get(&self, path: &str) -> Result<(u16, String), String> {
-        get(self.addr, path)
-    }
-
-    /// Waits for `/healthz` to answer 200; panics with the log if not.
-    fn wait_healthy(&mut self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                panic!("pfs-agent exited with {s}:\n{}", self.stderr());
-            }
-            if self
-                .request("GET", "/healthz", Duration::from_secs(2))
-                .is_ok_and(|(st, _)| st == 200)
-            {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!(
-            "pfs-agent did not answer /healthz within {timeout:?}:\n{}",
-            self.stderr()
-        );
-    }
-
-    /// The value of the `/metrics` sample `pfs_agent_segments{state}`.
-    fn segments(&self, state: &str) -> Result<f64, String> {
-        let (status, body) = self.get("/metrics")?;
-        if status != 200 {
-            return Err(format!("/metrics answered {status}: {body}"));
-        }
-        let label = format!("state=\"{state}\"");
-        body.lines()
-            .find(|l| l.starts_with("pfs_agent_segments{") && l.contains(&label))
-            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-            .ok_or_else(|| format!("no pfs_agent_segments{{{label}}} in /metrics"))
-    }
-}
-
-/// `method path` to `addr` on a new connection: status and body, or why
-/// there was no answer within `timeout`.
-fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    timeout: Duration,
-) -> Result<(u16, String), String> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(timeout)).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(|e| e.to_string())?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)
-        .map_err(|e| format!("no answer to {method} {path} within {timeout:?}: {e}"))?;
-    let text = String::from_utf8_lossy(&raw);
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("no status line in {text:?}"))?;
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    Ok((status, body.to_string()))
-}
-
-/// `GET path` to `addr`, answered within 5 s.
-fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
-    request(addr, "GET", path, Duration::from_secs(5))
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The value of the `/metrics` sample `pfs_agent_segments{state}`.
+fn segments(agent: &Serve, state: &str) -> Result<f64, String> {
+    agent.metric("pfs_agent_segments", &[&format!("state=\"{state}\"")])
 }
 
 /// A live segment of 256 threads that each recorded one wait of each of
@@ -236,7 +102,7 @@ fn table_clients_that_never_read_starve_neither_metrics_nor_discovery() {
         "the table is too small ({} bytes) to stall its stream",
         table.len()
     );
-    assert_eq!(agent.segments("live"), Ok(2.0));
+    assert_eq!(segments(&agent, "live"), Ok(2.0));
 
     // More stalled table clients than the runtime has blocking threads.
     let stalled: Vec<TcpStream> = (0..6)
@@ -279,7 +145,7 @@ fn table_clients_that_never_read_starve_neither_metrics_nor_discovery() {
     let start = Instant::now();
     let mut dead = Err(String::new());
     while start.elapsed() < Duration::from_secs(6) {
-        dead = agent.segments("dead");
+        dead = segments(&agent, "dead");
         if dead == Ok(1.0) {
             break;
         }
