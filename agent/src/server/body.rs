@@ -15,10 +15,58 @@ pub type Resp = Response<Body>;
 pub enum Body {
     /// The whole body.
     Full(Full<Bytes>),
-    /// Chunks as they are written; an error ends the response abnormally
-    /// (the connection is closed without the last chunk, so the client
-    /// cannot take a cut table for a whole one).
-    Stream(tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>),
+    /// Chunks as they are written, up to [`Chunk::End`]; anything else
+    /// ends the response abnormally (the connection is closed without the
+    /// last chunk, so the client cannot take a cut table for a whole one).
+    Stream(Chunks),
+}
+
+/// What the writer of a streamed body sends.
+#[derive(Debug)]
+pub enum Chunk {
+    /// The next bytes.
+    Data(Bytes),
+    /// The body is complete.
+    End,
+    /// The body cannot be completed.
+    Fail(std::io::Error),
+}
+
+/// The receiving end of a streamed body. A writer that goes away without
+/// [`Chunk::End`] (it gave up on a client that stopped reading, or
+/// panicked) fails the response like a [`Chunk::Fail`].
+#[derive(Debug)]
+pub struct Chunks {
+    rx: tokio::sync::mpsc::Receiver<Chunk>,
+    ended: bool,
+}
+
+impl Chunks {
+    /// A body read from `rx`.
+    pub fn new(rx: tokio::sync::mpsc::Receiver<Chunk>) -> Self {
+        Self { rx, ended: false }
+    }
+
+    fn poll_next(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
+        use std::task::Poll;
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        Poll::Ready(match std::task::ready!(self.rx.poll_recv(cx)) {
+            Some(Chunk::Data(b)) => Some(Ok(hyper::body::Frame::data(b))),
+            Some(Chunk::End) => {
+                self.ended = true;
+                None
+            }
+            Some(Chunk::Fail(e)) => Some(Err(e)),
+            None => Some(Err(std::io::Error::other(
+                "the table's writer stopped before the table's end",
+            ))),
+        })
+    }
 }
 
 impl hyper::body::Body for Body {
@@ -33,9 +81,7 @@ impl hyper::body::Body for Body {
             Body::Full(f) => std::pin::Pin::new(f)
                 .poll_frame(cx)
                 .map_err(|never| match never {}),
-            Body::Stream(rx) => rx
-                .poll_recv(cx)
-                .map(|c| c.map(|c| c.map(hyper::body::Frame::data))),
+            Body::Stream(chunks) => chunks.poll_next(cx),
         }
     }
 

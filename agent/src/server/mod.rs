@@ -47,7 +47,8 @@
 //!   [`stream::TABLE_CHUNKS_QUEUED`] ahead of the client, so a request holds the
 //!   (shared) full snapshot and a few chunks, never the whole JSON. A
 //!   client that stops reading stalls that thread, which then keeps that
-//!   snapshot alive until `connection_timeout` ends the connection; a
+//!   snapshot alive until [`stream::TABLE_STALL_LIMIT`] passes without
+//!   progress and the stream is given up; a
 //!   failure after the headers closes the connection without the final
 //!   chunk, so a cut table is never taken for a whole one. At most
 //!   [`stream::MAX_TABLE_STREAMS`] tables are sent at once (a request

@@ -9,8 +9,9 @@
 //! control need: at most [`MAX_TABLE_STREAMS`] streams run at once, each
 //! on a thread started for it, and a table request that finds them all
 //! taken waits up to [`TABLE_STREAM_WAIT`] (holding no thread) before it
-//! gets 503. A stalled stream ends with its connection
-//! (`--connection-timeout`).
+//! gets 503. A stream whose client takes none of its chunks for
+//! [`TABLE_STALL_LIMIT`] is given up: its thread, snapshot and slot are
+//! freed, and its connection is closed without the last chunk.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +20,7 @@ use bytes::Bytes;
 use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Response, StatusCode};
 
-use super::body::{Body, Resp, error};
+use super::body::{Body, Chunk, Chunks, Resp, error};
 use crate::filter::Filter;
 use crate::snapshot::Snapshotter;
 use crate::tables::{self, PfsTable};
@@ -41,6 +42,12 @@ pub const MAX_TABLE_STREAMS: usize = 2;
 /// to end before it is answered 503.
 pub const TABLE_STREAM_WAIT: Duration = Duration::from_secs(10);
 
+/// How long a stream waits for its client to take a chunk before it gives
+/// the client up. Shorter than [`TABLE_STREAM_WAIT`], so that a request
+/// waiting behind streams whose clients stopped reading is served, not
+/// refused. (A client this slow reads under 8 KiB/s.)
+pub const TABLE_STALL_LIMIT: Duration = Duration::from_secs(8);
+
 /// The stream slots of one server: [`MAX_TABLE_STREAMS`] permits.
 #[derive(Debug)]
 pub struct TableStreams(Arc<tokio::sync::Semaphore>);
@@ -53,22 +60,44 @@ impl Default for TableStreams {
 
 /// Where a streamed table is written: chunks of [`TABLE_CHUNK`] bytes,
 /// each sent to the connection once full (blocking the stream's own
-/// thread while [`TABLE_CHUNKS_QUEUED`] wait), so that the JSON is never
-/// held whole.
+/// thread, at most [`TABLE_STALL_LIMIT`], while [`TABLE_CHUNKS_QUEUED`]
+/// wait), so that the JSON is never held whole.
 struct ChunkWriter {
     buf: Vec<u8>,
-    tx: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+    tx: tokio::sync::mpsc::Sender<Chunk>,
+    /// The server's runtime, whose timer bounds each send.
+    rt: tokio::runtime::Handle,
 }
 
 impl ChunkWriter {
+    /// Sends `chunk`, waiting at most [`TABLE_STALL_LIMIT`] for room:
+    /// `BrokenPipe` if the client went away, `TimedOut` if it stopped
+    /// reading.
+    fn put(&self, chunk: Chunk) -> std::io::Result<()> {
+        use std::io::{Error, ErrorKind};
+        // (The timeout is made inside the runtime, whose timer it needs.)
+        let sent = self
+            .rt
+            .block_on(async { tokio::time::timeout(TABLE_STALL_LIMIT, self.tx.send(chunk)).await });
+        match sent {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(Error::new(ErrorKind::BrokenPipe, "client gone")),
+            Err(_) => Err(Error::new(
+                ErrorKind::TimedOut,
+                format!(
+                    "the client took no data for {} s",
+                    TABLE_STALL_LIMIT.as_secs()
+                ),
+            )),
+        }
+    }
+
     fn send(&mut self) -> std::io::Result<()> {
         if self.buf.is_empty() {
             return Ok(());
         }
         let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(TABLE_CHUNK + 1024));
-        self.tx
-            .blocking_send(Ok(Bytes::from(chunk)))
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "client gone"))
+        self.put(Chunk::Data(Bytes::from(chunk)))
     }
 }
 
@@ -94,47 +123,44 @@ fn busy(why: String) -> Resp {
     r
 }
 
-/// Writes `table` into `tx` (on the stream's own thread). A failure after
-/// the headers is sent as an error, which closes the connection without
-/// the final chunk.
+/// Writes `table` into `tx` (on the stream's own thread), then
+/// [`Chunk::End`]. A failure after the headers fails the body, which
+/// closes the connection without the final chunk.
 fn produce(
     snap: &Snapshotter,
     baselines: impl FnOnce() -> Baselines,
     table: &'static dyn PfsTable,
     filter: &Filter,
-    tx: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+    out: ChunkWriter,
 ) {
-    let mut out = ChunkWriter {
-        buf: Vec::with_capacity(TABLE_CHUNK + 1024),
-        tx: tx.clone(),
-    };
+    use std::io::ErrorKind;
+    let mut out = out;
     let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let snap = snap.get();
-        tables::write_json(table, &snap, filter, &baselines(), &mut out)
+        tables::write_json(table, &snap, filter, &baselines(), &mut out)?;
+        std::io::Write::flush(&mut out)?;
+        out.put(Chunk::End)
     }));
-    let failed = match written {
-        Ok(Ok(())) => match std::io::Write::flush(&mut out) {
-            Ok(()) => None,
-            Err(_) => return, // the client went away
-        },
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => return,
-        Ok(Err(e)) => Some(e.to_string()),
-        Err(_) => Some("building the table panicked".to_string()),
+    let why = match written {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) if e.kind() == ErrorKind::BrokenPipe => return, // the client went away
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "building the table panicked".to_string(),
     };
-    if let Some(why) = failed {
-        tracing::warn!(table = table.name(), "table response cut short: {why}");
-        let _ = tx.blocking_send(Err(std::io::Error::other(why)));
-    }
+    tracing::warn!(table = table.name(), "table response cut short: {why}");
+    // Without room for it (a client that stopped reading), the writer's
+    // going away fails the body just the same.
+    let _ = out.tx.try_send(Chunk::Fail(std::io::Error::other(why)));
 }
 
 /// Answers a table request: once one of `streams` is free (503 after
 /// [`TABLE_STREAM_WAIT`]), its JSON (a snapshot from `snap`, less the
 /// `TRUNCATE` baselines that `baselines` gives once it is taken) is
 /// written row by row by a thread of its own into [`Body::Stream`]. A
-/// client that stops reading stalls that thread, which then keeps the
-/// snapshot and its stream's slot until the connection timeout; a failure
-/// after the headers closes the connection without the final chunk, so a
-/// cut table is never taken for a whole one.
+/// client that stops reading stalls that thread, which keeps the snapshot
+/// and its stream's slot until [`TABLE_STALL_LIMIT`] passes without
+/// progress; a failure after the headers closes the connection without
+/// the final chunk, so a cut table is never taken for a whole one.
 pub async fn stream_table(
     streams: &TableStreams,
     snap: Arc<Snapshotter>,
@@ -158,11 +184,16 @@ pub async fn stream_table(
         }
     };
     let (tx, rx) = tokio::sync::mpsc::channel(TABLE_CHUNKS_QUEUED);
+    let out = ChunkWriter {
+        buf: Vec::with_capacity(TABLE_CHUNK + 1024),
+        tx,
+        rt: tokio::runtime::Handle::current(),
+    };
     let started = std::thread::Builder::new()
         .name("pfs-table".into())
         .spawn(move || {
             let _permit = permit;
-            produce(&snap, baselines, table, &filter, tx);
+            produce(&snap, baselines, table, &filter, out);
         });
     if let Err(e) = started {
         tracing::warn!(table = table.name(), error = %e, "cannot start a thread to send a table");
@@ -170,7 +201,7 @@ pub async fn stream_table(
             "cannot start a thread to send the table ({e}); retry later"
         ));
     }
-    let mut r = Response::new(Body::Stream(rx));
+    let mut r = Response::new(Body::Stream(Chunks::new(rx)));
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
