@@ -112,6 +112,9 @@
 //! `long_reserved`); a page is reserved when it is added or revived,
 //! before it is touched, so a full volume surfaces as an error and a lost
 //! count, never as a SIGBUS. Neither side touches an unreserved region.
+//! (A writer whose ring could not be reserved counts that ring's events
+//! lost, without a lock, and tries the reservation again once every
+//! [`writer::LONG_RETRY_EVERY`] of them.)
 //!
 //! Every table below lists a structure's fields in order, from offset 0 to
 //! its end (reserved words included). `name[N]` is an array of N elements;

@@ -90,6 +90,11 @@ pub struct ReclaimStats {
     pub punch_failures: u64,
 }
 
+/// After a `history_long` ring could not be reserved (volume full), its
+/// events are counted lost without a lock, and every this many losses one
+/// of them tries the reservation again.
+pub const LONG_RETRY_EVERY: u64 = 1 << 16;
+
 /// Where the reservation of a `history_long` ring stands, as stored in
 /// [`SegmentWriter`]'s `long_state` (its discriminant).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +104,8 @@ enum LongState {
     NotReserved = 0,
     /// Reserved and usable.
     Reserved = 1,
-    /// The reservation failed (volume full): events are counted lost.
+    /// The reservation failed (volume full): events are counted lost, and
+    /// the reservation is tried again every [`LONG_RETRY_EVERY`] of them.
     Failed = 2,
 }
 
@@ -516,10 +522,8 @@ impl SegmentWriter {
         e: &EventData,
         stmt: Option<(&StatementFigures, &StatementRecord)>,
     ) -> bool {
-        if self.long_state[kind.index()].load(Relaxed) != LongState::Reserved as u8
-            && !self.reserve_long(kind)
-        {
-            self.seg.count_lost(long_lost(kind));
+        let state = self.long_state[kind.index()].load(Relaxed);
+        if state != LongState::Reserved as u8 && !self.long_usable(kind, state) {
             return false;
         }
         let h = self.seg.long_header(kind);
@@ -560,14 +564,45 @@ impl SegmentWriter {
         self.reserve_long(kind)
     }
 
+    /// [`Self::append_long`]'s way past a ring not reserved (its state
+    /// `state`): reserves it on first use; after a failed reservation
+    /// (volume full), counts the event lost without taking the writer's
+    /// lock, and tries again once every [`LONG_RETRY_EVERY`] losses (the
+    /// volume may have room by then). False if the event is lost.
+    #[cold]
+    #[inline(never)]
+    fn long_usable(&self, kind: EventKind, state: u8) -> bool {
+        let lost = long_lost(kind);
+        let retry = LongState::from_u8(state) == LongState::Failed;
+        if retry {
+            let before = self.seg.lost().counters[lost as usize].load(Relaxed);
+            if (before + 1) % LONG_RETRY_EVERY != 0 {
+                self.seg.count_lost(lost);
+                return false;
+            }
+        }
+        if self.reserve_long_inner(kind, retry) {
+            return true;
+        }
+        self.seg.count_lost(lost);
+        false
+    }
+
     #[cold]
     fn reserve_long(&self, kind: EventKind) -> bool {
+        self.reserve_long_inner(kind, false)
+    }
+
+    /// Reserves the ring of `kind` unless it is reserved already, or its
+    /// reservation failed and this is not a `retry`.
+    #[cold]
+    fn reserve_long_inner(&self, kind: EventKind, retry: bool) -> bool {
         let _slow = self.slow();
         let state = &self.long_state[kind.index()];
         match LongState::from_u8(state.load(Relaxed)) {
             LongState::Reserved => true,
-            LongState::Failed => false,
-            LongState::NotReserved => {
+            LongState::Failed if !retry => false,
+            LongState::NotReserved | LongState::Failed => {
                 let ok = self.seg.reserve_long(kind).is_ok();
                 if ok {
                     self.seg
@@ -1437,5 +1472,56 @@ mod tests {
         let c = current(&w);
         assert_eq!((c.event_id, c.object_instance), (3, 30));
         assert_eq!(c.timer_start, Some(u128::from(late.timer_start) * 1000));
+    }
+
+    /// After a failed reservation of a `history_long` ring (volume full),
+    /// its events are counted lost without waiting for the writer's lock
+    /// (held here by this thread all along), and one in
+    /// [`LONG_RETRY_EVERY`] tries the reservation again, which succeeds
+    /// once the volume has room.
+    #[test]
+    fn a_failed_history_long_ring_costs_no_lock_and_is_retried() {
+        let w = writer();
+        let lost = |w: &SegmentWriter| {
+            w.segment().lost().counters[LostKind::WaitsLong as usize].load(Relaxed)
+        };
+        w.long_state[EventKind::Wait.index()].store(LongState::Failed as u8, Relaxed);
+        let e = ended(started(1, 10), None);
+        std::thread::scope(|sc| {
+            let held = w.slow();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (w, e) = (&w, &e);
+            sc.spawn(move || {
+                let written = (0..1000)
+                    .filter(|_| w.append_long(EventKind::Wait, e, None))
+                    .count();
+                tx.send(written).unwrap();
+            });
+            let r = rx.recv_timeout(std::time::Duration::from_secs(30));
+            drop(held);
+            assert_eq!(
+                r,
+                Ok(0),
+                "appends to a ring that could not be reserved waited for the writer's lock"
+            );
+        });
+        assert_eq!(lost(&w), 1000);
+        // The retry: by the event that would make the losses a multiple of
+        // LONG_RETRY_EVERY (written, so not counted lost).
+        w.segment().lost().counters[LostKind::WaitsLong as usize]
+            .store(LONG_RETRY_EVERY - 2, Relaxed);
+        assert!(!w.append_long(EventKind::Wait, &e, None));
+        assert_eq!(lost(&w), LONG_RETRY_EVERY - 1);
+        assert!(w.append_long(EventKind::Wait, &e, None), "retried");
+        assert_eq!(lost(&w), LONG_RETRY_EVERY - 1);
+        assert_eq!(
+            w.long_state[EventKind::Wait.index()].load(Relaxed),
+            LongState::Reserved as u8
+        );
+        assert!(w.append_long(EventKind::Wait, &e, None));
+        assert_eq!(
+            w.segment().long_header(EventKind::Wait).next.load(Relaxed),
+            2
+        );
     }
 }
