@@ -576,7 +576,7 @@ impl SegmentWriter {
         let retry = LongState::from_u8(state) == LongState::Failed;
         if retry {
             let before = self.seg.lost().counters[lost as usize].load(Relaxed);
-            if (before + 1) % LONG_RETRY_EVERY != 0 {
+            if !(before + 1).is_multiple_of(LONG_RETRY_EVERY) {
                 self.seg.count_lost(lost);
                 return false;
             }
