@@ -13,6 +13,11 @@
 //!   [`init`] returns an error and every instrument stays a no-op; a thread
 //!   that finds no free record, or a volume that is full, is counted as
 //!   lost instead.
+//! * **Not async-signal-safe**: never record an event (nor call any other
+//!   function of this crate) in a signal handler. A thread's first event
+//!   registers it, which allocates and takes the writer's lock: in a
+//!   handler that interrupted `malloc` or the client, the thread
+//!   deadlocks.
 //!
 //! ```no_run
 //! use pfs_client::{LazyWaitClass, Operation, sync::Mutex};

@@ -2,13 +2,16 @@
 //! their bound: at most `max` are created; beyond, a new name folds into
 //! its rule's `other` class and counts one lost class
 //! (`pfs_lost_total{kind="instrument_classes"}`). A name is looked up, once per
-//! statement, in a small per-thread cache of recent names, else under the
-//! map's read lock (threads serving the same routes then share no lock
-//! word); a name seen for the first time takes the write lock and
-//! registers its class.
+//! statement, in the thread's own copy of the names it has seen (the most
+//! recent scanned first, then a hash map): no allocation and no lock word
+//! shared with other threads, however many routes a service has. Only a
+//! name new to the thread takes the shared map's read lock and is copied
+//! once into the thread's map; a name new to the process takes the write
+//! lock and registers its class.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{PoisonError, RwLock};
 
@@ -29,7 +32,7 @@ struct Map {
 /// The bounded set of classes named from field values.
 #[derive(Debug)]
 pub(crate) struct Classes {
-    /// Tells this set's entries in the per-thread caches from another's.
+    /// Tells this set's copies in the threads from another set's.
     id: u64,
     max: usize,
     map: RwLock<Map>,
@@ -37,15 +40,53 @@ pub(crate) struct Classes {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Names per thread in the cache of recent names.
+/// Names per thread scanned before the thread's hash map.
 const RECENT: usize = 16;
 
-/// A recent name: (set id, name, class).
-type Recent = (u64, Box<str>, StatementClass);
+/// One thread's copy of the names of one [`Classes`] it has looked up:
+/// every remembered name (at most the set's `max` plus [`FOLDED_NAMES`]),
+/// each allocated once, and the most recent ones, which share those
+/// allocations.
+struct Local {
+    set: u64,
+    all: HashMap<Rc<str>, StatementClass>,
+    recent: Vec<(Rc<str>, StatementClass)>,
+    /// The next entry of `recent` to replace once it is full.
+    next: usize,
+}
+
+impl Local {
+    /// The class of `name`, if this thread has seen it.
+    fn find(&mut self, name: &str) -> Option<StatementClass> {
+        if let Some((_, c)) = self.recent.iter().find(|(n, _)| **n == *name) {
+            return Some(*c);
+        }
+        let (n, &c) = self.all.get_key_value(name)?;
+        let n = n.clone();
+        self.remember_recent((n, c));
+        Some(c)
+    }
+
+    /// Copies `name` into this thread's map.
+    fn add(&mut self, name: &str, class: StatementClass) {
+        let n: Rc<str> = Rc::from(name);
+        self.all.insert(n.clone(), class);
+        self.remember_recent((n, class));
+    }
+
+    fn remember_recent(&mut self, e: (Rc<str>, StatementClass)) {
+        if self.recent.len() < RECENT {
+            self.recent.push(e);
+        } else {
+            self.recent[self.next] = e;
+            self.next = (self.next + 1) % RECENT;
+        }
+    }
+}
 
 thread_local! {
-    /// Recent names, replaced round-robin.
-    static RECENT_NAMES: RefCell<(Vec<Recent>, usize)> = const { RefCell::new((Vec::new(), 0)) };
+    /// This thread's copies, one per [`Classes`] (one per layer).
+    static LOCAL: RefCell<Vec<Local>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Classes {
@@ -68,13 +109,11 @@ impl Classes {
         name: &str,
         other: impl FnOnce() -> StatementClass,
     ) -> (StatementClass, bool) {
-        let recent = RECENT_NAMES.try_with(|r| {
-            let r = r.try_borrow().ok()?;
-            r.0.iter()
-                .find(|(id, n, _)| *id == self.id && **n == *name)
-                .map(|(_, _, c)| *c)
+        let seen = LOCAL.try_with(|l| {
+            let mut l = l.try_borrow_mut().ok()?;
+            l.iter_mut().find(|l| l.set == self.id)?.find(name)
         });
-        if let Ok(Some(c)) = recent {
+        if let Ok(Some(c)) = seen {
             return (c, true);
         }
         let found = self
@@ -89,16 +128,21 @@ impl Classes {
             None => self.add(name, other),
         };
         if remembered {
-            let _ = RECENT_NAMES.try_with(|r| {
-                if let Ok(mut r) = r.try_borrow_mut() {
-                    let (names, next) = &mut *r;
-                    let e = (self.id, Box::from(name), class);
-                    if names.len() < RECENT {
-                        names.push(e);
-                    } else {
-                        names[*next] = e;
-                        *next = (*next + 1) % RECENT;
-                    }
+            let _ = LOCAL.try_with(|l| {
+                if let Ok(mut l) = l.try_borrow_mut() {
+                    let i = match l.iter().position(|l| l.set == self.id) {
+                        Some(i) => i,
+                        None => {
+                            l.push(Local {
+                                set: self.id,
+                                all: HashMap::new(),
+                                recent: Vec::with_capacity(RECENT),
+                                next: 0,
+                            });
+                            l.len() - 1
+                        }
+                    };
+                    l[i].add(name, class);
                 }
             });
         }
