@@ -236,6 +236,37 @@ impl Retired {
         t.add_memory(s, false);
         t.add_lost(&s.lost);
     }
+
+    /// Adds other retired totals (those of dead segments kept aside, see
+    /// `crate::retired`).
+    pub fn merge(&mut self, o: &Retired) {
+        for (svc, theirs) in &o.by_service {
+            let start = o.earliest_start_ns.get(svc).copied();
+            match (
+                self.by_service.contains_key(svc),
+                self.earliest_start_ns.get(svc).copied(),
+                start,
+            ) {
+                (false, _, Some(t)) => {
+                    self.earliest_start_ns.insert(svc.clone(), t);
+                }
+                (true, Some(mine), Some(t)) => {
+                    self.earliest_start_ns.insert(svc.clone(), mine.min(t));
+                }
+                // Of unknown origin, either side: unknown.
+                (true, Some(_), None) => {
+                    self.earliest_start_ns.remove(svc);
+                }
+                (false, _, None) | (true, None, _) => {}
+            }
+            let t = self.by_service.entry(svc.clone()).or_default();
+            t.add_classes(&theirs.classes);
+            for (name, m) in &theirs.memory {
+                t.memory.entry(name.clone()).or_default().merge(m);
+            }
+            t.add_lost(&theirs.lost);
+        }
+    }
 }
 
 /// Per-service totals over live and dead segments (each with whether its

@@ -12,6 +12,10 @@
 //! * **Atomic writes**: a temporary file (`O_EXCL | O_NOFOLLOW`, mode
 //!   0600), `fsync`, `rename` over the state file, `fsync` of the
 //!   directory. A reader sees the old state or the new one, never half.
+//! * **Dead, not yet retired**: a dead segment's final totals are saved
+//!   too (`pending`) when its death is found. A restarted agent that does
+//!   not find its file (a process of the same pid replaced it) retires it
+//!   from those totals; one that does tracks it, dead, as before.
 //! * **Order**: the state (with the retired segment's identity in
 //!   `absorbed`) is written *before* the segment file is removed. An agent
 //!   killed between the two finds the file on restart, recognises it by
@@ -111,6 +115,11 @@ pub struct State {
     pub retired_segments: u64,
     /// Retired segments whose files were not yet known to be removed.
     pub absorbed: Vec<Absorbed>,
+    /// Dead segments not retired yet (exported for the retention period),
+    /// with their final totals: a restarted agent retires them at once,
+    /// so that their counts survive their files (which a restarted
+    /// process of the same pid may replace meanwhile).
+    pub pending: Vec<(Absorbed, Retired)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -120,6 +129,17 @@ struct FileV1 {
     retired_segments: u64,
     services: BTreeMap<String, ServiceV1>,
     absorbed: Vec<Absorbed>,
+    /// Absent in the files of agents that did not keep it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pending: Vec<PendingV1>,
+}
+
+/// A dead segment not retired yet, and its final totals.
+#[derive(Serialize, Deserialize)]
+struct PendingV1 {
+    #[serde(flatten)]
+    id: Absorbed,
+    services: BTreeMap<String, ServiceV1>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -157,10 +177,9 @@ impl ClassV1 {
     }
 }
 
-/// The state as the file's JSON text.
-pub fn encode(state: &State) -> Vec<u8> {
-    let services = state
-        .retired
+/// Retired totals as the file's services.
+fn encode_services(retired: &Retired) -> BTreeMap<String, ServiceV1> {
+    retired
         .by_service
         .iter()
         .map(|(svc, t)| {
@@ -180,34 +199,17 @@ pub fn encode(state: &State) -> Vec<u8> {
                     classes,
                     memory,
                     lost: t.lost.to_vec(),
-                    earliest_start_unix_ns: state.retired.earliest_start_ns.get(svc).copied(),
+                    earliest_start_unix_ns: retired.earliest_start_ns.get(svc).copied(),
                 },
             )
         })
-        .collect();
-    let f = FileV1 {
-        format: FORMAT.to_string(),
-        version: VERSION,
-        retired_segments: state.retired_segments,
-        services,
-        absorbed: state.absorbed.clone(),
-    };
-    let mut out = serde_json::to_vec_pretty(&f).expect("the state always serializes");
-    out.push(b'\n');
-    out
+        .collect()
 }
 
-/// Parses the file's JSON text; the error says what is wrong.
-pub fn decode(bytes: &[u8]) -> Result<State, StateError> {
-    let f: FileV1 = serde_json::from_slice(bytes)?;
-    if f.format != FORMAT {
-        return Err(StateError::Format(f.format));
-    }
-    if f.version != VERSION {
-        return Err(StateError::Version(f.version));
-    }
+/// The file's services as retired totals.
+fn decode_services(services: BTreeMap<String, ServiceV1>) -> Result<Retired, StateError> {
     let mut retired = Retired::default();
-    for (svc, s) in f.services {
+    for (svc, s) in services {
         let mut t = ServiceTotals::default();
         for (name, row) in &s.classes {
             t.classes.insert(name.clone(), row.to(name)?);
@@ -224,10 +226,50 @@ pub fn decode(bytes: &[u8]) -> Result<State, StateError> {
         }
         retired.by_service.insert(svc, t);
     }
+    Ok(retired)
+}
+
+/// The state as the file's JSON text.
+pub fn encode(state: &State) -> Vec<u8> {
+    let f = FileV1 {
+        format: FORMAT.to_string(),
+        version: VERSION,
+        retired_segments: state.retired_segments,
+        services: encode_services(&state.retired),
+        absorbed: state.absorbed.clone(),
+        pending: state
+            .pending
+            .iter()
+            .map(|(id, r)| PendingV1 {
+                id: id.clone(),
+                services: encode_services(r),
+            })
+            .collect(),
+    };
+    let mut out = serde_json::to_vec_pretty(&f).expect("the state always serializes");
+    out.push(b'\n');
+    out
+}
+
+/// Parses the file's JSON text; the error says what is wrong.
+pub fn decode(bytes: &[u8]) -> Result<State, StateError> {
+    let f: FileV1 = serde_json::from_slice(bytes)?;
+    if f.format != FORMAT {
+        return Err(StateError::Format(f.format));
+    }
+    if f.version != VERSION {
+        return Err(StateError::Version(f.version));
+    }
+    let pending = f
+        .pending
+        .into_iter()
+        .map(|p| Ok((p.id, decode_services(p.services)?)))
+        .collect::<Result<_, StateError>>()?;
     Ok(State {
-        retired,
+        retired: decode_services(f.services)?,
         retired_segments: f.retired_segments,
         absorbed: f.absorbed,
+        pending,
     })
 }
 
@@ -459,30 +501,70 @@ mod tests {
                 pid: 42,
                 start_time_unix_ns: 1_700_000_000_000_000_000,
             }],
+            pending: Vec::new(),
         }
     }
 
-    fn same(a: &State, b: &State) {
-        assert_eq!(a.retired_segments, b.retired_segments);
-        assert_eq!(a.retired.earliest_start_ns, b.retired.earliest_start_ns);
-        assert_eq!(a.absorbed, b.absorbed);
+    fn same_retired(a: &Retired, b: &Retired) {
+        assert_eq!(a.earliest_start_ns, b.earliest_start_ns);
         assert_eq!(
-            a.retired.by_service.keys().collect::<Vec<_>>(),
-            b.retired.by_service.keys().collect::<Vec<_>>()
+            a.by_service.keys().collect::<Vec<_>>(),
+            b.by_service.keys().collect::<Vec<_>>()
         );
-        for (k, x) in &a.retired.by_service {
-            let y = &b.retired.by_service[k];
+        for (k, x) in &a.by_service {
+            let y = &b.by_service[k];
             assert_eq!(x.classes, y.classes);
             assert_eq!(x.memory, y.memory);
             assert_eq!(x.lost, y.lost);
         }
     }
 
+    fn same(a: &State, b: &State) {
+        assert_eq!(a.retired_segments, b.retired_segments);
+        assert_eq!(a.absorbed, b.absorbed);
+        same_retired(&a.retired, &b.retired);
+        assert_eq!(a.pending.len(), b.pending.len());
+        for ((ia, ra), (ib, rb)) in a.pending.iter().zip(&b.pending) {
+            assert_eq!(ia, ib);
+            same_retired(ra, rb);
+        }
+    }
+
     #[test]
     fn round_trip_is_exact() {
-        let s = sample();
+        let mut s = sample();
+        s.pending.push((
+            Absorbed {
+                file: "svc.1.pfs".into(),
+                ino: 23,
+                pid: 1,
+                start_time_unix_ns: 1_700_000_000_000_000_001,
+            },
+            s.retired.clone(),
+        ));
         let back = decode(&encode(&s)).unwrap();
         same(&s, &back);
+        // A file without pending segments (an older agent's) loads.
+        let back = decode(&encode(&sample())).unwrap();
+        assert!(back.pending.is_empty());
+    }
+
+    /// Merging retired totals adds them: twice the sample is the sample
+    /// with every count doubled.
+    #[test]
+    fn merged_totals_add_up() {
+        let one = sample().retired;
+        let mut two = one.clone();
+        two.merge(&one);
+        let (x, y) = (&one.by_service["svc"], &two.by_service["svc"]);
+        for (name, (_, s)) in &x.classes {
+            assert_eq!(y.classes[name].1.count, 2 * s.count, "{name}");
+        }
+        for (name, m) in &x.memory {
+            assert_eq!(y.memory[name].count_alloc, 2 * m.count_alloc, "{name}");
+        }
+        assert_eq!(y.lost[2], 2 * x.lost[2]);
+        assert_eq!(two.earliest_start_ns, one.earliest_start_ns);
     }
 
     /// A state file written before retired totals kept their processes'

@@ -200,6 +200,67 @@ fn metrics_survive_an_agent_kill_and_restart() {
     let _ = agent.guard.child.kill();
 }
 
+/// A dead process's segment, exported but not retired yet (within
+/// `--dead-retention`), goes away while the agent is down: a process
+/// restarted under the same pid (every container's pid 1) replaces it. Its
+/// counts come back with the restarted agent, from the state file that
+/// kept them aside when the process died; the file the agent still finds
+/// stays dead, as it was.
+#[test]
+fn a_dead_segment_replaced_while_the_agent_is_down_keeps_its_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let env = [("PFS_DEAD_RETENTION", "10m".to_string())];
+    let mut agent = Agent::serve_with_env(d, &env).unwrap();
+    let (mut gone, gone_r) = spawn_exact(writer_exe!(), d, "svc", 2, 60, 1).unwrap();
+    let (mut kept, kept_r) = spawn_exact(writer_exe!(), d, "svc", 1, 30, 0).unwrap();
+    let gone_file = gone.segment_in(d, "svc");
+    gone.finish(Duration::from_secs(10)).unwrap();
+    kept.finish(Duration::from_secs(10)).unwrap();
+    let total = |class: &str| ready_count(&gone_r, class) + ready_count(&kept_r, class);
+    let before = poll(Duration::from_secs(30), || {
+        let m = agent.metrics()?;
+        let dead = sample(&m, "pfs_agent_segments", &[("state", "dead")])?;
+        Ok(
+            (dead == 2.0 && count(&m, "svc", TEST_CLASSES[0]) == total(TEST_CLASSES[0]))
+                .then_some(m),
+        )
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.guard.describe()));
+    // The state file keeps the dead segments' totals aside.
+    let state_path = d.join(pfs_agent::retired::STATE_FILE);
+    poll(Duration::from_secs(10), || {
+        let state: Value = serde_json::from_slice(&std::fs::read(&state_path)?)?;
+        Ok((state["pending"].as_array().map(Vec::len) == Some(2)).then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.guard.describe()));
+
+    agent.guard.child.kill().unwrap(); // kill -9
+    agent.guard.child.wait().unwrap();
+    std::fs::remove_file(&gone_file).unwrap(); // what a restarted process does
+
+    let agent = Agent::serve_with_env(d, &env).unwrap();
+    let after = poll(Duration::from_secs(20), || {
+        let m = agent.metrics()?;
+        let retired = sample(&m, "pfs_agent_retired_segments_total", &[])?;
+        Ok((retired == 1.0).then_some(m))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.guard.describe()));
+    for class in TEST_CLASSES {
+        assert_eq!(
+            count(&after, "svc", class),
+            count(&before, "svc", class),
+            "svc {class}: the removed dead segment's counts are kept"
+        );
+        assert_eq!(count(&after, "svc", class), total(class));
+    }
+    assert_eq!(
+        sample(&after, "pfs_agent_segments", &[("state", "dead")]).unwrap(),
+        1.0,
+        "the dead segment still there stays dead (retained)"
+    );
+}
+
 /// A second agent on the same directory follows the first: same numbers,
 /// no retiring of its own, and it takes over (lock and state) when the
 /// first one dies.

@@ -370,12 +370,14 @@ impl SegmentSet {
         for (path, t) in &mut self.tracked {
             if !seen.contains(path) && t.dead_since.is_none() {
                 t.dead_since = Some(now);
+                self.retirement.pend(t);
             }
             let mut torn = false;
             if t.dead_since.is_none() && owner_is_dead(t.segment.file()) {
                 tracing::info!(path = %path.display(), service = t.segment.service(), "process exited; keeping its final counters for the retention period");
                 t.dead_since = Some(now);
                 torn = t.final_read();
+                self.retirement.pend(t);
             }
             if owner
                 && ((torn && persist)
@@ -384,6 +386,27 @@ impl SegmentSet {
             {
                 expired.push(path.clone());
             }
+        }
+        // Past the dead segments whose totals the state keeps aside, the
+        // longest dead are retired early.
+        let excess = self
+            .retirement
+            .pending()
+            .saturating_sub(retirement::MAX_PENDING + expired.len());
+        if owner && excess > 0 {
+            let mut dead: Vec<(Instant, &PathBuf)> = self
+                .tracked
+                .iter()
+                .filter(|(p, _)| !expired.contains(p))
+                .filter_map(|(p, t)| Some((t.dead_since?, p)))
+                .collect();
+            dead.sort();
+            let early: Vec<PathBuf> = dead
+                .iter()
+                .take(excess)
+                .map(|(_, p)| (*p).clone())
+                .collect();
+            expired.extend(early);
         }
         for path in expired {
             if let Some(t) = self.tracked.remove(&path) {
@@ -402,6 +425,11 @@ impl SegmentSet {
         }
         for t in self.retirement.retire(retire) {
             self.tracked.insert(t.path.clone(), t);
+        }
+        if self.list_error.is_none() {
+            let tracked = &self.tracked;
+            self.retirement
+                .claim(|id| tracked.values().any(|t| t.identity() == *id));
         }
         self.report_stuck();
         for t in self.tracked.values_mut().filter(|t| t.dead_since.is_none()) {

@@ -7,6 +7,13 @@
 //! failure is logged (again when it changes, or every few minutes) and the
 //! save is retried every pass. With persistence, only the directory's
 //! owning agent retires (see [`crate::retired`]).
+//!
+//! A dead segment is exported for the retention period before it is
+//! retired; meanwhile its final totals are kept aside in the state file
+//! (`pending`), at most [`MAX_PENDING`] of them. An agent that starts (or
+//! takes the directory over) retires at once those whose files it does
+//! not find: a process restarted under the same pid may have replaced
+//! them while no agent watched, and their counts must not go with them.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -31,9 +38,20 @@ pub(super) struct Retirement {
     store: Option<Store>,
     /// Retired segments whose files may still exist.
     absorbed: Vec<Absorbed>,
+    /// Dead segments not retired yet, and their final totals (with
+    /// persistence).
+    pending: Vec<(Absorbed, Retired)>,
+    /// `pending` was just loaded: the next pass says which of its
+    /// segments still have their files.
+    unclaimed: bool,
     /// The last save failure logged, and when.
     save_warning: Option<(String, Instant)>,
 }
+
+/// Dead segments whose totals are kept aside at most; past this, the
+/// longest dead are retired before their retention ends (the service
+/// totals are the same either way), which bounds the state file.
+pub(super) const MAX_PENDING: usize = 32;
 
 /// A save failure that does not change is logged again after this long.
 const SAVE_WARNING_EVERY: Duration = Duration::from_secs(300);
@@ -46,6 +64,8 @@ impl Retirement {
             retired_segments: 0,
             store: None,
             absorbed: Vec::new(),
+            pending: Vec::new(),
+            unclaimed: false,
             save_warning: None,
         }
     }
@@ -55,8 +75,9 @@ impl Retirement {
     pub(super) fn persist(&mut self) {
         let mut store = Store::new(&self.dir);
         store.elect();
-        self.install(store.load());
+        let state = store.load();
         self.store = Some(store);
+        self.install(state);
     }
 
     /// Whether the totals persist.
@@ -69,10 +90,69 @@ impl Retirement {
         self.store.as_ref().map_or(Role::Owner, Store::role)
     }
 
+    /// Takes `state` as this agent's. Its pending segments are checked by
+    /// the next pass ([`Retirement::claim`]).
     fn install(&mut self, state: State) {
         self.retired = state.retired;
         self.retired_segments = state.retired_segments;
         self.absorbed = state.absorbed;
+        self.pending = state.pending;
+        self.unclaimed = !self.pending.is_empty();
+    }
+
+    /// After the first pass over the directory since the state was
+    /// loaded: the pending segments that pass did not find (`tracked`
+    /// says which it did) lost their files while no agent watched (a
+    /// process of the same pid replaced them, or someone removed them):
+    /// they are retired now, from their totals kept aside. The others are
+    /// tracked again, as dead, and retired after their retention.
+    pub(super) fn claim(&mut self, tracked: impl Fn(&Absorbed) -> bool) {
+        if !std::mem::take(&mut self.unclaimed) {
+            return;
+        }
+        let before = self.pending.len();
+        let mut kept = Vec::new();
+        for (id, totals) in std::mem::take(&mut self.pending) {
+            if tracked(&id) {
+                kept.push((id, totals));
+                continue;
+            }
+            tracing::info!(
+                file = id.file,
+                pid = id.pid,
+                "a dead segment's file went away while no agent watched; its final counters, kept in the state file, are retired now"
+            );
+            self.retired.merge(&totals);
+            self.retired_segments += 1;
+        }
+        self.pending = kept;
+        if self.pending.len() != before {
+            self.changed();
+        }
+    }
+
+    /// Keeps aside the final totals of `t`, just found dead (owner, with
+    /// persistence): saved with the next pass.
+    pub(super) fn pend(&mut self, t: &Tracked) {
+        if self.store.is_none() || self.role() != Role::Owner {
+            return;
+        }
+        let Some(s) = t.final_figures() else { return };
+        let id = t.identity();
+        let mut totals = Retired::default();
+        totals.absorb(s);
+        match self.pending.iter_mut().find(|(p, _)| *p == id) {
+            Some(p) => p.1 = totals,
+            None => self.pending.push((id, totals)),
+        }
+        if let Some(store) = &mut self.store {
+            store.dirty = true;
+        }
+    }
+
+    /// Dead segments kept aside.
+    pub(super) fn pending(&self) -> usize {
+        self.pending.len()
     }
 
     /// Whether the state counts the segment `id` already.
@@ -150,6 +230,8 @@ impl Retirement {
             } else {
                 self.retired.absorb(s);
                 self.retired_segments += 1;
+                let id = t.identity();
+                self.pending.retain(|(p, _)| *p != id);
             }
         }
         // What to go back to if the state that counts the files to remove
@@ -159,6 +241,7 @@ impl Retirement {
                 self.retired.clone(),
                 self.retired_segments,
                 self.absorbed.clone(),
+                self.pending.clone(),
             )
         });
         for t in &remove {
@@ -167,11 +250,13 @@ impl Retirement {
             }
             self.retired_segments += 1;
             if self.store.is_some() {
-                self.absorbed.push(t.identity());
+                let id = t.identity();
+                self.pending.retain(|(p, _)| *p != id);
+                self.absorbed.push(id);
             }
         }
         self.changed();
-        if let Some((retired, retired_segments, absorbed)) = undo
+        if let Some((retired, retired_segments, absorbed, pending)) = undo
             && self.store.as_ref().is_some_and(|s| s.dirty)
         {
             // Not saved: a file removed now would be counted nowhere after
@@ -179,6 +264,7 @@ impl Retirement {
             self.retired = retired;
             self.retired_segments = retired_segments;
             self.absorbed = absorbed;
+            self.pending = pending;
             kept.extend(remove);
             return kept;
         }
@@ -213,6 +299,7 @@ impl Retirement {
             retired: self.retired.clone(),
             retired_segments: self.retired_segments,
             absorbed: self.absorbed.clone(),
+            pending: self.pending.clone(),
         };
         match store.save(&state) {
             Ok(()) => {
