@@ -237,8 +237,8 @@ impl Retired {
         t.add_lost(&s.lost);
     }
 
-    /// Adds other retired totals (those of dead segments kept aside, see
-    /// `crate::retired`).
+    /// Adds other retired totals (those of dead segments kept aside in the
+    /// state file).
     pub fn merge(&mut self, o: &Retired) {
         for (svc, theirs) in &o.by_service {
             let start = o.earliest_start_ns.get(svc).copied();
