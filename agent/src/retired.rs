@@ -9,6 +9,10 @@
 //! * **Names**: [`STATE_FILE`] (`.pfs-agent-state.json`) and [`LOCK_FILE`]
 //!   (`.pfs-agent.lock`). Neither ends in `.pfs`, so discovery never takes
 //!   them for segments.
+//! * **Space kept**: the owner keeps [`RESERVE_FILE`] allocated (at least
+//!   [`RESERVE_MIN_BYTES`], twice the state): a save that finds the volume
+//!   full gives it back and saves, since dead segments are removed only
+//!   once a saved state counts them.
 //! * **Atomic writes**: a temporary file (`O_EXCL | O_NOFOLLOW`, mode
 //!   0600), `fsync`, `rename` over the state file, `fsync` of the
 //!   directory. A reader sees the old state or the new one, never half.
@@ -57,6 +61,12 @@ pub const STATE_FILE: &str = ".pfs-agent-state.json";
 pub const LOCK_FILE: &str = ".pfs-agent.lock";
 /// Where a state file that cannot be read is set aside.
 pub const CORRUPT_FILE: &str = ".pfs-agent-state.json.corrupt";
+/// Space the owning agent keeps allocated for its next save: given back
+/// when a save finds the volume full, so that the state that lets dead
+/// segments be removed can still be written.
+pub const RESERVE_FILE: &str = ".pfs-agent-state.reserve";
+/// The reserve holds at least this, and twice the last state written.
+pub const RESERVE_MIN_BYTES: u64 = 256 << 10;
 /// A larger state file is refused as corrupt.
 pub const MAX_STATE_BYTES: u64 = 16 << 20;
 
@@ -435,10 +445,64 @@ impl Store {
             }
             self.unusable = None;
         }
-        write_atomic(&path, &encode(state))?;
+        let bytes = encode(state);
+        match write_atomic(&path, &bytes) {
+            Err(e) if no_space(&e) && self.give_back_reserve() => {
+                tracing::warn!(dir = %self.dir.display(), "the volume is full: the space kept for the state file ({RESERVE_FILE}) was given back to save it");
+                write_atomic(&path, &bytes)?;
+            }
+            r => r?,
+        }
         self.seen = std::fs::symlink_metadata(&path).ok().map(|m| stamp(&m));
+        self.keep_reserve(bytes.len() as u64);
         Ok(())
     }
+
+    /// Removes the reserve; whether there was one.
+    fn give_back_reserve(&self) -> bool {
+        std::fs::remove_file(self.dir.join(RESERVE_FILE)).is_ok()
+    }
+
+    /// Keeps space for the next save ([`RESERVE_FILE`]), sized for the
+    /// state file as it is: for an agent that just became the owner.
+    pub fn prepare(&self) {
+        if self.role == Role::Owner {
+            let len = std::fs::symlink_metadata(self.state_path()).map_or(0, |m| m.len());
+            self.keep_reserve(len);
+        }
+    }
+
+    /// Makes the reserve hold at least [`RESERVE_MIN_BYTES`] and twice
+    /// `state_len` (the temporary file and the state it replaces both
+    /// exist for a moment). Best effort: without room (or rights) there is
+    /// no reserve, and saving goes on without one.
+    fn keep_reserve(&self, state_len: u64) {
+        let want = RESERVE_MIN_BYTES.max(2 * state_len);
+        let path = self.dir.join(RESERVE_FILE);
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() >= want) {
+            return;
+        }
+        let made = nofollow(OFlags::NONBLOCK | OFlags::NOCTTY)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .and_then(|f| {
+                rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, want)
+                    .map_err(std::io::Error::from)
+            });
+        if let Err(e) = made {
+            tracing::debug!(path = %path.display(), error = %e, "cannot keep space for the state file");
+        }
+    }
+}
+
+/// Whether `e` says the volume (or a quota) is full.
+fn no_space(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
 }
 
 type Loaded = Option<(State, (u64, i64, u64))>;

@@ -3,6 +3,10 @@
 //! segment's file must stay (removing it would lose its counters at the
 //! next restart). The failure is logged once, saying to free space; once
 //! there is room, the segment is retired, saved and removed.
+//!
+//! An agent that owned the directory before it filled up kept space for
+//! its state file: it gives that back to save, and the dead segment is
+//! retired and removed at once, which frees room for new processes.
 
 use std::fs::File;
 use std::io::Write;
@@ -76,4 +80,54 @@ fn a_dead_segment_stays_while_the_disk_is_full() {
     let mut agent = Agent::serve_with_args(d, &["--dead-retention", "1s"]).unwrap();
     agent.wait_healthy(Duration::from_secs(20)).unwrap();
     assert_eq!(waits(&agent), 5.0, "counted after a restart");
+}
+
+#[test]
+fn the_space_kept_for_the_state_lets_a_dead_segment_go_on_a_full_disk() {
+    let fs = Tmpfs::mount(4 << 20);
+    let d = fs.0.path();
+    let mut agent = Agent::serve_with_args(d, &["--dead-retention", "4s"]).unwrap();
+    agent.wait_healthy(Duration::from_secs(20)).unwrap();
+    let reserve = d.join(pfs_agent::retired::RESERVE_FILE);
+    assert!(
+        poll(Duration::from_secs(10), || reserve.exists()),
+        "{}",
+        agent.guard.describe()
+    );
+    let seg = pfs_agent::testing::dead_segment(d, "svc", 4242, 5);
+    let waits = |a: &Agent| {
+        sample(
+            &a.metrics().unwrap(),
+            "pfs_events_waits_total",
+            &[("service", "svc"), ("event_name", CLASS)],
+        )
+        .ok()
+    };
+    assert!(
+        poll(Duration::from_secs(10), || waits(&agent) == Some(5.0)),
+        "{}",
+        agent.guard.describe()
+    );
+    let filler = d.join("filler");
+    let mut f = File::create(&filler).unwrap();
+    while f.write_all(&[0u8; 4096]).is_ok() {}
+    drop(f);
+    assert!(
+        poll(Duration::from_secs(20), || !seg.exists()),
+        "not retired on a full disk:\n{}",
+        agent.guard.describe()
+    );
+    let log = agent.guard.stderr();
+    assert!(log.contains("was given back"), "{log}");
+    assert!(!log.contains("cannot save the retired totals"), "{log}");
+    assert_eq!(waits(&agent), Some(5.0), "retired, still counted");
+    drop(agent);
+    std::fs::remove_file(&filler).unwrap();
+    let mut agent = Agent::serve_with_args(d, &["--dead-retention", "4s"]).unwrap();
+    agent.wait_healthy(Duration::from_secs(20)).unwrap();
+    assert_eq!(waits(&agent), Some(5.0), "counted after a restart");
+    assert!(
+        poll(Duration::from_secs(10), || reserve.exists()),
+        "the space is kept again"
+    );
 }

@@ -76,6 +76,7 @@ impl Retirement {
         let mut store = Store::new(&self.dir);
         store.elect();
         let state = store.load();
+        store.prepare();
         self.store = Some(store);
         self.install(state);
     }
@@ -175,8 +176,11 @@ impl Retirement {
         let Some(store) = &mut self.store else {
             return false;
         };
-        let reload =
-            store.elect() || (store.role() == Role::Follower && (force || store.changed()));
+        let elected = store.elect();
+        if elected {
+            store.prepare();
+        }
+        let reload = elected || (store.role() == Role::Follower && (force || store.changed()));
         if reload {
             let state = store.load();
             self.install(state);
