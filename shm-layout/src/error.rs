@@ -28,7 +28,8 @@ pub enum SegmentError {
     ByteOrder(u32),
     /// A layout this reader does not know.
     #[error(
-        "segment layout version {found} is not supported (this agent reads version {supported}); upgrade pfs-agent to match the instrumented application's pfs-client"
+        "segment layout version {found} is not supported (this agent reads version {supported}); {}",
+        upgrade_advice(*found, *supported)
     )]
     UnsupportedVersion {
         /// Major version in the file.
@@ -86,4 +87,34 @@ pub enum SegmentError {
         /// The odd sequence value the lock stayed at.
         seq: u64,
     },
+}
+
+/// Which side of a layout version mismatch to upgrade: the agent when the
+/// segment's version is newer, else the application.
+fn upgrade_advice(found: u32, supported: u32) -> &'static str {
+    if found > supported {
+        "the application's pfs-client is newer: upgrade pfs-agent to a release that reads it"
+    } else {
+        "the application's pfs-client is older: upgrade the application to a pfs-client of this agent's layout version (or run an older pfs-agent beside it)"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_version_refusal_names_the_side_to_upgrade() {
+        let newer = SegmentError::UnsupportedVersion {
+            found: 6,
+            supported: 5,
+        };
+        assert!(newer.to_string().contains("upgrade pfs-agent"), "{newer}");
+        let older = SegmentError::UnsupportedVersion {
+            found: 4,
+            supported: 5,
+        };
+        assert!(older.to_string().contains("upgrade the application"), "{older}");
+        assert!(!older.to_string().contains("upgrade pfs-agent"), "{older}");
+    }
 }
