@@ -25,8 +25,12 @@
 //!   killed between the two finds the file on restart, recognises it by
 //!   name, inode, pid and start time, and removes it without counting it
 //!   twice.
+//! * **A newer agent's file** (a higher version: an agent downgrade) is
+//!   left as it is, neither read nor overwritten (logged): this agent's
+//!   retired totals start from zero and it retires nothing until a
+//!   `pfs-agent` that reads the file runs again, which finds it intact.
 //! * **Corruption**: a state file that cannot be parsed (or is larger than
-//!   [`MAX_STATE_BYTES`], or of an unknown version, or is not a regular
+//!   [`MAX_STATE_BYTES`], or of an older version this agent does not read, or is not a regular
 //!   file: a FIFO there is opened without blocking and refused) is renamed
 //!   to `.pfs-agent-state.json.corrupt` (`.corrupt.1` ... if that is taken:
 //!   an earlier one is never replaced) and logged; the agent starts from
@@ -407,6 +411,14 @@ impl Store {
                 self.seen = None;
                 State::default()
             }
+            Err(StateError::Version(v)) if v > VERSION => {
+                // A newer agent's: kept for it (an agent downgrade is
+                // undone by upgrading again), neither read nor replaced.
+                self.seen = std::fs::symlink_metadata(&path).ok().map(|m| stamp(&m));
+                self.unusable = self.seen;
+                tracing::error!(path = %path.display(), version = v, "state file written by a newer pfs-agent (state version {v}; this agent reads version {VERSION}): it is left as it is, neither read nor overwritten, so this agent's retired totals start from zero and dead segments are kept, not retired; run a pfs-agent that reads it (or move it away to start afresh)");
+                State::default()
+            }
             Err(msg) => {
                 let moved = match self.role {
                     Role::Owner => Some(set_aside(&path, &self.dir.join(CORRUPT_FILE))),
@@ -439,7 +451,7 @@ impl Store {
         if let Some(bad) = self.unusable {
             if std::fs::symlink_metadata(&path).is_ok_and(|m| stamp(&m) == bad) {
                 return Err(std::io::Error::other(format!(
-                    "{} is unusable and could not be set aside; move it away (the agent does not overwrite it)",
+                    "{} is left as it is (unusable and not set aside, or written by a newer pfs-agent: see the error logged when it was loaded); move it away (the agent does not overwrite it)",
                     path.display()
                 )));
             }
@@ -666,6 +678,26 @@ mod tests {
         s.statement.cpu_time_ps = 0;
         s.statement.cancelled = 0;
         same(&want, &back);
+    }
+
+    /// A state file of a newer version (an agent downgrade) is left as it
+    /// is for the newer agent: not set aside, not overwritten.
+    #[test]
+    fn a_newer_agents_state_file_is_kept_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v: serde_json::Value = serde_json::from_slice(&encode(&sample())).unwrap();
+        v["version"] = (VERSION + 1).into();
+        v["a_newer_field"] = 1.into();
+        let text = v.to_string();
+        let path = dir.path().join(STATE_FILE);
+        std::fs::write(&path, &text).unwrap();
+        let mut store = Store::new(dir.path());
+        store.elect();
+        let state = store.load();
+        assert!(state.retired.by_service.is_empty());
+        assert!(store.save(&sample()).is_err(), "not overwritten");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+        assert!(!dir.path().join(CORRUPT_FILE).exists(), "not set aside");
     }
 
     #[test]

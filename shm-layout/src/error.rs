@@ -114,7 +114,10 @@ mod tests {
             found: 4,
             supported: 5,
         };
-        assert!(older.to_string().contains("upgrade the application"), "{older}");
+        assert!(
+            older.to_string().contains("upgrade the application"),
+            "{older}"
+        );
         assert!(!older.to_string().contains("upgrade pfs-agent"), "{older}");
     }
 }
