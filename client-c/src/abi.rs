@@ -13,6 +13,7 @@ use crate::codes::{PFS_ERR_INTERNAL, PFS_OK};
 use crate::init::{pfs_config_t, refuse};
 use crate::memory::pfs_memory_t;
 use crate::shield::shield;
+use crate::slot;
 use crate::statement::pfs_statement_t;
 use crate::wait::pfs_wait_t;
 
@@ -37,9 +38,11 @@ pub extern "C" fn pfs_abi_version() -> u32 {
 /// ```
 ///
 /// Returns `PFS_OK`, or `PFS_ERR_ABI_MISMATCH` (message: `pfs_init_error`)
-/// after which every `pfs_init*` returns `PFS_ERR_ABI_MISMATCH` too, so
-/// the program runs uninstrumented instead of handing the library structs
-/// of the wrong size; or `PFS_ERR_INTERNAL`.
+/// after which every `pfs_init*` returns `PFS_ERR_ABI_MISMATCH` too, and
+/// (even if the library was initialised already) every call that takes a
+/// `pfs_wait_t`, `pfs_statement_t` or `pfs_memory_t` leaves it untouched,
+/// so the program runs uninstrumented instead of handing the library
+/// structs of the wrong size; or `PFS_ERR_INTERNAL`.
 ///
 /// Threading: any thread, before `pfs_init*`; takes a lock.
 #[unsafe(no_mangle)]
@@ -74,8 +77,11 @@ pub extern "C" fn pfs_check_abi(
         if wrong.is_empty() {
             return PFS_OK;
         }
+        // Called after a successful `pfs_init*` too: the structs the
+        // program hands over are the wrong size, so none is touched again.
+        slot::refuse_all();
         refuse(format!(
-            "the program's pfs.h does not match libpfs.so.{PFS_ABI_VERSION}: {}; rebuild it against this library's pfs.h (instrumentation stays off)",
+            "the program's pfs.h does not match libpfs.so.{PFS_ABI_VERSION}: {}; rebuild it against this library's pfs.h (instrumentation stays off: the library no longer touches the program's pfs_wait_t, pfs_statement_t and pfs_memory_t)",
             wrong.join(", ")
         ))
     })

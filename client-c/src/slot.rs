@@ -19,7 +19,25 @@
 
 use std::cell::Cell;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+/// Set when the program turns out to be compiled with a `pfs.h` whose
+/// structs are not this library's size (an ABI check that failed after
+/// initialisation): from then on no slot is touched, so the library never
+/// reads or writes past a program's struct. Written once, read on every
+/// use: a line no thread writes in the normal run.
+static UNUSABLE: AtomicBool = AtomicBool::new(false);
+
+/// Stops every use of slots (see [`UNUSABLE`]).
+pub(crate) fn refuse_all() {
+    UNUSABLE.store(true, Relaxed);
+}
+
+/// Whether slots may be used: false once [`refuse_all`] ran.
+#[inline(always)]
+pub(crate) fn usable() -> bool {
+    !UNUSABLE.load(Relaxed)
+}
 
 /// The armed word's value ("pfs_slot" in ASCII) for a slot any thread may
 /// take, XOR the owner's token for a slot of one thread: any other value,
@@ -97,6 +115,9 @@ impl<T> Slot<T> {
 /// `owner` is [`Owner::ANY`] or [`Owner::me`].
 #[inline(always)]
 pub(crate) unsafe fn put<T>(p: *mut Slot<T>, owner: Owner, value: T) {
+    if !usable() {
+        return;
+    }
     // SAFETY: by this function's contract `p` is valid, aligned and
     // exclusively ours; `write` does not read or drop the old contents.
     unsafe {
@@ -141,6 +162,9 @@ pub(crate) unsafe fn arm<T>(p: *mut Slot<T>, owner: Owner) {
 /// As [`put`].
 #[inline(always)]
 pub(crate) unsafe fn clear<T>(p: *mut Slot<T>) {
+    if !usable() {
+        return;
+    }
     // SAFETY: `p` is valid for writes and ours (contract); writing the
     // armed word through a raw place projection reads nothing.
     unsafe { (&raw mut (*p).armed).write(0) };
@@ -163,6 +187,9 @@ pub(crate) unsafe fn with<T, R>(
     owner: Owner,
     f: impl FnOnce(&mut T) -> R,
 ) -> Option<R> {
+    if !usable() {
+        return None;
+    }
     // SAFETY: `p` is valid and exclusive (contract).
     let slot = unsafe { &mut *p };
     if slot.armed != owner.armed() {
@@ -182,6 +209,9 @@ pub(crate) unsafe fn with<T, R>(
 /// As [`with`].
 #[inline(always)]
 pub(crate) unsafe fn take<T>(p: *mut Slot<T>, owner: Owner, last: impl FnOnce(&mut T)) {
+    if !usable() {
+        return;
+    }
     // SAFETY: `p` is valid and exclusive (contract).
     let slot = unsafe { &mut *p };
     if slot.armed != owner.armed() {

@@ -147,7 +147,7 @@ pub unsafe extern "C" fn pfs_wait_begin(
     object: u64,
 ) {
     shield((), || {
-        if w.is_null() {
+        if w.is_null() || !slot::usable() {
             return;
         }
         let slot = w.cast::<Slot<WaitGuard>>();

@@ -376,6 +376,37 @@ static int abi(const char *shm_dir) {
     return 0;
 }
 
+/* An ABI check that fails after initialisation (a program that checks
+ * late): the library must stop touching the program's structs, which are
+ * not its size. Every byte of a wait struct begun and ended afterwards
+ * stays as the program left it. */
+static int abi_late(const char *shm_dir) {
+    pfs_config_t cfg = PFS_CONFIG_INIT;
+    cfg.shm_dir = shm_dir;
+    cfg.service_name = "c-abi-late";
+    CHECK(pfs_init_with(&cfg) == PFS_OK);
+    const pfs_wait_class_t *cls = pfs_wait_class_register("wait/synch/mutex/c/late");
+    pfs_wait_t w;
+    pfs_wait_begin(&w, cls, PFS_OP_LOCK, 1);
+    pfs_wait_end(&w);
+    CHECK(pfs_check_abi(PFS_ABI_VERSION, sizeof(pfs_config_t), sizeof(pfs_wait_t) - 8,
+                        sizeof(pfs_statement_t), sizeof(pfs_memory_t)) == PFS_ERR_ABI_MISMATCH);
+    pfs_wait_t late;
+    memset(&late, 0xAB, sizeof late);
+    pfs_wait_begin(&late, cls, PFS_OP_LOCK, 2);
+    pfs_wait_end(&late);
+    const pfs_statement_class_t *st = pfs_statement_class_register("statement/c/late");
+    pfs_statement_t s;
+    memset(&s, 0xAB, sizeof s);
+    pfs_statement_begin(&s, st);
+    pfs_statement_end(&s);
+    int untouched = 1;
+    for (size_t i = 0; i < sizeof late; i++) untouched &= ((unsigned char *)&late)[i] == 0xAB;
+    for (size_t i = 0; i < sizeof s; i++) untouched &= ((unsigned char *)&s)[i] == 0xAB;
+    printf("{\"untouched\":%d,\"initialized\":%d}\n", untouched, pfs_is_initialized());
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (strcmp(mode, "owner") == 0 && argc == 4) return owner(argv[2], argv[3]);
@@ -384,6 +415,7 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "names") == 0 && argc == 4) return names(argv[2], argv[3]);
     if (strcmp(mode, "config") == 0 && argc == 3) return config(argv[2]);
     if (strcmp(mode, "abi") == 0 && argc == 3) return abi(argv[2]);
-    fprintf(stderr, "usage: %s owner|lost|names|config|abi SHM_DIR [SERVICE ...]\n", argv[0]);
+    if (strcmp(mode, "abi_late") == 0 && argc == 3) return abi_late(argv[2]);
+    fprintf(stderr, "usage: %s owner|lost|names|config|abi|abi_late SHM_DIR [SERVICE ...]\n", argv[0]);
     return 2;
 }

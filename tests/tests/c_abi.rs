@@ -587,6 +587,10 @@ fn libpfs_is_versioned_and_checks_the_abi() {
     let dir = tempfile::tempdir().unwrap();
     let got = run_edges("abi", &[dir.path().to_str().unwrap()]);
     assert_eq!(got["abi"], 0, "{got}");
+    // Checked late (after pfs_init): the program's structs are left alone.
+    let late = tempfile::tempdir().unwrap();
+    let got = run_edges("abi_late", &[late.path().to_str().unwrap()]);
+    assert_eq!(got["untouched"], 1, "{got}");
 }
 
 /// An end (or a statement's set) on a thread that did not begin the
