@@ -4,8 +4,16 @@
 //! `wait/synch/...` waits of the task that waited.
 //!
 //! Porting is a change of `use` plus a class per constructor: the methods
-//! keep tokio's names and signatures and return tokio's own guards and
-//! permits (except [`OwnedMutexGuard`], see there).
+//! these types have keep tokio's names and signatures and return tokio's
+//! own guards and permits (except [`OwnedMutexGuard`], see there). They
+//! cover the acquisitions async code makes, plus `Mutex::blocking_lock`
+//! and `RwLock::blocking_read`/`blocking_write` (recorded as waits of the
+//! calling thread). Not offered, and reached uninstrumented through
+//! `as_inner` (`as_inner_mut` for receivers): `RwLock`'s owned guards
+//! (`read_owned`, `write_owned` and their `try_` forms),
+//! `Notify::notified_owned`, `Semaphore::blocking_acquire*`, the
+//! receivers' `poll_recv`, `poll_recv_many`, `blocking_recv*`,
+//! capacities and sender counts, and `OwnedMutexGuard::map`.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -225,6 +233,23 @@ impl<T: ?Sized> Mutex<T> {
         self.inner.try_lock()
     }
 
+    /// Locks from synchronous code (not from a runtime's worker, as
+    /// tokio's), blocking the thread while it is held. A lock that had to
+    /// wait is recorded as a `lock` wait of the calling thread.
+    pub fn blocking_lock(&self) -> MutexGuard<'_, T> {
+        if let Ok(g) = self.inner.try_lock() {
+            return g;
+        }
+        let _wait = self.class.get().start(Operation::Lock, self.object());
+        self.inner.blocking_lock()
+    }
+
+    /// tokio's mutex inside, for what this type does not offer (its own
+    /// acquisitions are not recorded).
+    pub fn as_inner(&self) -> &ts::Mutex<T> {
+        &self.inner
+    }
+
     /// Locks an `Arc`ed mutex, returning a guard that keeps it alive
     /// (`'static`, so it can move into a spawned task). Recorded as
     /// [`Mutex::lock`].
@@ -392,6 +417,33 @@ impl<T: ?Sized> RwLock<T> {
         self.inner.try_read()
     }
 
+    /// Shared lock from synchronous code (not from a runtime's worker, as
+    /// tokio's), blocking the thread. A lock that had to wait is recorded
+    /// as a `read_lock` wait of the calling thread.
+    pub fn blocking_read(&self) -> RwLockReadGuard<'_, T> {
+        if let Ok(g) = self.inner.try_read() {
+            return g;
+        }
+        let _wait = self.class.get().start(Operation::ReadLock, address(self));
+        self.inner.blocking_read()
+    }
+
+    /// Exclusive lock from synchronous code, blocking the thread; recorded
+    /// as [`RwLock::blocking_read`], as a `write_lock` wait.
+    pub fn blocking_write(&self) -> RwLockWriteGuard<'_, T> {
+        if let Ok(g) = self.inner.try_write() {
+            return g;
+        }
+        let _wait = self.class.get().start(Operation::WriteLock, address(self));
+        self.inner.blocking_write()
+    }
+
+    /// tokio's rwlock inside, for what this type does not offer (its own
+    /// acquisitions are not recorded).
+    pub fn as_inner(&self) -> &ts::RwLock<T> {
+        &self.inner
+    }
+
     /// Exclusive lock without waiting, or fails; records nothing.
     pub fn try_write(&self) -> Result<RwLockWriteGuard<'_, T>, TryLockError> {
         self.inner.try_write()
@@ -550,6 +602,21 @@ impl Semaphore {
     pub fn try_acquire_owned(self: Arc<Self>) -> Result<OwnedSemaphorePermit, TryAcquireError> {
         self.inner.clone().try_acquire_owned()
     }
+
+    /// [`Semaphore::acquire_many_owned`] without waiting, or fails;
+    /// records nothing.
+    pub fn try_acquire_many_owned(
+        self: Arc<Self>,
+        n: u32,
+    ) -> Result<OwnedSemaphorePermit, TryAcquireError> {
+        self.inner.clone().try_acquire_many_owned(n)
+    }
+
+    /// tokio's semaphore inside, for what this type does not offer (its
+    /// own acquisitions are not recorded).
+    pub fn as_inner(&self) -> &Arc<ts::Semaphore> {
+        &self.inner
+    }
 }
 
 /// A `tokio::sync::Notify` whose waits for a notification are recorded as
@@ -617,6 +684,12 @@ impl Notify {
     /// Wakes the last waiter, or stores a permit.
     pub fn notify_last(&self) {
         self.inner.notify_last();
+    }
+
+    /// tokio's `Notify` inside, for what this type does not offer (waits
+    /// through it are not recorded).
+    pub fn as_inner(&self) -> &ts::Notify {
+        &self.inner
     }
 
     /// Wakes every [`Notified`] made before this call; stores no permit.
@@ -774,6 +847,13 @@ pub mod mpsc {
                 /// tokio's receiver, no longer instrumented.
                 pub fn into_inner(self) -> $inner {
                     self.inner
+                }
+
+                /// tokio's receiver inside, for what this type does not
+                /// offer (`poll_recv`, `blocking_recv`, capacities, sender
+                /// counts); receives through it are not recorded.
+                pub fn as_inner_mut(&mut self) -> &mut $inner {
+                    &mut self.inner
                 }
 
                 /// The next message, waiting while the channel is empty;
