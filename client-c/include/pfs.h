@@ -339,9 +339,11 @@ uint32_t pfs_abi_version(void);
 // ```
 //
 // Returns `PFS_OK`, or `PFS_ERR_ABI_MISMATCH` (message: `pfs_init_error`)
-// after which every `pfs_init*` returns `PFS_ERR_ABI_MISMATCH` too, so
-// the program runs uninstrumented instead of handing the library structs
-// of the wrong size; or `PFS_ERR_INTERNAL`.
+// after which every `pfs_init*` returns `PFS_ERR_ABI_MISMATCH` too, and
+// (even if the library was initialised already) every call that takes a
+// `pfs_wait_t`, `pfs_statement_t` or `pfs_memory_t` leaves it untouched,
+// so the program runs uninstrumented instead of handing the library
+// structs of the wrong size; or `PFS_ERR_INTERNAL`.
 //
 // Threading: any thread, before `pfs_init*`; takes a lock.
 int32_t pfs_check_abi(uint32_t abi_version,
