@@ -261,9 +261,7 @@ impl SegmentSet {
             let Some(t) = self.tracked.remove(&path) else {
                 continue;
             };
-            if let Some(last) = t.final_figures() {
-                self.retirement.absorb(last);
-            }
+            self.retirement.absorb(&t);
             let stamp = std::fs::symlink_metadata(&path)
                 .map(|m| Stamp::of(&m))
                 .unwrap_or_default();

@@ -19,8 +19,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use pfs_shm_layout::reader::SegmentSnapshot;
-
 use super::tracked::Tracked;
 use crate::aggregate::Retired;
 use crate::retired::{Absorbed, Role, State, Store};
@@ -188,10 +186,16 @@ impl Retirement {
         reload
     }
 
-    /// Folds the last good figures of a segment that cannot be read any
-    /// more (its file shrank, its mapping faulted).
-    pub(super) fn absorb(&mut self, last: &SegmentSnapshot) {
+    /// Folds the last good figures of `t`, a segment that cannot be read
+    /// any more (its file shrank, its mapping faulted); its totals kept
+    /// aside, if it was dead, go (they are counted now).
+    pub(super) fn absorb(&mut self, t: &Tracked) {
+        let Some(last) = t.final_figures() else {
+            return;
+        };
         self.retired.absorb(last);
+        let id = t.identity();
+        self.pending.retain(|(p, _)| *p != id);
         self.changed();
     }
 
@@ -344,5 +348,62 @@ pub(super) fn remove_retired(path: &Path, ino: u64) {
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "cannot remove retired segment; check the directory's permissions")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::ServiceTotals;
+    use pfs_shm_layout::ClassKind;
+    use pfs_shm_layout::reader::Summary;
+
+    fn id(file: &str) -> Absorbed {
+        Absorbed {
+            file: file.into(),
+            ino: 7,
+            pid: 1,
+            start_time_unix_ns: 1_700_000_000_000_000_000,
+        }
+    }
+
+    fn waits(n: u64) -> Retired {
+        let mut t = ServiceTotals::default();
+        let s = Summary {
+            count: n,
+            ..Summary::default()
+        };
+        t.classes
+            .insert("wait/synch/mutex/t/a".into(), (ClassKind::Mutex, s));
+        let mut r = Retired::default();
+        r.by_service.insert("svc".into(), t);
+        r.earliest_start_ns.insert("svc".into(), 5);
+        r
+    }
+
+    fn count(r: &Retired) -> u64 {
+        r.by_service
+            .get("svc")
+            .map_or(0, |t| t.classes["wait/synch/mutex/t/a"].1.count)
+    }
+
+    /// After a load, the pending segments the first pass did not find are
+    /// retired from their kept totals, once; those it found stay pending.
+    #[test]
+    fn pending_segments_not_found_after_a_load_are_retired_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Retirement::new(dir.path());
+        r.install(State {
+            retired: waits(100),
+            retired_segments: 4,
+            absorbed: Vec::new(),
+            pending: vec![(id("svc.1.pfs"), waits(10)), (id("svc.1.1.pfs"), waits(1))],
+        });
+        r.claim(|i| *i == id("svc.1.1.pfs"));
+        assert_eq!(count(&r.retired), 110, "the file that went away");
+        assert_eq!(r.retired_segments, 5);
+        assert_eq!(r.pending(), 1, "the one still tracked");
+        r.claim(|_| false);
+        assert_eq!(count(&r.retired), 110, "claimed once per load");
     }
 }
