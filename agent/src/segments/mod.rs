@@ -567,6 +567,34 @@ mod tests {
         segment(path, false).0
     }
 
+    /// Dead segments' totals kept aside in the state file are bounded:
+    /// past [`retirement::MAX_PENDING`], the longest dead are retired
+    /// before their retention ends, their counts folded exactly once.
+    #[test]
+    fn dead_segments_kept_aside_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = retirement::MAX_PENDING + 8;
+        for pid in 0..n {
+            crate::testing::dead_segment(dir.path(), "svc", 100 + pid as u32, 2);
+        }
+        let mut set = SegmentSet::new(dir.path(), Duration::from_secs(3600)).persist();
+        set.refresh();
+        assert_eq!(set.retired_segments(), 8);
+        assert_eq!(set.tracked.len(), retirement::MAX_PENDING);
+        let retired = &set.retired().by_service["svc"].classes["wait/synch/mutex/t/a"].1;
+        assert_eq!(retired.count, 16);
+        let state: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.path().join(crate::retired::STATE_FILE)).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            state["pending"].as_array().map(Vec::len),
+            Some(retirement::MAX_PENDING)
+        );
+        set.refresh();
+        assert_eq!(set.retired_segments(), 8, "stable");
+    }
+
     #[test]
     fn a_file_stuck_initialising_is_reported_once_and_retried() {
         let dir = tempfile::tempdir().unwrap();
