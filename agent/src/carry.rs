@@ -45,12 +45,14 @@ pub fn carry_forward(s: &mut SegmentSnapshot, prev: Option<&SegmentSnapshot>) ->
 /// number of rows carried.
 pub fn carry_forward_summed(s: &mut SegmentSnapshot, prev: &SegmentSnapshot) -> u64 {
     let mut carried = carry_forward(s, Some(prev));
-    let mut classes: Vec<u32> = s
+    // The skipped rows' classes: each class once, with its skipped rows.
+    let mut skipped: Vec<u32> = s
         .threads
         .iter_mut()
         .flat_map(|t| std::mem::take(&mut t.skipped_rows))
         .collect();
-    classes.sort_unstable();
+    skipped.sort_unstable();
+    let mut classes = skipped.clone();
     classes.dedup();
     // Memory rows stay per thread: only summary classes are summed.
     classes.retain(|c| {
@@ -80,7 +82,8 @@ pub fn carry_forward_summed(s: &mut SegmentSnapshot, prev: &SegmentSnapshot) -> 
                 s.live_rows.sort_by_key(|(c, _)| *c);
             }
         }
-        carried += 1;
+        // Every skipped row of the class is carried by its total.
+        carried += skipped.iter().filter(|c| **c == class).count() as u64;
     }
     carried
 }
@@ -142,8 +145,16 @@ mod tests {
             .position(|t| t.record == t1.index)
             .unwrap();
         now.threads[i].skipped_rows.push(a);
+        // Thread 2's row of `a` was skipped too (its count still summed
+        // here): one class raised, two rows carried.
+        let j = now
+            .threads
+            .iter()
+            .position(|t| t.record == t2.index)
+            .unwrap();
+        now.threads[j].skipped_rows.push(a);
         let b_before = total(&now, b);
-        assert_eq!(carry_forward_summed(&mut now, &prev), 1);
+        assert_eq!(carry_forward_summed(&mut now, &prev), 2);
         // At least the previous total (8), never the dip (4); `b` untouched.
         assert_eq!(total(&now, a).count, 8);
         assert!(now.threads.iter().all(|t| t.skipped_rows.is_empty()));
