@@ -267,13 +267,16 @@ pub fn encode(state: &State) -> Vec<u8> {
 
 /// Parses the file's JSON text; the error says what is wrong.
 pub fn decode(bytes: &[u8]) -> Result<State, StateError> {
+    // The format and version first: another version's file may have
+    // another shape.
+    let head: crate::util::json::FileHead = serde_json::from_slice(bytes)?;
+    if head.format != FORMAT {
+        return Err(StateError::Format(head.format));
+    }
+    if head.version != VERSION {
+        return Err(StateError::Version(head.version));
+    }
     let f: FileV1 = serde_json::from_slice(bytes)?;
-    if f.format != FORMAT {
-        return Err(StateError::Format(f.format));
-    }
-    if f.version != VERSION {
-        return Err(StateError::Version(f.version));
-    }
     let pending = f
         .pending
         .into_iter()
@@ -688,6 +691,8 @@ mod tests {
         let mut v: serde_json::Value = serde_json::from_slice(&encode(&sample())).unwrap();
         v["version"] = (VERSION + 1).into();
         v["a_newer_field"] = 1.into();
+        // Another shape: a field this agent requires is gone.
+        v.as_object_mut().unwrap().remove("services");
         let text = v.to_string();
         let path = dir.path().join(STATE_FILE);
         std::fs::write(&path, &text).unwrap();

@@ -132,6 +132,9 @@ pub struct Baselines {
     /// time): a file of the same name made by another process (a pid
     /// reused, as in containers) has none of them.
     owners: HashMap<PathBuf, u64>,
+    /// The directory's file was written by a newer agent: it is left as
+    /// it is, and these baselines are never saved over it.
+    newer_file: bool,
 }
 
 impl Baselines {
@@ -583,13 +586,16 @@ impl Baselines {
 
     /// Parses the file's JSON text, placing the segments in `dir`.
     pub fn decode(bytes: &[u8], dir: &Path) -> Result<Self, BaselinesError> {
-        let f: FileV1 = serde_json::from_slice(bytes)?;
-        if f.format != FORMAT || f.version != VERSION {
+        // The format and version first: another version's file may have
+        // another shape.
+        let head: crate::util::json::FileHead = serde_json::from_slice(bytes)?;
+        if head.format != FORMAT || head.version != VERSION {
             return Err(BaselinesError::Format {
-                format: f.format,
-                version: f.version,
+                format: head.format,
+                version: head.version,
             });
         }
+        let f: FileV1 = serde_json::from_slice(bytes)?;
         // A name must stay a name: no path can be smuggled in.
         let path = |n: &str| -> Result<PathBuf, BaselinesError> {
             if n.is_empty() || n.contains('/') || n == "." || n == ".." {
@@ -664,6 +670,15 @@ impl Baselines {
     pub fn load(dir: &Path) -> Self {
         match Self::read(dir) {
             Ok(b) => b.unwrap_or_default(),
+            Err(BaselinesError::Format { format, version })
+                if format == FORMAT && version > VERSION =>
+            {
+                tracing::error!(path = %dir.join(BASELINES_FILE).display(), version, "TRUNCATE baselines file written by a newer pfs-agent (version {version}; this agent reads version {VERSION}): it is left as it is and not overwritten; tables show lifetime values, and a TRUNCATE here is not saved");
+                Self {
+                    newer_file: true,
+                    ..Self::default()
+                }
+            }
             Err(msg) => {
                 let file = dir.join(BASELINES_FILE);
                 let aside = dir.join(format!("{BASELINES_FILE}.corrupt"));
@@ -693,8 +708,16 @@ impl Baselines {
         }
     }
 
-    /// Saves the baselines (of existing segments) in `dir`, atomically.
+    /// Saves the baselines (of existing segments) in `dir`, atomically;
+    /// never over a file a newer agent wrote (an error while it is there).
     pub fn save(&mut self, dir: &Path) -> std::io::Result<()> {
+        let path = dir.join(BASELINES_FILE);
+        if self.newer_file && std::fs::symlink_metadata(&path).is_ok() {
+            return Err(std::io::Error::other(format!(
+                "{} was written by a newer pfs-agent and is not overwritten",
+                path.display()
+            )));
+        }
         self.retain_existing();
         write_atomic(&dir.join(BASELINES_FILE), &self.encode())
     }
@@ -804,6 +827,28 @@ mod tests {
                 .exists()
         );
         assert!(Baselines::load(dir.path()).is_empty(), "no file: empty");
+    }
+
+    /// A file of a newer version (an agent downgrade) is left as it is for
+    /// that agent: not set aside, not overwritten by a TRUNCATE here.
+    #[test]
+    fn a_newer_agents_baselines_file_is_kept_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(BASELINES_FILE);
+        let newer = serde_json::json!({
+            "format": FORMAT, "version": VERSION + 1, "something": "new"
+        })
+        .to_string();
+        std::fs::write(&path, &newer).unwrap();
+        let mut b = Baselines::load(dir.path());
+        assert!(b.is_empty());
+        assert!(b.save(dir.path()).is_err());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), newer);
+        assert!(
+            !dir.path()
+                .join(format!("{BASELINES_FILE}.corrupt"))
+                .exists()
+        );
     }
 
     /// A file written before tasks (no `task_events`) loads as it was.
