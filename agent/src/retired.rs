@@ -450,6 +450,14 @@ impl Store {
     /// instead of replacing it, while an unusable state file that could not
     /// be set aside is still there.
     pub fn save(&mut self, state: &State) -> std::io::Result<()> {
+        self.save_with(state, true)
+    }
+
+    /// [`Store::save`]; a save that finds the volume full gives back the
+    /// space kept for it ([`RESERVE_FILE`]) only if `spend_reserve` (a
+    /// save that lets dead segments' files go, not one that only keeps
+    /// totals aside).
+    pub fn save_with(&mut self, state: &State, spend_reserve: bool) -> std::io::Result<()> {
         let path = self.state_path();
         if let Some(bad) = self.unusable {
             if std::fs::symlink_metadata(&path).is_ok_and(|m| stamp(&m) == bad) {
@@ -462,7 +470,7 @@ impl Store {
         }
         let bytes = encode(state);
         match write_atomic(&path, &bytes) {
-            Err(e) if no_space(&e) && self.give_back_reserve() => {
+            Err(e) if spend_reserve && no_space(&e) && self.give_back_reserve() => {
                 tracing::warn!(dir = %self.dir.display(), "the volume is full: the space kept for the state file ({RESERVE_FILE}) was given back to save it");
                 write_atomic(&path, &bytes)?;
             }
@@ -508,6 +516,10 @@ impl Store {
             });
         if let Err(e) = made {
             tracing::debug!(path = %path.display(), error = %e, "cannot keep space for the state file");
+            // An empty reserve would be given back for nothing.
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+                let _ = std::fs::remove_file(&path);
+            }
         }
     }
 }

@@ -343,7 +343,9 @@ uint32_t pfs_abi_version(void);
 // (even if the library was initialised already) every call that takes a
 // `pfs_wait_t`, `pfs_statement_t` or `pfs_memory_t` leaves it untouched,
 // so the program runs uninstrumented instead of handing the library
-// structs of the wrong size; or `PFS_ERR_INTERNAL`.
+// structs of the wrong size (waits, statements and memory begun before
+// such a late check are never ended nor freed in the accounting); or
+// `PFS_ERR_INTERNAL`.
 //
 // Threading: any thread, before `pfs_init*`; takes a lock.
 int32_t pfs_check_abi(uint32_t abi_version,

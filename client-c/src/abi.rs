@@ -42,7 +42,9 @@ pub extern "C" fn pfs_abi_version() -> u32 {
 /// (even if the library was initialised already) every call that takes a
 /// `pfs_wait_t`, `pfs_statement_t` or `pfs_memory_t` leaves it untouched,
 /// so the program runs uninstrumented instead of handing the library
-/// structs of the wrong size; or `PFS_ERR_INTERNAL`.
+/// structs of the wrong size (waits, statements and memory begun before
+/// such a late check are never ended nor freed in the accounting); or
+/// `PFS_ERR_INTERNAL`.
 ///
 /// Threading: any thread, before `pfs_init*`; takes a lock.
 #[unsafe(no_mangle)]

@@ -132,6 +132,13 @@ pub use ::tokio::sync::{
     RwLockReadGuard, RwLockWriteGuard, SemaphorePermit, TryAcquireError, TryLockError,
 };
 
+/// Whether the calling thread runs a tokio runtime, where tokio's
+/// `blocking_*` methods panic: the drop-ins then call them at once, so
+/// that the misuse fails every time, not only when the lock is contended.
+fn in_runtime() -> bool {
+    ::tokio::runtime::Handle::try_current().is_ok()
+}
+
 /// The address of `t`, as a wait's `OBJECT_INSTANCE_BEGIN`.
 fn address<T: ?Sized>(t: &T) -> usize {
     t as *const T as *const () as usize
@@ -237,6 +244,9 @@ impl<T: ?Sized> Mutex<T> {
     /// tokio's), blocking the thread while it is held. A lock that had to
     /// wait is recorded as a `lock` wait of the calling thread.
     pub fn blocking_lock(&self) -> MutexGuard<'_, T> {
+        if in_runtime() {
+            return self.inner.blocking_lock(); // tokio's panic, every time
+        }
         if let Ok(g) = self.inner.try_lock() {
             return g;
         }
@@ -421,6 +431,9 @@ impl<T: ?Sized> RwLock<T> {
     /// tokio's), blocking the thread. A lock that had to wait is recorded
     /// as a `read_lock` wait of the calling thread.
     pub fn blocking_read(&self) -> RwLockReadGuard<'_, T> {
+        if in_runtime() {
+            return self.inner.blocking_read(); // tokio's panic, every time
+        }
         if let Ok(g) = self.inner.try_read() {
             return g;
         }
@@ -431,6 +444,9 @@ impl<T: ?Sized> RwLock<T> {
     /// Exclusive lock from synchronous code, blocking the thread; recorded
     /// as [`RwLock::blocking_read`], as a `write_lock` wait.
     pub fn blocking_write(&self) -> RwLockWriteGuard<'_, T> {
+        if in_runtime() {
+            return self.inner.blocking_write(); // tokio's panic, every time
+        }
         if let Ok(g) = self.inner.try_write() {
             return g;
         }

@@ -808,3 +808,16 @@ fn blocking_locks_record_the_waits_of_their_threads() {
     assert_eq!(summary(&s, idx).count, 3);
     no_lost_events(&s);
 }
+
+/// Inside a runtime, the blocking forms panic as tokio's do, even when
+/// the lock is free (a misuse found at once, not under contention).
+#[test]
+fn blocking_locks_panic_inside_a_runtime_even_uncontended() {
+    segment();
+    let m = Mutex::new(&BLOCKING_MUTEX, 0u32);
+    let rt = runtime();
+    let panicked = rt.block_on(async {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(m.blocking_lock()))).is_err()
+    });
+    assert!(panicked);
+}

@@ -43,10 +43,14 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Names per thread scanned before the thread's hash map.
 const RECENT: usize = 16;
 
+/// Names a thread copies at most, per set: past this (a field of high
+/// cardinality), a name new to the thread is looked up in the shared map
+/// each time, so that many threads do not each hold thousands of names.
+const LOCAL_NAMES: usize = 1024;
+
 /// One thread's copy of the names of one [`Classes`] it has looked up:
-/// every remembered name (at most the set's `max` plus [`FOLDED_NAMES`]),
-/// each allocated once, and the most recent ones, which share those
-/// allocations.
+/// the remembered names (at most [`LOCAL_NAMES`]), each allocated once,
+/// and the most recent ones, which share those allocations.
 struct Local {
     set: u64,
     all: HashMap<Rc<str>, StatementClass>,
@@ -142,7 +146,9 @@ impl Classes {
                             l.len() - 1
                         }
                     };
-                    l[i].add(name, class);
+                    if l[i].all.len() < LOCAL_NAMES {
+                        l[i].add(name, class);
+                    }
                 }
             });
         }

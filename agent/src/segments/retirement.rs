@@ -42,6 +42,10 @@ pub(super) struct Retirement {
     /// `pending` was just loaded: the next pass says which of its
     /// segments still have their files.
     unclaimed: bool,
+    /// The unsaved change lets dead segments' files go: its save may
+    /// spend the space kept for it (one that only keeps totals aside may
+    /// not).
+    spend_reserve: bool,
     /// The last save failure logged, and when.
     save_warning: Option<(String, Instant)>,
 }
@@ -64,6 +68,7 @@ impl Retirement {
             absorbed: Vec::new(),
             pending: Vec::new(),
             unclaimed: false,
+            spend_reserve: false,
             save_warning: None,
         }
     }
@@ -119,10 +124,16 @@ impl Retirement {
             tracing::info!(
                 file = id.file,
                 pid = id.pid,
-                "a dead segment's file went away while no agent watched; its final counters, kept in the state file, are retired now"
+                "a dead segment's file went away while no agent watched (or was not accepted this pass); its final counters, kept in the state file, are retired now"
             );
             self.retired.merge(&totals);
             self.retired_segments += 1;
+            // Counted now: should its file be there after all (refused
+            // this pass, or listed late), it is not exported again (and
+            // the entry goes at the first save that finds no such file).
+            if !self.absorbed.contains(&id) {
+                self.absorbed.push(id);
+            }
         }
         self.pending = kept;
         if self.pending.len() != before {
@@ -196,6 +207,11 @@ impl Retirement {
         self.retired.absorb(last);
         let id = t.identity();
         self.pending.retain(|(p, _)| *p != id);
+        // A dead one's file stays: should it become readable, it is not
+        // counted again.
+        if self.store.is_some() && t.dead_since.is_some() && !self.absorbed.contains(&id) {
+            self.absorbed.push(id);
+        }
         self.changed();
     }
 
@@ -263,6 +279,7 @@ impl Retirement {
                 self.absorbed.push(id);
             }
         }
+        self.spend_reserve |= !remove.is_empty();
         self.changed();
         if let Some((retired, retired_segments, absorbed, pending)) = undo
             && self.store.as_ref().is_some_and(|s| s.dirty)
@@ -309,9 +326,10 @@ impl Retirement {
             absorbed: self.absorbed.clone(),
             pending: self.pending.clone(),
         };
-        match store.save(&state) {
+        match store.save_with(&state, self.spend_reserve) {
             Ok(()) => {
                 store.dirty = false;
+                self.spend_reserve = false;
                 if self.save_warning.take().is_some() {
                     tracing::info!(path = %store.state_path().display(), "retired totals saved again; dead segments kept meanwhile are retired and removed now");
                 }
