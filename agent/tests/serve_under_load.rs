@@ -129,21 +129,24 @@ fn table_clients_that_never_read_starve_neither_metrics_nor_discovery() {
     }
 
     // The streams whose clients took nothing for the stall limit are given
-    // up, long before the 120 s connection timeout: two at once, then the
-    // two that waited for their slots (the last two waited too long and
-    // were refused). Then the slots are free again: a table is served
-    // whole. (The stalled connections are read only afterwards: reading
-    // one would let its stream go on.)
+    // up, long before the 120 s connection timeout: the first two, then
+    // those that got their slots while waiting (how many of the other
+    // four did, rather than being refused after waiting 10 s, depends on
+    // the machine's pace). Then the slots are free again: a table is
+    // served whole. (The stalled connections are read only afterwards:
+    // reading one would let its stream go on.)
     let start = Instant::now();
     let given_up = |agent: &Serve| agent.stderr().matches("took no data for").count();
-    while given_up(&agent) < 4 && start.elapsed() < Duration::from_secs(60) {
+    while given_up(&agent) < 2 && start.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(given_up(&agent), 4, "{}", agent.stderr());
+    assert!(given_up(&agent) >= 2, "{}", agent.stderr());
     eprintln!(
-        "serve_under_load: 4 stalled streams given up after {:?}",
+        "serve_under_load: the first stalled streams given up after {:?}",
         start.elapsed()
     );
+    // Any stream that started by then stalls and is given up in turn.
+    std::thread::sleep(Duration::from_secs(16));
     let (status, again) = agent
         .get(&format!("/api/v1/tables/{BIG_TABLE}"))
         .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
@@ -151,7 +154,8 @@ fn table_clients_that_never_read_starve_neither_metrics_nor_discovery() {
     assert_eq!(again.len(), table.len(), "the table is served whole again");
 
     // Each stalled connection ended: cut short (a 200 without the last
-    // chunk, never a table that looks whole) or refused.
+    // chunk, never a table that looks whole), one per stream given up, or
+    // refused.
     let mut cut = 0;
     for (i, mut s) in stalled.into_iter().enumerate() {
         let got = read_to_close(&mut s, Duration::from_secs(60));
@@ -166,7 +170,8 @@ fn table_clients_that_never_read_starve_neither_metrics_nor_discovery() {
             assert!(status.contains(" 503 "), "stalled client {i}: {status}");
         }
     }
-    assert_eq!(cut, 4, "streams cut short");
+    assert_eq!(cut, given_up(&agent), "streams cut short");
+    assert!(cut >= 2, "{cut} streams cut short");
 
     // A process's exit is noticed by discovery within seconds.
     drop(victim);
