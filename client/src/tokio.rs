@@ -132,11 +132,27 @@ pub use ::tokio::sync::{
     RwLockReadGuard, RwLockWriteGuard, SemaphorePermit, TryAcquireError, TryLockError,
 };
 
-/// Whether the calling thread runs a tokio runtime, where tokio's
-/// `blocking_*` methods panic: the drop-ins then call them at once, so
-/// that the misuse fails every time, not only when the lock is contended.
-fn in_runtime() -> bool {
-    ::tokio::runtime::Handle::try_current().is_ok()
+/// The blocking form of an acquisition, from synchronous code: `attempt`
+/// (tokio's `try_*`) first, recording nothing if it succeeds; else a wait
+/// of the calling thread of `class` lasts while `block` (tokio's
+/// `blocking_*`) waits. On a thread that runs a tokio runtime, where
+/// tokio's `blocking_*` panic, `block` is called at once, so that the
+/// misuse fails every time, not only when the lock is contended.
+fn block_for<G>(
+    class: &'static LazyWaitClass,
+    operation: Operation,
+    object: usize,
+    attempt: impl FnOnce() -> Option<G>,
+    block: impl FnOnce() -> G,
+) -> G {
+    if ::tokio::runtime::Handle::try_current().is_ok() {
+        return block();
+    }
+    if let Some(g) = attempt() {
+        return g;
+    }
+    let _wait = class.get().start(operation, object);
+    block()
 }
 
 /// The address of `t`, as a wait's `OBJECT_INSTANCE_BEGIN`.
@@ -244,14 +260,13 @@ impl<T: ?Sized> Mutex<T> {
     /// tokio's), blocking the thread while it is held. A lock that had to
     /// wait is recorded as a `lock` wait of the calling thread.
     pub fn blocking_lock(&self) -> MutexGuard<'_, T> {
-        if in_runtime() {
-            return self.inner.blocking_lock(); // tokio's panic, every time
-        }
-        if let Ok(g) = self.inner.try_lock() {
-            return g;
-        }
-        let _wait = self.class.get().start(Operation::Lock, self.object());
-        self.inner.blocking_lock()
+        block_for(
+            self.class,
+            Operation::Lock,
+            self.object(),
+            || self.inner.try_lock().ok(),
+            || self.inner.blocking_lock(),
+        )
     }
 
     /// tokio's mutex inside, for what this type does not offer (its own
@@ -431,27 +446,25 @@ impl<T: ?Sized> RwLock<T> {
     /// tokio's), blocking the thread. A lock that had to wait is recorded
     /// as a `read_lock` wait of the calling thread.
     pub fn blocking_read(&self) -> RwLockReadGuard<'_, T> {
-        if in_runtime() {
-            return self.inner.blocking_read(); // tokio's panic, every time
-        }
-        if let Ok(g) = self.inner.try_read() {
-            return g;
-        }
-        let _wait = self.class.get().start(Operation::ReadLock, address(self));
-        self.inner.blocking_read()
+        block_for(
+            self.class,
+            Operation::ReadLock,
+            address(self),
+            || self.inner.try_read().ok(),
+            || self.inner.blocking_read(),
+        )
     }
 
     /// Exclusive lock from synchronous code, blocking the thread; recorded
     /// as [`RwLock::blocking_read`], as a `write_lock` wait.
     pub fn blocking_write(&self) -> RwLockWriteGuard<'_, T> {
-        if in_runtime() {
-            return self.inner.blocking_write(); // tokio's panic, every time
-        }
-        if let Ok(g) = self.inner.try_write() {
-            return g;
-        }
-        let _wait = self.class.get().start(Operation::WriteLock, address(self));
-        self.inner.blocking_write()
+        block_for(
+            self.class,
+            Operation::WriteLock,
+            address(self),
+            || self.inner.try_write().ok(),
+            || self.inner.blocking_write(),
+        )
     }
 
     /// tokio's rwlock inside, for what this type does not offer (its own
