@@ -199,6 +199,77 @@ fn table_clients_that_never_read_starve_neither_metrics_nor_discovery() {
     assert_eq!(agent.get("/healthz").map(|r| r.0), Ok(200));
 }
 
+/// A stop while table streams are blocked on clients that do not read,
+/// with the runtime then shut down as `pfs-agent demo` does: the server
+/// returns within its stop wait, no stream thread panics in the runtime's
+/// shutdown, and the cut streams end without the final chunk.
+#[test]
+fn stopping_with_stalled_table_streams_exits_cleanly() {
+    use pfs_agent::segments::SegmentSet;
+    use pfs_agent::server::AppState;
+    use pfs_agent::snapshot::Snapshotter;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static PANICS: AtomicUsize = AtomicUsize::new(0);
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().name() == Some("pfs-table") {
+            PANICS.fetch_add(1, Ordering::SeqCst);
+        }
+        default_hook(info);
+    }));
+
+    let dir = tempfile::tempdir().unwrap();
+    let _big = big_segment(dir.path());
+    let snap = Arc::new(Snapshotter::new(
+        SegmentSet::new(dir.path(), Duration::MAX),
+        Duration::ZERO,
+    ));
+    snap.refresh();
+    let state = AppState::new(snap, None);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = rt.spawn(pfs_agent::server::serve(listener, state, async {
+        let _ = stopped.await;
+    }));
+    let mut stalled: Vec<TcpStream> = (0..2)
+        .map(|_| stalled_client(addr, &format!("/api/v1/tables/{BIG_TABLE}")))
+        .collect();
+    // Both streams fill their queues and block on their clients.
+    std::thread::sleep(Duration::from_secs(3));
+    let _ = stop.send(());
+    let start = Instant::now();
+    rt.block_on(server).unwrap();
+    let took = start.elapsed();
+    rt.shutdown_timeout(Duration::from_secs(2));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        took < Duration::from_secs(5),
+        "the server took {took:?} to stop"
+    );
+    assert_eq!(
+        PANICS.load(Ordering::SeqCst),
+        0,
+        "a table stream's thread panicked at shutdown"
+    );
+    for s in &mut stalled {
+        let body = read_to_close(s, Duration::from_secs(20));
+        assert!(
+            !body.ends_with(b"0\r\n\r\n"),
+            "a stream cut by the stop ended like a whole table"
+        );
+    }
+}
+
 /// Reads `s` until the server closes it (or `limit` passes: a panic).
 fn read_to_close(s: &mut TcpStream, limit: Duration) -> Vec<u8> {
     let start = Instant::now();

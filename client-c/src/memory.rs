@@ -72,7 +72,8 @@ pub unsafe extern "C" fn pfs_memory_alloc(
     size: u64,
 ) -> bool {
     shield(false, || {
-        if token.is_null() {
+        // (Not after a failed ABI check: nothing counted, nothing touched.)
+        if token.is_null() || !slot::usable() {
             return false;
         }
         let slot = token.cast::<Slot<MemoryToken>>();

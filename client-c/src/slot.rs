@@ -90,6 +90,17 @@ impl Owner {
     }
 }
 
+/// Whether `owner`'s values can no longer be used: it is a thread whose
+/// record was folded at its exit (a `pthread_key_create` destructor runs
+/// after the client's own thread-exit hook), so a wait or statement it
+/// began refers to a freed context. Such a value is never touched again
+/// (the struct is disarmed, the guard forgotten, its event left unended
+/// as if the thread had been killed). One thread-local read.
+#[inline(always)]
+fn gone(owner: Owner) -> bool {
+    owner != Owner::ANY && pfs_client::thread_gone()
+}
+
 /// A value of type `T` in caller-owned memory, with its armed word.
 #[repr(C)]
 pub(crate) struct Slot<T> {
@@ -192,7 +203,7 @@ pub(crate) unsafe fn with<T, R>(
     }
     // SAFETY: `p` is valid and exclusive (contract).
     let slot = unsafe { &mut *p };
-    if slot.armed != owner.armed() {
+    if slot.armed != owner.armed() || gone(owner) {
         return None;
     }
     // SAFETY: an armed slot holds an initialised value written by `put`
@@ -218,6 +229,10 @@ pub(crate) unsafe fn take<T>(p: *mut Slot<T>, owner: Owner, last: impl FnOnce(&m
         return;
     }
     slot.armed = 0;
+    if gone(owner) {
+        // The value is left as it is, never dropped: see `gone`.
+        return;
+    }
     // SAFETY: the slot was armed, so `value` was initialised by `put` and
     // not dropped since; disarming first means it is dropped only once
     // even if `last` or the drop panics.

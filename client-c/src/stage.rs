@@ -6,6 +6,7 @@ use std::ffi::c_char;
 
 use crate::classes::{self, pfs_stage_class_t};
 use crate::shield::shield;
+use crate::slot;
 use crate::text::str_in;
 
 /// Registers (or finds) the stage instrument `name` (`stage/<area>/<name>`).
@@ -42,6 +43,10 @@ pub unsafe extern "C" fn pfs_stage_class_register(name: *const c_char) -> *const
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pfs_stage_enter(cls: *const pfs_stage_class_t) {
     shield((), || {
+        // After a failed ABI check the program runs uninstrumented.
+        if !slot::usable() {
+            return;
+        }
         // SAFETY: `cls` is null or a handle, which lives forever (contract).
         match unsafe { cls.as_ref() } {
             Some(c) => c.0.enter(),
@@ -55,13 +60,21 @@ pub unsafe extern "C" fn pfs_stage_enter(cls: *const pfs_stage_class_t) {
 /// open stage.
 #[unsafe(no_mangle)]
 pub extern "C" fn pfs_stage_progress(completed: u64, estimated: u64) {
-    shield((), || pfs_client::stage_progress(completed, estimated))
+    shield((), || {
+        if slot::usable() {
+            pfs_client::stage_progress(completed, estimated)
+        }
+    })
 }
 
 /// Ends the calling thread's open stage, if any.
 #[unsafe(no_mangle)]
 pub extern "C" fn pfs_stage_end() {
-    shield((), pfs_client::end_stage)
+    shield((), || {
+        if slot::usable() {
+            pfs_client::end_stage()
+        }
+    })
 }
 
 #[cfg(test)]

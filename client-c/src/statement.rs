@@ -92,7 +92,8 @@ pub unsafe extern "C" fn pfs_statement_begin(
     cls: *const pfs_statement_class_t,
 ) {
     shield((), || {
-        if st.is_null() {
+        // (Not after a failed ABI check: nothing is started, nothing touched.)
+        if st.is_null() || !slot::usable() {
             return;
         }
         let slot = st.cast::<Slot<StatementGuard>>();

@@ -170,7 +170,24 @@ pub fn set_thread_name(name: &str) -> bool {
 /// ```
 pub fn thread_id() -> Option<u64> {
     let rt = runtime::get()?;
-    thread::current(rt).map(|ctx| ctx.thread_id.get())
+    // (A lookup, not an event: a thread without a record counts no loss.)
+    thread::own(rt).map(|ctx| ctx.thread_id.get())
+}
+
+/// Whether the current thread has no record any more: its record was
+/// folded at thread exit (this is code run by a thread-exit hook, such as
+/// a C `pthread_key_create` destructor or a thread-local's destructor
+/// that runs after the client's), or it never got one (the thread
+/// container was full; a forked child). Such a thread records nothing; a
+/// guard it began earlier must be forgotten (`std::mem::forget`), not
+/// dropped, since its context is gone. False before [`init`] and for a
+/// thread not registered yet. Never registers the thread.
+///
+/// ```
+/// assert!(!pfs_client::thread_gone());
+/// ```
+pub fn thread_gone() -> bool {
+    thread::gone()
 }
 
 /// The `EVENT_ID` of the innermost statement open on the current logical

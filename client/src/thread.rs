@@ -153,7 +153,7 @@ fn register_or_lose(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
 
 /// The current thread's context, registering the thread if it is new,
 /// for a call that is not an event (nothing is counted as lost).
-fn own(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
+pub(crate) fn own(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
     match lookup() {
         Lookup::Live(ctx) => Some(ctx),
         Lookup::New => register(rt),
@@ -185,6 +185,14 @@ pub(crate) fn live() -> Option<&'static ThreadCtx> {
         Lookup::Live(ctx) => Some(ctx),
         Lookup::New | Lookup::Dead => None,
     }
+}
+
+/// Whether the current thread has no record any more (or never got one):
+/// lost, exited (its record folded by its thread-exit hook), or a forked
+/// child's. Never registers it.
+#[inline(always)]
+pub(crate) fn gone() -> bool {
+    matches!(lookup(), Lookup::Dead)
 }
 
 /// Runs `f` with the current thread's context if it is already

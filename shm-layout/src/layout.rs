@@ -23,10 +23,10 @@ use crate::seqlock::SeqLock;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"PFSSHM\0\0");
 /// Major layout version. Bumped on every incompatible change; a reader
 /// refuses any major version it does not know.
-pub const LAYOUT_MAJOR: u32 = 5;
+pub const LAYOUT_MAJOR: u32 = 6;
 /// Minor layout version: compatible additions (new section kinds, use of
 /// reserved fields). Readers accept any minor version of a known major.
-pub const LAYOUT_MINOR: u32 = 1;
+pub const LAYOUT_MINOR: u32 = 0;
 /// Written natively by the creator; a reader on the other byte order would
 /// read `0x0403_0201` and refuses the segment.
 pub const BYTE_ORDER_MARK: u32 = 0x0102_0304;
@@ -423,7 +423,12 @@ pub struct SummaryRow {
 /// [`SummaryRow`]): the summary row slot of a class of kind
 /// [`crate::kinds::ClassKind::Memory`] holds this instead. Signed
 /// values are two's-complement `i64` in the `u64` words: a thread's
-/// `current` goes negative when it frees memory another thread allocated.
+/// `CURRENT` goes negative when it frees memory another thread allocated.
+///
+/// `CURRENT_COUNT_USED` and `CURRENT_NUMBER_OF_BYTES_USED` are not stored:
+/// they are `count_alloc − count_free` and `sum_bytes_alloc −
+/// sum_bytes_free` (wrapping), which is what they are by definition, so an
+/// allocation or a free writes two counters fewer (see [`MemoryRow::current`]).
 #[repr(C)]
 #[derive(Debug)]
 pub struct MemoryRow {
@@ -439,21 +444,31 @@ pub struct MemoryRow {
     pub sum_bytes_free: AtomicU64,
     /// `LOW_COUNT_USED` (i64).
     pub low_count_used: AtomicU64,
-    /// `CURRENT_COUNT_USED` (i64).
-    pub current_count_used: AtomicU64,
     /// `HIGH_COUNT_USED` (i64).
     pub high_count_used: AtomicU64,
     /// `LOW_NUMBER_OF_BYTES_USED` (i64).
     pub low_bytes_used: AtomicU64,
-    /// `CURRENT_NUMBER_OF_BYTES_USED` (i64).
-    pub current_bytes_used: AtomicU64,
     /// `HIGH_NUMBER_OF_BYTES_USED` (i64).
     pub high_bytes_used: AtomicU64,
     /// The segment's `memory_truncate_gen` as of the row's last update: an
     /// older value means LOW and HIGH are to be read as CURRENT.
     pub truncate_gen: AtomicU64,
     /// Reserved, zero.
-    pub reserved: [AtomicU64; 36],
+    pub reserved: [AtomicU64; 38],
+}
+
+impl MemoryRow {
+    /// `(CURRENT_COUNT_USED, CURRENT_NUMBER_OF_BYTES_USED)` as two's-
+    /// complement words: allocated − freed, of the row as loaded now
+    /// (relaxed; under the row's sequence lock for a consistent pair).
+    #[inline(always)]
+    pub fn current(&self) -> (u64, u64) {
+        let ld = |a: &AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        (
+            ld(&self.count_alloc).wrapping_sub(ld(&self.count_free)),
+            ld(&self.sum_bytes_alloc).wrapping_sub(ld(&self.sum_bytes_free)),
+        )
+    }
 }
 
 /// Event flag: `timer_start`, `timer_end` and `timer_wait` are valid
@@ -940,8 +955,8 @@ const _: () = {
     assert!(align_of::<MemoryRow>() == align_of::<SummaryRow>());
     assert!(offset_of!(MemoryRow, count_alloc) == 8);
     assert!(offset_of!(MemoryRow, low_count_used) == 40);
-    assert!(offset_of!(MemoryRow, current_bytes_used) == 72);
-    assert!(offset_of!(MemoryRow, truncate_gen) == 88);
+    assert!(offset_of!(MemoryRow, high_bytes_used) == 64);
+    assert!(offset_of!(MemoryRow, truncate_gen) == 72);
     assert!(offset_of!(SetupSection, memory_truncate_gen) == 136);
     assert!(size_of::<EventRecord>() == 128);
     assert!(offset_of!(EventRecord, event_id) == 8);

@@ -8,12 +8,16 @@
 //! checked at compile time, and `tests/spec.rs` checks every number of the
 //! tables below against them.
 //!
-//! Layout version **5.1** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
+//! Layout version **6.0** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
 //! All integers are little-endian (the header's byte-order mark says so).
 //! Every field is an aligned 32- or 64-bit word, read and written with
 //! atomic instructions only.
 //!
-//! Versions: 5.1 uses a reserved word of the setup section,
+//! Versions: 6.0 no longer stores a memory row's `CURRENT_COUNT_USED` and
+//! `CURRENT_NUMBER_OF_BYTES_USED`, which are allocated − freed by
+//! definition: a reader derives them from the counts and sums, and an
+//! allocation or a free writes two words fewer (the fields after them
+//! moved up). 5.1 uses a reserved word of the setup section,
 //! `agent_defaults`, where the agent records the setup defaults it applied
 //! (5.0 readers and writers ignore it). 5.0 moved the sequence lock of each per-thread summary and
 //! memory row out of the row (whose first word is now reserved) into a
@@ -127,8 +131,8 @@
 //! | offset | size | field | meaning |
 //! |-------:|-----:|-------|---------|
 //! | 0x000 | 8 | `magic` | `"PFSSHM\0\0"` |
-//! | 0x008 | 4 | `major` | 5; refuse any other |
-//! | 0x00C | 4 | `minor` | 1 (5.1: `agent_defaults` in the setup section); compatible additions (new section kinds, use of reserved fields): accept any |
+//! | 0x008 | 4 | `major` | 6; refuse any other |
+//! | 0x00C | 4 | `minor` | 0; compatible additions (new section kinds, use of reserved fields): accept any |
 //! | 0x010 | 4 | `byte_order` | `0x01020304` as written by the creator |
 //! | 0x014 | 4 | `header_size` | 4096 |
 //! | 0x018 | 8 | `segment_size` | file size set by the creator; must be ≤ the file's length |
@@ -307,21 +311,23 @@
 //! | 24 | 8 | `sum_bytes_alloc` | `SUM_NUMBER_OF_BYTES_ALLOC` |
 //! | 32 | 8 | `sum_bytes_free` | `SUM_NUMBER_OF_BYTES_FREE` |
 //! | 40 | 8 | `low_count_used` | `LOW_COUNT_USED` (i64) |
-//! | 48 | 8 | `current_count_used` | `CURRENT_COUNT_USED` (i64) |
-//! | 56 | 8 | `high_count_used` | `HIGH_COUNT_USED` (i64) |
-//! | 64 | 8 | `low_bytes_used` | `LOW_NUMBER_OF_BYTES_USED` (i64) |
-//! | 72 | 8 | `current_bytes_used` | `CURRENT_NUMBER_OF_BYTES_USED` (i64) |
-//! | 80 | 8 | `high_bytes_used` | `HIGH_NUMBER_OF_BYTES_USED` (i64) |
-//! | 88 | 8 | `truncate_gen` | setup `memory_truncate_gen` at the last update |
-//! | 96 | 288 | `reserved` | reserved |
+//! | 48 | 8 | `high_count_used` | `HIGH_COUNT_USED` (i64) |
+//! | 56 | 8 | `low_bytes_used` | `LOW_NUMBER_OF_BYTES_USED` (i64) |
+//! | 64 | 8 | `high_bytes_used` | `HIGH_NUMBER_OF_BYTES_USED` (i64) |
+//! | 72 | 8 | `truncate_gen` | setup `memory_truncate_gen` at the last update |
+//! | 80 | 304 | `reserved` | reserved |
+//!
+//! `CURRENT_COUNT_USED` is `count_alloc − count_free` and
+//! `CURRENT_NUMBER_OF_BYTES_USED` is `sum_bytes_alloc − sum_bytes_free`,
+//! both wrapping and read as `i64` (not stored since 6.0).
 //!
 //! The setup section's `memory_truncate_gen` is bumped by the agent when a
 //! memory table is truncated. A writer whose row holds an older generation
 //! sets LOW = HIGH = CURRENT before its next update; a reader shows such a
-//! row with LOW = HIGH = CURRENT. A thread's fold adds counts, sums,
-//! CURRENT, LOW and HIGH into the global row (aggregate watermarks are the
-//! sum of the children's, as in PFS), so the global CURRENT is exactly
-//! allocated − freed.
+//! row with LOW = HIGH = CURRENT. A thread's fold adds counts, sums, LOW
+//! and HIGH into the global row (aggregate watermarks are the sum of the
+//! children's, as in PFS), so the global CURRENT is exactly allocated −
+//! freed.
 //!
 //! ## Event row: [`layout::EventRecord`], 128 bytes
 //!
@@ -423,7 +429,7 @@
 //! | 68 | 60 | `reserved1[15]` | reserved |
 //! | 128 | 8 | `actors_version` | bumped on every actor change |
 //! | 136 | 8 | `memory_truncate_gen` | bumped on every TRUNCATE of a memory table |
-//! | 144 | 8 | `agent_defaults` | (5.1) written by the agent: the fingerprint of the setup defaults it applied (high 32 bits) and the classes they cover (low 32 bits); 0 = none |
+//! | 144 | 8 | `agent_defaults` | (since 5.1) written by the agent: the fingerprint of the setup defaults it applied (high 32 bits) and the classes they cover (low 32 bits); 0 = none |
 //! | 152 | 40 | `reserved2[5]` | reserved |
 //! | 192 | 6144 | `actors[48]` | `setup_actors` rows, below |
 //! | 6336 | 1856 | `padding` | reserved |

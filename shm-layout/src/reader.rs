@@ -255,16 +255,17 @@ impl MemoryStats {
     /// writer has not touched it since a TRUNCATE, so LOW = HIGH = CURRENT.
     fn load(row: &MemoryRow, tgen: u64) -> Self {
         let i = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as i64;
+        let (current_count, current_bytes) = row.current();
         let s = Self {
             count_alloc: row.count_alloc.load(Relaxed),
             count_free: row.count_free.load(Relaxed),
             bytes_alloc: row.sum_bytes_alloc.load(Relaxed),
             bytes_free: row.sum_bytes_free.load(Relaxed),
             low_count: i(&row.low_count_used),
-            current_count: i(&row.current_count_used),
+            current_count: current_count as i64,
             high_count: i(&row.high_count_used),
             low_bytes: i(&row.low_bytes_used),
-            current_bytes: i(&row.current_bytes_used),
+            current_bytes: current_bytes as i64,
             high_bytes: i(&row.high_bytes_used),
         };
         if row.truncate_gen.load(Relaxed) < tgen {

@@ -294,7 +294,7 @@ pub fn set_timers(seg: &Segment, pattern: &str, timer: TimerId) -> usize {
     matched
 }
 
-/// The agent's setup defaults recorded in the segment (layout 5.1):
+/// The agent's setup defaults recorded in the segment (since layout 5.1):
 /// `(fingerprint, classes covered)`, `(0, 0)` if none were applied.
 pub fn agent_defaults(seg: &Segment) -> (u32, u32) {
     let w = seg.setup().agent_defaults.load(Acquire);

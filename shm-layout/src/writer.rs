@@ -642,8 +642,6 @@ impl SegmentWriter {
         let add = |d: &AtomicU64, v: u64| d.store(d.load(Relaxed).wrapping_add(v), Relaxed);
         add(&row.count_free, count);
         add(&row.sum_bytes_free, bytes);
-        add(&row.current_count_used, count.wrapping_neg());
-        add(&row.current_bytes_used, bytes.wrapping_neg());
         add(&row.low_count_used, count.wrapping_neg());
         add(&row.low_bytes_used, bytes.wrapping_neg());
     }
@@ -774,10 +772,8 @@ fn clear_memory_row(row: &MemoryRow, tgen: u64) {
         &row.sum_bytes_alloc,
         &row.sum_bytes_free,
         &row.low_count_used,
-        &row.current_count_used,
         &row.high_count_used,
         &row.low_bytes_used,
-        &row.current_bytes_used,
         &row.high_bytes_used,
     ] {
         a.store(0, Relaxed);
@@ -792,8 +788,7 @@ fn clear_memory_row(row: &MemoryRow, tgen: u64) {
 fn apply_truncation(row: &MemoryRow, tgen: u64) {
     if row.truncate_gen.load(Relaxed) != tgen {
         std::hint::cold_path();
-        let c = row.current_count_used.load(Relaxed);
-        let b = row.current_bytes_used.load(Relaxed);
+        let (c, b) = row.current();
         row.low_count_used.store(c, Relaxed);
         row.high_count_used.store(c, Relaxed);
         row.low_bytes_used.store(b, Relaxed);
@@ -803,23 +798,20 @@ fn apply_truncation(row: &MemoryRow, tgen: u64) {
 }
 
 /// Folds a thread's memory row into a global one (caller holds the global
-/// sequence lock): counts, sums and CURRENT add, so that the global
-/// CURRENT stays exactly allocated − freed; LOW and HIGH add too (the
+/// sequence lock): counts and sums add (so the global CURRENT, derived
+/// from them, stays exactly allocated − freed); LOW and HIGH add too (the
 /// PFS aggregation rule: the worst case of the children). Both rows are
 /// first brought to truncation generation `tgen`.
 fn merge_memory_row(dst: &MemoryRow, src: &MemoryRow, tgen: u64) {
     apply_truncation(dst, tgen);
     let stale = src.truncate_gen.load(Relaxed) != tgen;
     let add = |d: &AtomicU64, v: u64| d.store(d.load(Relaxed).wrapping_add(v), Relaxed);
-    let cc = src.current_count_used.load(Relaxed);
-    let cb = src.current_bytes_used.load(Relaxed);
+    let (cc, cb) = src.current();
     let pick = |w: &AtomicU64, cur: u64| if stale { cur } else { w.load(Relaxed) };
     add(&dst.count_alloc, src.count_alloc.load(Relaxed));
     add(&dst.count_free, src.count_free.load(Relaxed));
     add(&dst.sum_bytes_alloc, src.sum_bytes_alloc.load(Relaxed));
     add(&dst.sum_bytes_free, src.sum_bytes_free.load(Relaxed));
-    add(&dst.current_count_used, cc);
-    add(&dst.current_bytes_used, cb);
     add(&dst.low_count_used, pick(&src.low_count_used, cc));
     add(&dst.high_count_used, pick(&src.high_count_used, cc));
     add(&dst.low_bytes_used, pick(&src.low_bytes_used, cb));
@@ -1298,7 +1290,10 @@ pub fn memory_row_free(row: MemoryRowRef<'_>, size: u64, tgen: u64) {
 
 /// The one memory row update: truncation is a cold branch; the rest is
 /// straight-line relaxed loads and plain stores of the thread's own row
-/// under its sequence lock, one watermark compare per value.
+/// under its sequence lock: the operation's count and sum, then one
+/// watermark compare per value. CURRENT is not stored (it is allocated −
+/// freed, [`MemoryRow::current`]): computed here from the counter just
+/// written and its mirror (`count_free` for an allocation).
 #[inline(always)]
 fn memory_op(r: MemoryRowRef<'_>, size: u64, tgen: u64, alloc: bool) {
     let _w = r.seq.write();
@@ -1306,26 +1301,33 @@ fn memory_op(r: MemoryRowRef<'_>, size: u64, tgen: u64, alloc: bool) {
     apply_truncation(row, tgen);
     let ld = |a: &AtomicU64| a.load(Relaxed);
     // A free is the allocation's mirror image: the same arithmetic on the
-    // other counters with the deltas negated.
-    let (count, sum, delta_c, delta_b) = if alloc {
-        (&row.count_alloc, &row.sum_bytes_alloc, 1u64, size)
+    // other counters.
+    let (count, sum, other_count, other_sum) = if alloc {
+        (
+            &row.count_alloc,
+            &row.sum_bytes_alloc,
+            &row.count_free,
+            &row.sum_bytes_free,
+        )
     } else {
         (
             &row.count_free,
             &row.sum_bytes_free,
-            1u64.wrapping_neg(),
-            size.wrapping_neg(),
+            &row.count_alloc,
+            &row.sum_bytes_alloc,
         )
     };
-    count.store(ld(count).wrapping_add(1), Relaxed);
-    sum.store(ld(sum).wrapping_add(size), Relaxed);
-    let c = ld(&row.current_count_used).wrapping_add(delta_c);
-    let b = ld(&row.current_bytes_used).wrapping_add(delta_b);
-    row.current_count_used.store(c, Relaxed);
-    row.current_bytes_used.store(b, Relaxed);
+    let n = ld(count).wrapping_add(1);
+    let z = ld(sum).wrapping_add(size);
+    count.store(n, Relaxed);
+    sum.store(z, Relaxed);
     // Watermarks compare as signed values: an allocation can only raise
     // HIGH, a free only lower LOW.
     if alloc {
+        let (c, b) = (
+            n.wrapping_sub(ld(other_count)),
+            z.wrapping_sub(ld(other_sum)),
+        );
         if (c as i64) > (ld(&row.high_count_used) as i64) {
             row.high_count_used.store(c, Relaxed);
         }
@@ -1333,6 +1335,10 @@ fn memory_op(r: MemoryRowRef<'_>, size: u64, tgen: u64, alloc: bool) {
             row.high_bytes_used.store(b, Relaxed);
         }
     } else {
+        let (c, b) = (
+            ld(other_count).wrapping_sub(n),
+            ld(other_sum).wrapping_sub(z),
+        );
         if (c as i64) < (ld(&row.low_count_used) as i64) {
             row.low_count_used.store(c, Relaxed);
         }

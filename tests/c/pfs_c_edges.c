@@ -10,8 +10,12 @@
  *   pfs_c_edges names SHM_DIR SERVICE   thread names: OS and pfs_set_thread_name
  *   pfs_c_edges config SHM_DIR          pfs_config_t checks, pfs_strerror
  *   pfs_c_edges abi SHM_DIR             PFS_ABI_VERSION and pfs_check_abi
+ *   pfs_c_edges abi_late SHM_DIR        an ABI check that fails after pfs_init
+ *   pfs_c_edges key_dtor SHM_DIR SERVICE THREADS
+ *                                       events ended by pthread key destructors
  *
- * Standard output: JSON lines. The modes owner, lost and names print
+ * Standard output: JSON lines. The modes owner, lost, names, abi_late and
+ * key_dtor print
  * {"ready":true,"segment":PATH,...} once their events are recorded, keep
  * their threads alive until standard input reaches end of file, then
  * exit. The others print one line and exit. Any unexpected result exits
@@ -205,6 +209,9 @@ static void *records_events(void *arg) {
         pfs_wait_begin(&w, BUSY, PFS_OP_LOCK, (uint64_t)i);
         pfs_wait_end(&w);
     }
+    /* A lookup for a log line, not an event: no loss counted for it. */
+    (void)pfs_thread_id();
+    (void)pfs_thread_id();
     pthread_barrier_wait(&recorded);
     await_step(1);
     return NULL;
@@ -378,14 +385,18 @@ static int abi(const char *shm_dir) {
 
 /* An ABI check that fails after initialisation (a program that checks
  * late): the library must stop touching the program's structs, which are
- * not its size. Every byte of a wait struct begun and ended afterwards
- * stays as the program left it. */
+ * not its size, and record nothing more. Every byte of a wait, statement
+ * and memory struct begun and ended afterwards stays as the program left
+ * it; the test reads the segment for what was recorded. */
 static int abi_late(const char *shm_dir) {
     pfs_config_t cfg = PFS_CONFIG_INIT;
     cfg.shm_dir = shm_dir;
     cfg.service_name = "c-abi-late";
     CHECK(pfs_init_with(&cfg) == PFS_OK);
     const pfs_wait_class_t *cls = pfs_wait_class_register("wait/synch/mutex/c/late");
+    const pfs_statement_class_t *st = pfs_statement_class_register("statement/c/late");
+    const pfs_stage_class_t *sg = pfs_stage_class_register("stage/c/late");
+    const pfs_memory_class_t *mc = pfs_memory_class_register("memory/c/late");
     pfs_wait_t w;
     pfs_wait_begin(&w, cls, PFS_OP_LOCK, 1);
     pfs_wait_end(&w);
@@ -395,15 +406,80 @@ static int abi_late(const char *shm_dir) {
     memset(&late, 0xAB, sizeof late);
     pfs_wait_begin(&late, cls, PFS_OP_LOCK, 2);
     pfs_wait_end(&late);
-    const pfs_statement_class_t *st = pfs_statement_class_register("statement/c/late");
     pfs_statement_t s;
     memset(&s, 0xAB, sizeof s);
     pfs_statement_begin(&s, st);
+    pfs_stage_enter(sg);
+    pfs_stage_end();
     pfs_statement_end(&s);
+    pfs_memory_t m;
+    memset(&m, 0xAB, sizeof m);
+    int counted = pfs_memory_alloc(&m, mc, 4096);
+    pfs_memory_free(&m);
     int untouched = 1;
     for (size_t i = 0; i < sizeof late; i++) untouched &= ((unsigned char *)&late)[i] == 0xAB;
     for (size_t i = 0; i < sizeof s; i++) untouched &= ((unsigned char *)&s)[i] == 0xAB;
-    printf("{\"untouched\":%d,\"initialized\":%d}\n", untouched, pfs_is_initialized());
+    for (size_t i = 0; i < sizeof m; i++) untouched &= ((unsigned char *)&m)[i] == 0xAB;
+    char extra[128];
+    snprintf(extra, sizeof extra, ",\"untouched\":%d,\"counted\":%d,\"initialized\":%d", untouched,
+             counted, pfs_is_initialized());
+    print_segment_line(extra);
+    wait_for_eof();
+    return 0;
+}
+
+/* ---- key_dtor --------------------------------------------------------- */
+
+/* A server's per-thread session kept in thread-specific data and ended by
+ * the key's destructor, which glibc runs after the library's own
+ * thread-exit hook has folded the thread's record: the ends must touch
+ * nothing of the thread's (freed) context. The memory's free is counted
+ * (on the process's row); the wait and the statement are not. */
+struct session {
+    pfs_statement_t st;
+    pfs_wait_t w;
+    pfs_memory_t m;
+};
+static pthread_key_t session_key;
+static const pfs_statement_class_t *session_st;
+static const pfs_wait_class_t *session_w;
+static const pfs_memory_class_t *session_m;
+
+static void session_end(void *p) {
+    struct session *s = p;
+    pfs_wait_end(&s->w);
+    pfs_statement_set_rows_sent(&s->st, 1);
+    pfs_statement_set_text(&s->st, "ended by a key destructor");
+    pfs_statement_end(&s->st);
+    pfs_memory_free(&s->m);
+    free(s);
+}
+
+static void *session_thread(void *arg) {
+    (void)arg;
+    struct session *s = malloc(sizeof *s);
+    CHECK(s != NULL);
+    CHECK(pthread_setspecific(session_key, s) == 0);
+    pfs_statement_begin(&s->st, session_st);
+    pfs_wait_begin(&s->w, session_w, PFS_OP_LOCK, 0);
+    CHECK(pfs_memory_alloc(&s->m, session_m, 100));
+    return NULL;
+}
+
+static int key_dtor(const char *shm_dir, const char *service, long threads) {
+    init_or_die(shm_dir, service, 64);
+    session_st = pfs_statement_class_register("statement/cedge/session");
+    session_w = pfs_wait_class_register("wait/synch/mutex/cedge/session");
+    session_m = pfs_memory_class_register("memory/cedge/session");
+    CHECK(session_st && session_w && session_m);
+    CHECK(pthread_key_create(&session_key, session_end) == 0);
+    for (long i = 0; i < threads; i++) {
+        pthread_t t;
+        CHECK(pthread_create(&t, NULL, session_thread, NULL) == 0);
+        CHECK(pthread_join(t, NULL) == 0);
+    }
+    print_segment_line("");
+    wait_for_eof();
     return 0;
 }
 
@@ -416,6 +492,9 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "config") == 0 && argc == 3) return config(argv[2]);
     if (strcmp(mode, "abi") == 0 && argc == 3) return abi(argv[2]);
     if (strcmp(mode, "abi_late") == 0 && argc == 3) return abi_late(argv[2]);
-    fprintf(stderr, "usage: %s owner|lost|names|config|abi|abi_late SHM_DIR [SERVICE ...]\n", argv[0]);
+    if (strcmp(mode, "key_dtor") == 0 && argc == 5)
+        return key_dtor(argv[2], argv[3], strtol(argv[4], NULL, 10));
+    fprintf(stderr, "usage: %s owner|lost|names|config|abi|abi_late|key_dtor SHM_DIR [SERVICE ...]\n",
+            argv[0]);
     return 2;
 }

@@ -15,7 +15,7 @@ show that the document is enough to read a segment without our code. Every
 constant below cites the table it comes from.
 
 The read protocol, as the spec gives it:
-  * header: magic, major 5, byte-order mark, header size, segment size no
+  * header: magic, major 6, byte-order mark, header size, segment size no
     larger than the file, state 1 (ready); directory entries checked
     (4096-aligned, inside the segment, count x stride <= size); unknown
     section kinds ignored.
@@ -48,7 +48,7 @@ H_SEGMENT_SIZE, H_STATE, H_SECTION_COUNT = 0x018, 0x020, 0x02C
 H_HISTORY_LEN, H_SERVICE_LEN, H_SERVICE = 0x054, 0x058, 0x060
 H_SECTIONS = 0x100
 HEADER_SIZE = 4096
-MAJOR = 5
+MAJOR = 6
 BYTE_ORDER = 0x01020304
 STATE_READY = 1
 MAX_SECTIONS = 16

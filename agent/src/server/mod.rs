@@ -159,8 +159,22 @@ async fn regular_slot(slot: &std::sync::Mutex<Slot>, slots: &Arc<tokio::sync::Se
 }
 
 /// Serves until `shutdown` completes, within `limits`. Requests are
-/// answered from the shared, cached snapshot.
+/// answered from the shared, cached snapshot. Table streams still
+/// running then are cut short (without their final chunk) before it
+/// returns.
 pub async fn serve_with(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    limits: Limits,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    accept(listener, state.clone(), limits, shutdown).await;
+    state.table_streams.stop().await;
+}
+
+/// [`serve_with`]'s loop: accepts connections and serves each on a task
+/// of its own, until `shutdown` completes.
+async fn accept(
     listener: TcpListener,
     state: Arc<AppState>,
     limits: Limits,

@@ -48,13 +48,45 @@ pub const TABLE_STREAM_WAIT: Duration = Duration::from_secs(10);
 /// refused. (A client this slow reads under 8 KiB/s.)
 pub const TABLE_STALL_LIMIT: Duration = Duration::from_secs(8);
 
-/// The stream slots of one server: [`MAX_TABLE_STREAMS`] permits.
+/// How long a stopping server waits for its streams' threads to end
+/// (each ends at its next chunk, or at once if it is blocked on its
+/// client) before its runtime goes away.
+pub const STOP_WAIT: Duration = Duration::from_secs(2);
+
+/// The stream slots of one server, [`MAX_TABLE_STREAMS`] permits, and
+/// whether it is stopping.
 #[derive(Debug)]
-pub struct TableStreams(Arc<tokio::sync::Semaphore>);
+pub struct TableStreams {
+    slots: Arc<tokio::sync::Semaphore>,
+    stopping: tokio::sync::watch::Sender<bool>,
+}
 
 impl Default for TableStreams {
     fn default() -> Self {
-        Self(Arc::new(tokio::sync::Semaphore::new(MAX_TABLE_STREAMS)))
+        Self {
+            slots: Arc::new(tokio::sync::Semaphore::new(MAX_TABLE_STREAMS)),
+            stopping: tokio::sync::watch::Sender::new(false),
+        }
+    }
+}
+
+impl TableStreams {
+    /// Stops every stream (each is cut short, without its final chunk, at
+    /// its next chunk, or at once if it is waiting for its client) and
+    /// waits up to [`STOP_WAIT`] for their threads to end, so that none is
+    /// left using the runtime while it shuts down.
+    pub async fn stop(&self) {
+        self.stopping.send_replace(true);
+        let all = u32::try_from(MAX_TABLE_STREAMS).expect("a few streams");
+        if tokio::time::timeout(STOP_WAIT, self.slots.acquire_many(all))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "table streams still running {} s after the stop",
+                STOP_WAIT.as_secs()
+            );
+        }
     }
 }
 
@@ -67,22 +99,36 @@ struct ChunkWriter {
     tx: tokio::sync::mpsc::Sender<Chunk>,
     /// The server's runtime, whose timer bounds each send.
     rt: tokio::runtime::Handle,
+    /// Set when the server stops.
+    stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 impl ChunkWriter {
     /// Sends `chunk`, waiting at most [`TABLE_STALL_LIMIT`] for room:
     /// `BrokenPipe` if the client went away, `TimedOut` if it stopped
-    /// reading.
+    /// reading, `Interrupted` if the server is stopping.
     fn put(&self, chunk: Chunk) -> std::io::Result<()> {
         use std::io::{Error, ErrorKind};
+        let stopped = || Error::new(ErrorKind::Interrupted, "the agent is stopping");
+        // Never into a runtime that is shutting down (its timer would
+        // panic): a stopping server says so first, and waits for this
+        // thread before its runtime goes.
+        if *self.stopping.borrow() {
+            return Err(stopped());
+        }
+        let mut stopping = self.stopping.clone();
         // (The timeout is made inside the runtime, whose timer it needs.)
-        let sent = self
-            .rt
-            .block_on(async { tokio::time::timeout(TABLE_STALL_LIMIT, self.tx.send(chunk)).await });
+        let sent = self.rt.block_on(async {
+            tokio::select! {
+                r = tokio::time::timeout(TABLE_STALL_LIMIT, self.tx.send(chunk)) => Some(r),
+                _ = stopping.wait_for(|s| *s) => None,
+            }
+        });
         match sent {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(Error::new(ErrorKind::BrokenPipe, "client gone")),
-            Err(_) => Err(Error::new(
+            None => Err(stopped()),
+            Some(Ok(Ok(()))) => Ok(()),
+            Some(Ok(Err(_))) => Err(Error::new(ErrorKind::BrokenPipe, "client gone")),
+            Some(Err(_)) => Err(Error::new(
                 ErrorKind::TimedOut,
                 format!(
                     "the client took no data for {} s",
@@ -168,7 +214,7 @@ pub async fn stream_table(
     table: &'static dyn PfsTable,
     filter: Filter,
 ) -> Resp {
-    let slots = streams.0.clone();
+    let slots = streams.slots.clone();
     let permit = match tokio::time::timeout(TABLE_STREAM_WAIT, slots.acquire_owned()).await {
         Ok(Ok(p)) => p,
         _ => {
@@ -188,6 +234,7 @@ pub async fn stream_table(
         buf: Vec::with_capacity(TABLE_CHUNK + 1024),
         tx,
         rt: tokio::runtime::Handle::current(),
+        stopping: streams.stopping.subscribe(),
     };
     let started = std::thread::Builder::new()
         .name("pfs-table".into())

@@ -112,6 +112,24 @@ impl Serve {
         );
     }
 
+    /// Sends SIGTERM and waits at most `timeout` for the agent to exit:
+    /// its exit status, or `None` if it is still running.
+    pub fn stop(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -TERM failed");
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
     /// The value of the first `/metrics` sample of family `name` whose
     /// labels include every one of `labels` (`key="value"` each).
     pub fn metric(&self, name: &str, labels: &[&str]) -> Result<f64, String> {
