@@ -31,27 +31,41 @@ pub enum ClassKind {
 
 impl ClassKind {
     /// The kind a PFS instrument name implies, or `None` if the name is not
-    /// in the PFS taxonomy.
+    /// in the PFS taxonomy: its kind's prefix followed by at least one
+    /// character (`wait/synch/mutex/` alone names nothing), and no control
+    /// characters anywhere.
     pub fn from_name(name: &str) -> Option<Self> {
-        let kind = if name.starts_with("wait/synch/mutex/") {
+        // A prefix with something after it.
+        let under = |prefix: &str| name.len() > prefix.len() && name.starts_with(prefix);
+        if name.chars().any(char::is_control) {
+            return None;
+        }
+        let kind = if under("wait/synch/mutex/") {
             Self::Mutex
-        } else if name.starts_with("wait/synch/rwlock/") || name.starts_with("wait/synch/sxlock/") {
+        } else if under("wait/synch/rwlock/") || under("wait/synch/sxlock/") {
             Self::RwLock
-        } else if name.starts_with("wait/synch/cond/") {
+        } else if under("wait/synch/cond/") {
             Self::Cond
-        } else if name.starts_with("wait/io/file/") {
+        } else if under("wait/io/file/") {
             Self::File
-        } else if name.starts_with("wait/io/socket/") {
+        } else if under("wait/io/socket/") {
             Self::Socket
         } else if name == "idle" {
             Self::Idle
-        } else if name.starts_with("wait/") {
+        } else if ["wait/synch/", "wait/io/"]
+            .iter()
+            .any(|p| name.starts_with(p))
+        {
+            // A known family's prefix without its kind (`wait/synch/x`) or
+            // with nothing after it: a typo, not another wait.
+            return None;
+        } else if under("wait/") {
             Self::OtherWait
-        } else if name.starts_with("stage/") {
+        } else if under("stage/") {
             Self::Stage
-        } else if name.starts_with("statement/") {
+        } else if under("statement/") {
             Self::Statement
-        } else if name.starts_with("memory/") {
+        } else if under("memory/") {
             Self::Memory
         } else {
             return None;
@@ -300,6 +314,27 @@ mod tests {
             Some(ClassKind::Stage)
         );
         assert_eq!(ClassKind::from_name("mutex/kv"), None);
+        assert_eq!(
+            ClassKind::from_name("statement/http/GET /"),
+            Some(ClassKind::Statement)
+        );
+        assert_eq!(
+            ClassKind::from_name("wait/lock/table/sql/handler"),
+            Some(ClassKind::OtherWait)
+        );
+        for nothing in [
+            "wait/",
+            "wait/synch/mutex/",
+            "wait/io/file/",
+            "wait/synch/other/x",
+            "stage/",
+            "statement/",
+            "memory/",
+            "stage/a\nb",
+            "wait/synch/mutex/a\u{7f}",
+        ] {
+            assert_eq!(ClassKind::from_name(nothing), None, "{nothing:?}");
+        }
         for k in 1..=10 {
             let kind = ClassKind::from_u32(k).unwrap();
             assert_eq!(kind as u32, k);
