@@ -257,7 +257,8 @@ typedef struct {
   // name. Cut to `PFS_SERVICE_NAME_MAX` (64) bytes on a character
   // boundary.
   const char *service_name;
-  // Segment directory; NULL: `/dev/shm/pfs`.
+  // Segment directory; NULL or "": `/dev/shm/pfs`. A relative path is
+  // taken from the working directory at `pfs_init_with`.
   const char *shm_dir;
   // Events per history ring, 1 to 1024; 0: 10.
   uint32_t history_len;

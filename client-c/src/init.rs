@@ -57,7 +57,8 @@ pub struct pfs_config_t {
     /// name. Cut to `PFS_SERVICE_NAME_MAX` (64) bytes on a character
     /// boundary.
     pub service_name: *const c_char,
-    /// Segment directory; NULL: `/dev/shm/pfs`.
+    /// Segment directory; NULL or "": `/dev/shm/pfs`. A relative path is
+    /// taken from the working directory at `pfs_init_with`.
     pub shm_dir: *const c_char,
     /// Events per history ring, 1 to 1024; 0: 10.
     pub history_len: u32,
@@ -190,7 +191,7 @@ unsafe fn config_from(c: &pfs_config_t) -> Result<Config, (i32, String)> {
     }
     let service = string(c.service_name, "service_name")?.filter(|s| !s.is_empty());
     let mut cfg = fit_service_name(Config::new(service.map_or_else(exe_name, str::to_owned)));
-    if let Some(d) = string(c.shm_dir, "shm_dir")? {
+    if let Some(d) = string(c.shm_dir, "shm_dir")?.filter(|d| !d.is_empty()) {
         cfg = cfg.shm_dir(d);
     }
     let or = |v: u32, d: u32| if v == 0 { d } else { v };
@@ -505,7 +506,7 @@ mod tests {
     }
 
     #[test]
-    fn long_service_names_are_cut_and_empty_ones_default() {
+    fn long_service_names_are_cut_and_empty_names_and_dirs_default() {
         let long = std::ffi::CString::new("é".repeat(200)).unwrap();
         let c = pfs_config_t {
             service_name: long.as_ptr(),
@@ -521,5 +522,16 @@ mod tests {
         // SAFETY: a static literal.
         let cfg = unsafe { config_from(&c) }.unwrap();
         assert_eq!(cfg.service_name, exe_name());
+        let c = pfs_config_t {
+            shm_dir: c"".as_ptr(),
+            ..zero()
+        };
+        // SAFETY: a static literal.
+        let cfg = unsafe { config_from(&c) }.unwrap();
+        assert_eq!(
+            cfg.shm_dir,
+            pfs_client::Config::new("x").shm_dir,
+            "empty: the default"
+        );
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
-use pfs_shm_layout::layout::{FLAG_ENABLED, NONE_U32};
+use pfs_shm_layout::layout::{FLAG_ENABLED, LostKind, NONE_U32};
 use pfs_shm_layout::{ClassKind, EventKind};
 
 use crate::reentry::reentrant;
@@ -80,9 +80,13 @@ impl ClassRef {
                 })
                 .unwrap_or(Self::DISABLED),
             _ => {
+                // A typo or the wrong family: counted where an operator
+                // looks (`pfs_lost_total{kind="instrument_classes"}`), not
+                // only logged (a program may have no subscriber).
+                rt.writer.segment().count_lost(LostKind::Classes);
                 tracing::warn!(
                     name,
-                    "not a PFS {} instrument name; instrument disabled",
+                    "not a PFS {} instrument name; instrument disabled (counted in pfs_lost_total{{kind=\"instrument_classes\"}})",
                     family.what()
                 );
                 Self::DISABLED

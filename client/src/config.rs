@@ -139,13 +139,15 @@ impl Config {
                 .map_err(|e| InitError::BadEnv("PFS_INSTRUMENT".into(), e.to_string()))?;
         }
         if let Ok(v) = std::env::var("PFS_RECLAIM_AFTER") {
-            c.reclaim_after =
-                match v.trim() {
-                    "off" | "OFF" | "0" => None,
-                    d => Some(parse_duration(d).map_err(|e| {
-                        InitError::BadEnv("PFS_RECLAIM_AFTER".into(), e.to_string())
-                    })?),
-                };
+            c.reclaim_after = match v.trim() {
+                d if d.eq_ignore_ascii_case("off") || d == "0" => None,
+                d => Some(parse_duration(d).map_err(|e| {
+                    InitError::BadEnv(
+                        "PFS_RECLAIM_AFTER".into(),
+                        format!("{e}, or off to never return pages"),
+                    )
+                })?),
+            };
         }
         if let Ok(v) = std::env::var("PFS_CONSUMERS") {
             c.consumer_rules = parse_consumer_rules(&v)

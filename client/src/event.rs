@@ -89,6 +89,12 @@ pub(crate) fn begin<const KIND: usize>(
 ) -> Option<Active> {
     let kind = Kind::<KIND>::OF;
     let (rt, ctx, consumers) = admit(current, flags)?;
+    if kind == EventKind::Statement && ctx.stage_id.get() != 0 {
+        // A statement that starts ends the open stage, as its own first
+        // stage would in MySQL: what follows is the new statement's, so
+        // the waits it records nest in it, not in a stage of its parent.
+        end_open_stage(ctx);
+    }
     let timed = flags & FLAG_TIMED != 0;
     let timer = timer_of(rt.setup.timers.load(Relaxed), kind);
     let mut data = new_event::<KIND>(
@@ -123,7 +129,7 @@ pub(crate) fn begin<const KIND: usize>(
 /// `statement`). Cold: statements rarely nest.
 #[cold]
 #[inline(never)]
-fn keep_outer_text(ctx: &ThreadCtx) {
+pub(crate) fn keep_outer_text(ctx: &ThreadCtx) {
     let id = ctx.statement_id.get();
     let mut text = [0; STATEMENT_TEXT_BYTES];
     if let Some(len) = ctx

@@ -299,8 +299,11 @@ impl StatementGuard {
             ctx.statement_id.set(parent);
         } else if !ctx.in_task() {
             // Ended before a statement nested in it: what is open is that
-            // one, which restores past this one when it ends.
+            // one, which restores past this one when it ends. This one
+            // takes the current row back to end in it, so the open one's
+            // text is kept aside until it ends too.
             ctx.ended_early.set((id, self.parent));
+            event::keep_outer_text(ctx);
         }
         if !ctx.outer_texts.borrow().is_empty() {
             resume_outer_text(a);

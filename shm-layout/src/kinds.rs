@@ -35,42 +35,29 @@ impl ClassKind {
     /// character (`wait/synch/mutex/` alone names nothing), and no control
     /// characters anywhere.
     pub fn from_name(name: &str) -> Option<Self> {
-        // A prefix with something after it.
-        let under = |prefix: &str| name.len() > prefix.len() && name.starts_with(prefix);
+        const PREFIXES: [(&str, ClassKind); 10] = [
+            ("wait/synch/mutex/", ClassKind::Mutex),
+            ("wait/synch/rwlock/", ClassKind::RwLock),
+            ("wait/synch/sxlock/", ClassKind::RwLock),
+            ("wait/synch/cond/", ClassKind::Cond),
+            ("wait/io/file/", ClassKind::File),
+            ("wait/io/socket/", ClassKind::Socket),
+            // Any other wait (`wait/io/table/...`, `wait/lock/...`).
+            ("wait/", ClassKind::OtherWait),
+            ("stage/", ClassKind::Stage),
+            ("statement/", ClassKind::Statement),
+            ("memory/", ClassKind::Memory),
+        ];
         if name.chars().any(char::is_control) {
             return None;
         }
-        let kind = if under("wait/synch/mutex/") {
-            Self::Mutex
-        } else if under("wait/synch/rwlock/") || under("wait/synch/sxlock/") {
-            Self::RwLock
-        } else if under("wait/synch/cond/") {
-            Self::Cond
-        } else if under("wait/io/file/") {
-            Self::File
-        } else if under("wait/io/socket/") {
-            Self::Socket
-        } else if name == "idle" {
-            Self::Idle
-        } else if ["wait/synch/", "wait/io/"]
-            .iter()
-            .any(|p| name.starts_with(p))
-        {
-            // A known family's prefix without its kind (`wait/synch/x`) or
-            // with nothing after it: a typo, not another wait.
-            return None;
-        } else if under("wait/") {
-            Self::OtherWait
-        } else if under("stage/") {
-            Self::Stage
-        } else if under("statement/") {
-            Self::Statement
-        } else if under("memory/") {
-            Self::Memory
-        } else {
-            return None;
-        };
-        Some(kind)
+        if name == "idle" {
+            return Some(Self::Idle);
+        }
+        // The first (most specific) prefix that matches decides; something
+        // must follow it.
+        let (prefix, kind) = PREFIXES.iter().find(|(p, _)| name.starts_with(p))?;
+        (name.len() > prefix.len()).then_some(*kind)
     }
 
     /// From the stored value.
@@ -322,11 +309,16 @@ mod tests {
             ClassKind::from_name("wait/lock/table/sql/handler"),
             Some(ClassKind::OtherWait)
         );
+        assert_eq!(
+            ClassKind::from_name("wait/io/table/sql/handler"),
+            Some(ClassKind::OtherWait)
+        );
+        assert_eq!(ClassKind::from_name("idle"), Some(ClassKind::Idle));
+        assert_eq!(ClassKind::from_name("idlex"), None);
         for nothing in [
             "wait/",
             "wait/synch/mutex/",
             "wait/io/file/",
-            "wait/synch/other/x",
             "stage/",
             "statement/",
             "memory/",
