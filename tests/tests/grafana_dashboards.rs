@@ -184,12 +184,19 @@ fn lint(file: &str, uid: &str, d: &Value) -> Vec<String> {
                 v["type"] == "query"
                     && v["includeAll"] == true
                     && v["multi"] == true
-                    && v["allValue"] == ".*"
+                    // `job`'s All is the list of its values (so `up` shows
+                    // the agents only); the others' is `.*` (they may be
+                    // absent from a target).
+                    && (if *name == "job" {
+                        v["allValue"].is_null()
+                    } else {
+                        v["allValue"] == ".*"
+                    })
                     && v["datasource"]["uid"] == "${datasource}"
                     && var_query(v).ends_with(&format!(", {label})"))
             }),
             format!(
-                "variable {name}: not a multi, includeAll (.*) query variable of label {label} on ${{datasource}}"
+                "variable {name}: not a multi, includeAll (.*, or no allValue for job) query variable of label {label} on ${{datasource}}"
             ),
         );
     }
@@ -559,7 +566,8 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
              scrape_configs:\n  - job_name: pfs\n    scrape_interval: 1s\n    scrape_timeout: 1s\n    \
              static_configs:\n      - targets: ['127.0.0.1:{port}']\n        \
-             labels:\n          namespace: pfs-e2e\n          pod: kvstore-demo-0\n"
+             labels:\n          namespace: pfs-e2e\n          pod: kvstore-demo-0\n\
+             \x20 - job_name: prometheus\n    static_configs:\n      - targets: ['127.0.0.1:{prom_port}']\n"
         ),
     )
     .unwrap();
@@ -593,9 +601,30 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
     let first = Instant::now();
     std::thread::sleep(Duration::from_secs(18).saturating_sub(first.elapsed()));
 
+    // Prometheus also scrapes itself (job `prometheus`), as any real one
+    // does: no panel may show that job when All is selected. Grafana's
+    // All for `job` (no allValue) is the regex of the variable's values.
+    let jobs: Vec<String> = label_values(&base, "label_values(pfs_agent_build_info, job)")
+        .into_iter()
+        .collect();
+    assert_eq!(
+        jobs,
+        ["pfs"],
+        "the job variable lists the agents' jobs only"
+    );
+    let all_jobs = format!("({})", jobs.join("|"));
     let all: BTreeMap<&str, &str> = VARIABLES
         .iter()
-        .map(|v| (v.0, ".*"))
+        .map(|v| {
+            (
+                v.0,
+                if v.0 == "job" {
+                    all_jobs.as_str()
+                } else {
+                    ".*"
+                },
+            )
+        })
         .chain([("instrument", ".*")])
         .collect();
     let one: BTreeMap<&str, &str> = [
@@ -682,6 +711,17 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
                                 t["refId"]
                             ));
                         }
+                    }
+                    let foreign: Vec<&str> = res
+                        .iter()
+                        .filter_map(|r| r["metric"]["job"].as_str())
+                        .filter(|j| !jobs.iter().any(|a| a == j))
+                        .collect();
+                    if !foreign.is_empty() {
+                        failures.push(format!(
+                            "{title} / {}: shows jobs without an agent for All: {foreign:?}",
+                            t["refId"]
+                        ));
                     }
                     if !res_none.is_empty() {
                         failures.push(format!(

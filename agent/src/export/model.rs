@@ -571,7 +571,7 @@ fn timer_families(snap: &Snapshot) -> [Family; 2] {
         Some("hertz"),
         ("pfs.timer.frequency", "Hz"),
         Kind::Gauge,
-        "Timer frequency (performance_timers.TIMER_FREQUENCY), by timer.",
+        "Frequency of each service's CYCLE timer, as its segment calibrated it (performance_timers.TIMER_FREQUENCY of CYCLE; label timer=\"CYCLE\").",
     );
     let mut overhead = Family::new(
         "pfs_timer_overhead_cycles",
