@@ -57,7 +57,7 @@ pub struct ServeArgs {
     /// and IPv4 (dual-stack; on a host without IPv6, IPv4 only, as
     /// 0.0.0.0:9464), as a sidecar must for Prometheus and the kubelet to
     /// reach it on any cluster; use 127.0.0.1:9464 to keep it local.
-    #[arg(long, env = "PFS_LISTEN", default_value = "[::]:9464")]
+    #[arg(long, env = "PFS_LISTEN", default_value = "[::]:9464", value_parser = parse_listen)]
     pub listen: SocketAddr,
     /// How long a dead process's final counters keep being exported before
     /// they fold into the service totals and its file is removed (e.g. 300s, 5m).
@@ -302,7 +302,7 @@ pub struct QueryArgs {
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Address to serve on.
-    #[arg(long, default_value = "127.0.0.1:9464")]
+    #[arg(long, default_value = "127.0.0.1:9464", value_parser = parse_listen)]
     pub listen: SocketAddr,
     /// Segment directory (default: a fresh private directory, removed at exit).
     #[arg(long)]
@@ -337,6 +337,13 @@ pub struct WorkloadArgs {
     /// Worker threads.
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
+}
+
+/// A `--listen` address (`ADDR:PORT`); the error shows the form.
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    s.trim().parse().map_err(|e| {
+        format!("{e}; expected ADDR:PORT such as 0.0.0.0:9464, 127.0.0.1:9464 or [::]:9464")
+    })
 }
 
 /// Reads a token file: non-empty, first line, trimmed.
@@ -398,5 +405,28 @@ mod tests {
         ] {
             assert!(help.contains(d), "serve --help lacks {d}");
         }
+    }
+
+    /// Flag values are read as the agent writes them, and a value that is
+    /// not shows the expected form.
+    #[test]
+    fn flag_value_errors_show_the_expected_form() {
+        let e = Cli::try_parse_from(["pfs-agent", "serve", "--listen", ":9464"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("expected ADDR:PORT such as 0.0.0.0:9464") && e.contains("[::]:9464"),
+            "{e}"
+        );
+        // `query` prints minutes as `min`.
+        let cli = Cli::try_parse_from(["pfs-agent", "serve", "--dead-retention", "5min"]).unwrap();
+        let Command::Serve(a) = cli.command else {
+            panic!("serve")
+        };
+        assert_eq!(a.dead_retention, Duration::from_secs(300));
+        let e = Cli::try_parse_from(["pfs-agent", "serve", "--dead-retention", "5y"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("use ms, s, m (or min) or h"), "{e}");
     }
 }

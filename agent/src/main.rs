@@ -48,19 +48,49 @@ fn log_colours() -> bool {
     std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
-/// Logs to stderr in `format`, at `PFS_LOG` (an `EnvFilter`) or
+/// The levels `PFS_LOG` may be alone (any case).
+const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
+/// The log filter `PFS_LOG` asks for (`value`; unset or empty:
+/// `default_level`): a level, or `EnvFilter` directives
+/// (`pfs_agent=debug,hyper=warn`). A bare word that is not a level is an
+/// error, and so is a directive `EnvFilter` cannot read: `EnvFilter` takes
+/// a bare word for a target's name, so `warning` would silently turn off
+/// every log, errors included.
+fn log_filter(
+    value: Option<&str>,
+    default_level: &str,
+) -> anyhow::Result<tracing_subscriber::EnvFilter> {
+    let hint = "use trace, debug, info, warn, error or off, or EnvFilter directives such as pfs_agent=debug";
+    let v = match value.map(str::trim) {
+        None | Some("") => return Ok(default_level.into()),
+        Some(v) => v,
+    };
+    if !v.contains(['=', ',']) && !LEVELS.iter().any(|l| l.eq_ignore_ascii_case(v)) {
+        bail!("PFS_LOG={v} is not a level: {hint}");
+    }
+    tracing_subscriber::EnvFilter::try_new(v)
+        .map_err(|e| anyhow::anyhow!("PFS_LOG={v} is not a log filter ({e}): {hint}"))
+}
+
+/// Logs to stderr in `format`, at `PFS_LOG` (see [`log_filter`]) or
 /// `default_level`.
-fn init_logs(format: LogFormat, default_level: &str) {
+fn init_logs(format: LogFormat, default_level: &str) -> anyhow::Result<()> {
+    let value = match std::env::var("PFS_LOG") {
+        Ok(v) => Some(v),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(v)) => {
+            bail!("PFS_LOG={v:?} is not a log filter; use trace, debug, info, warn, error or off")
+        }
+    };
     let logs = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PFS_LOG")
-                .unwrap_or_else(|_| default_level.into()),
-        )
+        .with_env_filter(log_filter(value.as_deref(), default_level)?)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => logs.with_ansi(log_colours()).init(),
         LogFormat::Json => logs.with_ansi(false).json().flatten_event(true).init(),
     }
+    Ok(())
 }
 
 /// Runs the command; an error is printed as `Error:` and its causes, one
@@ -94,7 +124,7 @@ fn run() -> anyhow::Result<()> {
         Command::Query(_) | Command::Setup(_) => "warn",
         _ => "info",
     };
-    init_logs(LogFormat::from_env()?, default_level);
+    init_logs(LogFormat::from_env()?, default_level)?;
     match cli.command {
         Command::Serve(a) => commands::serve::run(a),
         Command::Query(a) => commands::query::run(a),
@@ -103,5 +133,41 @@ fn run() -> anyhow::Result<()> {
         Command::Demo(a) => commands::demo::run(a),
         #[cfg(feature = "demo")]
         Command::Workload(a) => commands::demo::workload(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing_subscriber::filter::LevelFilter;
+
+    /// A bare word is a level (any case) or an error: `EnvFilter` would
+    /// read it as a target and silence every log. Directives still work.
+    #[test]
+    fn pfs_log_is_a_level_or_directives() {
+        for bad in ["warning", "verbose", "loud"] {
+            let e = log_filter(Some(bad), "info").unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("PFS_LOG={bad} is not a level")) && e.contains("warn, error"),
+                "{e}"
+            );
+        }
+        for (v, want) in [
+            ("warn", LevelFilter::WARN),
+            ("WARN", LevelFilter::WARN),
+            (" Debug ", LevelFilter::DEBUG),
+            ("off", LevelFilter::OFF),
+            ("", LevelFilter::INFO),
+            ("pfs_agent=debug", LevelFilter::DEBUG),
+            ("info,hyper=off", LevelFilter::INFO),
+        ] {
+            let f = log_filter(Some(v), "info").unwrap_or_else(|e| panic!("{v:?}: {e}"));
+            assert_eq!(f.max_level_hint(), Some(want), "{v:?}");
+        }
+        assert_eq!(
+            log_filter(None, "warn").unwrap().max_level_hint(),
+            Some(LevelFilter::WARN)
+        );
+        assert!(log_filter(Some("pfs_agent=loud"), "info").is_err());
     }
 }

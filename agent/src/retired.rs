@@ -57,7 +57,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::aggregate::{Retired, ServiceTotals};
 use crate::persist::{JsonError, MemoryJson, SummaryJson};
-use crate::util::fs::{ReadError, nofollow, read_capped, set_aside, write_atomic};
+use crate::util::fs::{DIR_ACCESS_HINT, ReadError, nofollow, read_capped, set_aside, write_atomic};
 
 /// Name of the state file in the segment directory.
 pub const STATE_FILE: &str = ".pfs-agent-state.json";
@@ -420,6 +420,13 @@ impl Store {
                 self.seen = std::fs::symlink_metadata(&path).ok().map(|m| stamp(&m));
                 self.unusable = self.seen;
                 tracing::error!(path = %path.display(), version = v, "state file written by a newer pfs-agent (state version {v}; this agent reads version {VERSION}): it is left as it is, neither read nor overwritten, so this agent's retired totals start from zero and dead segments are kept, not retired; run a pfs-agent that reads it (or move it away to start afresh)");
+                State::default()
+            }
+            Err(StateError::File(ReadError::DirDenied(e))) => {
+                // The directory's fault, not the file's (which may not
+                // exist): nothing to set aside; read once it can be.
+                self.seen = None;
+                tracing::error!(dir = %self.dir.display(), error = %e, "cannot read the state file {STATE_FILE}: the segment directory cannot be searched, so retired totals start from zero and cannot be saved; {DIR_ACCESS_HINT}");
                 State::default()
             }
             Err(msg) => {

@@ -24,7 +24,7 @@ use pfs_shm_layout::reader::{ReadOptions, ReadStats, SegmentSnapshot};
 
 use crate::aggregate::Retired;
 use crate::carry::{carry_forward, carry_forward_summed};
-use crate::segments::{Refusal, SegmentSet};
+use crate::segments::{ListError, ListFailure, Refusal, SegmentSet};
 use crate::util::heap::release_free_memory;
 
 /// How long a snapshot is shared between requests by default: scrapes
@@ -60,6 +60,9 @@ pub struct Snapshot {
     pub retired: Retired,
     /// Segment errors by reason, since the agent started.
     pub errors: HashMap<Refusal, u64>,
+    /// Discovery passes that could not list the directory, by reason,
+    /// since the agent started.
+    pub list_errors: HashMap<ListFailure, u64>,
     /// Segments retired since the agent started.
     pub retired_segments: u64,
     /// Reading effort of this snapshot, summed over segments.
@@ -99,6 +102,10 @@ pub struct Snapshotter {
     /// When the last [`Snapshotter::refresh`] ended (at first, when the
     /// snapshotter was made).
     last_refresh: Mutex<Instant>,
+    /// Why the last discovery pass could not list the directory (kept
+    /// apart from the set, so that `/healthz` reads it without waiting
+    /// for a pass in progress).
+    list_failure: Mutex<Option<ListError>>,
     max_age: Duration,
     /// [`FULL_KEEP`] (shorter in tests).
     full_keep: Duration,
@@ -123,6 +130,7 @@ impl Snapshotter {
             summaries_cache: Mutex::new(None),
             totals: Mutex::new(Totals::default()),
             last_refresh: Mutex::new(Instant::now()),
+            list_failure: Mutex::new(None),
             max_age,
             full_keep: FULL_KEEP,
         }
@@ -149,10 +157,28 @@ impl Snapshotter {
             .elapsed()
     }
 
+    /// Why the last discovery pass could not list the segment directory,
+    /// if it could not (see [`SegmentSet::list_failure`]): what `/healthz`
+    /// checks besides [`Snapshotter::since_refresh`]. Never waits for a
+    /// pass in progress.
+    pub fn list_failure(&self) -> Option<ListError> {
+        self.list_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// A discovery pass over `set`, its listing's outcome recorded.
+    fn discover(&self, set: &mut SegmentSet) {
+        set.refresh();
+        let failure = set.list_failure().cloned();
+        *self.list_failure.lock().unwrap_or_else(|p| p.into_inner()) = failure;
+    }
+
     /// Paths of the segments whose processes live.
     pub fn live_paths(&self) -> Vec<PathBuf> {
         let mut set = self.set.lock().unwrap_or_else(|p| p.into_inner());
-        set.refresh();
+        self.discover(&mut set);
         set.tracked
             .values()
             .filter(|t| t.dead_since.is_none())
@@ -191,7 +217,7 @@ impl Snapshotter {
             cache.is_none()
         };
         let mut set = self.set.lock().unwrap_or_else(|p| p.into_inner());
-        set.refresh();
+        self.discover(&mut set);
         if stale {
             for t in set.tracked.values_mut() {
                 dropped |= t.last.take().is_some();
@@ -263,7 +289,7 @@ impl Snapshotter {
     fn take_mode(&self, mode: Mode) -> Snapshot {
         let start = Instant::now();
         let mut set = self.set.lock().unwrap_or_else(|p| p.into_inner());
-        set.refresh();
+        self.discover(&mut set);
         let opts = match mode {
             // Pages given back too: a table request at scale would
             // otherwise keep the whole segment resident (RssShmem) until
@@ -373,6 +399,7 @@ impl Snapshotter {
             invalid,
             retired: set.retired().clone(),
             errors: set.errors.clone(),
+            list_errors: set.list_errors.clone(),
             retired_segments: set.retired_segments(),
             stats,
             failed_reads: failed,

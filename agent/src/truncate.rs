@@ -62,7 +62,7 @@ use crate::aggregate::{OWN_MEMORY_PREFIX, segment_global, segment_global_memory}
 use crate::persist::{JsonError, MemoryJson, SummaryJson};
 use crate::setup::open_rw;
 use crate::snapshot::Snapshot;
-use crate::util::fs::{ReadError, read_capped, set_aside, write_atomic};
+use crate::util::fs::{DIR_ACCESS_HINT, ReadError, read_capped, set_aside, write_atomic};
 
 /// The per-thread event tables a `TRUNCATE` hides events of, each on its
 /// own (as in MySQL, truncating `events_waits_history` leaves
@@ -679,6 +679,10 @@ impl Baselines {
                     ..Self::default()
                 }
             }
+            Err(BaselinesError::File(ReadError::DirDenied(e))) => {
+                tracing::error!(dir = %dir.display(), error = %e, "cannot read the TRUNCATE baselines file {BASELINES_FILE}: the segment directory cannot be searched, so tables show lifetime values; {DIR_ACCESS_HINT}");
+                Self::default()
+            }
             Err(msg) => {
                 let file = dir.join(BASELINES_FILE);
                 let aside = dir.join(format!("{BASELINES_FILE}.corrupt"));
@@ -701,6 +705,10 @@ impl Baselines {
     pub fn peek(dir: &Path) -> Self {
         match Self::read(dir) {
             Ok(b) => b.unwrap_or_default(),
+            Err(BaselinesError::File(ReadError::DirDenied(e))) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot read the TRUNCATE baselines file {BASELINES_FILE}: the segment directory cannot be searched; showing lifetime values; {DIR_ACCESS_HINT}");
+                Self::default()
+            }
             Err(msg) => {
                 tracing::warn!(path = %dir.join(BASELINES_FILE).display(), "TRUNCATE baselines file is unusable ({msg}); showing lifetime values");
                 Self::default()

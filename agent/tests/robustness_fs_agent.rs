@@ -2,8 +2,9 @@
 //! directories: FIFOs where the agent's own files or segments go (nothing
 //! may block), a state file that cannot be saved (no retired segment's file
 //! may be removed before its totals are saved), `--shm-dir` naming a file,
-//! directories with no usable segment (a hint saying why), and one that
-//! does not exist yet (waited for, without a warning at every pass).
+//! directories with no usable segment (a hint saying why), one that
+//! does not exist yet (waited for, without a warning at every pass), and
+//! one the agent may not read (unhealthy, counted, and said plainly).
 //!
 //! Dead segments are written with `pfs-shm-layout` as the client writes
 //! them (nobody holds their lock).
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{BIN, Serve};
+use common::{BIN, Serve, as_nobody};
 const CLASS: &str = "wait/synch/mutex/t/a";
 
 fn mkfifo(path: &Path) {
@@ -32,9 +33,18 @@ fn mkfifo(path: &Path) {
 /// Runs `pfs-agent args`; `None` for the status if it had not exited
 /// within `timeout` (it is killed then). Returns stdout and stderr.
 fn run(args: &[&str], timeout: Duration) -> (Option<ExitStatus>, String, String) {
+    run_with(Command::new(BIN), args, timeout)
+}
+
+/// [`run`] with `cmd` as the agent (e.g. [`as_nobody`]).
+fn run_with(
+    mut cmd: Command,
+    args: &[&str],
+    timeout: Duration,
+) -> (Option<ExitStatus>, String, String) {
     let logs = tempfile::tempdir().unwrap();
     let (out, err) = (logs.path().join("out"), logs.path().join("err"));
-    let mut child = Command::new(BIN)
+    let mut child = cmd
         .args(args)
         .env("RUST_BACKTRACE", "0")
         .stdin(Stdio::null())
@@ -302,4 +312,155 @@ fn query_says_when_every_segment_file_is_refused() {
         "{err}"
     );
     assert!(!err.contains("no segments in"), "{err}");
+}
+
+/// A segment directory of another user's (mode 0700, as the client makes
+/// it without `PFS_GROUP_ACCESS`) in a directory anyone may search: the
+/// agent runs as `nobody`. Returns the parent (kept while it is used) and
+/// the directory.
+fn foreign_dir() -> (tempfile::TempDir, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let parent = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(parent.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let d = parent.path().join("pfs");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    (parent, d)
+}
+
+/// An agent that may not list the segment directory finds no process,
+/// ever: `/healthz` says so (503, why, what to do), a counter moves, and
+/// its own files are not called unusable (they may not even exist: the
+/// directory is the problem). Once the directory can be read, it is
+/// healthy again.
+#[test]
+fn a_segment_directory_the_agent_may_not_read_is_unhealthy_and_says_why() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(nobody) = as_nobody() else { return };
+    let (_parent, d) = foreign_dir();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", common::free_port())
+        .parse()
+        .unwrap();
+    let agent = Serve::start_with(nobody, &d, Some(addr.to_string()), addr, &[]);
+    let mut last = None;
+    assert!(
+        poll(Duration::from_secs(20), || {
+            last = agent.get("/healthz").ok();
+            last.as_ref().is_some_and(|(st, _)| *st == 503)
+        }),
+        "{last:?}\n{}",
+        agent.stderr()
+    );
+    let (_, why) = last.unwrap();
+    assert!(
+        why.contains(&format!(
+            "cannot list the segment directory {}",
+            d.display()
+        )) && why.contains("Permission denied")
+            && why.contains("PFS_GROUP_ACCESS=1"),
+        "{why}"
+    );
+    let denied = agent
+        .metric(
+            "pfs_agent_discovery_errors_total",
+            &["reason=\"permission_denied\""],
+        )
+        .unwrap();
+    assert!(denied >= 1.0, "{denied}");
+    let log = agent.stderr();
+    assert!(!log.contains("unusable"), "{log}");
+    assert!(
+        log.contains("cannot read the state file")
+            && log.contains("cannot read the TRUNCATE baselines file")
+            && log.contains("the segment directory cannot be searched"),
+        "{log}"
+    );
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(
+        poll(Duration::from_secs(10), || agent
+            .get("/healthz")
+            .is_ok_and(|(st, _)| st == 200)),
+        "{}",
+        agent.stderr()
+    );
+}
+
+/// `query` over a directory it may not list fails (exit 1) naming the
+/// directory, the error and what to do, rather than printing an empty
+/// table.
+#[test]
+fn query_fails_on_a_segment_directory_it_may_not_read() {
+    let Some(nobody) = as_nobody() else { return };
+    let (_parent, d) = foreign_dir();
+    let p = d.to_str().unwrap();
+    let (status, out, err) = run_with(
+        nobody,
+        &["query", "threads", "--shm-dir", p],
+        Duration::from_secs(15),
+    );
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{out}{err}");
+    assert!(
+        err.contains(&format!("cannot list segment directory {p}"))
+            && err.contains("Permission denied")
+            && err.contains("PFS_GROUP_ACCESS=1"),
+        "{err}"
+    );
+    assert!(!out.contains("rows in set"), "{out}");
+}
+
+/// `query --service` naming no service found: the (valid) empty table,
+/// and a warning naming the services there are.
+#[test]
+fn query_warns_when_no_segment_has_the_service() {
+    let dir = tempfile::tempdir().unwrap();
+    pfs_agent::testing::dead_segment(dir.path(), "orders", 4242, 1);
+    let d = dir.path().to_str().unwrap();
+    let (status, out, err) = run(
+        &["query", "threads", "--shm-dir", d, "--service", "order"],
+        Duration::from_secs(15),
+    );
+    assert!(status.unwrap().success(), "{err}");
+    assert!(out.contains("0 rows"), "{out}");
+    assert!(
+        err.contains("no segment matches --service \"order\"")
+            && err.contains("services found: \"orders\""),
+        "{err}"
+    );
+    let (status, out, err) = run(
+        &["query", "threads", "--shm-dir", d, "--service", "orders"],
+        Duration::from_secs(15),
+    );
+    assert!(status.unwrap().success(), "{err}");
+    assert!(out.contains("1 row"), "{out}");
+    assert!(!err.contains("no segment matches"), "{err}");
+}
+
+/// `PFS_LOG` naming no level stops the command with a clear error rather
+/// than silencing every log (`EnvFilter` reads a bare word as a target).
+#[test]
+fn a_pfs_log_that_is_not_a_level_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    for bad in ["warning", "verbose"] {
+        let out = Command::new(BIN)
+            .args(["query", "threads", "--shm-dir", d])
+            .env("PFS_LOG", bad)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{bad}: {err}");
+        assert!(
+            err.contains(&format!("PFS_LOG={bad} is not a level"))
+                && err.contains("trace, debug, info, warn, error or off"),
+            "{err}"
+        );
+    }
+    let out = Command::new(BIN)
+        .args(["query", "threads", "--shm-dir", d])
+        .env("PFS_LOG", "WARN")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("no segments in"), "a level still logs: {err}");
 }

@@ -39,8 +39,8 @@ pub enum SyntaxError {
     /// A duration whose number cannot be read.
     #[error("{0:?} is not a duration; use e.g. 300s, 5m, 1h")]
     NotADuration(String),
-    /// A duration with a unit other than `ms`, `s`, `m`, `h`.
-    #[error("unknown unit {unit:?} in {input:?}; use ms, s, m or h")]
+    /// A duration with a unit other than `ms`, `s`, `m` (or `min`), `h`.
+    #[error("unknown unit {unit:?} in {input:?}; use ms, s, m (or min) or h")]
     UnknownUnit {
         /// The unit written.
         unit: String,
@@ -96,8 +96,9 @@ fn parse_rules<T>(
         .collect()
 }
 
-/// Parses a duration written as a number and a unit (`ms`, `s`, `m`, `h`;
-/// no unit means seconds), e.g. `500ms`, `30s`, `5m`.
+/// Parses a duration written as a number and a unit (`ms`, `s`, `m` or
+/// `min` as `pfs-agent query` prints minutes, `h`; no unit means seconds;
+/// spaces between them are allowed), e.g. `500ms`, `30s`, `5m`, `5 min`.
 ///
 /// ```
 /// use std::time::Duration;
@@ -113,14 +114,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, SyntaxError> {
     let n: u64 = num
         .parse()
         .map_err(|_| SyntaxError::NotADuration(s.to_string()))?;
-    Ok(match unit {
+    Ok(match unit.trim_start() {
         "ms" => Duration::from_millis(n),
         "s" | "" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n * 60),
+        "m" | "min" => Duration::from_secs(n * 60),
         "h" => Duration::from_secs(n * 3600),
         _ => {
             return Err(SyntaxError::UnknownUnit {
-                unit: unit.to_string(),
+                unit: unit.trim_start().to_string(),
                 input: s.to_string(),
             });
         }
@@ -171,7 +172,11 @@ mod tests {
         ));
         assert_eq!(
             parse_duration("5 parsecs").unwrap_err().to_string(),
-            "unknown unit \" parsecs\" in \"5 parsecs\"; use ms, s, m or h"
+            "unknown unit \"parsecs\" in \"5 parsecs\"; use ms, s, m (or min) or h"
         );
+        // Minutes as `pfs-agent query` prints them.
+        assert_eq!(parse_duration("5min").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("5 min").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("2 s").unwrap(), Duration::from_secs(2));
     }
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use pfs_agent::export::model::AgentStats;
 use pfs_agent::export::otlp::{self, OtlpArgs, OtlpExporter};
-use pfs_agent::segments::SegmentSet;
+use pfs_agent::segments::{ListFailure, SegmentSet};
 use pfs_agent::server::{AppOptions, AppState, Tokens};
 use pfs_agent::setup::Defaults;
 use pfs_agent::snapshot::{DEFAULT_MAX_AGE, Snapshotter};
@@ -238,14 +238,22 @@ fn path_exists(path: &Path) -> anyhow::Result<bool> {
     }
 }
 
-/// Fails with a hint if the segment directory does not exist or is not a
-/// directory.
+/// Fails with a hint if the segment directory does not exist, is not a
+/// directory, or cannot be listed (a directory of another user's: an
+/// empty answer would look like no process at all).
 fn require_dir(dir: &Path) -> anyhow::Result<()> {
     anyhow::ensure!(
         dir_exists(dir)?,
         "segment directory {} does not exist; pass --shm-dir (or PFS_SHM_DIR)",
         dir.display()
     );
+    if let Err(e) = std::fs::read_dir(dir) {
+        let advice = ListFailure::of(&e).map_or("check --shm-dir", ListFailure::advice);
+        anyhow::bail!(
+            "cannot list segment directory {}: {e}; {advice} (or run this command as root)",
+            dir.display()
+        );
+    }
     Ok(())
 }
 

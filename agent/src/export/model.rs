@@ -14,7 +14,7 @@ use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, LostKind, bucket_upper_seconds};
 use pfs_shm_layout::reader::Summary;
 
 use crate::aggregate::{ServiceTotals, by_service};
-use crate::segments::Refusal;
+use crate::segments::{ListFailure, Refusal};
 use crate::snapshot::{Snapshot, Totals};
 use crate::timers;
 
@@ -637,6 +637,19 @@ fn agent_families(snap: &Snapshot, tot: &Totals, stats: &AgentStats) -> Vec<Fami
         errors.push(vec![("reason", reason.to_string())], Value::Int(n));
     }
     out.push(errors);
+    let mut listing = Family::new(
+        "pfs_agent_discovery_errors",
+        None,
+        ("pfs.agent.discovery_errors", "{error}"),
+        Kind::Counter,
+        "Discovery passes that could not list the segment directory, by reason (a directory not created yet is not counted).",
+    );
+    // Every reason from the start, at 0, as above.
+    for r in ListFailure::ALL {
+        let n = snap.list_errors.get(&r).copied().unwrap_or(0);
+        listing.push(vec![("reason", r.label().to_string())], Value::Int(n));
+    }
+    out.push(listing);
     for (name, otel, help, v) in [
         (
             "pfs_agent_snapshots",

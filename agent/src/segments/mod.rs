@@ -1,7 +1,7 @@
 //! Layer 3: the segment directory. Finds the segment files, decides
 //! whether their processes live, and retires the dead. One concern per
-//! submodule: [`refusal`] (why a file is not exported), [`policy`] (which
-//! files are accepted), [`liveness`] (`flock`), [`tracked`] (a segment
+//! submodule: [`refusal`] (why a file is not exported), [`listing`] (why
+//! the directory cannot be listed), [`policy`] (which files are accepted), [`liveness`] (`flock`), [`tracked`] (a segment
 //! being exported), [`retirement`] (folding the dead into retired totals);
 //! this module runs the discovery pass over them.
 //!
@@ -18,6 +18,10 @@
 //!   raised `SIGBUS` (see `pfs_shm_layout::sigbus`), is dropped with reason
 //!   `shrunk` or `unreadable`; its last good snapshot folds into the
 //!   service's retired totals so no counter goes backwards.
+//! * A directory that cannot be listed (other than not existing yet) is
+//!   logged, counted at every pass in
+//!   `pfs_agent_discovery_errors_total{reason}`, and reported by
+//!   [`SegmentSet::list_failure`] while it lasts (`/healthz` answers 503).
 //! * **Liveness through `flock`**: the owning process holds an exclusive
 //!   lock for its lifetime. If the agent can take a shared lock, the owner
 //!   is gone. Pids are never used: containers of a pod do not share a pid
@@ -47,6 +51,7 @@
 //!   gets them through a writable mapping, and instruments registered later
 //!   get them at the next pass.
 
+pub mod listing;
 pub mod liveness;
 pub mod policy;
 pub mod refusal;
@@ -64,6 +69,7 @@ use pfs_shm_layout::SegmentError;
 use crate::aggregate::Retired;
 use crate::retired::Role;
 use crate::setup::Defaults;
+pub use listing::{ListError, ListFailure};
 pub use liveness::owner_is_dead;
 pub use policy::{DEFAULT_MAX_SEGMENT_SIZE, OwnerPolicy, Policy};
 pub use refusal::{Refusal, Refused};
@@ -121,6 +127,9 @@ pub struct SegmentSet {
     pub invalid: HashMap<PathBuf, Invalid>,
     /// Count of segment errors by reason (monotonic).
     pub errors: HashMap<Refusal, u64>,
+    /// Count of discovery passes that could not list the directory, by
+    /// reason (monotonic; a directory not there yet is not counted).
+    pub list_errors: HashMap<ListFailure, u64>,
     /// Setup defaults applied to every segment.
     pub defaults: Defaults,
     retirement: Retirement,
@@ -134,6 +143,9 @@ pub struct SegmentSet {
     /// The last failure to list the directory, and when it was logged
     /// (logged again only when it changes, or every [`RELOG_AFTER`]).
     list_error: Option<(String, Instant)>,
+    /// The current failure to list the directory, unless it is only not
+    /// there (see [`SegmentSet::list_failure`]).
+    list_failure: Option<ListError>,
     /// Whether that failure is the directory not existing while no
     /// segment was ever found in it: a sidecar started before its
     /// application, which `serve` says once at start, not a problem to
@@ -156,12 +168,14 @@ impl SegmentSet {
             tracked: HashMap::new(),
             invalid: HashMap::new(),
             errors: HashMap::new(),
+            list_errors: HashMap::new(),
             defaults: Defaults::default(),
             policy: Policy::default(),
             identity: policy::Identity::current(),
             pending: HashMap::new(),
             not_ready_grace: NOT_READY_GRACE,
             list_error: None,
+            list_failure: None,
             dir_absent: false,
         }
     }
@@ -190,6 +204,14 @@ impl SegmentSet {
     /// The directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Why the last pass could not list the directory, if it could not
+    /// for another reason than the directory not existing (a sidecar
+    /// started before its application waits for it): no new process can
+    /// be found while this lasts.
+    pub fn list_failure(&self) -> Option<&ListError> {
+        self.list_failure.as_ref()
     }
 
     /// This agent's role on the directory (`Owner` without persistence).
@@ -282,6 +304,7 @@ impl SegmentSet {
         let mut retire = Vec::new();
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(e) => {
+                self.list_failure = None;
                 let absent = std::mem::take(&mut self.dir_absent);
                 if self.list_error.take().is_some() {
                     if absent {
@@ -302,11 +325,21 @@ impl SegmentSet {
                 // is normal (`serve` said so at start).
                 self.dir_absent =
                     e.kind() == std::io::ErrorKind::NotFound && self.tracked.is_empty();
+                self.list_failure = ListFailure::of(&e).map(|reason| ListError {
+                    dir: self.dir.clone(),
+                    reason,
+                    error: msg.clone(),
+                });
+                if let Some(f) = &self.list_failure {
+                    *self.list_errors.entry(f.reason).or_default() += 1;
+                }
                 if relog {
                     if self.dir_absent {
                         tracing::debug!(dir = %self.dir.display(), "the segment directory does not exist yet; waiting for an instrumented process to create it");
                     } else {
-                        tracing::warn!(dir = %self.dir.display(), error = %e, tracked = self.tracked.len(), "cannot list the segment directory; check --shm-dir and its permissions (the segments already found are still read, and their processes' exits still noticed)");
+                        let advice = ListFailure::of(&e)
+                            .map_or("check --shm-dir (or PFS_SHM_DIR)", ListFailure::advice);
+                        tracing::warn!(dir = %self.dir.display(), error = %e, tracked = self.tracked.len(), "cannot list the segment directory, so no new process is found (the segments already found are still read, and their processes' exits still noticed); {advice}");
                     }
                     self.list_error = Some((msg, Instant::now()));
                 }
@@ -655,6 +688,29 @@ mod tests {
             "the exit is seen through the file the agent holds"
         );
         assert!(set.list_error.is_some());
+    }
+
+    #[test]
+    fn a_directory_that_cannot_be_listed_is_reported_and_counted_a_missing_one_is_not() {
+        let root = tempfile::tempdir().unwrap();
+        let mut set = SegmentSet::new(root.path().join("later"), Duration::from_secs(60));
+        set.refresh();
+        assert!(set.list_failure().is_none(), "not there yet: waited for");
+        assert!(set.list_errors.is_empty());
+        let path = root.path().join("afile");
+        std::fs::write(&path, b"").unwrap();
+        let mut set = SegmentSet::new(&path, Duration::from_secs(60));
+        set.refresh();
+        set.refresh();
+        let f = set.list_failure().expect("a file cannot be listed");
+        assert_eq!(f.reason, ListFailure::NotADirectory);
+        assert!(f.to_string().contains(&path.display().to_string()), "{f}");
+        assert_eq!(set.list_errors.get(&ListFailure::NotADirectory), Some(&2));
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        set.refresh();
+        assert!(set.list_failure().is_none(), "listed again");
+        assert_eq!(set.list_errors.get(&ListFailure::NotADirectory), Some(&2));
     }
 
     #[test]

@@ -56,7 +56,8 @@
 //!   503), and never on the runtime's blocking threads, so no table client
 //!   can hold up `/metrics`, OTLP or control.
 //! * `/healthz` answers 503 with the reason when the background discovery
-//!   is stuck (see [`AppOptions::discovery_stale_after`]).
+//!   is stuck (see [`AppOptions::discovery_stale_after`]) or cannot list
+//!   the segment directory (see [`AppState::unhealthy`]).
 
 pub mod auth;
 pub mod body;

@@ -92,25 +92,70 @@ impl AppState {
     /// Why the agent is unhealthy, if it is: its background discovery has
     /// not completed a pass for longer than
     /// [`AppOptions::discovery_stale_after`] (a pass stuck on a hung
-    /// filesystem, or the discovery thread gone). Dead processes then go
-    /// unnoticed and `/metrics` may hang; `/healthz` says so with 503.
+    /// filesystem, or the discovery thread gone: dead processes then go
+    /// unnoticed and `/metrics` may hang), or its last pass could not list
+    /// the segment directory (see [`Snapshotter::list_failure`]: no
+    /// process can be found; a directory not created yet is not a
+    /// failure). `/healthz` says so with 503.
     pub fn unhealthy(&self) -> Option<String> {
-        let limit = self.discovery_stale_after?;
-        let since = self.snap.since_refresh();
-        (since > limit).then(|| {
-            format!(
-                "unhealthy: the segment discovery has not completed a pass for {:.1} s \
-                 (limit {} s): the agent is stuck (a hung filesystem under --shm-dir?) \
-                 and needs a restart\n",
-                since.as_secs_f64(),
-                limit.as_secs()
-            )
-        })
+        if let Some(limit) = self.discovery_stale_after {
+            let since = self.snap.since_refresh();
+            if since > limit {
+                return Some(format!(
+                    "unhealthy: the segment discovery has not completed a pass for {:.1} s \
+                     (limit {} s): the agent is stuck (a hung filesystem under --shm-dir?) \
+                     and needs a restart\n",
+                    since.as_secs_f64(),
+                    limit.as_secs()
+                ));
+            }
+        }
+        self.snap
+            .list_failure()
+            .map(|f| format!("unhealthy: {f}\n"))
     }
 
     /// Renders `/metrics` as text (see [`MetricsCache::render`]).
     pub fn metrics(&self) -> Result<bytes::Bytes, crate::export::prometheus::RenderError> {
         self.metrics
             .render(crate::export::prometheus::Exposition::Text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::segments::SegmentSet;
+
+    fn state(dir: &std::path::Path) -> Arc<AppState> {
+        let set = SegmentSet::new(dir, Duration::from_secs(60));
+        AppState::new(Arc::new(Snapshotter::new(set, Duration::ZERO)), None)
+    }
+
+    /// A segment directory that cannot be listed makes the agent
+    /// unhealthy, with the reason and what to do; one not created yet
+    /// does not.
+    #[test]
+    fn a_directory_that_cannot_be_listed_is_unhealthy_a_missing_one_is_not() {
+        let root = tempfile::tempdir().unwrap();
+        let missing = state(&root.path().join("later"));
+        missing.snap.refresh();
+        assert_eq!(missing.unhealthy(), None);
+        let file = root.path().join("afile");
+        std::fs::write(&file, b"").unwrap();
+        let s = state(&file);
+        assert_eq!(s.unhealthy(), None, "no pass yet");
+        s.snap.refresh();
+        let why = s.unhealthy().expect("unhealthy");
+        assert!(
+            why.contains("cannot list the segment directory")
+                && why.contains(&file.display().to_string())
+                && why.contains("--shm-dir"),
+            "{why}"
+        );
+        std::fs::remove_file(&file).unwrap();
+        std::fs::create_dir(&file).unwrap();
+        s.snap.refresh();
+        assert_eq!(s.unhealthy(), None, "healthy again once listed");
     }
 }

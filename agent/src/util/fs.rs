@@ -42,10 +42,15 @@ pub fn open_regular(path: &Path) -> Result<Option<(File, std::fs::Metadata)>, Re
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
             return Err(ReadError::NotRegular("a symbolic link"));
         }
-        // A socket cannot be opened (`ENXIO`): say what it is.
+        // A socket cannot be opened (`ENXIO`): say what it is. A file
+        // that cannot even be looked up for lack of permission is not the
+        // problem: its directory is (not searchable by the agent).
         Err(e) => {
             return match std::fs::symlink_metadata(path) {
                 Ok(m) if !m.is_file() => Err(ReadError::NotRegular(file_kind(&m))),
+                Err(l) if l.kind() == std::io::ErrorKind::PermissionDenied => {
+                    Err(ReadError::DirDenied(l))
+                }
                 _ => Err(ReadError::Open(e)),
             };
         }
@@ -147,9 +152,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// What to do when the agent cannot list or search a directory the
+/// instrumented applications made (theirs, mode 0700): said wherever that
+/// shows (`/healthz`, logs, `query`), in the same words.
+pub const DIR_ACCESS_HINT: &str = "run the agent as the instrumented applications' user, or set PFS_GROUP_ACCESS=1 on the applications (segment directory 0770, segments 0660) and run the agent in their group";
+
 /// Why a capped read failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
+    /// Its directory cannot be searched (no permission): whether the file
+    /// exists cannot be told, and the file itself is not the problem.
+    #[error("its directory cannot be searched: {0}")]
+    DirDenied(#[source] std::io::Error),
     /// `open` failed (other than "no such file").
     #[error("cannot open it: {0}")]
     Open(#[source] std::io::Error),

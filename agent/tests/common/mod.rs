@@ -23,6 +23,29 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The agent run as `nobody` (uid and gid 65534, no other group) through
+/// `setpriv`, to meet directories it may not read; `None` (the caller
+/// skips its test, saying so) unless the tests run as root and `setpriv`
+/// exists.
+pub fn as_nobody() -> Option<Command> {
+    use std::os::unix::fs::MetadataExt;
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+    let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
+        .into_iter()
+        .find(|p| Path::new(p).exists());
+    match (root, setpriv) {
+        (true, Some(setpriv)) => {
+            let mut cmd = Command::new(setpriv);
+            cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN]);
+            Some(cmd)
+        }
+        _ => {
+            eprintln!("skipped: needs root and setpriv to run the agent as another user");
+            None
+        }
+    }
+}
+
 /// A running `pfs-agent serve`, killed on drop; its stderr in a file.
 pub struct Serve {
     child: Child,
@@ -41,9 +64,19 @@ impl Serve {
         connect: SocketAddr,
         args: &[&str],
     ) -> Self {
+        Self::start_with(Command::new(BIN), dir, listen, connect, args)
+    }
+
+    /// [`Serve::start_on`] with `cmd` as the agent (e.g. [`as_nobody`]).
+    pub fn start_with(
+        mut cmd: Command,
+        dir: &Path,
+        listen: Option<String>,
+        connect: SocketAddr,
+        args: &[&str],
+    ) -> Self {
         let logs = tempfile::tempdir().unwrap();
         let stderr = logs.path().join("stderr");
-        let mut cmd = Command::new(BIN);
         cmd.arg("serve").arg("--shm-dir").arg(dir);
         match &listen {
             Some(l) => cmd.env("PFS_LISTEN", l),
