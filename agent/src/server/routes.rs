@@ -247,7 +247,14 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     match r {
         Route::Landing => landing::page(),
         Route::Healthz => match state.unhealthy() {
-            None => reply(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
+            None => match state.degraded() {
+                None => reply(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
+                Some(why) => reply(
+                    StatusCode::OK,
+                    "text/plain; charset=utf-8",
+                    format!("ok\n{why}"),
+                ),
+            },
             Some(why) => {
                 tracing::warn!("/healthz answers 503: {}", why.trim_end());
                 reply(

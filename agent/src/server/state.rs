@@ -93,26 +93,32 @@ impl AppState {
     /// not completed a pass for longer than
     /// [`AppOptions::discovery_stale_after`] (a pass stuck on a hung
     /// filesystem, or the discovery thread gone: dead processes then go
-    /// unnoticed and `/metrics` may hang), or its last pass could not list
-    /// the segment directory (see [`Snapshotter::list_failure`]: no
-    /// process can be found; a directory not created yet is not a
-    /// failure). `/healthz` says so with 503.
+    /// unnoticed and `/metrics` may hang). `/healthz` says so with 503,
+    /// and a restart is what helps.
     pub fn unhealthy(&self) -> Option<String> {
-        if let Some(limit) = self.discovery_stale_after {
-            let since = self.snap.since_refresh();
-            if since > limit {
-                return Some(format!(
-                    "unhealthy: the segment discovery has not completed a pass for {:.1} s \
-                     (limit {} s): the agent is stuck (a hung filesystem under --shm-dir?) \
-                     and needs a restart\n",
-                    since.as_secs_f64(),
-                    limit.as_secs()
-                ));
-            }
-        }
-        self.snap
-            .list_failure()
-            .map(|f| format!("unhealthy: {f}\n"))
+        let limit = self.discovery_stale_after?;
+        let since = self.snap.since_refresh();
+        (since > limit).then(|| {
+            format!(
+                "unhealthy: the segment discovery has not completed a pass for {:.1} s \
+                 (limit {} s): the agent is stuck (a hung filesystem under --shm-dir?) \
+                 and needs a restart\n",
+                since.as_secs_f64(),
+                limit.as_secs()
+            )
+        })
+    }
+
+    /// What is wrong that a restart does not fix, if anything: the last
+    /// discovery pass could not list the segment directory (see
+    /// [`Snapshotter::list_failure`]: no process can be found; a directory
+    /// not created yet is not a failure). `/healthz` still answers 200,
+    /// with this line after `ok`: a failing probe would restart the agent
+    /// in a loop, and a native sidecar's failing startup probe would keep
+    /// the application from starting. The failure is counted in
+    /// `pfs_agent_discovery_errors_total{reason}` and logged.
+    pub fn degraded(&self) -> Option<String> {
+        self.snap.list_failure().map(|f| format!("degraded: {f}\n"))
     }
 
     /// Renders `/metrics` as text (see [`MetricsCache::render`]).
@@ -133,20 +139,21 @@ mod tests {
     }
 
     /// A segment directory that cannot be listed makes the agent
-    /// unhealthy, with the reason and what to do; one not created yet
-    /// does not.
+    /// degraded (not unhealthy: a restart does not help), with the reason
+    /// and what to do; one not created yet does not.
     #[test]
-    fn a_directory_that_cannot_be_listed_is_unhealthy_a_missing_one_is_not() {
+    fn a_directory_that_cannot_be_listed_is_degraded_a_missing_one_is_not() {
         let root = tempfile::tempdir().unwrap();
         let missing = state(&root.path().join("later"));
         missing.snap.refresh();
-        assert_eq!(missing.unhealthy(), None);
+        assert_eq!(missing.degraded(), None);
         let file = root.path().join("afile");
         std::fs::write(&file, b"").unwrap();
         let s = state(&file);
-        assert_eq!(s.unhealthy(), None, "no pass yet");
+        assert_eq!(s.degraded(), None, "no pass yet");
         s.snap.refresh();
-        let why = s.unhealthy().expect("unhealthy");
+        assert_eq!(s.unhealthy(), None, "a restart would not help");
+        let why = s.degraded().expect("degraded");
         assert!(
             why.contains("cannot list the segment directory")
                 && why.contains(&file.display().to_string())
@@ -156,6 +163,6 @@ mod tests {
         std::fs::remove_file(&file).unwrap();
         std::fs::create_dir(&file).unwrap();
         s.snap.refresh();
-        assert_eq!(s.unhealthy(), None, "healthy again once listed");
+        assert_eq!(s.degraded(), None, "fine again once listed");
     }
 }
