@@ -1,7 +1,8 @@
 //! grafana/: dashboard lint rules, provisioning files, and every panel query
 //! run against two real Prometheus servers scraping `pfs-agent demo`, one
 //! with classic histograms (text scrapes) and one with native histograms
-//! (`--enable-feature=native-histograms`, protobuf scrapes).
+//! (`--enable-feature=native-histograms`, protobuf scrapes); and the
+//! alert rules of deploy/prometheus in that Prometheus.
 //!
 //! Families not exported yet are listed in [`PENDING`]: a query that uses
 //! only pending families must return NO data today, so that when they are
@@ -486,6 +487,45 @@ fn label_values(base: &str, q: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// deploy/prometheus/pfs-alerts.rules.yaml in a real Prometheus scraping
+/// the demo: every rule evaluates without error, every metric it names is
+/// exported (a misspelt name would keep an alert silent forever), and none
+/// fires or is pending on this healthy demo.
+fn alert_rules_hold(base: &str, failures: &mut Vec<String>) {
+    let rules = get_json(&format!("{base}/api/v1/rules")).unwrap();
+    let rules: Vec<&Value> = rules["data"]["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+        .collect();
+    if rules.len() != 5 {
+        failures.push(format!("alert rules loaded: {} (5 expected)", rules.len()));
+    }
+    for r in rules {
+        let name = r["name"].as_str().unwrap_or("?");
+        if r["health"] != "ok" {
+            failures.push(format!(
+                "alert {name}: health {} {}",
+                r["health"], r["lastError"]
+            ));
+        }
+        if r["state"] != "inactive" {
+            failures.push(format!("alert {name} is {} on a healthy demo", r["state"]));
+        }
+        let expr = r["query"].as_str().unwrap_or_default();
+        let names: BTreeSet<&str> = expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("pfs_") || *w == "up")
+            .collect();
+        for m in names {
+            if query(base, &format!("count({m})")).is_empty() {
+                failures.push(format!("alert {name}: no series of {m}"));
+            }
+        }
+    }
+}
+
 /// Substitutes template variables as Grafana does for Prometheus: `All`
 /// becomes the variable's allValue (`.*`), a single value is itself.
 fn substitute(expr: &str, vars: &BTreeMap<&str, &str>) -> String {
@@ -559,11 +599,14 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
     // Prometheus scraping every second, with the target labels a
     // PodMonitor would add.
     let prom_port = free_port();
+    let rules = workspace_root().join("deploy/prometheus/pfs-alerts.rules.yaml");
+    let rules = rules.display();
     let config = tsdb.path().join("prometheus.yml");
     std::fs::write(
         &config,
         format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             rule_files:\n  - {rules}\n\
              scrape_configs:\n  - job_name: pfs\n    scrape_interval: 1s\n    scrape_timeout: 1s\n    \
              static_configs:\n      - targets: ['127.0.0.1:{port}']\n        \
              labels:\n          namespace: pfs-e2e\n          pod: kvstore-demo-0\n\
@@ -636,6 +679,7 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
     ]
     .into();
     let mut failures = Vec::new();
+    alert_rules_hold(&base, &mut failures);
     let mut counts = (0, 0);
     for (kind, base) in [("classic", &base), ("native", &native_base)] {
         let before = failures.len();
