@@ -27,6 +27,11 @@ pub const LAYOUT_MAJOR: u32 = 6;
 /// Minor layout version: compatible additions (new section kinds, use of
 /// reserved fields). Readers accept any minor version of a known major.
 pub const LAYOUT_MINOR: u32 = 0;
+/// The major versions a reader of this crate reads: its own, and 5, whose
+/// only difference is the memory row ([`MemoryRowV5`]), so that a newer
+/// agent reads the processes built with the previous client during a
+/// rolling upgrade. Writers write [`LAYOUT_MAJOR`] only.
+pub const LAYOUT_MAJORS_READ: std::ops::RangeInclusive<u32> = 5..=LAYOUT_MAJOR;
 /// Written natively by the creator; a reader on the other byte order would
 /// read `0x0403_0201` and refuses the segment.
 pub const BYTE_ORDER_MARK: u32 = 0x0102_0304;
@@ -455,6 +460,42 @@ pub struct MemoryRow {
     pub truncate_gen: AtomicU64,
     /// Reserved, zero.
     pub reserved: [AtomicU64; 38],
+}
+
+/// The memory row of layout 5.x, which stored `CURRENT_COUNT_USED` and
+/// `CURRENT_NUMBER_OF_BYTES_USED` (384 bytes, like [`MemoryRow`]): what a
+/// reader finds in a 5.x segment (see
+/// [`LAYOUT_MAJORS_READ`]; `segment::v5_memory_row` views a row so). The
+/// same words as 6.0 up to `low_count_used`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct MemoryRowV5 {
+    /// Reserved, zero.
+    pub reserved0: AtomicU64,
+    /// `COUNT_ALLOC`.
+    pub count_alloc: AtomicU64,
+    /// `COUNT_FREE`.
+    pub count_free: AtomicU64,
+    /// `SUM_NUMBER_OF_BYTES_ALLOC`.
+    pub sum_bytes_alloc: AtomicU64,
+    /// `SUM_NUMBER_OF_BYTES_FREE`.
+    pub sum_bytes_free: AtomicU64,
+    /// `LOW_COUNT_USED` (i64).
+    pub low_count_used: AtomicU64,
+    /// `CURRENT_COUNT_USED` (i64).
+    pub current_count_used: AtomicU64,
+    /// `HIGH_COUNT_USED` (i64).
+    pub high_count_used: AtomicU64,
+    /// `LOW_NUMBER_OF_BYTES_USED` (i64).
+    pub low_bytes_used: AtomicU64,
+    /// `CURRENT_NUMBER_OF_BYTES_USED` (i64).
+    pub current_bytes_used: AtomicU64,
+    /// `HIGH_NUMBER_OF_BYTES_USED` (i64).
+    pub high_bytes_used: AtomicU64,
+    /// As [`MemoryRow::truncate_gen`].
+    pub truncate_gen: AtomicU64,
+    /// Reserved, zero.
+    pub reserved: [AtomicU64; 36],
 }
 
 impl MemoryRow {
@@ -957,6 +998,11 @@ const _: () = {
     assert!(offset_of!(MemoryRow, low_count_used) == 40);
     assert!(offset_of!(MemoryRow, high_bytes_used) == 64);
     assert!(offset_of!(MemoryRow, truncate_gen) == 72);
+    assert!(size_of::<MemoryRowV5>() == size_of::<MemoryRow>());
+    assert!(align_of::<MemoryRowV5>() == align_of::<MemoryRow>());
+    assert!(offset_of!(MemoryRowV5, low_count_used) == offset_of!(MemoryRow, low_count_used));
+    assert!(offset_of!(MemoryRowV5, current_bytes_used) == 72);
+    assert!(offset_of!(MemoryRowV5, truncate_gen) == 88);
     assert!(offset_of!(SetupSection, memory_truncate_gen) == 136);
     assert!(size_of::<EventRecord>() == 128);
     assert!(offset_of!(EventRecord, event_id) == 8);

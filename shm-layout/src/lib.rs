@@ -17,7 +17,8 @@
 //! `CURRENT_NUMBER_OF_BYTES_USED`, which are allocated − freed by
 //! definition: a reader derives them from the counts and sums, and an
 //! allocation or a free writes two words fewer (the fields after them
-//! moved up). 5.1 uses a reserved word of the setup section,
+//! moved up); a 6.x reader reads 5.x segments too, whose only difference
+//! is that row. 5.1 uses a reserved word of the setup section,
 //! `agent_defaults`, where the agent records the setup defaults it applied
 //! (5.0 readers and writers ignore it). 5.0 moved the sequence lock of each per-thread summary and
 //! memory row out of the row (whose first word is now reserved) into a
@@ -131,7 +132,7 @@
 //! | offset | size | field | meaning |
 //! |-------:|-----:|-------|---------|
 //! | 0x000 | 8 | `magic` | `"PFSSHM\0\0"` |
-//! | 0x008 | 4 | `major` | 6; refuse any other |
+//! | 0x008 | 4 | `major` | 6; a reader of this version also reads 5.x segments (their memory rows differ, below); refuse any other |
 //! | 0x00C | 4 | `minor` | 0; compatible additions (new section kinds, use of reserved fields): accept any |
 //! | 0x010 | 4 | `byte_order` | `0x01020304` as written by the creator |
 //! | 0x014 | 4 | `header_size` | 4096 |
@@ -320,6 +321,29 @@
 //! `CURRENT_COUNT_USED` is `count_alloc − count_free` and
 //! `CURRENT_NUMBER_OF_BYTES_USED` is `sum_bytes_alloc − sum_bytes_free`,
 //! both wrapping and read as `i64` (not stored since 6.0).
+//!
+//! ## Memory row of layout 5.x: [`layout::MemoryRowV5`], 384 bytes
+//!
+//! A reader of this version also reads 5.x segments (a process built with
+//! the previous client, during a rolling upgrade: see
+//! [`layout::LAYOUT_MAJORS_READ`]); they differ from this layout in their
+//! memory rows only, which stored CURRENT:
+//!
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 8 | `reserved0` | reserved |
+//! | 8 | 8 | `count_alloc` | `COUNT_ALLOC` |
+//! | 16 | 8 | `count_free` | `COUNT_FREE` |
+//! | 24 | 8 | `sum_bytes_alloc` | `SUM_NUMBER_OF_BYTES_ALLOC` |
+//! | 32 | 8 | `sum_bytes_free` | `SUM_NUMBER_OF_BYTES_FREE` |
+//! | 40 | 8 | `low_count_used` | `LOW_COUNT_USED` (i64) |
+//! | 48 | 8 | `current_count_used` | `CURRENT_COUNT_USED` (i64) |
+//! | 56 | 8 | `high_count_used` | `HIGH_COUNT_USED` (i64) |
+//! | 64 | 8 | `low_bytes_used` | `LOW_NUMBER_OF_BYTES_USED` (i64) |
+//! | 72 | 8 | `current_bytes_used` | `CURRENT_NUMBER_OF_BYTES_USED` (i64) |
+//! | 80 | 8 | `high_bytes_used` | `HIGH_NUMBER_OF_BYTES_USED` (i64) |
+//! | 88 | 8 | `truncate_gen` | setup `memory_truncate_gen` at the last update |
+//! | 96 | 288 | `reserved` | reserved |
 //!
 //! The setup section's `memory_truncate_gen` is bumped by the agent when a
 //! memory table is truncated. A writer whose row holds an older generation

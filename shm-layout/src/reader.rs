@@ -251,9 +251,13 @@ impl Summary {
 }
 
 impl MemoryStats {
-    /// Loads `row`; if its truncation generation is older than `tgen`, the
-    /// writer has not touched it since a TRUNCATE, so LOW = HIGH = CURRENT.
-    fn load(row: &MemoryRow, tgen: u64) -> Self {
+    /// Loads `row` of a segment of major version `major`; if its
+    /// truncation generation is older than `tgen`, the writer has not
+    /// touched it since a TRUNCATE, so LOW = HIGH = CURRENT.
+    fn load(row: &MemoryRow, major: u32, tgen: u64) -> Self {
+        if major == 5 {
+            return Self::load_v5(crate::segment::v5_memory_row(row), tgen);
+        }
         let i = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as i64;
         let (current_count, current_bytes) = row.current();
         let s = Self {
@@ -266,6 +270,28 @@ impl MemoryStats {
             high_count: i(&row.high_count_used),
             low_bytes: i(&row.low_bytes_used),
             current_bytes: current_bytes as i64,
+            high_bytes: i(&row.high_bytes_used),
+        };
+        if row.truncate_gen.load(Relaxed) < tgen {
+            s.reset_watermarks()
+        } else {
+            s
+        }
+    }
+
+    /// [`MemoryStats::load`] of a layout 5.x row, which stores CURRENT.
+    fn load_v5(row: &MemoryRowV5, tgen: u64) -> Self {
+        let i = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as i64;
+        let s = Self {
+            count_alloc: row.count_alloc.load(Relaxed),
+            count_free: row.count_free.load(Relaxed),
+            bytes_alloc: row.sum_bytes_alloc.load(Relaxed),
+            bytes_free: row.sum_bytes_free.load(Relaxed),
+            low_count: i(&row.low_count_used),
+            current_count: i(&row.current_count_used),
+            high_count: i(&row.high_count_used),
+            low_bytes: i(&row.low_bytes_used),
+            current_bytes: i(&row.current_bytes_used),
             high_bytes: i(&row.high_bytes_used),
         };
         if row.truncate_gen.load(Relaxed) < tgen {
@@ -986,7 +1012,7 @@ fn try_snapshot<'c>(
         exited_memory.clear();
         for (i, r) in rows.iter().enumerate() {
             if kinds[i] == RowKind::Memory {
-                let m = MemoryStats::load(&mem_rows[i], tgen);
+                let m = MemoryStats::load(&mem_rows[i], seg.major_version(), tgen);
                 if !m.is_empty() {
                     exited_memory.push((i as u32, m));
                 }
@@ -1388,7 +1414,7 @@ fn read_thread(
                     let copy = pread_slot(&mut sink, kept.is_some(), &mut preads);
                     let pread = copy.map(|c| (seg, idx, class, c));
                     let r = read_row(seq, opts.attempts, pread, RowCopy::memory, row, |r| {
-                        MemoryStats::load(r, tgen)
+                        MemoryStats::load(r, seg.major_version(), tgen)
                     });
                     st.retries += u64::from(r.retries);
                     st.rows_read += u64::from(r.value.is_some());

@@ -108,6 +108,7 @@ pub struct Segment {
     service: String,
     pid: u32,
     start_time_unix_ns: u64,
+    major: u32,
     minor: u32,
 }
 
@@ -140,6 +141,7 @@ impl Segment {
             service: cfg.service_name.clone(),
             pid,
             start_time_unix_ns,
+            major: LAYOUT_MAJOR,
             minor: LAYOUT_MINOR,
         };
         let h = seg.header();
@@ -301,6 +303,7 @@ impl Segment {
                 service: v.service,
                 pid: v.pid,
                 start_time_unix_ns: v.start_time_unix_ns,
+                major: v.major,
                 minor: v.minor,
             },
             // Zeros read after a fault explain nothing: report the fault.
@@ -341,7 +344,7 @@ impl Segment {
             return Err(SegmentError::ByteOrder(bom));
         }
         let major = h.major.load(r);
-        if major != LAYOUT_MAJOR {
+        if !LAYOUT_MAJORS_READ.contains(&major) {
             return Err(SegmentError::UnsupportedVersion {
                 found: major,
                 supported: LAYOUT_MAJOR,
@@ -544,6 +547,7 @@ impl Segment {
             service,
             pid,
             start_time_unix_ns,
+            major,
             minor,
         })
     }
@@ -592,6 +596,13 @@ impl Segment {
     /// Creation time, ns since the Unix epoch.
     pub fn start_time_unix_ns(&self) -> u64 {
         self.start_time_unix_ns
+    }
+
+    /// Major layout version of the file: [`LAYOUT_MAJOR`], or an older one
+    /// of [`LAYOUT_MAJORS_READ`] (a segment of a process built with an
+    /// older client, read by a newer agent).
+    pub fn major_version(&self) -> u32 {
+        self.major
     }
 
     /// Minor layout version of the file.
@@ -915,6 +926,7 @@ struct Validated {
     service: String,
     pid: u32,
     start_time_unix_ns: u64,
+    major: u32,
     minor: u32,
 }
 
@@ -993,4 +1005,16 @@ pub(crate) fn touched_classes(h: &ThreadHeader, limit: usize) -> impl Iterator<I
             None
         })
     })
+}
+
+/// Row `row`'s words read as a layout 5.x memory row ([`MemoryRowV5`]),
+/// for a segment of major version 5 ([`Segment::major_version`]).
+#[allow(unsafe_code)]
+pub fn v5_memory_row(row: &MemoryRow) -> &MemoryRowV5 {
+    // SAFETY: both types are `repr(C)` structs of `AtomicU64`s only, of the
+    // same size and alignment (asserted in `layout`), so every bit pattern
+    // of one is a valid value of the other; the reference keeps `row`'s
+    // lifetime and shared access, and the words are only ever accessed
+    // atomically through either view.
+    unsafe { &*(row as *const MemoryRow).cast::<MemoryRowV5>() }
 }

@@ -66,3 +66,71 @@ fn manual_example_account_low_high_are_sums() {
     );
     assert_eq!(g3.count_alloc, 2);
 }
+
+/// A segment of layout 5.x (a process built with the previous client,
+/// during a rolling upgrade) is read, its memory rows at their 5.x
+/// offsets, CURRENT as stored; majors this reader does not know are
+/// refused.
+#[test]
+fn a_5x_segment_is_read_with_its_own_memory_rows() {
+    use pfs_shm_layout::SegmentError;
+    use pfs_shm_layout::layout::LAYOUT_MAJOR;
+    use pfs_shm_layout::segment::v5_memory_row;
+
+    let (file, w) = common::create(&SegmentConfig::default());
+    let c = w
+        .register_class("memory/test/v5", ClassKind::Memory, FLAG_ENABLED)
+        .unwrap() as usize;
+    let t = w.alloc_thread(1, 1, "t1").unwrap();
+    let rec = w.segment().record(t.index);
+    // A real update marks the row touched and moves its sequence; then
+    // the words are rewritten as a 5.x writer would have left them.
+    rec.memory_alloc(c, 1, 0);
+    let v5 = v5_memory_row(&rec.memory_rows()[c]);
+    let words: [(&std::sync::atomic::AtomicU64, i64); 11] = [
+        (&v5.count_alloc, 5),
+        (&v5.count_free, 2),
+        (&v5.sum_bytes_alloc, 500),
+        (&v5.sum_bytes_free, 150),
+        (&v5.low_count_used, -1),
+        (&v5.current_count_used, 3),
+        (&v5.high_count_used, 4),
+        (&v5.low_bytes_used, -50),
+        (&v5.current_bytes_used, 350),
+        (&v5.high_bytes_used, 420),
+        (&v5.truncate_gen, 0),
+    ];
+    for (a, v) in words {
+        a.store(v as u64, Relaxed);
+    }
+    let header = &w.segment().header().major;
+    header.store(5, Relaxed);
+    let reader = Segment::open(file.try_clone().unwrap(), false).unwrap();
+    assert_eq!(reader.major_version(), 5);
+    let snap = snapshot(&reader, &ReadOptions::default()).unwrap();
+    let m = snap.threads[0].memory[0].1;
+    assert_eq!(
+        (m.count_alloc, m.count_free, m.bytes_alloc, m.bytes_free),
+        (5, 2, 500, 150)
+    );
+    assert_eq!(
+        (m.low_count, m.current_count, m.high_count),
+        (-1, 3, 4),
+        "counts at their 5.x offsets"
+    );
+    assert_eq!(
+        (m.low_bytes, m.current_bytes, m.high_bytes),
+        (-50, 350, 420),
+        "bytes at their 5.x offsets"
+    );
+    for major in [4, LAYOUT_MAJOR + 1] {
+        header.store(major, Relaxed);
+        assert!(
+            matches!(
+                Segment::open(file.try_clone().unwrap(), false),
+                Err(SegmentError::UnsupportedVersion { found, .. }) if found == major
+            ),
+            "major {major} is refused"
+        );
+    }
+}

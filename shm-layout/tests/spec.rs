@@ -112,6 +112,11 @@ fn code_structs() -> BTreeMap<&'static str, Struct> {
             low_count_used, high_count_used, low_bytes_used, high_bytes_used,
             truncate_gen, reserved,
         }
+        MemoryRowV5 {
+            reserved0, count_alloc, count_free, sum_bytes_alloc, sum_bytes_free,
+            low_count_used, current_count_used, high_count_used, low_bytes_used,
+            current_bytes_used, high_bytes_used, truncate_gen, reserved,
+        }
         EventRecord {
             seq, event_id, end_event_id, class, operation, timer_start, timer_end,
             timer_wait, object_instance, bytes, spins, source, object_name,
