@@ -427,6 +427,6 @@ mod tests {
         let e = Cli::try_parse_from(["pfs-agent", "serve", "--dead-retention", "5y"])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("use ms, s, m (or min) or h"), "{e}");
+        assert!(e.contains("use ms, s, m (or min), h or d"), "{e}");
     }
 }

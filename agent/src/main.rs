@@ -56,7 +56,8 @@ const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
 /// (`pfs_agent=debug,hyper=warn`). A bare word that is not a level is an
 /// error, and so is a directive `EnvFilter` cannot read: `EnvFilter` takes
 /// a bare word for a target's name, so `warning` would silently turn off
-/// every log, errors included.
+/// every log, errors included (a target alone is written
+/// `pfs_agent=trace`).
 fn log_filter(
     value: Option<&str>,
     default_level: &str,
@@ -74,21 +75,31 @@ fn log_filter(
 }
 
 /// Logs to stderr in `format`, at `PFS_LOG` (see [`log_filter`]) or
-/// `default_level`.
+/// `default_level`. A `PFS_LOG` that is not a filter is logged as an error
+/// and `default_level` is used: a typo must neither silence the logs nor
+/// stop the agent (a sidecar that cannot start can keep its application
+/// from starting).
 fn init_logs(format: LogFormat, default_level: &str) -> anyhow::Result<()> {
-    let value = match std::env::var("PFS_LOG") {
-        Ok(v) => Some(v),
-        Err(std::env::VarError::NotPresent) => None,
-        Err(std::env::VarError::NotUnicode(v)) => {
-            bail!("PFS_LOG={v:?} is not a log filter; use trace, debug, info, warn, error or off")
-        }
+    let filter = match std::env::var("PFS_LOG") {
+        Ok(v) => log_filter(Some(&v), default_level),
+        Err(std::env::VarError::NotPresent) => log_filter(None, default_level),
+        Err(std::env::VarError::NotUnicode(v)) => Err(anyhow::anyhow!(
+            "PFS_LOG={v:?} is not a log filter (not UTF-8)"
+        )),
+    };
+    let (filter, bad) = match filter {
+        Ok(f) => (f, None),
+        Err(e) => (default_level.into(), Some(e)),
     };
     let logs = tracing_subscriber::fmt()
-        .with_env_filter(log_filter(value.as_deref(), default_level)?)
+        .with_env_filter(filter)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => logs.with_ansi(log_colours()).init(),
         LogFormat::Json => logs.with_ansi(false).json().flatten_event(true).init(),
+    }
+    if let Some(e) = bad {
+        tracing::error!("{e:#}; logging at {default_level} instead");
     }
     Ok(())
 }

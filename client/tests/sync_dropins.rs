@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use pfs_client::sync::{Condvar, Mutex, MutexGuard, RwLock};
 use pfs_client::{LazyWaitClass, Operation};
+use pfs_shm_layout::layout::LostKind;
 use pfs_shm_layout::reader::{Event, ReadOptions, SegmentSnapshot, Summary, snapshot};
 use pfs_shm_layout::{EventKind, Segment};
 
@@ -102,7 +103,16 @@ fn summary(s: &SegmentSnapshot, class: u32) -> Summary {
 /// The waits `class` recorded in `history_long`, all ended; as many as
 /// its summary's `COUNT_STAR`.
 fn waits(s: &SegmentSnapshot, class: &LazyWaitClass) -> Vec<Event> {
-    assert_eq!(&s.lost[5..8], &[0, 0, 0], "history_long lost events");
+    for kind in [
+        LostKind::WaitsLong,
+        LostKind::StagesLong,
+        LostKind::StatementsLong,
+    ] {
+        assert_eq!(
+            s.lost[kind as usize], 0,
+            "history_long lost events: {kind:?}"
+        );
+    }
     let idx = class_index(s, class.name());
     let waits: Vec<Event> = s.long[EventKind::Wait.index()]
         .iter()

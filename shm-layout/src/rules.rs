@@ -36,11 +36,11 @@ pub enum SyntaxError {
         /// Every consumer name, comma-separated.
         names: String,
     },
-    /// A duration whose number cannot be read.
-    #[error("{0:?} is not a duration; use e.g. 300s, 5m, 1h")]
+    /// A duration whose number cannot be read (or is too large).
+    #[error("{0:?} is not a duration; use e.g. 300s, 5m, 1.5h")]
     NotADuration(String),
-    /// A duration with a unit other than `ms`, `s`, `m` (or `min`), `h`.
-    #[error("unknown unit {unit:?} in {input:?}; use ms, s, m (or min) or h")]
+    /// A duration with a unit other than `ms`, `s`, `m` (or `min`), `h`, `d`.
+    #[error("unknown unit {unit:?} in {input:?}; use ms, s, m (or min), h or d")]
     UnknownUnit {
         /// The unit written.
         unit: String,
@@ -108,24 +108,35 @@ fn parse_rules<T>(
 pub fn parse_duration(s: &str) -> Result<Duration, SyntaxError> {
     let s = s.trim();
     let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .map(|i| s.split_at(i))
         .unwrap_or((s, "s"));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| SyntaxError::NotADuration(s.to_string()))?;
-    Ok(match unit.trim_start() {
-        "ms" => Duration::from_millis(n),
-        "s" | "" => Duration::from_secs(n),
-        "m" | "min" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
+    let not_one = || SyntaxError::NotADuration(s.to_string());
+    let unit = unit.trim_start();
+    // Milliseconds per unit.
+    let per: u64 = match unit {
+        "ms" => 1,
+        "s" | "" => 1_000,
+        "m" | "min" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
         _ => {
             return Err(SyntaxError::UnknownUnit {
-                unit: unit.trim_start().to_string(),
+                unit: unit.to_string(),
                 input: s.to_string(),
             });
         }
-    })
+    };
+    if num.contains('.') {
+        // A decimal, as `pfs-agent query` prints durations (`5.00 min`).
+        let n: f64 = num.parse().map_err(|_| not_one())?;
+        Duration::try_from_secs_f64(n * per as f64 / 1_000.0).map_err(|_| not_one())
+    } else {
+        let n: u64 = num.parse().map_err(|_| not_one())?;
+        n.checked_mul(per)
+            .map(Duration::from_millis)
+            .ok_or_else(not_one)
+    }
 }
 
 #[cfg(test)]
@@ -172,8 +183,19 @@ mod tests {
         ));
         assert_eq!(
             parse_duration("5 parsecs").unwrap_err().to_string(),
-            "unknown unit \"parsecs\" in \"5 parsecs\"; use ms, s, m (or min) or h"
+            "unknown unit \"parsecs\" in \"5 parsecs\"; use ms, s, m (or min), h or d"
         );
+        // Decimals and days, as `pfs-agent query` prints them; too large
+        // is an error, not a wrap.
+        assert_eq!(
+            parse_duration("5.00 min").unwrap(),
+            Duration::from_secs(300)
+        );
+        assert_eq!(parse_duration("1.5h").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("2d").unwrap(), Duration::from_secs(172_800));
+        for bad in ["99999999999999999h", "1e9999h", "1.2.3s", "."] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
         // Minutes as `pfs-agent query` prints them.
         assert_eq!(parse_duration("5min").unwrap(), Duration::from_secs(300));
         assert_eq!(parse_duration("5 min").unwrap(), Duration::from_secs(300));

@@ -380,7 +380,9 @@ impl PfsLayer {
         }
         with_buf(|buf| {
             buf.push_str(&rule.prefix);
-            if template.render(value, None, buf) {
+            // A value with a control character (a tab or newline taken
+            // from a request) makes no instrument name: the unknown class.
+            if template.render(value, None, buf) && !buf.contains(char::is_control) {
                 let (class, remembered) = self.classes.get(buf, || {
                     *fallback.other.get_or_init(|| {
                         StatementClass::register(&format!("{}{OTHER_CLASS}", rule.prefix))

@@ -75,6 +75,10 @@ fn rules_and_the_span_model() {
     let nameless = tracing::info_span!("job", kind = Empty, id = 2);
     nameless.in_scope(|| {});
     drop(nameless);
+    // A control character makes no instrument name: the unknown class too.
+    let tabbed = tracing::info_span!("job", kind = "re\tsize", id = 4);
+    tabbed.in_scope(|| {});
+    drop(tabbed);
     // Never entered: nothing.
     drop(tracing::info_span!("job", kind = "never", id = 3));
 
@@ -191,10 +195,12 @@ fn rules_and_the_span_model() {
         late.figures.cancelled, 0,
         "a rule without status never cancels"
     );
-    let [unknown] = stmt("statement/jobs/unknown")[..] else {
-        panic!("no kind: unknown")
+    let [unknown, tabbed] = stmt("statement/jobs/unknown")[..] else {
+        panic!("no kind, and a kind with a tab: unknown")
     };
     assert_eq!(unknown.text, "? 2");
+    assert_eq!(tabbed.text, "re\tsize 4");
+    assert!(s.classes.iter().all(|c| !c.name.contains('\t')));
     assert_eq!(unknown.figures.digest, digest("?"));
     assert!(s.classes.iter().all(|c| c.name != "statement/jobs/later"));
     assert!(s.classes.iter().all(|c| c.name != "statement/jobs/never"));

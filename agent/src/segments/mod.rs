@@ -21,7 +21,8 @@
 //! * A directory that cannot be listed (other than not existing yet) is
 //!   logged, counted at every pass in
 //!   `pfs_agent_discovery_errors_total{reason}`, and reported by
-//!   [`SegmentSet::list_failure`] while it lasts (`/healthz` answers 503).
+//!   [`SegmentSet::list_failure`] while it lasts (`/healthz` adds a
+//!   `degraded:` line, still 200).
 //! * **Liveness through `flock`**: the owning process holds an exclusive
 //!   lock for its lifetime. If the agent can take a shared lock, the owner
 //!   is gone. Pids are never used: containers of a pod do not share a pid

@@ -56,8 +56,9 @@
 //!   503), and never on the runtime's blocking threads, so no table client
 //!   can hold up `/metrics`, OTLP or control.
 //! * `/healthz` answers 503 with the reason when the background discovery
-//!   is stuck (see [`AppOptions::discovery_stale_after`]) or cannot list
-//!   the segment directory (see [`AppState::unhealthy`]).
+//!   is stuck (see [`AppOptions::discovery_stale_after`]); it answers 200
+//!   with a `degraded:` line when the segment directory cannot be listed
+//!   (see [`AppState::degraded`]: a restart would not fix that).
 
 pub mod auth;
 pub mod body;
