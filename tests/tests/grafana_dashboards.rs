@@ -514,10 +514,21 @@ fn alert_rules_hold(base: &str, failures: &mut Vec<String>) {
             failures.push(format!("alert {name} is {} on a healthy demo", r["state"]));
         }
         let expr = r["query"].as_str().unwrap_or_default();
-        let names: BTreeSet<&str> = expr
-            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .filter(|w| w.starts_with("pfs_") || *w == "up")
-            .collect();
+        // Metric names: `pfs_*` and `up` words, less label names (a word
+        // followed by a matcher: `=`, `!=`, `=~`).
+        let mut names = BTreeSet::new();
+        let mut rest = expr;
+        while let Some(start) = rest.find(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+            let word_len = rest[start..]
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len() - start);
+            let word = &rest[start..start + word_len];
+            rest = &rest[start + word_len..];
+            let label = rest.trim_start().starts_with(['=', '!']);
+            if (word.starts_with("pfs_") || word == "up") && !label {
+                names.insert(word);
+            }
+        }
         for m in names {
             if query(base, &format!("count({m})")).is_empty() {
                 failures.push(format!("alert {name}: no series of {m}"));
