@@ -275,7 +275,7 @@ fn rules_and_the_span_model() {
         .sum();
     assert_eq!(
         statements,
-        1 + 2 + 4 + 2 + 2 + 1 + 1,
+        1 + 3 + 4 + 2 + 2 + 1 + 1,
         "no statement beyond those"
     );
 }
