@@ -228,19 +228,7 @@ fn stopping_with_stalled_table_streams_exits_cleanly() {
     ));
     snap.refresh();
     let state = AppState::new(snap, None);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = rt.spawn(pfs_agent::server::serve(listener, state, async {
-        let _ = stopped.await;
-    }));
+    let (rt, addr, stop, server) = library_server(state);
     let mut stalled: Vec<TcpStream> = (0..2)
         .map(|_| stalled_client(addr, &format!("/api/v1/tables/{BIG_TABLE}")))
         .collect();
@@ -461,19 +449,7 @@ fn healthz_fails_once_discovery_is_stale() {
             ..AppOptions::default()
         },
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    rt.spawn(pfs_agent::server::serve(listener, state, async {
-        let _ = stopped.await;
-    }));
+    let (_rt, addr, stop, _server) = library_server(state);
     snap.refresh();
     assert_eq!(get(addr, "/healthz"), Ok((200, "ok\n".to_string())));
     // No pass for longer than the limit: a stuck discovery.
@@ -490,4 +466,31 @@ fn healthz_fails_once_discovery_is_stale() {
     snap.refresh();
     assert_eq!(get(addr, "/healthz"), Ok((200, "ok\n".to_string())));
     let _ = stop.send(());
+}
+
+/// The library's server for `state` on a runtime of its own, on 127.0.0.1
+/// and a free port: the runtime, the address, the sender that stops the
+/// server, and the server's task.
+fn library_server(
+    state: std::sync::Arc<pfs_agent::server::AppState>,
+) -> (
+    tokio::runtime::Runtime,
+    SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = rt.spawn(pfs_agent::server::serve(listener, state, async {
+        let _ = stopped.await;
+    }));
+    (rt, addr, stop, server)
 }

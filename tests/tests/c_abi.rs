@@ -523,15 +523,19 @@ fn finish_edges(mut w: Writer) {
     );
 }
 
-/// The process total of class `name`: exited threads' folds and live
-/// threads' rows.
-fn class_total(s: &SegmentSnapshot, name: &str) -> Summary {
-    let class = s
-        .classes
+/// The index of class `name` (panics if it is not registered).
+fn class_index(s: &SegmentSnapshot, name: &str) -> u32 {
+    s.classes
         .iter()
         .find(|c| c.name == name)
         .unwrap_or_else(|| panic!("class {name} not registered"))
-        .index;
+        .index
+}
+
+/// The process total of class `name`: exited threads' folds and live
+/// threads' rows.
+fn class_total(s: &SegmentSnapshot, name: &str) -> Summary {
+    let class = class_index(s, name);
     let mut total = Summary::ZERO;
     for (_, r) in s
         .exited
@@ -616,12 +620,7 @@ fn libpfs_is_versioned_and_checks_the_abi() {
 /// The memory of class `name` over the process's threads, live and
 /// exited: (COUNT_ALLOC, COUNT_FREE, CURRENT_NUMBER_OF_BYTES_USED).
 fn memory_total(s: &SegmentSnapshot, name: &str) -> (u64, u64, i64) {
-    let class = s
-        .classes
-        .iter()
-        .find(|c| c.name == name)
-        .unwrap_or_else(|| panic!("class {name} not registered"))
-        .index;
+    let class = class_index(s, name);
     s.exited_memory
         .iter()
         .chain(s.threads.iter().flat_map(|t| t.memory.iter()))
