@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use pfs_client::sync::{Condvar, Mutex, MutexGuard, RwLock};
 use pfs_client::{LazyWaitClass, Operation};
 use pfs_shm_layout::layout::LostKind;
-use pfs_shm_layout::reader::{Event, ReadOptions, SegmentSnapshot, Summary, snapshot};
+use pfs_shm_layout::reader::{Event, ReadOptions, SegmentSnapshot, snapshot};
 use pfs_shm_layout::{EventKind, Segment};
 
 static POISON_MUTEX: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/sync_test/poison");
@@ -85,21 +85,6 @@ fn class_index(s: &SegmentSnapshot, name: &str) -> u32 {
         .unwrap_or_else(|| panic!("{name} registered"))
 }
 
-/// The class's summary over every thread, live and exited.
-fn summary(s: &SegmentSnapshot, class: u32) -> Summary {
-    let mut sum = Summary::default();
-    for (c, r) in s
-        .exited
-        .iter()
-        .chain(s.threads.iter().flat_map(|t| t.rows.iter()))
-    {
-        if *c == class {
-            sum.merge(r);
-        }
-    }
-    sum
-}
-
 /// The waits `class` recorded in `history_long`, all ended; as many as
 /// its summary's `COUNT_STAR`.
 fn waits(s: &SegmentSnapshot, class: &LazyWaitClass) -> Vec<Event> {
@@ -121,7 +106,7 @@ fn waits(s: &SegmentSnapshot, class: &LazyWaitClass) -> Vec<Event> {
         .collect();
     assert!(waits.iter().all(|e| e.end_event_id.is_some()), "ended");
     assert_eq!(
-        summary(s, idx).count,
+        s.summary_of(idx).count,
         waits.len() as u64,
         "{}: COUNT_STAR",
         class.name()

@@ -25,7 +25,7 @@ use std::time::Duration;
 use pfs_client::task::TaskExt;
 use pfs_client::tokio::{Mutex, Notify, OwnedMutexGuard, RwLock, Semaphore, mpsc};
 use pfs_client::{LazyStageClass, LazyStatementClass, LazyWaitClass, Operation};
-use pfs_shm_layout::reader::{Event, ReadOptions, SegmentSnapshot, Summary, snapshot};
+use pfs_shm_layout::reader::{Event, ReadOptions, SegmentSnapshot, snapshot};
 use pfs_shm_layout::{EventKind, Segment};
 
 static REQ: LazyStatementClass = LazyStatementClass::new("statement/tokio_test/request");
@@ -94,21 +94,6 @@ fn class_index(s: &SegmentSnapshot, name: &str) -> Option<u32> {
     s.classes.iter().find(|c| c.name == name).map(|c| c.index)
 }
 
-/// The class's summary over every thread, live and exited.
-fn summary(s: &SegmentSnapshot, class: u32) -> Summary {
-    let mut sum = Summary::default();
-    for (c, r) in s
-        .exited
-        .iter()
-        .chain(s.threads.iter().flat_map(|t| t.rows.iter()))
-    {
-        if *c == class {
-            sum.merge(r);
-        }
-    }
-    sum
-}
-
 /// Counts tasks about to wait, so that a holder knows they all queued.
 #[derive(Default)]
 struct Gate(AtomicUsize);
@@ -175,7 +160,7 @@ fn check_waits(
         .collect();
     assert_eq!(waits.len(), waiters.len(), "{name}: waits in history_long");
     assert_eq!(
-        summary(s, idx).count,
+        s.summary_of(idx).count,
         waiters.len() as u64,
         "{name}: COUNT_STAR"
     );
@@ -264,7 +249,7 @@ fn check_nothing(s: &SegmentSnapshot, class: &LazyWaitClass) {
         0,
         "{name}"
     );
-    assert_eq!(summary(s, idx).count, 0, "{name}");
+    assert_eq!(s.summary_of(idx).count, 0, "{name}");
 }
 
 fn no_lost_events(s: &SegmentSnapshot) {
@@ -805,7 +790,7 @@ fn blocking_locks_record_the_waits_of_their_threads() {
     assert_eq!(count(&BLOCKING_RWLOCK, Operation::ReadLock), 2);
     assert_eq!(count(&BLOCKING_RWLOCK, Operation::WriteLock), 1);
     let idx = class_index(&s, BLOCKING_MUTEX.name()).unwrap();
-    assert_eq!(summary(&s, idx).count, 3);
+    assert_eq!(s.summary_of(idx).count, 3);
     no_lost_events(&s);
 }
 

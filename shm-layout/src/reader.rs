@@ -253,48 +253,41 @@ impl Summary {
 impl MemoryStats {
     /// Loads `row` of a segment of major version `major`; if its
     /// truncation generation is older than `tgen`, the writer has not
-    /// touched it since a TRUNCATE, so LOW = HIGH = CURRENT.
+    /// touched it since a TRUNCATE, so LOW = HIGH = CURRENT. Counts and
+    /// sums are at the same offsets in every layout; 5.x stored CURRENT
+    /// ([`MemoryRowV5`]), 6.0 derives it ([`MemoryRow::current`]).
     fn load(row: &MemoryRow, major: u32, tgen: u64) -> Self {
-        if major == 5 {
-            return Self::load_v5(crate::segment::v5_memory_row(row), tgen);
-        }
-        let i = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as i64;
-        let (current_count, current_bytes) = row.current();
-        let s = Self {
-            count_alloc: row.count_alloc.load(Relaxed),
-            count_free: row.count_free.load(Relaxed),
-            bytes_alloc: row.sum_bytes_alloc.load(Relaxed),
-            bytes_free: row.sum_bytes_free.load(Relaxed),
-            low_count: i(&row.low_count_used),
-            current_count: current_count as i64,
-            high_count: i(&row.high_count_used),
-            low_bytes: i(&row.low_bytes_used),
-            current_bytes: current_bytes as i64,
-            high_bytes: i(&row.high_bytes_used),
-        };
-        if row.truncate_gen.load(Relaxed) < tgen {
-            s.reset_watermarks()
+        let ld = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed);
+        // (LOW, CURRENT, HIGH) of the counts and of the bytes, and the
+        // row's truncation generation.
+        let (count, bytes, row_tgen) = if major == 5 {
+            let r = crate::segment::v5_memory_row(row);
+            (
+                [&r.low_count_used, &r.current_count_used, &r.high_count_used].map(ld),
+                [&r.low_bytes_used, &r.current_bytes_used, &r.high_bytes_used].map(ld),
+                ld(&r.truncate_gen),
+            )
         } else {
-            s
-        }
-    }
-
-    /// [`MemoryStats::load`] of a layout 5.x row, which stores CURRENT.
-    fn load_v5(row: &MemoryRowV5, tgen: u64) -> Self {
-        let i = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as i64;
-        let s = Self {
-            count_alloc: row.count_alloc.load(Relaxed),
-            count_free: row.count_free.load(Relaxed),
-            bytes_alloc: row.sum_bytes_alloc.load(Relaxed),
-            bytes_free: row.sum_bytes_free.load(Relaxed),
-            low_count: i(&row.low_count_used),
-            current_count: i(&row.current_count_used),
-            high_count: i(&row.high_count_used),
-            low_bytes: i(&row.low_bytes_used),
-            current_bytes: i(&row.current_bytes_used),
-            high_bytes: i(&row.high_bytes_used),
+            let (cc, cb) = row.current();
+            (
+                [ld(&row.low_count_used), cc, ld(&row.high_count_used)],
+                [ld(&row.low_bytes_used), cb, ld(&row.high_bytes_used)],
+                ld(&row.truncate_gen),
+            )
         };
-        if row.truncate_gen.load(Relaxed) < tgen {
+        let s = Self {
+            count_alloc: ld(&row.count_alloc),
+            count_free: ld(&row.count_free),
+            bytes_alloc: ld(&row.sum_bytes_alloc),
+            bytes_free: ld(&row.sum_bytes_free),
+            low_count: count[0] as i64,
+            current_count: count[1] as i64,
+            high_count: count[2] as i64,
+            low_bytes: bytes[0] as i64,
+            current_bytes: bytes[1] as i64,
+            high_bytes: bytes[2] as i64,
+        };
+        if row_tgen < tgen {
             s.reset_watermarks()
         } else {
             s
@@ -518,6 +511,24 @@ pub struct SegmentSnapshot {
 }
 
 impl SegmentSnapshot {
+    /// Every summary row of the segment: what exited threads folded in,
+    /// then each live thread's rows, as (class index, figures).
+    pub fn summary_rows(&self) -> impl Iterator<Item = &(u32, Summary)> {
+        self.exited
+            .iter()
+            .chain(self.threads.iter().flat_map(|t| t.rows.iter()))
+    }
+
+    /// The process's summary of class `class`: the merge of its
+    /// [`summary_rows`](Self::summary_rows).
+    pub fn summary_of(&self, class: u32) -> Summary {
+        let mut sum = Summary::default();
+        for (_, r) in self.summary_rows().filter(|(c, _)| *c == class) {
+            sum.merge(r);
+        }
+        sum
+    }
+
     /// Every memory row of the segment: what exited threads folded in,
     /// then each live thread's rows, as (class index, figures).
     pub fn memory_rows(&self) -> impl Iterator<Item = &(u32, MemoryStats)> {

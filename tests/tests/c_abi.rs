@@ -620,14 +620,8 @@ fn libpfs_is_versioned_and_checks_the_abi() {
 /// The memory of class `name` over the process's threads, live and
 /// exited: (COUNT_ALLOC, COUNT_FREE, CURRENT_NUMBER_OF_BYTES_USED).
 fn memory_total(s: &SegmentSnapshot, name: &str) -> (u64, u64, i64) {
-    let class = class_index(s, name);
-    s.exited_memory
-        .iter()
-        .chain(s.threads.iter().flat_map(|t| t.memory.iter()))
-        .filter(|(c, _)| *c == class)
-        .fold((0, 0, 0), |(a, f, b), (_, m)| {
-            (a + m.count_alloc, f + m.count_free, b + m.current_bytes)
-        })
+    let m = s.memory_of(class_index(s, name));
+    (m.count_alloc, m.count_free, m.current_bytes)
 }
 
 /// Sessions in thread-specific data, ended by their `pthread_key_create`
