@@ -847,6 +847,24 @@ pub fn prom_query(base: &str, q: &str) -> Result<Vec<Value>> {
     Ok(v["data"]["result"].as_array().cloned().unwrap_or_default())
 }
 
+/// A range query (`/api/v1/query_range`) over the last `span`, one point
+/// per `step`, as Grafana runs a time series panel: the series it returns.
+pub fn prom_query_range(base: &str, q: &str, span: Duration, step: Duration) -> Result<Vec<Value>> {
+    let end = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs_f64();
+    let start = end - span.as_secs_f64();
+    let v = get_json(&format!(
+        "{base}/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step={}",
+        url_encode(q),
+        step.as_secs_f64()
+    ))?;
+    if v["status"] != "success" {
+        bail!("range query {q} failed: {v}");
+    }
+    Ok(v["data"]["result"].as_array().cloned().unwrap_or_default())
+}
+
 /// A private tmpfs of `size` bytes, unmounted (lazily) on drop. Needs
 /// root, as the suite runs.
 pub struct Tmpfs(pub tempfile::TempDir);

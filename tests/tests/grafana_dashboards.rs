@@ -41,6 +41,13 @@ const VARIABLES: &[(&str, &str)] = &[
 /// scrape interval is 1 s, so Grafana's floor of four scrape intervals
 /// would be 4 s; 15 s keeps a few samples in every window.
 const RATE_INTERVAL: &str = "15s";
+/// The range a top-k ranks over: the dashboard's whole time range…
+const RANKING_RANGE: &str = "[$__range]";
+/// …evaluated at its end, the same for every step of a range query.
+const PINNED_AT_END: &str = " @ end()";
+/// What the test's Prometheus has seen when the panels are queried, as
+/// Grafana's `$__range`.
+const RANGE: &str = "1m";
 
 fn dashboards_dir() -> PathBuf {
     workspace_root().join("grafana/dashboards")
@@ -245,28 +252,44 @@ fn lint(file: &str, uid: &str, d: &Value) -> Vec<String> {
     }
     for (t, e) in &exprs {
         bad(!e.is_empty(), format!("{t:?}: empty expression"));
-        // Range selectors: only $__rate_interval.
+        // Range selectors: only $__rate_interval, or the whole range shown
+        // pinned at its end (a top-k's ranking).
         let mut rest = e.as_str();
         while let Some(i) = rest.find('[') {
             let end = rest[i..].find(']').map(|j| i + j).unwrap_or(rest.len());
+            let range = &rest[i..=end.min(rest.len() - 1)];
+            let after = &rest[end.min(rest.len() - 1) + 1..];
             bad(
-                &rest[i..=end.min(rest.len() - 1)] == "[$__rate_interval]",
+                range == "[$__rate_interval]"
+                    || (range == RANKING_RANGE && after.starts_with(PINNED_AT_END)),
                 format!(
-                    "{t:?}: range {} is not [$__rate_interval] in {e}",
-                    &rest[i..=end.min(rest.len() - 1)]
+                    "{t:?}: range {range} is not [$__rate_interval] (nor {RANKING_RANGE}{PINNED_AT_END}) in {e}"
                 ),
             );
-            rest = &rest[end.min(rest.len() - 1) + 1..];
+            rest = after;
         }
         for f in ["rate(", "increase("] {
             for (i, _) in e.match_indices(f) {
                 let call = &e[i..];
                 let close = call.find(")").unwrap_or(call.len());
                 bad(
-                    call[..close].contains("[$__rate_interval]"),
+                    call[..close].contains("[$__rate_interval]")
+                        || call[..close].contains(RANKING_RANGE),
                     format!("{t:?}: {f}...) without [$__rate_interval] in {e}"),
                 );
             }
+        }
+        // A top-k in a time series ranks once, over the range shown: at
+        // each step of a range query it would pick its own k, and a panel
+        // of the "10 biggest" would draw more than 10 lines.
+        for (i, _) in e.match_indices("topk(") {
+            bad(
+                e[i..].contains(PINNED_AT_END) && e[..i].trim_end().ends_with(')'),
+                format!(
+                    "{t:?}: topk not ranked over the range shown ({RANKING_RANGE}{PINNED_AT_END}, \
+                     selecting the series of a rate with `and on (...)`) in {e}"
+                ),
+            );
         }
         // No hard-coded job (nor any other variable label).
         let mut rest = e.as_str();
@@ -366,7 +389,18 @@ type Breakage = fn(&mut Value);
 fn lint_rules_can_fail() {
     let (file, uid) = DASHBOARDS[0];
     let good = load(file);
-    let cases: [(&str, Breakage); 6] = [
+    let cases: [(&str, Breakage); 7] = [
+        ("topk not ranked over the range shown", |d| {
+            for p in d["panels"].as_array_mut().unwrap() {
+                for t in p["targets"].as_array_mut().into_iter().flatten() {
+                    let e = t["expr"].as_str().unwrap();
+                    if let Some(i) = e.find(" and on (service, event_name) topk(") {
+                        let rate = e[..i].to_string();
+                        t["expr"] = Value::String(format!("topk(10, {rate})"));
+                    }
+                }
+            }
+        }),
         ("not [$__rate_interval]", |d| {
             let e = d["panels"][1]["targets"][0]["expr"]
                 .as_str()
@@ -540,7 +574,9 @@ fn alert_rules_hold(base: &str, failures: &mut Vec<String>) {
 /// Substitutes template variables as Grafana does for Prometheus: `All`
 /// becomes the variable's allValue (`.*`), a single value is itself.
 fn substitute(expr: &str, vars: &BTreeMap<&str, &str>) -> String {
-    let mut e = expr.replace("$__rate_interval", RATE_INTERVAL);
+    let mut e = expr
+        .replace("$__rate_interval", RATE_INTERVAL)
+        .replace("$__range", RANGE);
     // Longest names first ($process before $pod is not an issue, but keep
     // it general).
     let mut names: Vec<&&str> = vars.keys().collect();
@@ -552,6 +588,12 @@ fn substitute(expr: &str, vars: &BTreeMap<&str, &str>) -> String {
     }
     assert!(!e.contains('$'), "unsubstituted variable in {e}");
     e
+}
+
+/// The k of an expression's `topk(k, ...)`, if it has one.
+fn topk_of(expr: &str) -> Option<usize> {
+    let i = expr.find("topk(")? + "topk(".len();
+    expr[i..].split(',').next()?.trim().parse().ok()
 }
 
 fn finite_values(res: &[Value]) -> usize {
@@ -764,6 +806,29 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
                             failures.push(format!(
                                 "{title} / {}: no data with single values selected",
                                 t["refId"]
+                            ));
+                        }
+                    }
+                    if let Some(k) = topk_of(expr) {
+                        // As Grafana draws it: every step of a range query.
+                        let drawn = pfs_tests::prom_query_range(
+                            base,
+                            &q_all,
+                            Duration::from_secs(15),
+                            Duration::from_secs(1),
+                        )
+                        .unwrap_or_else(|e| panic!("{title}: {e:#}"));
+                        let ranked = expr.split(" and on ").next().unwrap_or(expr);
+                        let candidates = query(base, &substitute(ranked, &all)).len();
+                        eprintln!(
+                            "grafana_dashboards: {title}: {} lines drawn over 15 s, top {k} of {candidates}",
+                            drawn.len()
+                        );
+                        if drawn.len() > k {
+                            failures.push(format!(
+                                "{title} / {}: a top {k} draws {} lines over a range: {q_all}",
+                                t["refId"],
+                                drawn.len()
                             ));
                         }
                     }
