@@ -473,3 +473,66 @@ fn a_pfs_log_that_is_not_a_level_is_reported_and_the_default_used() {
     assert!(out.status.success(), "{err}");
     assert!(err.contains("no segments in"), "a level still logs: {err}");
 }
+
+/// The segment directory removed under the agent (deleted, or its volume
+/// unmounted) while it still reads a segment found there: the segment keeps
+/// being exported, but no new process can be found, so `/healthz` says
+/// degraded and why, and `reason="removed"` counts. Recreated, it is fine
+/// again and a new segment in it is found.
+#[test]
+fn a_segment_directory_removed_under_the_agent_is_degraded_and_says_why() {
+    let parent = tempfile::tempdir().unwrap();
+    let d = parent.path().join("segments");
+    std::fs::create_dir(&d).unwrap();
+    pfs_agent::testing::dead_segment(&d, "early", 4545, 7);
+    let mut agent = Serve::start(&d, &[]);
+    agent.wait_healthy(Duration::from_secs(20));
+    assert!(
+        poll(Duration::from_secs(10), || waits(&agent, "early")
+            == Some(7.0)),
+        "{}",
+        agent.stderr()
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+    let mut last = None;
+    assert!(
+        poll(Duration::from_secs(10), || {
+            last = agent.get("/healthz").ok();
+            last.as_ref()
+                .is_some_and(|(st, body)| *st == 200 && body.starts_with("ok\ndegraded: "))
+        }),
+        "{last:?}\n{}",
+        agent.stderr()
+    );
+    let (_, why) = last.unwrap();
+    assert!(
+        why.contains(&format!(
+            "cannot list the segment directory {}",
+            d.display()
+        )) && why.contains("No such file or directory")
+            && why.contains("recreate the directory"),
+        "{why}"
+    );
+    let removed = agent
+        .metric("pfs_agent_discovery_errors_total", &["reason=\"removed\""])
+        .unwrap();
+    assert!(removed >= 1.0, "{removed}");
+    assert_eq!(waits(&agent, "early"), Some(7.0), "still exported");
+    let log = agent.stderr();
+    assert!(
+        log.contains("cannot list the segment directory") && log.contains("recreate the directory"),
+        "{log}"
+    );
+
+    std::fs::create_dir(&d).unwrap();
+    pfs_agent::testing::dead_segment(&d, "late", 4646, 2);
+    assert!(
+        poll(Duration::from_secs(10), || agent
+            .get("/healthz")
+            .is_ok_and(|(st, body)| st == 200 && body == "ok\n")
+            && waits(&agent, "late") == Some(2.0)),
+        "{}",
+        agent.stderr()
+    );
+    assert_eq!(waits(&agent, "early"), Some(7.0), "still exported");
+}

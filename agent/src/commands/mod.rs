@@ -248,7 +248,7 @@ fn require_dir(dir: &Path) -> anyhow::Result<()> {
         dir.display()
     );
     if let Err(e) = std::fs::read_dir(dir) {
-        let advice = ListFailure::of(&e).map_or("check --shm-dir", ListFailure::advice);
+        let advice = ListFailure::of(&e, false).map_or("check --shm-dir", ListFailure::advice);
         anyhow::bail!(
             "cannot list segment directory {}: {e}; {advice} (or run this command as root)",
             dir.display()

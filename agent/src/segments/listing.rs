@@ -1,7 +1,8 @@
 //! Why the segment directory cannot be listed: every reason, with its
 //! metric label (`pfs_agent_discovery_errors_total{reason}`) and what the
-//! operator should do. A directory that does not exist is no such reason:
-//! a sidecar that starts before its application waits for it.
+//! operator should do. A directory that does not exist yet is no such
+//! reason (a sidecar that starts before its application waits for it);
+//! one removed while segments found in it are still read is.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -18,21 +19,28 @@ pub enum ListFailure {
     NotADirectory,
     /// Any other error (I/O, too many open files...).
     Io,
+    /// The directory is gone although segments were found in it: deleted,
+    /// or its volume unmounted under the agent.
+    Removed,
 }
 
 impl ListFailure {
     /// Every reason, in label order: each is exported from the start, at 0.
-    pub const ALL: [ListFailure; 3] = [
+    pub const ALL: [ListFailure; 4] = [
         ListFailure::Io,
         ListFailure::NotADirectory,
         ListFailure::PermissionDenied,
+        ListFailure::Removed,
     ];
 
-    /// The reason of a failed listing; `None` if the directory does not
-    /// exist (not a failure: it is waited for).
-    pub fn of(e: &std::io::Error) -> Option<Self> {
+    /// The reason of a failed listing, the agent still reading segments it
+    /// found in the directory (`found_before`) or not; `None` if the
+    /// directory does not exist and nothing was found in it (not a failure:
+    /// it is waited for).
+    pub fn of(e: &std::io::Error, found_before: bool) -> Option<Self> {
         use std::io::ErrorKind as K;
         match e.kind() {
+            K::NotFound if found_before => Some(Self::Removed),
             K::NotFound => None,
             K::PermissionDenied => Some(Self::PermissionDenied),
             K::NotADirectory => Some(Self::NotADirectory),
@@ -46,6 +54,7 @@ impl ListFailure {
             Self::PermissionDenied => "permission_denied",
             Self::NotADirectory => "not_a_directory",
             Self::Io => "io",
+            Self::Removed => "removed",
         }
     }
 
@@ -57,6 +66,9 @@ impl ListFailure {
                 "pass the directory the instrumented processes write their segments to with --shm-dir (or PFS_SHM_DIR)"
             }
             Self::Io => "check the filesystem under --shm-dir and the agent's limits (open files)",
+            Self::Removed => {
+                "it existed and held segments: it was deleted or its volume unmounted. The processes already found are still read through their open files, but a process that starts now cannot create its segment: recreate the directory (or remount the volume) where the applications expect it"
+            }
         }
     }
 }
@@ -92,19 +104,28 @@ mod tests {
 
     #[test]
     fn a_missing_directory_is_no_failure_the_others_are_labelled() {
-        assert_eq!(ListFailure::of(&Error::from(ErrorKind::NotFound)), None);
         assert_eq!(
-            ListFailure::of(&Error::from_raw_os_error(libc::EACCES)),
-            Some(ListFailure::PermissionDenied)
+            ListFailure::of(&Error::from(ErrorKind::NotFound), false),
+            None
         );
         assert_eq!(
-            ListFailure::of(&Error::from_raw_os_error(libc::ENOTDIR)),
-            Some(ListFailure::NotADirectory)
+            ListFailure::of(&Error::from(ErrorKind::NotFound), true),
+            Some(ListFailure::Removed)
         );
-        assert_eq!(
-            ListFailure::of(&Error::from_raw_os_error(libc::EIO)),
-            Some(ListFailure::Io)
-        );
+        for found_before in [false, true] {
+            assert_eq!(
+                ListFailure::of(&Error::from_raw_os_error(libc::EACCES), found_before),
+                Some(ListFailure::PermissionDenied)
+            );
+            assert_eq!(
+                ListFailure::of(&Error::from_raw_os_error(libc::ENOTDIR), found_before),
+                Some(ListFailure::NotADirectory)
+            );
+            assert_eq!(
+                ListFailure::of(&Error::from_raw_os_error(libc::EIO), found_before),
+                Some(ListFailure::Io)
+            );
+        }
         let labels: Vec<_> = ListFailure::ALL.iter().map(|r| r.label()).collect();
         let mut sorted = labels.clone();
         sorted.sort();

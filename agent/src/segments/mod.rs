@@ -18,8 +18,9 @@
 //!   raised `SIGBUS` (see `pfs_shm_layout::sigbus`), is dropped with reason
 //!   `shrunk` or `unreadable`; its last good snapshot folds into the
 //!   service's retired totals so no counter goes backwards.
-//! * A directory that cannot be listed (other than not existing yet) is
-//!   logged, counted at every pass in
+//! * A directory that cannot be listed (other than not existing yet; one
+//!   removed while segments found in it are still tracked is reason
+//!   `removed`) is logged, counted at every pass in
 //!   `pfs_agent_discovery_errors_total{reason}`, and reported by
 //!   [`SegmentSet::list_failure`] while it lasts (`/healthz` adds a
 //!   `degraded:` line, still 200).
@@ -324,9 +325,9 @@ impl SegmentSet {
                     .is_none_or(|(m, at)| *m != msg || at.elapsed() >= RELOG_AFTER);
                 // Not there yet, and nothing found in it before: waiting
                 // is normal (`serve` said so at start).
-                self.dir_absent =
-                    e.kind() == std::io::ErrorKind::NotFound && self.tracked.is_empty();
-                self.list_failure = ListFailure::of(&e).map(|reason| ListError {
+                let found_before = !self.tracked.is_empty();
+                self.dir_absent = e.kind() == std::io::ErrorKind::NotFound && !found_before;
+                self.list_failure = ListFailure::of(&e, found_before).map(|reason| ListError {
                     dir: self.dir.clone(),
                     reason,
                     error: msg.clone(),
@@ -338,7 +339,7 @@ impl SegmentSet {
                     if self.dir_absent {
                         tracing::debug!(dir = %self.dir.display(), "the segment directory does not exist yet; waiting for an instrumented process to create it");
                     } else {
-                        let advice = ListFailure::of(&e)
+                        let advice = ListFailure::of(&e, found_before)
                             .map_or("check --shm-dir (or PFS_SHM_DIR)", ListFailure::advice);
                         tracing::warn!(dir = %self.dir.display(), error = %e, tracked = self.tracked.len(), "cannot list the segment directory, so no new process is found (the segments already found are still read, and their processes' exits still noticed); {advice}");
                     }
