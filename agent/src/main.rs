@@ -27,16 +27,24 @@ enum LogFormat {
 }
 
 impl LogFormat {
-    /// The format `PFS_LOG_FORMAT` asks for: `text` (or unset) or `json`.
-    fn from_env() -> anyhow::Result<Self> {
-        match std::env::var("PFS_LOG_FORMAT") {
-            Err(std::env::VarError::NotPresent) => Ok(Self::Text),
-            Ok(v) if v == "text" || v.is_empty() => Ok(Self::Text),
-            Ok(v) if v == "json" => Ok(Self::Json),
-            Ok(v) => bail!("PFS_LOG_FORMAT={v:?} is not a log format; use text or json"),
-            Err(std::env::VarError::NotUnicode(v)) => {
-                bail!("PFS_LOG_FORMAT={v:?} is not a log format; use text or json")
-            }
+    /// The format `PFS_LOG_FORMAT` asks for: `text` (or unset) or `json`,
+    /// in any case. Anything else is text, with the error to log: as for
+    /// `PFS_LOG`, a typo must not stop the agent.
+    fn from_env() -> (Self, Option<anyhow::Error>) {
+        let v = match std::env::var("PFS_LOG_FORMAT") {
+            Err(std::env::VarError::NotPresent) => return (Self::Text, None),
+            Ok(v) => v,
+            Err(std::env::VarError::NotUnicode(v)) => v.to_string_lossy().into_owned(),
+        };
+        match v.trim() {
+            t if t.is_empty() || t.eq_ignore_ascii_case("text") => (Self::Text, None),
+            t if t.eq_ignore_ascii_case("json") => (Self::Json, None),
+            _ => (
+                Self::Text,
+                Some(anyhow::anyhow!(
+                    "PFS_LOG_FORMAT={v:?} is not a log format: use text or json; logging as text instead"
+                )),
+            ),
         }
     }
 }
@@ -74,12 +82,14 @@ fn log_filter(
         .map_err(|e| anyhow::anyhow!("PFS_LOG={v} is not a log filter ({e}): {hint}"))
 }
 
-/// Logs to stderr in `format`, at `PFS_LOG` (see [`log_filter`]) or
-/// `default_level`. A `PFS_LOG` that is not a filter is logged as an error
-/// and `default_level` is used: a typo must neither silence the logs nor
+/// Logs to stderr in the format `PFS_LOG_FORMAT` asks for, at `PFS_LOG`
+/// (see [`log_filter`]) or `default_level`. A `PFS_LOG` that is not a
+/// filter, or a `PFS_LOG_FORMAT` that is not a format, is logged as an
+/// error and the default used: a typo must neither silence the logs nor
 /// stop the agent (a sidecar that cannot start can keep its application
 /// from starting).
-fn init_logs(format: LogFormat, default_level: &str) -> anyhow::Result<()> {
+fn init_logs(default_level: &str) -> anyhow::Result<()> {
+    let (format, bad_format) = LogFormat::from_env();
     let filter = match std::env::var("PFS_LOG") {
         Ok(v) => log_filter(Some(&v), default_level),
         Err(std::env::VarError::NotPresent) => log_filter(None, default_level),
@@ -97,6 +107,9 @@ fn init_logs(format: LogFormat, default_level: &str) -> anyhow::Result<()> {
     match format {
         LogFormat::Text => logs.with_ansi(log_colours()).init(),
         LogFormat::Json => logs.with_ansi(false).json().flatten_event(true).init(),
+    }
+    if let Some(e) = bad_format {
+        tracing::error!("{e:#}");
     }
     if let Some(e) = bad {
         tracing::error!("{e:#}; logging at {default_level} instead");
@@ -135,7 +148,7 @@ fn run() -> anyhow::Result<()> {
         Command::Query(_) | Command::Setup(_) => "warn",
         _ => "info",
     };
-    init_logs(LogFormat::from_env()?, default_level)?;
+    init_logs(default_level)?;
     match cli.command {
         Command::Serve(a) => commands::serve::run(a),
         Command::Query(a) => commands::query::run(a),

@@ -6,7 +6,8 @@
 //!   unless `NO_COLOR` is set.
 //! * `PFS_LOG_FORMAT=json`: every line is a JSON object with a `level`, a
 //!   `message` and the event's fields, for `query` and for `serve`.
-//! * An unknown `PFS_LOG_FORMAT` is an error at start.
+//! * An unknown `PFS_LOG_FORMAT` is logged as an error and text is used
+//!   (a typo must not stop a sidecar); `JSON` is `json`.
 //!
 //! Something to log: a file that is not a segment in the directory
 //! (`refusing segment file`, a warning, with `reason = bad_magic`).
@@ -224,17 +225,32 @@ fn json_logs_of_a_running_agent() {
 }
 
 #[test]
-fn an_unknown_log_format_is_refused_at_start() {
+fn an_unknown_log_format_is_reported_and_text_used() {
     let dir = dir_with_a_bad_file();
+    let good = query(dir.path(), &[]);
     let o = query(dir.path(), &[("PFS_LOG_FORMAT", "yaml")]);
     let log = stderr(&o);
-    assert!(!o.status.success(), "{log}");
+    // A typo does not stop the agent: it runs as with text logs.
+    assert_eq!(o.status.code(), good.status.code(), "{log}");
     assert!(
-        log.contains("PFS_LOG_FORMAT") && log.contains("\"yaml\"") && log.contains("text or json"),
+        log.contains("ERROR")
+            && log.contains("PFS_LOG_FORMAT")
+            && log.contains("\"yaml\"")
+            && log.contains("text or json")
+            && log.contains("logging as text"),
         "{log}"
     );
+    assert!(log.contains("refusing segment file"), "{log}");
     assert!(
-        !log.contains("refusing segment file"),
-        "refused before doing anything: {log}"
+        log.lines()
+            .all(|l| serde_json::from_str::<Value>(l).is_err()),
+        "text: {log}"
+    );
+    // Any case.
+    let o = query(dir.path(), &[("PFS_LOG_FORMAT", "JSON")]);
+    let lines = json_lines(&stderr(&o));
+    assert!(
+        lines.iter().any(|l| l["level"] == "WARN"),
+        "json: {lines:?}"
     );
 }
