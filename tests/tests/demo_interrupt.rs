@@ -1,13 +1,14 @@
 //! Ctrl-C on `pfs-agent demo` in a terminal (SIGINT to its whole process
 //! group) stops the workload cleanly: it finishes the requests in flight
 //! instead of taking the agent's stop as a second signal and exiting at
-//! once, and the demo removes its segments.
+//! once, and the demo removes its segments. A workload killed by another
+//! signal (`kill -9`) is replaced, and the agent shows the dead one.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use pfs_tests::{agent_bin, free_port, get_json};
+use pfs_tests::{agent_bin, free_port, get_json, http_get, parse_metrics, sample};
 
 #[test]
 fn ctrl_c_stops_the_demo_and_its_workload_cleanly() {
@@ -58,4 +59,92 @@ fn ctrl_c_stops_the_demo_and_its_workload_cleanly() {
         log.contains("kvstore demo workload stopped"),
         "the workload did not finish cleanly:\n{log}"
     );
+}
+
+/// The pids the demo printed for its workloads so far.
+fn workload_pids(stdout: &std::path::Path) -> Vec<u32> {
+    std::fs::read_to_string(stdout)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split("workload pid ").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+/// `kill -9` of the demo's workload (a crash, the OOM killer) does not end
+/// the demo: a new workload starts, and the agent shows the killed one's
+/// segment as a dead process's while the new one is live.
+#[test]
+fn a_killed_workload_is_replaced_and_shown_dead() {
+    let logs = tempfile::tempdir().unwrap();
+    let stdout = logs.path().join("demo.stdout");
+    let stderr = logs.path().join("demo.stderr");
+    let port = free_port();
+    let mut demo = Command::new(agent_bin())
+        .args(["demo", "--workers", "2", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout).unwrap())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let group = rustix::process::Pid::from_raw(demo.id() as i32).unwrap();
+    let describe = || {
+        format!(
+            "stdout:\n{}\nstderr:\n{}",
+            std::fs::read_to_string(&stdout).unwrap_or_default(),
+            std::fs::read_to_string(&stderr).unwrap_or_default()
+        )
+    };
+    let metrics = || {
+        http_get(&format!("http://127.0.0.1:{port}/metrics"))
+            .ok()
+            .filter(|r| r.status == 200)
+            .and_then(|r| parse_metrics(&r.body).ok())
+    };
+    let segments = |state: &str| {
+        metrics().and_then(|m| sample(&m, "pfs_agent_segments", &[("state", state)]).ok())
+    };
+    let wait_for = |what: &str, f: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !f() {
+            assert!(Instant::now() < deadline, "{what}\n{}", describe());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    wait_for("the demo did not start", &|| segments("live") == Some(1.0));
+    let first = workload_pids(&stdout)[0];
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(first as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    wait_for("no new workload after kill -9", &|| {
+        workload_pids(&stdout).len() == 2
+    });
+    let second = workload_pids(&stdout)[1];
+    assert_ne!(first, second);
+    wait_for(
+        "the killed workload is not shown dead beside a live one",
+        &|| segments("dead") == Some(1.0) && segments("live") == Some(1.0),
+    );
+    assert!(demo.try_wait().unwrap().is_none(), "{}", describe());
+    assert!(
+        std::fs::read_to_string(&stdout)
+            .unwrap()
+            .contains("the workload died"),
+        "{}",
+        describe()
+    );
+    rustix::process::kill_process_group(group, rustix::process::Signal::INT).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = demo.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no stop\n{}", describe());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status}\n{}", describe());
 }

@@ -3,7 +3,7 @@
 //! serving on 127.0.0.1:9464; and the hidden `workload` command itself.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use pfs_agent::segments::SegmentSet;
@@ -66,21 +66,10 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         let (listener, listen) = bind(a.listen).await?;
         let exe = std::env::current_exe()
             .context("cannot find the pfs-agent executable to start the workload")?;
-        let mut child = tokio::process::Command::new(exe)
-            .arg("workload")
-            .arg("--shm-dir")
-            .arg(&dirs.shm)
-            .arg("--data-dir")
-            .arg(&dirs.data)
-            .arg("--workers")
-            .arg(a.workers.to_string())
-            // Its own process group: Ctrl-C in a terminal signals the
-            // agent alone, which then stops the workload with one SIGTERM
-            // (the workload takes a second signal as "exit at once").
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .context("cannot start the demo workload process")?;
+        let start_workload = || spawn_workload(&exe, &dirs, a.workers);
+        let mut child = start_workload()?;
+        let mut started = Instant::now();
+        let mut quick_deaths = 0;
         let mut set = SegmentSet::new(&dirs.shm, pfs_agent::segments::DEFAULT_DEAD_RETENTION);
         set.defaults = defaults;
         let tokens = Tokens {
@@ -103,9 +92,34 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         );
         println!("Ctrl-C stops the demo.");
         let server = server::serve(listener, agent.state, shutdown_signal());
-        let outcome = tokio::select! {
-            _ = server => Ok(()),
-            status = child.wait() => workload_ended(status),
+        tokio::pin!(server);
+        let outcome = loop {
+            tokio::select! {
+                _ = &mut server => break Ok(()),
+                status = child.wait() => match workload_ended(status) {
+                    Ended::Stopped => break Ok(()),
+                    Ended::Failed(e) => break Err(e),
+                    Ended::Died(status) => {
+                        quick_deaths = if started.elapsed() < QUICK_DEATH { quick_deaths + 1 } else { 1 };
+                        if quick_deaths >= QUICK_DEATHS {
+                            break Err(anyhow::anyhow!(
+                                "the demo workload died {QUICK_DEATHS} times in a row within {QUICK_DEATH:?} of its start (last: {status}); its errors are above"
+                            ));
+                        }
+                        println!(
+                            "pfs-agent demo: the workload died ({status}); the agent shows its segment as a dead process's (pfs_agent_segments{{state=\"dead\"}}) for {:?}, then folds its counters into the service's totals. Starting a new workload.",
+                            pfs_agent::segments::DEFAULT_DEAD_RETENTION
+                        );
+                        tokio::time::sleep(RESTART_AFTER).await;
+                        child = match start_workload() {
+                            Ok(c) => c,
+                            Err(e) => break Err(e),
+                        };
+                        started = Instant::now();
+                        println!("pfs-agent demo: workload pid {}", child.id().unwrap_or(0));
+                    }
+                },
+            }
         };
         stop_child(&mut child).await;
         if let Some(o) = agent.otlp {
@@ -121,27 +135,76 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What the workload's end means for the demo: a stop if it exited cleanly
-/// or a signal that asks a process to stop ended it (the workload has its
-/// own process group, but a `kill` may still target it directly), else a
-/// failure.
-fn workload_ended(status: std::io::Result<std::process::ExitStatus>) -> anyhow::Result<()> {
+/// A workload that dies this soon after its start counts as a quick death.
+const QUICK_DEATH: Duration = Duration::from_secs(10);
+/// After this many quick deaths in a row the demo stops: restarting does
+/// not help.
+const QUICK_DEATHS: u32 = 3;
+/// The pause before a dead workload is replaced.
+const RESTART_AFTER: Duration = Duration::from_secs(1);
+
+/// Starts the workload process, in its own process group: Ctrl-C in a
+/// terminal signals the agent alone, which then stops the workload with
+/// one SIGTERM (the workload takes a second signal as "exit at once").
+fn spawn_workload(
+    exe: &Path,
+    dirs: &DemoDirs,
+    workers: usize,
+) -> anyhow::Result<tokio::process::Child> {
+    tokio::process::Command::new(exe)
+        .arg("workload")
+        .arg("--shm-dir")
+        .arg(&dirs.shm)
+        .arg("--data-dir")
+        .arg(&dirs.data)
+        .arg("--workers")
+        .arg(workers.to_string())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .context("cannot start the demo workload process")
+}
+
+/// What the workload's end means for the demo.
+#[derive(Debug)]
+enum Ended {
+    /// It exited cleanly, or a signal that asks a process to stop ended it
+    /// (the workload has its own process group, but a `kill` may still
+    /// target it directly): the demo stops.
+    Stopped,
+    /// It exited with an error, which it printed: the demo stops with it
+    /// (a new workload would meet the same error).
+    Failed(anyhow::Error),
+    /// Another signal killed it (`kill -9`, a crash, the OOM killer): the
+    /// demo starts a new one, as a process supervisor would, so the agent
+    /// shows a process's death and its counters' fold into the service.
+    Died(std::process::ExitStatus),
+}
+
+fn workload_ended(status: std::io::Result<std::process::ExitStatus>) -> Ended {
     use std::os::unix::process::ExitStatusExt;
-    let status = status.context("cannot wait for the demo workload")?;
+    let status = match status.context("cannot wait for the demo workload") {
+        Ok(s) => s,
+        Err(e) => return Ended::Failed(e),
+    };
     let stop = [
         rustix::process::Signal::INT,
         rustix::process::Signal::TERM,
         rustix::process::Signal::HUP,
     ];
     // The workload itself stops cleanly (exit 0) on SIGINT and SIGTERM.
-    let signalled = status
-        .signal()
-        .is_some_and(|n| stop.iter().any(|s| s.as_raw() == n));
-    if status.success() || signalled {
-        println!("pfs-agent demo: the workload was stopped ({status}); stopping");
-        return Ok(());
+    match status.signal() {
+        Some(n) if stop.iter().any(|s| s.as_raw() == n) => {}
+        Some(_) => return Ended::Died(status),
+        None if status.success() => {}
+        None => {
+            return Ended::Failed(anyhow::anyhow!(
+                "the demo workload exited unexpectedly ({status}); its errors are above"
+            ));
+        }
     }
-    anyhow::bail!("the demo workload exited unexpectedly ({status}); its errors are above")
+    println!("pfs-agent demo: the workload was stopped ({status}); stopping");
+    Ended::Stopped
 }
 
 async fn stop_child(child: &mut tokio::process::Child) {
