@@ -6,14 +6,15 @@
 //! Porting is a change of `use` plus a class per constructor: the methods
 //! these types have keep tokio's names and signatures and return tokio's
 //! own guards and permits (except [`OwnedMutexGuard`], see there). They
-//! cover the acquisitions async code makes, plus `Mutex::blocking_lock`
-//! and `RwLock::blocking_read`/`blocking_write` (recorded as waits of the
-//! calling thread). Not offered, and reached uninstrumented through
-//! `as_inner` (`as_inner_mut` for receivers): `RwLock`'s owned guards
-//! (`read_owned`, `write_owned` and their `try_` forms),
-//! `Notify::notified_owned`, `Semaphore::blocking_acquire*`, the
-//! receivers' `poll_recv`, `poll_recv_many`, `blocking_recv*`,
-//! capacities and sender counts, and `OwnedMutexGuard::map`.
+//! cover the acquisitions async code makes, the receivers' `poll_recv` and
+//! `poll_recv_many` (for hand-written futures and streams), plus
+//! `Mutex::blocking_lock`, `RwLock::blocking_read`/`blocking_write`,
+//! `Semaphore::blocking_acquire*` and the receivers' `blocking_recv*`
+//! (recorded as waits of the calling thread). Not offered, and reached uninstrumented through `as_inner`
+//! (`as_inner_mut` for receivers): `RwLock`'s owned guards (`read_owned`,
+//! `write_owned` and their `try_` forms), `Notify::notified_owned`, the
+//! receivers' capacities and sender counts, and
+//! `OwnedMutexGuard::map`.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -69,7 +70,7 @@
 //! | [`RwLock::write`] | `wait/synch/rwlock/<area>/<name>` | `write_lock` |
 //! | [`Semaphore::acquire`] and its variants | `wait/synch/mutex/<area>/<name>` | `lock` |
 //! | [`Notify::notified`] | `wait/synch/cond/<area>/<name>` | `wait` |
-//! | [`mpsc::Receiver::recv`], [`mpsc::Receiver::recv_many`] | `wait/synch/cond/<area>/<name>` | `wait` |
+//! | [`mpsc::Receiver::recv`], [`mpsc::Receiver::recv_many`], [`mpsc::Receiver::poll_recv`], [`mpsc::Receiver::poll_recv_many`] | `wait/synch/cond/<area>/<name>` | `wait` |
 //!
 //! A semaphore is named as a mutex: its permits are held and released like
 //! a lock with several owners, and what a task waits for is a holder's
@@ -132,27 +133,28 @@ pub use ::tokio::sync::{
     RwLockReadGuard, RwLockWriteGuard, SemaphorePermit, TryAcquireError, TryLockError,
 };
 
-/// The blocking form of an acquisition, from synchronous code: `attempt`
-/// (tokio's `try_*`) first, recording nothing if it succeeds; else a wait
+/// The blocking form of an acquisition of `target`, from synchronous code:
+/// `attempt` (tokio's `try_*`) first, recording nothing if it succeeds; else a wait
 /// of the calling thread of `class` lasts while `block` (tokio's
 /// `blocking_*`) waits. On a thread that runs a tokio runtime, where
 /// tokio's `blocking_*` panic, `block` is called at once, so that the
 /// misuse fails every time, not only when the lock is contended.
-fn block_for<G>(
+fn block_for<S, G>(
     class: &'static LazyWaitClass,
     operation: Operation,
     object: usize,
-    attempt: impl FnOnce() -> Option<G>,
-    block: impl FnOnce() -> G,
+    mut target: S,
+    attempt: impl FnOnce(&mut S) -> Option<G>,
+    block: impl FnOnce(&mut S) -> G,
 ) -> G {
     if ::tokio::runtime::Handle::try_current().is_ok() {
-        return block();
+        return block(&mut target);
     }
-    if let Some(g) = attempt() {
+    if let Some(g) = attempt(&mut target) {
         return g;
     }
     let _wait = class.get().start(operation, object);
-    block()
+    block(&mut target)
 }
 
 /// The address of `t`, as a wait's `OBJECT_INSTANCE_BEGIN`.
@@ -264,8 +266,9 @@ impl<T: ?Sized> Mutex<T> {
             self.class,
             Operation::Lock,
             self.object(),
-            || self.inner.try_lock().ok(),
-            || self.inner.blocking_lock(),
+            &*self.inner,
+            |m| m.try_lock().ok(),
+            |m| m.blocking_lock(),
         )
     }
 
@@ -450,8 +453,9 @@ impl<T: ?Sized> RwLock<T> {
             self.class,
             Operation::ReadLock,
             address(self),
-            || self.inner.try_read().ok(),
-            || self.inner.blocking_read(),
+            &self.inner,
+            |l| l.try_read().ok(),
+            |l| l.blocking_read(),
         )
     }
 
@@ -462,8 +466,9 @@ impl<T: ?Sized> RwLock<T> {
             self.class,
             Operation::WriteLock,
             address(self),
-            || self.inner.try_write().ok(),
-            || self.inner.blocking_write(),
+            &self.inner,
+            |l| l.try_write().ok(),
+            |l| l.blocking_write(),
         )
     }
 
@@ -591,6 +596,31 @@ impl Semaphore {
                 wait_for(self.class, Operation::Lock, self.object(), acquire).await
             }
         }
+    }
+
+    /// Acquires `n` permits from synchronous code (not from a runtime's
+    /// worker, as tokio's), blocking the thread until they are available.
+    /// One that had to wait is recorded as a `lock` wait of the calling
+    /// thread; one that did not (or found it closed) records nothing.
+    pub fn blocking_acquire_many(&self, n: u32) -> Result<SemaphorePermit<'_>, AcquireError> {
+        block_for(
+            self.class,
+            Operation::Lock,
+            self.object(),
+            &*self.inner,
+            |s| match s.try_acquire_many(n) {
+                Ok(p) => Some(Ok(p)),
+                // Closed: tokio's fails at once.
+                Err(TryAcquireError::Closed) => Some(s.blocking_acquire_many(n)),
+                Err(TryAcquireError::NoPermits) => None,
+            },
+            |s| s.blocking_acquire_many(n),
+        )
+    }
+
+    /// [`Semaphore::blocking_acquire_many`] of one permit.
+    pub fn blocking_acquire(&self) -> Result<SemaphorePermit<'_>, AcquireError> {
+        self.blocking_acquire_many(1)
     }
 
     /// One permit without waiting, or fails; records nothing.
@@ -816,7 +846,10 @@ pub mod mpsc {
     use ::tokio::sync::mpsc as tm;
     use pfs_shm_layout::Operation;
 
-    use crate::wait::LazyWaitClass;
+    use std::task::{Context, Poll};
+
+    use super::block_for;
+    use crate::wait::{AsyncWait, LazyWaitClass};
 
     pub use ::tokio::sync::mpsc::{
         OwnedPermit, Permit, Sender, UnboundedSender, WeakSender, WeakUnboundedSender, error,
@@ -852,6 +885,10 @@ pub mod mpsc {
                 class: &'static LazyWaitClass,
                 id: usize,
                 inner: $inner,
+                /// The wait a `poll_recv*` that found the channel empty
+                /// started, ended by the poll that gets a message (or the
+                /// receiver's drop).
+                polled: Option<AsyncWait>,
             }
 
             impl<T> fmt::Debug for $name<T> {
@@ -870,17 +907,20 @@ pub mod mpsc {
                         class,
                         id: next_channel_id(),
                         inner,
+                        polled: None,
                     }
                 }
 
-                /// tokio's receiver, no longer instrumented.
-                pub fn into_inner(self) -> $inner {
+                /// tokio's receiver, no longer instrumented (a wait
+                /// `poll_recv` started is recorded now).
+                pub fn into_inner(mut self) -> $inner {
+                    self.polled.take();
                     self.inner
                 }
 
                 /// tokio's receiver inside, for what this type does not
-                /// offer (`poll_recv`, `blocking_recv`, capacities, sender
-                /// counts); receives through it are not recorded.
+                /// offer (capacities, sender counts); receives through it
+                /// are not recorded.
                 pub fn as_inner_mut(&mut self) -> &mut $inner {
                     &mut self.inner
                 }
@@ -920,6 +960,95 @@ pub mod mpsc {
                 /// nothing.
                 pub fn try_recv(&mut self) -> Result<T, error::TryRecvError> {
                     self.inner.try_recv()
+                }
+
+                /// Polls for the next message, for hand-written futures
+                /// and streams (tokio's `poll_recv`). A poll that finds the
+                /// channel empty (and open) starts a `wait`; the poll that
+                /// returns `Ready` ends it, so a receive that waited across
+                /// several polls is one wait, recorded by the thread of
+                /// that last poll (a receiver dropped while waiting
+                /// records it at the drop). One that finds a message
+                /// records nothing.
+                pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+                    if self.polled.is_none() {
+                        match self.inner.try_recv() {
+                            Ok(v) => return Poll::Ready(Some(v)),
+                            Err(error::TryRecvError::Disconnected) => return Poll::Ready(None),
+                            Err(error::TryRecvError::Empty) => {
+                                self.polled =
+                                    Some(self.class.get().start_async(Operation::Wait, self.id));
+                            }
+                        }
+                    }
+                    let r = self.inner.poll_recv(cx);
+                    if r.is_ready()
+                        && let Some(w) = self.polled.take()
+                    {
+                        w.end();
+                    }
+                    r
+                }
+
+                /// tokio's `poll_recv_many`, recorded as
+                /// [`poll_recv`](Self::poll_recv).
+                pub fn poll_recv_many(
+                    &mut self,
+                    cx: &mut Context<'_>,
+                    buffer: &mut Vec<T>,
+                    limit: usize,
+                ) -> Poll<usize> {
+                    if self.polled.is_none()
+                        && limit != 0
+                        && self.inner.is_empty()
+                        && !self.inner.is_closed()
+                    {
+                        self.polled = Some(self.class.get().start_async(Operation::Wait, self.id));
+                    }
+                    let r = self.inner.poll_recv_many(cx, buffer, limit);
+                    if r.is_ready()
+                        && let Some(w) = self.polled.take()
+                    {
+                        w.end();
+                    }
+                    r
+                }
+
+                /// The next message from synchronous code (not from a
+                /// runtime's worker, as tokio's), blocking the thread while
+                /// the channel is empty; recorded as a `wait` of the
+                /// calling thread if it had to wait.
+                pub fn blocking_recv(&mut self) -> Option<T> {
+                    block_for(
+                        self.class,
+                        Operation::Wait,
+                        self.id,
+                        &mut self.inner,
+                        |rx| match rx.try_recv() {
+                            Ok(v) => Some(Some(v)),
+                            Err(error::TryRecvError::Disconnected) => Some(None),
+                            Err(error::TryRecvError::Empty) => None,
+                        },
+                        |rx| rx.blocking_recv(),
+                    )
+                }
+
+                /// Appends up to `limit` messages to `buffer` from
+                /// synchronous code, blocking while the channel is empty;
+                /// returns how many. Recorded as
+                /// [`blocking_recv`](Self::blocking_recv).
+                pub fn blocking_recv_many(&mut self, buffer: &mut Vec<T>, limit: usize) -> usize {
+                    block_for(
+                        self.class,
+                        Operation::Wait,
+                        self.id,
+                        (&mut self.inner, buffer),
+                        |(rx, buffer)| {
+                            (limit == 0 || !rx.is_empty() || rx.is_closed())
+                                .then(|| rx.blocking_recv_many(buffer, limit))
+                        },
+                        |(rx, buffer)| rx.blocking_recv_many(buffer, limit),
+                    )
                 }
 
                 /// Closes the channel to senders; buffered messages can

@@ -742,6 +742,11 @@ static BLOCKING_MUTEX: LazyWaitClass =
     LazyWaitClass::new("wait/synch/mutex/tokio_test/blocking_mutex");
 static BLOCKING_RWLOCK: LazyWaitClass =
     LazyWaitClass::new("wait/synch/rwlock/tokio_test/blocking_rwlock");
+static BLOCKING_SEMAPHORE: LazyWaitClass =
+    LazyWaitClass::new("wait/synch/mutex/tokio_test/blocking_semaphore");
+static BLOCKING_CHANNEL: LazyWaitClass =
+    LazyWaitClass::new("wait/synch/cond/tokio_test/blocking_channel");
+static POLLED: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/tokio_test/polled");
 
 /// Holds `held` while `n` threads run `f` (each arrives, then acquires):
 /// releases it once all arrived and `HOLD` passed, so each of them waited.
@@ -778,6 +783,39 @@ fn blocking_locks_record_the_waits_of_their_threads() {
     contend(rw.try_write().unwrap(), 2, || drop(rw.blocking_read()));
     contend(rw.try_read().unwrap(), 1, || *rw.blocking_write() += 1);
     assert_eq!((*m.try_lock().unwrap(), *rw.try_read().unwrap()), (3, 1));
+    let sem = Semaphore::new(&BLOCKING_SEMAPHORE, 1);
+    drop(sem.blocking_acquire().unwrap()); // free: nothing recorded
+    contend(sem.try_acquire().unwrap(), 2, || {
+        drop(sem.blocking_acquire_many(1).unwrap())
+    });
+    // A channel: two receives find a message, two find it empty and wait
+    // (one of them for several), one finds it closed.
+    let (tx, mut rx) = mpsc::channel::<u32>(&BLOCKING_CHANNEL, 4);
+    let (mut got, mut many) = (Vec::new(), Vec::new());
+    tx.blocking_send(1).unwrap();
+    got.push(rx.blocking_recv());
+    tx.blocking_send(2).unwrap();
+    assert_eq!(rx.blocking_recv_many(&mut many, 4), 1);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            std::thread::sleep(HOLD);
+            tx.blocking_send(3).unwrap();
+            std::thread::sleep(HOLD);
+            tx.blocking_send(4).unwrap();
+            std::thread::sleep(HOLD);
+            tx.blocking_send(5).unwrap();
+        });
+        got.push(rx.blocking_recv()); // waits for 3
+        std::thread::sleep(HOLD / 4);
+        assert_eq!(rx.blocking_recv_many(&mut many, 4), 1); // waits for 4
+    });
+    drop(tx);
+    got.push(rx.blocking_recv()); // 5, buffered
+    got.push(rx.blocking_recv()); // closed
+    assert_eq!(
+        (got, many),
+        (vec![Some(1), Some(3), Some(5), None], vec![2, 4])
+    );
     let s = read();
     let count = |class: &LazyWaitClass, op: Operation| {
         let idx = class_index(&s, class.name()).unwrap();
@@ -789,6 +827,8 @@ fn blocking_locks_record_the_waits_of_their_threads() {
     assert_eq!(count(&BLOCKING_MUTEX, Operation::Lock), 3);
     assert_eq!(count(&BLOCKING_RWLOCK, Operation::ReadLock), 2);
     assert_eq!(count(&BLOCKING_RWLOCK, Operation::WriteLock), 1);
+    assert_eq!(count(&BLOCKING_SEMAPHORE, Operation::Lock), 2);
+    assert_eq!(count(&BLOCKING_CHANNEL, Operation::Wait), 2);
     let idx = class_index(&s, BLOCKING_MUTEX.name()).unwrap();
     assert_eq!(s.summary_of(idx).count, 3);
     no_lost_events(&s);
@@ -805,4 +845,70 @@ fn blocking_locks_panic_inside_a_runtime_even_uncontended() {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(m.blocking_lock()))).is_err()
     });
     assert!(panicked);
+}
+
+/// `poll_recv` and `poll_recv_many`, as a hand-written future polls them:
+/// a receive that found the channel empty is one wait however many polls
+/// it took, nested in the task's statement; one that found a message (or
+/// the channel closed) records nothing.
+#[test]
+fn polled_receives_record_one_wait_each() {
+    segment();
+    let rt = runtime();
+    let waiter = rt.block_on(async {
+        let (tx, mut rx) = mpsc::unbounded_channel::<u32>(&POLLED);
+        let (ready_tx, mut ready_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let receiver = tokio::spawn(
+            async move {
+                let (stmt, w) = begin(1, Operation::Wait); // not staged
+                let mut polls = 0;
+                ready_tx.send(()).unwrap();
+                let v = std::future::poll_fn(|cx| {
+                    polls += 1;
+                    rx.poll_recv(cx)
+                })
+                .await;
+                assert_eq!(v, Some(1));
+                assert!(polls >= 2, "waited across polls");
+                ready_tx.send(()).unwrap();
+                let mut got = Vec::new();
+                let n = std::future::poll_fn(|cx| rx.poll_recv_many(cx, &mut got, 4)).await;
+                assert_eq!((n, &got[..]), (1, &[2][..]));
+                ready_tx.send(()).unwrap();
+                // Buffered: nothing recorded.
+                tx_wait(&mut rx, 3).await;
+                drop(stmt);
+                w
+            }
+            .pfs_task(),
+        );
+        for v in 1..=2 {
+            ready_rx.recv().await.unwrap();
+            tokio::time::sleep(HOLD).await;
+            tx.send(v).unwrap();
+        }
+        ready_rx.recv().await.unwrap();
+        tx.send(3).unwrap();
+        drop(tx);
+        receiver.await.unwrap()
+    });
+    let s = read();
+    drop(rt);
+    no_lost_events(&s);
+    check_waits(&s, &POLLED, &[waiter; 2], HOLD, None);
+}
+
+/// Receives `want`, already buffered, then finds the channel closed,
+/// through `poll_recv`.
+async fn tx_wait(rx: &mut mpsc::UnboundedReceiver<u32>, want: u32) {
+    // The sender sends `want` and drops once it has seen the second
+    // receive; wait for that without polling the channel.
+    while !rx.is_closed() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(
+        std::future::poll_fn(|cx| rx.poll_recv(cx)).await,
+        Some(want)
+    );
+    assert_eq!(std::future::poll_fn(|cx| rx.poll_recv(cx)).await, None);
 }
