@@ -11,8 +11,9 @@
 
 use std::cell::{Cell, RefCell};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
+use pfs_shm_layout::NoRecord;
 use pfs_shm_layout::layout::{LostKind, NONE_U32, THREAD_HISTORY, THREAD_INSTRUMENTED};
 use pfs_shm_layout::setup::{match_actor, read_actors};
 
@@ -268,9 +269,13 @@ fn register_inner(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
     let thread_id = NEXT_THREAD_ID.fetch_add(1, Relaxed);
     let os_tid = rustix::thread::gettid().as_raw_nonzero().get() as u64;
     let name = thread_name().unwrap_or_else(|| format!("thread-{thread_id}"));
-    let Some(slot) = rt.writer.alloc_thread(thread_id, os_tid, &name) else {
-        CTX.with(|c| c.set(DEAD));
-        return None;
+    let slot = match rt.writer.alloc_thread(thread_id, os_tid, &name) {
+        Ok(slot) => slot,
+        Err(e) => {
+            warn_no_record(&e);
+            CTX.with(|c| c.set(DEAD));
+            return None;
+        }
     };
     let ctx = Box::new(ThreadCtx::new(
         rt.writer.segment().record(slot.index),
@@ -293,6 +298,30 @@ fn register_inner(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
     };
     CTX.with(|c| c.set(p.as_ptr()));
     with_registered(|ctx| ctx)
+}
+
+/// Logs, once per process and reason, why a thread got no record: its
+/// events, and those of the threads that follow it while the cause lasts,
+/// are lost (counted, which is what an operator sees; the log says it
+/// where the application's own logs go).
+#[cold]
+fn warn_no_record(e: &NoRecord) {
+    static WARNED: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+    let (i, advice) = match e {
+        NoRecord::Full { .. } => (
+            0,
+            "counted in pfs_lost_total{kind=\"thread_instances\"}; raise PFS_MAX_THREADS",
+        ),
+        NoRecord::Volume(_) => (
+            1,
+            "counted in pfs_lost_total{kind=\"thread_instances\"} and {kind=\"container_pages\"}",
+        ),
+    };
+    if !WARNED[i].swap(true, Relaxed) {
+        tracing::warn!(
+            "{e}: this thread records nothing, nor does any new thread while this lasts ({advice})"
+        );
+    }
 }
 
 /// The calling thread's name: its Rust name, else (a thread that C or

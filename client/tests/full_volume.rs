@@ -1,11 +1,13 @@
 //! A full volume never SIGBUSes the application: the segment directory is a
 //! 1 MiB tmpfs, large enough for the segment's fixed part but not for a
 //! page of thread records. Threads must run on, uninstrumented, with the
-//! loss counted. Needs permission to mount (root or CAP_SYS_ADMIN), as in
-//! CI and `scripts/test`.
+//! loss counted, and the application's log says why, once. Needs
+//! permission to mount (root or CAP_SYS_ADMIN), as in CI and
+//! `scripts/test`.
 
 use std::process::Command;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex as StdMutex};
 
 use pfs_client::{LazyWaitClass, Operation, sync::Mutex};
 use pfs_shm_layout::Segment;
@@ -13,6 +15,27 @@ use pfs_shm_layout::layout::LostKind;
 use pfs_shm_layout::reader::{ReadOptions, snapshot};
 
 static M: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/full/m");
+
+/// Keeps the message of every warning logged through `tracing`.
+struct Warnings(Arc<StdMutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message<'a>(&'a mut String);
+        impl tracing::field::Visit for Message<'_> {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "message" {
+                    *self.0 = format!("{v:?}");
+                }
+            }
+        }
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut m = String::new();
+            event.record(&mut Message(&mut m));
+            self.0.lock().unwrap().push(m);
+        }
+    }
+}
 
 struct Mount(std::path::PathBuf);
 
@@ -36,10 +59,16 @@ fn full_volume_counts_losses_instead_of_crashing() {
         "cannot mount a size-limited tmpfs: this test needs root or CAP_SYS_ADMIN (run it through scripts/test in CI or as root)"
     );
     let _mount = Mount(dir.path().to_path_buf());
+    let warnings = Arc::new(StdMutex::new(Vec::new()));
+    {
+        use tracing_subscriber::layer::SubscriberExt;
+        let subscriber = tracing_subscriber::registry().with(Warnings(warnings.clone()));
+        tracing::subscriber::set_global_default(subscriber).unwrap();
+    }
 
     pfs_client::init_with(pfs_client::Config::new("full").shm_dir(dir.path()))
         .expect("the fixed part fits in 1 MiB");
-    let m = std::sync::Arc::new(Mutex::new(&M, 0u64));
+    let m = Arc::new(Mutex::new(&M, 0u64));
     let threads: Vec<_> = (0..4)
         .map(|_| {
             let m = m.clone();
@@ -71,6 +100,19 @@ fn full_volume_counts_losses_instead_of_crashing() {
     assert!(
         lost(LostKind::Pages) >= 5,
         "each failed page reservation counted"
+    );
+    let warnings = warnings.lock().unwrap().clone();
+    let full: Vec<&String> = warnings
+        .iter()
+        .filter(|w| w.contains("cannot add a page of thread records"))
+        .collect();
+    assert_eq!(full.len(), 1, "said once: {warnings:?}");
+    assert!(
+        full[0].contains("No space left on device")
+            && full[0].contains("enlarge the volume")
+            && full[0].contains("container_pages"),
+        "{}",
+        full[0]
     );
     eprintln!(
         "full volume: thread_instances lost {}, container_pages lost {}",

@@ -717,4 +717,4 @@ pub use error::SegmentError;
 pub use geometry::{Geometry, SegmentConfig};
 pub use kinds::{ClassKind, EventKind, Operation};
 pub use segment::{RecordRef, Segment};
-pub use writer::{SegmentWriter, ThreadSlot};
+pub use writer::{NoRecord, SegmentWriter, ThreadSlot};

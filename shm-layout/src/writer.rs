@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering::*};
 use std::time::{Duration, Instant};
 
 use crate::container::{self, PageState};
+use crate::error::SegmentError;
 use crate::kinds::{ClassKind, EventKind};
 use crate::layout::*;
 use crate::lockword;
@@ -119,6 +120,22 @@ impl LongState {
             _ => Self::NotReserved,
         }
     }
+}
+
+/// Why [`SegmentWriter::alloc_thread`] found no record for a thread (each
+/// counted in the segment's lost counters: `thread_instances`, plus
+/// `container_pages` for the volume).
+#[derive(Debug, thiserror::Error)]
+pub enum NoRecord {
+    /// Every record of the container's largest size is taken.
+    #[error("all {records} thread records of the segment are in use")]
+    Full {
+        /// The records the segment can hold.
+        records: u32,
+    },
+    /// The volume could not back a new page of records (it is full).
+    #[error("cannot add a page of thread records to the segment: {0}")]
+    Volume(#[source] SegmentError),
 }
 
 /// A thread record owned by the calling thread.
@@ -318,8 +335,9 @@ impl SegmentWriter {
     }
 
     /// Allocates a thread record and publishes its identity. Lock-free
-    /// except when a page must be added or revived. `None` (and a lost
-    /// count) when the container is full or the volume cannot back a page.
+    /// except when a page must be added or revived. Fails (with a lost
+    /// count) when the container is full or the volume cannot back a page:
+    /// [`NoRecord`] says which.
     ///
     /// The scan never skips: it walks every record of every ACTIVE page
     /// with a local cursor, starting at the page of the last record
@@ -328,7 +346,12 @@ impl SegmentWriter {
     /// concurrent allocators probe different records). A page is added, or a reclaimed one revived, only
     /// under the process lock and only if no record was released and no
     /// page changed since the scan began: every record really was taken.
-    pub fn alloc_thread(&self, thread_id: u64, os_tid: u64, name: &str) -> Option<ThreadSlot> {
+    pub fn alloc_thread(
+        &self,
+        thread_id: u64,
+        os_tid: u64,
+        name: &str,
+    ) -> Result<ThreadSlot, NoRecord> {
         let g = self.seg.geometry();
         let rpp = g.records_per_page as usize;
         // Fibonacci hashing of the thread id spreads starting slots.
@@ -340,7 +363,7 @@ impl SegmentWriter {
                 let rec = self.seg.record(index);
                 init_record(rec, thread_id, os_tid, name);
                 let version = lockword::publish(&rec.header.lock, v);
-                return Some(ThreadSlot { index, version });
+                return Ok(ThreadSlot { index, version });
             }
             let mut slow = self.slow();
             if self.epoch.load(Relaxed) != epoch || self.seg.pages_added() != pages {
@@ -350,10 +373,10 @@ impl SegmentWriter {
             let reclaimed = (0..pages)
                 .find(|&p| PageState::of(states[p as usize].load(Acquire)) == PageState::Reclaimed);
             if let Some(p) = reclaimed {
-                if self.seg.reserve_page(p).is_err() {
+                if let Err(e) = self.seg.reserve_page(p) {
                     self.seg.count_lost(LostKind::Pages);
                     self.seg.count_lost(LostKind::Threads);
-                    return None;
+                    return Err(NoRecord::Volume(e));
                 }
                 let book = &mut slow.pages[p as usize];
                 container::revive(
@@ -371,12 +394,14 @@ impl SegmentWriter {
             } else {
                 if pages >= g.max_pages {
                     self.seg.count_lost(LostKind::Threads);
-                    return None;
+                    return Err(NoRecord::Full {
+                        records: g.max_pages * g.records_per_page,
+                    });
                 }
-                if self.seg.reserve_page(pages).is_err() {
+                if let Err(e) = self.seg.reserve_page(pages) {
                     self.seg.count_lost(LostKind::Pages);
                     self.seg.count_lost(LostKind::Threads);
-                    return None;
+                    return Err(NoRecord::Volume(e));
                 }
                 container::activate(&states[pages as usize]);
                 self.seg
