@@ -290,6 +290,21 @@ pub fn decode(bytes: &[u8]) -> Result<State, StateError> {
     })
 }
 
+/// What [`Store::elect`] changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Elected {
+    /// Nothing: the same role, on the same lock file.
+    Unchanged,
+    /// A follower became the owner: the other agent exited. The state it
+    /// left is to be loaded.
+    Promoted,
+    /// An owner took a lock file it did not hold: the directory appeared
+    /// (it did not exist when the agent started) or was made again. The
+    /// space kept for saving is to be made there, and the totals this
+    /// agent holds saved there.
+    Locked,
+}
+
 /// Who may retire segments in the directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -343,17 +358,23 @@ impl Store {
         self.dir.join(STATE_FILE)
     }
 
-    /// Tries to take the directory's lock. Returns true if this agent was
-    /// a follower and just became the owner (the caller then reloads the
-    /// state the previous owner left). An agent that
-    /// cannot create the lock file (no directory yet, read-only directory)
-    /// acts as the owner: there is nobody to share with, and its writes
-    /// fail with a logged warning.
-    pub fn elect(&mut self) -> bool {
+    /// Tries to take the directory's lock, and says what changed. An agent
+    /// that cannot create the lock file (no directory yet, read-only
+    /// directory) acts as the owner: there is nobody to share with, and its
+    /// writes fail with a logged warning. An owner whose lock file is no
+    /// longer the directory's (the directory was removed and made again)
+    /// takes the new one, so that a second agent on the new directory
+    /// cannot also own it.
+    pub fn elect(&mut self) -> Elected {
         if self.lock.is_some() && self.role == Role::Owner {
-            return false;
+            if self.lock_is_current() {
+                return Elected::Unchanged;
+            }
+            tracing::info!(dir = %self.dir.display(), "the agent lock file was removed (with its directory?); taking the directory's lock again");
+            self.lock = None;
         }
-        if self.lock.is_none() {
+        let fresh = self.lock.is_none();
+        if fresh {
             let opened = nofollow(OFlags::NONBLOCK | OFlags::NOCTTY)
                 .read(true)
                 .write(true)
@@ -368,27 +389,45 @@ impl Store {
                         self.warned_lock = true;
                     }
                     self.role = Role::Owner;
-                    return false;
+                    return Elected::Unchanged;
                 }
             }
         }
-        let Some(lock) = &self.lock else { return false };
+        let Some(lock) = &self.lock else {
+            return Elected::Unchanged;
+        };
         let was = self.role;
         match rustix::fs::flock(lock, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {
                 self.role = Role::Owner;
                 if was == Role::Follower {
                     tracing::info!(dir = %self.dir.display(), "the other agent on this directory exited; this agent now retires dead segments and keeps the state file");
+                    Elected::Promoted
+                } else if fresh {
+                    Elected::Locked
+                } else {
+                    Elected::Unchanged
                 }
-                was == Role::Follower
             }
             Err(_) => {
                 if was == Role::Owner {
                     tracing::warn!(dir = %self.dir.display(), "another pfs-agent owns this directory (it holds {LOCK_FILE}); this agent exports the same segments but leaves retiring them and the state file to it");
                 }
                 self.role = Role::Follower;
-                false
+                Elected::Unchanged
             }
+        }
+    }
+
+    /// Whether the lock file held is still the directory's (same inode).
+    fn lock_is_current(&self) -> bool {
+        let Some(lock) = &self.lock else { return false };
+        match (
+            lock.metadata(),
+            std::fs::symlink_metadata(self.dir.join(LOCK_FILE)),
+        ) {
+            (Ok(held), Ok(now)) => held.ino() == now.ino() && held.dev() == now.dev(),
+            _ => false,
         }
     }
 
@@ -763,11 +802,35 @@ mod tests {
         assert!(dir.path().join(CORRUPT_FILE).exists());
         assert!(!a.state_path().exists());
         // The follower takes over once the owner's lock is gone.
-        assert!(!b.elect(), "still a follower");
+        assert_eq!(b.elect(), Elected::Unchanged, "still a follower");
         drop(a);
-        assert!(b.elect());
-        assert!(!b.elect(), "an owner stays the owner");
+        assert_eq!(b.elect(), Elected::Promoted);
+        assert_eq!(b.elect(), Elected::Unchanged, "an owner stays the owner");
         assert_eq!(b.role(), Role::Owner);
+    }
+
+    /// The directory removed and made again under its owner: the owner
+    /// takes the new directory's lock, so a second agent there follows
+    /// instead of owning it too; and while the directory is gone, the owner
+    /// stays the owner.
+    #[test]
+    fn an_owner_takes_the_lock_of_a_directory_made_again() {
+        let parent = tempfile::tempdir().unwrap();
+        let d = parent.path().join("segments");
+        std::fs::create_dir(&d).unwrap();
+        let mut a = Store::new(&d);
+        assert_eq!(a.elect(), Elected::Locked);
+        assert_eq!(a.elect(), Elected::Unchanged);
+        std::fs::remove_dir_all(&d).unwrap();
+        assert_eq!(a.elect(), Elected::Unchanged);
+        assert_eq!(a.role(), Role::Owner);
+        std::fs::create_dir(&d).unwrap();
+        assert_eq!(a.elect(), Elected::Locked);
+        let mut b = Store::new(&d);
+        assert_eq!(b.elect(), Elected::Unchanged);
+        assert_eq!(b.role(), Role::Follower);
+        assert_eq!(a.elect(), Elected::Unchanged);
+        assert_eq!(a.role(), Role::Owner);
     }
 
     #[test]

@@ -84,10 +84,30 @@ fn a_dead_segment_stays_while_the_disk_is_full() {
 
 #[test]
 fn the_space_kept_for_the_state_lets_a_dead_segment_go_on_a_full_disk() {
+    space_kept_lets_a_dead_segment_go(false);
+}
+
+/// The same when the segment directory does not exist when the agent
+/// starts (a sidecar started before its application, which makes it): the
+/// space is kept once the directory appears.
+#[test]
+fn the_space_is_kept_in_a_directory_made_after_the_agent_started() {
+    space_kept_lets_a_dead_segment_go(true);
+}
+
+fn space_kept_lets_a_dead_segment_go(made_late: bool) {
     let fs = Tmpfs::mount(4 << 20);
-    let d = fs.0.path();
+    let d = &if made_late {
+        fs.0.path().join("segments")
+    } else {
+        fs.0.path().to_path_buf()
+    };
     let mut agent = Agent::serve_with_args(d, &["--dead-retention", "4s"]).unwrap();
     agent.wait_healthy(Duration::from_secs(20)).unwrap();
+    if made_late {
+        std::thread::sleep(Duration::from_millis(1500)); // a pass or two
+        std::fs::create_dir(d).unwrap();
+    }
     let reserve = d.join(pfs_agent::retired::RESERVE_FILE);
     assert!(
         poll(Duration::from_secs(10), || reserve.exists()),
@@ -116,7 +136,7 @@ fn the_space_kept_for_the_state_lets_a_dead_segment_go_on_a_full_disk() {
         "{}",
         agent.guard.describe()
     );
-    let filler = d.join("filler");
+    let filler = fs.0.path().join("filler");
     let mut f = File::create(&filler).unwrap();
     while f.write_all(&[0u8; 4096]).is_ok() {}
     drop(f);

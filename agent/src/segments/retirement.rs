@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use super::tracked::Tracked;
 use crate::aggregate::Retired;
-use crate::retired::{Absorbed, Role, State, Store};
+use crate::retired::{Absorbed, Elected, Role, State, Store};
 
 /// The retired totals of one directory and, with persistence, its state
 /// file.
@@ -186,10 +186,20 @@ impl Retirement {
             return false;
         };
         let elected = store.elect();
-        if elected {
+        if elected != Elected::Unchanged {
             store.prepare();
         }
-        let reload = elected || (store.role() == Role::Follower && (force || store.changed()));
+        // A directory that appeared, or was made again: an agent that
+        // holds retired totals saves them there (at the next pass); one
+        // that holds none reads what the directory has (a state file an
+        // earlier agent left on a volume mounted late).
+        let holds_totals = self.retired_segments > 0 || !self.pending.is_empty();
+        if elected == Elected::Locked && holds_totals {
+            store.dirty = true;
+        }
+        let reload = elected == Elected::Promoted
+            || (elected == Elected::Locked && !holds_totals)
+            || (store.role() == Role::Follower && (force || store.changed()));
         if reload {
             let state = store.load();
             self.install(state);
@@ -347,7 +357,22 @@ impl Retirement {
                 if repeated {
                     tracing::debug!(path = %path.display(), error, "cannot save the retired totals (still)");
                 } else {
-                    tracing::warn!(path = %path.display(), tmp = %tmp.display(), error, "cannot save the retired totals: free space on the filesystem, or remove what is in the way (the error names it; {} is the agent's temporary file). Dead segments are not removed until the save succeeds; it is retried every pass, and this is logged again if the error changes or in {} minutes", tmp.display(), SAVE_WARNING_EVERY.as_secs() / 60);
+                    let fix = match e.kind() {
+                        std::io::ErrorKind::NotFound => format!(
+                            "the segment directory {} is gone: make it again (or remount its volume)",
+                            self.dir.display()
+                        ),
+                        std::io::ErrorKind::PermissionDenied
+                        | std::io::ErrorKind::ReadOnlyFilesystem => format!(
+                            "let the agent write in {} (or mount it read-write)",
+                            self.dir.display()
+                        ),
+                        _ => format!(
+                            "free space on the filesystem, or remove what is in the way (the error names it; {} is the agent's temporary file)",
+                            tmp.display()
+                        ),
+                    };
+                    tracing::warn!(path = %path.display(), tmp = %tmp.display(), error, "cannot save the retired totals: {fix}. Dead segments are not removed until the save succeeds; it is retried every pass, and this is logged again if the error changes or in {} minutes", SAVE_WARNING_EVERY.as_secs() / 60);
                     self.save_warning = Some((error, now));
                 }
             }
