@@ -310,8 +310,8 @@ pub struct DemoArgs {
     /// File holding the control bearer token.
     #[arg(long)]
     pub control_token_file: Option<PathBuf>,
-    /// Worker threads of the workload.
-    #[arg(long, default_value_t = 4)]
+    /// Worker threads of the workload (1 to 256).
+    #[arg(long, default_value_t = 4, value_parser = parse_workers)]
     pub workers: usize,
     #[command(flatten)]
     /// Setup defaults.
@@ -329,14 +329,25 @@ pub struct WorkloadArgs {
     #[arg(long)]
     pub shm_dir: PathBuf,
     /// Service name.
-    #[arg(long, default_value = "kvstore-demo")]
+    #[arg(long, default_value = "kvstore-demo", value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub service: String,
     /// Directory of the write-ahead log.
     #[arg(long)]
     pub data_dir: PathBuf,
-    /// Worker threads.
-    #[arg(long, default_value_t = 4)]
+    /// Worker threads (1 to 256).
+    #[arg(long, default_value_t = 4, value_parser = parse_workers)]
     pub workers: usize,
+}
+
+/// A `--workers` count: 1 to 256.
+#[cfg(feature = "demo")]
+fn parse_workers(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n @ 1..=256) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a number of worker threads from 1 to 256"
+        )),
+    }
 }
 
 /// A `--listen` address (`ADDR:PORT`); the error shows the form.

@@ -229,6 +229,7 @@ impl Config {
     /// assert_eq!(e.to_string(), "max_threads is 4294967295; expected 1 to 1048576");
     /// let cfg = pfs_client::Config::new("svc").consumer("events_waits_histroy", true);
     /// assert!(cfg.validate().is_err());
+    /// assert!(pfs_client::Config::new(" ").validate().is_err());
     /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
         let check = |field, value, range: RangeInclusive<u32>| {
@@ -243,6 +244,9 @@ impl Config {
                 })
             }
         };
+        if self.service_name.trim().is_empty() {
+            return Err(ConfigError::EmptyServiceName);
+        }
         check("history_len", self.history_len, Self::HISTORY_LEN_RANGE)?;
         check("max_classes", self.max_classes, Self::MAX_CLASSES_RANGE)?;
         check("max_threads", self.max_threads, self.max_threads_range())?;

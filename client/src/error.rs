@@ -60,6 +60,9 @@ pub enum ConfigError {
         /// The largest accepted value.
         max: u32,
     },
+    /// No service name: the segment file and every series need one.
+    #[error("service_name is empty; name the service (PFS_SERVICE_NAME, or Config::new(\"name\"))")]
+    EmptyServiceName,
     /// A consumer rule whose pattern matches no consumer (a typo), which
     /// `PFS_CONSUMERS` also rejects.
     #[error("consumer_rules: {0}")]

@@ -135,11 +135,12 @@ pub struct WorkloadOptions {
 /// signal during that drain exits the process at once (status 128 + the
 /// signal's number).
 ///
-/// First installs the signal handlers, then initialises `pfs-client` from
-/// the environment (`pfs_client::Config::from_env`: `PFS_GROUP_ACCESS`,
-/// `PFS_MAX_THREADS`, ...) with `opts.shm_dir` and `opts.service` on top;
-/// returns that error if it fails. Then creates the WAL in
-/// `opts.data_dir`, starts the async HTTP service ([`crate::http`]) and
+/// First installs the signal handlers and creates `opts.data_dir`, then
+/// initialises `pfs-client` from the environment
+/// (`pfs_client::Config::from_env`: `PFS_GROUP_ACCESS`, `PFS_MAX_THREADS`,
+/// ...) with `opts.shm_dir` and `opts.service` on top; if that fails, it
+/// logs why and runs on uninstrumented, as an application should. Then
+/// creates the WAL in `opts.data_dir`, starts the async HTTP service ([`crate::http`]) and
 /// its load generator, then `opts.workers` workers, the WAL flusher, the
 /// checkpointer and the connection spawner, and blocks joining them.
 pub fn run(opts: WorkloadOptions) -> Result<(), DemoError> {
@@ -151,16 +152,28 @@ pub fn run(opts: WorkloadOptions) -> Result<(), DemoError> {
     } = opts;
     let stop = Arc::new(AtomicBool::new(false));
     stop_on_signal(stop.clone())?;
-    let mut config = pfs_client::Config::from_env()
-        .map_err(DemoError::Environment)?
-        .shm_dir(shm_dir.clone());
-    config.service_name = service.clone();
-    let group_access = config.group_access;
-    pfs_client::init_with(config).map_err(|source| DemoError::Init {
-        service: service.clone(),
-        shm_dir: shm_dir.clone(),
+    // The data directory first: a workload that cannot run leaves no
+    // segment behind.
+    std::fs::create_dir_all(&data_dir).map_err(|source| DemoError::Wal {
+        dir: data_dir.clone(),
         source,
     })?;
+    let group_access = match instrument(&shm_dir, &service) {
+        Ok(group_access) => group_access,
+        Err(e) => {
+            // As an instrumented application should: say why, run on.
+            let mut why = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                why = format!("{why}: {c}");
+                cause = c.source();
+            }
+            tracing::error!(
+                "{why}; the workload runs uninstrumented (an application must not stop because its instrumentation cannot start)"
+            );
+            false
+        }
+    };
     tracing::info!(
         service,
         segment = ?pfs_client::segment_path(),
@@ -174,6 +187,22 @@ pub fn run(opts: WorkloadOptions) -> Result<(), DemoError> {
     let counters = run_workload(&data_dir, workers, stop)?;
     tracing::info!(?counters, "kvstore demo workload stopped");
     Ok(())
+}
+
+/// Initialises `pfs-client` from the environment with `shm_dir` and
+/// `service` on top; whether the segment is group-accessible.
+fn instrument(shm_dir: &std::path::Path, service: &str) -> Result<bool, DemoError> {
+    let mut config = pfs_client::Config::from_env()
+        .map_err(DemoError::Environment)?
+        .shm_dir(shm_dir);
+    config.service_name = service.to_string();
+    let group_access = config.group_access;
+    pfs_client::init_with(config).map_err(|source| DemoError::Init {
+        service: service.to_string(),
+        shm_dir: shm_dir.to_path_buf(),
+        source,
+    })?;
+    Ok(group_access)
 }
 
 /// Sets `stop` on the first SIGTERM or SIGINT; a second one exits the

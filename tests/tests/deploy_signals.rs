@@ -161,6 +161,71 @@ fn workload_flag_wins_over_pfs_service_name() {
     );
 }
 
+/// The app must never stop because its instrumentation cannot start: with
+/// a `PFS_*` variable pfs-client refuses, the workload logs why (naming the
+/// variable) and runs on, uninstrumented, until it is stopped. Its own
+/// flags are checked before anything starts, and a data directory it
+/// cannot use stops it before it makes a segment.
+#[test]
+fn workload_runs_uninstrumented_when_pfs_client_cannot_start() {
+    let d = pod_dirs();
+    let cmd = workload_cmd(&[], &d, &[], &[("PFS_MAX_THREADS", "abc")]);
+    let mut app = ChildGuard::spawn("workload", cmd, false).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(app.try_wait().is_none(), "stopped:\n{}", app.describe());
+    let log = app.stderr();
+    assert!(
+        log.contains("PFS_MAX_THREADS") && log.contains("runs uninstrumented"),
+        "{log}"
+    );
+    assert!(
+        std::fs::read_dir(&d.shm).map_or(true, |mut e| e.next().is_none()),
+        "no segment"
+    );
+    app.signal(libc::SIGTERM);
+    assert!(
+        exits(&mut app, PROMPT, "SIGTERM").success(),
+        "{}",
+        app.describe()
+    );
+
+    for (extra, says) in [
+        (&["--workers", "0"][..], "from 1 to 256"),
+        (&["--workers", "100000"][..], "from 1 to 256"),
+        (&["--service", ""][..], "--service"),
+    ] {
+        let out = Command::new(agent_bin())
+            .args(["workload", "--shm-dir"])
+            .arg(&d.shm)
+            .arg("--data-dir")
+            .arg(&d.data)
+            .args(extra)
+            .env_clear()
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(err.contains(says), "{extra:?}: {err}");
+    }
+    let file = d.data.join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    let out = Command::new(agent_bin())
+        .args(["workload", "--shm-dir"])
+        .arg(&d.shm)
+        .arg("--data-dir")
+        .arg(&file)
+        .env_clear()
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("choose a writable --data-dir"), "{err}");
+    assert!(
+        std::fs::read_dir(&d.shm).map_or(true, |mut e| e.next().is_none()),
+        "no segment left behind"
+    );
+}
+
 /// The host pid of `unshare`'s forked child (the namespace's init), and
 /// its pid inside the namespace.
 fn namespace_init(unshare: &mut ChildGuard) -> (i32, String) {
