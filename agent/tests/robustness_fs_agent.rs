@@ -536,3 +536,35 @@ fn a_segment_directory_removed_under_the_agent_is_degraded_and_says_why() {
     );
     assert_eq!(waits(&agent, "early"), Some(7.0), "still exported");
 }
+
+/// `threads` lists the threads of live processes only: a dead process's
+/// segment, kept for its final counters, has no thread left.
+#[test]
+fn the_threads_table_shows_live_processes_only() {
+    use pfs_agent::testing::{mutex_class, record_waits, segment_at, tiny_config};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    pfs_agent::testing::dead_segment(d, "gone", 4747, 3);
+    let seg = d.join(pfs_shm_layout::files::segment_file_name("alive", 4848));
+    let (_lock, w) = segment_at(&seg, &tiny_config("alive"), 4848, true);
+    let class = mutex_class(&w, "a");
+    let slot = w.alloc_thread(1, 1, "worker").unwrap();
+    record_waits(&w, slot.index, class, 2);
+    let mut agent = Serve::start(d, &[]);
+    agent.wait_healthy(Duration::from_secs(20));
+    assert!(
+        poll(Duration::from_secs(10), || waits(&agent, "gone")
+            == Some(3.0)
+            && waits(&agent, "alive") == Some(2.0)),
+        "{}",
+        agent.stderr()
+    );
+    let (status, body) = agent.get("/api/v1/tables/threads").unwrap();
+    assert_eq!(status, 200, "{body}");
+    // (The body may be chunked: look for the services' names.)
+    assert!(body.contains("\"alive\""), "{body}");
+    assert!(
+        !body.contains("\"gone\""),
+        "a dead process's threads: {body}"
+    );
+}

@@ -1,5 +1,7 @@
-//! `threads`: every instrumented thread, with its actor and whether it is
-//! instrumented and keeps history.
+//! `threads`: every instrumented thread of a live process, with its actor
+//! and whether it is instrumented and keeps history. A dead process's
+//! threads are gone: its segment, kept for `--dead-retention`, shows its
+//! final counters in the summary tables, not here.
 //!
 //! One row per thread record. An async task with its own event context
 //! (layout 3.1) is a logical thread with a `THREAD_ID` of its own, seen in
@@ -31,7 +33,10 @@ impl PfsTable for Threads {
             "instrumented",
             "history",
         ]));
-        for (_, s) in &view.segments {
+        for (path, s) in &view.segments {
+            if view.running_now(path).is_none() {
+                continue; // a dead process's
+            }
             for t in &s.threads {
                 let (user, host) = match &t.actor {
                     Some((u, h, _)) => (Cell::Str(u), Cell::Str(h)),
