@@ -56,10 +56,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use pfs_shm_layout::EventKind;
-use pfs_shm_layout::layout::TimerId;
+use pfs_shm_layout::layout::{STATEMENT_TEXT_BYTES, TimerId};
+use pfs_shm_layout::writer::EventData;
 
 use crate::class::ClassRef;
-use crate::context::EventState;
+use crate::context::{EventState, ThreadCtx};
 use crate::runtime::{self, Runtime};
 use crate::{event, memory, thread, timer};
 
@@ -91,6 +92,102 @@ pub struct TaskContext {
     /// The task's [`memory_scope`](crate::memory_scope) while it is not
     /// entered; while it is, the polling thread's.
     scope: Option<ClassRef>,
+    /// What the current rows of the thread that polled the task last
+    /// showed of it, written again on the thread that polls it next.
+    shown: Shown,
+}
+
+/// A task's running statement and stage as the `events_*_current` rows of
+/// the thread that polled it last showed them: a poll that returns takes
+/// them out of that thread's rows (the thread goes on with other work),
+/// and the next poll writes them into the rows of the thread that makes
+/// it. Polled again on the same thread, with nothing written there since,
+/// a row is shown again with one store; on another thread, it is written
+/// whole from what was kept.
+#[derive(Debug)]
+struct Shown {
+    /// The open statement's row, kept while that statement is open (its
+    /// fields do not change while it runs; its text may).
+    statement: Option<EventData>,
+    /// Its `SQL_TEXT` when it was last taken out.
+    text: [u8; STATEMENT_TEXT_BYTES],
+    text_len: usize,
+    /// Whether the last poll's thread showed the statement, and the stage,
+    /// and took them out.
+    hid_statement: bool,
+    hid_stage: bool,
+    /// `own_thread_id` of that thread.
+    on: u64,
+}
+
+impl Shown {
+    const NONE: Shown = Shown {
+        statement: None,
+        text: [0; STATEMENT_TEXT_BYTES],
+        text_len: 0,
+        hid_statement: false,
+        hid_stage: false,
+        on: 0,
+    };
+
+    /// Takes the task's open statement and stage (of `state`, just
+    /// swapped out of `ctx`) out of `ctx`'s current rows, keeping what
+    /// they showed.
+    #[inline(always)]
+    fn take_from(&mut self, ctx: &ThreadCtx, state: &EventState) {
+        if state.statement_id == 0 && state.stage_id == 0 {
+            return; // nothing open (`put_into` finds nothing hidden)
+        }
+        self.on = ctx.own_thread_id;
+        let (thread, id) = (state.thread_id, state.statement_id);
+        self.hid_statement = id != 0 && {
+            if self.statement.is_none_or(|e| e.event_id != id) {
+                self.statement = ctx.rec.unended_event(EventKind::Statement, thread, id);
+            }
+            self.statement.is_some() && {
+                self.text_len = ctx
+                    .rec
+                    .copy_statement_text(thread, id, &mut self.text)
+                    .unwrap_or(0);
+                ctx.rec.hide_unended(EventKind::Statement, thread, id)
+            }
+        };
+        self.hid_stage = state.stage_id != 0
+            && ctx
+                .rec
+                .hide_unended(EventKind::Stage, thread, state.stage_id);
+    }
+
+    /// Writes what [`Shown::take_from`] took into `ctx`'s current rows,
+    /// for the task now swapped into `ctx`, if it is still open.
+    #[inline(always)]
+    fn put_into(&mut self, ctx: &ThreadCtx) {
+        if !self.hid_statement && !self.hid_stage {
+            return;
+        }
+        let here = ctx.own_thread_id == self.on;
+        let thread = ctx.thread_id.get();
+        if std::mem::take(&mut self.hid_statement)
+            && let Some(e) = self.statement
+            && ctx.statement_id.get() == e.event_id
+            && !(here
+                && ctx
+                    .rec
+                    .unhide(EventKind::Statement, thread, e.event_id, e.timer_start))
+        {
+            let text = std::str::from_utf8(&self.text[..self.text_len]).unwrap_or("");
+            ctx.rec.resume_statement(&e, text);
+        }
+        if std::mem::take(&mut self.hid_stage)
+            && let Some(stage) = ctx.stage.get()
+            && !(here
+                && ctx
+                    .rec
+                    .unhide(EventKind::Stage, thread, stage.event_id, stage.timer_start))
+        {
+            ctx.rec.begin_event(EventKind::Stage, &stage);
+        }
+    }
 }
 
 impl Default for TaskContext {
@@ -108,6 +205,7 @@ impl TaskContext {
             depth: 0,
             entered_on: 0,
             scope: None,
+            shown: Shown::NONE,
         }
     }
 
@@ -188,6 +286,7 @@ impl TaskContext {
         }
         ctx.swap(&mut self.state);
         memory::swap_scope(&mut self.scope);
+        self.shown.put_into(ctx);
         self.depth = 1;
         self.entered_on = ctx.own_thread_id;
         true
@@ -214,17 +313,9 @@ impl TaskContext {
         memory::swap_scope(&mut self.scope);
         self.entered_on = 0;
         // The task stops running here: its open statement and stage leave
-        // this thread's current rows (they are written again where they
-        // go on or end).
-        let s = &self.state;
-        if s.statement_id != 0 {
-            ctx.rec
-                .hide_unended(EventKind::Statement, s.thread_id, s.statement_id);
-        }
-        if s.stage_id != 0 {
-            ctx.rec
-                .hide_unended(EventKind::Stage, s.thread_id, s.stage_id);
-        }
+        // this thread's current rows, to be written again on the thread
+        // that polls it next.
+        self.shown.take_from(ctx, &self.state);
         if self.state.poll_start != 0
             && let Some(rt) = runtime::get()
         {

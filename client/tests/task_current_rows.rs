@@ -1,7 +1,8 @@
 //! `events_*_current` and tasks, read back from the real segment: while a
-//! task runs, its worker's rows show its statement (with its text) and
-//! stage running; while it waits between polls, its open statement and stage are in no
-//! worker's current row (a worker's row shows what it runs, or last ran);
+//! task runs, the rows of the worker polling it show its statement (with
+//! its text) and stage running, at every poll, on whichever worker; while
+//! it waits between polls, its open statement and stage are in no worker's
+//! current row (a worker's row shows what it runs, or last ran);
 //! once the statement ends, on whichever worker, the only rows that show
 //! it show it ended, with its text. A stage left open by a task (without a
 //! statement) ends when the task does. One test function: `init` is once
@@ -82,6 +83,15 @@ fn a_waiting_task_is_in_no_current_row_and_an_ended_one_is_shown_ended() {
             go_rx.await.unwrap();
             // Woken by another thread: possibly resumed on the other worker.
             tokio::task::yield_now().await;
+            // Polled again: the rows of the worker polling it show both
+            // running again, the statement with its text.
+            assert_eq!(
+                rows_of(&read(&seg), tid),
+                [
+                    ("stage", id + 1, false, String::new()),
+                    ("statement", id, false, "parked request".to_string()),
+                ]
+            );
             stmt.end();
         }
         .pfs_task(),

@@ -1064,11 +1064,12 @@ impl RecordRef<'_> {
     /// `event_id` of logical thread `thread_id` still running: for a task
     /// that stops being polled with that event open, so that no current
     /// row shows it while the task waits (the row shows what its thread
-    /// runs; [`RecordRef::resume_statement`] and a full
-    /// [`RecordRef::end_event`] write the event again where it goes on).
-    /// Only the thread that owns the record may call it.
+    /// runs; [`RecordRef::unhide`], [`RecordRef::resume_statement`],
+    /// [`RecordRef::begin_event`] and a full [`RecordRef::end_event`] write
+    /// the event again where it goes on). Only the thread that owns the
+    /// record may call it. Returns whether the row showed it.
     #[inline]
-    pub fn hide_unended(&self, kind: EventKind, thread_id: u64, event_id: u64) {
+    pub fn hide_unended(&self, kind: EventKind, thread_id: u64, event_id: u64) -> bool {
         let cur = self.current(kind);
         // This thread is the row's only writer: it reads its own stores.
         if cur.event_id.load(Relaxed) == event_id
@@ -1077,7 +1078,74 @@ impl RecordRef<'_> {
         {
             let _w = cur.seq.write();
             cur.event_id.store(0, Relaxed);
+            true
+        } else {
+            false
         }
+    }
+
+    /// This record's `events_*_current` row of `kind` as an event, if it
+    /// shows event `event_id` of logical thread `thread_id` still running:
+    /// for a task about to stop being polled, which writes it again
+    /// ([`RecordRef::begin_event`], [`RecordRef::resume_statement`]) on the
+    /// thread that polls it next. Only the thread that owns the record may
+    /// call it (it reads its own stores).
+    pub fn unended_event(
+        &self,
+        kind: EventKind,
+        thread_id: u64,
+        event_id: u64,
+    ) -> Option<EventData> {
+        let r = self.current(kind);
+        let flags = r.flags.load(Relaxed);
+        if r.event_id.load(Relaxed) != event_id
+            || r.thread_id.load(Relaxed) != thread_id
+            || flags & EV_ENDED != 0
+        {
+            return None;
+        }
+        Some(EventData {
+            event_id,
+            end_event_id: 0,
+            class: r.class.load(Relaxed),
+            operation: r.operation.load(Relaxed),
+            timer_start: r.timer_start.load(Relaxed),
+            timer_end: 0,
+            timer_wait: 0,
+            object_instance: r.object_instance.load(Relaxed),
+            bytes: r.bytes.load(Relaxed),
+            spins: r.spins.load(Relaxed),
+            source: r.source.load(Relaxed),
+            object_name: r.object_name.load(Relaxed),
+            nesting_event_id: r.nesting_event_id.load(Relaxed),
+            nesting_event_type: r.nesting_event_type.load(Relaxed),
+            flags,
+            event_type: r.event_type.load(Relaxed),
+            thread_id,
+        })
+    }
+
+    /// Shows again the event `event_id` of `thread_id`, started at
+    /// `timer_start`, that [`RecordRef::hide_unended`] took out of this
+    /// record's `events_*_current` row of `kind`, if nothing was written
+    /// there since (one sequence-locked store: a task polled again on the
+    /// thread that polled it last). Returns false, writing nothing, if the
+    /// row holds anything else. Only the thread that owns the record may
+    /// call it.
+    #[inline]
+    pub fn unhide(&self, kind: EventKind, thread_id: u64, event_id: u64, timer_start: u64) -> bool {
+        let cur = self.current(kind);
+        // This thread is the row's only writer: it reads its own stores.
+        if cur.event_id.load(Relaxed) != 0
+            || cur.thread_id.load(Relaxed) != thread_id
+            || cur.timer_start.load(Relaxed) != timer_start
+            || cur.flags.load(Relaxed) & EV_ENDED != 0
+        {
+            return false;
+        }
+        let _w = cur.seq.write();
+        cur.event_id.store(event_id, Relaxed);
+        true
     }
 
     /// Sets the current statement's `SQL_TEXT` (truncated to 200 bytes).

@@ -3,12 +3,15 @@
 //! per-route statement counts and errors equal what the clients received,
 //! and every statement's events nest exactly (stages in their statement,
 //! same THREAD_ID; TIMER_WAIT ≥ CPU_TIME > 0; TIMER_WAIT ≥ each stage's).
+//! While a handler runs, after it was suspended, its request's statement
+//! shows running in `events_statements_current`.
 //! One test function: `init` is once per process.
 
 mod common;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -27,6 +30,31 @@ use tracing_subscriber::prelude::*;
 const CLIENTS: usize = 8;
 const PER_CLIENT: usize = 48;
 
+/// The segment, for handlers that read it.
+static SEGMENT: OnceLock<std::path::PathBuf> = OnceLock::new();
+/// Handlers that looked for their statement in the current rows, and
+/// those that did not find it running.
+static LOOKED: AtomicU64 = AtomicU64::new(0);
+static NOT_RUNNING: AtomicU64 = AtomicU64::new(0);
+
+/// Whether a current statement row shows the running request of the
+/// calling task (a handler resumed after an await).
+fn request_shown_running() {
+    let (Some(path), Some(tid)) = (SEGMENT.get(), pfs_client::thread_id()) else {
+        return;
+    };
+    let s = common::read(path);
+    let running = s.threads.iter().any(|t| {
+        t.statements_current
+            .as_ref()
+            .is_some_and(|c| c.ev.thread_id == tid && c.ev.end_event_id.is_none())
+    });
+    LOOKED.fetch_add(1, Relaxed);
+    if !running {
+        NOT_RUNNING.fetch_add(1, Relaxed);
+    }
+}
+
 async fn get_user(Path(id): Path<u64>) -> String {
     // A stage by rule (this crate's spans named `load_user`), held across
     // an await that may move the task to another worker.
@@ -36,6 +64,7 @@ async fn get_user(Path(id): Path<u64>) -> String {
     }
     .instrument(tracing::info_span!("load_user", id))
     .await;
+    request_shown_running();
     // A stage by its name, entered synchronously.
     let _render = tracing::info_span!("stage/app/render").entered();
     format!("user {id}")
@@ -68,6 +97,7 @@ fn request(client: usize, i: usize) -> (&'static str, &'static str, String) {
 #[test]
 fn per_route_statements_equal_what_the_clients_received() {
     let (_dir, path) = common::init("tracing-test");
+    SEGMENT.set(path.clone()).unwrap();
     let layer = PfsLayer::builder()
         .http_defaults()
         .stage(StageRule::new(SpanMatch::name("load_user"), "app"))
@@ -118,6 +148,13 @@ fn per_route_statements_equal_what_the_clients_received() {
     });
     let s = common::read(&path);
     drop(rt);
+    assert!(LOOKED.load(Relaxed) > 0);
+    assert_eq!(
+        NOT_RUNNING.load(Relaxed),
+        0,
+        "handlers whose request was not shown running, of {}",
+        LOOKED.load(Relaxed)
+    );
 
     let received = received.lock().unwrap().clone();
     let statuses: HashMap<&str, u16> = received.keys().map(|(c, st)| (*c, *st)).collect();
