@@ -133,7 +133,21 @@ pub struct State {
     /// with their final totals: a restarted agent retires them at once,
     /// so that their counts survive their files (which a restarted
     /// process of the same pid may replace meanwhile).
-    pub pending: Vec<(Absorbed, Retired)>,
+    pub pending: Vec<Pending>,
+}
+
+/// A dead segment kept aside in the state: who it was, its final totals,
+/// and when its death was found (so that an agent restarted meanwhile
+/// retires it after the rest of its retention, not a whole new one).
+#[derive(Debug, Clone)]
+pub struct Pending {
+    /// The segment.
+    pub id: Absorbed,
+    /// Its final totals.
+    pub totals: Retired,
+    /// When its process's death was found, ns since the epoch (0: not
+    /// known, in the files of agents that did not keep it).
+    pub died_unix_ns: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -154,6 +168,13 @@ struct PendingV1 {
     #[serde(flatten)]
     id: Absorbed,
     services: BTreeMap<String, ServiceV1>,
+    /// Absent in the files of agents that did not keep it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    died_unix_ns: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Serialize, Deserialize)]
@@ -254,9 +275,10 @@ pub fn encode(state: &State) -> Vec<u8> {
         pending: state
             .pending
             .iter()
-            .map(|(id, r)| PendingV1 {
-                id: id.clone(),
-                services: encode_services(r),
+            .map(|p| PendingV1 {
+                id: p.id.clone(),
+                services: encode_services(&p.totals),
+                died_unix_ns: p.died_unix_ns,
             })
             .collect(),
     };
@@ -280,7 +302,13 @@ pub fn decode(bytes: &[u8]) -> Result<State, StateError> {
     let pending = f
         .pending
         .into_iter()
-        .map(|p| Ok((p.id, decode_services(p.services)?)))
+        .map(|p| {
+            Ok(Pending {
+                id: p.id,
+                totals: decode_services(p.services)?,
+                died_unix_ns: p.died_unix_ns,
+            })
+        })
         .collect::<Result<_, StateError>>()?;
     Ok(State {
         retired: decode_services(f.services)?,
@@ -661,24 +689,26 @@ mod tests {
         assert_eq!(a.absorbed, b.absorbed);
         same_retired(&a.retired, &b.retired);
         assert_eq!(a.pending.len(), b.pending.len());
-        for ((ia, ra), (ib, rb)) in a.pending.iter().zip(&b.pending) {
-            assert_eq!(ia, ib);
-            same_retired(ra, rb);
+        for (pa, pb) in a.pending.iter().zip(&b.pending) {
+            assert_eq!(pa.id, pb.id);
+            assert_eq!(pa.died_unix_ns, pb.died_unix_ns);
+            same_retired(&pa.totals, &pb.totals);
         }
     }
 
     #[test]
     fn round_trip_is_exact() {
         let mut s = sample();
-        s.pending.push((
-            Absorbed {
+        s.pending.push(Pending {
+            id: Absorbed {
                 file: "svc.1.pfs".into(),
                 ino: 23,
                 pid: 1,
                 start_time_unix_ns: 1_700_000_000_000_000_001,
             },
-            s.retired.clone(),
-        ));
+            totals: s.retired.clone(),
+            died_unix_ns: 1_700_000_000_500_000_000,
+        });
         let back = decode(&encode(&s)).unwrap();
         same(&s, &back);
         // A file without pending segments (an older agent's) loads.

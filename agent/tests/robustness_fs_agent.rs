@@ -568,3 +568,51 @@ fn the_threads_table_shows_live_processes_only() {
         "a dead process's threads: {body}"
     );
 }
+
+/// A dead process's retention runs from its death, not from the agent's
+/// start: an agent restarted in the middle of it retires the segment when
+/// the rest of it has passed (its final counters kept, and counted once).
+#[test]
+fn the_retention_of_a_dead_segment_survives_an_agent_restart() {
+    const RETENTION: Duration = Duration::from_secs(12);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let seg = pfs_agent::testing::dead_segment(d, "svc", 4949, 4);
+    let state = d.join(".pfs-agent-state.json");
+    let args = ["--dead-retention", "12s"];
+    let mut agent = Serve::start(d, &args);
+    agent.wait_healthy(Duration::from_secs(20));
+    // Its death is found and kept in the state, with its time.
+    assert!(
+        poll(Duration::from_secs(10), || std::fs::read_to_string(&state)
+            .is_ok_and(|s| s.contains("died_unix_ns"))),
+        "{}",
+        agent.stderr()
+    );
+    let died = Instant::now();
+    std::thread::sleep(Duration::from_secs(6));
+    agent.stop(Duration::from_secs(10));
+    drop(agent);
+    let mut agent = Serve::start(d, &args);
+    agent.wait_healthy(Duration::from_secs(20));
+    assert!(seg.exists(), "retired before its retention");
+    assert!(
+        poll(Duration::from_secs(30), || !seg.exists()),
+        "{}",
+        agent.stderr()
+    );
+    let retired_after = died.elapsed();
+    assert!(
+        retired_after < RETENTION + Duration::from_secs(3),
+        "retired {retired_after:?} after its death was found, retention {RETENTION:?}: the restart began it again\n{}",
+        agent.stderr()
+    );
+    assert!(
+        agent
+            .stderr()
+            .contains("found dead before this agent started"),
+        "{}",
+        agent.stderr()
+    );
+    assert_eq!(waits(&agent, "svc"), Some(4.0), "retired, counted once");
+}

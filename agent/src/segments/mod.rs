@@ -407,8 +407,15 @@ impl SegmentSet {
             }
             let mut torn = false;
             if t.dead_since.is_none() && owner_is_dead(t.segment.file()) {
-                tracing::info!(path = %path.display(), service = t.segment.service(), "process exited; keeping its final counters for the retention period");
-                t.dead_since = Some(now);
+                // Found dead by an agent before this one (a restart): its
+                // retention runs from then, not from now.
+                let found = self.retirement.died_unix_ns(&t.identity());
+                t.dead_since = Some(found.map_or(now, |ns| instant_of(now, ns)));
+                if found.is_some() {
+                    tracing::info!(path = %path.display(), service = t.segment.service(), "a process found dead before this agent started; keeping its final counters for the rest of the retention period");
+                } else {
+                    tracing::info!(path = %path.display(), service = t.segment.service(), "process exited; keeping its final counters for the retention period");
+                }
                 torn = t.final_read();
                 self.retirement.pend(t);
             }
@@ -584,6 +591,27 @@ impl SegmentSet {
 /// creator locks it right after creating it, for its whole life).
 fn abandoned(path: &Path) -> bool {
     matches!(crate::util::fs::open_regular(path), Ok(Some((f, _))) if owner_is_dead(&f))
+}
+
+/// The instant, on the clock of `now`, of `unix_ns` (ns since the epoch,
+/// in the past): `now` if it is not in the past, the earliest instant this
+/// clock has if it is before it.
+fn instant_of(now: Instant, unix_ns: u64) -> Instant {
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let ago = Duration::from_nanos(wall.saturating_sub(unix_ns));
+    now.checked_sub(ago).unwrap_or_else(|| {
+        // Before this clock's origin (the machine's boot): as far back as
+        // it goes.
+        let mut back = ago;
+        loop {
+            back /= 2;
+            if let Some(t) = now.checked_sub(back) {
+                return t;
+            }
+        }
+    })
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use super::tracked::Tracked;
 use crate::aggregate::Retired;
-use crate::retired::{Absorbed, Elected, Role, State, Store};
+use crate::retired::{Absorbed, Elected, Pending, Role, State, Store};
 
 /// The retired totals of one directory and, with persistence, its state
 /// file.
@@ -38,7 +38,7 @@ pub(super) struct Retirement {
     absorbed: Vec<Absorbed>,
     /// Dead segments not retired yet, and their final totals (with
     /// persistence).
-    pending: Vec<(Absorbed, Retired)>,
+    pending: Vec<Pending>,
     /// `pending` was just loaded: the next pass says which of its
     /// segments still have their files.
     unclaimed: bool,
@@ -116,11 +116,12 @@ impl Retirement {
         }
         let before = self.pending.len();
         let mut kept = Vec::new();
-        for (id, totals) in std::mem::take(&mut self.pending) {
-            if tracked(&id) {
-                kept.push((id, totals));
+        for p in std::mem::take(&mut self.pending) {
+            if tracked(&p.id) {
+                kept.push(p);
                 continue;
             }
+            let Pending { id, totals, .. } = p;
             tracing::info!(
                 file = id.file,
                 pid = id.pid,
@@ -151,13 +152,28 @@ impl Retirement {
         let id = t.identity();
         let mut totals = Retired::default();
         totals.absorb(s);
-        match self.pending.iter_mut().find(|(p, _)| *p == id) {
-            Some(p) => p.1 = totals,
-            None => self.pending.push((id, totals)),
+        let died_unix_ns = t.died_unix_ns();
+        match self.pending.iter_mut().find(|p| p.id == id) {
+            Some(p) => p.totals = totals,
+            None => self.pending.push(Pending {
+                id,
+                totals,
+                died_unix_ns,
+            }),
         }
         if let Some(store) = &mut self.store {
             store.dirty = true;
         }
+    }
+
+    /// When the death of `id`, a dead segment kept aside, was found (by
+    /// this agent or one before it), ns since the epoch, if known.
+    pub(super) fn died_unix_ns(&self, id: &Absorbed) -> Option<u64> {
+        self.pending
+            .iter()
+            .find(|p| p.id == *id)
+            .map(|p| p.died_unix_ns)
+            .filter(|&ns| ns != 0)
     }
 
     /// Dead segments kept aside.
@@ -216,7 +232,7 @@ impl Retirement {
         };
         self.retired.absorb(last);
         let id = t.identity();
-        self.pending.retain(|(p, _)| *p != id);
+        self.pending.retain(|p| p.id != id);
         // A dead one's file stays: should it become readable, it is not
         // counted again.
         if self.store.is_some() && t.dead_since.is_some() && !self.absorbed.contains(&id) {
@@ -265,7 +281,7 @@ impl Retirement {
                 self.retired.absorb(s);
                 self.retired_segments += 1;
                 let id = t.identity();
-                self.pending.retain(|(p, _)| *p != id);
+                self.pending.retain(|p| p.id != id);
             }
         }
         // What to go back to if the state that counts the files to remove
@@ -285,7 +301,7 @@ impl Retirement {
             self.retired_segments += 1;
             if self.store.is_some() {
                 let id = t.identity();
-                self.pending.retain(|(p, _)| *p != id);
+                self.pending.retain(|p| p.id != id);
                 self.absorbed.push(id);
             }
         }
@@ -440,7 +456,18 @@ mod tests {
             retired: waits(100),
             retired_segments: 4,
             absorbed: Vec::new(),
-            pending: vec![(id("svc.1.pfs"), waits(10)), (id("svc.1.1.pfs"), waits(1))],
+            pending: vec![
+                Pending {
+                    id: id("svc.1.pfs"),
+                    totals: waits(10),
+                    died_unix_ns: 0,
+                },
+                Pending {
+                    id: id("svc.1.1.pfs"),
+                    totals: waits(1),
+                    died_unix_ns: 0,
+                },
+            ],
         });
         r.claim(|i| *i == id("svc.1.1.pfs"));
         assert_eq!(count(&r.retired), 110, "the file that went away");

@@ -92,6 +92,16 @@ impl Tracked {
         self.last_summaries.as_deref().or(self.last.as_deref())
     }
 
+    /// When its process's death was found, ns since the epoch (0: alive).
+    pub(super) fn died_unix_ns(&self) -> u64 {
+        self.dead_since.map_or(0, |d| {
+            std::time::SystemTime::now()
+                .checked_sub(d.elapsed())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |t| t.as_nanos() as u64)
+        })
+    }
+
     /// What identifies this segment's file in the state file.
     pub(super) fn identity(&self) -> Absorbed {
         Absorbed {
