@@ -61,14 +61,14 @@ pub struct ServeArgs {
     pub listen: SocketAddr,
     /// How long a dead process's final counters keep being exported before
     /// they fold into the service totals and its file is removed (e.g. 300s, 5m).
-    #[arg(long, env = "PFS_DEAD_RETENTION", default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, env = "PFS_DEAD_RETENTION", default_value = "5m", value_parser = parse_duration, allow_hyphen_values = true)]
     pub dead_retention: Duration,
     /// After SIGTERM or SIGINT, keep serving /metrics (with fresh
     /// snapshots) and /healthz this long before stopping, so the next
     /// scrape still sees the final counters of an application that stopped
     /// just before (e.g. 20s: at least one scrape interval). A second
     /// signal stops at once; 0s stops at the first.
-    #[arg(long, env = "PFS_SHUTDOWN_DELAY", default_value = "0s", value_parser = parse_duration)]
+    #[arg(long, env = "PFS_SHUTDOWN_DELAY", default_value = "0s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub shutdown_delay: Duration,
     /// File holding the bearer token that control requests must present.
     /// If the file does not exist, the agent starts with control disabled
@@ -104,10 +104,10 @@ pub struct LimitArgs {
     pub max_connections: u32,
     /// Time a client has to send its request headers; also ends idle
     /// keep-alive connections (e.g. 10s, 500ms).
-    #[arg(long, env = "PFS_HEADER_TIMEOUT", default_value_t = HumanDuration(Limits::DEFAULT.header_timeout))]
+    #[arg(long, env = "PFS_HEADER_TIMEOUT", default_value_t = HumanDuration(Limits::DEFAULT.header_timeout), value_parser = parse_timeout, allow_hyphen_values = true)]
     pub header_timeout: HumanDuration,
     /// Longest life of one connection, whatever it does (e.g. 60s).
-    #[arg(long, env = "PFS_CONNECTION_TIMEOUT", default_value_t = HumanDuration(Limits::DEFAULT.connection_timeout))]
+    #[arg(long, env = "PFS_CONNECTION_TIMEOUT", default_value_t = HumanDuration(Limits::DEFAULT.connection_timeout), value_parser = parse_timeout, allow_hyphen_values = true)]
     pub connection_timeout: HumanDuration,
 }
 
@@ -133,7 +133,7 @@ pub struct PolicyArgs {
     pub require_owner: OwnerPolicy,
     /// Largest segment file accepted (bytes, or with a K, M, G or T
     /// suffix); larger files are refused with reason `too_large`.
-    #[arg(long, env = "PFS_MAX_SEGMENT_SIZE", default_value_t = ByteSize(DEFAULT_MAX_SEGMENT_SIZE))]
+    #[arg(long, env = "PFS_MAX_SEGMENT_SIZE", default_value_t = ByteSize(DEFAULT_MAX_SEGMENT_SIZE), value_parser = parse_max_size)]
     pub max_segment_size: ByteSize,
 }
 
@@ -173,7 +173,7 @@ pub struct TargetArgs {
     #[arg(long)]
     pub service: Option<String>,
     /// Only this pid.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub pid: Option<u32>,
 }
 
@@ -290,7 +290,7 @@ pub struct QueryArgs {
     #[arg(long)]
     pub service: Option<String>,
     /// Only this pid.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub pid: Option<u32>,
     #[command(flatten)]
     /// Which segment files are accepted.
@@ -347,6 +347,29 @@ fn parse_workers(s: &str) -> Result<usize, String> {
         _ => Err(format!(
             "{s:?} is not a number of worker threads from 1 to 256"
         )),
+    }
+}
+
+/// A connection timeout: a duration above zero (0 would end every
+/// connection at once).
+fn parse_timeout(s: &str) -> Result<HumanDuration, String> {
+    match s.parse::<HumanDuration>() {
+        Ok(d) if d.0.is_zero() => Err(format!(
+            "{s:?}: a timeout of 0 would end every connection at once; give a duration such as 10s"
+        )),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// `--max-segment-size`: above zero (0 would refuse every segment).
+fn parse_max_size(s: &str) -> Result<ByteSize, String> {
+    match s.parse::<ByteSize>() {
+        Ok(b) if b.0 == 0 => Err(format!(
+            "{s:?}: 0 would refuse every segment; give a size such as 1G"
+        )),
+        Ok(b) => Ok(b),
+        Err(e) => Err(e.to_string()),
     }
 }
 

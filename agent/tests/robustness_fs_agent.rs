@@ -616,3 +616,44 @@ fn the_retention_of_a_dead_segment_survives_an_agent_restart() {
     );
     assert_eq!(waits(&agent, "svc"), Some(4.0), "retired, counted once");
 }
+
+/// Flags that cannot work are refused before anything starts, saying why:
+/// negative durations, zero timeouts, a zero size limit, pid 0, and an
+/// address the host does not have.
+#[test]
+fn flags_that_cannot_work_are_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    for (args, says) in [
+        (
+            &["serve", "--dead-retention", "-5s"][..],
+            "is not a duration",
+        ),
+        (&["serve", "--header-timeout", "0s"][..], "a timeout of 0"),
+        (
+            &["serve", "--connection-timeout", "0"][..],
+            "a timeout of 0",
+        ),
+        (
+            &["serve", "--max-segment-size", "0"][..],
+            "would refuse every segment",
+        ),
+        (&["query", "threads", "--pid", "0"][..], "--pid"),
+    ] {
+        let mut all = args.to_vec();
+        all.extend(["--shm-dir", d]);
+        let (status, _, err) = run(&all, Duration::from_secs(10));
+        assert_eq!(status.and_then(|s| s.code()), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    // 192.0.2.0/24 is TEST-NET-1: no host has it.
+    let (status, _, err) = run(
+        &["serve", "--shm-dir", d, "--listen", "192.0.2.1:9464"],
+        Duration::from_secs(10),
+    );
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{err}");
+    assert!(
+        err.contains("cannot listen on 192.0.2.1:9464 (this host has no such address"),
+        "{err}"
+    );
+}

@@ -107,6 +107,9 @@ fn parse_rules<T>(
 /// ```
 pub fn parse_duration(s: &str) -> Result<Duration, SyntaxError> {
     let s = s.trim();
+    if s.starts_with('-') {
+        return Err(SyntaxError::NotADuration(s.to_string()));
+    }
     let (num, unit) = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .map(|i| s.split_at(i))
@@ -177,6 +180,10 @@ mod tests {
         assert_eq!(parse_duration("300").unwrap(), Duration::from_secs(300));
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(
+            parse_duration("-5s"),
+            Err(SyntaxError::NotADuration("-5s".into()))
+        );
         assert!(matches!(
             parse_duration("m"),
             Err(SyntaxError::NotADuration(_))

@@ -82,18 +82,43 @@ fn listen_on(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// Listens on `addr` (see [`listen_on`]); returns the listener and the
 /// address it listens on.
 async fn bind(addr: SocketAddr) -> anyhow::Result<(TcpListener, SocketAddr)> {
-    let hint = |a: SocketAddr| {
-        format!("cannot listen on {a}; is another process using it? choose another with --listen")
+    let hint = |a: SocketAddr, e: &std::io::Error| {
+        let why = match e.kind() {
+            std::io::ErrorKind::AddrInUse => "another process is using it",
+            std::io::ErrorKind::AddrNotAvailable => {
+                "this host has no such address: use 0.0.0.0, [::] or one of its own"
+            }
+            std::io::ErrorKind::PermissionDenied => {
+                "a port below 1024 needs privileges (CAP_NET_BIND_SERVICE)"
+            }
+            _ => "",
+        };
+        if why.is_empty() {
+            format!("cannot listen on {a}; choose another with --listen")
+        } else {
+            format!("cannot listen on {a} ({why}); choose another with --listen")
+        }
+    };
+    let bound = |l: TcpListener, a: SocketAddr| {
+        // The port the system chose, for `:0`.
+        let a = l.local_addr().unwrap_or(a);
+        (l, a)
     };
     match listen_on(addr) {
-        Ok(l) => Ok((l, addr)),
+        Ok(l) => Ok(bound(l, addr)),
         Err(e) => match ipv4_fallback(addr, &e) {
             Some(v4) => {
                 tracing::info!(listen = %addr, error = %e, fallback = %v4, "no IPv6 on this host; listening on IPv4 only");
-                let l = listen_on(v4).with_context(|| hint(v4))?;
-                Ok((l, v4))
+                let l = listen_on(v4).map_err(|e| {
+                    let h = hint(v4, &e);
+                    anyhow::Error::new(e).context(h)
+                })?;
+                Ok(bound(l, v4))
             }
-            None => Err(e).with_context(|| hint(addr)),
+            None => {
+                let h = hint(addr, &e);
+                Err(anyhow::Error::new(e).context(h))
+            }
         },
     }
 }
