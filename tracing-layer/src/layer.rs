@@ -246,6 +246,21 @@ fn remember_class(layer: u64, rule: usize, name: &str, class: StatementClass) {
     });
 }
 
+/// Says once per process that a statement span came before
+/// `pfs_client::init` (or with no init at all): a program that forgot it
+/// would otherwise record nothing, silently. (A program that starts its
+/// subscriber before `init` sees it once, and records from `init` on.)
+#[cold]
+fn not_recording_yet(span: &str) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            span,
+            "pfs-client is not initialised: statement spans are not recorded until pfs_client::init() (or init_with) is called"
+        );
+    }
+}
+
 /// Whether the client records (initialised).
 #[inline]
 fn recording() -> bool {
@@ -493,10 +508,13 @@ where
     }
 
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let meta = attrs.metadata();
         if !recording() {
+            if matches!(&*self.site(meta), Role::Statement(_)) {
+                not_recording_yet(meta.name());
+            }
             return;
         }
-        let meta = attrs.metadata();
         match &*self.site(meta) {
             Role::Statement(site) => {
                 let Some(span) = ctx.span(id) else { return };
