@@ -152,7 +152,7 @@ impl Outcome {
                 c.name, c.name
             ),
             Change::Consumers(c) => format!(
-                "no consumer matched {:?}: nothing changed (GET /api/v1/tables/setup_consumers lists them)",
+                "no consumer matched {:?}: nothing changed (`pfs-agent query setup_consumers` or GET /api/v1/tables/setup_consumers lists them)",
                 c.name
             ),
             Change::Timers(_) | Change::Actors(_) => {
@@ -169,8 +169,13 @@ pub enum InvalidChange {
     #[error("unknown timer_name {0:?}; use CYCLE, NANOSECOND, MICROSECOND, MILLISECOND or TICK")]
     Timer(String),
     /// An instrument change that changes nothing.
-    #[error("nothing to change: give \"enabled\" and/or \"timed\"")]
+    #[error(
+        "nothing to change: give \"enabled\" and/or \"timed\" (--enabled and/or --timed on the command line)"
+    )]
     Nothing,
+    /// An empty instrument or consumer name, which matches nothing.
+    #[error("the name is empty; give a name or a LIKE pattern (\"%\" for all)")]
+    EmptyName,
     /// An actor column outside 1..=32 bytes.
     #[error(
         "host, user and role must be 1 to {} bytes (\"%\" matches any)",
@@ -215,6 +220,8 @@ pub fn validate(change: &Change) -> Result<(), InvalidChange> {
             Err(InvalidChange::Timer(t.timer_name.clone()))
         }
         Change::Timers(t) => unknown_event_kind(&t.name).map_or(Ok(()), Err),
+        Change::Instruments(i) if i.name.is_empty() => Err(InvalidChange::EmptyName),
+        Change::Consumers(c) if c.name.is_empty() => Err(InvalidChange::EmptyName),
         Change::Instruments(i) if i.enabled.is_none() && i.timed.is_none() => {
             Err(InvalidChange::Nothing)
         }
@@ -452,6 +459,28 @@ mod tests {
             name: name.into(),
             timer_name: "NANOSECOND".into(),
         })
+    }
+
+    #[test]
+    fn empty_names_and_changes_of_nothing_are_refused() {
+        let empty = Change::Instruments(InstrumentChange {
+            name: String::new(),
+            enabled: Some(false),
+            timed: None,
+        });
+        assert_eq!(validate(&empty), Err(InvalidChange::EmptyName));
+        let empty = Change::Consumers(ConsumerChange {
+            name: String::new(),
+            enabled: true,
+        });
+        assert_eq!(validate(&empty), Err(InvalidChange::EmptyName));
+        let nothing = Change::Instruments(InstrumentChange {
+            name: "wait/%".into(),
+            enabled: None,
+            timed: None,
+        });
+        let e = validate(&nothing).unwrap_err().to_string();
+        assert!(e.contains("--enabled"), "{e}");
     }
 
     #[test]

@@ -214,8 +214,8 @@ fn worker(sh: &Shared, seed: u64, rounds: u64) {
             sh.ours_ns.fetch_add((t1 - t0).as_nanos() as u64, Relaxed);
             sh.mysql_ns.fetch_add((t2 - t1).as_nanos() as u64, Relaxed);
             match a {
-                Some(s) => ours.push(s),
-                None => {
+                Ok(s) => ours.push(s),
+                Err(_) => {
                     sh.ours_lost.fetch_add(1, Relaxed);
                 }
             }

@@ -290,7 +290,13 @@ fn revival_on_a_full_volume_counts_a_loss_instead_of_crashing() {
         .args(["bs=4096", "count=100000"])
         .stderr(std::process::Stdio::null())
         .status();
-    assert!(w.alloc_thread(2, 2, "b").is_none(), "no space to revive");
+    assert!(
+        matches!(
+            w.alloc_thread(2, 2, "b"),
+            Err(pfs_shm_layout::NoRecord::Volume(_))
+        ),
+        "no space to revive"
+    );
     let lost = |k: LostKind| seg.lost().counters[k as usize].load(Relaxed);
     assert_eq!(lost(LostKind::Threads), 1);
     assert_eq!(lost(LostKind::Pages), 1);

@@ -147,7 +147,13 @@ fn container_adds_pages_only_when_full_and_reuses_records() {
     assert_eq!(seg.pages_added(), 3);
     let _g = w.alloc_thread(7, 7, "g").unwrap();
     assert_eq!(seg.pages_added(), 3, "page 2 still had a free record");
-    assert!(w.alloc_thread(8, 8, "h").is_none(), "container full");
+    assert!(
+        matches!(
+            w.alloc_thread(8, 8, "h"),
+            Err(pfs_shm_layout::NoRecord::Full { records: 6 })
+        ),
+        "container full"
+    );
     assert_eq!(
         seg.lost().counters[LostKind::Threads as usize].load(Ordering::Relaxed),
         1
