@@ -394,12 +394,15 @@ impl Store {
     /// takes the new one, so that a second agent on the new directory
     /// cannot also own it.
     pub fn elect(&mut self) -> Elected {
-        if self.lock.is_some() && self.role == Role::Owner {
-            if self.lock_is_current() {
-                return Elected::Unchanged;
-            }
+        if self.lock.is_some() && !self.lock_is_current() {
+            // An owner that kept its old lock would own a directory that
+            // is gone; a follower waiting on it would be promoted when the
+            // owner lets it go, while the owner takes the new one.
             tracing::info!(dir = %self.dir.display(), "the agent lock file was removed (with its directory?); taking the directory's lock again");
             self.lock = None;
+        }
+        if self.lock.is_some() && self.role == Role::Owner {
+            return Elected::Unchanged;
         }
         let fresh = self.lock.is_none();
         if fresh {
@@ -428,11 +431,14 @@ impl Store {
         match rustix::fs::flock(lock, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {
                 self.role = Role::Owner;
-                if was == Role::Follower {
+                if fresh {
+                    // A lock file this agent did not hold: the directory
+                    // appeared, or was made again (owner or follower
+                    // before, this agent keeps what it holds).
+                    Elected::Locked
+                } else if was == Role::Follower {
                     tracing::info!(dir = %self.dir.display(), "the other agent on this directory exited; this agent now retires dead segments and keeps the state file");
                     Elected::Promoted
-                } else if fresh {
-                    Elected::Locked
                 } else {
                     Elected::Unchanged
                 }
@@ -861,6 +867,20 @@ mod tests {
         assert_eq!(b.role(), Role::Follower);
         assert_eq!(a.elect(), Elected::Unchanged);
         assert_eq!(a.role(), Role::Owner);
+        // A follower waiting on the old lock file is not promoted when the
+        // owner leaves it for the new directory's.
+        std::fs::remove_dir_all(&d).unwrap();
+        std::fs::create_dir(&d).unwrap();
+        assert_eq!(a.elect(), Elected::Locked);
+        assert_eq!(b.elect(), Elected::Unchanged);
+        assert_eq!(b.role(), Role::Follower, "two owners");
+        // Made again with the follower first: it takes the new lock, the
+        // old owner follows.
+        std::fs::remove_dir_all(&d).unwrap();
+        std::fs::create_dir(&d).unwrap();
+        assert_eq!(b.elect(), Elected::Locked);
+        assert_eq!(a.elect(), Elected::Unchanged);
+        assert_eq!((a.role(), b.role()), (Role::Follower, Role::Owner));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::class::{ClassRef, Family, LazyRef};
 use crate::context::ThreadCtx;
 use crate::event::{self, Active, end_open_stage};
 use crate::runtime::Runtime;
-use crate::task::POLL_TIMER;
+use crate::task::{self, POLL_TIMER};
 use crate::{thread, timer};
 
 /// A registered statement instrument.
@@ -499,6 +499,9 @@ impl TaskStatement {
                 figures.cancelled = 1;
             }
             figures.cpu_time_ps = self.cpu_time(rt, ctx, now, cycles);
+        } else {
+            // Its task, polled again, must not show it running.
+            task::ended_outside(data.thread_id, data.event_id);
         }
         if figures.cancelled != 0 {
             data.flags |= EV_CANCELLED;

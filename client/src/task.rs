@@ -22,11 +22,16 @@
 //! * The `events_*_summary_by_thread_*` tables count a task's events under
 //!   the worker thread that polled them (the task has no record); the
 //!   global, account, user and host summaries are unaffected.
-//! * While the task waits (between polls) its open statement and stage are
-//!   in no `events_*_current` row: when a poll returns, the worker's rows
-//!   that show them running are emptied, so the rows show what the thread
-//!   is running or last ran (an event that ended). The statement's row is
-//!   written again, whole, with its text, where it ends.
+//! * While the task is polled, the polling worker's `events_*_current`
+//!   rows show its open statement (with its text) and stage running. While
+//!   it waits (between polls) they are in no current row: when a poll
+//!   returns, the worker's rows that show them running are emptied, so the
+//!   rows show what the thread is running or last ran (an event that
+//!   ended); the next poll shows them again, on whichever worker (one store
+//!   if it is the same worker and nothing was written there since, else
+//!   the rows are written whole from a copy the task keeps). The
+//!   statement's row is written again, whole, with its text, where it
+//!   ends. A statement ended outside its task is not shown again.
 //!
 //! A statement opened in a task is a `TaskStatement`: `Send`, held across
 //! `.await`, ended on any thread. Its `CPU_TIME` is the time its task was
@@ -47,16 +52,24 @@
 //! Entering and leaving swap ten thread-local cells each way, and the
 //! memory scope; a poll
 //! reads the CYCLE timer (`RDTSC`) twice while a statement is open (for
-//! `CPU_TIME`), never otherwise. No lock, no allocation, no shared write
-//! (a thread takes task ids 64 at a time).
+//! `CPU_TIME`), never otherwise, and takes the open statement and stage
+//! out of the worker's current rows when it returns and shows them again
+//! at the next poll (a sequence-locked store each way on the same worker).
+//! No lock, no allocation, no shared write (a thread takes task ids 64 at
+//! a time); one load of a shared word written only when a statement ends
+//! outside its task. A [`TaskContext`] keeps a copy of its open
+//! statement's row and text (about 370 bytes).
 
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::task::{Context, Poll};
 
 use pfs_shm_layout::EventKind;
-use pfs_shm_layout::layout::{STATEMENT_TEXT_BYTES, TimerId};
+use pfs_shm_layout::layout::{ConsumerKind, STATEMENT_TEXT_BYTES, TimerId};
+use pfs_shm_layout::setup::effective;
 use pfs_shm_layout::writer::EventData;
 
 use crate::class::ClassRef;
@@ -118,6 +131,8 @@ struct Shown {
     hid_stage: bool,
     /// `own_thread_id` of that thread.
     on: u64,
+    /// The [`EndedOutside`] sequence when `statement` was last checked.
+    seen_outside: u64,
 }
 
 impl Shown {
@@ -128,11 +143,15 @@ impl Shown {
         hid_statement: false,
         hid_stage: false,
         on: 0,
+        seen_outside: 0,
     };
 
     /// Takes the task's open statement and stage (of `state`, just
     /// swapped out of `ctx`) out of `ctx`'s current rows, keeping what
-    /// they showed.
+    /// they showed. A statement is kept from the first time a row showed
+    /// it (none if its current consumer was off then): an inner context
+    /// that took the row meanwhile (a statement span in a statement span)
+    /// does not stop it being shown again.
     #[inline(always)]
     fn take_from(&mut self, ctx: &ThreadCtx, state: &EventState) {
         if state.statement_id == 0 && state.stage_id == 0 {
@@ -140,28 +159,32 @@ impl Shown {
         }
         self.on = ctx.own_thread_id;
         let (thread, id) = (state.thread_id, state.statement_id);
-        self.hid_statement = id != 0 && {
-            if self.statement.is_none_or(|e| e.event_id != id) {
-                self.statement = ctx.rec.unended_event(EventKind::Statement, thread, id);
+        if id != 0 && self.statement.is_none_or(|e| e.event_id != id) {
+            self.statement = ctx.rec.unended_event(EventKind::Statement, thread, id);
+            self.text_len = 0;
+            self.seen_outside = EndedOutside::seq().load(Acquire);
+        }
+        self.hid_statement = id != 0 && self.statement.is_some_and(|e| e.event_id == id);
+        if self.hid_statement {
+            if let Some(len) = ctx.rec.copy_statement_text(thread, id, &mut self.text) {
+                self.text_len = len;
             }
-            self.statement.is_some() && {
-                self.text_len = ctx
-                    .rec
-                    .copy_statement_text(thread, id, &mut self.text)
-                    .unwrap_or(0);
-                ctx.rec.hide_unended(EventKind::Statement, thread, id)
-            }
-        };
-        self.hid_stage = state.stage_id != 0
-            && ctx
-                .rec
+            ctx.rec.hide_unended(EventKind::Statement, thread, id);
+        }
+        self.hid_stage = state.stage_id != 0;
+        if self.hid_stage {
+            ctx.rec
                 .hide_unended(EventKind::Stage, thread, state.stage_id);
+        }
     }
 
     /// Writes what [`Shown::take_from`] took into `ctx`'s current rows,
-    /// for the task now swapped into `ctx`, if it is still open.
+    /// for the task now swapped into `ctx`, if it is still open and the
+    /// rows' consumers (`consumers`, the `setup_consumers` word) are on.
+    /// A statement ended outside the task (see [`EndedOutside`]) is not
+    /// shown again.
     #[inline(always)]
-    fn put_into(&mut self, ctx: &ThreadCtx) {
+    fn put_into(&mut self, ctx: &ThreadCtx, consumers: u32) {
         if !self.hid_statement && !self.hid_stage {
             return;
         }
@@ -170,16 +193,29 @@ impl Shown {
         if std::mem::take(&mut self.hid_statement)
             && let Some(e) = self.statement
             && ctx.statement_id.get() == e.event_id
-            && !(here
-                && ctx
-                    .rec
-                    .unhide(EventKind::Statement, thread, e.event_id, e.timer_start))
         {
-            let text = std::str::from_utf8(&self.text[..self.text_len]).unwrap_or("");
-            ctx.rec.resume_statement(&e, text);
+            if EndedOutside::since(&mut self.seen_outside, thread, e.event_id) {
+                self.statement = None; // ended outside the task
+            } else if effective(consumers, EventKind::Statement, ConsumerKind::Current)
+                && !(here
+                    && ctx
+                        .rec
+                        .unhide(EventKind::Statement, thread, e.event_id, e.timer_start))
+            {
+                if ctx
+                    .rec
+                    .shows_ended(EventKind::Statement, thread, e.event_id)
+                {
+                    self.statement = None; // ended here, outside the task
+                } else {
+                    let text = std::str::from_utf8(&self.text[..self.text_len]).unwrap_or("");
+                    ctx.rec.resume_statement(&e, text);
+                }
+            }
         }
         if std::mem::take(&mut self.hid_stage)
             && let Some(stage) = ctx.stage.get()
+            && effective(consumers, EventKind::Stage, ConsumerKind::Current)
             && !(here
                 && ctx
                     .rec
@@ -286,7 +322,7 @@ impl TaskContext {
         }
         ctx.swap(&mut self.state);
         memory::swap_scope(&mut self.scope);
-        self.shown.put_into(ctx);
+        self.shown.put_into(ctx, rt.setup.consumers.load(Relaxed));
         self.depth = 1;
         self.entered_on = ctx.own_thread_id;
         true
@@ -353,6 +389,67 @@ fn start_poll(rt: &'static Runtime, s: &mut EventState) {
 
 /// The timer of poll times.
 pub(crate) const POLL_TIMER: u32 = TimerId::Cycle as u32;
+
+/// Statements ended outside their task (a [`crate::TaskStatement`] moved
+/// to another thread or task and ended there): the task still takes such
+/// a statement as its open one (as documented there), and must not show
+/// it running again at its next poll. The last [`EndedOutside::RING`] of
+/// them, with a sequence number, so that a poll reads one word unless one
+/// ended since its task's last poll.
+struct EndedOutside;
+
+impl EndedOutside {
+    const RING: usize = 64;
+
+    /// How many were noted.
+    fn seq() -> &'static AtomicU64 {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        &SEQ
+    }
+
+    fn keys() -> &'static [AtomicU64; Self::RING] {
+        static KEYS: [AtomicU64; EndedOutside::RING] =
+            [const { AtomicU64::new(0) }; EndedOutside::RING];
+        &KEYS
+    }
+
+    /// The key of event `event_id` of logical thread `thread_id` (never 0).
+    fn key(thread_id: u64, event_id: u64) -> u64 {
+        (thread_id.rotate_left(32) ^ event_id) | 1
+    }
+
+    /// Notes that statement `event_id` of task `thread_id` ended outside
+    /// it. Writers take a lock (this is rare); readers do not.
+    fn note(thread_id: u64, event_id: u64) {
+        static WRITERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = WRITERS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = Self::seq().load(Relaxed);
+        Self::keys()[n as usize % Self::RING].store(Self::key(thread_id, event_id), Relaxed);
+        // Published with the key: a reader that sees `n + 1` sees it.
+        Self::seq().store(n + 1, Release);
+    }
+
+    /// Whether statement `event_id` of task `thread_id` ended outside it,
+    /// among those noted since `*seen` (updated).
+    #[inline]
+    fn since(seen: &mut u64, thread_id: u64, event_id: u64) -> bool {
+        let now = Self::seq().load(Acquire);
+        if now == *seen {
+            return false;
+        }
+        *seen = now;
+        let key = Self::key(thread_id, event_id);
+        Self::keys().iter().any(|k| k.load(Relaxed) == key)
+    }
+}
+
+/// Notes that a task's statement ended outside its task (see
+/// [`EndedOutside`]).
+pub(crate) fn ended_outside(thread_id: u64, event_id: u64) {
+    EndedOutside::note(thread_id, event_id);
+}
 
 /// A [`TaskContext`] entered on the current thread; leaves it on drop.
 /// Not `Send`.

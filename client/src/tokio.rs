@@ -969,7 +969,11 @@ pub mod mpsc {
                 /// several polls is one wait, recorded by the thread of
                 /// that last poll (a receiver dropped while waiting
                 /// records it at the drop). One that finds a message
-                /// records nothing.
+                /// records nothing. A caller that stops polling after a
+                /// `Pending` and receives another way leaves that wait
+                /// open until the next `poll_recv*` that returns `Ready`
+                /// (or the receiver's drop): its `TIMER_WAIT` then covers
+                /// that time too.
                 pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
                     if self.polled.is_none() {
                         match self.inner.try_recv() {

@@ -18,6 +18,7 @@ use pfs_shm_layout::reader::{ReadOptions, SegmentSnapshot, snapshot};
 static PARKED: LazyStatementClass = LazyStatementClass::new("statement/test/parked");
 static WAITING: LazyStageClass = LazyStageClass::new("stage/test/waiting");
 static LONE: LazyStageClass = LazyStageClass::new("stage/test/lone");
+static OUTSIDE: LazyStatementClass = LazyStatementClass::new("statement/test/outside");
 
 fn read(path: &std::path::Path) -> SegmentSnapshot {
     let seg = Segment::open(std::fs::File::open(path).unwrap(), false).unwrap();
@@ -156,6 +157,79 @@ fn a_waiting_task_is_in_no_current_row_and_an_ended_one_is_shown_ended() {
         let _ = parked.await;
         tid
     });
+    // A statement ended outside its task, on a plain thread: the task,
+    // polled again, does not show it running (nor with the
+    // `events_statements_current` consumer off, a statement it does not
+    // show at all).
+    let seg = path.clone();
+    let outside = rt.block_on(async move {
+        tokio::spawn(
+            async move {
+                let stmt = OUTSIDE.start_task();
+                let ids = stmt.id();
+                tokio::task::yield_now().await;
+                std::thread::spawn(move || drop(stmt)).join().unwrap();
+                tokio::task::yield_now().await;
+                let running: Vec<_> = rows_of(&read(&seg), ids.0)
+                    .into_iter()
+                    .filter(|r| r.0 == "statement" && !r.2)
+                    .collect();
+                assert_eq!(running, [], "an ended statement shown running");
+                ids
+            }
+            .pfs_task(),
+        )
+        .await
+        .unwrap()
+    });
+    // (The thread that ended it has exited: its record, and row, are gone.)
+    let shown = rows_of(&read(&path), outside.0);
+    assert!(shown.iter().all(|r| r.2), "{shown:?} ({outside:?})");
+    let rw = Segment::open(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap(),
+        true,
+    )
+    .unwrap();
+    let seg = path.clone();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let (ids_tx, ids_rx) = std::sync::mpsc::channel();
+    let parked = rt.spawn(
+        async move {
+            let stmt = PARKED.start_task();
+            ids_tx.send(stmt.id()).unwrap();
+            go_rx.await.unwrap();
+            tokio::task::yield_now().await;
+            // The consumer was turned off while it waited: not shown.
+            let running: Vec<_> = rows_of(&read(&seg), stmt.id().0)
+                .into_iter()
+                .filter(|r| r.0 == "statement" && !r.2)
+                .collect();
+            assert_eq!(running, [], "shown with its consumer off");
+            drop(stmt);
+        }
+        .pfs_task(),
+    );
+    let ids = ids_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        pfs_shm_layout::setup::set_consumers(&rw, "events_statements_current", false),
+        1
+    );
+    go_tx.send(()).unwrap();
+    rt.block_on(parked).unwrap();
+    assert_eq!(
+        pfs_shm_layout::setup::set_consumers(&rw, "events_statements_current", true),
+        1
+    );
+    assert!(
+        rows_of(&read(&path), ids.0).iter().all(|r| r.2),
+        "{:?}",
+        rows_of(&read(&path), ids.0)
+    );
+
     let s = read(&path);
     let lone_class = s
         .classes

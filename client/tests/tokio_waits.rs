@@ -796,17 +796,18 @@ fn blocking_locks_record_the_waits_of_their_threads() {
     got.push(rx.blocking_recv());
     tx.blocking_send(2).unwrap();
     assert_eq!(rx.blocking_recv_many(&mut many, 4), 1);
+    // The sender pauses long enough (SLACK) for the receiver to be blocked
+    // before each send, even on a loaded machine.
     std::thread::scope(|sc| {
         sc.spawn(|| {
-            std::thread::sleep(HOLD);
+            std::thread::sleep(SLACK);
             tx.blocking_send(3).unwrap();
-            std::thread::sleep(HOLD);
+            std::thread::sleep(SLACK);
             tx.blocking_send(4).unwrap();
-            std::thread::sleep(HOLD);
+            std::thread::sleep(SLACK);
             tx.blocking_send(5).unwrap();
         });
         got.push(rx.blocking_recv()); // waits for 3
-        std::thread::sleep(HOLD / 4);
         assert_eq!(rx.blocking_recv_many(&mut many, 4), 1); // waits for 4
     });
     drop(tx);

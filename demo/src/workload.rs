@@ -152,12 +152,16 @@ pub fn run(opts: WorkloadOptions) -> Result<(), DemoError> {
     } = opts;
     let stop = Arc::new(AtomicBool::new(false));
     stop_on_signal(stop.clone())?;
-    // The data directory first: a workload that cannot run leaves no
-    // segment behind.
-    std::fs::create_dir_all(&data_dir).map_err(|source| DemoError::Wal {
-        dir: data_dir.clone(),
-        source,
-    })?;
+    // The data directory first (made, and written to): a workload that
+    // cannot run leaves no segment behind.
+    let probe = data_dir.join(".pfs-demo-probe");
+    std::fs::create_dir_all(&data_dir)
+        .and_then(|()| std::fs::File::create(&probe))
+        .and_then(|_| std::fs::remove_file(&probe))
+        .map_err(|source| DemoError::Wal {
+            dir: data_dir.clone(),
+            source,
+        })?;
     let group_access = match instrument(&shm_dir, &service) {
         Ok(group_access) => group_access,
         Err(e) => {

@@ -1125,6 +1125,17 @@ impl RecordRef<'_> {
         })
     }
 
+    /// Whether this record's `events_*_current` row of `kind` shows the
+    /// event `event_id` of logical thread `thread_id` ended. Only the
+    /// thread that owns the record may call it.
+    #[inline]
+    pub fn shows_ended(&self, kind: EventKind, thread_id: u64, event_id: u64) -> bool {
+        let cur = self.current(kind);
+        cur.event_id.load(Relaxed) == event_id
+            && cur.thread_id.load(Relaxed) == thread_id
+            && cur.flags.load(Relaxed) & EV_ENDED != 0
+    }
+
     /// Shows again the event `event_id` of `thread_id`, started at
     /// `timer_start`, that [`RecordRef::hide_unended`] took out of this
     /// record's `events_*_current` row of `kind`, if nothing was written

@@ -67,9 +67,11 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         let exe = std::env::current_exe()
             .context("cannot find the pfs-agent executable to start the workload")?;
         let start_workload = || spawn_workload(&exe, &dirs, a.workers);
-        let mut child = start_workload()?;
+        let mut child = Some(start_workload()?);
         let mut started = Instant::now();
         let mut quick_deaths = 0;
+        // When a dead workload is to be replaced.
+        let mut restart_at: Option<tokio::time::Instant> = None;
         let mut set = SegmentSet::new(&dirs.shm, pfs_agent::segments::DEFAULT_DEAD_RETENTION);
         set.defaults = defaults;
         let tokens = Tokens {
@@ -80,7 +82,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         let url = format!("http://{listen}");
         println!(
             "pfs-agent demo: workload pid {} writing segments in {}",
-            child.id().unwrap_or(0),
+            child.as_ref().and_then(|c| c.id()).unwrap_or(0),
             dirs.shm.display()
         );
         println!("  browse:   {url}/ (landing page and table browser)");
@@ -96,32 +98,47 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         let outcome = loop {
             tokio::select! {
                 _ = &mut server => break Ok(()),
-                status = child.wait() => match workload_ended(status) {
-                    Ended::Stopped => break Ok(()),
-                    Ended::Failed(e) => break Err(e),
-                    Ended::Died(status) => {
-                        quick_deaths = if started.elapsed() < QUICK_DEATH { quick_deaths + 1 } else { 1 };
-                        if quick_deaths >= QUICK_DEATHS {
-                            break Err(anyhow::anyhow!(
-                                "the demo workload died {QUICK_DEATHS} times in a row within {QUICK_DEATH:?} of its start (last: {status}); its errors are above"
-                            ));
+                status = wait_for(&mut child) => {
+                    child = None;
+                    match workload_ended(status) {
+                        Ended::Stopped => break Ok(()),
+                        Ended::Failed(e) => break Err(e),
+                        Ended::Died(status) => {
+                            quick_deaths = if started.elapsed() < QUICK_DEATH {
+                                quick_deaths + 1
+                            } else {
+                                0
+                            };
+                            if quick_deaths >= QUICK_DEATHS {
+                                break Err(anyhow::anyhow!(
+                                    "the demo workload died {QUICK_DEATHS} times in a row within {QUICK_DEATH:?} of its start (last: {status}); its errors are above"
+                                ));
+                            }
+                            println!(
+                                "pfs-agent demo: the workload died ({status}); the agent shows its segment as a dead process's (pfs_agent_segments{{state=\"dead\"}}) for {:?}, then folds its counters into the service's totals. Starting a new workload.",
+                                pfs_agent::segments::DEFAULT_DEAD_RETENTION
+                            );
+                            // Later, while the server goes on serving.
+                            restart_at = Some(tokio::time::Instant::now() + RESTART_AFTER);
                         }
-                        println!(
-                            "pfs-agent demo: the workload died ({status}); the agent shows its segment as a dead process's (pfs_agent_segments{{state=\"dead\"}}) for {:?}, then folds its counters into the service's totals. Starting a new workload.",
-                            pfs_agent::segments::DEFAULT_DEAD_RETENTION
-                        );
-                        tokio::time::sleep(RESTART_AFTER).await;
-                        child = match start_workload() {
-                            Ok(c) => c,
-                            Err(e) => break Err(e),
-                        };
-                        started = Instant::now();
-                        println!("pfs-agent demo: workload pid {}", child.id().unwrap_or(0));
                     }
-                },
+                }
+                _ = sleep_until(restart_at) => {
+                    restart_at = None;
+                    match start_workload() {
+                        Ok(c) => {
+                            println!("pfs-agent demo: workload pid {}", c.id().unwrap_or(0));
+                            child = Some(c);
+                            started = Instant::now();
+                        }
+                        Err(e) => break Err(e),
+                    }
+                }
             }
         };
-        stop_child(&mut child).await;
+        if let Some(c) = &mut child {
+            stop_child(c).await;
+        }
         if let Some(o) = agent.otlp {
             o.shutdown(Duration::from_secs(5)).await;
         }
@@ -133,6 +150,24 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     drop(dirs);
     println!("pfs-agent demo stopped; segments removed");
     Ok(())
+}
+
+/// The end of `child`, if there is one; never, if not.
+async fn wait_for(
+    child: &mut Option<tokio::process::Child>,
+) -> std::io::Result<std::process::ExitStatus> {
+    match child {
+        Some(c) => c.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// `at`, if set; never, if not.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// A workload that dies this soon after its start counts as a quick death.

@@ -154,7 +154,13 @@ impl Retirement {
         totals.absorb(s);
         let died_unix_ns = t.died_unix_ns();
         match self.pending.iter_mut().find(|p| p.id == id) {
-            Some(p) => p.totals = totals,
+            Some(p) => {
+                p.totals = totals;
+                if p.died_unix_ns == 0 {
+                    // Kept by an agent that did not note when.
+                    p.died_unix_ns = died_unix_ns;
+                }
+            }
             None => self.pending.push(Pending {
                 id,
                 totals,
@@ -209,7 +215,9 @@ impl Retirement {
         // holds retired totals saves them there (at the next pass); one
         // that holds none reads what the directory has (a state file an
         // earlier agent left on a volume mounted late).
-        let holds_totals = self.retired_segments > 0 || !self.pending.is_empty();
+        let holds_totals = self.retired_segments > 0
+            || !self.pending.is_empty()
+            || !self.retired.by_service.is_empty();
         if elected == Elected::Locked && holds_totals {
             store.dirty = true;
         }
