@@ -326,9 +326,10 @@ pub struct DemoArgs {
 #[derive(Debug, Args)]
 pub struct WorkloadArgs {
     /// Segment directory.
-    #[arg(long)]
+    #[arg(long, env = "PFS_SHM_DIR")]
     pub shm_dir: PathBuf,
-    /// Service name.
+    /// Service name; without the flag, PFS_SERVICE_NAME if set, else
+    /// kvstore-demo.
     #[arg(long, default_value = "kvstore-demo", value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub service: String,
     /// Directory of the write-ahead log.

@@ -101,9 +101,14 @@ fn init_logs(default_level: &str) -> anyhow::Result<()> {
         Ok(f) => (f, None),
         Err(e) => (default_level.into(), Some(e)),
     };
+    // A log line that cannot be written (stderr a closed pipe) is dropped:
+    // tracing-subscriber would otherwise report it with `eprintln!`, which
+    // panics on that same stderr, in whatever thread logged (the signal
+    // handler's, say, which then never stops the process).
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false);
     match format {
         LogFormat::Text => logs.with_ansi(log_colours()).init(),
         LogFormat::Json => logs.with_ansi(false).json().flatten_event(true).init(),

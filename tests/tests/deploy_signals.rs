@@ -439,3 +439,56 @@ fn serve_stops_at_once_on_a_second_signal() {
     agent.signal(libc::SIGTERM);
     assert!(exits(&mut agent, PROMPT, "the agent without a delay").success());
 }
+
+/// A workload whose log pipe was closed (its reader gone: `... | head -1`)
+/// still stops on SIGTERM: a log line that cannot be written is dropped,
+/// not a panic in the thread that logged (the signal handler's).
+#[test]
+fn workload_stops_on_sigterm_with_its_log_pipe_closed() {
+    let d = pod_dirs();
+    let mut cmd = workload_cmd(&[], &d, &[], &[]);
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop((child.stdout.take(), child.stderr.take()));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(child.try_wait().unwrap().is_none(), "exited early");
+    kill(child.id() as i32, libc::SIGTERM);
+    let deadline = Instant::now() + PROMPT;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("still running {PROMPT:?} after SIGTERM with its log pipe closed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // It stopped cleanly, or died of the closed pipe on its last line:
+    // either way, it stopped.
+    eprintln!("deploy_signals: with its log pipe closed, the workload ended with {status}");
+}
+
+/// The workload reads `PFS_SHM_DIR` as any pfs-client application does
+/// when `--shm-dir` is not given.
+#[test]
+fn workload_reads_pfs_shm_dir_without_the_flag() {
+    let d = pod_dirs();
+    let mut cmd = Command::new(agent_bin());
+    cmd.args(["workload", "--workers", "1", "--data-dir"])
+        .arg(&d.data)
+        .env_clear()
+        .env("PFS_SHM_DIR", &d.shm);
+    let mut app = ChildGuard::spawn("workload", cmd, false).unwrap();
+    segment(&d.shm, "kvstore-demo", &mut app);
+    app.signal(libc::SIGTERM);
+    assert!(
+        exits(&mut app, PROMPT, "SIGTERM").success(),
+        "{}",
+        app.describe()
+    );
+}

@@ -7,6 +7,9 @@
 //! fake grpcio server), the `RetryInfo` of an error status is honoured.
 //! An endpoint of the other transport (the real receiver's gRPC port for
 //! OTLP/HTTP, and the reverse) gets a failure that says what to change.
+//! An endpoint that answers a huge body does not make the agent keep it;
+//! one that is slow still gets the final export when the agent stops in
+//! the middle of an export.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -28,6 +31,21 @@ class H(BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
         print(time.monotonic(), flush=True)
+        if mode == "huge":
+            # A 3 GB error page, streamed as fast as it is read.
+            self.send_response(502)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(3 * 10**9))
+            self.end_headers()
+            chunk = b"x" * (1 << 20)
+            try:
+                for _ in range(3000):
+                    self.wfile.write(chunk)
+            except OSError:
+                pass
+            return
+        if mode == "slow":
+            time.sleep(4)
         headers = {}
         if mode == "html":
             code, ctype, body = 200, "text/html", b"<html><body>Please log in</body></html>"
@@ -36,6 +54,8 @@ class H(BaseHTTPRequestHandler):
         elif mode == "retry":
             code, ctype, body = 503, "text/plain", b"busy"
             headers["Retry-After"] = "4"
+        elif mode == "slow":
+            code, ctype, body = 200, "application/x-protobuf", b""
         else:
             code, ctype, body = 200, "application/x-protobuf", partial_pb(2, "2 points had no name")
         self.send_response(code)
@@ -275,4 +295,55 @@ fn otlp_to_the_other_transports_port_says_what_to_change() {
         });
         assert!(log.contains("OTLP export failed"), "{log}");
     }
+}
+
+/// An answer of 3 GB (an error page streamed at full speed) is read only
+/// up to a bound: the agent's memory stays flat, the export counts as
+/// failed, and `/metrics` answers.
+#[test]
+fn otlp_http_huge_answer_is_not_kept_in_memory() {
+    let (server, agent) = start("huge");
+    let a = wait_exports(&server, 3, Duration::from_secs(40));
+    assert!(a.len() >= 3, "{}", agent.guard.describe());
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.guard.pid())).unwrap();
+    let hwm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    assert!(
+        hwm_kib < 200 * 1024,
+        "the agent's peak RSS is {hwm_kib} KiB after 3 answers of 3 GB"
+    );
+    assert!(
+        counted(&agent, "failure") >= 1.0,
+        "{}",
+        agent.guard.describe()
+    );
+    let log = agent.guard.stderr();
+    assert!(log.contains("not read"), "{log}");
+}
+
+/// The agent stopped (SIGTERM) while an export waits for a slow
+/// collector: that export is given up and a final one, of fresh figures,
+/// is still sent before the agent exits.
+#[test]
+fn otlp_stop_during_an_export_still_sends_the_final_one() {
+    let (server, mut agent) = start("slow");
+    let first = wait_exports(&server, 1, Duration::from_secs(20));
+    assert_eq!(first.len(), 1, "{}", agent.guard.describe());
+    std::thread::sleep(Duration::from_millis(1000)); // in flight (4 s)
+    agent.guard.signal(libc::SIGTERM);
+    let status = agent.guard.wait_timeout(Duration::from_secs(20));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{}",
+        agent.guard.describe()
+    );
+    let a = arrivals(&server);
+    assert!(
+        a.len() >= 2,
+        "no final export after the stop: {a:?}\n{}",
+        agent.guard.describe()
+    );
 }

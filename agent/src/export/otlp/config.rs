@@ -76,6 +76,16 @@ pub enum ConfigError {
     /// A `--otlp-header` without `=`.
     #[error("--otlp-header {0:?} must be KEY=VALUE")]
     HeaderSyntax(String),
+    /// An entry of a headers variable without `=` (or with no key).
+    #[error(
+        "{var}: {entry:?} must be KEY=VALUE (entries separated by commas, e.g. Authorization=Bearer%20abc)"
+    )]
+    EnvHeaderSyntax {
+        /// The variable.
+        var: String,
+        /// The entry.
+        entry: String,
+    },
     /// A gRPC endpoint tonic cannot use.
     #[error("OTLP endpoint {endpoint:?} is invalid")]
     Endpoint {
@@ -438,6 +448,24 @@ pub fn parse_pairs(s: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The `k1=v1,k2=v2` of headers variable `var` (values percent-decoded;
+/// empty entries skipped): an entry that is not `KEY=VALUE` is an error
+/// (a header lost silently would show only as refusals at the receiver).
+fn parse_header_pairs(var: &str, s: &str) -> Result<Vec<(String, String)>, ConfigError> {
+    s.split(',')
+        .filter(|kv| !kv.trim().is_empty())
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => {
+                Ok((k.trim().to_string(), percent_decode(v.trim())))
+            }
+            _ => Err(ConfigError::EnvHeaderSyntax {
+                var: var.to_string(),
+                entry: kv.trim().to_string(),
+            }),
+        })
+        .collect()
+}
+
 /// `http/protobuf` endpoint from a base URL: `/v1/metrics` appended to its
 /// path (per the OTLP exporter specification).
 fn append_metrics_path(base: &str) -> String {
@@ -621,15 +649,16 @@ impl Config {
                 source,
             })?;
 
-        let mut headers = first_env(
+        let mut headers = match first_env(
             env,
             &[
                 OTEL_EXPORTER_OTLP_METRICS_HEADERS,
                 OTEL_EXPORTER_OTLP_HEADERS,
             ],
-        )
-        .map(|(_, v)| parse_pairs(&v))
-        .unwrap_or_default();
+        ) {
+            Some((var, v)) => parse_header_pairs(&var, &v)?,
+            None => Vec::new(),
+        };
         for h in &args.headers {
             let Some((k, v)) = h.split_once('=') else {
                 return Err(ConfigError::HeaderSyntax(h.clone()));

@@ -155,11 +155,15 @@ async fn run(
     let mut last_error: Option<String> = None;
     // The collector's last partial-success message, logged once per change.
     let mut last_partial: Option<transport::Partial> = None;
+    // Stopping was asked for while an export was in flight: the final
+    // export follows at once.
+    let mut stop_now = false;
     loop {
-        let stopping = tokio::select! {
-            _ = tick.tick() => false,
-            _ = stopped.changed() => true,
-        };
+        let stopping = stop_now
+            || tokio::select! {
+                _ = tick.tick() => false,
+                _ = stopped.changed() => true,
+            };
         if !stopping && Instant::now() < paused_until {
             continue;
         }
@@ -174,10 +178,13 @@ async fn run(
             r = tokio::time::timeout(cfg.timeout, sender.send(&cfg, req)) => {
                 r.unwrap_or(Err(SendError::Timeout(cfg.timeout)))
             }
-            // Stopping while an export is in flight: give it up.
+            // Stopping while an export is in flight: give it up for the
+            // final one (of fresh figures, within the shutdown's limit).
             _ = stopped.changed(), if !stopping => {
-                tracing::debug!("OTLP export abandoned: the agent is stopping");
-                break;
+                tracing::debug!("OTLP export abandoned: the agent is stopping; exporting the final figures");
+                builder.keep_baselines(built);
+                stop_now = true;
+                continue;
             }
         };
         match result {
@@ -211,10 +218,10 @@ async fn run(
                 // the pause are skipped (half an interval of slack so the
                 // tick that ends it is not).
                 paused_until = Instant::now() + pause.saturating_sub(cfg.interval / 2);
-                let e = e.to_string();
-                if last_error.as_deref() != Some(e.as_str()) {
+                let key = e.log_key();
+                if last_error.as_deref() != Some(key.as_str()) {
                     tracing::warn!(endpoint = %cfg.endpoint, error = %e, retry_in = ?pause, "OTLP export failed; dropping this export and backing off");
-                    last_error = Some(e);
+                    last_error = Some(key);
                 }
             }
         }
@@ -606,6 +613,41 @@ mod tests {
                 (ExportResult::Success, 1),
                 (ExportResult::TlsFailure, 2)
             ]
+        );
+    }
+
+    /// A header entry without `=` (a colon-style header, say) stops the
+    /// agent naming the variable, as `--otlp-header` does; empty entries
+    /// are skipped.
+    #[test]
+    fn a_malformed_header_variable_is_an_error() {
+        for bad in ["Authorization: Bearer abc,x-ok=1", "bad", "=v"] {
+            let e = resolve(
+                &OtlpArgs::default(),
+                &[
+                    (OTEL_EXPORTER_OTLP_ENDPOINT, "http://c:4318"),
+                    (OTEL_EXPORTER_OTLP_HEADERS, bad),
+                ],
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains("OTEL_EXPORTER_OTLP_HEADERS") && e.contains("must be KEY=VALUE"),
+                "{bad}: {e}"
+            );
+        }
+        let c = resolve(
+            &OtlpArgs::default(),
+            &[
+                (OTEL_EXPORTER_OTLP_ENDPOINT, "http://c:4318"),
+                (OTEL_EXPORTER_OTLP_HEADERS, "a=1,,b=x%20y,"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            c.headers,
+            vec![("a".into(), "1".into()), ("b".into(), "x y".into())]
         );
     }
 

@@ -19,6 +19,10 @@ use super::config::{Config, ConfigError, Transport};
 use super::tls::TlsClient;
 use crate::export::model::ExportResult;
 
+/// The most of an HTTP answer read: an OTLP answer is a few bytes, an
+/// error page a few KiB. A larger one ends the request (it is not kept).
+const MAX_ANSWER_BYTES: usize = 256 * 1024;
+
 /// Why an export was not delivered.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
@@ -86,6 +90,17 @@ impl SendError {
                     .map(|d| d.min(MAX_RETRY_AFTER))
             }
             _ => None,
+        }
+    }
+
+    /// What says whether this failure is the one logged last: its text,
+    /// but for a TLS failure only its explanation (the transport's detail
+    /// in parentheses differs from one attempt to the next for the same
+    /// cause: a connection reset, a broken pipe...).
+    pub fn log_key(&self) -> String {
+        match self {
+            Self::Tls(s) => s.split(" (").next().unwrap_or(s).to_string(),
+            e => e.to_string(),
         }
     }
 
@@ -423,12 +438,33 @@ impl Sender {
                     .unwrap_or("")
                     .to_ascii_lowercase();
                 let wait = retry_after(resp.headers());
-                let body = resp
-                    .into_body()
+                // Read up to a bound: an answer is a few bytes (an error
+                // page a few KiB); a larger one is not kept in memory.
+                let read = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER_BYTES)
                     .collect()
-                    .await
-                    .map(|b| b.to_bytes())
-                    .unwrap_or_default();
+                    .await;
+                let body = match read {
+                    Ok(b) => b.to_bytes(),
+                    Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                        let detail = format!(
+                            "an answer over {MAX_ANSWER_BYTES} bytes, not read (is the endpoint an OTLP receiver?)"
+                        );
+                        return Err(if status.is_success() {
+                            SendError::NotOtlp {
+                                status,
+                                content_type: format!("content type {content_type}"),
+                                detail,
+                            }
+                        } else {
+                            SendError::Status {
+                                status,
+                                body: detail,
+                                retry_after: None,
+                            }
+                        });
+                    }
+                    Err(_) => Bytes::new(),
+                };
                 if !status.is_success() {
                     return Err(SendError::Status {
                         status,
