@@ -328,6 +328,30 @@ fn foreign_dir() -> (tempfile::TempDir, std::path::PathBuf) {
     (parent, d)
 }
 
+/// Waits (up to `timeout`) for `/healthz` to answer 200 with a
+/// `degraded:` line naming the segment directory `dir`; the body.
+fn degraded(agent: &Serve, dir: &Path, timeout: Duration) -> String {
+    let mut last = None;
+    assert!(
+        poll(timeout, || {
+            last = agent.get("/healthz").ok();
+            last.as_ref()
+                .is_some_and(|(st, body)| *st == 200 && body.starts_with("ok\ndegraded: "))
+        }),
+        "{last:?}\n{}",
+        agent.stderr()
+    );
+    let (_, why) = last.unwrap();
+    assert!(
+        why.contains(&format!(
+            "cannot list the segment directory {}",
+            dir.display()
+        )),
+        "{why}"
+    );
+    why
+}
+
 /// An agent that may not list the segment directory finds no process,
 /// ever: `/healthz` says so (still 200: a restart would not help, and a
 /// failing startup probe would keep the application from starting; why
@@ -343,23 +367,9 @@ fn a_segment_directory_the_agent_may_not_read_is_degraded_and_says_why() {
         .parse()
         .unwrap();
     let agent = Serve::start_with(nobody, &d, Some(addr.to_string()), addr, &[]);
-    let mut last = None;
+    let why = degraded(&agent, &d, Duration::from_secs(20));
     assert!(
-        poll(Duration::from_secs(20), || {
-            last = agent.get("/healthz").ok();
-            last.as_ref()
-                .is_some_and(|(st, body)| *st == 200 && body.starts_with("ok\ndegraded: "))
-        }),
-        "{last:?}\n{}",
-        agent.stderr()
-    );
-    let (_, why) = last.unwrap();
-    assert!(
-        why.contains(&format!(
-            "cannot list the segment directory {}",
-            d.display()
-        )) && why.contains("Permission denied")
-            && why.contains("PFS_GROUP_ACCESS=1"),
+        why.contains("Permission denied") && why.contains("PFS_GROUP_ACCESS=1"),
         "{why}"
     );
     let denied = agent
@@ -502,23 +512,9 @@ fn a_segment_directory_removed_under_the_agent_is_degraded_and_says_why() {
         agent.stderr()
     );
     std::fs::remove_dir_all(&d).unwrap();
-    let mut last = None;
+    let why = degraded(&agent, &d, Duration::from_secs(10));
     assert!(
-        poll(Duration::from_secs(10), || {
-            last = agent.get("/healthz").ok();
-            last.as_ref()
-                .is_some_and(|(st, body)| *st == 200 && body.starts_with("ok\ndegraded: "))
-        }),
-        "{last:?}\n{}",
-        agent.stderr()
-    );
-    let (_, why) = last.unwrap();
-    assert!(
-        why.contains(&format!(
-            "cannot list the segment directory {}",
-            d.display()
-        )) && why.contains("No such file or directory")
-            && why.contains("recreate the directory"),
+        why.contains("No such file or directory") && why.contains("recreate the directory"),
         "{why}"
     );
     let removed = agent

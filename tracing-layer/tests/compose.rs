@@ -9,9 +9,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::get;
@@ -21,19 +18,6 @@ use pfs_tracing::PfsLayer;
 use tower_http::trace::TraceLayer;
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::prelude::*;
-
-#[derive(Clone, Default)]
-struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Buffer {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 async fn ok() -> &'static str {
     tracing::info!("handled ok");
@@ -55,7 +39,7 @@ fn with_fmt_and_opentelemetry_on_one_registry() {
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(exporter.clone())
         .build();
-    let out = Buffer::default();
+    let out = common::Buffer::default();
     let fmt_out = out.clone();
     tracing::subscriber::set_global_default(
         tracing_subscriber::registry()
@@ -115,7 +99,7 @@ fn with_fmt_and_opentelemetry_on_one_registry() {
     );
 
     // fmt: the INFO events, nothing of tower-http's DEBUG ones.
-    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let text = out.text();
     assert_eq!(text.matches("handled ok").count() as u64, OK);
     assert_eq!(text.matches("handled boom").count() as u64, BOOM);
     assert!(!text.contains("finished processing request"), "{text}");

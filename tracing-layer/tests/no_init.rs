@@ -3,28 +3,14 @@
 //! logs, at the first span its rules make a statement (spans of other
 //! kinds say nothing).
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+mod common;
 
 use pfs_tracing::{PfsLayer, SpanMatch, StatementRule};
 use tracing_subscriber::prelude::*;
 
-#[derive(Clone, Default)]
-struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Buffer {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn a_layer_without_init_says_once_that_it_records_nothing() {
-    let out = Buffer::default();
+    let out = common::Buffer::default();
     let fmt_out = out.clone();
     let layer = PfsLayer::builder()
         .statement(StatementRule::new(SpanMatch::name("job"), "jobs"))
@@ -38,12 +24,12 @@ fn a_layer_without_init_says_once_that_it_records_nothing() {
     )
     .unwrap();
     tracing::info_span!("other").in_scope(|| {});
-    let before = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let before = out.text();
     assert!(!before.contains("not initialised"), "{before}");
     for _ in 0..3 {
         tracing::info_span!("job").in_scope(|| {});
     }
-    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let text = out.text();
     assert_eq!(
         text.matches("pfs-client is not initialised").count(),
         1,

@@ -1,11 +1,14 @@
 //! Shared by the integration tests: the client's segment in a temporary
-//! directory, reading it back, a real axum server and a real HTTP client.
+//! directory, reading it back, a real axum server and a real HTTP client,
+//! and a buffer for what a fmt layer writes.
 
 #![allow(dead_code)]
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -105,4 +108,26 @@ pub async fn send(client: &HttpClient, method: &str, url: &str) -> u16 {
     let status = resp.status().as_u16();
     resp.into_body().collect().await.expect("the body");
     status
+}
+
+/// What a `fmt` layer writes (`.with_writer(move || buffer.clone())`),
+/// for a test to read back.
+#[derive(Clone, Default)]
+pub struct Buffer(pub Arc<Mutex<Vec<u8>>>);
+
+impl Buffer {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+impl Write for Buffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
