@@ -494,9 +494,10 @@ fn a_pfs_log_that_is_not_a_level_is_reported_and_the_default_used() {
 
 /// The segment directory removed under the agent (deleted, or its volume
 /// unmounted) while it still reads a segment found there: the segment keeps
-/// being exported, but no new process can be found, so `/healthz` says
-/// degraded and why, and `reason="removed"` counts. Recreated, it is fine
-/// again and a new segment in it is found.
+/// being exported, but no new process can be found until it is back, so
+/// `/healthz` says degraded and why, and `reason="removed"` counts. Made
+/// again (as a new instrumented process does), it is fine again and a new
+/// segment in it is found.
 #[test]
 fn a_segment_directory_removed_under_the_agent_is_degraded_and_says_why() {
     let parent = tempfile::tempdir().unwrap();
@@ -514,7 +515,9 @@ fn a_segment_directory_removed_under_the_agent_is_degraded_and_says_why() {
     std::fs::remove_dir_all(&d).unwrap();
     let why = degraded(&agent, &d, Duration::from_secs(10));
     assert!(
-        why.contains("No such file or directory") && why.contains("recreate the directory"),
+        why.contains("No such file or directory")
+            && why.contains("no new instrumented process can be found until it is back")
+            && why.contains("makes the directory again"),
         "{why}"
     );
     let removed = agent
@@ -524,7 +527,8 @@ fn a_segment_directory_removed_under_the_agent_is_degraded_and_says_why() {
     assert_eq!(waits(&agent, "early"), Some(7.0), "still exported");
     let log = agent.stderr();
     assert!(
-        log.contains("cannot list the segment directory") && log.contains("recreate the directory"),
+        log.contains("cannot list the segment directory")
+            && log.contains("makes the directory again"),
         "{log}"
     );
 

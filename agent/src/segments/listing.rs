@@ -67,7 +67,7 @@ impl ListFailure {
             }
             Self::Io => "check the filesystem under --shm-dir and the agent's limits (open files)",
             Self::Removed => {
-                "it existed and held segments: it was deleted or its volume unmounted. The processes already found are still read through their open files, but a process that starts now cannot create its segment: recreate the directory (or remount the volume) where the applications expect it"
+                "it existed and held segments: it was deleted, or its volume unmounted. The processes already found are still read through their open files; one that starts now makes the directory again (pfs-client creates it) and is found then. If its volume was unmounted, remount it; if it was deleted by a clean-up job, keep the job off it"
             }
         }
     }
@@ -87,9 +87,14 @@ pub struct ListError {
 
 impl fmt::Display for ListError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let found = if self.reason == ListFailure::Removed {
+            "no new instrumented process can be found until it is back"
+        } else {
+            "no instrumented process can be found"
+        };
         write!(
             f,
-            "cannot list the segment directory {} ({}): no instrumented process can be found; {}",
+            "cannot list the segment directory {} ({}): {found}; {}",
             self.dir.display(),
             self.error,
             self.reason.advice()
