@@ -57,8 +57,9 @@
 //! at the next poll (a sequence-locked store each way on the same worker).
 //! No lock, no allocation, no shared write (a thread takes task ids 64 at
 //! a time); one load of a shared word written only when a statement ends
-//! outside its task. A [`TaskContext`] keeps a copy of its open
-//! statement's row and text (about 370 bytes).
+//! outside its task (two lock-free stores then, a rare path). A
+//! [`TaskContext`] keeps a copy of its open statement's row and text
+//! (about 370 bytes).
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -419,16 +420,15 @@ impl EndedOutside {
     }
 
     /// Notes that statement `event_id` of task `thread_id` ended outside
-    /// it. Writers take a lock (this is rare); readers do not.
+    /// it. Lock-free: a slot is reserved, the key stored, and only then
+    /// the sequence advanced (Release), so a reader that sees the sequence
+    /// change sees the key; a later writer's advance makes readers scan
+    /// again.
     fn note(thread_id: u64, event_id: u64) {
-        static WRITERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let _one = WRITERS
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = Self::seq().load(Relaxed);
-        Self::keys()[n as usize % Self::RING].store(Self::key(thread_id, event_id), Relaxed);
-        // Published with the key: a reader that sees `n + 1` sees it.
-        Self::seq().store(n + 1, Release);
+        static NEXT_SLOT: AtomicU64 = AtomicU64::new(0);
+        let slot = NEXT_SLOT.fetch_add(1, Relaxed) as usize % Self::RING;
+        Self::keys()[slot].store(Self::key(thread_id, event_id), Relaxed);
+        Self::seq().fetch_add(1, Release);
     }
 
     /// Whether statement `event_id` of task `thread_id` ended outside it,
