@@ -75,14 +75,15 @@
 //! The crate denies `unsafe_code`; two modules allow it on the items that
 //! need it, each block with a `// SAFETY:` argument:
 //!
-//! * [`alloc`], 9 blocks: a global allocator is unsafe by nature. It
-//!   calls the inner allocator (3 blocks) and reads and writes the header
-//!   it keeps in front of every block (6 blocks, of which the two
-//!   `unsafe fn` header accessors).
-//! * `thread`, 2 blocks: the current thread's context is reached through a
+//! * [`alloc`]: a global allocator is unsafe by nature. It calls the
+//!   inner allocator and reads and writes the header it keeps in front of
+//!   every block (through two `unsafe fn` header accessors).
+//! * `thread`: the current thread's context is reached through a
 //!   thread-local raw pointer, so that the hot path pays one thread-local
 //!   load and no borrow flag or lazy-initialisation check; one block turns
-//!   that pointer into a reference, one frees the context at thread exit.
+//!   that pointer into a reference, one frees the context at thread exit,
+//!   one registers the fork handler (whose contract is to be
+//!   async-signal-safe).
 
 #![deny(missing_docs)]
 #![deny(unsafe_code)]

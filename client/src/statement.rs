@@ -171,11 +171,10 @@ impl LazyStatementClass {
 /// A statement in progress; dropping it ends the open stage and the
 /// statement. Not `Send`.
 ///
-/// Keep it on the stack (or in what the stack owns), not in a
-/// `thread_local!`: the thread's context is freed by a thread-local
-/// destructor at thread exit, and a guard dropped by a thread-local
-/// destructor that runs after that one would end its event through freed
-/// memory.
+/// Keep it on the stack (or in what the stack owns). A guard kept in a
+/// `thread_local!` whose destructor runs after the thread's record was
+/// folded at thread exit records nothing: its statement is counted as lost
+/// (`pfs_lost_total{kind="events_no_thread_record"}`).
 #[must_use = "the statement ends when the guard is dropped"]
 pub struct StatementGuard {
     active: Option<Active>,
@@ -255,6 +254,7 @@ impl StatementGuard {
     /// now into `events_statements_current`.
     pub fn set_text(&mut self, text: &str) {
         if let Some(a) = &self.active
+            && !thread::gone()
             && (a.ctx.outer_texts.borrow().is_empty()
                 || !set_outer_text(a.ctx, a.data.event_id, text))
         {
@@ -276,6 +276,9 @@ impl StatementGuard {
     #[inline(never)]
     fn finish(&mut self) -> Option<u64> {
         let a = self.active.as_mut()?;
+        if !thread::can_end(a.rt) {
+            return None;
+        }
         if a.ctx.stage_id.get() != 0
             && a.ctx
                 .stage

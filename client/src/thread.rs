@@ -5,9 +5,10 @@
 //! process totals. A thread without a record counts each of its events as
 //! lost, in the segment.
 //!
-//! Holds unsafe code, two blocks: [`lookup`] turns the thread-local
-//! pointer to the thread's context into a reference, and `Owner::drop`
-//! frees the context at thread exit.
+//! Holds unsafe code, three blocks: [`lookup`] turns the thread-local
+//! pointer to the thread's context into a reference, `Owner::drop`
+//! frees the context at thread exit, and the fork handler is registered
+//! (its contract: async-signal-safe).
 
 use std::cell::{Cell, RefCell};
 use std::ptr::NonNull;
@@ -104,13 +105,11 @@ fn lookup() -> Lookup {
         // The `'static` lifetime is the one thing the compiler does not
         // check: the reference must not be used after OWNER's destructor
         // freed the context. The client keeps none past a call; events in
-        // flight live in the application's guards, which are dropped
-        // before the thread-local destructors run when they live on the
-        // thread's stack (or in what it owns). A guard kept in a
-        // thread-local (directly, or in the tasks of a thread-local
-        // executor) whose destructor runs after OWNER's would end its
-        // event through a freed context: the documented limit of this
-        // argument.
+        // flight live in the application's guards (`Active`), and every
+        // guard's end asks [`can_end`] before it touches its context: a
+        // guard dropped after OWNER's destructor (kept in a thread-local
+        // whose destructor runs later, or in the tasks of a thread-local
+        // executor) finds CTX DEAD and ends nothing.
         Lookup::Live(unsafe { &*p })
     }
 }
@@ -188,6 +187,21 @@ pub(crate) fn live() -> Option<&'static ThreadCtx> {
     }
 }
 
+/// Whether an event in flight on the current thread can still end: false
+/// once the thread's context was freed at thread exit (or after a fork),
+/// which happens to a guard kept in a thread-local whose destructor runs
+/// after the registry's. Such an event is counted as lost
+/// (`pfs_lost_total{kind="events_no_thread_record"}`) and must not touch
+/// the context it holds. One thread-local load.
+#[inline(always)]
+pub(crate) fn can_end(rt: &'static Runtime) -> bool {
+    if gone() {
+        lose_event(rt);
+        return false;
+    }
+    true
+}
+
 /// Whether the current thread has no record any more (or never got one):
 /// lost, exited (its record folded by its thread-exit hook), or a forked
 /// child's. Never registers it.
@@ -222,8 +236,11 @@ extern "C" fn forked_child() {
 
 /// Makes a forked child of this process record nothing ([`forked_child`]).
 /// Called once, when the runtime is created.
+#[allow(unsafe_code)]
 pub(crate) fn stop_in_forked_children() {
-    if !pfs_shm_layout::fork::on_fork_child(forked_child) {
+    // SAFETY: `forked_child` only stores an atomic and a const
+    // thread-local, and makes one `mmap` (async-signal-safe): see it.
+    if !unsafe { pfs_shm_layout::fork::on_fork_child(forked_child) } {
         tracing::warn!(
             "cannot register a fork handler: a process forked from this one without exec would write into this one's segment"
         );

@@ -313,11 +313,10 @@ impl LazyWaitClass {
 /// One wait in progress; dropping it (or [`WaitGuard::end`]) records it.
 /// Not `Send`: a wait belongs to the thread that started it.
 ///
-/// Keep it on the stack (or in what the stack owns), not in a
-/// `thread_local!`: the thread's context is freed by a thread-local
-/// destructor at thread exit, and a guard dropped by a thread-local
-/// destructor that runs after that one would end its event through freed
-/// memory.
+/// Keep it on the stack (or in what the stack owns). A guard kept in a
+/// `thread_local!` whose destructor runs after the thread's record was
+/// folded at thread exit records nothing: its wait is counted as lost
+/// (`pfs_lost_total{kind="events_no_thread_record"}`).
 #[must_use = "the wait ends when the guard is dropped"]
 pub struct WaitGuard {
     active: Option<Active>,
@@ -376,6 +375,9 @@ impl WaitGuard {
 /// the guard in place (no copy of the event).
 #[inline(never)]
 fn finish(a: &mut Active) -> Option<u64> {
+    if !thread::can_end(a.rt) {
+        return None;
+    }
     event::end::<{ EventKind::Wait.index() }>(a, None)
 }
 

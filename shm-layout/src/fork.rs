@@ -16,11 +16,17 @@
 /// this process (`pthread_atfork`'s child handler), on the child's only
 /// thread, the one that forked, before `fork` returns there.
 ///
-/// `f` runs in a process that may hold locks other threads held at the
-/// fork: it must only store atomics or thread-locals (no allocation, no
-/// lock, no I/O). Registering the same function twice runs it twice.
+/// Registering the same function twice runs it twice. Returns `false` if
+/// the C library refused (out of memory).
 ///
-/// Returns `false` if the C library refused (out of memory).
+/// # Safety
+///
+/// `f` runs in a child of a possibly multi-threaded process, where POSIX
+/// allows only async-signal-safe operations until `exec`: other threads
+/// may have held any lock (the allocator's included) at the fork. `f`
+/// must only store atomics or const-initialised thread-locals, or make
+/// async-signal-safe system calls: no allocation, no lock, no buffered
+/// I/O, no logging.
 ///
 /// ```
 /// use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -29,15 +35,15 @@
 /// extern "C" fn child() {
 ///     FORKED.store(true, Relaxed);
 /// }
-/// assert!(pfs_shm_layout::fork::on_fork_child(child));
+/// // SAFETY: `child` only stores an atomic.
+/// assert!(unsafe { pfs_shm_layout::fork::on_fork_child(child) });
 /// assert!(!FORKED.load(Relaxed)); // not in a child
 /// ```
-pub fn on_fork_child(f: extern "C" fn()) -> bool {
+pub unsafe fn on_fork_child(f: extern "C" fn()) -> bool {
     // SAFETY: `pthread_atfork` only records the three function pointers;
     // the child handler is a valid `extern "C" fn()` with 'static
     // lifetime (a function item), and null prepare and parent handlers
-    // are allowed. Its requirements on what the handler does are on the
-    // caller of this safe function, as documented above; nothing it may do
-    // within them is undefined behaviour.
+    // are allowed. What the handler may do in the child is this
+    // function's own contract (`# Safety`), met by its caller.
     unsafe { libc::pthread_atfork(None, None, Some(f)) == 0 }
 }

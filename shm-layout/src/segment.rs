@@ -881,9 +881,14 @@ impl Segment {
         // owns and unmaps at drop), with the same file from offset 0, so
         // every reference into the range stays valid memory holding the
         // same bytes; only where later writes go changes. `mmap` either
-        // replaces the whole range or, failing, leaves it as it was. The
-        // caller is a fork child handler: the child's only thread, so no
-        // access to the range runs concurrently.
+        // replaces the whole range or, failing, leaves it as it was, and
+        // the kernel swaps the two mappings under its mapping lock, which
+        // a page fault also takes: an access from another thread meanwhile
+        // (none in a fork child, whose only thread is the caller) sees the
+        // old mapping or the new one, both readable and writable with the
+        // same bytes, never a hole. Every access to the range is atomic,
+        // so none is torn by the swap; a write that lands after it stays
+        // private, which is the point.
         let r = unsafe {
             libc::mmap(
                 addr.cast(),

@@ -148,3 +148,111 @@ fn a_killed_workload_is_replaced_and_shown_dead() {
     };
     assert!(status.success(), "{status}\n{}", describe());
 }
+
+/// The sum of `count_star` over a summary table's rows (JSON of the API or
+/// of `query --format json`).
+fn total_count(table: &serde_json::Value) -> u64 {
+    pfs_tests::rows(table)
+        .unwrap()
+        .iter()
+        .map(|r| pfs_tests::u64_col(r, "count_star").unwrap())
+        .sum()
+}
+
+/// A TRUNCATE through the demo's API is what `pfs-agent query` shows on
+/// the demo's directory too (the demo keeps its baselines there, as
+/// `serve` does, and the demo prints that `query` command); and `query`
+/// whose reader went away (`| head`) ends quietly, without a panic.
+#[test]
+fn query_on_the_demo_shows_its_truncate_and_survives_a_closed_pipe() {
+    const TABLE: &str = "events_waits_summary_global_by_event_name";
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("shm");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "tok\n").unwrap();
+    let port = free_port();
+    let mut demo = Command::new(agent_bin())
+        .args(["demo", "--workers", "2", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--shm-dir")
+        .arg(&shm)
+        .arg("--control-token-file")
+        .arg(&token)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("demo.stderr")).unwrap())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    // Stops the demo and its workload (Ctrl-C), also when an assertion
+    // fails.
+    struct Stop(u32);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            if let Some(group) = rustix::process::Pid::from_raw(self.0 as i32) {
+                let _ = rustix::process::kill_process_group(group, rustix::process::Signal::INT);
+            }
+        }
+    }
+    let stop = Stop(demo.id());
+    let api = format!("http://127.0.0.1:{port}/api/v1/tables/{TABLE}");
+    let query = || {
+        let out = Command::new(agent_bin())
+            .args(["query", TABLE, "--format", "json", "--shm-dir"])
+            .arg(&shm)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    // Some seconds of work counted.
+    let before = pfs_tests::poll(Duration::from_secs(60), || {
+        Ok(get_json(&api)
+            .ok()
+            .map(|t| total_count(&t))
+            .filter(|n| *n > 5_000))
+    })
+    .unwrap();
+    let r = ureq::post(&format!("{api}/truncate"))
+        .header("Authorization", "Bearer tok")
+        .send_empty()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let after_api = total_count(&get_json(&api).unwrap());
+    let after_query = total_count(&query());
+    assert!(
+        after_api < before / 2 && after_query >= after_api && after_query < before / 2,
+        "query shows the table since the TRUNCATE, as the API does: before {before}, API after {after_api}, query after {after_query}"
+    );
+
+    // A reader that is already gone: every write fails with EPIPE.
+    for format in ["json", "text"] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(agent_bin())
+            .args([
+                "query",
+                "events_waits_history_long",
+                "--format",
+                format,
+                "--shm-dir",
+            ])
+            .arg(&shm)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !stderr.contains("panicked"),
+            "{format}: {:?}\n{stderr}",
+            out.status
+        );
+    }
+    drop(stop);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while demo.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the demo did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -11,7 +11,10 @@
 //!   in a binary's modules, `<library>::x` counts, doc links included
 //!   (as `shared/tools/module_cycles.py` counts them); code from the first
 //!   `#[cfg(test)]` of a file on is left out;
-//! * each module's header comment says its layer (`Layer N`).
+//! * each module's header comment says its layer (`Layer N`);
+//! * inside folder modules, at any depth, no two children of one module
+//!   import each other, directly or around a longer cycle (`super::x`
+//!   and `crate::a::b::x` paths resolved, doc links included).
 //!
 //! So no two modules import each other, and a newcomer can read a crate
 //! from the bottom up.
@@ -201,6 +204,204 @@ fn problems(dir: &Path, library: Option<&str>) -> Vec<String> {
         }
     }
     out
+}
+
+/// A file's module path under `src` (`export/otlp/tls.rs` is
+/// `export::otlp::tls`, a folder's `mod.rs` the folder's).
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap();
+    let mut path: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let last = path.pop().unwrap();
+    let stem = last.trim_end_matches(".rs");
+    if !["mod", "lib", "main"].contains(&stem) {
+        path.push(stem.to_string());
+    }
+    path
+}
+
+/// The paths `file` (of module `me`) refers to, resolved from the crate
+/// root: `crate::a::b`, and `super::...` chains (doc links included; code
+/// from the first `#[cfg(test)]` on is left out).
+fn resolved_refs(file: &Path, me: &[String]) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(file).unwrap();
+    let code = match text.find("#[cfg(test)]") {
+        Some(i) => &text[..i],
+        None => &text[..],
+    };
+    let path_at = |s: &str| -> Vec<String> {
+        let mut out = Vec::new();
+        let mut rest = s;
+        loop {
+            let id: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if id.is_empty() {
+                break;
+            }
+            rest = &rest[id.len()..];
+            out.push(id);
+            match rest.strip_prefix("::") {
+                Some(r) => rest = r,
+                None => break,
+            }
+        }
+        out
+    };
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices("crate::") {
+        if code[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            continue;
+        }
+        out.push(path_at(&code[i + "crate::".len()..]));
+    }
+    for (i, _) in code.match_indices("super::") {
+        let before = &code[..i];
+        if before.ends_with("super::")
+            || before
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            continue; // counted from the first `super::` of the chain
+        }
+        let mut rest = &code[i..];
+        let mut up = 0;
+        while let Some(r) = rest.strip_prefix("super::") {
+            rest = r;
+            up += 1;
+        }
+        if up > me.len() {
+            continue;
+        }
+        let mut p = me[..me.len() - up].to_vec();
+        p.extend(path_at(rest));
+        out.push(p);
+    }
+    out
+}
+
+/// Modules, at any depth, that import each other (directly or around a
+/// longer cycle) among the children of one module: the layering that the
+/// table checks at the top holds inside folders too. Each cycle is given
+/// as its parent and its members.
+fn nested_cycles(dir: &Path) -> Vec<String> {
+    let src = dir.join("src");
+    let mut files = Vec::new();
+    collect_rs(&src, &mut files);
+    // The child modules of each module (a file or a folder).
+    let mut children: BTreeMap<Vec<String>, BTreeSet<String>> = BTreeMap::new();
+    for f in &files {
+        let mut p = module_path(&src, f);
+        while let Some(last) = p.pop() {
+            children.entry(p.clone()).or_default().insert(last);
+        }
+    }
+    // Edges between siblings: a file of `parent::a` refers to `parent::b`.
+    let mut edges: BTreeMap<Vec<String>, BTreeSet<(String, String)>> = BTreeMap::new();
+    for f in &files {
+        let me = module_path(&src, f);
+        for r in resolved_refs(f, &me) {
+            let k = me.iter().zip(&r).take_while(|(a, b)| a == b).count();
+            if k >= me.len() || k >= r.len() {
+                continue; // a module using its own children or its ancestors' items
+            }
+            let parent = me[..k].to_vec();
+            let (a, b) = (&me[k], &r[k]);
+            if children.get(&parent).is_some_and(|c| c.contains(b)) {
+                edges
+                    .entry(parent)
+                    .or_default()
+                    .insert((a.clone(), b.clone()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (parent, es) in &edges {
+        // Strongly connected sets: a reaches b and b reaches a.
+        let reach = |from: &str| -> BTreeSet<String> {
+            let mut seen = BTreeSet::new();
+            let mut todo = vec![from.to_string()];
+            while let Some(n) = todo.pop() {
+                for (_, b) in es.iter().filter(|(a, _)| *a == n) {
+                    if seen.insert(b.clone()) {
+                        todo.push(b.clone());
+                    }
+                }
+            }
+            seen
+        };
+        let mut done = BTreeSet::new();
+        for (a, _) in es {
+            if done.contains(a) {
+                continue;
+            }
+            let from_a = reach(a);
+            let cycle: BTreeSet<String> = from_a
+                .iter()
+                .filter(|b| reach(b).contains(a))
+                .cloned()
+                .collect();
+            if !cycle.is_empty() {
+                done.extend(cycle.iter().cloned());
+                out.push(format!(
+                    "in module `{}`, these import each other: {}",
+                    if parent.is_empty() {
+                        "crate".to_string()
+                    } else {
+                        parent.join("::")
+                    },
+                    cycle.into_iter().collect::<Vec<_>>().join(", ")
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_modules_import_each_other_at_any_depth() {
+    let root = workspace_root();
+    let mut all = Vec::new();
+    for (dir, _) in CRATES {
+        for p in nested_cycles(&root.join(dir)) {
+            all.push(format!("{dir}: {p}"));
+        }
+    }
+    assert!(all.is_empty(), "module cycles:\n{}", all.join("\n"));
+}
+
+/// The nested check finds a cycle between two files of one folder.
+#[test]
+fn the_nested_check_finds_siblings_that_import_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("top/deep")).unwrap();
+    let write = |p: &str, s: &str| std::fs::write(src.join(p), s).unwrap();
+    write("lib.rs", "pub mod top;\n");
+    write("top/mod.rs", "mod a; mod b; mod deep;\nuse a::X;\n");
+    write("top/a.rs", "use super::b::Y;\n");
+    write("top/b.rs", "use crate::top::a::X;\n");
+    write("top/deep/mod.rs", "mod c;\n");
+    write("top/deep/c.rs", "use super::super::a::X;\n");
+    let p = nested_cycles(dir.path());
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert!(p[0].contains("`top`") && p[0].contains("a, b"), "{p:#?}");
+    write("top/b.rs", "\n");
+    assert_eq!(nested_cycles(dir.path()), Vec::<String>::new());
+    // A longer cycle, through a folder: a -> deep -> b -> a.
+    write("top/a.rs", "use super::deep::c::Z;\n");
+    write("top/deep/c.rs", "use super::super::b::Y;\n");
+    write("top/b.rs", "use super::a::X;\n");
+    let p = nested_cycles(dir.path());
+    assert!(p.len() == 1 && p[0].contains("a, b, deep"), "{p:#?}");
 }
 
 #[test]

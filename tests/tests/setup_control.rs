@@ -249,6 +249,19 @@ fn control_api_refuses_without_the_right_token_and_changes_nothing() -> Result<(
         json!({"name": "wait/%", "enabled": "maybe"}),
     )?;
     assert_eq!(code, 400, "{reply}");
+    // An array (several changes at once) says what the body must be, not
+    // the name of a type of ours.
+    let (code, reply) = post(
+        &url(&base),
+        Some("s3cret-token"),
+        json!([{"name": "wait/%", "enabled": false}]),
+    )?;
+    assert_eq!(code, 400, "{reply}");
+    let said = reply.to_string();
+    assert!(
+        said.contains("must be one JSON object") && !said.contains("InstrumentChange"),
+        "{said}"
+    );
     let (code, _) = post(
         &format!("{base}/api/v1/setup/timers"),
         Some("s3cret-token"),

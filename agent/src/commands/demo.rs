@@ -72,27 +72,30 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         let mut quick_deaths = 0;
         // When a dead workload is to be replaced.
         let mut restart_at: Option<tokio::time::Instant> = None;
-        let mut set = SegmentSet::new(&dirs.shm, pfs_agent::segments::DEFAULT_DEAD_RETENTION);
+        // Persisted as `serve` does: TRUNCATE baselines and retired totals
+        // go to the directory, where `query` reads them too.
+        let mut set =
+            SegmentSet::new(&dirs.shm, pfs_agent::segments::DEFAULT_DEAD_RETENTION).persist();
         set.defaults = defaults;
         let tokens = Tokens {
             control: token,
             read: None,
         };
-        let agent = agent(set, tokens, None, &a.otlp)?;
+        let agent = agent(set, tokens, Some(dirs.shm.clone()), &a.otlp)?;
         let url = format!("http://{listen}");
-        println!(
+        super::say(&format!(
             "pfs-agent demo: workload pid {} writing segments in {}",
             child.as_ref().and_then(|c| c.id()).unwrap_or(0),
             dirs.shm.display()
-        );
-        println!("  browse:   {url}/ (landing page and table browser)");
-        println!("  metrics:  {url}/metrics");
-        println!("  tables:   {url}/api/v1/tables/events_waits_summary_global_by_event_name");
-        println!(
+        ));
+        super::say(&format!("  browse:   {url}/ (landing page and table browser)"));
+        super::say(&format!("  metrics:  {url}/metrics"));
+        super::say(&format!("  tables:   {url}/api/v1/tables/events_waits_summary_global_by_event_name"));
+        super::say(&format!(
             "  query:    pfs-agent query events_waits_summary_global_by_event_name --shm-dir {}",
             dirs.shm.display()
-        );
-        println!("Ctrl-C stops the demo.");
+        ));
+        super::say("Ctrl-C stops the demo.");
         let server = server::serve(listener, agent.state, shutdown_signal());
         tokio::pin!(server);
         let outcome = loop {
@@ -114,10 +117,10 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
                                     "the demo workload died {QUICK_DEATHS} times in a row within {QUICK_DEATH:?} of its start (last: {status}); its errors are above"
                                 ));
                             }
-                            println!(
+                            super::say(&format!(
                                 "pfs-agent demo: the workload died ({status}); the agent shows its segment as a dead process's (pfs_agent_segments{{state=\"dead\"}}) for {:?}, then folds its counters into the service's totals. Starting a new workload.",
                                 pfs_agent::segments::DEFAULT_DEAD_RETENTION
-                            );
+                            ));
                             // Later, while the server goes on serving.
                             restart_at = Some(tokio::time::Instant::now() + RESTART_AFTER);
                         }
@@ -127,7 +130,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
                     restart_at = None;
                     match start_workload() {
                         Ok(c) => {
-                            println!("pfs-agent demo: workload pid {}", c.id().unwrap_or(0));
+                            super::say(&format!("pfs-agent demo: workload pid {}", c.id().unwrap_or(0)));
                             child = Some(c);
                             started = Instant::now();
                         }
@@ -148,7 +151,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     })?;
     rt.shutdown_timeout(Duration::from_secs(2));
     drop(dirs);
-    println!("pfs-agent demo stopped; segments removed");
+    super::say("pfs-agent demo stopped; segments removed");
     Ok(())
 }
 
@@ -238,7 +241,9 @@ fn workload_ended(status: std::io::Result<std::process::ExitStatus>) -> Ended {
             ));
         }
     }
-    println!("pfs-agent demo: the workload was stopped ({status}); stopping");
+    super::say(&format!(
+        "pfs-agent demo: the workload was stopped ({status}); stopping"
+    ));
     Ended::Stopped
 }
 

@@ -26,6 +26,24 @@ use tokio::net::TcpListener;
 
 use crate::cli::{DefaultsArgs, read_token};
 
+/// Writes `text` to standard output. A reader that went away (`query ...
+/// | head`) ends the output quietly, as for any Unix filter: not an error,
+/// and no panic (`print!` panics on a closed pipe).
+pub fn print_out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("cannot write to standard output"),
+    }
+}
+
+/// A status line of a long-running command (`demo`) on standard output;
+/// a closed or full output never stops the command.
+pub fn say(line: &str) {
+    let _ = print_out(&format!("{line}\n"));
+}
+
 /// How often the background discovery pass runs.
 const DISCOVERY_INTERVAL: Duration = Duration::from_secs(1);
 

@@ -60,13 +60,18 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
     let baselines = Baselines::peek(&a.dir.shm_dir);
     let mut table = tables::build(table, &snap, &filter, &baselines);
     match a.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&table.to_json())?),
+        Format::Json => {
+            super::print_out(&format!(
+                "{}\n",
+                serde_json::to_string_pretty(&table.to_json())?
+            ))?;
+        }
         Format::Text => {
             let human = a.human_times || (!a.raw_times && std::io::stdout().is_terminal());
             if human {
                 readable_durations(&mut table);
             }
-            print!("{}", table.to_text());
+            super::print_out(&table.to_text())?;
         }
     }
     Ok(())

@@ -75,10 +75,10 @@ pub fn run(cmd: SetupCommand) -> anyhow::Result<()> {
     for e in &out.errors {
         eprintln!("warning: {e}");
     }
-    println!(
-        "matched {} row(s) in {} segment(s)",
+    super::print_out(&format!(
+        "matched {} row(s) in {} segment(s)\n",
         out.matched, out.segments
-    );
+    ))?;
     if out.full > 0 && out.matched == 0 {
         bail!(
             "{} in {} segment(s): nothing changed",

@@ -1,8 +1,8 @@
 //! The latency histogram as an exponential histogram of base 2: a
 //! Prometheus native histogram of schema 0 and an OTLP exponential
 //! histogram of scale 0, converted bucket for bucket, never re-estimated.
-//! Bottom of the exporters: used by [`super::prometheus`] and
-//! [`super::otlp`], imports neither.
+//! Bottom of the exporters: the Prometheus and the OTLP exporters use it;
+//! it imports neither.
 //!
 //! The segment's buckets end at powers of two of a second (layout 4.0,
 //! [`pfs_shm_layout::layout::bucket_index`]): bucket `i` in `1..=30` holds

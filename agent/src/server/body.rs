@@ -10,7 +10,7 @@ use serde_json::json;
 pub type Resp = Response<Body>;
 
 /// A response body: whole, or a table written by a blocking task while it
-/// is sent ([`super::stream`]).
+/// is sent (the table streams).
 #[derive(Debug)]
 pub enum Body {
     /// The whole body.

@@ -69,6 +69,21 @@ pub async fn setup(
             );
         }
     };
+    // serde's message for another JSON value names our types ("expected
+    // struct InstrumentChange"): say what the body must be instead.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        let example = match what {
+            "instruments" => r#"{"name": "wait/synch/%", "enabled": true, "timed": true}"#,
+            "consumers" => r#"{"name": "events_waits_history", "enabled": true}"#,
+            "timers" => r#"{"name": "wait", "timer_name": "NANOSECOND"}"#,
+            "actors" => r#"{"host": "%", "user": "%", "role": "%", "enabled": true}"#,
+            _ => "{...}",
+        };
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("the body of setup/{what} must be one JSON object, such as {example}"),
+        );
+    }
     let parsed: Result<Change, serde_json::Error> = match what {
         "instruments" => serde_json::from_slice(&body).map(Change::Instruments),
         "consumers" => serde_json::from_slice(&body).map(Change::Consumers),

@@ -77,8 +77,9 @@ pub fn parse_filter(query: Option<&str>) -> Result<Filter, QueryError> {
             "service" if f.service.is_some() => return Err(QueryError::Repeated("service")),
             "pid" if f.pid.is_some() => return Err(QueryError::Repeated("pid")),
             "service" => f.service = Some(v),
+            // Digits only: `parse` would take `+5` (as `%2B5`) too.
             "pid" => match v.parse::<u32>() {
-                Ok(p) if p > 0 => f.pid = Some(p),
+                Ok(p) if p > 0 && v.bytes().all(|b| b.is_ascii_digit()) => f.pid = Some(p),
                 _ => return Err(QueryError::Pid(v)),
             },
             _ => return Err(QueryError::Unknown(k)),
@@ -353,6 +354,11 @@ mod tests {
         assert_eq!(
             parse_filter(Some("pid=%31%33")).map(|f| f.pid),
             Ok(Some(13))
+        );
+        assert_eq!(
+            parse_filter(Some("pid=%2B5")),
+            Err(QueryError::Pid("+5".into())),
+            "digits only, as a literal `+5` (a space) is refused"
         );
         assert_eq!(
             parse_filter(Some("ho%73t=h")),

@@ -16,7 +16,7 @@ use opentelemetry_otlp::{
 };
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 
-use super::tls::TlsError;
+use super::tls::{TlsError, TlsFile, TlsSettings};
 use crate::util::text::parse_duration;
 
 /// OTLP settings that cannot be used; each message says what to change.
@@ -210,41 +210,6 @@ pub struct OtlpArgs {
     /// `https://` or `http://` endpoint decides by itself.
     #[arg(long = "otlp-insecure", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub insecure: Option<bool>,
-}
-
-/// A TLS file setting and where it came from (a flag or a variable), so
-/// that errors can name both.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFile {
-    /// The file.
-    pub path: PathBuf,
-    /// The flag (`--otlp-certificate`) or variable that set it.
-    pub from: String,
-}
-
-impl std::fmt::Display for TlsFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} (from {})", self.path.display(), self.from)
-    }
-}
-
-/// The TLS files configured (each from its flag, else the per-signal
-/// variable, else the general one). Used only for `https://` endpoints.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TlsSettings {
-    /// CA certificates that verify the collector; `None`: the system's.
-    pub ca: Option<TlsFile>,
-    /// The mTLS client certificate (chain).
-    pub client_cert: Option<TlsFile>,
-    /// The mTLS client private key.
-    pub client_key: Option<TlsFile>,
-}
-
-impl TlsSettings {
-    /// Whether any TLS file is configured.
-    pub fn is_empty(&self) -> bool {
-        self.ca.is_none() && self.client_cert.is_none() && self.client_key.is_none()
-    }
 }
 
 /// Aggregation temporality of sums and histograms.

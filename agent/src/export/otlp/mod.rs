@@ -543,7 +543,7 @@ mod tests {
             (config::OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY, "/m/key.pem"),
         ];
         let file = |p: &str, from: &str| {
-            Some(config::TlsFile {
+            Some(tls::TlsFile {
                 path: p.into(),
                 from: from.to_string(),
             })
@@ -551,7 +551,7 @@ mod tests {
         let c = resolve(&OtlpArgs::default(), &env).unwrap().unwrap();
         assert_eq!(
             c.tls,
-            config::TlsSettings {
+            tls::TlsSettings {
                 ca: file("/m/ca.pem", "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE"),
                 client_cert: file("/g/cert.pem", "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"),
                 client_key: file("/m/key.pem", "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY"),
@@ -566,7 +566,7 @@ mod tests {
         let c = resolve(&flags, &env).unwrap().unwrap();
         assert_eq!(
             c.tls,
-            config::TlsSettings {
+            tls::TlsSettings {
                 ca: file("/f/ca.pem", "--otlp-certificate"),
                 client_cert: file("/f/cert.pem", "--otlp-client-certificate"),
                 client_key: file("/f/key.pem", "--otlp-client-key"),

@@ -4,8 +4,8 @@
 //! count, across restarts), remembered for the agent's lifetime so that
 //! retiring a dead process never moves a series' start later; or
 //! *unknown* when retired totals do not know their start (a state file of
-//! an agent that did not keep it). [`super::request`] uses it for cumulative start times and
-//! for the first delta of each series.
+//! an agent that did not keep it). The request builder uses it for
+//! cumulative start times and for the first delta of each series.
 
 use std::collections::HashMap;
 

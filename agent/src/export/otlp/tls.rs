@@ -5,6 +5,7 @@
 //! failures that exports meet.
 
 use std::error::Error as StdError;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -14,7 +15,40 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
 use rustls::{AlertDescription, CertificateError, ClientConfig, RootCertStore, SignatureScheme};
 
-use super::config::{TlsFile, TlsSettings};
+/// A TLS file setting and where it came from (a flag or a variable), so
+/// that errors can name both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFile {
+    /// The file.
+    pub path: PathBuf,
+    /// The flag (`--otlp-certificate`) or variable that set it.
+    pub from: String,
+}
+
+impl std::fmt::Display for TlsFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (from {})", self.path.display(), self.from)
+    }
+}
+
+/// The TLS files configured (each from its flag, else the per-signal
+/// variable, else the general one). Used only for `https://` endpoints.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// CA certificates that verify the collector; `None`: the system's.
+    pub ca: Option<TlsFile>,
+    /// The mTLS client certificate (chain).
+    pub client_cert: Option<TlsFile>,
+    /// The mTLS client private key.
+    pub client_key: Option<TlsFile>,
+}
+
+impl TlsSettings {
+    /// Whether any TLS file is configured.
+    pub fn is_empty(&self) -> bool {
+        self.ca.is_none() && self.client_cert.is_none() && self.client_key.is_none()
+    }
+}
 
 /// TLS settings that cannot be used; each message names the file and the
 /// flag or variable that set it.
