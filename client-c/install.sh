@@ -11,7 +11,7 @@
 # PREFIX/lib/libpfs.a                     the static library
 # PREFIX/lib/pkgconfig/pfs.pc             pfs.pc.in with PREFIX and VERSION
 #
-# VERSION is the crate's version, from `cargo pkgid`. Environment:
+# VERSION is the crate's version, from the manifests. Environment:
 #   PFS_BUILD_DIR  where libpfs.so and libpfs.a are
 #                  (default: ${CARGO_TARGET_DIR:-target}/release)
 #   DESTDIR        staging root, as for `make install` (default: none)
@@ -23,13 +23,15 @@ prefix=${1:-/usr/local}
 build=${PFS_BUILD_DIR:-${CARGO_TARGET_DIR:-$root/target}/release}
 dest=${DESTDIR:-}
 
-# `cargo pkgid` prints e.g. path+file:///src/client-c#pfs-client-c@0.1.0
-# (or ...#0.1.0): the version follows the last '@' or '#'.
-id=$(cd "$root" && cargo pkgid -p pfs-client-c)
-version=${id##*[@#]}
+# The crate's version, read from the manifests (no cargo needed to install
+# prebuilt libraries): client-c/Cargo.toml's own `version = "..."`, else
+# the workspace's `[workspace.package]` one that it inherits.
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$here/Cargo.toml")
+[ -n "$version" ] ||
+    version=$(sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml")
 abi=$(sed -n 's/^#define PFS_ABI_VERSION \([0-9]*\)$/\1/p' "$here/include/pfs.h")
 [ -n "$version" ] && [ -n "$abi" ] || {
-    echo "install.sh: cannot read the version ($id) or PFS_ABI_VERSION" >&2
+    echo "install.sh: cannot read the version from $here/Cargo.toml or $root/Cargo.toml, or PFS_ABI_VERSION from pfs.h" >&2
     exit 1
 }
 for f in libpfs.so libpfs.a; do
@@ -46,6 +48,9 @@ install -m 0755 "$build/libpfs.so" "$lib/libpfs.so.$version"
 ln -sf "libpfs.so.$version" "$lib/libpfs.so.$abi"
 ln -sf "libpfs.so.$abi" "$lib/libpfs.so"
 install -m 0644 "$build/libpfs.a" "$lib/libpfs.a"
-sed -e "s|@PREFIX@|$prefix|" -e "s|@VERSION@|$version|" "$here/pfs.pc.in" >"$lib/pkgconfig/pfs.pc"
+# The prefix as a sed replacement: `&`, `|` and `\` taken literally.
+esc=$(printf '%s\n' "$prefix" | sed 's/[&|\\]/\\&/g')
+sed -e "s|^prefix=@PREFIX@\$|prefix=$esc|" -e "s|^Version: @VERSION@\$|Version: $version|" \
+    "$here/pfs.pc.in" >"$lib/pkgconfig/pfs.pc"
 chmod 0644 "$lib/pkgconfig/pfs.pc"
 echo "installed libpfs $version (libpfs.so.$abi) under $dest$prefix"

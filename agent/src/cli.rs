@@ -1,6 +1,6 @@
 //! Layer 8 (binary): the command-line interface, every command's flags.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -47,6 +47,20 @@ pub struct DirArgs {
     pub shm_dir: PathBuf,
 }
 
+/// The agent's port: the OpenTelemetry Prometheus exporter's default.
+pub const DEFAULT_PORT: u16 = 9464;
+
+/// `serve` listens on every interface by default (a sidecar).
+const SERVE_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), DEFAULT_PORT);
+
+/// `demo` listens on this host only by default.
+#[cfg(feature = "demo")]
+const DEMO_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), DEFAULT_PORT);
+
+/// Worker threads of the demo workload by default.
+#[cfg(feature = "demo")]
+const DEFAULT_WORKERS: usize = 4;
+
 /// `serve` options.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -57,7 +71,7 @@ pub struct ServeArgs {
     /// and IPv4 (dual-stack; on a host without IPv6, IPv4 only, as
     /// 0.0.0.0:9464), as a sidecar must for Prometheus and the kubelet to
     /// reach it on any cluster; use 127.0.0.1:9464 to keep it local.
-    #[arg(long, env = "PFS_LISTEN", default_value = "[::]:9464", value_parser = parse_listen)]
+    #[arg(long, env = "PFS_LISTEN", default_value_t = SERVE_LISTEN, value_parser = parse_listen)]
     pub listen: SocketAddr,
     /// How long a dead process's final counters keep being exported before
     /// they fold into the service totals and its file is removed (e.g. 300s, 5m).
@@ -302,7 +316,7 @@ pub struct QueryArgs {
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Address to serve on.
-    #[arg(long, default_value = "127.0.0.1:9464", value_parser = parse_listen)]
+    #[arg(long, default_value_t = DEMO_LISTEN, value_parser = parse_listen)]
     pub listen: SocketAddr,
     /// Segment directory (default: a fresh private directory, removed at exit).
     #[arg(long)]
@@ -311,7 +325,7 @@ pub struct DemoArgs {
     #[arg(long)]
     pub control_token_file: Option<PathBuf>,
     /// Worker threads of the workload (1 to 256).
-    #[arg(long, default_value_t = 4, value_parser = parse_workers)]
+    #[arg(long, default_value_t = DEFAULT_WORKERS, value_parser = parse_workers)]
     pub workers: usize,
     #[command(flatten)]
     /// Setup defaults.
@@ -336,7 +350,7 @@ pub struct WorkloadArgs {
     #[arg(long)]
     pub data_dir: PathBuf,
     /// Worker threads (1 to 256).
-    #[arg(long, default_value_t = 4, value_parser = parse_workers)]
+    #[arg(long, default_value_t = DEFAULT_WORKERS, value_parser = parse_workers)]
     pub workers: usize,
 }
 
@@ -377,7 +391,9 @@ fn parse_max_size(s: &str) -> Result<ByteSize, String> {
 /// A `--listen` address (`ADDR:PORT`); the error shows the form.
 fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     s.trim().parse().map_err(|e| {
-        format!("{e}; expected ADDR:PORT such as 0.0.0.0:9464, 127.0.0.1:9464 or [::]:9464")
+        format!(
+            "{e}; expected ADDR:PORT such as 0.0.0.0:{DEFAULT_PORT}, 127.0.0.1:{DEFAULT_PORT} or [::]:{DEFAULT_PORT}"
+        )
     })
 }
 

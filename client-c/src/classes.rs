@@ -4,10 +4,12 @@
 //! `pfs_init` included, and keep the handle in a global. One handle per
 //! name and family: registering a name again returns the same pointer.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
-use pfs_client::{LazyMemoryClass, LazyStageClass, LazyStatementClass, LazyWaitClass};
+use pfs_client::{
+    LazyMemoryClass, LazyStageClass, LazyStatementClass, LazyWaitClass, MemoryClass, StageClass,
+    StatementClass, WaitClass,
+};
 use pfs_shm_layout::ClassKind;
 
 /// A wait instrument (`wait/...`), from `pfs_wait_class_register`.
@@ -27,63 +29,140 @@ pub struct pfs_statement_class_t(pub(crate) LazyStatementClass);
 /// Opaque; valid for the life of the process; usable from any thread.
 pub struct pfs_memory_class_t(pub(crate) LazyMemoryClass);
 
-/// Handles by name, one map per family. Registration is a slow path (a
-/// lock and, the first time, two small allocations); events never come
-/// here.
-type Registry<T> = Mutex<BTreeMap<&'static str, &'static T>>;
+/// One registered handle in a family's list. Nodes are leaked: they
+/// live as long as the process, and are never changed once published.
+struct Node<T: 'static> {
+    name: &'static str,
+    handle: &'static T,
+    next: *const Node<T>,
+}
 
-static WAITS: Registry<pfs_wait_class_t> = Mutex::new(BTreeMap::new());
-static STAGES: Registry<pfs_stage_class_t> = Mutex::new(BTreeMap::new());
-static STATEMENTS: Registry<pfs_statement_class_t> = Mutex::new(BTreeMap::new());
-static MEMORY: Registry<pfs_memory_class_t> = Mutex::new(BTreeMap::new());
+/// Handles by name, one list per family, insert-only and lock-free (one
+/// compare-and-swap publishes a node at the head). No lock, so that a
+/// `fork` while another thread registers leaves the child a usable
+/// registry: a lock that thread held at the fork would never be released
+/// in the child, whose next registration would wait forever. Registration
+/// is a slow path and lists are short (a service's instrument names).
+struct Registry<T: 'static>(AtomicPtr<Node<T>>);
+
+// SAFETY: the registry only hands out `&'static T` of leaked, never
+// mutated nodes, which any thread may read when `T: Sync`; its one shared
+// word is an atomic.
+unsafe impl<T: Sync> Sync for Registry<T> {}
+
+impl<T> Registry<T> {
+    const fn new() -> Self {
+        Self(AtomicPtr::new(std::ptr::null_mut()))
+    }
+
+    /// The handle of `name` in the list from `head` on.
+    #[allow(unsafe_code)]
+    fn find(mut node: *const Node<T>, name: &str) -> Option<&'static T> {
+        // SAFETY: every non-null pointer in a list points to a node leaked
+        // by `intern` (so valid for the process's life), fully written
+        // before the Release compare-and-swap that published it, which
+        // the Acquire load of the head (or of the publishing thread's
+        // write of `next`, made before that swap) synchronises with; a
+        // published node is never written again.
+        while let Some(n) = unsafe { node.as_ref() } {
+            if n.name == name {
+                return Some(n.handle);
+            }
+            node = n.next;
+        }
+        None
+    }
+}
+
+static WAITS: Registry<pfs_wait_class_t> = Registry::new();
+static STAGES: Registry<pfs_stage_class_t> = Registry::new();
+static STATEMENTS: Registry<pfs_statement_class_t> = Registry::new();
+static MEMORY: Registry<pfs_memory_class_t> = Registry::new();
 
 /// The handle for `name` in `registry`, made by `make` on first request.
+/// Two threads registering one name at once get the same handle: the
+/// loser of the swap finds the winner's node and leaks its own (a few
+/// bytes, once).
 fn intern<T>(registry: &Registry<T>, name: &str, make: fn(&'static str) -> T) -> &'static T {
-    // A panic while the lock was held left the map consistent (an insert
-    // either happened or not): keep using it.
-    let mut map = registry.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(h) = map.get(name) {
-        return h;
+    let mut mine: Option<&'static mut Node<T>> = None;
+    loop {
+        let head = registry.0.load(Ordering::Acquire);
+        if let Some(h) = Registry::find(head, name) {
+            return h;
+        }
+        let node = mine.get_or_insert_with(|| {
+            let name: &'static str = Box::leak(name.to_owned().into_boxed_str());
+            Box::leak(Box::new(Node {
+                name,
+                handle: Box::leak(Box::new(make(name))),
+                next: std::ptr::null(),
+            }))
+        });
+        node.next = head;
+        let handle = node.handle;
+        let p: *mut Node<T> = &mut **node;
+        if registry
+            .0
+            .compare_exchange(head, p, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
+        {
+            return handle;
+        }
     }
-    let name: &'static str = Box::leak(name.to_owned().into_boxed_str());
-    let handle: &'static T = Box::leak(Box::new(make(name)));
-    map.insert(name, handle);
-    handle
 }
 
-/// The handle of wait instrument `name`, or `None` if it is not a
-/// `wait/...` name.
+/// Refuses `name` for a family (`register`: that family's registration
+/// in `pfs-client`), which disables it, logs why and, once `pfs_init` has
+/// run, counts it in `pfs_lost_total{kind="instrument_classes"}` as a Rust
+/// instrument of that name would be: a C program's typo shows where an
+/// operator looks, not only as a NULL handle.
+fn refuse<T, C>(name: &str, register: fn(&str) -> C) -> Option<&'static T> {
+    register(name);
+    None
+}
+
+/// The handle of wait instrument `name`, or `None` (counted, see
+/// [`refuse`]) if it is not a `wait/...` name.
 pub(crate) fn wait(name: &str) -> Option<&'static pfs_wait_class_t> {
-    let kind = ClassKind::from_name(name)?;
-    kind.is_wait()
-        .then(|| intern(&WAITS, name, |n| pfs_wait_class_t(LazyWaitClass::new(n))))
+    match ClassKind::from_name(name) {
+        Some(kind) if kind.is_wait() => Some(intern(&WAITS, name, |n| {
+            pfs_wait_class_t(LazyWaitClass::new(n))
+        })),
+        _ => refuse(name, WaitClass::register),
+    }
 }
 
-/// The handle of stage instrument `name`, or `None` if it is not a
-/// `stage/...` name.
+/// The handle of stage instrument `name`, or `None` (counted) if it is
+/// not a `stage/...` name.
 pub(crate) fn stage(name: &str) -> Option<&'static pfs_stage_class_t> {
-    (ClassKind::from_name(name)? == ClassKind::Stage)
-        .then(|| intern(&STAGES, name, |n| pfs_stage_class_t(LazyStageClass::new(n))))
+    match ClassKind::from_name(name) {
+        Some(ClassKind::Stage) => Some(intern(&STAGES, name, |n| {
+            pfs_stage_class_t(LazyStageClass::new(n))
+        })),
+        _ => refuse(name, StageClass::register),
+    }
 }
 
-/// The handle of statement instrument `name`, or `None` if it is not a
-/// `statement/...` name.
+/// The handle of statement instrument `name`, or `None` (counted) if it
+/// is not a `statement/...` name.
 pub(crate) fn statement(name: &str) -> Option<&'static pfs_statement_class_t> {
-    (ClassKind::from_name(name)? == ClassKind::Statement).then(|| {
-        intern(&STATEMENTS, name, |n| {
+    match ClassKind::from_name(name) {
+        Some(ClassKind::Statement) => Some(intern(&STATEMENTS, name, |n| {
             pfs_statement_class_t(LazyStatementClass::new(n))
-        })
-    })
+        })),
+        _ => refuse(name, StatementClass::register),
+    }
 }
 
-/// The handle of memory instrument `name`, or `None` if it is not a
-/// `memory/...` name.
+/// The handle of memory instrument `name`, or `None` (counted) if it is
+/// not a `memory/...` name.
 pub(crate) fn memory(name: &str) -> Option<&'static pfs_memory_class_t> {
-    (ClassKind::from_name(name)? == ClassKind::Memory).then(|| {
-        intern(&MEMORY, name, |n| {
+    match ClassKind::from_name(name) {
+        Some(ClassKind::Memory) => Some(intern(&MEMORY, name, |n| {
             pfs_memory_class_t(LazyMemoryClass::new(n))
-        })
-    })
+        })),
+        _ => refuse(name, MemoryClass::register),
+    }
 }
 
 #[cfg(test)]
@@ -101,5 +180,36 @@ mod tests {
         assert!(stage("stage/c/a").is_some() && stage("wait/io/file/c/a").is_none());
         assert!(statement("statement/c/q").is_some() && statement("stage/c/q").is_none());
         assert!(memory("memory/c/buf").is_some() && memory("mem/c/buf").is_none());
+    }
+
+    /// Threads registering the same names at once get one handle per
+    /// name (the lock-free list loses no node and makes no duplicate).
+    #[test]
+    fn concurrent_registrations_agree() {
+        let names: Vec<String> = (0..64)
+            .map(|i| format!("wait/synch/mutex/race/{i}"))
+            .collect();
+        let seen: Vec<Vec<usize>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8)
+                .map(|t| {
+                    let names = &names;
+                    s.spawn(move || {
+                        let mut order: Vec<usize> = (0..names.len()).collect();
+                        order.rotate_left(t * 8);
+                        let mut out = vec![0; names.len()];
+                        for i in order {
+                            out[i] = std::ptr::from_ref(wait(&names[i]).unwrap()) as usize;
+                        }
+                        out
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for other in &seen[1..] {
+            assert_eq!(other, &seen[0]);
+        }
+        let distinct: std::collections::BTreeSet<_> = seen[0].iter().collect();
+        assert_eq!(distinct.len(), names.len());
     }
 }

@@ -95,7 +95,10 @@ impl Config {
             .ok()
             .filter(|s| !s.trim().is_empty());
         let mut c = Self::new(service.unwrap_or(exe));
-        if let Ok(d) = std::env::var("PFS_SHM_DIR") {
+        // An empty directory is no directory: the default.
+        if let Ok(d) = std::env::var("PFS_SHM_DIR")
+            && !d.trim().is_empty()
+        {
             c.shm_dir = d.into();
         }
         let bad = |k: &str, why: String| InitError::BadEnv(k.to_string(), why);
@@ -246,6 +249,9 @@ impl Config {
         };
         if self.service_name.trim().is_empty() {
             return Err(ConfigError::EmptyServiceName);
+        }
+        if self.shm_dir.as_os_str().is_empty() {
+            return Err(ConfigError::EmptyShmDir);
         }
         check("history_len", self.history_len, Self::HISTORY_LEN_RANGE)?;
         check("max_classes", self.max_classes, Self::MAX_CLASSES_RANGE)?;

@@ -36,7 +36,9 @@ pub enum InitError {
     )]
     InUse(PathBuf),
     /// A filesystem call failed.
-    #[error("cannot {0}: {1}; check PFS_SHM_DIR and its permissions")]
+    #[error(
+        "cannot {0}: {1}; check the segment directory (PFS_SHM_DIR, or the configuration's shm_dir) and its permissions"
+    )]
     Io(String, #[source] std::io::Error),
     /// The segment could not be laid out or reserved.
     #[error("cannot create segment {0}: {1}")]
@@ -63,6 +65,11 @@ pub enum ConfigError {
     /// No service name: the segment file and every series need one.
     #[error("service_name is empty; name the service (PFS_SERVICE_NAME, or Config::new(\"name\"))")]
     EmptyServiceName,
+    /// No segment directory.
+    #[error(
+        "shm_dir is empty; give a directory (PFS_SHM_DIR, or Config::shm_dir), or leave it at its default /dev/shm/pfs"
+    )]
+    EmptyShmDir,
     /// A consumer rule whose pattern matches no consumer (a typo), which
     /// `PFS_CONSUMERS` also rejects.
     #[error("consumer_rules: {0}")]

@@ -72,7 +72,7 @@
 //!
 //! # Unsafe code
 //!
-//! The crate denies `unsafe_code`; two modules allow it on the items that
+//! The crate denies `unsafe_code`; three modules allow it on the items that
 //! need it, each block with a `// SAFETY:` argument:
 //!
 //! * [`alloc`]: a global allocator is unsafe by nature. It calls the
@@ -84,6 +84,9 @@
 //!   that pointer into a reference, one frees the context at thread exit,
 //!   one registers the fork handler (whose contract is to be
 //!   async-signal-safe).
+//! * `runtime`: the `pfs-maintenance` thread is spawned with every
+//!   asynchronous signal blocked (`pthread_sigmask`), and the slow paths
+//!   hold off thread cancellation (`pthread_setcancelstate`).
 
 #![deny(missing_docs)]
 #![deny(unsafe_code)]

@@ -63,6 +63,18 @@ impl LazyMemoryClass {
 pub struct MemoryClass(pub(crate) ClassRef);
 
 impl MemoryClass {
+    /// Registers (or finds) `memory/<area>/<name>` (disabled before
+    /// `init`; a name that is not a memory instrument's is disabled,
+    /// logged and counted in `pfs_lost_total{kind="instrument_classes"}`).
+    ///
+    /// ```
+    /// let buf = pfs_client::MemoryClass::register("memory/app/buf");
+    /// assert!(!buf.is_enabled()); // not initialised here
+    /// ```
+    pub fn register(name: &str) -> Self {
+        Self(ClassRef::register(name, Family::Memory))
+    }
+
     /// PFS `ENABLED` right now.
     pub fn is_enabled(&self) -> bool {
         self.0.enabled()

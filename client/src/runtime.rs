@@ -74,6 +74,7 @@ pub(crate) fn mark_forked() {
 static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 pub(crate) fn init(cfg: Config) -> Result<&'static Runtime, InitError> {
+    let _no_cancel = NoCancel::new();
     let _one_at_a_time = INIT.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(rt) = RUNTIME.get() {
         if FORKED.load(Relaxed) {
@@ -91,7 +92,15 @@ pub(crate) fn init(cfg: Config) -> Result<&'static Runtime, InitError> {
 }
 
 fn create(cfg: &Config) -> Result<Runtime, InitError> {
-    let dir = &cfg.shm_dir;
+    // Absolute, so that the segment's path (`segment_path`, and the
+    // file an agent is pointed at) stays right after the process changes
+    // its working directory, as daemons do.
+    let dir = &std::path::absolute(&cfg.shm_dir).map_err(|e| {
+        InitError::Io(
+            format!("resolve segment directory {}", cfg.shm_dir.display()),
+            e,
+        )
+    })?;
     let dir_mode = if cfg.group_access { 0o770 } else { 0o700 };
     create_dir(dir, dir_mode)?;
     let meta = std::fs::metadata(dir)
@@ -191,18 +200,102 @@ fn create_dir(dir: &Path, mode: u32) -> Result<(), InitError> {
 /// the process runs on without reclamation.
 fn spawn_maintenance(writer: &'static SegmentWriter, quiet: Duration) {
     let tick = (quiet / 4).clamp(Duration::from_millis(10), Duration::from_secs(5));
-    let started = std::thread::Builder::new()
-        .name("pfs-maintenance".into())
-        .spawn(move || {
+    let started = spawn_without_signals(
+        std::thread::Builder::new().name("pfs-maintenance".into()),
+        move || {
             loop {
                 std::thread::sleep(tick);
                 writer.maintain();
             }
-        });
+        },
+    );
     if let Err(e) = started {
         tracing::warn!(
             "pfs: cannot start the maintenance thread ({e}); container pages will not be reclaimed"
         );
+    }
+}
+
+/// Spawns `f` on a thread that blocks every asynchronous signal, so that
+/// the library's thread never takes a signal meant for the application:
+/// a service that blocks `SIGTERM` in its threads after `init` and waits
+/// for it with `sigwait` in one of them would otherwise be killed by the
+/// `SIGTERM` the kernel delivers to ours (the one thread not blocking
+/// it). A thread starts with its creator's mask: the creating thread
+/// blocks them all for the spawn and restores its own mask after.
+/// Synchronous signals (a fault of the thread itself) stay unblocked.
+#[allow(unsafe_code)]
+fn spawn_without_signals(
+    builder: std::thread::Builder,
+    f: impl FnOnce() + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let mut block = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    let mut old = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: `sigfillset` initialises the set `block` points to (valid,
+    // writable, of the type); `sigdelset` takes signals out of that
+    // initialised set; `pthread_sigmask` reads `block` and writes the
+    // calling thread's previous mask into `old` (valid and writable), and
+    // changes nothing else. None keeps a pointer past the call.
+    let masked = unsafe {
+        libc::sigfillset(block.as_mut_ptr());
+        for sig in [
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGFPE,
+            libc::SIGILL,
+            libc::SIGTRAP,
+            libc::SIGSYS,
+        ] {
+            libc::sigdelset(block.as_mut_ptr(), sig);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, block.as_ptr(), old.as_mut_ptr()) == 0
+    };
+    let spawned = builder.spawn(f);
+    if masked {
+        // SAFETY: `old` was initialised by the successful call above; the
+        // call only reads it.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old.as_ptr(), std::ptr::null_mut()) };
+    }
+    spawned
+}
+
+/// Holds off `pthread_cancel` of the calling thread while alive, for the
+/// library's slow paths (a thread's registration, `init`): their system
+/// calls (`fallocate`, `open`, a log line's `write`) are cancellation
+/// points, and a cancellation acted upon there would unwind through the
+/// library, where the C ABI's panic guard stops it and glibc then aborts
+/// the process ("exception not rethrown"). A cancellation requested
+/// meanwhile is acted upon at the thread's next cancellation point
+/// outside the library.
+pub(crate) struct NoCancel(std::ffi::c_int);
+
+// glibc's and musl's; the `libc` crate does not declare them for Linux.
+const PTHREAD_CANCEL_DISABLE: std::ffi::c_int = 1;
+#[allow(unsafe_code)]
+unsafe extern "C" {
+    fn pthread_setcancelstate(state: std::ffi::c_int, old: *mut std::ffi::c_int)
+    -> std::ffi::c_int;
+}
+
+impl NoCancel {
+    /// Disables cancellation until the value drops.
+    #[allow(unsafe_code)]
+    pub(crate) fn new() -> Self {
+        let mut old = 0;
+        // SAFETY: the function (POSIX, in every libc this builds against)
+        // writes the previous state to `old`, a valid `c_int`, and takes
+        // PTHREAD_CANCEL_DISABLE, a valid state.
+        unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut old) };
+        Self(old)
+    }
+}
+
+impl Drop for NoCancel {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: restores the state read in `new` (a valid state); a null
+        // `old` is allowed (the previous state is not wanted).
+        unsafe { pthread_setcancelstate(self.0, std::ptr::null_mut()) };
     }
 }
 

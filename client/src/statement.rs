@@ -202,14 +202,14 @@ macro_rules! figure_setters {
             self.figures.digest = pfs_shm_layout::text::fnv1a64(digest_text.as_bytes());
         }
 
-        /// `ERRORS` (adds).
+        /// `ERRORS` (adds; saturates at `u64::MAX`, never panics).
         pub fn add_errors(&mut self, n: u64) {
-            self.figures.errors += n;
+            self.figures.errors = self.figures.errors.saturating_add(n);
         }
 
-        /// `WARNINGS` (adds).
+        /// `WARNINGS` (adds; saturates at `u64::MAX`).
         pub fn add_warnings(&mut self, n: u64) {
-            self.figures.warnings += n;
+            self.figures.warnings = self.figures.warnings.saturating_add(n);
         }
 
         /// `ROWS_AFFECTED`.

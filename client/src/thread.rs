@@ -279,6 +279,7 @@ pub(crate) fn next_task_id() -> u64 {
 #[cold]
 #[inline(never)]
 fn register(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
+    let _no_cancel = runtime::NoCancel::new();
     reentrant(|| register_inner(rt))
 }
 

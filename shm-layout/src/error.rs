@@ -28,14 +28,17 @@ pub enum SegmentError {
     ByteOrder(u32),
     /// A layout this reader does not know.
     #[error(
-        "segment layout version {found} is not supported (this agent reads version {supported}); {}",
+        "segment layout version {found} is not supported (this agent reads {}); {}",
+        versions(*oldest, *supported),
         upgrade_advice(*found, *supported)
     )]
     UnsupportedVersion {
         /// Major version in the file.
         found: u32,
-        /// Major version this code reads.
+        /// The newest major version this code reads.
         supported: u32,
+        /// The oldest major version this code reads.
+        oldest: u32,
     },
     /// The creator has not finished initialising the segment.
     #[error("segment is still being initialised by its process; it will be read on a later pass")]
@@ -91,6 +94,15 @@ pub enum SegmentError {
 
 /// Which side of a layout version mismatch to upgrade: the agent when the
 /// segment's version is newer, else the application.
+/// The layout versions `oldest..=newest`, in words.
+fn versions(oldest: u32, newest: u32) -> String {
+    if oldest >= newest {
+        format!("version {newest}")
+    } else {
+        format!("versions {oldest} to {newest}")
+    }
+}
+
 fn upgrade_advice(found: u32, supported: u32) -> &'static str {
     if found > supported {
         "the application's pfs-client is newer: upgrade pfs-agent to a release that reads it"
@@ -108,11 +120,13 @@ mod tests {
         let newer = SegmentError::UnsupportedVersion {
             found: 6,
             supported: 5,
+            oldest: 5,
         };
         assert!(newer.to_string().contains("upgrade pfs-agent"), "{newer}");
         let older = SegmentError::UnsupportedVersion {
             found: 4,
             supported: 5,
+            oldest: 4,
         };
         assert!(
             older.to_string().contains("upgrade the application"),

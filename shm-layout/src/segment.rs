@@ -347,7 +347,8 @@ impl Segment {
         if !LAYOUT_MAJORS_READ.contains(&major) {
             return Err(SegmentError::UnsupportedVersion {
                 found: major,
-                supported: LAYOUT_MAJOR,
+                supported: *LAYOUT_MAJORS_READ.end(),
+                oldest: *LAYOUT_MAJORS_READ.start(),
             });
         }
         if h.state.load(Ordering::Acquire) != SEGMENT_READY {

@@ -752,7 +752,7 @@ fn init_record(rec: RecordRef<'_>, thread_id: u64, os_tid: u64, name: &str) {
 
 fn merge_row(dst: &SummaryRow, src: &SummaryRow) {
     let add = |d: &AtomicU64, s: &AtomicU64| {
-        d.store(d.load(Relaxed).wrapping_add(s.load(Relaxed)), Relaxed)
+        d.store(d.load(Relaxed).saturating_add(s.load(Relaxed)), Relaxed)
     };
     add(&dst.count, &src.count);
     add(&dst.timed_count, &src.timed_count);
@@ -1284,10 +1284,12 @@ impl RecordRef<'_> {
         }
         if bytes != 0 {
             row.bytes
-                .store(row.bytes.load(Relaxed).wrapping_add(bytes), Relaxed);
+                .store(row.bytes.load(Relaxed).saturating_add(bytes), Relaxed);
         }
         if let Some(f) = stmt {
-            let add = |a: &AtomicU64, v: u64| a.store(a.load(Relaxed).wrapping_add(v), Relaxed);
+            // Saturating: an application's figure near 2^64 (a C `-1`)
+            // must not wrap the counter back to small values.
+            let add = |a: &AtomicU64, v: u64| a.store(a.load(Relaxed).saturating_add(v), Relaxed);
             add(&row.errors, f.errors);
             add(&row.warnings, f.warnings);
             add(&row.rows_affected, f.rows_affected);

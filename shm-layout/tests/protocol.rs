@@ -62,13 +62,18 @@ fn refuses_hostile_files_with_typed_errors() {
             e,
             SegmentError::UnsupportedVersion {
                 found: 99,
-                supported: LAYOUT_MAJOR
+                supported: LAYOUT_MAJOR,
+                ..
             }
         ),
         "{e}"
     );
     assert!(
-        e.to_string().contains("upgrade pfs-agent"),
+        e.to_string().contains("upgrade pfs-agent")
+            && e.to_string().contains(&format!(
+                "reads versions {} to {LAYOUT_MAJOR}",
+                pfs_shm_layout::layout::LAYOUT_MAJORS_READ.start()
+            )),
         "message tells what to do: {e}"
     );
 

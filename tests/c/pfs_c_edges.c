@@ -281,6 +281,12 @@ static int names(const char *shm_dir, const char *service) {
     NAMED = pfs_wait_class_register("wait/synch/mutex/cedge/named");
     CHECK(pfs_set_thread_name("too-early") == PFS_ERR_NOT_INITIALIZED);
     init_or_die(shm_dir, service, 0);
+    /* Names of the wrong family, or no name: NULL, and each counted in
+     * pfs_lost_total{kind="instrument_classes"}. */
+    CHECK(pfs_wait_class_register("stage/cedge/not_a_wait") == NULL);
+    CHECK(pfs_stage_class_register("wait/synch/mutex/cedge/not_a_stage") == NULL);
+    CHECK(pfs_statement_class_register("statement/") == NULL);
+    CHECK(pfs_memory_class_register("mem/cedge/buf") == NULL);
     CHECK(pthread_barrier_init(&named, NULL, 5) == 0);
     pthread_t tids[4];
     for (long t = 0; t < 4; t++)

@@ -91,6 +91,7 @@ fn open_returns_typed_errors() {
             e @ SegmentError::UnsupportedVersion {
                 found: 99,
                 supported: pfs_shm_layout::layout::LAYOUT_MAJOR,
+                ..
             },
         ) => {
             let msg = e.to_string();

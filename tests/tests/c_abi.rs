@@ -743,6 +743,11 @@ fn c_threads_are_named() {
     assert_eq!(name_of("api"), "pfs-named-worker");
     assert_eq!(name_of("renamed"), "renamed-later");
     assert_eq!(name_of("long"), "a-thread-name-of-forty-bytes-lon");
+    assert_eq!(
+        snap.lost[LostKind::Classes as usize],
+        4,
+        "the four misnamed registrations are counted, as a Rust program's are"
+    );
     finish_edges(w);
 }
 
@@ -776,5 +781,45 @@ fn cxx_programs_initialise_a_config_without_warnings() {
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         r#"{"ok":true}"#
+    );
+}
+
+/// Runs `pfs_c_posix_threads` with `args`; its exit status and stdout.
+fn run_posix(args: &[&str]) -> (std::process::ExitStatus, String, String) {
+    let exe = compile("pfs_c_posix_threads.c");
+    let out = Command::new(&exe).args(args).output().unwrap();
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A service that blocks SIGTERM after `pfs_init` and waits for it with
+/// `sigwait` gets it: the library's thread blocks every asynchronous
+/// signal, so the kernel never delivers the process's SIGTERM to it
+/// (where its default action would kill the process).
+#[test]
+fn sigterm_reaches_the_applications_sigwait() {
+    let dir = tempfile::tempdir().unwrap();
+    let (status, out, err) = run_posix(&["sigwait", dir.path().to_str().unwrap()]);
+    assert!(
+        status.success() && out.trim() == "sigwait 15",
+        "{status}: {out}{err}"
+    );
+}
+
+/// Threads cancelled (`pthread_cancel`) while their first event registers
+/// them do not abort the process: the library's slow paths hold
+/// cancellation off.
+#[test]
+fn threads_cancelled_in_their_first_event_do_not_abort_the_process() {
+    // On tmpfs, as segments usually are (every page reservation is a
+    // `fallocate`, a cancellation point).
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let (status, out, err) = run_posix(&["cancel", dir.path().to_str().unwrap(), "2000"]);
+    assert!(
+        status.success() && out.trim() == "survived 2000",
+        "{status}: {out}{err}"
     );
 }

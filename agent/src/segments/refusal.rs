@@ -195,6 +195,7 @@ mod tests {
             SegmentError::UnsupportedVersion {
                 found: 9,
                 supported: 2,
+                oldest: 1,
             },
             SegmentError::NotReady,
             SegmentError::Corrupt(String::new()),
