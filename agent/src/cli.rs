@@ -416,6 +416,53 @@ mod tests {
     use super::*;
     use clap::CommandFactory;
 
+    /// Every flag of `serve` is in the README's synopsis (the OTLP ones in
+    /// docs/OTLP.md, which lists them all), and every variable a flag
+    /// reads is named in the README or a doc: flags added without docs
+    /// fail here.
+    #[test]
+    fn the_docs_name_every_serve_flag_and_variable() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+        let read = |p: &str| std::fs::read_to_string(format!("{root}/{p}")).unwrap();
+        let readme = read("README.md");
+        let otlp = read("docs/OTLP.md");
+        let mut docs = readme.clone();
+        for e in std::fs::read_dir(format!("{root}/docs")).unwrap().flatten() {
+            docs.push_str(&std::fs::read_to_string(e.path()).unwrap());
+        }
+        let synopsis = readme
+            .split("pfs-agent serve --shm-dir")
+            .nth(1)
+            .and_then(|s| s.split("```").next())
+            .expect("the README's serve synopsis");
+        let cli = Cli::command();
+        let serve = cli.find_subcommand("serve").expect("serve");
+        let mut missing = Vec::new();
+        for arg in serve.get_arguments().filter(|a| !a.is_hide_set()) {
+            if let Some(long) = arg.get_long() {
+                let flag = format!("--{long}");
+                let (where_, text) = if long.starts_with("otlp-") {
+                    ("docs/OTLP.md", otlp.as_str())
+                } else {
+                    ("the README's serve synopsis", synopsis)
+                };
+                let named = text.match_indices(&flag).any(|(i, _)| {
+                    !text[i + flag.len()..]
+                        .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '-')
+                });
+                if !named {
+                    missing.push(format!("{flag} is not in {where_}"));
+                }
+            }
+            if let Some(var) = arg.get_env().and_then(|v| v.to_str())
+                && !docs.contains(var)
+            {
+                missing.push(format!("{var} is not in the README or docs/"));
+            }
+        }
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
+    }
+
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();

@@ -43,11 +43,7 @@
 //! crate, which links `pfs-client`). A production build leaves it out:
 //! `cargo build --release -p pfs-agent --no-default-features`.
 //!
-//! ## Unsafe
-//!
-//! `unsafe` is denied in the whole crate except [`util::heap`], which
-//! calls glibc's `malloc_trim`. Shared memory is read only through
-//! `pfs-shm-layout`'s safe API.
+//! ## Example: one table of every segment in a directory
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -60,6 +56,12 @@
 //! let t = tables::build(table, &snap.take(), &Default::default(), &Default::default());
 //! print!("{}", t.to_text());
 //! ```
+//!
+//! ## Unsafe
+//!
+//! `unsafe` is denied in the whole crate except [`util::heap`], which
+//! calls glibc's `malloc_trim`. Shared memory is read only through
+//! `pfs-shm-layout`'s safe API.
 
 #![deny(missing_docs)]
 #![deny(unsafe_code)]

@@ -65,18 +65,20 @@ pub const DEFAULT_RECLAIM_AFTER: Duration = Duration::from_secs(30);
 impl Config {
     /// Defaults for `service_name`.
     pub fn new(service_name: impl Into<String>) -> Self {
+        // The segment's sizes are the layout's defaults, written once there.
+        let seg = pfs_shm_layout::SegmentConfig::default();
         Self {
             shm_dir: PathBuf::from(DEFAULT_SHM_DIR),
             service_name: service_name.into(),
-            history_len: 10,
-            max_classes: 256,
-            max_strings: 2048,
-            max_threads: 1024,
-            records_per_page: 16,
+            history_len: seg.history_len,
+            max_classes: seg.max_classes,
+            max_strings: seg.max_strings,
+            max_threads: seg.records_per_page * seg.max_pages,
+            records_per_page: seg.records_per_page,
             group_access: false,
             enabled: true,
             timed: true,
-            history_long_len: 10_000,
+            history_long_len: seg.history_long_len,
             instrument_rules: Vec::new(),
             consumer_rules: Vec::new(),
             reclaim_after: Some(DEFAULT_RECLAIM_AFTER),

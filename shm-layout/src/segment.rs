@@ -1015,7 +1015,6 @@ pub(crate) fn touched_classes(h: &ThreadHeader, limit: usize) -> impl Iterator<I
 
 /// Row `row`'s words read as a layout 5.x memory row ([`MemoryRowV5`]),
 /// for a segment of major version 5 ([`Segment::major_version`]).
-#[allow(unsafe_code)]
 pub fn v5_memory_row(row: &MemoryRow) -> &MemoryRowV5 {
     // SAFETY: both types are `repr(C)` structs of `AtomicU64`s only, of the
     // same size and alignment (asserted in `layout`), so every bit pattern

@@ -745,3 +745,100 @@ fn the_probe_segment_tells_symbols_apart() {
     assert_eq!(values.len(), 7);
     assert!(u64::from(cfg.max_pages) < u64::from(MAX_PAGES));
 }
+
+/// The crate docs' value tables (class kinds; flag bits of classes, events,
+/// threads and actors; consumer bits; page and record states) say what
+/// the code's constants are: each list is rendered from the code and must
+/// appear in the docs as it is.
+#[test]
+fn the_value_tables_are_the_code() {
+    use pfs_shm_layout::{ClassKind, EventKind};
+    let docs: String = doc_lines(LIB_RS)
+        .into_iter()
+        .map(|(_, l)| format!("{l}\n"))
+        .collect();
+    let mut missing = Vec::new();
+    let mut expect = |what: &str, text: String| {
+        if !docs.contains(&text) {
+            missing.push(format!("{what}: {text:?}"));
+        }
+    };
+    // Class kinds: each row's first name example has the row's value.
+    let mut rows = 0;
+    let table = docs
+        .split("| value | kind | names |")
+        .nth(1)
+        .expect("the class kind table");
+    for row in table.lines().skip(2).take_while(|l| l.starts_with('|')) {
+        let c = cells(row);
+        let value: u32 = c[0].parse().expect("a kind value");
+        let example = c[2].split('`').nth(1).expect("a name example");
+        let name = example.replace("...", "x");
+        assert_eq!(
+            ClassKind::from_name(&name).map(|k| k as u32),
+            Some(value),
+            "class kind row {row:?}: {name} has another kind in the code"
+        );
+        rows += 1;
+    }
+    assert_eq!(rows, 10, "one row per class kind");
+    expect(
+        "class entry flags",
+        format!(
+            "bit {} ENABLED, bit {} TIMED",
+            FLAG_ENABLED.trailing_zeros(),
+            FLAG_TIMED.trailing_zeros()
+        ),
+    );
+    expect(
+        "event row flags",
+        format!(
+            "{EV_TIMED} TIMED, {EV_ENDED} ENDED, {EV_HAS_BYTES} HAS_BYTES, {EV_HAS_SPINS} HAS_SPINS, {EV_HAS_PROGRESS} HAS_PROGRESS, {EV_CANCELLED} CANCELLED; timer in bits {}..={}",
+            EV_TIMER_SHIFT,
+            EV_TIMER_SHIFT + (EV_TIMER_MASK >> EV_TIMER_SHIFT).count_ones() - 1
+        ),
+    );
+    expect(
+        "event types",
+        format!(
+            "0 none, {} WAIT, {} STAGE, {} STATEMENT",
+            EventKind::Wait as u32,
+            EventKind::Stage as u32,
+            EventKind::Statement as u32
+        ),
+    );
+    expect(
+        "thread flags",
+        format!("{THREAD_INSTRUMENTED} INSTRUMENTED, {THREAD_HISTORY} HISTORY"),
+    );
+    expect(
+        "actor flags",
+        format!("{ACTOR_ENABLED} ENABLED, {ACTOR_HISTORY} HISTORY, {ACTOR_USED} USED"),
+    );
+    expect(
+        "consumer bits",
+        format!(
+            "bit {} global_instrumentation, {} thread_instrumentation; kind *k* ([`EventKind::index`]: 0 waits, 1 stages, 2 statements) uses bits {}+{}*k*..",
+            CONSUMER_GLOBAL.trailing_zeros(),
+            CONSUMER_THREAD.trailing_zeros(),
+            consumer_bit(EventKind::Wait, ConsumerKind::Current).trailing_zeros(),
+            consumer_bit(EventKind::Stage, ConsumerKind::Current).trailing_zeros()
+                - consumer_bit(EventKind::Wait, ConsumerKind::Current).trailing_zeros()
+        ),
+    );
+    expect(
+        "page states",
+        format!(
+            "{PAGE_UNUSED} UNUSED (hole), {PAGE_ACTIVE} ACTIVE, {PAGE_RECLAIMING} RECLAIMING, {PAGE_RECLAIMED} RECLAIMED"
+        ),
+    );
+    expect(
+        "record states",
+        format!("state {REC_FREE} FREE, {REC_DIRTY} DIRTY, {REC_ALLOCATED} ALLOCATED"),
+    );
+    assert!(
+        missing.is_empty(),
+        "the crate docs' value tables differ from the code:\n{}",
+        missing.join("\n")
+    );
+}

@@ -7,6 +7,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use pfs_shm_layout::ClassKind;
 use tracing_core::Metadata;
 
 use crate::template::Template;
@@ -213,7 +214,7 @@ impl StatementRule {
     pub fn span_named(matcher: SpanMatch) -> Self {
         let test = matcher.test;
         let matcher = SpanMatch::custom(move |m| {
-            m.name().starts_with("statement/") && m.name().len() > "statement/".len() && test(m)
+            ClassKind::from_name(m.name()) == Some(ClassKind::Statement) && test(m)
         });
         Self::with_prefix(matcher, String::new())
     }
@@ -241,7 +242,10 @@ impl StatementRule {
     ///
     /// # Panics
     ///
-    /// If the template is malformed.
+    /// If the template is malformed (an unclosed `{`, an empty field
+    /// name), or the rule's templates together refer to more than 8
+    /// fields: rules are set up once at start, from code, like a format
+    /// string.
     pub fn class(mut self, template: &str) -> Self {
         if !self.prefix.is_empty() {
             self.class = Some(self.parse(template));
@@ -261,7 +265,10 @@ impl StatementRule {
     ///
     /// # Panics
     ///
-    /// If the template is malformed.
+    /// If the template is malformed (an unclosed `{`, an empty field
+    /// name), or the rule's templates together refer to more than 8
+    /// fields: rules are set up once at start, from code, like a format
+    /// string.
     pub fn text(mut self, template: &str) -> Self {
         self.text = Some(self.parse(template));
         self
@@ -272,7 +279,10 @@ impl StatementRule {
     ///
     /// # Panics
     ///
-    /// If the template is malformed.
+    /// If the template is malformed (an unclosed `{`, an empty field
+    /// name), or the rule's templates together refer to more than 8
+    /// fields: rules are set up once at start, from code, like a format
+    /// string.
     pub fn digest(mut self, template: &str) -> Self {
         self.digest = Some(self.parse(template));
         self
@@ -446,7 +456,7 @@ impl StageRule {
         let test = matcher.test;
         Self {
             matcher: SpanMatch::custom(move |m| {
-                m.name().starts_with("stage/") && m.name().len() > "stage/".len() && test(m)
+                ClassKind::from_name(m.name()) == Some(ClassKind::Stage) && test(m)
             }),
             prefix: String::new(),
         }

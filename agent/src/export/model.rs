@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use pfs_shm_layout::EventKind;
 use pfs_shm_layout::container::PageState;
-use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, LostKind, bucket_upper_seconds};
+use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, LostKind, TimerId, bucket_upper_seconds};
 use pfs_shm_layout::reader::Summary;
 
 use crate::aggregate::{ServiceTotals, by_service};
@@ -586,7 +586,7 @@ fn timer_families(snap: &Snapshot) -> [Family; 2] {
             freq.push(
                 vec![
                     ("service", v.data.service.clone()),
-                    ("timer", "CYCLE".to_string()),
+                    ("timer", TimerId::Cycle.name().to_string()),
                 ],
                 Value::Int(v.data.timer.frequency_hz),
             );
