@@ -284,3 +284,46 @@ fn a_misplaced_section_says_why() {
         );
     }
 }
+
+/// A thread's summary row left odd by a writer killed in the middle of an
+/// update (a process that exits while its threads record) is read as it
+/// is once the process is dead: the thread's events of that class are
+/// kept (off by at most the one being written), not dropped, and the
+/// segment is kept for its dead retention like any dead one.
+#[test]
+fn a_row_left_mid_update_by_a_dead_writer_is_read_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("robust.5.pfs");
+    let (file, w, stays) = segment(&path, false); // nobody holds the lock: dead
+    let rec = w.segment().record(stays.index);
+    let c = rec
+        .row_seqs
+        .iter()
+        .position(|s| s.sequence() != 0)
+        .expect("the live thread's row was written");
+    let seq = rec.row_seqs[c].sequence();
+    assert_eq!(seq & 1, 0);
+    file.write_all_at(
+        &(seq + 1).to_le_bytes(),
+        offset_of_field(&w, &rec.row_seqs[c]),
+    )
+    .unwrap();
+    let snapper = Snapshotter::new(
+        SegmentSet::new(dir.path(), Duration::from_secs(60)),
+        Duration::ZERO,
+    );
+    let s = snapper.take_summaries();
+    assert_eq!(
+        s.segments.len(),
+        1,
+        "kept for the dead retention, not retired at once"
+    );
+    assert!(!s.segments[0].live);
+    assert_eq!(
+        segment_global(&s.segments[0].data)[CLASS].1.count,
+        5,
+        "the exited thread's 3 and the torn row's 2"
+    );
+    assert_eq!(s.segments[0].data.stats.torn_rows, 1);
+    drop(file);
+}

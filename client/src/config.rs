@@ -5,6 +5,7 @@ use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use pfs_shm_layout::geometry::DEFAULT_MAX_SEGMENT_BYTES;
 use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED, MAX_CLASSES_LIMIT};
 pub use pfs_shm_layout::rules::{parse_consumer_rules, parse_duration, parse_instrument_rules};
 use pfs_shm_layout::segment::{MAX_HISTORY_LEN, MAX_HISTORY_LONG_LEN, MAX_PAGES};
@@ -264,6 +265,32 @@ impl Config {
             Self::HISTORY_LONG_LEN_RANGE,
         )?;
         check_consumer_rules(&self.consumer_rules)?;
+        if let Ok(g) = pfs_shm_layout::Geometry::new(&self.segment_config())
+            && g.total_size as u64 > DEFAULT_MAX_SEGMENT_BYTES
+        {
+            return Err(ConfigError::SegmentTooLarge {
+                bytes: g.total_size as u64,
+                max: DEFAULT_MAX_SEGMENT_BYTES,
+            });
+        }
         Ok(())
+    }
+
+    /// The segment these settings lay out.
+    pub(crate) fn segment_config(&self) -> pfs_shm_layout::SegmentConfig {
+        let records_per_page = self.records_per_page.max(1);
+        pfs_shm_layout::SegmentConfig {
+            service_name: pfs_shm_layout::text::truncate_utf8(
+                &self.service_name,
+                pfs_shm_layout::layout::SERVICE_NAME_BYTES,
+            )
+            .to_string(),
+            history_len: self.history_len,
+            max_classes: self.max_classes,
+            max_strings: self.max_strings,
+            records_per_page,
+            max_pages: self.max_threads.div_ceil(records_per_page).max(1),
+            history_long_len: self.history_long_len,
+        }
     }
 }

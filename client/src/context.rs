@@ -65,6 +65,10 @@ impl EventState {
     }
 }
 
+/// Statement texts a thread keeps aside at most (statements nested this
+/// deep, or left open by ends from other threads): the oldest goes first.
+pub(crate) const MAX_OUTER_TEXTS: usize = 8;
+
 /// The `SQL_TEXT` of one of a thread's statements, kept aside while a
 /// statement nested in it holds the thread's `events_statements_current`
 /// row (see `statement`).

@@ -65,6 +65,19 @@ pub enum ConfigError {
     /// No service name: the segment file and every series need one.
     #[error("service_name is empty; name the service (PFS_SERVICE_NAME, or Config::new(\"name\"))")]
     EmptyServiceName,
+    /// The sizes lay out a segment larger than a reader accepts by default
+    /// (`pfs-agent --max-segment-size`): nothing would export it.
+    #[error(
+        "max_threads, history_len, history_long_len and max_classes make a segment of {} MiB, more than the {} MiB pfs-agent reads by default (its --max-segment-size); lower them",
+        bytes >> 20,
+        max >> 20
+    )]
+    SegmentTooLarge {
+        /// The segment's size.
+        bytes: u64,
+        /// The largest accepted.
+        max: u64,
+    },
     /// No segment directory.
     #[error(
         "shm_dir is empty; give a directory (PFS_SHM_DIR, or Config::shm_dir), or leave it at its default /dev/shm/pfs"

@@ -20,7 +20,7 @@ use pfs_shm_layout::setup::{Plan, effective};
 use pfs_shm_layout::writer::{EventData, StatementFigures};
 
 use crate::class::ClassRef;
-use crate::context::{OuterText, ThreadCtx};
+use crate::context::{MAX_OUTER_TEXTS, OuterText, ThreadCtx};
 use crate::runtime::{self, Runtime};
 use crate::{source, timer};
 
@@ -136,7 +136,17 @@ pub(crate) fn keep_outer_text(ctx: &ThreadCtx) {
         .rec
         .copy_statement_text(ctx.thread_id.get(), id, &mut text)
     {
-        ctx.outer_texts.borrow_mut().push(OuterText {
+        let mut texts = ctx.outer_texts.borrow_mut();
+        if texts.len() >= MAX_OUTER_TEXTS {
+            // A statement that never ends on this thread (its end came
+            // from another thread, or never) leaves its entry behind:
+            // the oldest goes, so that the list, and the scans of it,
+            // stay bounded (that statement's text is then not put back).
+            texts.remove(0);
+        }
+        let room = MAX_OUTER_TEXTS - texts.len();
+        texts.reserve_exact(room);
+        texts.push(OuterText {
             event_id: id,
             len,
             text,

@@ -249,7 +249,7 @@ pub fn init() -> Result<(), InitError> {
 /// println!("writing {:?}", pfs_client::segment_path());
 /// ```
 pub fn init_with(config: Config) -> Result<(), InitError> {
-    runtime::init(config)?;
+    runtime::init(config, thread::renounce)?;
     thread::stop_in_forked_children();
     Ok(())
 }

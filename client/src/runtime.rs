@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pfs_shm_layout::layout::{ConsumerKind, SetupSection};
-use pfs_shm_layout::{EventKind, Segment, SegmentConfig, SegmentWriter};
+use pfs_shm_layout::{EventKind, Segment, SegmentWriter};
 use rustix::fs::FlockOperation;
 
 use crate::config::Config;
@@ -73,7 +73,10 @@ pub(crate) fn mark_forked() {
 /// host) must not both create a segment, the loser removing the winner's.
 static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-pub(crate) fn init(cfg: Config) -> Result<&'static Runtime, InitError> {
+/// Creates the runtime once. `renounce`, run first on the library's own
+/// `pfs-maintenance` thread, gives back the thread record that thread may
+/// have been given already (the thread registry is above this module).
+pub(crate) fn init(cfg: Config, renounce: fn()) -> Result<&'static Runtime, InitError> {
     let _no_cancel = NoCancel::new();
     let _one_at_a_time = INIT.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(rt) = RUNTIME.get() {
@@ -83,7 +86,7 @@ pub(crate) fn init(cfg: Config) -> Result<&'static Runtime, InitError> {
         return Err(InitError::AlreadyInitialized(rt.path.clone()));
     }
     cfg.validate()?;
-    let rt = create(&cfg)?;
+    let rt = create(&cfg, renounce)?;
     let path = rt.path.clone();
     RUNTIME
         .set(rt)
@@ -91,7 +94,7 @@ pub(crate) fn init(cfg: Config) -> Result<&'static Runtime, InitError> {
     Ok(RUNTIME.get().expect("just set"))
 }
 
-fn create(cfg: &Config) -> Result<Runtime, InitError> {
+fn create(cfg: &Config, renounce: fn()) -> Result<Runtime, InitError> {
     // Absolute, so that the segment's path (`segment_path`, and the
     // file an agent is pointed at) stays right after the process changes
     // its working directory, as daemons do.
@@ -110,25 +113,14 @@ fn create(cfg: &Config) -> Result<Runtime, InitError> {
     }
     let pid = std::process::id();
     let file_mode = if cfg.group_access { 0o660 } else { 0o600 };
-    let (path, file) = open_new(dir, &cfg.service_name, pid, file_mode)?;
+    // The name as the segment keeps it (cut to SERVICE_NAME_BYTES), in
+    // the file name too: a longer one can exceed what a file name may be.
+    let seg_cfg = cfg.segment_config();
+    let (path, file) = open_new(dir, &seg_cfg.service_name, pid, file_mode)?;
     file.set_permissions(std::fs::Permissions::from_mode(file_mode))
         .map_err(|e| InitError::Io(format!("chmod {}", path.display()), e))?;
     rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive)
         .map_err(|e| InitError::Io(format!("lock {}", path.display()), e.into()))?;
-    let records_per_page = cfg.records_per_page.max(1);
-    let seg_cfg = SegmentConfig {
-        service_name: pfs_shm_layout::text::truncate_utf8(
-            &cfg.service_name,
-            pfs_shm_layout::layout::SERVICE_NAME_BYTES,
-        )
-        .to_string(),
-        history_len: cfg.history_len,
-        max_classes: cfg.max_classes,
-        max_strings: cfg.max_strings,
-        records_per_page,
-        max_pages: cfg.max_threads.div_ceil(records_per_page).max(1),
-        history_long_len: cfg.history_long_len,
-    };
     let created = Segment::create(
         file,
         &seg_cfg,
@@ -160,7 +152,7 @@ fn create(cfg: &Config) -> Result<Runtime, InitError> {
     }
     if let Some(quiet) = cfg.reclaim_after {
         writer.set_reclaim_after(Some(quiet));
-        spawn_maintenance(writer, quiet);
+        spawn_maintenance(writer, quiet, renounce);
     }
     tracing::info!(path = %path.display(), "pfs segment created");
     Ok(Runtime {
@@ -198,15 +190,23 @@ fn create_dir(dir: &Path, mode: u32) -> Result<(), InitError> {
 /// (between 10 ms and 5 s) it runs the container reclaimer, a slow path
 /// that never touches the event hot path. If the thread cannot be started
 /// the process runs on without reclamation.
-fn spawn_maintenance(writer: &'static SegmentWriter, quiet: Duration) {
+fn spawn_maintenance(writer: &'static SegmentWriter, quiet: Duration, renounce: fn()) {
     let tick = (quiet / 4).clamp(Duration::from_millis(10), Duration::from_secs(5));
     let started = spawn_without_signals(
         std::thread::Builder::new().name("pfs-maintenance".into()),
+        // All of it is the instrumentation's own work: it keeps no thread
+        // record (with `PfsAllocator` installed, the allocations the
+        // thread's start makes would give it one, counted in `pfs_threads`
+        // and against `max_threads`) and its allocations are not
+        // accounted.
         move || {
-            loop {
-                std::thread::sleep(tick);
-                writer.maintain();
-            }
+            renounce();
+            crate::reentry::reentrant(|| {
+                loop {
+                    std::thread::sleep(tick);
+                    writer.maintain();
+                }
+            })
         },
     );
     if let Err(e) = started {

@@ -234,6 +234,18 @@ extern "C" fn forked_child() {
     let _ = CTX.try_with(|c| c.set(DEAD));
 }
 
+/// Gives the current thread's record back now (if it has one), and keeps
+/// it without one for the rest of its life: for the library's own
+/// threads, which are not the application's. Its events, if any, would be
+/// counted as lost; its allocations go to the process's row.
+pub(crate) fn renounce() {
+    // Dropping the owner folds and frees the record and marks the thread
+    // DEAD, as at thread exit.
+    let owner = OWNER.try_with(|o| std::mem::replace(&mut *o.borrow_mut(), Owner(None)));
+    drop(owner);
+    let _ = CTX.try_with(|c| c.set(DEAD));
+}
+
 /// Makes a forked child of this process record nothing ([`forked_child`]).
 /// Called once, when the runtime is created.
 #[allow(unsafe_code)]

@@ -42,3 +42,20 @@ fn huge_statement_figures_saturate() {
     assert_eq!(row.statement.warnings, u64::MAX, "saturated, not wrapped");
     assert_eq!(row.statement.rows_sent, u64::MAX, "saturated, not wrapped");
 }
+
+/// Sizes in range one by one, but together laying out a segment larger
+/// than the agent reads by default, are refused by `validate` (and so by
+/// `init`) with a message saying which to lower, not created for nothing
+/// to export.
+#[test]
+fn a_segment_the_agent_would_refuse_is_not_created() {
+    let mut cfg = pfs_client::Config::new("big");
+    cfg.max_threads = 1 << 20;
+    let e = cfg.validate().unwrap_err();
+    assert!(
+        matches!(e, pfs_client::ConfigError::SegmentTooLarge { .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("--max-segment-size"), "{e}");
+    assert!(pfs_client::Config::new("default").validate().is_ok());
+}

@@ -602,6 +602,15 @@
 //!   reports such a read as torn, and must never discard the segment for
 //!   want of a consistent read.
 //!
+//!   **A row that stays odd.** A thread's summary or memory row whose
+//!   writer was killed in the middle of an update (a process that exits
+//!   while its threads record) keeps its sequence odd forever. While the
+//!   process lives a reader skips it (its previous copy stands); once the
+//!   process is dead, a reader may read it as it is
+//!   ([`reader::ReadOptions::dead_writers`]): every field is written with
+//!   one store, so each holds its value from before or after that update,
+//!   and the row is off by at most that one event.
+//!
 //! ## Modules and layers
 //!
 //! Each module has one job and builds only on modules of lower layers: it

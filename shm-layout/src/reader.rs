@@ -37,7 +37,7 @@ use crate::layout::*;
 use crate::lockword::{self, RecordState};
 use crate::rowcache::{Changes, Delta, KeptRecord, NOT_KEPT, RowCache, Rows, Walked};
 use crate::segment::{RowCopy, Segment, TimerCalibration, touched_classes};
-use crate::seqlock::{SeqLock, SeqRead};
+use crate::seqlock::SeqLock;
 use crate::setup::{Actor, read_actors};
 use crate::text::load_string;
 use crate::values::StatementFigures;
@@ -71,6 +71,15 @@ pub struct ReadOptions {
     /// finish the write. The result may be torn (see the crate docs,
     /// "A global lock that stays odd"). `None` (the default): never.
     pub global_stuck_at: Option<u64>,
+    /// The segment's writers are gone (its process died): a thread's
+    /// summary or memory row whose sequence stays odd for every attempt
+    /// is read as it is instead of skipped. Its writer was killed in the
+    /// middle of one update, which nobody can finish; each field then
+    /// holds its value from before or after that update (fields are
+    /// written one store each), so the row is off by at most that one
+    /// event, where skipping it would lose every event it counted.
+    /// Counted in [`ReadStats::torn_rows`]. `false` (the default): skip.
+    pub dead_writers: bool,
 }
 
 impl Default for ReadOptions {
@@ -81,6 +90,7 @@ impl Default for ReadOptions {
             per_thread_rows: true,
             release_pages: false,
             global_stuck_at: None,
+            dead_writers: false,
         }
     }
 }
@@ -121,6 +131,10 @@ pub struct ReadStats {
     /// Rows an [`IncrementalReader`] did not copy: their sequence showed
     /// them unchanged since it kept them.
     pub rows_reused: u64,
+    /// Rows of a dead process read as they are, their sequence left odd
+    /// by a writer killed in the middle of an update
+    /// ([`ReadOptions::dead_writers`]).
+    pub torn_rows: u64,
 }
 
 impl ReadStats {
@@ -143,6 +157,7 @@ impl ReadStats {
         self.invalid += o.invalid;
         self.restarts += o.restarts;
         self.rows_read += o.rows_read;
+        self.torn_rows += o.torn_rows;
         self.rows_reused += o.rows_reused;
     }
 }
@@ -829,23 +844,57 @@ fn pread_slot<'s>(sink: &'s mut Sink<'_>, kept: bool, preads: &mut u32) -> Optio
 /// `idx`, seen through `view`) if `pread` is given, else from `mapped`,
 /// the row in the mapping. A failed `pread` gives no copy: the row is
 /// skipped, as one found torn on every attempt.
+/// How [`read_row`] read a row.
+struct RowRead<T> {
+    /// The row and the sequence it was read at; `None`: skipped.
+    value: Option<(u64, T)>,
+    /// Attempts rejected.
+    retries: u32,
+    /// Read as it is: its sequence stayed odd and its writers are gone
+    /// ([`ReadOptions::dead_writers`]).
+    torn: bool,
+}
+
 fn read_row<R, T>(
     seq: &SeqLock,
-    attempts: u32,
-    pread: Option<(&Segment, u32, usize, &mut RowCopy)>,
+    opts: &ReadOptions,
+    mut pread: Option<(&Segment, u32, usize, &mut RowCopy)>,
     view: fn(&RowCopy) -> &R,
     mapped: &R,
     mut load: impl FnMut(&R) -> T,
-) -> SeqRead<(u64, T)> {
-    let Some((seg, idx, class, copy)) = pread else {
-        return seq.read_versioned(attempts, || load(mapped));
+) -> RowRead<T> {
+    let r = match &mut pread {
+        None => seq.read_versioned(opts.attempts, || Some(load(mapped))),
+        Some((seg, idx, class, copy)) => seq.read_versioned(opts.attempts, || {
+            seg.copy_row(*idx, *class, copy).then(|| load(view(copy)))
+        }),
     };
-    let r = seq.read_versioned(attempts, || {
-        seg.copy_row(idx, class, copy).then(|| load(view(copy)))
-    });
-    SeqRead {
-        value: r.value.and_then(|(s, v)| Some((s, v?))),
+    let value = r.value.and_then(|(s, v)| Some((s, v?)));
+    if value.is_none() && opts.dead_writers {
+        // Nobody can finish the write: the row as it is, at the odd
+        // sequence it stays at (so a reader that keeps it sees it
+        // unchanged from now on).
+        let s = seq.sequence();
+        let as_is = match &mut pread {
+            None => Some(load(mapped)),
+            Some((seg, idx, class, copy)) => {
+                seg.copy_row(*idx, *class, copy).then(|| load(view(copy)))
+            }
+        };
+        if s & 1 == 1
+            && let Some(v) = as_is
+        {
+            return RowRead {
+                value: Some((s, v)),
+                retries: r.retries,
+                torn: true,
+            };
+        }
+    }
+    RowRead {
+        value,
         retries: r.retries,
+        torn: false,
     }
 }
 
@@ -1424,11 +1473,12 @@ fn read_thread(
                     let row = &mem_rows[class];
                     let copy = pread_slot(&mut sink, kept.is_some(), &mut preads);
                     let pread = copy.map(|c| (seg, idx, class, c));
-                    let r = read_row(seq, opts.attempts, pread, RowCopy::memory, row, |r| {
+                    let r = read_row(seq, opts, pread, RowCopy::memory, row, |r| {
                         MemoryStats::load(r, seg.major_version(), tgen)
                     });
                     st.retries += u64::from(r.retries);
                     st.rows_read += u64::from(r.value.is_some());
+                    st.torn_rows += u64::from(r.torn);
                     r.value.map(|(s, m)| (s, (class as u32, m)))
                 }
             };
@@ -1460,11 +1510,12 @@ fn read_thread(
         let statements = kind == RowKind::Statements;
         let copy = pread_slot(&mut sink, kept.is_some(), &mut preads);
         let pread = copy.map(|c| (seg, idx, class, c));
-        let r = read_row(seq, opts.attempts, pread, RowCopy::summary, row, |r| {
+        let r = read_row(seq, opts, pread, RowCopy::summary, row, |r| {
             buf.load_into(r, statements)
         });
         st.retries += u64::from(r.retries);
         st.rows_read += u64::from(r.value.is_some());
+        st.torn_rows += u64::from(r.torn);
         let s = &buf;
         match (r.value, &mut sink) {
             (Some(_), Sink::Sum(sums)) => {

@@ -171,11 +171,15 @@ impl Tracked {
         opts: Option<&ReadOptions>,
         global_stuck_at: Option<u64>,
     ) -> Result<SegmentSnapshot, SegmentError> {
+        // A dead process's rows left odd by a writer killed mid-update are
+        // read as they are: nobody will finish them.
+        let dead_writers = self.dead_since.is_some();
         let s = match opts {
             Some(o) => snapshot(
                 &self.segment,
                 &ReadOptions {
                     global_stuck_at,
+                    dead_writers,
                     ..*o
                 },
             )?,
@@ -183,6 +187,7 @@ impl Tracked {
                 &self.segment,
                 &ReadOptions {
                     global_stuck_at,
+                    dead_writers,
                     ..ReadOptions::summaries()
                 },
             )?,
@@ -243,17 +248,22 @@ impl Tracked {
     }
 
     /// Reads a dead segment one last time into `last_summaries` (the
-    /// figures retirement folds). Rows that cannot be read (their writer
-    /// died in the middle of an update, leaving the row's sequence odd
-    /// forever) keep their previous value. Returns true if there were such
-    /// rows: the segment should then be retired at once, so its last good
-    /// values are saved.
+    /// figures retirement folds). A row its writer was killed in the middle
+    /// of updating (its sequence odd forever) is read as it is
+    /// ([`ReadOptions::dead_writers`]): off by at most that one event.
+    /// Rows that still cannot be read (the file cannot be read there) keep
+    /// their previous value. Returns true if there were such rows: the
+    /// segment should then be retired at once, so its last good values
+    /// are saved.
     pub(super) fn final_read(&mut self) -> bool {
         match self.snapshot_summaries() {
             Ok(mut s) => {
+                if s.stats.torn_rows > 0 {
+                    tracing::info!(path = %self.path.display(), rows = s.stats.torn_rows, "a writer of this dead process was killed in the middle of an update: its row is read as it is (each figure from before or after that last event)");
+                }
                 let torn = s.threads.iter().any(|th| !th.skipped_rows.is_empty());
                 if torn {
-                    tracing::info!(path = %self.path.display(), "a writer of this dead process was killed in the middle of an update; its row keeps its last good value");
+                    tracing::info!(path = %self.path.display(), "rows of this dead process cannot be read; they keep their last good value");
                 }
                 if let Some(prev) = &self.last_summaries {
                     carry_forward_summed(&mut s, prev);
