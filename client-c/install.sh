@@ -26,7 +26,7 @@ dest=${DESTDIR:-}
 # The crate's version, read from the manifests (no cargo needed to install
 # prebuilt libraries): client-c/Cargo.toml's own `version = "..."`, else
 # the workspace's `[workspace.package]` one that it inherits.
-version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$here/Cargo.toml")
+version=$(sed -n '/^\[package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' "$here/Cargo.toml")
 [ -n "$version" ] ||
     version=$(sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml")
 abi=$(sed -n 's/^#define PFS_ABI_VERSION \([0-9]*\)$/\1/p' "$here/include/pfs.h")

@@ -285,9 +285,9 @@ fn a_misplaced_section_says_why() {
     }
 }
 
-/// A thread's summary row left odd by a writer killed in the middle of an
-/// update (a process that exits while its threads record) is read as it
-/// is once the process is dead: the thread's events of that class are
+/// A thread's summary row, and its identity, left odd by a writer killed
+/// in the middle of an update (a process that exits while its threads
+/// record) are read as they are once the process is dead: the thread's events of that class are
 /// kept (off by at most the one being written), not dropped, and the
 /// segment is kept for its dead retention like any dead one.
 #[test]
@@ -308,6 +308,13 @@ fn a_row_left_mid_update_by_a_dead_writer_is_read_as_it_is() {
         offset_of_field(&w, &rec.row_seqs[c]),
     )
     .unwrap();
+    // And its identity, as a kill inside `set_name` leaves it.
+    let id_seq = rec.header.seq.sequence();
+    file.write_all_at(
+        &(id_seq + 1).to_le_bytes(),
+        offset_of_field(&w, &rec.header.seq),
+    )
+    .unwrap();
     let snapper = Snapshotter::new(
         SegmentSet::new(dir.path(), Duration::from_secs(60)),
         Duration::ZERO,
@@ -324,6 +331,9 @@ fn a_row_left_mid_update_by_a_dead_writer_is_read_as_it_is() {
         5,
         "the exited thread's 3 and the torn row's 2"
     );
-    assert_eq!(s.segments[0].data.stats.torn_rows, 1);
+    assert_eq!(
+        s.segments[0].data.stats.torn_rows, 2,
+        "the row and the thread's identity"
+    );
     drop(file);
 }

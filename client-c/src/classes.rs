@@ -4,6 +4,7 @@
 //! `pfs_init` included, and keep the handle in a global. One handle per
 //! name and family: registering a name again returns the same pointer.
 
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use pfs_client::{
@@ -43,27 +44,31 @@ struct Node<T: 'static> {
 /// registry: a lock that thread held at the fork would never be released
 /// in the child, whose next registration would wait forever. Registration
 /// is a slow path and lists are short (a service's instrument names).
-struct Registry<T: 'static>(AtomicPtr<Node<T>>);
-
-// SAFETY: the registry only hands out `&'static T` of leaked, never
-// mutated nodes, which any thread may read when `T: Sync`; its one shared
-// word is an atomic.
-unsafe impl<T: Sync> Sync for Registry<T> {}
+/// (The `PhantomData` makes the registry `Sync` only for handles that are:
+/// it hands out `&'static T` to any thread.)
+struct Registry<T: 'static>(AtomicPtr<Node<T>>, PhantomData<&'static T>);
 
 impl<T> Registry<T> {
     const fn new() -> Self {
-        Self(AtomicPtr::new(std::ptr::null_mut()))
+        Self(AtomicPtr::new(std::ptr::null_mut()), PhantomData)
     }
 
-    /// The handle of `name` in the list from `head` on.
+    /// The handle of `name` in the list from `node` on.
+    ///
+    /// # Safety
+    ///
+    /// `node` is null or a node of a registry's list, loaded (or reached)
+    /// with Acquire ordering.
     #[allow(unsafe_code)]
-    fn find(mut node: *const Node<T>, name: &str) -> Option<&'static T> {
-        // SAFETY: every non-null pointer in a list points to a node leaked
-        // by `intern` (so valid for the process's life), fully written
-        // before the Release compare-and-swap that published it, which
-        // the Acquire load of the head (or of the publishing thread's
-        // write of `next`, made before that swap) synchronises with; a
-        // published node is never written again.
+    unsafe fn find(mut node: *const Node<T>, name: &str) -> Option<&'static T> {
+        // SAFETY: every node of a list was leaked by `intern` (valid for
+        // the life of the process) and fully written, its `next`
+        // included, before the Release compare-and-swap that published
+        // it; the caller's Acquire load of the head synchronises with that
+        // swap and, through the release sequence of the head's later
+        // swaps, with every earlier one, so every node reachable from it
+        // is visible, complete. A published node is never written again,
+        // so shared references to it are sound.
         while let Some(n) = unsafe { node.as_ref() } {
             if n.name == name {
                 return Some(n.handle);
@@ -87,7 +92,9 @@ fn intern<T>(registry: &Registry<T>, name: &str, make: fn(&'static str) -> T) ->
     let mut mine: Option<&'static mut Node<T>> = None;
     loop {
         let head = registry.0.load(Ordering::Acquire);
-        if let Some(h) = Registry::find(head, name) {
+        // SAFETY: `head` is the list's head, loaded with Acquire.
+        #[allow(unsafe_code)]
+        if let Some(h) = unsafe { Registry::find(head, name) } {
             return h;
         }
         let node = mine.get_or_insert_with(|| {

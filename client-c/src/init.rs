@@ -104,10 +104,14 @@ pub(crate) fn refuse(why: String) -> i32 {
     fail(PFS_ERR_ABI_MISMATCH, why)
 }
 
-/// The code of an initialisation error.
-fn code_of(e: &InitError) -> i32 {
+/// The code of an initialisation error; `bad_config` for settings that
+/// `Config::validate` refuses together (each in range, a segment too
+/// large): `PFS_ERR_BAD_ENV` from the environment, else
+/// `PFS_ERR_INVALID_ARGUMENT`.
+fn code_of(e: &InitError, bad_config: i32) -> i32 {
     #[allow(unreachable_patterns)] // variants pfs-client may add later
     match e {
+        InitError::BadConfig(_) => bad_config,
         InitError::AlreadyInitialized(_) => PFS_ERR_ALREADY_INITIALIZED,
         InitError::BadEnv(..) => PFS_ERR_BAD_ENV,
         InitError::WorldWritable(_) => PFS_ERR_WORLD_WRITABLE,
@@ -121,14 +125,26 @@ fn code_of(e: &InitError) -> i32 {
 
 /// Runs `pfs_client::init_with` (unless an ABI check failed), mapping its
 /// error.
-fn start(config: Result<Config, InitError>) -> i32 {
+fn start(config: Result<Config, InitError>, bad_config: i32) -> i32 {
+    if pfs_client::is_forked_child() {
+        // No lock may be waited for in a forked child (another thread of
+        // the parent may have held it at the fork): pfs-client refuses
+        // without one, and the message is kept only if its lock is free.
+        let Err(e) = config.and_then(pfs_client::init_with) else {
+            return PFS_OK;
+        };
+        if let Ok(mut last) = LAST_ERROR.try_lock() {
+            *last = e.to_string();
+        }
+        return code_of(&e, bad_config);
+    }
     let refused = REFUSED.lock().unwrap_or_else(|e| e.into_inner()).clone();
     if let Some(why) = refused {
         return fail(PFS_ERR_ABI_MISMATCH, why);
     }
     match config.and_then(pfs_client::init_with) {
         Ok(()) => PFS_OK,
-        Err(e) => fail(code_of(&e), e.to_string()),
+        Err(e) => fail(code_of(&e, bad_config), e.to_string()),
     }
 }
 
@@ -246,7 +262,7 @@ unsafe fn config_from(c: &pfs_config_t) -> Result<Config, (i32, String)> {
 #[unsafe(no_mangle)]
 pub extern "C" fn pfs_init() -> i32 {
     shield(PFS_ERR_INTERNAL, || {
-        start(Config::from_env().map(fit_service_name))
+        start(Config::from_env().map(fit_service_name), PFS_ERR_BAD_ENV)
     })
 }
 
@@ -272,7 +288,7 @@ pub unsafe extern "C" fn pfs_init_with(config: *const pfs_config_t) -> i32 {
         };
         // SAFETY: its string fields are valid or null (contract).
         match unsafe { config_from(c) } {
-            Ok(cfg) => start(Ok(cfg)),
+            Ok(cfg) => start(Ok(cfg), PFS_ERR_INVALID_ARGUMENT),
             Err((code, msg)) => fail(code, msg),
         }
     })

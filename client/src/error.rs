@@ -68,7 +68,7 @@ pub enum ConfigError {
     /// The sizes lay out a segment larger than a reader accepts by default
     /// (`pfs-agent --max-segment-size`): nothing would export it.
     #[error(
-        "max_threads, history_len, history_long_len and max_classes make a segment of {} MiB, more than the {} MiB pfs-agent reads by default (its --max-segment-size); lower them",
+        "max_threads, history_len, history_long_len, max_classes and max_strings lay out a segment of {} MiB, more than the {} MiB pfs-agent reads by default (its --max-segment-size); lower them",
         bytes >> 20,
         max >> 20
     )]

@@ -302,6 +302,10 @@ pub(crate) fn end_at<const KIND: usize>(
 #[inline(never)]
 fn append_long<const KIND: usize>(a: &Active, stmt: Option<&StatementFigures>) {
     let kind = Kind::<KIND>::OF;
+    // The first append after the consumer was switched on reserves the
+    // ring (`fallocate`, a cancellation point): not a place to be
+    // cancelled (see `runtime::NoCancel`).
+    let _no_cancel = (!a.rt.writer.long_ready(kind)).then(runtime::NoCancel::new);
     let stmt = stmt
         .filter(|_| kind == EventKind::Statement)
         .map(|f| (f, &a.ctx.rec.header.statements_current));

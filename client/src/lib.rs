@@ -254,6 +254,18 @@ pub fn init_with(config: Config) -> Result<(), InitError> {
     Ok(())
 }
 
+/// Whether this process is the child of a `fork` (without `exec`) of an
+/// initialised process: it records nothing (the segment is its
+/// parent's), and [`init`] fails there with [`InitError::Forked`]. Takes
+/// no lock: callable in a forked child.
+///
+/// ```
+/// assert!(!pfs_client::is_forked_child());
+/// ```
+pub fn is_forked_child() -> bool {
+    runtime::forked()
+}
+
 /// The segment file this process writes, once initialised (`None`
 /// before, or if `init` failed).
 pub fn segment_path() -> Option<&'static Path> {

@@ -47,6 +47,12 @@ static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 /// Set in the child of a `fork` of an initialised process ([`mark_forked`]).
 static FORKED: AtomicBool = AtomicBool::new(false);
 
+/// Whether this process is a forked child of an initialised one.
+#[inline]
+pub(crate) fn forked() -> bool {
+    FORKED.load(Relaxed)
+}
+
 /// The runtime, if [`crate::init`] succeeded in this process (not in the
 /// process it was forked from).
 #[inline(always)]
@@ -77,6 +83,13 @@ static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// `pfs-maintenance` thread, gives back the thread record that thread may
 /// have been given already (the thread registry is above this module).
 pub(crate) fn init(cfg: Config, renounce: fn()) -> Result<&'static Runtime, InitError> {
+    // In a forked child, before any lock: another thread of the parent may
+    // have held one at the fork, and it is never released here.
+    if FORKED.load(Relaxed)
+        && let Some(rt) = RUNTIME.get()
+    {
+        return Err(InitError::Forked(rt.path.clone()));
+    }
     let _no_cancel = NoCancel::new();
     let _one_at_a_time = INIT.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(rt) = RUNTIME.get() {

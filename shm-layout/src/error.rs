@@ -92,8 +92,6 @@ pub enum SegmentError {
     },
 }
 
-/// Which side of a layout version mismatch to upgrade: the agent when the
-/// segment's version is newer, else the application.
 /// The layout versions `oldest..=newest`, in words.
 fn versions(oldest: u32, newest: u32) -> String {
     if oldest >= newest {
@@ -103,6 +101,8 @@ fn versions(oldest: u32, newest: u32) -> String {
     }
 }
 
+/// Which side of a layout version mismatch to upgrade: the agent when the
+/// segment's version is newer, else the application.
 fn upgrade_advice(found: u32, supported: u32) -> &'static str {
     if found > supported {
         "the application's pfs-client is newer: upgrade pfs-agent to a release that reads it"

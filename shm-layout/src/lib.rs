@@ -609,7 +609,9 @@
 //!   process is dead, a reader may read it as it is
 //!   ([`reader::ReadOptions::dead_writers`]): every field is written with
 //!   one store, so each holds its value from before or after that update,
-//!   and the row is off by at most that one event.
+//!   and the row is off by at most that one event (save the 128-bit sum
+//!   when the kill fell between its two words on the one event in 2^64 ps
+//!   of waits that carries into the high word).
 //!
 //! ## Modules and layers
 //!

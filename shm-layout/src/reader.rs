@@ -839,11 +839,6 @@ fn pread_slot<'s>(sink: &'s mut Sink<'_>, kept: bool, preads: &mut u32) -> Optio
     }
 }
 
-/// One row's copy under its sequence lock `seq`, loaded by `load`: taken
-/// with `pread` into the given buffer (the slot of row `class` of record
-/// `idx`, seen through `view`) if `pread` is given, else from `mapped`,
-/// the row in the mapping. A failed `pread` gives no copy: the row is
-/// skipped, as one found torn on every attempt.
 /// How [`read_row`] read a row.
 struct RowRead<T> {
     /// The row and the sequence it was read at; `None`: skipped.
@@ -855,6 +850,12 @@ struct RowRead<T> {
     torn: bool,
 }
 
+/// One row's copy under its sequence lock `seq`, loaded by `load`: taken
+/// with `pread` into the given buffer (the slot of row `class` of record
+/// `idx`, seen through `view`) if `pread` is given, else from `mapped`,
+/// the row in the mapping. A failed `pread` gives no copy: the row is
+/// skipped, as one found torn on every attempt (unless its writers are
+/// gone: [`ReadOptions::dead_writers`]).
 fn read_row<R, T>(
     seq: &SeqLock,
     opts: &ReadOptions,
@@ -1307,7 +1308,7 @@ fn read_thread(
         _ => return Ok(None),
     }
     let timer = seg.timer();
-    let id = h.seq.read(opts.attempts, || {
+    let load_id = || {
         (
             h.thread_id.load(Relaxed),
             h.os_tid.load(Relaxed),
@@ -1319,7 +1320,8 @@ fn read_thread(
                 h.role.load(Relaxed),
             ],
         )
-    });
+    };
+    let id = h.seq.read(opts.attempts, load_id);
     st.retries += u64::from(id.retries);
     let kept: Option<&KeptRecord<Box<Kept>>> = match &sink {
         Sink::Changed { cache, .. } => cache.kept(idx, version),
@@ -1334,6 +1336,16 @@ fn read_thread(
                 | (u32::from(t.history) * THREAD_HISTORY);
             let actor = t.actor_ids.map_or([NONE_U32; 3], |(u, h, r)| [u, h, r]);
             (t.thread_id, t.os_tid, Some(t.name.clone()), flags, actor)
+        })
+    });
+    // A dead writer killed while naming its thread (or declaring its
+    // actor) left the identity's sequence odd: read it as it is, as its
+    // rows are (a name torn or not UTF-8 reads as empty), rather than
+    // drop every row of the thread.
+    let id = id.or_else(|| {
+        (opts.dead_writers && h.seq.sequence() & 1 == 1).then(|| {
+            st.torn_rows += 1;
+            load_id()
         })
     });
     let Some((thread_id, os_tid, name, flags, actor)) = id else {

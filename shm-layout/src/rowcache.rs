@@ -3,7 +3,8 @@
 //! whose sequence moved since the last one (the reader's
 //! `IncrementalReader`, a layer above).
 //!
-//! A kept row is its class, the even sequence value it was read at, and
+//! A kept row is its class, the sequence value it was read at (even; odd
+//! only for a row of a dead writer read as it is, which never changes again), and
 //! its value, compact: most of a row's 46 words are zero (a wait class
 //! has no statement figures, and a row's events fill a few histogram
 //! buckets), so a row is stored as a 64-bit presence mask and its nonzero
@@ -436,7 +437,8 @@ pub struct Walked<T> {
     /// was kept (the record must be kept, with this `version`).
     pub extra: Option<T>,
     /// The rows of a record the cache did not keep (every row read),
-    /// each with the even sequence the copy was taken at.
+    /// each with the sequence the copy was taken at (even, or the odd one a
+    /// dead writer left).
     pub read: Rows,
     /// The rows of a record the cache kept that the walk read (new or
     /// changed): their place in the walk's [`Changes`].

@@ -582,6 +582,14 @@ impl SegmentWriter {
         true
     }
 
+    /// Whether the `history_long` ring of `kind` is reserved: an append
+    /// then makes no system call (the first append to a ring not reserved
+    /// reserves it, with `fallocate`).
+    #[inline]
+    pub fn long_ready(&self, kind: EventKind) -> bool {
+        self.long_state[kind.index()].load(Relaxed) == LongState::Reserved as u8
+    }
+
     /// Reserves the `history_long` ring of `kind` now (it is otherwise
     /// reserved by its first append, which then pays for it); false if
     /// the volume is full (its events are then counted lost).

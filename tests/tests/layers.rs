@@ -231,25 +231,40 @@ fn resolved_refs(file: &Path, me: &[String]) -> Vec<Vec<String>> {
         Some(i) => &text[..i],
         None => &text[..],
     };
-    let path_at = |s: &str| -> Vec<String> {
-        let mut out = Vec::new();
+    // The paths at the start of `s` (`a::b`, or `a::{b, c::d}`: each
+    // member of a group, one level deep).
+    let paths_at = |s: &str| -> Vec<Vec<String>> {
+        let ident = |s: &str| -> String {
+            s.chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect()
+        };
+        let mut prefix = Vec::new();
         let mut rest = s;
         loop {
-            let id: String = rest
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
+            if let Some(group) = rest.strip_prefix('{') {
+                let end = group.find('}').unwrap_or(group.len());
+                return group[..end]
+                    .split(',')
+                    .map(|item| {
+                        let mut p = prefix.clone();
+                        p.extend(item.trim().split("::").map(ident).filter(|i| !i.is_empty()));
+                        p
+                    })
+                    .collect();
+            }
+            let id = ident(rest);
             if id.is_empty() {
                 break;
             }
             rest = &rest[id.len()..];
-            out.push(id);
+            prefix.push(id);
             match rest.strip_prefix("::") {
                 Some(r) => rest = r,
                 None => break,
             }
         }
-        out
+        vec![prefix]
     };
     let mut out = Vec::new();
     for (i, _) in code.match_indices("crate::") {
@@ -260,7 +275,7 @@ fn resolved_refs(file: &Path, me: &[String]) -> Vec<Vec<String>> {
         {
             continue;
         }
-        out.push(path_at(&code[i + "crate::".len()..]));
+        out.extend(paths_at(&code[i + "crate::".len()..]));
     }
     for (i, _) in code.match_indices("super::") {
         let before = &code[..i];
@@ -281,9 +296,11 @@ fn resolved_refs(file: &Path, me: &[String]) -> Vec<Vec<String>> {
         if up > me.len() {
             continue;
         }
-        let mut p = me[..me.len() - up].to_vec();
-        p.extend(path_at(rest));
-        out.push(p);
+        for tail in paths_at(rest) {
+            let mut p = me[..me.len() - up].to_vec();
+            p.extend(tail);
+            out.push(p);
+        }
     }
     out
 }
@@ -402,6 +419,12 @@ fn the_nested_check_finds_siblings_that_import_each_other() {
     write("top/b.rs", "use super::a::X;\n");
     let p = nested_cycles(dir.path());
     assert!(p.len() == 1 && p[0].contains("a, b, deep"), "{p:#?}");
+    // A grouped import is followed member by member.
+    write("top/deep/c.rs", "\n");
+    write("top/b.rs", "use super::{deep, a::X};\n");
+    write("top/a.rs", "use super::{b::Y};\n");
+    let p = nested_cycles(dir.path());
+    assert!(p.len() == 1 && p[0].contains("a, b"), "{p:#?}");
 }
 
 #[test]

@@ -173,7 +173,9 @@ impl Tracked {
     ) -> Result<SegmentSnapshot, SegmentError> {
         // A dead process's rows left odd by a writer killed mid-update are
         // read as they are: nobody will finish them.
-        let dead_writers = self.dead_since.is_some();
+        // (Its flock, not only its file gone: a live process's removed file
+        // is still written.)
+        let dead_writers = self.dead_since.is_some() && owner_is_dead(self.segment.file());
         let s = match opts {
             Some(o) => snapshot(
                 &self.segment,
