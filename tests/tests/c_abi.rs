@@ -823,3 +823,48 @@ fn threads_cancelled_in_their_first_event_do_not_abort_the_process() {
         "{status}: {out}{err}"
     );
 }
+
+/// The README's C example is a whole program: it compiles as written
+/// against the staged install, and runs (into a temporary directory).
+#[test]
+fn the_readme_c_example_compiles_and_runs() {
+    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
+    let section = readme
+        .split("## Instrumenting C, C++ and other languages")
+        .nth(1)
+        .expect("the README's C section");
+    let code = section
+        .split("```c\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("a C block");
+    let inst = install();
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("readme_example.c");
+    std::fs::write(&src, code).unwrap();
+    let exe = dir.path().join("readme_example");
+    let out = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pthread"])
+        .args(inst.pc["Cflags"].split_whitespace())
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .args(inst.pc["Libs"].split_whitespace())
+        .arg(format!("-Wl,-rpath,{}", inst.pc["libdir"]))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the README's C example does not compile:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shm = dir.path().join("shm");
+    let run = Command::new(&exe)
+        .env("PFS_SHM_DIR", &shm)
+        .env("PFS_SERVICE_NAME", "readme-c")
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{run:?}");
+    let segments = std::fs::read_dir(&shm).unwrap().count();
+    assert_eq!(segments, 1, "it wrote its segment");
+}
