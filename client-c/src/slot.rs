@@ -101,6 +101,19 @@ fn gone(owner: Owner) -> bool {
     owner != Owner::ANY && pfs_client::thread_gone()
 }
 
+/// Whether `armed` is the armed word of a slot another thread of this
+/// process armed (a token it was given), when `owner`, a thread, tries to
+/// take it: an end on the wrong thread, worth counting. A disarmed slot
+/// (already ended: 0), and memory that was never armed (no token yet
+/// given reads back from it, but for odds of about one in 2^64 / tokens),
+/// are not. Cold: only on a refused end.
+#[cold]
+#[inline(never)]
+fn begun_by_another(armed: u64, owner: Owner) -> bool {
+    let token = armed ^ ARMED;
+    owner != Owner::ANY && token != 0 && token != owner.0 && token < NEXT_TOKEN.load(Relaxed)
+}
+
 /// A value of type `T` in caller-owned memory, with its armed word.
 #[repr(C)]
 pub(crate) struct Slot<T> {
@@ -226,6 +239,9 @@ pub(crate) unsafe fn take<T>(p: *mut Slot<T>, owner: Owner, last: impl FnOnce(&m
     // SAFETY: `p` is valid and exclusive (contract).
     let slot = unsafe { &mut *p };
     if slot.armed != owner.armed() {
+        if begun_by_another(slot.armed, owner) {
+            pfs_client::count_foreign_end();
+        }
         return;
     }
     slot.armed = 0;

@@ -254,6 +254,20 @@ pub fn init_with(config: Config) -> Result<(), InitError> {
     Ok(())
 }
 
+/// Counts, in `pfs_lost_total{kind="events_ended_by_another_thread"}`, an
+/// end that a foreign-language binding refused because another thread
+/// than the one that began the event asked for it (the C ABI's structs;
+/// Rust's guards are not `Send`). The event stays unrecorded: counting it
+/// is what tells an operator that ends arrive on the wrong threads (an
+/// unpinned goroutine). A no-op before `init`.
+pub fn count_foreign_end() {
+    if let Some(rt) = runtime::get() {
+        rt.writer
+            .segment()
+            .count_lost(pfs_shm_layout::layout::LostKind::ForeignEnds);
+    }
+}
+
 /// Whether this process is the child of a `fork` (without `exec`) of an
 /// initialised process: it records nothing (the segment is its
 /// parent's), and [`init`] fails there with [`InitError::Forked`]. Takes

@@ -26,7 +26,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"PFSSHM\0\0");
 pub const LAYOUT_MAJOR: u32 = 6;
 /// Minor layout version: compatible additions (new section kinds, use of
 /// reserved fields). Readers accept any minor version of a known major.
-pub const LAYOUT_MINOR: u32 = 0;
+pub const LAYOUT_MINOR: u32 = 1;
 /// The major versions a reader of this crate reads: its own, and 5, whose
 /// only difference is the memory row ([`MemoryRowV5`]), so that a newer
 /// agent reads the processes built with the previous client during a
@@ -244,11 +244,15 @@ pub enum LostKind {
     StagesLong = 6,
     /// `events_statements_history_long` slots not written.
     StatementsLong = 7,
+    /// Events whose end came from another thread than the one that began
+    /// them (a C caller's struct ended elsewhere, an unpinned goroutine):
+    /// the end is refused, the event not recorded (since 6.1).
+    ForeignEnds = 8,
 }
 
 impl LostKind {
     /// Every kind, in counter order.
-    pub const ALL: [LostKind; 8] = [
+    pub const ALL: [LostKind; 9] = [
         Self::Threads,
         Self::Classes,
         Self::Strings,
@@ -257,6 +261,7 @@ impl LostKind {
         Self::WaitsLong,
         Self::StagesLong,
         Self::StatementsLong,
+        Self::ForeignEnds,
     ];
 
     /// The label used in tables and metrics.
@@ -270,6 +275,7 @@ impl LostKind {
             Self::WaitsLong => "events_waits_history_long",
             Self::StagesLong => "events_stages_history_long",
             Self::StatementsLong => "events_statements_history_long",
+            Self::ForeignEnds => "events_ended_by_another_thread",
         }
     }
 }

@@ -8,12 +8,13 @@
 //! checked at compile time, and `tests/spec.rs` checks every number of the
 //! tables below against them.
 //!
-//! Layout version **6.0** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
+//! Layout version **6.1** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
 //! All integers are little-endian (the header's byte-order mark says so).
 //! Every field is an aligned 32- or 64-bit word, read and written with
 //! atomic instructions only.
 //!
-//! Versions: 6.0 no longer stores a memory row's `CURRENT_COUNT_USED` and
+//! Versions: 6.1 uses lost counter 8, `events_ended_by_another_thread`
+//! (6.0 readers ignore it; it is 0 in 6.0 segments). 6.0 no longer stores a memory row's `CURRENT_COUNT_USED` and
 //! `CURRENT_NUMBER_OF_BYTES_USED`, which are allocated − freed by
 //! definition: a reader derives them from the counts and sums, and an
 //! allocation or a free writes two words fewer (the fields after them
@@ -133,7 +134,7 @@
 //! |-------:|-----:|-------|---------|
 //! | 0x000 | 8 | `magic` | `"PFSSHM\0\0"` |
 //! | 0x008 | 4 | `major` | 6; a reader of this version also reads 5.x segments (their memory rows differ, below); refuse any other |
-//! | 0x00C | 4 | `minor` | 0; compatible additions (new section kinds, use of reserved fields): accept any |
+//! | 0x00C | 4 | `minor` | 1; compatible additions (new section kinds, use of reserved fields): accept any |
 //! | 0x010 | 4 | `byte_order` | `0x01020304` as written by the creator |
 //! | 0x014 | 4 | `header_size` | 4096 |
 //! | 0x018 | 8 | `segment_size` | file size set by the creator; must be ≤ the file's length |
@@ -199,8 +200,10 @@
 //! | 5 | `events_waits_history_long` |
 //! | 6 | `events_stages_history_long` |
 //! | 7 | `events_statements_history_long` |
+//! | 8 | `events_ended_by_another_thread` |
 //!
-//! Indexes 8 and up are reserved ([`layout::LostKind`]).
+//! Index 8 is used since 6.1 (0 in older segments). Indexes 9 and up are
+//! reserved ([`layout::LostKind`]).
 //!
 //! ## Class entry: [`layout::ClassEntry`], 128 bytes
 //!

@@ -187,7 +187,8 @@ static int owner(const char *shm_dir, const char *service) {
     pfs_wait_end(&garbage);
 
     /* Recorded: the owner's wait (7 bytes) and leaves_a_copy's (0 bytes),
-     * one statement with ROWS_SENT 1, no error. */
+     * one statement with ROWS_SENT 1, no error; six ends refused as
+     * another thread's (counted), the garbage's not. */
     print_segment_line("");
     wait_for_eof();
     return 0;

@@ -690,6 +690,13 @@ fn an_end_by_a_thread_that_did_not_begin_is_a_no_op() {
         (1, 1, 0),
         "the owner's statement, without main's figures"
     );
+    assert_eq!(
+        snap.lost[LostKind::ForeignEnds as usize],
+        6,
+        "the refused ends of structs another thread began: main's two of the \
+         shared wait and one of the shared statement, the orphan's, and the \
+         stale copy ended by a later thread and by main; not the garbage"
+    );
     finish_edges(w);
 }
 
