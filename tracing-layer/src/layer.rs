@@ -102,10 +102,12 @@ impl PfsLayerBuilder {
         self
     }
 
-    /// Adds the HTTP rule ([`StatementRule::http`]) and
-    /// [`PfsLayerBuilder::named_spans`].
+    /// Adds the HTTP rule ([`StatementRule::http`]), the gRPC rule
+    /// ([`StatementRule::grpc`]) and [`PfsLayerBuilder::named_spans`].
     pub fn http_defaults(self) -> Self {
-        self.statement(StatementRule::http()).named_spans()
+        self.statement(StatementRule::http())
+            .statement(StatementRule::grpc())
+            .named_spans()
     }
 
     /// Spans named like PFS instruments become them:

@@ -230,6 +230,7 @@
 //! | 0 | `stack` | the thread-local stack of statement spans entered on this thread |
 //! | 0 | `classes` | the bounded set of statement classes named from field values |
 //! | 0 | `http` | `make_span`, a request span naming axum's route (feature `http`) |
+//! | 0 | `grpc` | `make_span`, a gRPC request span naming the RPC (feature `http`) |
 //! | 1 | `rules` | [`SpanMatch`], [`StatementRule`], [`StageRule`] and the HTTP defaults |
 //! | 2 | `callsite` | per-callsite decisions, in a lock-free table |
 //! | 3 | `span` | the per-span state in extensions, and the field visitors |
@@ -240,6 +241,8 @@
 
 mod callsite;
 mod classes;
+#[cfg(feature = "http")]
+pub mod grpc;
 #[cfg(feature = "http")]
 pub mod http;
 mod layer;

@@ -413,6 +413,26 @@ impl StatementRule {
         .status("status|http.response.status_code")
         .failure("classification")
     }
+
+    /// The default rule for gRPC servers: `grpc_request` spans of
+    /// `pfs_tracing::grpc`'s `make_span` (behind tower-http's
+    /// `TraceLayer::new_for_grpc()`) become `statement/grpc/<rpc>`:
+    ///
+    /// | what | from |
+    /// | --- | --- |
+    /// | spans | named `grpc_request`, with an `rpc` field |
+    /// | class | `{rpc}` (`package.Service/Method`), else `statement/grpc/unknown` |
+    /// | `SQL_TEXT`, `DIGEST` text | `{rpc}` |
+    /// | errors | a non-OK `grpc-status` (tower-http's gRPC classifier reports it as a failure, `classification`); the HTTP `status` is 200 |
+    /// | cancelled | a call whose future was dropped (a client's deadline, a dropped stream) |
+    pub fn grpc() -> Self {
+        Self::new(SpanMatch::name("grpc_request").and_field("rpc"), "grpc")
+            .class("{rpc}")
+            .text("{rpc}")
+            .digest("{rpc}")
+            .status("status")
+            .failure("classification")
+    }
 }
 
 /// How one kind of span becomes a stage (a phase of the statement it runs
