@@ -104,6 +104,11 @@ pub enum StateError {
     /// A summary that cannot be read back.
     #[error(transparent)]
     Summary(#[from] JsonError),
+    /// Owned by another user than this agent's, under `--require-owner`.
+    #[error(
+        "owned by uid {0}, not by this agent's user: another user wrote it, and under --require-owner only the agent's own state is read"
+    )]
+    ForeignOwner(u32),
 }
 
 /// A retired segment whose file may still exist (it is removed after the
@@ -356,6 +361,8 @@ pub struct Store {
     /// `(inode, mtime ns, len)` of an unusable state file that could not be
     /// set aside: never overwritten while it is there, unchanged.
     unusable: Option<(u64, i64, u64)>,
+    /// Read only a state file this agent's user owns ([`Store::own_files_only`]).
+    own_files_only: bool,
 }
 
 fn stamp(m: &std::fs::Metadata) -> (u64, i64, u64) {
@@ -373,7 +380,16 @@ impl Store {
             dirty: false,
             warned_lock: false,
             unusable: None,
+            own_files_only: false,
         }
+    }
+
+    /// Reads only a state file owned by this agent's effective user (the
+    /// one that writes it): under `--require-owner`, where other users may
+    /// write the directory but not be trusted, a state file another user
+    /// planted (forged totals) is unusable, set aside as a corrupt one is.
+    pub fn own_files_only(&mut self) {
+        self.own_files_only = true;
     }
 
     /// This agent's role.
@@ -398,7 +414,7 @@ impl Store {
             // An owner that kept its old lock would own a directory that
             // is gone; a follower waiting on it would be promoted when the
             // owner lets it go, while the owner takes the new one.
-            tracing::info!(dir = %self.dir.display(), "the agent lock file was removed (with its directory?); taking the directory's lock again");
+            tracing::info!(dir = %crate::util::shown::path(&self.dir), "the agent lock file was removed (with its directory?); taking the directory's lock again");
             self.lock = None;
         }
         if self.lock.is_some() && self.role == Role::Owner {
@@ -416,7 +432,7 @@ impl Store {
                 Ok(f) => self.lock = Some(f),
                 Err(e) => {
                     if !self.warned_lock && e.kind() != std::io::ErrorKind::NotFound {
-                        tracing::warn!(dir = %self.dir.display(), error = %e, "cannot create the agent lock file; acting as the only agent on this directory");
+                        tracing::warn!(dir = %crate::util::shown::path(&self.dir), error = %e, "cannot create the agent lock file; acting as the only agent on this directory");
                         self.warned_lock = true;
                     }
                     self.role = Role::Owner;
@@ -437,7 +453,7 @@ impl Store {
                     // before, this agent keeps what it holds).
                     Elected::Locked
                 } else if was == Role::Follower {
-                    tracing::info!(dir = %self.dir.display(), "the other agent on this directory exited; this agent now retires dead segments and keeps the state file");
+                    tracing::info!(dir = %crate::util::shown::path(&self.dir), "the other agent on this directory exited; this agent now retires dead segments and keeps the state file");
                     Elected::Promoted
                 } else {
                     Elected::Unchanged
@@ -445,7 +461,7 @@ impl Store {
             }
             Err(_) => {
                 if was == Role::Owner {
-                    tracing::warn!(dir = %self.dir.display(), "another pfs-agent owns this directory (it holds {LOCK_FILE}); this agent exports the same segments but leaves retiring them and the state file to it");
+                    tracing::warn!(dir = %crate::util::shown::path(&self.dir), "another pfs-agent owns this directory (it holds {LOCK_FILE}); this agent exports the same segments but leaves retiring them and the state file to it");
                 }
                 self.role = Role::Follower;
                 Elected::Unchanged
@@ -477,10 +493,10 @@ impl Store {
     /// one is set aside as [`CORRUPT_FILE`], logged, and read as empty.
     pub fn load(&mut self) -> State {
         let path = self.state_path();
-        match read_state(&path) {
+        match read_state(&path, self.own_files_only) {
             Ok(Some((state, st))) => {
                 self.seen = Some(st);
-                tracing::info!(path = %path.display(), services = state.retired.by_service.len(), retired_segments = state.retired_segments, "retired totals loaded");
+                tracing::info!(path = %crate::util::shown::path(&path), services = state.retired.by_service.len(), retired_segments = state.retired_segments, "retired totals loaded");
                 state
             }
             Ok(None) => {
@@ -492,14 +508,14 @@ impl Store {
                 // undone by upgrading again), neither read nor replaced.
                 self.seen = std::fs::symlink_metadata(&path).ok().map(|m| stamp(&m));
                 self.unusable = self.seen;
-                tracing::error!(path = %path.display(), version = v, "state file written by a newer pfs-agent (state version {v}; this agent reads version {VERSION}): it is left as it is, neither read nor overwritten, so this agent's retired totals start from zero and dead segments are kept, not retired; run a pfs-agent that reads it (or move it away to start afresh)");
+                tracing::error!(path = %crate::util::shown::path(&path), version = v, "state file written by a newer pfs-agent (state version {v}; this agent reads version {VERSION}): it is left as it is, neither read nor overwritten, so this agent's retired totals start from zero and dead segments are kept, not retired; run a pfs-agent that reads it (or move it away to start afresh)");
                 State::default()
             }
             Err(StateError::File(ReadError::DirDenied(e))) => {
                 // The directory's fault, not the file's (which may not
                 // exist): nothing to set aside; read once it can be.
                 self.seen = None;
-                tracing::error!(dir = %self.dir.display(), error = %e, "cannot read the state file {STATE_FILE}: the segment directory cannot be searched, so retired totals start from zero and cannot be saved; {DIR_ACCESS_HINT}");
+                tracing::error!(dir = %crate::util::shown::path(&self.dir), error = %e, "cannot read the state file {STATE_FILE}: the segment directory cannot be searched, so retired totals start from zero and cannot be saved; {DIR_ACCESS_HINT}");
                 State::default()
             }
             Err(msg) => {
@@ -511,14 +527,14 @@ impl Store {
                 match moved {
                     Some(Ok(aside)) => {
                         self.unusable = None;
-                        tracing::error!(path = %path.display(), set_aside = %aside.display(), "state file is unusable ({msg}); it was set aside and retired totals start from zero, so services whose processes were retired may show one counter reset");
+                        tracing::error!(path = %crate::util::shown::path(&path), set_aside = %crate::util::shown::path(&aside), "state file is unusable ({msg}); it was set aside and retired totals start from zero, so services whose processes were retired may show one counter reset");
                     }
                     Some(Err(e)) => {
                         self.unusable = self.seen;
-                        tracing::error!(path = %path.display(), error = %e, "state file is unusable ({msg}) and cannot be set aside; it is left as it is and the retired totals are not saved (retired segment files are kept) until you move it away");
+                        tracing::error!(path = %crate::util::shown::path(&path), error = %e, "state file is unusable ({msg}) and cannot be set aside; it is left as it is and the retired totals are not saved (retired segment files are kept) until you move it away");
                     }
                     None => {
-                        tracing::error!(path = %path.display(), "state file is unusable ({msg}); retired totals start from zero");
+                        tracing::error!(path = %crate::util::shown::path(&path), "state file is unusable ({msg}); retired totals start from zero");
                     }
                 }
                 State::default()
@@ -551,7 +567,7 @@ impl Store {
         let bytes = encode(state);
         match write_atomic(&path, &bytes) {
             Err(e) if spend_reserve && no_space(&e) && self.give_back_reserve() => {
-                tracing::warn!(dir = %self.dir.display(), "the volume is full: the space kept for the state file ({RESERVE_FILE}) was given back to save it");
+                tracing::warn!(dir = %crate::util::shown::path(&self.dir), "the volume is full: the space kept for the state file ({RESERVE_FILE}) was given back to save it");
                 write_atomic(&path, &bytes)?;
             }
             r => r?,
@@ -595,7 +611,7 @@ impl Store {
                     .map_err(std::io::Error::from)
             });
         if let Err(e) = made {
-            tracing::debug!(path = %path.display(), error = %e, "cannot keep space for the state file");
+            tracing::debug!(path = %crate::util::shown::path(&path), error = %e, "cannot keep space for the state file");
             // An empty reserve would be given back for nothing.
             if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
                 let _ = std::fs::remove_file(&path);
@@ -614,9 +630,12 @@ fn no_space(e: &std::io::Error) -> bool {
 
 type Loaded = Option<(State, (u64, i64, u64))>;
 
-fn read_state(path: &Path) -> Result<Loaded, StateError> {
+fn read_state(path: &Path, own_only: bool) -> Result<Loaded, StateError> {
     match read_capped(path, MAX_STATE_BYTES)? {
         None => Ok(None),
+        Some((_, meta)) if own_only && meta.uid() != rustix::process::geteuid().as_raw() => {
+            Err(StateError::ForeignOwner(meta.uid()))
+        }
         Some((buf, meta)) => decode(&buf).map(|s| Some((s, stamp(&meta)))),
     }
 }
@@ -720,6 +739,35 @@ mod tests {
         // A file without pending segments (an older agent's) loads.
         let back = decode(&encode(&sample())).unwrap();
         assert!(back.pending.is_empty());
+    }
+
+    /// Under `--require-owner`, a state file that another user planted
+    /// (forged totals) is not read but set aside; the agent's own is read.
+    /// (The planted file needs root to make: without root, only the
+    /// agent's own file is checked.)
+    #[test]
+    fn only_the_agents_own_state_file_is_read_when_owners_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::new(dir.path());
+        store.own_files_only();
+        store.save(&sample()).unwrap();
+        assert_eq!(store.load().retired_segments, 12, "the agent's own file");
+        if !rustix::process::geteuid().is_root() {
+            return;
+        }
+        let path = store.state_path();
+        std::os::unix::fs::chown(&path, Some(12345), None).unwrap();
+        let mut store = Store::new(dir.path());
+        store.own_files_only();
+        assert_eq!(
+            store.load().retired_segments,
+            0,
+            "a planted file is not read"
+        );
+        assert!(dir.path().join(CORRUPT_FILE).exists(), "it is set aside");
+        // Without the check (no --require-owner), any owner is read.
+        std::fs::rename(dir.path().join(CORRUPT_FILE), &path).unwrap();
+        assert_eq!(Store::new(dir.path()).load().retired_segments, 12);
     }
 
     /// Merging retired totals adds them: twice the sample is the sample

@@ -348,9 +348,9 @@ impl Snapshotter {
                         let passing = prev.is_some()
                             && matches!(e, pfs_shm_layout::SegmentError::GlobalLockStuck { .. });
                         if !passing && t.failure.as_deref() != Some(message.as_str()) {
-                            tracing::warn!(path = %t.path.display(), reason = Refusal::of(&e).label(), error = %e, "segment snapshot failed; {exported}; retried on every read");
+                            tracing::warn!(path = %crate::util::shown::path(&t.path), reason = Refusal::of(&e).label(), error = %e, "segment snapshot failed; {exported}; retried on every read");
                         } else {
-                            tracing::debug!(path = %t.path.display(), reason = Refusal::of(&e).label(), error = %e, "segment snapshot failed again; {exported}");
+                            tracing::debug!(path = %crate::util::shown::path(&t.path), reason = Refusal::of(&e).label(), error = %e, "segment snapshot failed again; {exported}");
                         }
                         if prev.is_none() {
                             unread.push((t.path.clone(), Refusal::of(&e), message.clone()));
@@ -361,7 +361,7 @@ impl Snapshotter {
                 }
             };
             if fresh.is_some() && t.failure.take().is_some() {
-                tracing::info!(path = %t.path.display(), "segment read again");
+                tracing::info!(path = %crate::util::shown::path(&t.path), "segment read again");
             }
             let data = match (fresh, mode) {
                 (Some(s), Mode::Full) => {

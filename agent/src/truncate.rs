@@ -680,7 +680,7 @@ impl Baselines {
                 }
             }
             Err(BaselinesError::File(ReadError::DirDenied(e))) => {
-                tracing::error!(dir = %dir.display(), error = %e, "cannot read the TRUNCATE baselines file {BASELINES_FILE}: the segment directory cannot be searched, so tables show lifetime values; {DIR_ACCESS_HINT}");
+                tracing::error!(dir = %crate::util::shown::path(dir), error = %e, "cannot read the TRUNCATE baselines file {BASELINES_FILE}: the segment directory cannot be searched, so tables show lifetime values; {DIR_ACCESS_HINT}");
                 Self::default()
             }
             Err(msg) => {
@@ -688,10 +688,10 @@ impl Baselines {
                 let aside = dir.join(format!("{BASELINES_FILE}.corrupt"));
                 match set_aside(&file, &aside) {
                     Ok(to) => {
-                        tracing::error!(path = %file.display(), set_aside = %to.display(), "TRUNCATE baselines file is unusable ({msg}); tables show lifetime values again")
+                        tracing::error!(path = %crate::util::shown::path(&file), set_aside = %crate::util::shown::path(&to), "TRUNCATE baselines file is unusable ({msg}); tables show lifetime values again")
                     }
                     Err(e) => {
-                        tracing::error!(path = %file.display(), error = %e, "TRUNCATE baselines file is unusable ({msg}) and cannot be set aside; tables show lifetime values; move it away")
+                        tracing::error!(path = %crate::util::shown::path(&file), error = %e, "TRUNCATE baselines file is unusable ({msg}) and cannot be set aside; tables show lifetime values; move it away")
                     }
                 }
                 Self::default()
@@ -706,7 +706,7 @@ impl Baselines {
         match Self::read(dir) {
             Ok(b) => b.unwrap_or_default(),
             Err(BaselinesError::File(ReadError::DirDenied(e))) => {
-                tracing::warn!(dir = %dir.display(), error = %e, "cannot read the TRUNCATE baselines file {BASELINES_FILE}: the segment directory cannot be searched; showing lifetime values; {DIR_ACCESS_HINT}");
+                tracing::warn!(dir = %crate::util::shown::path(dir), error = %e, "cannot read the TRUNCATE baselines file {BASELINES_FILE}: the segment directory cannot be searched; showing lifetime values; {DIR_ACCESS_HINT}");
                 Self::default()
             }
             Err(msg) => {

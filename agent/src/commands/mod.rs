@@ -254,7 +254,7 @@ fn control_options(
     let token = match token_file {
         Some(path) if !path_exists(path)? => {
             tracing::info!(
-                file = %path.display(),
+                file = %pfs_agent::util::shown::path(path),
                 "the control token file does not exist: control (POST /api/v1/setup, TRUNCATE) is disabled; create it (in Kubernetes: the pfs-agent-control-token Secret, see deploy/README.md) and restart the agent to enable it"
             );
             None
@@ -305,7 +305,10 @@ fn require_dir(dir: &Path) -> anyhow::Result<()> {
 /// directory is a directory.
 fn dir_exists(dir: &Path) -> anyhow::Result<bool> {
     match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => Ok(true),
+        Ok(m) if m.is_dir() => {
+            warn_if_open(dir, &m);
+            Ok(true)
+        }
         Ok(_) => anyhow::bail!(
             "segment directory {} is not a directory; pass the directory the instrumented processes write their segments to with --shm-dir (or PFS_SHM_DIR)",
             dir.display()
@@ -317,6 +320,22 @@ fn dir_exists(dir: &Path) -> anyhow::Result<bool> {
                 dir.display()
             )
         }),
+    }
+}
+
+/// Warns when the segment directory `dir` (its metadata `m`) lets other
+/// users in where the agent trusts what it finds: writable by every user
+/// (anyone can then plant segments, and the agent's own state and
+/// TRUNCATE files, whatever `--require-owner` says of segments), or a
+/// symbolic link (the agent writes its files where it points).
+fn warn_if_open(dir: &Path, m: &std::fs::Metadata) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir_shown = pfs_agent::util::shown::path(dir);
+    if m.permissions().mode() & 0o002 != 0 {
+        tracing::warn!(dir = %dir_shown, "the segment directory is writable by every user: anyone can plant segments and the agent's own state and TRUNCATE files in it (forging exported totals); give it to the application's user or group (mode 0700 or 0770)");
+    }
+    if std::fs::symlink_metadata(dir).is_ok_and(|l| l.file_type().is_symlink()) {
+        tracing::warn!(dir = %dir_shown, "the segment directory is a symbolic link: the agent reads and writes where it points; check who can change it, or pass the real directory with --shm-dir");
     }
 }
 

@@ -24,7 +24,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     // A directory that does not exist yet is waited for (a sidecar may start
     // first); a path that exists and is not a directory is an error.
     if !dir_exists(&a.dir.shm_dir)? {
-        tracing::warn!(dir = %a.dir.shm_dir.display(), "segment directory does not exist yet; waiting for instrumented processes to create it");
+        tracing::warn!(dir = %pfs_agent::util::shown::path(&a.dir.shm_dir), "segment directory does not exist yet; waiting for instrumented processes to create it");
     }
     let mut set = SegmentSet::new(&a.dir.shm_dir, a.dead_retention)
         .with_policy(a.policy.policy())
@@ -39,7 +39,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let delay = a.shutdown_delay;
     runtime()?.block_on(async move {
         let (listener, listen) = bind(a.listen).await?;
-        tracing::info!(listen = %listen, dir = %a.dir.shm_dir.display(), max_connections = limits.max_connections, shutdown_delay = %HumanDuration(delay), "pfs-agent serving /metrics, /healthz, /api/v1/tables");
+        tracing::info!(listen = %listen, dir = %pfs_agent::util::shown::path(&a.dir.shm_dir), max_connections = limits.max_connections, shutdown_delay = %HumanDuration(delay), "pfs-agent serving /metrics, /healthz, /api/v1/tables");
         if reads_open && !listen.ip().is_loopback() {
             tracing::info!("reads are open to anyone who can reach {listen}; use --read-token-file or a loopback --listen to restrict them");
         }

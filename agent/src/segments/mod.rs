@@ -184,8 +184,12 @@ impl SegmentSet {
 
     /// Keeps the retired totals in the directory's state file (loaded now,
     /// written at every retirement), so an agent restart loses none.
+    ///
+    /// Under `--require-owner` (a policy other than [`OwnerPolicy::Any`]),
+    /// only a state file owned by this agent's user is read.
     pub fn persist(mut self) -> Self {
-        self.retirement.persist();
+        self.retirement
+            .persist(self.policy.owner != OwnerPolicy::Any);
         self.forget_absorbed();
         self
     }
@@ -247,7 +251,7 @@ impl SegmentSet {
     fn refuse(&mut self, path: &Path, refused: Refused, stamp: Stamp) {
         let Refused { reason, message } = refused;
         self.pending.remove(path);
-        tracing::warn!(path = %path.display(), reason = reason.label(), "refusing segment file: {message}");
+        tracing::warn!(path = %crate::util::shown::path(path), reason = reason.label(), "refusing segment file: {message}");
         *self.errors.entry(reason).or_default() += 1;
         self.invalid.insert(
             path.to_path_buf(),
@@ -310,9 +314,9 @@ impl SegmentSet {
                 let absent = std::mem::take(&mut self.dir_absent);
                 if self.list_error.take().is_some() {
                     if absent {
-                        tracing::info!(dir = %self.dir.display(), "the segment directory exists now");
+                        tracing::info!(dir = %crate::util::shown::path(&self.dir), "the segment directory exists now");
                     } else {
-                        tracing::info!(dir = %self.dir.display(), "the segment directory can be listed again");
+                        tracing::info!(dir = %crate::util::shown::path(&self.dir), "the segment directory can be listed again");
                     }
                 }
                 Some(e)
@@ -337,11 +341,11 @@ impl SegmentSet {
                 }
                 if relog {
                     if self.dir_absent {
-                        tracing::debug!(dir = %self.dir.display(), "the segment directory does not exist yet; waiting for an instrumented process to create it");
+                        tracing::debug!(dir = %crate::util::shown::path(&self.dir), "the segment directory does not exist yet; waiting for an instrumented process to create it");
                     } else {
                         let advice = ListFailure::of(&e, found_before)
                             .map_or("check --shm-dir (or PFS_SHM_DIR)", ListFailure::advice);
-                        tracing::warn!(dir = %self.dir.display(), error = %e, tracked = self.tracked.len(), "cannot list the segment directory, so no new process is found (the segments already found are still read, and their processes' exits still noticed); {advice}");
+                        tracing::warn!(dir = %crate::util::shown::path(&self.dir), error = %e, tracked = self.tracked.len(), "cannot list the segment directory, so no new process is found (the segments already found are still read, and their processes' exits still noticed); {advice}");
                     }
                     self.list_error = Some((msg, Instant::now()));
                 }
@@ -366,7 +370,7 @@ impl SegmentSet {
                     continue;
                 }
                 // Replaced under the same name: retire the old one now.
-                tracing::info!(path = %path.display(), "segment file replaced by a new process; retiring the old one");
+                tracing::info!(path = %crate::util::shown::path(&path), "segment file replaced by a new process; retiring the old one");
                 retire.push(self.tracked.remove(&path).expect("tracked"));
             }
             if self
@@ -412,9 +416,9 @@ impl SegmentSet {
                 let found = self.retirement.died_unix_ns(&t.identity());
                 t.dead_since = Some(found.map_or(now, |ns| instant_of(now, ns)));
                 if found.is_some() {
-                    tracing::info!(path = %path.display(), service = t.segment.service(), "a process found dead before this agent started; keeping its final counters for the rest of the retention period");
+                    tracing::info!(path = %crate::util::shown::path(path), service = t.segment.service(), "a process found dead before this agent started; keeping its final counters for the rest of the retention period");
                 } else {
-                    tracing::info!(path = %path.display(), service = t.segment.service(), "process exited; keeping its final counters for the retention period");
+                    tracing::info!(path = %crate::util::shown::path(path), service = t.segment.service(), "process exited; keeping its final counters for the retention period");
                 }
                 torn = t.final_read();
                 self.retirement.pend(t);
@@ -499,7 +503,7 @@ impl SegmentSet {
         };
         match result {
             Ok(segment) => {
-                tracing::info!(path = %path.display(), service = segment.service(), pid = segment.pid(), "segment found");
+                tracing::info!(path = %crate::util::shown::path(path), service = segment.service(), pid = segment.pid(), "segment found");
                 self.invalid.remove(path);
                 self.pending.remove(path);
                 let defaults = self.defaults.attach(path);
@@ -536,10 +540,10 @@ impl SegmentSet {
                 {
                     match std::fs::remove_file(path) {
                         Ok(()) => {
-                            tracing::info!(path = %path.display(), "removed a segment file whose creator died while creating it (no process holds it)")
+                            tracing::info!(path = %crate::util::shown::path(path), "removed a segment file whose creator died while creating it (no process holds it)")
                         }
                         Err(e) => {
-                            tracing::warn!(path = %path.display(), error = %e, "cannot remove a segment file whose creator died while creating it; remove it")
+                            tracing::warn!(path = %crate::util::shown::path(path), error = %e, "cannot remove a segment file whose creator died while creating it; remove it")
                         }
                     }
                     self.pending.remove(path);
@@ -553,7 +557,7 @@ impl SegmentSet {
                         "still not initialised after {:?}: {message}; its creator may have died (the file is retried every pass; remove it if no process is starting)",
                         self.not_ready_grace
                     );
-                    tracing::warn!(path = %path.display(), reason = reason.label(), "segment file {message}");
+                    tracing::warn!(path = %crate::util::shown::path(path), reason = reason.label(), "segment file {message}");
                     *self.errors.entry(reason).or_default() += 1;
                     self.invalid.insert(
                         path.to_path_buf(),

@@ -75,8 +75,11 @@ impl Retirement {
 
     /// Keeps the totals in the directory's state file from now on (loaded
     /// now, written at every retirement).
-    pub(super) fn persist(&mut self) {
+    pub(super) fn persist(&mut self, own_files_only: bool) {
         let mut store = Store::new(&self.dir);
+        if own_files_only {
+            store.own_files_only();
+        }
         store.elect();
         let state = store.load();
         store.prepare();
@@ -274,11 +277,11 @@ impl Retirement {
                 if same_file {
                     if !t.unretirable_reported {
                         t.unretirable_reported = true;
-                        tracing::warn!(path = %t.path.display(), service = t.segment.service(), pid = t.segment.pid(), error = t.failure.as_deref().unwrap_or("never read"), "not retiring a dead segment that could not be read: its file is kept (and counted as invalid) so that its counters are not lost; remove it by hand once its figures are not needed");
+                        tracing::warn!(path = %crate::util::shown::path(&t.path), service = t.segment.service(), pid = t.segment.pid(), error = t.failure.as_deref().unwrap_or("never read"), "not retiring a dead segment that could not be read: its file is kept (and counted as invalid) so that its counters are not lost; remove it by hand once its figures are not needed");
                     }
                     kept.push(t);
                 } else {
-                    tracing::warn!(path = %t.path.display(), service = t.segment.service(), pid = t.segment.pid(), "a segment that could not be read was replaced or removed; its figures are lost");
+                    tracing::warn!(path = %crate::util::shown::path(&t.path), service = t.segment.service(), pid = t.segment.pid(), "a segment that could not be read was replaced or removed; its figures are lost");
                 }
                 continue;
             };
@@ -379,7 +382,7 @@ impl Retirement {
                 tmp.push(".tmp");
                 let tmp = PathBuf::from(tmp);
                 if repeated {
-                    tracing::debug!(path = %path.display(), error, "cannot save the retired totals (still)");
+                    tracing::debug!(path = %crate::util::shown::path(&path), error, "cannot save the retired totals (still)");
                 } else {
                     let fix = match e.kind() {
                         std::io::ErrorKind::NotFound => format!(
@@ -396,7 +399,7 @@ impl Retirement {
                             tmp.display()
                         ),
                     };
-                    tracing::warn!(path = %path.display(), tmp = %tmp.display(), error, "cannot save the retired totals: {fix}. Dead segments are not removed until the save succeeds; it is retried every pass, and this is logged again if the error changes or in {} minutes", SAVE_WARNING_EVERY.as_secs() / 60);
+                    tracing::warn!(path = %crate::util::shown::path(&path), tmp = %crate::util::shown::path(&tmp), error, "cannot save the retired totals: {fix}. Dead segments are not removed until the save succeeds; it is retried every pass, and this is logged again if the error changes or in {} minutes", SAVE_WARNING_EVERY.as_secs() / 60);
                     self.save_warning = Some((error, now));
                 }
             }
@@ -410,10 +413,12 @@ pub(super) fn remove_retired(path: &Path, ino: u64) {
         return;
     }
     match std::fs::remove_file(path) {
-        Ok(()) => tracing::info!(path = %path.display(), "dead segment retired and removed"),
+        Ok(()) => {
+            tracing::info!(path = %crate::util::shown::path(path), "dead segment retired and removed")
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "cannot remove retired segment; check the directory's permissions")
+            tracing::warn!(path = %crate::util::shown::path(path), error = %e, "cannot remove retired segment; check the directory's permissions")
         }
     }
 }

@@ -203,7 +203,7 @@ impl Tracked {
         if let Some(s) = self.stuck.take()
             && s.reported
         {
-            tracing::info!(path = %self.path.display(), service = self.segment.service(), "the global section's unfinished write completed after {:?}; the segment is read normally again", s.since.elapsed());
+            tracing::info!(path = %crate::util::shown::path(&self.path), service = self.segment.service(), "the global section's unfinished write completed after {:?}; the segment is read normally again", s.since.elapsed());
         }
     }
 
@@ -261,11 +261,11 @@ impl Tracked {
         match self.snapshot_summaries() {
             Ok(mut s) => {
                 if s.stats.torn_rows > 0 {
-                    tracing::info!(path = %self.path.display(), rows = s.stats.torn_rows, "a writer of this dead process was killed in the middle of an update: its row is read as it is (each figure from before or after that last event)");
+                    tracing::info!(path = %crate::util::shown::path(&self.path), rows = s.stats.torn_rows, "a writer of this dead process was killed in the middle of an update: its row is read as it is (each figure from before or after that last event)");
                 }
                 let torn = s.threads.iter().any(|th| !th.skipped_rows.is_empty());
                 if torn {
-                    tracing::info!(path = %self.path.display(), "rows of this dead process cannot be read; they keep their last good value");
+                    tracing::info!(path = %crate::util::shown::path(&self.path), "rows of this dead process cannot be read; they keep their last good value");
                 }
                 if let Some(prev) = &self.last_summaries {
                     carry_forward_summed(&mut s, prev);
@@ -281,7 +281,7 @@ impl Tracked {
                 };
                 let message = e.to_string();
                 if self.failure.as_deref() != Some(message.as_str()) {
-                    tracing::warn!(path = %self.path.display(), error = %e, "cannot read the dead segment one last time; {keep}");
+                    tracing::warn!(path = %crate::util::shown::path(&self.path), error = %e, "cannot read the dead segment one last time; {keep}");
                 }
                 self.failure = Some(message);
                 false

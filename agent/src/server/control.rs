@@ -36,7 +36,7 @@ pub async fn truncate(state: Arc<AppState>, name: &str) -> Resp {
         if let Some(dir) = &s.baselines_dir
             && let Err(e) = b.save(dir)
         {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot save the TRUNCATE baselines; a restarted agent would show lifetime values");
+            tracing::warn!(dir = %crate::util::shown::path(dir), error = %e, "cannot save the TRUNCATE baselines; a restarted agent would show lifetime values");
         }
         Ok::<_, tables::NotTruncatable>(table.name())
     })

@@ -235,7 +235,10 @@ impl Table {
         for r in &self.rows {
             t.add_row(r.iter().map(|v| match v {
                 Value::Null => "NULL".to_string(),
-                Value::String(s) => s.clone(),
+                // Segment text (a statement's, a thread's name) is the
+                // writer's choice: shown with its control characters
+                // escaped, never sent to the operator's terminal as is.
+                Value::String(s) => crate::util::shown::printable(s).into_owned(),
                 other => other.to_string(),
             }));
         }
@@ -250,6 +253,27 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A writer's text with terminal escapes and a newline reaches the
+    /// text table escaped: one line per row, no escape sequence.
+    #[test]
+    fn text_tables_escape_control_characters() {
+        let t = Table {
+            name: "t".into(),
+            columns: vec!["sql_text", "name"],
+            rows: vec![vec![
+                Value::from("SELECT 1\u{1b}[2J\u{1b}]52;c;eA==\u{7}"),
+                Value::from("svc\nERROR forged"),
+            ]],
+        };
+        let text = t.to_text();
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "{text}"
+        );
+        assert!(text.contains("SELECT 1\\u{1b}[2J"), "{text}");
+        assert!(text.contains("svc\\nERROR forged"), "{text}");
+    }
 
     #[test]
     fn cells_serialise_as_their_values() {

@@ -1,10 +1,12 @@
 //! Layer 0: small helpers every other module may use and that know nothing
 //! of segments: files opened without following links, atomic writes,
 //! capped reads, sizes and durations as the command line writes them,
-//! giving freed heap memory back to the kernel, and the head of the
-//! agent's JSON files.
+//! giving freed heap memory back to the kernel, the head of the agent's
+//! JSON files, and text shown to a person with its control characters
+//! escaped.
 
 pub mod fs;
 pub mod heap;
 pub mod json;
+pub mod shown;
 pub mod text;
