@@ -337,3 +337,37 @@ fn a_row_left_mid_update_by_a_dead_writer_is_read_as_it_is() {
     );
     drop(file);
 }
+
+/// A second name (hard link) of a segment in the directory is read once:
+/// refused as `duplicate` while the segment is read under its first name,
+/// and removed with it when it is retired, so its counts are folded once.
+#[test]
+fn a_hard_link_to_a_segment_is_read_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("robust.6.pfs");
+    let (file, w, _) = segment(&path, true); // live: the lock is held
+    let mut set = SegmentSet::new(dir.path(), Duration::ZERO);
+    set.refresh();
+    assert_eq!(set.tracked.len(), 1);
+    std::fs::hard_link(&path, dir.path().join("copy.7.pfs")).unwrap();
+    set.refresh();
+    assert_eq!(set.tracked.len(), 1, "the link is not read");
+    assert_eq!(set.errors.get(&Refusal::Duplicate), Some(&1));
+    // The process dies (every descriptor of its locked file closed):
+    // retired once, both names removed.
+    drop(w);
+    drop(file);
+    set.refresh();
+    set.refresh();
+    assert_eq!(set.retired_segments(), 1, "{:?}", set.errors);
+    assert_eq!(set.retired().by_service["robust"].classes[CLASS].1.count, 5);
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().ends_with(".pfs"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    set.refresh();
+    assert_eq!(set.retired_segments(), 1, "never folded twice");
+}

@@ -494,10 +494,17 @@ impl SegmentSet {
         {
             return; // unchanged since refused (files still being created are retried)
         }
+        let first_name = self
+            .tracked
+            .values()
+            .find(|t| t.ino == meta.ino() && t.path != path)
+            .map(|t| t.path.clone());
         let result = if meta.file_type().is_symlink() {
             Err(policy::symlink())
         } else if !meta.file_type().is_file() {
             Err(policy::not_regular(&meta))
+        } else if let Some(first) = first_name {
+            Err(policy::duplicate(&first))
         } else {
             self.policy.open(path, &self.identity)
         };

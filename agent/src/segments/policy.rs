@@ -86,6 +86,17 @@ pub(super) fn symlink() -> Refused {
     )
 }
 
+/// The refusal of a second name of segment file `first`.
+pub(super) fn duplicate(first: &Path) -> Refused {
+    Refused::new(
+        Refusal::Duplicate,
+        format!(
+            "is a hard link to {}, read under that name: its counts would be read twice; remove the link",
+            crate::util::shown::path(first)
+        ),
+    )
+}
+
 /// The refusal of a directory, FIFO, socket or device.
 pub(super) fn not_regular(meta: &Metadata) -> Refused {
     let what = if meta.is_dir() {

@@ -24,6 +24,8 @@ pub enum Refusal {
     NotReady,
     /// A symbolic link.
     Symlink,
+    /// A second name (hard link) of a segment file read under another name.
+    Duplicate,
     /// Not a regular file.
     NotRegular,
     /// Writable by any user.
@@ -55,7 +57,7 @@ impl Refusal {
     /// Every reason a segment directory can count, in documentation order:
     /// each is exported from the start, at 0, in
     /// `pfs_agent_segment_errors_total{reason}`.
-    pub const ALL: [Refusal; 17] = [
+    pub const ALL: [Refusal; 18] = [
         Refusal::Empty,
         Refusal::Truncated,
         Refusal::BadMagic,
@@ -64,6 +66,7 @@ impl Refusal {
         Refusal::Corrupt,
         Refusal::NotReady,
         Refusal::Symlink,
+        Refusal::Duplicate,
         Refusal::NotRegular,
         Refusal::WorldWritable,
         Refusal::ForeignOwner,
@@ -86,6 +89,7 @@ impl Refusal {
             Refusal::Corrupt => "corrupt",
             Refusal::NotReady => "not_ready",
             Refusal::Symlink => "symlink",
+            Refusal::Duplicate => "duplicate",
             Refusal::NotRegular => "not_regular",
             Refusal::WorldWritable => "world_writable",
             Refusal::ForeignOwner => "foreign_owner",
@@ -114,6 +118,9 @@ impl Refusal {
                 "still not initialised by its creator after 10 s (kept being retried)"
             }
             Refusal::Symlink => "a symbolic link (never followed)",
+            Refusal::Duplicate => {
+                "a second name (hard link) of a segment read under another name: read once"
+            }
             Refusal::NotRegular => "a directory, FIFO, socket or device",
             Refusal::WorldWritable => "file mode allows writes by any user",
             Refusal::ForeignOwner => "owner not allowed by --require-owner uid|group",

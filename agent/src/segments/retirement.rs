@@ -407,10 +407,31 @@ impl Retirement {
     }
 }
 
-/// Removes a retired segment's file if it is still the same file.
+/// Removes a retired segment's file if it is still the same file, and its
+/// other names in the directory if it has some (hard links, refused as
+/// duplicates while it was read): left behind, the file would be read
+/// again under one of them and its counts folded twice.
 pub(super) fn remove_retired(path: &Path, ino: u64) {
-    if !std::fs::symlink_metadata(path).is_ok_and(|m| m.ino() == ino) {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
         return;
+    };
+    if meta.ino() != ino {
+        return;
+    }
+    if meta.nlink() > 1
+        && let Some(dir) = path.parent()
+        && let Ok(entries) = std::fs::read_dir(dir)
+    {
+        for e in entries.flatten() {
+            let other = e.path();
+            if other != path
+                && std::fs::symlink_metadata(&other)
+                    .is_ok_and(|m| m.ino() == ino && m.dev() == meta.dev())
+                && std::fs::remove_file(&other).is_ok()
+            {
+                tracing::info!(path = %crate::util::shown::path(&other), "removed a second name (hard link) of a retired segment");
+            }
+        }
     }
     match std::fs::remove_file(path) {
         Ok(()) => {
