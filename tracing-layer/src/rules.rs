@@ -422,13 +422,14 @@ impl StatementRule {
     /// | --- | --- |
     /// | spans | named `grpc_request`, with an `rpc` field |
     /// | class | `{rpc}` (`package.Service/Method`), else `statement/grpc/unknown` |
-    /// | `SQL_TEXT`, `DIGEST` text | `{rpc}` |
+    /// | `SQL_TEXT` | `{rpc\|uri}` (the request URI for a path that names no method) |
+    /// | `DIGEST` text | `{rpc}` |
     /// | errors | a non-OK `grpc-status` (tower-http's gRPC classifier reports it as a failure, `classification`); the HTTP `status` is 200 |
     /// | cancelled | a call whose future was dropped (a client's deadline, a dropped stream) |
     pub fn grpc() -> Self {
         Self::new(SpanMatch::name("grpc_request").and_field("rpc"), "grpc")
             .class("{rpc}")
-            .text("{rpc}")
+            .text("{rpc|uri}")
             .digest("{rpc}")
             .status("status")
             .failure("classification")

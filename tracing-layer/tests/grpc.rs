@@ -121,4 +121,25 @@ fn one_class_per_rpc_and_non_ok_statuses_are_errors() {
         "the two methods and unknown, whatever paths were sent: {grpc_classes:?}"
     );
     assert_eq!(s.lost[LostKind::Classes as usize], 0);
+
+    // SQL_TEXT: the RPC, or for a path that names no method its URI.
+    let class_name: HashMap<u32, &str> = s
+        .classes
+        .iter()
+        .map(|c| (c.index, c.name.as_str()))
+        .collect();
+    let mut texts = 0;
+    for st in &s.long_statements {
+        let class = class_name[&st.ev.class];
+        let Some(rpc) = class.strip_prefix("statement/grpc/") else {
+            continue;
+        };
+        texts += 1;
+        if rpc == "unknown" {
+            assert!(st.text.contains("/scan.Probe"), "{class}: {:?}", st.text);
+        } else {
+            assert_eq!(st.text, rpc, "{class}");
+        }
+    }
+    assert_eq!(texts, CLIENTS * PER_CLIENT, "every call in history_long");
 }
