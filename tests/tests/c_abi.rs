@@ -158,23 +158,37 @@ fn compile_with(compiler: &str, std: &str, source: &str) -> PathBuf {
         .join("bin")
         .join(Path::new(source).file_stem().expect("a source file name"));
     std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+    build_c(
+        compiler,
+        std,
+        &workspace_root().join("tests/c").join(source),
+        &exe,
+    );
+    built.insert(source.to_string(), exe.clone());
+    exe
+}
+
+/// Compiles and links `src` into `exe` with `compiler` in standard `std`,
+/// warnings as errors, with the staged install's `pfs.pc` flags and an
+/// rpath to its library.
+fn build_c(compiler: &str, std: &str, src: &Path, exe: &Path) {
+    let inst = install();
     let out = Command::new(compiler)
         .args([std, "-Wall", "-Wextra", "-Werror", "-pthread"])
         .args(inst.pc["Cflags"].split_whitespace())
-        .arg(workspace_root().join("tests/c").join(source))
+        .arg(src)
         .arg("-o")
-        .arg(&exe)
+        .arg(exe)
         .args(inst.pc["Libs"].split_whitespace())
         .arg(format!("-Wl,-rpath,{}", inst.pc["libdir"]))
         .output()
         .unwrap_or_else(|e| panic!("run {compiler}: {e}"));
     assert!(
         out.status.success(),
-        "{compiler} {source} failed:\n{}",
+        "{compiler} {} failed:\n{}",
+        src.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    built.insert(source.to_string(), exe.clone());
-    exe
 }
 
 /// Compiles a C program of `tests/c` (C11).
@@ -845,26 +859,11 @@ fn the_readme_c_example_compiles_and_runs() {
         .nth(1)
         .and_then(|s| s.split("```").next())
         .expect("a C block");
-    let inst = install();
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("readme_example.c");
     std::fs::write(&src, code).unwrap();
     let exe = dir.path().join("readme_example");
-    let out = Command::new("cc")
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pthread"])
-        .args(inst.pc["Cflags"].split_whitespace())
-        .arg(&src)
-        .arg("-o")
-        .arg(&exe)
-        .args(inst.pc["Libs"].split_whitespace())
-        .arg(format!("-Wl,-rpath,{}", inst.pc["libdir"]))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the README's C example does not compile:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    build_c("cc", "-std=c11", &src, &exe);
     let shm = dir.path().join("shm");
     let run = Command::new(&exe)
         .env("PFS_SHM_DIR", &shm)

@@ -24,11 +24,7 @@ fn classes_past_the_bound_fold_into_other() {
     let (_dir, path) = common::init("tracing-bound");
     let layer = PfsLayer::builder().http_defaults().max_classes(3).build();
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer)).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::runtime(2);
     rt.block_on(async {
         let mut app = Router::new();
         for r in 0..6 {

@@ -40,11 +40,7 @@ fn a_client_hanging_up_cancels_the_statement() {
     let (_dir, path) = common::init("tracing-cancel");
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(PfsLayer::http()))
         .unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::runtime(2);
     rt.block_on(async {
         let app = Router::new()
             .route("/slow", get(slow))

@@ -53,11 +53,7 @@ fn with_fmt_and_opentelemetry_on_one_registry() {
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("compose"))),
     )
     .unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::runtime(2);
     rt.block_on(async {
         let app = Router::new()
             .route("/ok", get(ok))

@@ -61,11 +61,7 @@ fn one_class_per_rpc_and_non_ok_statuses_are_errors() {
     let (_dir, path) = common::init("grpc-test");
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(PfsLayer::http()))
         .unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::runtime(2);
     let mut sent: HashMap<&'static str, u64> = HashMap::new();
     rt.block_on(async {
         let app = Router::new().fallback(answer).layer(

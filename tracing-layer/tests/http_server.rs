@@ -113,11 +113,7 @@ fn per_route_statements_equal_what_the_clients_received() {
     )
     .unwrap();
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::runtime(4);
     // (class, status) -> responses received.
     let received: Arc<Mutex<HashMap<(&'static str, u16), u64>>> = Arc::default();
     rt.block_on(async {

@@ -1,6 +1,6 @@
 //! Shared by the integration tests: the client's segment in a temporary
 //! directory, reading it back, a real axum server and a real HTTP client,
-//! and a buffer for what a fmt layer writes.
+//! a multi-threaded runtime, and a buffer for what a fmt layer writes.
 
 #![allow(dead_code)]
 
@@ -57,6 +57,15 @@ pub fn sums(s: &SegmentSnapshot) -> HashMap<String, Summary> {
         }
     }
     out
+}
+
+/// A multi-threaded tokio runtime with `workers` workers, every driver on.
+pub fn runtime(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// The index of class `name`, if registered.
