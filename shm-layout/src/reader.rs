@@ -28,6 +28,7 @@
 //! writer, only the format.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::sync::atomic::{Ordering::*, fence};
 
 use crate::container::PageState;
@@ -36,7 +37,7 @@ use crate::kinds::{ClassKind, EventKind, Operation};
 use crate::layout::*;
 use crate::lockword::{self, RecordState};
 use crate::rowcache::{Changes, Delta, KeptRecord, NOT_KEPT, RowCache, Rows, Walked};
-use crate::segment::{RowCopy, Segment, TimerCalibration, touched_classes};
+use crate::segment::{RowCopy, Segment, TimerCalibration, prefetch_row, touched_classes};
 use crate::seqlock::SeqLock;
 use crate::setup::{Actor, read_actors};
 use crate::text::load_string;
@@ -80,6 +81,34 @@ pub struct ReadOptions {
     /// event, where skipping it would lose every event it counted.
     /// Counted in [`ReadStats::torn_rows`]. `false` (the default): skip.
     pub dead_writers: bool,
+    /// Threads one walk may use: the segment's container pages are split
+    /// among them in contiguous ranges, each with at least
+    /// `records_per_thread` records (each thread reads its pages' records
+    /// whole; the parts are merged in page order, so the snapshot is the
+    /// one a single thread would take). The default: the CPUs this process
+    /// may use, at most [`MAX_WALK_THREADS`]. 1: the caller's thread only.
+    pub threads: usize,
+    /// The fewest records (ACTIVE container pages × records per page) a
+    /// walk gives each of its threads. Default
+    /// [`PARALLEL_MIN_RECORDS`].
+    pub records_per_thread: u32,
+}
+
+/// The most threads a walk uses by default ([`ReadOptions::threads`]).
+pub const MAX_WALK_THREADS: usize = 4;
+
+/// [`ReadOptions::records_per_thread`]'s default: starting a thread costs
+/// tens of microseconds, about what reading 64 records does, so a smaller
+/// segment is read on one thread.
+pub const PARALLEL_MIN_RECORDS: u32 = 64;
+
+/// [`ReadOptions::threads`]'s default, found once per process (finding
+/// it reads the cgroup's CPU limit from files).
+fn default_walk_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_WALK_THREADS))
+    })
 }
 
 impl Default for ReadOptions {
@@ -91,6 +120,8 @@ impl Default for ReadOptions {
             release_pages: false,
             global_stuck_at: None,
             dead_writers: false,
+            threads: default_walk_threads(),
+            records_per_thread: PARALLEL_MIN_RECORDS,
         }
     }
 }
@@ -135,6 +166,9 @@ pub struct ReadStats {
     /// by a writer killed in the middle of an update
     /// ([`ReadOptions::dead_writers`]).
     pub torn_rows: u64,
+    /// Page ranges walked, each on its own thread
+    /// ([`ReadOptions::threads`]): 1 per walk of a small segment.
+    pub parts: u64,
 }
 
 impl ReadStats {
@@ -156,6 +190,7 @@ impl ReadStats {
         self.folded_copies += o.folded_copies;
         self.invalid += o.invalid;
         self.restarts += o.restarts;
+        self.parts += o.parts;
         self.rows_read += o.rows_read;
         self.torn_rows += o.torn_rows;
         self.rows_reused += o.rows_reused;
@@ -232,21 +267,12 @@ impl Summary {
         self.max_ps = row.max.load(Relaxed);
         self.bytes = row.bytes.load(Relaxed);
         self.buckets = [0; HISTOGRAM_BUCKETS];
-        if self.timed_count != 0 {
-            let (lo, hi) = (bucket_index(self.min_ps), bucket_index(self.max_ps));
-            // (A row whose MIN is above its MAX is not a writer's: read
-            // every bucket.)
-            let range = if lo <= hi {
-                lo..hi + 1
-            } else {
-                0..HISTOGRAM_BUCKETS
-            };
-            for (d, s) in self.buckets[range.clone()]
-                .iter_mut()
-                .zip(&row.buckets[range])
-            {
-                *d = s.load(Relaxed);
-            }
+        let range = self.filled_buckets();
+        for (d, s) in self.buckets[range.clone()]
+            .iter_mut()
+            .zip(&row.buckets[range])
+        {
+            *d = s.load(Relaxed);
         }
         self.statement = if statements {
             StatementFigures {
@@ -839,6 +865,13 @@ fn pread_slot<'s>(sink: &'s mut Sink<'_>, kept: bool, preads: &mut u32) -> Optio
     }
 }
 
+/// How many rows ahead of the one being read a walk asks the CPU to fetch
+/// (touched rows are mostly adjacent). Each row's load otherwise waits for
+/// two dependent misses (its first line, then the histogram lines MIN and
+/// MAX select); with the fetch in flight for the rows to come, the misses
+/// overlap.
+const PREFETCH_ROWS: usize = 3;
+
 /// How [`read_row`] read a row.
 struct RowRead<T> {
     /// The row and the sequence it was read at; `None`: skipped.
@@ -932,12 +965,194 @@ impl ClassSums {
         }
     }
 
+    /// Adds `o`'s sums into these.
+    fn merge(&mut self, o: ClassSums) {
+        for (d, s) in self.sums.iter_mut().zip(o.sums) {
+            match (d.as_mut(), s) {
+                (Some(d), Some(s)) => d.merge(&s),
+                (None, s) => *d = s,
+                (Some(_), None) => {}
+            }
+        }
+    }
+
     fn into_rows(self) -> Vec<(u32, Summary)> {
         self.sums
             .into_iter()
             .enumerate()
             .filter_map(|(i, s)| s.map(|s| (i as u32, s)))
             .collect()
+    }
+}
+
+/// One walk's fixed inputs, shared by the threads that read its parts.
+#[derive(Clone, Copy)]
+struct Walker<'w, 'c> {
+    seg: &'w Segment,
+    opts: &'w ReadOptions,
+    mode: RowMode<'c>,
+    kinds: &'w [RowKind],
+    tgen: u64,
+}
+
+/// What a walk read of a range of container pages.
+struct Part {
+    threads: Vec<ThreadSnapshot>,
+    page_states: Vec<PageState>,
+    sums: ClassSums,
+    walked: Vec<Walked<Box<Kept>>>,
+    delta: Delta,
+    st: ReadStats,
+}
+
+impl Part {
+    /// Appends `next`, the part of the pages that follow this one's.
+    fn absorb(&mut self, next: Part) {
+        self.threads.extend(next.threads);
+        self.page_states.extend(next.page_states);
+        self.sums.merge(next.sums);
+        self.walked.extend(next.walked);
+        self.delta.merge(next.delta);
+        self.st.add(&next.st);
+    }
+}
+
+impl Walker<'_, '_> {
+    /// The walk's container pages `0..pages` in contiguous ranges, one per
+    /// thread: the ACTIVE pages (the only ones read) shared evenly, each
+    /// range with at least [`ReadOptions::records_per_thread`] records, at most
+    /// [`ReadOptions::threads`] ranges.
+    fn split(&self, pages: u32) -> Vec<Range<u32>> {
+        let states = self.seg.page_states();
+        let active: Vec<u32> = (0..pages)
+            .filter(|&p| PageState::of(states[p as usize].load(Relaxed)) == PageState::Active)
+            .collect();
+        let records = active.len() as u64 * u64::from(self.seg.geometry().records_per_page);
+        let n = self
+            .opts
+            .threads
+            .min(active.len())
+            .min((records / u64::from(self.opts.records_per_thread.max(1))) as usize)
+            .max(1);
+        let mut starts: Vec<u32> = (1..n).map(|k| active[k * active.len() / n]).collect();
+        starts.insert(0, 0);
+        starts.push(pages);
+        starts.windows(2).map(|w| w[0]..w[1]).collect()
+    }
+
+    /// Reads the records of container pages `pages` (an incremental walk
+    /// puts the rows it reads from kept records in `changes`).
+    fn pages(&self, pages: Range<u32>, changes: &mut Changes) -> Result<Part, (Retry, ReadStats)> {
+        let Walker {
+            seg,
+            opts,
+            mode,
+            kinds,
+            tgen,
+        } = *self;
+        let states = seg.page_states();
+        let g = *seg.geometry();
+        let mut st = ReadStats::default();
+        let mut threads = Vec::new();
+        let mut page_states = Vec::with_capacity(pages.len());
+        let mut sums = ClassSums::new(kinds.len());
+        let mut walked: Vec<Walked<Box<Kept>>> = Vec::new();
+        let mut delta = Delta::default();
+        let mut copy = RowCopy::new();
+        let mut visit = Vec::new();
+        // The rows of a record not kept, read into one buffer for the walk and
+        // copied out at their exact size (not grown by doubling, record by
+        // record).
+        let mut read = Rows::default();
+        if let RowMode::Changed(cache) = mode {
+            let share = pages.len() * cache.len() / seg.pages_added().max(1) as usize;
+            walked.reserve(share + 16);
+            threads.reserve(share + 16);
+        }
+        for page in pages {
+            // Only ACTIVE pages are read: touching a reclaimed page's hole
+            // would make the filesystem allocate it again.
+            let state = PageState::of(states[page as usize].load(Acquire));
+            page_states.push(state);
+            if state != PageState::Active {
+                continue;
+            }
+            for slot in 0..g.records_per_page {
+                let idx = page * g.records_per_page + slot;
+                read.clear();
+                let mut memory_seqs = Vec::new();
+                let mut touched = [0; MAX_CLASSES_LIMIT as usize / 64];
+                let changes_from = changes.len();
+                let sink = match mode {
+                    RowMode::PerThread => Sink::Keep,
+                    RowMode::Summed => Sink::Sum(&mut sums),
+                    RowMode::Changed(cache) => Sink::Changed {
+                        cache,
+                        read: &mut read,
+                        changes: &mut *changes,
+                        changes_from,
+                        delta: &mut delta,
+                        touched: &mut touched,
+                        memory_seqs: &mut memory_seqs,
+                        copy: &mut copy,
+                        visit: &mut visit,
+                    },
+                };
+                match read_thread(seg, idx, kinds, tgen, opts, sink, &mut st) {
+                    Ok(Some(t)) => {
+                        if let RowMode::Changed(cache) = mode {
+                            // The thread's copy is kept again only if it changed.
+                            if !t.skipped_rows.is_empty() {
+                                // A row not kept: the next walk visits every
+                                // touched row.
+                                touched = [0; MAX_CLASSES_LIMIT as usize / 64];
+                            }
+                            let same = cache.kept(idx, t.version).is_some_and(|k| {
+                                k.extra.tgen == tgen
+                                    && k.extra.touched == touched
+                                    && k.extra.memory_seqs == memory_seqs
+                                    && k.extra.thread == t
+                            });
+                            let extra = (!same).then(|| {
+                                let mut thread = t.clone();
+                                thread.memory.shrink_to_fit();
+                                Box::new(Kept {
+                                    thread,
+                                    memory_seqs,
+                                    tgen,
+                                    touched,
+                                })
+                            });
+                            walked.push(Walked {
+                                record: t.record,
+                                version: t.version,
+                                extra,
+                                read: read.to_exact(),
+                                changed: changes_from..changes.len(),
+                            });
+                        }
+                        threads.push(t);
+                    }
+                    Ok(None) => {}
+                    Err(retry) => return Err((retry, st)),
+                }
+            }
+            if opts.release_pages {
+                if let RowMode::Changed(_) = mode {
+                    seg.release_page_bodies(page);
+                } else {
+                    seg.release_page(page);
+                }
+            }
+        }
+        Ok(Part {
+            threads,
+            page_states,
+            sums,
+            walked,
+            delta,
+            st,
+        })
     }
 }
 
@@ -968,98 +1183,85 @@ fn try_snapshot<'c>(
     let gh = seg.global_header();
     let f0 = gh.fold_count.load(Acquire);
     let pages = seg.pages_added();
-    let states = seg.page_states();
     let g = *seg.geometry();
-    let mut threads = Vec::new();
-    let mut page_states = Vec::with_capacity(pages as usize);
-    let mut sums = ClassSums::new(seg.classes().len());
-    let mut walked: Vec<Walked<Box<Kept>>> = Vec::new();
-    let mut delta = Delta::default();
-    let mut copy = RowCopy::new();
-    let mut visit = Vec::new();
-    if let RowMode::Changed(cache) = mode {
-        walked.reserve(cache.len() + 16);
-        threads.reserve(cache.len() + 16);
-    }
-    for page in 0..pages {
-        // Only ACTIVE pages are read: touching a reclaimed page's hole
-        // would make the filesystem allocate it again.
-        let state = PageState::of(states[page as usize].load(Acquire));
-        page_states.push(state);
-        if state != PageState::Active {
-            continue;
+    let walk = Walker {
+        seg,
+        opts,
+        mode,
+        kinds: &kinds,
+        tgen,
+    };
+    let parts = walk.split(pages);
+    st.parts += parts.len() as u64;
+    let mut more: Vec<Changes> = parts.iter().skip(1).map(|_| Changes::default()).collect();
+    let mut results = std::thread::scope(|scope| {
+        let walk = &walk;
+        // The first part on this thread, each other on one of its own.
+        let handles: Vec<_> = parts
+            .iter()
+            .skip(1)
+            .zip(more.iter_mut())
+            .map(|(range, ch)| {
+                let range = range.clone();
+                std::thread::Builder::new()
+                    .name("pfs-walk".into())
+                    .spawn_scoped(scope, move || walk.pages(range, ch))
+                    .ok()
+            })
+            .collect();
+        let mut results = vec![Some(walk.pages(parts[0].clone(), &mut *changes))];
+        for h in handles {
+            results.push(h.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
         }
-        for slot in 0..g.records_per_page {
-            let idx = page * g.records_per_page + slot;
-            let mut read = Rows::default();
-            let mut memory_seqs = Vec::new();
-            let mut touched = [0; MAX_CLASSES_LIMIT as usize / 64];
-            let changes_from = changes.len();
-            let sink = match mode {
-                RowMode::PerThread => Sink::Keep,
-                RowMode::Summed => Sink::Sum(&mut sums),
-                RowMode::Changed(cache) => Sink::Changed {
-                    cache,
-                    read: &mut read,
-                    changes: &mut *changes,
-                    changes_from,
-                    delta: &mut delta,
-                    touched: &mut touched,
-                    memory_seqs: &mut memory_seqs,
-                    copy: &mut copy,
-                    visit: &mut visit,
-                },
-            };
-            match read_thread(seg, idx, &kinds, tgen, opts, sink, &mut st) {
-                Ok(Some(t)) => {
-                    if let RowMode::Changed(cache) = mode {
-                        // The thread's copy is kept again only if it changed.
-                        if !t.skipped_rows.is_empty() {
-                            // A row not kept: the next walk visits every
-                            // touched row.
-                            touched = [0; MAX_CLASSES_LIMIT as usize / 64];
-                        }
-                        let same = cache.kept(idx, t.version).is_some_and(|k| {
-                            k.extra.tgen == tgen
-                                && k.extra.touched == touched
-                                && k.extra.memory_seqs == memory_seqs
-                                && k.extra.thread == t
-                        });
-                        let extra = (!same).then(|| {
-                            let mut thread = t.clone();
-                            thread.memory.shrink_to_fit();
-                            Box::new(Kept {
-                                thread,
-                                memory_seqs,
-                                tgen,
-                                touched,
-                            })
-                        });
-                        walked.push(Walked {
-                            record: t.record,
-                            version: t.version,
-                            extra,
-                            read,
-                            changed: changes_from..changes.len(),
-                        });
-                    }
-                    threads.push(t);
+        results
+    });
+    // (A part no thread could be started for: on this one, now.)
+    for (k, r) in results.iter_mut().enumerate().skip(1) {
+        if r.is_none() {
+            *r = Some(walk.pages(parts[k].clone(), &mut more[k - 1]));
+        }
+    }
+    // The parts in page order: each one's changed rows appended to the
+    // first's, its records' ranges moved with them.
+    let mut first: Option<Part> = None;
+    let mut retry = None;
+    for (k, r) in results.into_iter().flatten().enumerate() {
+        let base = match k {
+            0 => 0,
+            _ => changes.append(&more[k - 1]),
+        };
+        match r {
+            Ok(mut p) => {
+                for w in &mut p.walked {
+                    w.changed = w.changed.start + base..w.changed.end + base;
                 }
-                Ok(None) => {}
-                Err(retry) => {
-                    total.add(&st);
-                    return Err(retry);
+                match &mut first {
+                    None => first = Some(p),
+                    Some(f) => f.absorb(p),
                 }
             }
-        }
-        if opts.release_pages {
-            if let RowMode::Changed(_) = mode {
-                seg.release_page_bodies(page);
-            } else {
-                seg.release_page(page);
+            Err((why, part_st)) => {
+                st.add(&part_st);
+                retry.get_or_insert(why);
             }
         }
     }
+    if let Some(why) = retry {
+        if let Some(f) = &first {
+            st.add(&f.st);
+        }
+        total.add(&st);
+        return Err(why);
+    }
+    let Part {
+        mut threads,
+        page_states,
+        mut sums,
+        mut walked,
+        mut delta,
+        st: walk_st,
+    } = first.expect("one part");
+    st.add(&walk_st);
     // Global section, under its sequence lock. The retried closure only
     // copies words into buffers allocated once, keeping the window in which
     // an exiting thread's fold can invalidate the read as short as possible.
@@ -1519,6 +1721,9 @@ fn read_thread(
             continue;
         }
         let row = &rec.rows[class];
+        if let Some(ahead) = rec.rows.get(class + PREFETCH_ROWS) {
+            prefetch_row(ahead);
+        }
         let statements = kind == RowKind::Statements;
         let copy = pread_slot(&mut sink, kept.is_some(), &mut preads);
         let pread = copy.map(|c| (seg, idx, class, c));

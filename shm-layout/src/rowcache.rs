@@ -7,11 +7,16 @@
 //! only for a row of a dead writer read as it is, which never changes again), and
 //! its value, compact: most of a row's 46 words are zero (a wait class
 //! has no statement figures, and a row's events fill a few histogram
-//! buckets), so a row is stored as a 64-bit presence mask and its nonzero
-//! words, all LEB128 varints: about 25 bytes for a wait row, instead of
-//! the 368 of a [`Summary`]. (A length-nibble encoding, one 8-byte store
-//! per word, was tried: 15 % more kept bytes and a slower first scrape,
-//! the extra bytes costing more than the loop per 7 bits saves.)
+//! buckets, those from MIN's to MAX's), so a row is stored as its head
+//! words (those that are not zero: the sum's high half and bytes mostly
+//! are), the span of buckets its events can fill and, for a statement
+//! class, its statement figures, all LEB128 varints: about 25 bytes for a
+//! wait row, instead of the 368 of a [`Summary`]. (A 64-bit
+//! presence mask of the nonzero words was the format until the thirteenth
+//! session: about as small, but finding the nonzero words cost 35 ns a
+//! row, two thirds of the encoding. A length-nibble encoding, one 8-byte
+//! store per word, was tried: 15 % more kept bytes and a slower first
+//! scrape.)
 //!
 //! A record's rows live in one byte buffer; a changed row is appended and
 //! its old bytes become garbage, reclaimed when the buffer is full (it
@@ -34,27 +39,33 @@ use std::ops::Range;
 use crate::layout::HISTOGRAM_BUCKETS;
 use crate::values::{StatementFigures, Summary};
 
-/// Words of a row: count, timed count, the two halves of the sum, MIN
-/// plus one (wrapping, so that "none", `u64::MAX`, is 0), MAX, bytes, the
-/// buckets and the seven statement figures.
-const WORDS: usize = 14 + HISTOGRAM_BUCKETS;
-const _: () = assert!(WORDS <= 64, "the presence mask is one u64");
+/// The head of a row: count, timed count, the low half of the sum, MIN
+/// plus one (wrapping, so that "none", `u64::MAX`, is 0) and MAX; then
+/// two words most rows have zero, each stored only if not (flags
+/// [`HAS_SUM_HI`], [`HAS_BYTES`]): the high half of the sum and bytes.
+const HEAD: usize = 5;
 
-/// The words of `s`, in the order of [`WORDS`].
-fn words(s: &Summary) -> [u64; WORDS] {
-    let st = &s.statement;
-    let mut w = [0u64; WORDS];
-    w[..7].copy_from_slice(&[
+/// The statement figures kept (all but the digest, which a summary row
+/// does not have).
+const TAIL: usize = 7;
+
+/// The head words of `s`.
+#[inline(always)]
+fn head(s: &Summary) -> [u64; HEAD] {
+    [
         s.count,
         s.timed_count,
         s.sum_ps as u64,
-        (s.sum_ps >> 64) as u64,
         s.min_ps.wrapping_add(1),
         s.max_ps,
-        s.bytes,
-    ]);
-    w[7..7 + HISTOGRAM_BUCKETS].copy_from_slice(&s.buckets);
-    w[7 + HISTOGRAM_BUCKETS..].copy_from_slice(&[
+    ]
+}
+
+/// The statement words of `s`.
+#[inline(always)]
+fn tail(s: &Summary) -> [u64; TAIL] {
+    let st = &s.statement;
+    [
         st.errors,
         st.warnings,
         st.rows_affected,
@@ -62,53 +73,38 @@ fn words(s: &Summary) -> [u64; WORDS] {
         st.rows_examined,
         st.cpu_time_ps,
         st.cancelled,
-    ]);
-    w
+    ]
 }
 
-/// The summary of words `w` (the inverse of [`words`]).
-fn from_words(w: &[u64; WORDS]) -> Summary {
-    let mut buckets = [0; HISTOGRAM_BUCKETS];
-    buckets.copy_from_slice(&w[7..7 + HISTOGRAM_BUCKETS]);
-    let st = &w[7 + HISTOGRAM_BUCKETS..];
-    Summary {
-        count: w[0],
-        timed_count: w[1],
-        sum_ps: u128::from(w[2]) | (u128::from(w[3]) << 64),
-        min_ps: w[4].wrapping_sub(1),
-        max_ps: w[5],
-        bytes: w[6],
-        buckets,
-        statement: StatementFigures {
-            errors: st[0],
-            warnings: st[1],
-            rows_affected: st[2],
-            rows_sent: st[3],
-            rows_examined: st[4],
-            digest: 0,
-            cpu_time_ps: st[5],
-            cancelled: st[6],
-        },
-    }
-}
-
-/// Writes `v` as a LEB128 varint at `buf[at..]`; returns the end.
+/// Appends `v` to `out` as a LEB128 varint. (A branch-free store of the
+/// whole word, the 7-bit groups spread into its bytes, was tried: slower
+/// here, 79 against 49 ns a row.)
 #[inline(always)]
-fn put_varint(buf: &mut [u8; MAX_ENCODED], mut at: usize, mut v: u64) -> usize {
+fn push_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
-        buf[at] = v as u8 | 0x80;
+        out.push(v as u8 | 0x80);
         v >>= 7;
-        at += 1;
     }
-    buf[at] = v as u8;
-    at + 1
+    out.push(v as u8);
 }
 
-/// The longest compact row: the mask and every word, 10 bytes each.
-const MAX_ENCODED: usize = 10 * (WORDS + 1);
+/// The longest compact row: two bytes and every word, 10 bytes each.
+const MAX_ENCODED: usize = 2 + 10 * (HEAD + 2 + HISTOGRAM_BUCKETS + TAIL);
+
+/// A compact row's first byte: the first bucket kept (below 32), and
+/// these flags.
+const FIRST_BUCKET: u8 = 0x1f;
+/// The high half of the sum follows the head.
+const HAS_SUM_HI: u8 = 0x20;
+/// Bytes follow (after the high half of the sum, if any).
+const HAS_BYTES: u8 = 0x40;
+/// The statement words end the row.
+const HAS_TAIL: u8 = 0x80;
+const _: () = assert!(HISTOGRAM_BUCKETS <= FIRST_BUCKET as usize + 1);
 
 /// The varint at the start of `b`, and the rest. Only ever given bytes
-/// [`put_varint`] wrote.
+/// [`push_varint`] wrote.
+#[inline(always)]
 fn take_varint(b: &[u8]) -> (u64, &[u8]) {
     let mut v = 0u64;
     for (i, &byte) in b.iter().enumerate() {
@@ -120,42 +116,100 @@ fn take_varint(b: &[u8]) -> (u64, &[u8]) {
     (v, &[])
 }
 
-/// Appends the compact form of `s` to `out` (built on the stack, then
-/// one copy).
+/// Appends the compact form of `s` to `out`: the first bucket kept with
+/// the flags, how many buckets are kept, then as varints the head, the
+/// high half of the sum and bytes if not zero, those buckets and, if any
+/// is not zero, the statement words. The buckets kept are
+/// [`Summary::filled_buckets`] (all a loaded row can have) when every
+/// other bucket is zero, else those from the first nonzero one to the
+/// last.
 fn encode(s: &Summary, out: &mut Vec<u8>) {
-    let w = words(s);
-    // Most words are zero (a row's events fill a few buckets): test four
-    // at a time, and one by one only in a group that has any.
-    let mut mask = 0u64;
-    for (g, four) in w.chunks(4).enumerate() {
-        if four.iter().fold(0, |a, &x| a | x) != 0 {
-            for (j, &x) in four.iter().enumerate() {
-                mask |= u64::from(x != 0) << (4 * g + j);
-            }
+    let hint = s.filled_buckets();
+    let outside = s.buckets[..hint.start]
+        .iter()
+        .chain(&s.buckets[hint.end..])
+        .fold(0, |a, &x| a | x);
+    let kept = if outside == 0 {
+        hint
+    } else {
+        let first = s.buckets.iter().position(|&b| b != 0).unwrap_or(0);
+        let last = s.buckets.iter().rposition(|&b| b != 0).unwrap_or(0);
+        first..last + 1
+    };
+    let tail = tail(s);
+    let has_tail = tail.iter().fold(0, |a, &x| a | x) != 0;
+    let sum_hi = (s.sum_ps >> 64) as u64;
+    let flag = |on: bool, f: u8| if on { f } else { 0 };
+    out.reserve(MAX_ENCODED);
+    out.push(
+        (kept.start as u8 & FIRST_BUCKET)
+            | flag(sum_hi != 0, HAS_SUM_HI)
+            | flag(s.bytes != 0, HAS_BYTES)
+            | flag(has_tail, HAS_TAIL),
+    );
+    out.push(kept.len() as u8);
+    for w in head(s) {
+        push_varint(out, w);
+    }
+    if sum_hi != 0 {
+        push_varint(out, sum_hi);
+    }
+    if s.bytes != 0 {
+        push_varint(out, s.bytes);
+    }
+    for &w in &s.buckets[kept] {
+        push_varint(out, w);
+    }
+    if has_tail {
+        for w in tail {
+            push_varint(out, w);
         }
     }
-    let mut buf = [0u8; MAX_ENCODED];
-    let mut at = put_varint(&mut buf, 0, mask);
-    let mut m = mask;
-    while m != 0 {
-        at = put_varint(&mut buf, at, w[m.trailing_zeros() as usize]);
-        m &= m - 1;
-    }
-    out.extend_from_slice(&buf[..at]);
 }
 
 /// The summary whose compact form starts `b`.
 fn decode(b: &[u8]) -> Summary {
-    let (mut mask, mut rest) = take_varint(b);
-    let mut w = [0u64; WORDS];
-    while mask != 0 {
-        let i = mask.trailing_zeros() as usize;
-        let (x, r) = take_varint(rest);
-        w[i] = x;
+    let (&[first, n], mut rest) = b.split_at(2.min(b.len())) else {
+        return Summary::default();
+    };
+    let mut next = || {
+        let (v, r) = take_varint(rest);
         rest = r;
-        mask &= mask - 1;
+        v
+    };
+    let h: [u64; HEAD] = std::array::from_fn(|_| next());
+    let sum_hi = if first & HAS_SUM_HI != 0 { next() } else { 0 };
+    let bytes = if first & HAS_BYTES != 0 { next() } else { 0 };
+    let mut buckets = [0; HISTOGRAM_BUCKETS];
+    let lo = usize::from(first & FIRST_BUCKET);
+    let hi = (lo + usize::from(n)).min(HISTOGRAM_BUCKETS);
+    for d in &mut buckets[lo..hi] {
+        *d = next();
     }
-    from_words(&w)
+    let t: [u64; TAIL] = if first & HAS_TAIL != 0 {
+        std::array::from_fn(|_| next())
+    } else {
+        [0; TAIL]
+    };
+    Summary {
+        count: h[0],
+        timed_count: h[1],
+        sum_ps: u128::from(h[2]) | (u128::from(sum_hi) << 64),
+        min_ps: h[3].wrapping_sub(1),
+        max_ps: h[4],
+        bytes,
+        buckets,
+        statement: StatementFigures {
+            errors: t[0],
+            warnings: t[1],
+            rows_affected: t[2],
+            rows_sent: t[3],
+            rows_examined: t[4],
+            digest: 0,
+            cpu_time_ps: t[5],
+            cancelled: t[6],
+        },
+    }
 }
 
 /// Where a kept row's bytes are, and the sequence it was read at.
@@ -168,7 +222,7 @@ struct RowRef {
 }
 const _: () = assert!(size_of::<RowRef>() == 16);
 // Every class index fits `class`, every compact row `len`.
-const _: () = assert!(crate::layout::MAX_CLASSES_LIMIT <= 1 << 16 && 10 * (WORDS + 1) < 1 << 16);
+const _: () = assert!(crate::layout::MAX_CLASSES_LIMIT <= 1 << 16 && MAX_ENCODED < 1 << 16);
 
 /// Compact rows: references into one byte buffer.
 #[derive(Debug, Default)]
@@ -189,6 +243,20 @@ impl Rows {
             off: off as u32,
             seq,
         });
+    }
+
+    /// Empties the buffers, keeping their memory.
+    pub fn clear(&mut self) {
+        self.refs.clear();
+        self.data.clear();
+    }
+
+    /// A copy of the rows in buffers of their exact size.
+    pub fn to_exact(&self) -> Rows {
+        Rows {
+            refs: self.refs.to_vec(),
+            data: self.data.to_vec(),
+        }
     }
 
     fn bytes(&self, r: &RowRef) -> &[u8] {
@@ -391,13 +459,15 @@ impl Delta {
         i
     }
 
-    /// Row `class` read as `new`, kept before as `old` (`None`: a new row).
+    /// Row `class` read as `new` (as the reader loads a row: see
+    /// [`Summary::add_loaded_part`]), kept before as `old` (`None`: a new
+    /// row).
     pub fn row(&mut self, class: u32, old: Option<&Summary>, new: &Summary) {
         let i = self.slot(class);
         let d = &mut self.sums[i];
         match old {
             Some(old) => d.replace_part(old, new),
-            None => d.add_part(new),
+            None => d.add_loaded_part(new),
         }
         d.min_ps = d.min_ps.min(new.min_ps);
         d.max_ps = d.max_ps.max(new.max_ps);
@@ -408,6 +478,22 @@ impl Delta {
             Some(o) if new.min_ps > o.min_ps || new.max_ps < o.max_ps => self.extremes.push(class),
             Some(_) => {}
         }
+    }
+
+    /// Adds `o`, what another part of the same walk changed.
+    pub fn merge(&mut self, o: Delta) {
+        for (c, d) in o.sums.iter().enumerate() {
+            if !o.touched[c] {
+                continue;
+            }
+            let i = self.slot(c as u32);
+            let s = &mut self.sums[i];
+            s.add_part(d);
+            s.min_ps = s.min_ps.min(d.min_ps);
+            s.max_ps = s.max_ps.max(d.max_ps);
+            self.rows[i] += o.rows[c];
+        }
+        self.extremes.extend(o.extremes);
     }
 
     /// Takes back [`Delta::row`] (a walked record that turned out folded).
@@ -469,8 +555,7 @@ impl Changes {
         if self.rows.data.capacity() > Self::KEEP_BYTES {
             *self = Self::default();
         } else {
-            self.rows.refs.clear();
-            self.rows.data.clear();
+            self.rows.clear();
             self.kept_at.clear();
         }
     }
@@ -478,6 +563,19 @@ impl Changes {
     /// Rows held.
     pub fn len(&self) -> usize {
         self.rows.refs.len()
+    }
+
+    /// Appends `o`'s rows (another part of the same walk); returns where
+    /// they start.
+    pub fn append(&mut self, o: &Changes) -> usize {
+        let (base, off) = (self.len(), self.rows.data.len() as u32);
+        self.rows.data.extend_from_slice(&o.rows.data);
+        self.rows.refs.extend(o.rows.refs.iter().map(|r| RowRef {
+            off: r.off + off,
+            ..*r
+        }));
+        self.kept_at.extend_from_slice(&o.kept_at);
+        base
     }
 
     /// No row held.
@@ -761,10 +859,41 @@ mod tests {
             max_ps: 5_000,
             ..Summary::default()
         };
-        w.buckets[1] = 2;
+        w.buckets[crate::layout::bucket_index(4_000)] += 1;
+        w.buckets[crate::layout::bucket_index(5_000)] += 1;
         let mut one = Rows::default();
         one.push(0, 0, &w);
         assert!(one.data.len() <= 16, "{} bytes", one.data.len());
+        assert_eq!(one.values().next(), Some((0, w)));
+        // Buckets outside MIN..MAX (not a loaded row's): kept all the same.
+        w.buckets[HISTOGRAM_BUCKETS - 2] = 7;
+        let mut odd = Rows::default();
+        odd.push(0, 0, &w);
+        assert_eq!(odd.values().next(), Some((0, w)));
+    }
+
+    #[test]
+    fn varints_are_leb128_at_every_length_boundary() {
+        let reference = |mut v: u64| {
+            let mut out = Vec::new();
+            while v >= 0x80 {
+                out.push(v as u8 | 0x80);
+                v >>= 7;
+            }
+            out.push(v as u8);
+            out
+        };
+        let mut values = vec![0, 1, u64::MAX];
+        for k in 1..=9 {
+            let b = 1u64 << (7 * k);
+            values.extend([b - 1, b, b + 1]);
+        }
+        for v in values {
+            let mut buf = vec![0xAA; 3];
+            push_varint(&mut buf, v);
+            assert_eq!(&buf[3..], reference(v), "{v:#x}");
+            assert_eq!(take_varint(&buf[3..]), (v, &[][..]), "{v:#x}");
+        }
     }
 
     #[test]

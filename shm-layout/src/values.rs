@@ -8,7 +8,9 @@
 //! Layer 2 (see the crate docs): depends only on [`crate::layout`] (the
 //! histogram's buckets).
 
-use crate::layout::{HISTOGRAM_BUCKETS, bucket_upper_ps};
+use std::ops::Range;
+
+use crate::layout::{HISTOGRAM_BUCKETS, bucket_index, bucket_upper_ps};
 
 /// A statement's own figures, kept by the writer until the statement ends.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -113,11 +115,26 @@ impl Summary {
         op: impl Fn(u64, u64) -> u64,
         op128: impl Fn(u128, u128) -> u128,
     ) {
+        self.zip_additive_in(o, 0..HISTOGRAM_BUCKETS, op, op128);
+    }
+
+    /// [`Summary::zip_additive`] over the histogram buckets `buckets` only.
+    #[inline(always)]
+    fn zip_additive_in(
+        &mut self,
+        o: &Summary,
+        buckets: Range<usize>,
+        op: impl Fn(u64, u64) -> u64,
+        op128: impl Fn(u128, u128) -> u128,
+    ) {
         self.count = op(self.count, o.count);
         self.timed_count = op(self.timed_count, o.timed_count);
         self.sum_ps = op128(self.sum_ps, o.sum_ps);
         self.bytes = op(self.bytes, o.bytes);
-        for (x, y) in self.buckets.iter_mut().zip(&o.buckets) {
+        for (x, y) in self.buckets[buckets.clone()]
+            .iter_mut()
+            .zip(&o.buckets[buckets])
+        {
             *x = op(*x, *y);
         }
         let (x, y) = (&mut self.statement, &o.statement);
@@ -128,6 +145,46 @@ impl Summary {
         x.rows_examined = op(x.rows_examined, y.rows_examined);
         x.cpu_time_ps = op(x.cpu_time_ps, y.cpu_time_ps);
         x.cancelled = op(x.cancelled, y.cancelled);
+    }
+
+    /// The histogram buckets a row's timed events can lie in: from MIN's
+    /// bucket to MAX's (none without a timed event). A reader loads only
+    /// these; the others are zero in a loaded row. A
+    /// row whose MIN is above its MAX is not a writer's: every bucket.
+    ///
+    /// ```
+    /// use pfs_shm_layout::layout::bucket_index;
+    /// use pfs_shm_layout::values::Summary;
+    /// let s = Summary { timed_count: 2, min_ps: 1_000, max_ps: 9_000_000, ..Summary::default() };
+    /// assert_eq!(s.filled_buckets(), bucket_index(1_000)..bucket_index(9_000_000) + 1);
+    /// assert!(Summary::default().filled_buckets().is_empty());
+    /// ```
+    #[inline]
+    pub fn filled_buckets(&self) -> Range<usize> {
+        if self.timed_count == 0 {
+            return 0..0;
+        }
+        let (lo, hi) = (bucket_index(self.min_ps), bucket_index(self.max_ps));
+        if lo <= hi {
+            lo..hi + 1
+        } else {
+            0..HISTOGRAM_BUCKETS
+        }
+    }
+
+    /// [`Summary::add_part`] for a row as a reader loads it: buckets
+    /// outside [`Summary::filled_buckets`] are zero and not added.
+    #[inline]
+    pub fn add_loaded_part(&mut self, part: &Summary) {
+        let range = part.filled_buckets();
+        debug_assert!(
+            part.buckets
+                .iter()
+                .enumerate()
+                .all(|(i, b)| *b == 0 || range.contains(&i)),
+            "a loaded row has no count outside its filled buckets"
+        );
+        self.zip_additive_in(part, range, u64::wrapping_add, u128::wrapping_add);
     }
 
     /// `self - o` for the additive fields (saturating at zero); MIN and MAX

@@ -63,6 +63,16 @@ fn total(s: &SegmentSnapshot, class: u32) -> Summary {
     t
 }
 
+/// Summaries read by four threads, a record or more each: every walk of
+/// these small segments is split.
+fn split_walks() -> ReadOptions {
+    ReadOptions {
+        threads: 4,
+        records_per_thread: 1,
+        ..ReadOptions::summaries()
+    }
+}
+
 #[test]
 fn equals_a_full_read_after_every_kind_of_change() {
     let cfg = SegmentConfig {
@@ -78,6 +88,8 @@ fn equals_a_full_read_after_every_kind_of_change() {
         .unwrap() as usize;
     let reader = Segment::open(file, false).unwrap();
     let mut inc = IncrementalReader::default();
+    let mut par = IncrementalReader::default();
+    let mut split_seen = 0;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut live = Vec::new();
     let mut next_tid = 1u64;
@@ -131,6 +143,19 @@ fn equals_a_full_read_after_every_kind_of_change() {
         let b = snapshot(&reader, &ReadOptions::summaries()).unwrap();
         assert_eq!(view(&a), view(&b), "step {step}");
         assert_eq!(inc.kept_records(), b.threads.len(), "step {step}");
+        // Split walks (a few pages per thread) read the same.
+        let split = split_walks();
+        let p = par.snapshot(&reader, &split).unwrap();
+        assert_eq!(view(&p), view(&b), "step {step}, split incremental");
+        assert_eq!(par.kept_records(), b.threads.len(), "step {step}");
+        let one = ReadOptions {
+            threads: 1,
+            ..ReadOptions::summaries()
+        };
+        let q = snapshot(&reader, &split).unwrap();
+        assert_eq!(view(&q), view(&b), "step {step}, split full");
+        assert_eq!(q.threads, snapshot(&reader, &one).unwrap().threads);
+        split_seen = split_seen.max(q.stats.parts.min(p.stats.parts));
         // Read again at once: nothing changed, nothing is read.
         let again = inc.snapshot(&reader, &ReadOptions::summaries()).unwrap();
         assert_eq!(view(&again), view(&b), "step {step}, again");
@@ -141,6 +166,10 @@ fn equals_a_full_read_after_every_kind_of_change() {
         assert_eq!(again.stats.rows_reused, b.stats.rows_read, "step {step}");
     }
     assert!(id > 1000, "the scenario recorded events ({id})");
+    assert!(
+        split_seen >= 2,
+        "walks were split ({split_seen} parts at most)"
+    );
 }
 
 #[test]
@@ -225,6 +254,8 @@ fn totals_never_go_down_while_writers_run_and_exit() {
     let reader = Segment::open(file, false).unwrap();
     let mut inc = IncrementalReader::default();
     let mut last = vec![0u64; classes.len()];
+    let mut par = IncrementalReader::default();
+    let mut last_split = vec![0u64; classes.len()];
     let mut taken = 0;
     for _ in 0..400 {
         // On 2 cores a writer preempted inside a fold can keep the global
@@ -239,6 +270,18 @@ fn totals_never_go_down_while_writers_run_and_exit() {
             assert!(n >= last[i], "class {c}: {n} after {}", last[i]);
             last[i] = n;
         }
+        // A split walk, as exact: never below an earlier total.
+        if let Ok(p) = par.snapshot(&reader, &split_walks()) {
+            for (i, &c) in classes.iter().enumerate() {
+                let n = total(&p, c).count;
+                assert!(
+                    n >= last_split[i],
+                    "split, class {c}: {n} after {}",
+                    last_split[i]
+                );
+                last_split[i] = n;
+            }
+        }
     }
     assert!(taken > 100, "{taken} of 400 snapshots taken");
     stop.store(true, Relaxed);
@@ -246,6 +289,8 @@ fn totals_never_go_down_while_writers_run_and_exit() {
     let s = inc.snapshot(&reader, &ReadOptions::summaries()).unwrap();
     let full = snapshot(&reader, &ReadOptions::summaries()).unwrap();
     assert_eq!(view(&s), view(&full));
+    let p = par.snapshot(&reader, &split_walks()).unwrap();
+    assert_eq!(view(&p), view(&full), "split");
     let counted: u64 = classes.iter().map(|&c| total(&s, c).count).sum();
     assert_eq!(counted, events, "every event counted once");
 }
