@@ -994,22 +994,26 @@ fn reserve(file: &File, off: usize, len: usize) -> Result<(), SegmentError> {
     }
 }
 
-/// Asks the CPU to fetch `row`'s lines into the cache: a hint, which reads
+/// Asks the CPU to fetch the cache lines `x` spans: a hint, which reads
 /// no value, and never faults (a line of a page not mapped is not fetched).
 #[inline(always)]
-pub(crate) fn prefetch_row<R>(row: &R) {
+pub(crate) fn prefetch<T: ?Sized>(x: &T) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let p = (row as *const R).cast::<i8>();
-        for line in (0..std::mem::size_of::<R>()).step_by(64) {
+        let start = (x as *const T).cast::<i8>();
+        let first = start.wrapping_sub(start as usize % 64);
+        let end = start as usize + std::mem::size_of_val(x);
+        let mut line = first;
+        while (line as usize) < end {
             // SAFETY: SSE is part of the x86_64 baseline, and a prefetch
             // reads no memory the program sees: any address is allowed.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line)) };
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line) };
+            line = line.wrapping_add(64);
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = row;
+    let _ = x;
 }
 
 /// Class indexes whose touched bit is set in a thread record's header,

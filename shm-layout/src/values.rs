@@ -115,15 +115,17 @@ impl Summary {
         op: impl Fn(u64, u64) -> u64,
         op128: impl Fn(u128, u128) -> u128,
     ) {
-        self.zip_additive_in(o, 0..HISTOGRAM_BUCKETS, op, op128);
+        self.zip_additive_in(o, 0..HISTOGRAM_BUCKETS, true, op, op128);
     }
 
-    /// [`Summary::zip_additive`] over the histogram buckets `buckets` only.
+    /// [`Summary::zip_additive`] over the histogram buckets `buckets` only,
+    /// and the statement figures only if `statement`.
     #[inline(always)]
     fn zip_additive_in(
         &mut self,
         o: &Summary,
         buckets: Range<usize>,
+        statement: bool,
         op: impl Fn(u64, u64) -> u64,
         op128: impl Fn(u128, u128) -> u128,
     ) {
@@ -136,6 +138,9 @@ impl Summary {
             .zip(&o.buckets[buckets])
         {
             *x = op(*x, *y);
+        }
+        if !statement {
+            return;
         }
         let (x, y) = (&mut self.statement, &o.statement);
         x.errors = op(x.errors, y.errors);
@@ -173,7 +178,8 @@ impl Summary {
     }
 
     /// [`Summary::add_part`] for a row as a reader loads it: buckets
-    /// outside [`Summary::filled_buckets`] are zero and not added.
+    /// outside [`Summary::filled_buckets`] are zero and not added (nor
+    /// statement figures that are all zero).
     #[inline]
     pub fn add_loaded_part(&mut self, part: &Summary) {
         let range = part.filled_buckets();
@@ -184,7 +190,16 @@ impl Summary {
                 .all(|(i, b)| *b == 0 || range.contains(&i)),
             "a loaded row has no count outside its filled buckets"
         );
-        self.zip_additive_in(part, range, u64::wrapping_add, u128::wrapping_add);
+        // (A wait's or a stage's row has no statement figures: their line
+        // of the sum is not touched.)
+        let statement = part.statement != StatementFigures::ZERO;
+        self.zip_additive_in(
+            part,
+            range,
+            statement,
+            u64::wrapping_add,
+            u128::wrapping_add,
+        );
     }
 
     /// `self - o` for the additive fields (saturating at zero); MIN and MAX
