@@ -549,6 +549,15 @@
 //!   incremental reader does so for the few changed rows of a record it
 //!   kept ([`segment::Segment::copy_row`]), which spares it the
 //!   page faults (and fault-around) of mapping their pages.
+//! * **Walks in parts** ([`reader`]): a reader may split its walk of the
+//!   thread container into contiguous ranges of pages read at once by
+//!   several threads ([`reader::ReadOptions::threads`]). Each row is read
+//!   under its sequence lock as above, whichever thread reads it; the
+//!   global section and the fold log are read once, after every part is
+//!   done, and a thread found folded in that log is dropped from whichever
+//!   part read it, so the snapshot is the one a single walk takes. A
+//!   reader may also ask the CPU to fetch rows ahead of reading them (a
+//!   prefetch: no value is read, no page is faulted in).
 //! * **history_long slots**: many writers; a writer claims a slot by
 //!   compare-exchange only if it holds an older ticket, else counts the
 //!   event lost (see [`writer::SegmentWriter::append_long`]).
@@ -664,7 +673,7 @@
 //! * [`segment`]: typed references into the mapping, at offsets checked
 //!   against the validated geometry, and `madvise` on it; the byte view
 //!   of a private row copy that `pread` fills; the mapping made private
-//!   in a forked child;
+//!   in a forked child; the prefetch hint (`_mm_prefetch`);
 //! * [`fork`]: registering a `pthread_atfork` child handler;
 //! * [`sigbus`]: the `SIGBUS` handler (`sigaction`, `mmap`, `errno`);
 //! * [`tsc`]: the `RDTSC` intrinsic.

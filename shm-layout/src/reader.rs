@@ -708,7 +708,7 @@ impl GlobalWatch {
 /// the segment only if their sequence moved (the record's row sequence
 /// array, 8 bytes per row, tells which, without touching the rows); the
 /// others, and the sums by class, are kept between snapshots
-/// ([`crate::rowcache`], about 40 bytes per kept row). Each snapshot
+/// ([`crate::rowcache`], about 45 bytes per kept row). Each snapshot
 /// equals what [`snapshot`] with [`ReadOptions::summaries`] would give at
 /// the same instant: the same exit reconciliation (fold log), the same
 /// exactness.
@@ -796,7 +796,7 @@ impl IncrementalReader {
         self.cache.heap_bytes()
     }
 
-    /// Heap bytes of the kept summary rows alone (compact: about 40 bytes
+    /// Heap bytes of the kept summary rows alone (compact: about 45 bytes
     /// a row).
     pub fn row_bytes(&self) -> usize {
         self.cache.row_bytes()
