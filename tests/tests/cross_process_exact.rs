@@ -471,3 +471,91 @@ fn classic_text_passes_promtool(base: &str, openmetrics: &str) {
         "promtool check metrics: {report}"
     );
 }
+
+/// A segment of hundreds of thread records: the agent's walk of it is
+/// split across threads (on a machine with two CPUs or more) and its rows
+/// fetched ahead; what it reports is still exact, on the first scrape and
+/// on every later one, and a thread table has every live thread's rows.
+#[test]
+fn a_segment_of_many_threads_is_reported_exactly() {
+    const THREADS: u64 = 300;
+    const EXITED: u64 = 40;
+    const PER_CLASS: u64 = 20;
+    const MANY: &str = "exact-many";
+    let dir = tempfile::tempdir().unwrap();
+    let (mut writer, ready) = spawn_exact(
+        writer_exe!(),
+        dir.path(),
+        MANY,
+        THREADS as u32,
+        PER_CLASS as u32,
+        EXITED as u32,
+    )
+    .unwrap();
+    let agent = Agent::serve(dir.path()).unwrap();
+    let totals = |m: &[pfs_tests::Sample]| -> Vec<(f64, f64)> {
+        TEST_CLASSES
+            .iter()
+            .map(|name| {
+                let l = [("service", MANY), ("event_name", *name)];
+                (
+                    sample(m, "pfs_events_waits_total", &l).unwrap_or(-1.0),
+                    sample(m, "pfs_events_waits_seconds_total", &l).unwrap_or(-1.0),
+                )
+            })
+            .collect()
+    };
+    let want: Vec<(f64, f64)> = TEST_CLASSES
+        .iter()
+        .map(|name| {
+            let c = &ready["classes"][name];
+            (
+                c["count"].as_u64().unwrap() as f64,
+                c["sum_ps"].as_u64().unwrap() as f64 / 1e12,
+            )
+        })
+        .collect();
+    for (count, _) in &want {
+        assert_eq!(*count, (THREADS * PER_CLASS) as f64);
+    }
+    // Three scrapes past the agent's cache: the first reads every row, the
+    // others only what changed (nothing).
+    for scrape in 0..3 {
+        let m = poll(Duration::from_secs(15), || {
+            let m = pfs_tests::parse_metrics(&agent.get("/metrics")?.body)?;
+            Ok(sample(&m, "pfs_threads", &[("service", MANY)]).is_ok().then_some(m))
+        })
+        .unwrap();
+        let got = totals(&m);
+        for ((name, (gc, gs)), (wc, ws)) in TEST_CLASSES.iter().zip(&got).zip(&want) {
+            assert_eq!(gc, wc, "scrape {scrape}: {name} count");
+            assert!(
+                ((gs - ws) / ws).abs() < 1e-9,
+                "scrape {scrape}: {name} seconds {gs} vs {ws}"
+            );
+        }
+        assert_eq!(
+            sample(&m, "pfs_threads", &[("service", MANY)]).unwrap(),
+            (THREADS - EXITED) as f64,
+            "scrape {scrape}: live threads"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let t = agent
+        .table("events_waits_summary_by_thread_by_event_name")
+        .unwrap();
+    let mine: Vec<&Value> = rows(&t)
+        .unwrap()
+        .iter()
+        .filter(|r| r["service"] == MANY && u64_col(r, "count_star").unwrap_or(0) > 0)
+        .collect();
+    assert_eq!(
+        mine.len() as u64,
+        (THREADS - EXITED) * TEST_CLASSES.len() as u64,
+        "a row per live thread and class"
+    );
+    for r in mine {
+        assert_eq!(u64_col(r, "count_star").unwrap(), PER_CLASS, "{r}");
+    }
+    writer.finish(Duration::from_secs(10)).unwrap();
+}
