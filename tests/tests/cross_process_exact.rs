@@ -523,7 +523,9 @@ fn a_segment_of_many_threads_is_reported_exactly() {
     for scrape in 0..3 {
         let m = poll(Duration::from_secs(15), || {
             let m = pfs_tests::parse_metrics(&agent.get("/metrics")?.body)?;
-            Ok(sample(&m, "pfs_threads", &[("service", MANY)]).is_ok().then_some(m))
+            Ok(sample(&m, "pfs_threads", &[("service", MANY)])
+                .is_ok()
+                .then_some(m))
         })
         .unwrap();
         let got = totals(&m);
