@@ -86,7 +86,8 @@ pub struct ReadOptions {
     /// `records_per_thread` records (each thread reads its pages' records
     /// whole; the parts are merged in page order, so the snapshot is the
     /// one a single thread would take). The default: the CPUs this process
-    /// may use, at most [`MAX_WALK_THREADS`]. 1: the caller's thread only.
+    /// may use, at most [`MAX_WALK_THREADS`]. 1 (or 0): the caller's thread
+    /// only.
     pub threads: usize,
     /// The fewest records (ACTIVE container pages × records per page) a
     /// walk gives each of its threads. Default
@@ -166,8 +167,10 @@ pub struct ReadStats {
     /// by a writer killed in the middle of an update
     /// ([`ReadOptions::dead_writers`]).
     pub torn_rows: u64,
-    /// Page ranges walked, each on its own thread
-    /// ([`ReadOptions::threads`]): 1 per walk of a small segment.
+    /// Page ranges walked ([`ReadOptions::threads`]): the first on the
+    /// caller's thread, each other on one of its own (or, if no thread
+    /// could be started, the caller's too); 1 per walk of a small segment.
+    /// Summed over a snapshot's attempts.
     pub parts: u64,
 }
 
@@ -1032,13 +1035,10 @@ impl Walker<'_, '_> {
         let active: Vec<u32> = (0..pages)
             .filter(|&p| PageState::of(states[p as usize].load(Relaxed)) == PageState::Active)
             .collect();
-        let records = active.len() as u64 * u64::from(self.seg.geometry().records_per_page);
-        let n = self
-            .opts
-            .threads
-            .min(active.len())
-            .min((records / u64::from(self.opts.records_per_thread.max(1))) as usize)
-            .max(1);
+        // Pages each range needs for `records_per_thread` records.
+        let per_page = self.seg.geometry().records_per_page.max(1);
+        let pages_each = self.opts.records_per_thread.max(1).div_ceil(per_page) as usize;
+        let n = self.opts.threads.min(active.len() / pages_each).max(1);
         let mut starts: Vec<u32> = (1..n).map(|k| active[k * active.len() / n]).collect();
         starts.insert(0, 0);
         starts.push(pages);

@@ -7,13 +7,13 @@
 //! only for a row of a dead writer read as it is, which never changes again), and
 //! its value, compact: most of a row's 46 words are zero (a wait class
 //! has no statement figures, and a row's events fill a few histogram
-//! buckets, those from MIN's to MAX's), so a row is stored as its head
-//! words (those that are not zero: the sum's high half and bytes mostly
-//! are), the span of buckets its events can fill and, for a statement
-//! class, its statement figures, all LEB128 varints: about 25 bytes for a
-//! wait row, instead of the 368 of a [`Summary`]. (A 64-bit
-//! presence mask of the nonzero words was the format until the thirteenth
-//! session: about as small, but finding the nonzero words cost 35 ns a
+//! buckets, those from MIN's to MAX's), so a row is stored as five head
+//! words (count, timed count, the sum's low half, MIN, MAX), the sum's
+//! high half and bytes only if not zero, the span of buckets its events
+//! can fill and, for a statement class, its statement figures, all LEB128
+//! varints: about 30 bytes for a wait row, instead of the 368 of a
+//! [`Summary`]. (A 64-bit presence mask of the nonzero words was the
+//! format until the eleventh session: about as small, but finding the nonzero words cost 35 ns a
 //! row, two thirds of the encoding. A length-nibble encoding, one 8-byte
 //! store per word, was tried: 15 % more kept bytes and a slower first
 //! scrape.)

@@ -155,7 +155,9 @@ fn equals_a_full_read_after_every_kind_of_change() {
         let q = snapshot(&reader, &split).unwrap();
         assert_eq!(view(&q), view(&b), "step {step}, split full");
         assert_eq!(q.threads, snapshot(&reader, &one).unwrap().threads);
-        split_seen = split_seen.max(q.stats.parts.min(p.stats.parts));
+        if q.stats.restarts == 0 && p.stats.restarts == 0 {
+            split_seen = split_seen.max(q.stats.parts.min(p.stats.parts));
+        }
         // Read again at once: nothing changed, nothing is read.
         let again = inc.snapshot(&reader, &ReadOptions::summaries()).unwrap();
         assert_eq!(view(&again), view(&b), "step {step}, again");
@@ -293,4 +295,53 @@ fn totals_never_go_down_while_writers_run_and_exit() {
     assert_eq!(view(&p), view(&full), "split");
     let counted: u64 = classes.iter().map(|&c| total(&s, c).count).sum();
     assert_eq!(counted, events, "every event counted once");
+}
+
+/// A walk is split only into ranges of `records_per_thread` records or
+/// more (whole pages of records), never into more than `threads`, and a
+/// walk told 0 threads uses one.
+#[test]
+fn walks_are_split_into_ranges_of_enough_records() {
+    let cfg = SegmentConfig {
+        max_classes: 8,
+        records_per_page: 16,
+        max_pages: 16,
+        ..SegmentConfig::default()
+    };
+    let (file, w) = common::create(&cfg);
+    let reader = Segment::open(file, false).unwrap();
+    let parts = |threads: usize, records_per_thread: u32| {
+        let opts = ReadOptions {
+            threads,
+            records_per_thread,
+            ..ReadOptions::summaries()
+        };
+        let s = snapshot(&reader, &opts).unwrap();
+        assert_eq!(s.stats.restarts, 0);
+        s.stats.parts
+    };
+    let mut tid = 0;
+    for (pages, want) in [(4, 1), (5, 1), (8, 2), (9, 2), (12, 3), (16, 4)] {
+        while tid < pages * 16 {
+            tid += 1;
+            w.alloc_thread(tid, tid, "t").unwrap();
+        }
+        let active = snapshot(&reader, &ReadOptions::summaries())
+            .unwrap()
+            .page_states
+            .iter()
+            .filter(|s| **s == pfs_shm_layout::container::PageState::Active)
+            .count();
+        assert_eq!(active as u64, pages, "{pages} pages of threads");
+        assert_eq!(parts(4, 64), want, "{pages} pages, 64 records a thread");
+        assert_eq!(parts(2, 64), want.min(2), "{pages} pages, two threads");
+        // 24 records take two pages of 16 (5 pages: two ranges, not three).
+        assert_eq!(
+            parts(4, 24),
+            (pages / 2).min(4),
+            "{pages} pages, 24 records"
+        );
+    }
+    assert_eq!(parts(0, 1), 1, "0 threads: the caller's");
+    assert_eq!(parts(usize::MAX, 1), 16, "one range per page at most");
 }
