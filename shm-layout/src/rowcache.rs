@@ -120,22 +120,10 @@ fn take_varint(b: &[u8]) -> (u64, &[u8]) {
 /// the flags, how many buckets are kept, then as varints the head, the
 /// high half of the sum and bytes if not zero, those buckets and, if any
 /// is not zero, the statement words. The buckets kept are
-/// [`Summary::filled_buckets`] (all a loaded row can have) when every
-/// other bucket is zero, else those from the first nonzero one to the
-/// last.
+/// [`Summary::nonzero_buckets`]: for a loaded row, those between MIN's and
+/// MAX's.
 fn encode(s: &Summary, out: &mut Vec<u8>) {
-    let hint = s.filled_buckets();
-    let outside = s.buckets[..hint.start]
-        .iter()
-        .chain(&s.buckets[hint.end..])
-        .fold(0, |a, &x| a | x);
-    let kept = if outside == 0 {
-        hint
-    } else {
-        let first = s.buckets.iter().position(|&b| b != 0).unwrap_or(0);
-        let last = s.buckets.iter().rposition(|&b| b != 0).unwrap_or(0);
-        first..last + 1
-    };
+    let kept = s.nonzero_buckets();
     let tail = tail(s);
     let has_tail = tail.iter().fold(0, |a, &x| a | x) != 0;
     let sum_hi = (s.sum_ps >> 64) as u64;

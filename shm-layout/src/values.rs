@@ -177,10 +177,37 @@ impl Summary {
         }
     }
 
+    /// A span of buckets outside which every bucket is zero:
+    /// [`Summary::filled_buckets`] when the others are zero (a row as a
+    /// reader loads it: one quick check), else from the first nonzero
+    /// bucket to the last.
+    ///
+    /// ```
+    /// use pfs_shm_layout::values::Summary;
+    /// let mut s = Summary { timed_count: 1, min_ps: 10, max_ps: 10, ..Summary::default() };
+    /// s.buckets[0] = 1;
+    /// assert_eq!(s.nonzero_buckets(), 0..1);
+    /// s.buckets[20] = 3; // outside MIN..MAX: not a writer's row
+    /// assert_eq!(s.nonzero_buckets(), 0..21);
+    /// ```
+    #[inline]
+    pub fn nonzero_buckets(&self) -> Range<usize> {
+        let filled = self.filled_buckets();
+        let outside = self.buckets[..filled.start]
+            .iter()
+            .chain(&self.buckets[filled.end..])
+            .fold(0, |a, &x| a | x);
+        if outside == 0 {
+            return filled;
+        }
+        let first = self.buckets.iter().position(|&b| b != 0).unwrap_or(0);
+        let last = self.buckets.iter().rposition(|&b| b != 0).unwrap_or(0);
+        first..last + 1
+    }
+
     /// [`Summary::add_part`], fastest for a row as a reader loads it: only
-    /// the buckets in [`Summary::filled_buckets`] are added when the
-    /// others are zero (all of them otherwise), and the statement figures
-    /// only if one is not zero. Exact for any value.
+    /// the buckets in [`Summary::nonzero_buckets`] are added, and the
+    /// statement figures only if one is not zero. Exact for any value.
     ///
     /// ```
     /// use pfs_shm_layout::values::Summary;
@@ -193,16 +220,7 @@ impl Summary {
     /// ```
     #[inline]
     pub fn add_loaded_part(&mut self, part: &Summary) {
-        let filled = part.filled_buckets();
-        let outside = part.buckets[..filled.start]
-            .iter()
-            .chain(&part.buckets[filled.end..])
-            .fold(0, |a, &x| a | x);
-        let range = if outside == 0 {
-            filled
-        } else {
-            0..HISTOGRAM_BUCKETS
-        };
+        let range = part.nonzero_buckets();
         // (A wait's or a stage's row has no statement figures: their line
         // of the sum is not touched.)
         let statement = part.statement != StatementFigures::ZERO;
