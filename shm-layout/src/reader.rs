@@ -97,6 +97,8 @@ pub struct ReadOptions {
 
 /// The most threads a walk uses by default ([`ReadOptions::threads`]).
 pub const MAX_WALK_THREADS: usize = 4;
+// Each of a default walk's threads reads through its own file description.
+const _: () = assert!(MAX_WALK_THREADS <= crate::segment::PART_FILES);
 
 /// [`ReadOptions::records_per_thread`]'s default: starting and joining a
 /// thread costs about 12 us (measured on a 2-CPU VM), what an incremental
@@ -839,8 +841,10 @@ enum Sink<'a> {
         /// The record's `touched` bitmap as this walk read it.
         touched: &'a mut Touched,
         memory_seqs: &'a mut Vec<u64>,
-        /// The walk's buffer for rows copied by `pread`.
+        /// The walk's buffer for rows copied by `pread`, and which of the
+        /// walk's threads copies them ([`Segment::copy_row`]).
         copy: &'a mut RowCopy,
+        part: usize,
         /// The walk's buffer for the classes to visit in a kept record.
         visit: &'a mut Vec<usize>,
     },
@@ -855,15 +859,44 @@ enum Sink<'a> {
 /// changed: `take_incremental` 8.8 → 6.0 ms.
 const PREAD_ROWS: u32 = 8;
 
-/// The buffer to copy the next row of a record into by `pread`: an
-/// incremental walk's, for a record it kept (`kept`), while fewer than
-/// [`PREAD_ROWS`] of the record's rows were copied so (counted in
+/// A row to copy with `pread` ([`Segment::copy_row`]): row `class` of
+/// record `idx`, by the walk's thread `part`, into `copy`.
+struct Pread<'a> {
+    seg: &'a Segment,
+    part: usize,
+    idx: u32,
+    class: usize,
+    copy: &'a mut RowCopy,
+}
+
+impl Pread<'_> {
+    fn copy(&mut self) -> bool {
+        self.seg
+            .copy_row(self.part, self.idx, self.class, self.copy)
+    }
+}
+
+/// How to copy row `class` of record `idx` by `pread`: into an
+/// incremental walk's buffer, for a record it kept (`kept`), while fewer
+/// than [`PREAD_ROWS`] of the record's rows were copied so (counted in
 /// `preads`); `None`: read the row through the mapping.
-fn pread_slot<'s>(sink: &'s mut Sink<'_>, kept: bool, preads: &mut u32) -> Option<&'s mut RowCopy> {
+fn pread_slot<'s>(
+    sink: &'s mut Sink<'_>,
+    seg: &'s Segment,
+    (idx, class): (u32, usize),
+    kept: bool,
+    preads: &mut u32,
+) -> Option<Pread<'s>> {
     match sink {
-        Sink::Changed { copy, .. } if kept && *preads < PREAD_ROWS => {
+        Sink::Changed { copy, part, .. } if kept && *preads < PREAD_ROWS => {
             *preads += 1;
-            Some(&mut **copy)
+            Some(Pread {
+                seg,
+                part: *part,
+                idx,
+                class,
+                copy: &mut **copy,
+            })
         }
         _ => None,
     }
@@ -893,24 +926,21 @@ struct RowRead<T> {
 }
 
 /// One row's copy under its sequence lock `seq`, loaded by `load`: taken
-/// with `pread` into the given buffer (the slot of row `class` of record
-/// `idx`, seen through `view`) if `pread` is given, else from `mapped`,
+/// with `pread` (seen through `view`) if `pread` is given, else from `mapped`,
 /// the row in the mapping. A failed `pread` gives no copy: the row is
 /// skipped, as one found torn on every attempt (unless its writers are
 /// gone: [`ReadOptions::dead_writers`]).
 fn read_row<R, T>(
     seq: &SeqLock,
     opts: &ReadOptions,
-    mut pread: Option<(&Segment, u32, usize, &mut RowCopy)>,
+    mut pread: Option<Pread<'_>>,
     view: fn(&RowCopy) -> &R,
     mapped: &R,
     mut load: impl FnMut(&R) -> T,
 ) -> RowRead<T> {
     let r = match &mut pread {
         None => seq.read_versioned(opts.attempts, || Some(load(mapped))),
-        Some((seg, idx, class, copy)) => seq.read_versioned(opts.attempts, || {
-            seg.copy_row(*idx, *class, copy).then(|| load(view(copy)))
-        }),
+        Some(p) => seq.read_versioned(opts.attempts, || p.copy().then(|| load(view(p.copy)))),
     };
     let value = r.value.and_then(|(s, v)| Some((s, v?)));
     if value.is_none() && opts.dead_writers {
@@ -920,9 +950,7 @@ fn read_row<R, T>(
         let s = seq.sequence();
         let as_is = match &mut pread {
             None => Some(load(mapped)),
-            Some((seg, idx, class, copy)) => {
-                seg.copy_row(*idx, *class, copy).then(|| load(view(copy)))
-            }
+            Some(p) => p.copy().then(|| load(view(p.copy))),
         };
         if s & 1 == 1
             && let Some(v) = as_is
@@ -1048,7 +1076,13 @@ impl Walker<'_, '_> {
 
     /// Reads the records of container pages `pages` (an incremental walk
     /// puts the rows it reads from kept records in `changes`).
-    fn pages(&self, pages: Range<u32>, changes: &mut Changes) -> Result<Part, (Retry, ReadStats)> {
+    /// `part`: which of the walk's threads reads them (0: the caller's).
+    fn pages(
+        &self,
+        part: usize,
+        pages: Range<u32>,
+        changes: &mut Changes,
+    ) -> Result<Part, (Retry, ReadStats)> {
         let Walker {
             seg,
             opts,
@@ -1101,6 +1135,7 @@ impl Walker<'_, '_> {
                         touched: &mut touched,
                         memory_seqs: &mut memory_seqs,
                         copy: &mut copy,
+                        part,
                         visit: &mut visit,
                     },
                 };
@@ -1205,17 +1240,18 @@ fn try_snapshot<'c>(
         // The first part on this thread, each other on one of its own.
         let handles: Vec<_> = parts
             .iter()
+            .enumerate()
             .skip(1)
             .zip(more.iter_mut())
-            .map(|(range, ch)| {
+            .map(|((k, range), ch)| {
                 let range = range.clone();
                 std::thread::Builder::new()
                     .name("pfs-walk".into())
-                    .spawn_scoped(scope, move || walk.pages(range, ch))
+                    .spawn_scoped(scope, move || walk.pages(k, range, ch))
                     .ok()
             })
             .collect();
-        let mut results = vec![Some(walk.pages(parts[0].clone(), &mut *changes))];
+        let mut results = vec![Some(walk.pages(0, parts[0].clone(), &mut *changes))];
         for h in handles {
             results.push(h.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
         }
@@ -1224,7 +1260,7 @@ fn try_snapshot<'c>(
     // (A part no thread could be started for: on this one, now.)
     for (k, r) in results.iter_mut().enumerate().skip(1) {
         if r.is_none() {
-            *r = Some(walk.pages(parts[k].clone(), &mut more[k - 1]));
+            *r = Some(walk.pages(k, parts[k].clone(), &mut more[k - 1]));
         }
     }
     // The parts in page order: each one's changed rows appended to the
@@ -1691,8 +1727,8 @@ fn read_thread(
                 }
                 None => {
                     let row = &mem_rows[class];
-                    let copy = pread_slot(&mut sink, kept.is_some(), &mut preads);
-                    let pread = copy.map(|c| (seg, idx, class, c));
+                    let pread =
+                        pread_slot(&mut sink, seg, (idx, class), kept.is_some(), &mut preads);
                     let r = read_row(seq, opts, pread, RowCopy::memory, row, |r| {
                         MemoryStats::load(r, seg.major_version(), tgen)
                     });
@@ -1733,9 +1769,13 @@ fn read_thread(
             prefetch(&ahead.count);
             prefetch(&ahead.buckets[..PREFETCH_BUCKETS]);
         }
+        if let Some(old) = found.and_then(|at| kept?.bytes_at(at)) {
+            // Its kept value, compared with the new one below: fetched
+            // while the row is copied (a `pread` takes about 1 us).
+            prefetch(old);
+        }
         let statements = kind == RowKind::Statements;
-        let copy = pread_slot(&mut sink, kept.is_some(), &mut preads);
-        let pread = copy.map(|c| (seg, idx, class, c));
+        let pread = pread_slot(&mut sink, seg, (idx, class), kept.is_some(), &mut preads);
         let r = read_row(seq, opts, pread, RowCopy::summary, row, |r| {
             buf.load_into(r, statements)
         });

@@ -32,8 +32,6 @@
 //! [`crate::layout`] (the histogram's bucket count); it
 //! never touches a segment.
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::ops::Range;
 
 use crate::layout::HISTOGRAM_BUCKETS;
@@ -320,6 +318,13 @@ impl<T> KeptRecord<T> {
             }
         }
         same
+    }
+
+    /// The compact bytes of the kept row at position `at` among the kept
+    /// rows (from [`SeqCursor::found`]): for a reader to fetch them ahead
+    /// of [`KeptRecord::get_hinted`].
+    pub fn bytes_at(&self, at: u32) -> Option<&[u8]> {
+        self.rows.refs.get(at as usize).map(|r| self.rows.bytes(r))
     }
 
     /// The kept value of row `class`.
@@ -611,14 +616,20 @@ struct Total {
 /// class.
 #[derive(Debug)]
 pub struct RowCache<T> {
-    records: HashMap<u32, KeptRecord<T>>,
+    /// By record index: a walk visits records in index order, so their
+    /// kept entries are read one after the other (a hash map's were
+    /// scattered, and each lookup hashed).
+    records: Vec<Option<KeptRecord<T>>>,
+    /// Records kept (the `Some`s of `records`).
+    kept: usize,
     totals: Vec<Total>,
 }
 
 impl<T> Default for RowCache<T> {
     fn default() -> Self {
         Self {
-            records: HashMap::new(),
+            records: Vec::new(),
+            kept: 0,
             totals: Vec::new(),
         }
     }
@@ -626,33 +637,39 @@ impl<T> Default for RowCache<T> {
 
 impl<T> RowCache<T> {
     /// The rows kept for lifetime `version` of record `record`.
+    #[inline]
     pub fn kept(&self, record: u32, version: u64) -> Option<&KeptRecord<T>> {
-        self.records.get(&record).filter(|k| k.version == version)
+        self.records
+            .get(record as usize)?
+            .as_ref()
+            .filter(|k| k.version == version)
     }
 
     /// Records kept.
     pub fn len(&self) -> usize {
-        self.records.len()
+        self.kept
     }
 
     /// No record kept.
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.kept == 0
+    }
+
+    /// The kept records.
+    fn values(&self) -> impl Iterator<Item = &KeptRecord<T>> {
+        self.records.iter().flatten()
     }
 
     /// Heap bytes held by the kept rows alone.
     pub fn row_bytes(&self) -> usize {
-        self.records.values().map(KeptRecord::heap_bytes).sum()
+        self.values().map(KeptRecord::heap_bytes).sum()
     }
 
     /// Heap bytes held by the kept records (rows, and `extra` but for
     /// what it allocates itself) and the sums.
     pub fn heap_bytes(&self) -> usize {
-        self.records
-            .values()
-            .map(KeptRecord::heap_bytes)
-            .sum::<usize>()
-            + self.records.capacity() * (size_of::<u32>() + size_of::<KeptRecord<T>>())
+        self.values().map(KeptRecord::heap_bytes).sum::<usize>()
+            + self.records.capacity() * size_of::<Option<KeptRecord<T>>>()
             + self.totals.capacity() * size_of::<Total>()
     }
 
@@ -710,17 +727,24 @@ impl<T> RowCache<T> {
     /// walked record read (in `w.read`, or its range of `changes`)
     /// replace the kept ones.
     pub fn commit(&mut self, live: Vec<Walked<T>>, changes: &Changes, mut delta: Delta) {
-        let lifetimes: HashMap<u32, u64> = live.iter().map(|w| (w.record, w.version)).collect();
-        let gone: Vec<u32> = self
-            .records
+        // The lifetime of each record in `live`, by record.
+        let top = live
             .iter()
-            .filter(|(r, k)| lifetimes.get(r) != Some(&k.version))
-            .map(|(r, _)| *r)
+            .map(|w| w.record as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let mut lifetimes = vec![None; top.max(self.records.len())];
+        for w in &live {
+            lifetimes[w.record as usize] = Some(w.version);
+        }
+        let gone: Vec<KeptRecord<T>> = self
+            .records
+            .iter_mut()
+            .zip(&lifetimes)
+            .filter_map(|(slot, &version)| slot.take_if(|k| Some(k.version) != version))
             .collect();
-        for r in gone {
-            let Some(k) = self.records.remove(&r) else {
-                continue;
-            };
+        self.kept -= gone.len();
+        for k in gone {
             for (class, old) in k.rows.values() {
                 let t = self.total(class as usize);
                 t.rows = t.rows.saturating_sub(1);
@@ -749,10 +773,12 @@ impl<T> RowCache<T> {
             t.sum.min_ps = t.sum.min_ps.min(d.min_ps);
             t.sum.max_ps = t.sum.max_ps.max(d.max_ps);
         }
+        if self.records.len() < top {
+            self.records.resize_with(top, || None);
+        }
         for w in live {
-            match (self.records.entry(w.record), w.extra) {
-                (Entry::Occupied(o), extra) => {
-                    let k = o.into_mut();
+            match (&mut self.records[w.record as usize], w.extra) {
+                (Some(k), extra) => {
                     if let Some(extra) = extra {
                         k.extra = extra;
                     }
@@ -773,7 +799,7 @@ impl<T> RowCache<T> {
                         k.put(u32::from(r.class), r.seq, w.read.bytes(r), None);
                     }
                 }
-                (Entry::Vacant(v), Some(extra)) => {
+                (slot @ None, Some(extra)) => {
                     // A record read whole: its rows, sorted, are kept as read
                     // (with any in `changes`, which a record not kept has
                     // none of).
@@ -786,15 +812,16 @@ impl<T> RowCache<T> {
                     rows.refs.sort_unstable_by_key(|r| r.class);
                     rows.refs.shrink_to_fit();
                     rows.data.shrink_to_fit();
-                    v.insert(KeptRecord {
+                    *slot = Some(KeptRecord {
                         version: w.version,
                         extra,
                         rows,
                         garbage: 0,
                     });
+                    self.kept += 1;
                 }
                 // Not kept, and nothing to keep: a caller's error, ignored.
-                (Entry::Vacant(_), None) => {}
+                (None, None) => {}
             }
         }
         let mut extremes = delta.extremes;
@@ -802,7 +829,7 @@ impl<T> RowCache<T> {
         extremes.dedup();
         for class in extremes {
             let (mut lo, mut hi) = (u64::MAX, 0);
-            for k in self.records.values() {
+            for k in self.values() {
                 if let Some(s) = k.get(class) {
                     lo = lo.min(s.min_ps);
                     hi = hi.max(s.max_ps);

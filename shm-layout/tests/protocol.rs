@@ -129,6 +129,59 @@ fn hostile_record_contents_never_panic_the_reader() {
     let _ = snapshot(&r, &ReadOptions::default());
 }
 
+/// `Segment::copy_row` gives every reader thread (`part`) the row as the
+/// mapping holds it, each through its own description of the file, even
+/// one opened after the file was unlinked (a temporary file has no name),
+/// and from several threads at once; a part past `PART_FILES` shares part
+/// 0's.
+#[test]
+fn every_reader_thread_copies_the_row_the_mapping_holds() {
+    use pfs_shm_layout::segment::{PART_FILES, RowCopy};
+    let (f, w) = common::create(&small());
+    let c = w
+        .register_class(
+            "wait/synch/mutex/t/a",
+            ClassKind::Mutex,
+            FLAG_ENABLED | FLAG_TIMED,
+        )
+        .unwrap();
+    let slot = w.alloc_thread(1, 1, "x").unwrap();
+    for id in 1..=3 {
+        record_wait(
+            w.segment().record(slot.index),
+            &wait_event(c, id, 5000 * id),
+        );
+    }
+    let r = Segment::open(f.try_clone().unwrap(), false).unwrap();
+    let row = &r.record(slot.index).rows[c as usize];
+    let want: Vec<u64> = [&row.count, &row.sum_lo, &row.max]
+        .iter()
+        .map(|a| a.load(Ordering::Relaxed))
+        .collect();
+    assert_eq!(want, [3, 30_000, 15_000]);
+    std::thread::scope(|s| {
+        for part in 0..PART_FILES + 2 {
+            let r = &r;
+            let want = &want;
+            s.spawn(move || {
+                for _ in 0..100 {
+                    let mut copy = RowCopy::new();
+                    assert!(
+                        r.copy_row(part, slot.index, c as usize, &mut copy),
+                        "part {part}"
+                    );
+                    let got = copy.summary();
+                    let got: Vec<u64> = [&got.count, &got.sum_lo, &got.max]
+                        .iter()
+                        .map(|a| a.load(Ordering::Relaxed))
+                        .collect();
+                    assert_eq!(&got, want, "part {part}");
+                }
+            });
+        }
+    });
+}
+
 #[test]
 fn container_adds_pages_only_when_full_and_reuses_records() {
     let (_f, w) = common::create(&small()); // 2 records/page, 3 pages
