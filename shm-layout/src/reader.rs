@@ -895,7 +895,7 @@ fn pread_slot<'s>(
                 part: *part,
                 idx,
                 class,
-                copy: &mut **copy,
+                copy,
             })
         }
         _ => None,
