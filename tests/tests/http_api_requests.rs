@@ -156,6 +156,17 @@ fn query_values_are_percent_decoded_and_checked() -> Result<()> {
     let s = Setup::start(false)?;
     let t = s.table("threads", "?service=kvstore%2Ddemo")?;
     assert!(services(&t)?.iter().all(|x| x == "kvstore-demo"), "{t}");
+    assert!(t.get("warning").is_none(), "{t}");
+    // A mistyped name: an empty table, and a warning naming what exists.
+    let t = s.table("threads", "?service=kvstore-dmeo")?;
+    assert!(rows(&t)?.is_empty(), "{t}");
+    let w = t["warning"].as_str().unwrap_or_default();
+    assert!(
+        w.contains("service=kvstore-dmeo")
+            && w.contains("\"kvstore-demo\"")
+            && w.contains("\"orders api/v2\""),
+        "{t}"
+    );
     for q in [
         "?service=orders%20api%2Fv2",
         "?service=orders+api%2Fv2",

@@ -8,9 +8,9 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::bail;
-use pfs_agent::filter::Filter;
+use pfs_agent::filter::{Filter, Spelling};
 use pfs_agent::segments::SegmentSet;
-use pfs_agent::snapshot::{Snapshot, Snapshotter};
+use pfs_agent::snapshot::Snapshotter;
 use pfs_agent::tables::{self, ColumnKind, Table};
 use pfs_agent::truncate::Baselines;
 use serde_json::Value;
@@ -50,7 +50,12 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
                 snap.invalid.len()
             );
         }
-    } else if let Some(w) = unmatched(&snap, &filter) {
+    } else if let Some(w) = filter.unmatched(
+        snap.segments
+            .iter()
+            .map(|s| (s.data.service.as_str(), s.data.pid)),
+        Spelling::Flags,
+    ) {
         // An empty answer is valid, but easy to take for "nothing
         // happened" when the name is mistyped.
         tracing::warn!("{w}");
@@ -75,48 +80,6 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// A warning for `--service`/`--pid` that leave out every segment of
-/// `snap` (which has some), naming what was found; `None` if one matches.
-fn unmatched(snap: &Snapshot, filter: &Filter) -> Option<String> {
-    if snap.segments.iter().any(|s| filter.accepts(&s.data)) {
-        return None;
-    }
-    let mut found: Vec<String> = snap
-        .segments
-        .iter()
-        .map(|s| match filter.pid {
-            Some(_) => format!("{:?} (pid {})", s.data.service, s.data.pid),
-            None => format!("{:?}", s.data.service),
-        })
-        .collect();
-    found.sort();
-    found.dedup();
-    let more = found.len().saturating_sub(10);
-    found.truncate(10);
-    let mut asked = Vec::new();
-    if let Some(s) = &filter.service {
-        asked.push(format!("--service {s:?}"));
-    }
-    if let Some(p) = filter.pid {
-        asked.push(format!("--pid {p}"));
-    }
-    let more = if more > 0 {
-        format!(" and {more} more")
-    } else {
-        String::new()
-    };
-    Some(format!(
-        "no segment matches {}: the table is empty; {} found: {}{more}",
-        asked.join(" "),
-        if filter.pid.is_some() {
-            "processes"
-        } else {
-            "services"
-        },
-        found.join(", ")
-    ))
 }
 
 /// Replaces the picoseconds of every [`ColumnKind::Duration`] column by

@@ -9,7 +9,7 @@
 //! | GET | `/metrics` | OpenMetrics text, or what the `Accept` header prefers: Prometheus protobuf with native histograms, or the classic text format |
 //! | GET | `/healthz` | `ok`, or 503 and why if the background discovery is stuck ([`AppState::unhealthy`]); `ok` and a `degraded:` line if it cannot list the segment directory ([`AppState::degraded`]) |
 //! | GET | `/api/v1/tables` | `{"tables": [...]}` |
-//! | GET | `/api/v1/tables/{table}?service=S&pid=N` | `{"table", "columns", "rows"}` (chunked) |
+//! | GET | `/api/v1/tables/{table}?service=S&pid=N` | `{"table", "columns", "rows"}` (chunked), and `"warning"` if no segment matches `service`/`pid` |
 //! | POST | `/api/v1/setup/{instruments,consumers,timers,actors}[?service=S&pid=N]` | `{"matched": n, "segments": m}` |
 //! | POST | `/api/v1/tables/{table}/truncate` | `{"truncated": table}` |
 //!

@@ -136,13 +136,20 @@ impl<'w> JsonSink<'w> {
         }
     }
 
-    /// Ends the JSON (after every row was handed), or reports the first
-    /// write that failed.
-    pub(super) fn finish(self) -> std::io::Result<()> {
-        match self.error {
-            Some(e) => Err(e),
-            None => self.out.write_all(b"]}"),
+    /// Ends the JSON (after every row was handed), with a `"warning"`
+    /// member after the rows if one is given, or reports the first write
+    /// that failed.
+    pub(super) fn finish(self, warning: Option<&str>) -> std::io::Result<()> {
+        if let Some(e) = self.error {
+            return Err(e);
         }
+        let mut end = b"]".to_vec();
+        if let Some(w) = warning {
+            end.extend_from_slice(b",\"warning\":");
+            serde_json::to_writer(&mut end, w).expect("a str serialises");
+        }
+        end.push(b'}');
+        self.out.write_all(&end)
     }
 }
 

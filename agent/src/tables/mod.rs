@@ -38,7 +38,7 @@ pub use view::{KindTable, NotTruncatable, PfsTable, View};
 
 use pfs_shm_layout::EventKind;
 
-use crate::filter::Filter;
+use crate::filter::{Filter, Spelling};
 use crate::snapshot::Snapshot;
 use crate::truncate::Baselines;
 use cell::{Collect, JsonSink};
@@ -113,7 +113,9 @@ pub fn build(
 
 /// Writes `table` to `out` as the JSON of [`Table::to_json`] (compact:
 /// the bytes of `to_json().to_string()`), one row at a time, so that no
-/// more than a row is held beside the snapshot.
+/// more than a row is held beside the snapshot. When `filter` leaves out
+/// every segment, a `"warning"` member follows the rows
+/// ([`Filter::unmatched`]: what was asked, what there is).
 pub fn write_json(
     table: &dyn PfsTable,
     snap: &Snapshot,
@@ -123,7 +125,11 @@ pub fn write_json(
 ) -> std::io::Result<()> {
     let mut sink = JsonSink::new(out, table.name());
     table.emit(&View::new(snap, filter, baselines), &mut sink);
-    sink.finish()
+    let found = snap
+        .segments
+        .iter()
+        .map(|s| (s.data.service.as_str(), s.data.pid));
+    sink.finish(filter.unmatched(found, Spelling::Query).as_deref())
 }
 #[cfg(test)]
 mod tests {
