@@ -473,6 +473,11 @@ pub enum BaselinesError {
     /// A summary that cannot be read back.
     #[error(transparent)]
     Summary(#[from] JsonError),
+    /// Owned by another user than this agent's, under `--require-owner`.
+    #[error(
+        "owned by uid {0}, not by this agent's user: another user wrote it, and under --require-owner only the agent's own TRUNCATE baselines are read"
+    )]
+    ForeignOwner(u32),
 }
 
 type Name = String;
@@ -652,12 +657,18 @@ impl Baselines {
         Ok(b)
     }
 
-    /// `dir`'s baselines file, if there is one (of existing segments).
-    fn read(dir: &Path) -> Result<Option<Self>, BaselinesError> {
+    /// `dir`'s baselines file, if there is one (of existing segments);
+    /// `own_only`: refused unless this agent's effective user owns it.
+    fn read(dir: &Path, own_only: bool) -> Result<Option<Self>, BaselinesError> {
+        use std::os::unix::fs::MetadataExt;
         let file = dir.join(BASELINES_FILE);
-        let b = read_capped(&file, MAX_BASELINES_BYTES)?
-            .map(|(buf, _)| Self::decode(&buf, dir))
-            .transpose()?;
+        let b = match read_capped(&file, MAX_BASELINES_BYTES)? {
+            None => None,
+            Some((_, meta)) if own_only && meta.uid() != rustix::process::geteuid().as_raw() => {
+                return Err(BaselinesError::ForeignOwner(meta.uid()));
+            }
+            Some((buf, _)) => Some(Self::decode(&buf, dir)?),
+        };
         Ok(b.map(|mut b| {
             b.retain_existing();
             b
@@ -667,8 +678,11 @@ impl Baselines {
     /// Loads `dir`'s baselines file (the agent that owns the directory):
     /// empty if there is none; a file that cannot be used is logged, set
     /// aside (`.corrupt`, never replacing an earlier one) and read as empty.
-    pub fn load(dir: &Path) -> Self {
-        match Self::read(dir) {
+    /// `own_only` (under `--require-owner`, where other users may write
+    /// the directory but are not trusted): a file another user owns (one
+    /// planted to forge what the tables show) cannot be used.
+    pub fn load(dir: &Path, own_only: bool) -> Self {
+        match Self::read(dir, own_only) {
             Ok(b) => b.unwrap_or_default(),
             Err(BaselinesError::Format { format, version })
                 if format == FORMAT && version > VERSION =>
@@ -701,9 +715,10 @@ impl Baselines {
 
     /// Reads `dir`'s baselines file without changing anything (a reader
     /// such as `pfs-agent query`, beside the agent that owns the
-    /// directory): empty, with a warning, if it cannot be used.
-    pub fn peek(dir: &Path) -> Self {
-        match Self::read(dir) {
+    /// directory): empty, with a warning, if it cannot be used (`own_only`
+    /// as in [`Baselines::load`]).
+    pub fn peek(dir: &Path, own_only: bool) -> Self {
+        match Self::read(dir, own_only) {
             Ok(b) => b.unwrap_or_default(),
             Err(BaselinesError::File(ReadError::DirDenied(e))) => {
                 tracing::warn!(dir = %crate::util::shown::path(dir), error = %e, "cannot read the TRUNCATE baselines file {BASELINES_FILE}: the segment directory cannot be searched; showing lifetime values; {DIR_ACCESS_HINT}");
@@ -796,7 +811,7 @@ mod tests {
             .insert((seg.clone(), "memory/x".into()), m);
         b.mem_reset.insert(seg.clone());
         b.save(dir.path()).unwrap();
-        let back = Baselines::load(dir.path());
+        let back = Baselines::load(dir.path(), false);
         assert_eq!(
             back.thread.len(),
             1,
@@ -828,13 +843,52 @@ mod tests {
                 .unwrap();
         f["mem_reset"] = serde_json::json!(["../../etc/passwd"]);
         std::fs::write(dir.path().join(BASELINES_FILE), f.to_string()).unwrap();
-        assert!(Baselines::load(dir.path()).is_empty());
+        assert!(Baselines::load(dir.path(), false).is_empty());
         assert!(
             dir.path()
                 .join(format!("{BASELINES_FILE}.corrupt"))
                 .exists()
         );
-        assert!(Baselines::load(dir.path()).is_empty(), "no file: empty");
+        assert!(
+            Baselines::load(dir.path(), false).is_empty(),
+            "no file: empty"
+        );
+    }
+
+    /// Under `--require-owner`, a baselines file another user planted (to
+    /// hide or forge what the tables show) is neither used nor shown by
+    /// `query`, and is set aside; the agent's own is read. (The planted
+    /// file needs root to make: without root, only the agent's own file
+    /// is checked.)
+    #[test]
+    fn only_the_agents_own_baselines_file_is_read_when_owners_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = dir.path().join("svc.7.pfs");
+        std::fs::write(&seg, b"x").unwrap();
+        let mut b = Baselines::default();
+        b.long.insert((seg.clone(), EventKind::Stage, 4), 88);
+        b.save(dir.path()).unwrap();
+        assert_eq!(Baselines::load(dir.path(), true).long.len(), 1, "its own");
+        assert_eq!(Baselines::peek(dir.path(), true).long.len(), 1);
+        if !rustix::process::geteuid().is_root() {
+            return;
+        }
+        let path = dir.path().join(BASELINES_FILE);
+        std::os::unix::fs::chown(&path, Some(12345), None).unwrap();
+        assert!(Baselines::peek(dir.path(), true).is_empty(), "not shown");
+        assert!(path.exists(), "peek changes nothing");
+        assert_eq!(
+            Baselines::peek(dir.path(), false).long.len(),
+            1,
+            "any owner without the check"
+        );
+        assert!(Baselines::load(dir.path(), true).is_empty(), "not used");
+        assert!(!path.exists(), "set aside");
+        assert!(
+            dir.path()
+                .join(format!("{BASELINES_FILE}.corrupt"))
+                .exists()
+        );
     }
 
     /// A file of a newer version (an agent downgrade) is left as it is for
@@ -848,7 +902,7 @@ mod tests {
         })
         .to_string();
         std::fs::write(&path, &newer).unwrap();
-        let mut b = Baselines::load(dir.path());
+        let mut b = Baselines::load(dir.path(), false);
         assert!(b.is_empty());
         assert!(b.save(dir.path()).is_err());
         assert_eq!(std::fs::read_to_string(&path).unwrap(), newer);

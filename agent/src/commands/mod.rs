@@ -159,6 +159,7 @@ fn agent(
     baselines_dir: Option<std::path::PathBuf>,
     otlp_args: &OtlpArgs,
 ) -> anyhow::Result<Agent> {
+    let baselines_own_files_only = set.own_files_only();
     let snap = Arc::new(Snapshotter::new(set, DEFAULT_MAX_AGE));
     let stats = Arc::new(AgentStats::default());
     let state = AppState::with_options(
@@ -166,6 +167,7 @@ fn agent(
         AppOptions {
             tokens,
             baselines_dir,
+            baselines_own_files_only,
             stats: Some(stats.clone()),
             discovery_stale_after: Some(DISCOVERY_STALE_AFTER),
         },

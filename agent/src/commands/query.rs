@@ -28,11 +28,9 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
             tables::names().join(", ")
         );
     };
-    let snap = Snapshotter::new(
-        SegmentSet::new(&a.dir.shm_dir, Duration::MAX).with_policy(a.policy.policy()),
-        Duration::ZERO,
-    )
-    .take();
+    let set = SegmentSet::new(&a.dir.shm_dir, Duration::MAX).with_policy(a.policy.policy());
+    let own_files_only = set.own_files_only();
+    let snap = Snapshotter::new(set, Duration::ZERO).take();
     let filter = Filter {
         service: a.service,
         pid: a.pid,
@@ -62,7 +60,7 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
     }
     // As the API shows it: since the last TRUNCATE (the agent serving the
     // directory keeps its baselines there).
-    let baselines = Baselines::peek(&a.dir.shm_dir);
+    let baselines = Baselines::peek(&a.dir.shm_dir, own_files_only);
     let mut table = tables::build(table, &snap, &filter, &baselines);
     match a.format {
         Format::Json => {

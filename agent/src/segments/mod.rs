@@ -188,10 +188,17 @@ impl SegmentSet {
     /// Under `--require-owner` (a policy other than [`OwnerPolicy::Any`]),
     /// only a state file owned by this agent's user is read.
     pub fn persist(mut self) -> Self {
-        self.retirement
-            .persist(self.policy.owner != OwnerPolicy::Any);
+        let own = self.own_files_only();
+        self.retirement.persist(own);
         self.forget_absorbed();
         self
+    }
+
+    /// Whether the agent trusts only files of its own user among its
+    /// state in the directory (retired totals, `TRUNCATE` baselines): under
+    /// `--require-owner`, a policy other than [`OwnerPolicy::Any`].
+    pub fn own_files_only(&self) -> bool {
+        self.policy.owner != OwnerPolicy::Any
     }
 
     /// Replaces the acceptance policy (before the first refresh).

@@ -39,6 +39,9 @@ pub struct AppOptions {
     /// Directory (the segment directory) where `TRUNCATE` baselines are
     /// kept across restarts (none: in memory only).
     pub baselines_dir: Option<PathBuf>,
+    /// Read only a baselines file this agent's user owns (under
+    /// `--require-owner`: [`crate::segments::SegmentSet::own_files_only`]).
+    pub baselines_own_files_only: bool,
     /// The agent's own figures, shared with the OTLP exporter (none: the
     /// server's own).
     pub stats: Option<Arc<AgentStats>>,
@@ -70,7 +73,7 @@ impl AppState {
         let baselines = o
             .baselines_dir
             .as_deref()
-            .map(Baselines::load)
+            .map(|d| Baselines::load(d, o.baselines_own_files_only))
             .unwrap_or_default();
         Arc::new(Self {
             metrics: MetricsCache::new(snap.clone(), stats.clone()),

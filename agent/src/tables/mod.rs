@@ -716,7 +716,7 @@ mod task_tests {
         );
         // The same after an agent restart (the baselines file).
         b.save(dir.path()).unwrap();
-        let back = Baselines::load(dir.path());
+        let back = Baselines::load(dir.path(), false);
         assert_eq!(
             sorted(table(dir.path(), "events_statements_history", &back)),
             want
