@@ -37,7 +37,7 @@ use crate::kinds::{ClassKind, EventKind, Operation};
 use crate::layout::*;
 use crate::lockword::{self, RecordState};
 use crate::rowcache::{Changes, Delta, KeptRecord, NOT_KEPT, RowCache, Rows, Walked};
-use crate::segment::{RowCopy, Segment, TimerCalibration, prefetch, touched_classes};
+use crate::segment::{RowCopy, RowReader, Segment, TimerCalibration, prefetch, touched_classes};
 use crate::seqlock::SeqLock;
 use crate::setup::{Actor, read_actors};
 use crate::text::load_string;
@@ -97,8 +97,6 @@ pub struct ReadOptions {
 
 /// The most threads a walk uses by default ([`ReadOptions::threads`]).
 pub const MAX_WALK_THREADS: usize = 4;
-// Each of a default walk's threads reads through its own file description.
-const _: () = assert!(MAX_WALK_THREADS <= crate::segment::PART_FILES);
 
 /// [`ReadOptions::records_per_thread`]'s default: starting and joining a
 /// thread costs about 12 us (measured on a 2-CPU VM), what an incremental
@@ -841,10 +839,11 @@ enum Sink<'a> {
         /// The record's `touched` bitmap as this walk read it.
         touched: &'a mut Touched,
         memory_seqs: &'a mut Vec<u64>,
-        /// The walk's buffer for rows copied by `pread`, and which of the
-        /// walk's threads copies them ([`Segment::copy_row`]).
+        /// The walk's buffer for rows copied by `pread`, and the file
+        /// description this thread of the walk reads them through
+        /// ([`Segment::copy_row_via`]).
         copy: &'a mut RowCopy,
-        part: usize,
+        via: Option<&'a RowReader>,
         /// The walk's buffer for the classes to visit in a kept record.
         visit: &'a mut Vec<usize>,
     },
@@ -859,11 +858,11 @@ enum Sink<'a> {
 /// changed: `take_incremental` 8.8 → 6.0 ms.
 const PREAD_ROWS: u32 = 8;
 
-/// A row to copy with `pread` ([`Segment::copy_row`]): row `class` of
-/// record `idx`, by the walk's thread `part`, into `copy`.
+/// A row to copy with `pread` ([`Segment::copy_row_via`]): row `class`
+/// of record `idx`, through `via`, into `copy`.
 struct Pread<'a> {
     seg: &'a Segment,
-    part: usize,
+    via: Option<&'a RowReader>,
     idx: u32,
     class: usize,
     copy: &'a mut RowCopy,
@@ -872,7 +871,7 @@ struct Pread<'a> {
 impl Pread<'_> {
     fn copy(&mut self) -> bool {
         self.seg
-            .copy_row(self.part, self.idx, self.class, self.copy)
+            .copy_row_via(self.via, self.idx, self.class, self.copy)
     }
 }
 
@@ -888,11 +887,11 @@ fn pread_slot<'s>(
     preads: &mut u32,
 ) -> Option<Pread<'s>> {
     match sink {
-        Sink::Changed { copy, part, .. } if kept && *preads < PREAD_ROWS => {
+        Sink::Changed { copy, via, .. } if kept && *preads < PREAD_ROWS => {
             *preads += 1;
             Some(Pread {
                 seg,
-                part: *part,
+                via: *via,
                 idx,
                 class,
                 copy,
@@ -1076,10 +1075,11 @@ impl Walker<'_, '_> {
 
     /// Reads the records of container pages `pages` (an incremental walk
     /// puts the rows it reads from kept records in `changes`).
-    /// `part`: which of the walk's threads reads them (0: the caller's).
+    /// `via`: the file description this thread of the walk copies rows
+    /// through (`None`: the segment's own).
     fn pages(
         &self,
-        part: usize,
+        via: Option<&RowReader>,
         pages: Range<u32>,
         changes: &mut Changes,
     ) -> Result<Part, (Retry, ReadStats)> {
@@ -1143,7 +1143,7 @@ impl Walker<'_, '_> {
                         touched: &mut touched,
                         memory_seqs: &mut memory_seqs,
                         copy: &mut copy,
-                        part,
+                        via,
                         visit: &mut visit,
                     },
                 };
@@ -1242,6 +1242,18 @@ fn try_snapshot<'c>(
     };
     let parts = walk.split(pages);
     st.parts += parts.len() as u64;
+    // An incremental walk copies changed rows with `pread`: each thread
+    // past the first through a description of its own (where one cannot
+    // be opened, the segment's), closed when the walk ends.
+    let readers: Vec<Option<RowReader>> = match mode {
+        RowMode::Changed(_) => parts
+            .iter()
+            .skip(1)
+            .map(|_| seg.row_reader().ok())
+            .collect(),
+        _ => Vec::new(),
+    };
+    let via = |k: usize| k.checked_sub(1).and_then(|k| readers.get(k)?.as_ref());
     let mut more: Vec<Changes> = parts.iter().skip(1).map(|_| Changes::default()).collect();
     let mut results = std::thread::scope(|scope| {
         let walk = &walk;
@@ -1255,11 +1267,11 @@ fn try_snapshot<'c>(
                 let range = range.clone();
                 std::thread::Builder::new()
                     .name("pfs-walk".into())
-                    .spawn_scoped(scope, move || walk.pages(k, range, ch))
+                    .spawn_scoped(scope, move || walk.pages(via(k), range, ch))
                     .ok()
             })
             .collect();
-        let mut results = vec![Some(walk.pages(0, parts[0].clone(), &mut *changes))];
+        let mut results = vec![Some(walk.pages(None, parts[0].clone(), &mut *changes))];
         for h in handles {
             results.push(h.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
         }
@@ -1268,7 +1280,7 @@ fn try_snapshot<'c>(
     // (A part no thread could be started for: on this one, now.)
     for (k, r) in results.iter_mut().enumerate().skip(1) {
         if r.is_none() {
-            *r = Some(walk.pages(k, parts[k].clone(), &mut more[k - 1]));
+            *r = Some(walk.pages(via(k), parts[k].clone(), &mut more[k - 1]));
         }
     }
     // The parts in page order: each one's changed rows appended to the

@@ -16,7 +16,6 @@
 use std::fs::File;
 use std::mem::{align_of, size_of};
 use std::os::fd::AsFd;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -95,9 +94,11 @@ impl std::fmt::Debug for RowCopy {
     }
 }
 
-/// How many threads of one reader [`Segment::copy_row`] gives an open file
-/// description of their own.
-pub const PART_FILES: usize = 4;
+/// Another open file description of a segment's file
+/// ([`Segment::row_reader`]), for one of several threads that copy rows
+/// at once ([`Segment::copy_row_via`]).
+#[derive(Debug)]
+pub struct RowReader(File);
 
 /// A mapped segment, validated. Both sides use it: the creator through
 /// [`Segment::create`], readers through [`Segment::open`].
@@ -108,9 +109,6 @@ pub struct Segment {
     guard: Option<Registration>,
     map: MmapRaw,
     file: File,
-    /// More open file descriptions of `file`, one per reader thread past
-    /// the first, opened when first used ([`Segment::copy_row`]).
-    part_files: [OnceLock<Option<File>>; PART_FILES - 1],
     geom: Geometry,
     timer: TimerCalibration,
     service: String,
@@ -144,7 +142,6 @@ impl Segment {
             guard: None,
             map,
             file,
-            part_files: Default::default(),
             geom,
             timer,
             service: cfg.service_name.clone(),
@@ -307,7 +304,6 @@ impl Segment {
                 guard: Some(guard),
                 map,
                 file,
-                part_files: Default::default(),
                 geom: v.geom,
                 timer: v.timer,
                 service: v.service,
@@ -816,19 +812,26 @@ impl Segment {
     /// Returns false if the file is shorter than the row's end (a
     /// truncated segment) or the read fails; `out` then holds no row.
     /// Panics if `idx >= max_records()` or `class >= max_classes`.
-    ///
-    /// `part`: which of the threads reading at once calls (0 to
-    /// [`PART_FILES`] − 1; any other value reads as part 0). Each part
-    /// reads through its own open file description of the segment: in a
-    /// process of several threads every `pread` takes and drops a
-    /// reference to the file it reads, and two threads reading through
-    /// one description pass that counter's cache line back and forth
-    /// (measured: an incremental snapshot of 1 000 threads × 200 classes,
-    /// 1 % of the rows changed, two walk threads: 2.9 → 2.4 ms). A part's
-    /// description is opened the first time it is used (through
-    /// `/proc/self/fd`, the same file even if it was since unlinked or
-    /// replaced); where that fails, the part shares part 0's.
-    pub fn copy_row(&self, part: usize, idx: u32, class: usize, out: &mut RowCopy) -> bool {
+    pub fn copy_row(&self, idx: u32, class: usize, out: &mut RowCopy) -> bool {
+        self.copy_row_via(None, idx, class, out)
+    }
+
+    /// [`Segment::copy_row`] through `via`, another description of this
+    /// segment's file ([`Segment::row_reader`]; `None`: the segment's
+    /// own). In a process of several threads every `pread` takes and drops
+    /// a reference to the open file it reads, and threads reading through
+    /// one description pass that counter's cache line back and forth:
+    /// each thread copying rows alongside others should read through a
+    /// description of its own (measured: an incremental snapshot of
+    /// 1 000 threads × 200 classes, 1 % of the rows changed, two walk
+    /// threads: 2.9 → 2.4 ms).
+    pub fn copy_row_via(
+        &self,
+        via: Option<&RowReader>,
+        idx: u32,
+        class: usize,
+        out: &mut RowCopy,
+    ) -> bool {
         use std::os::unix::fs::FileExt;
         assert!(idx < self.geom.max_records(), "record index out of range");
         assert!(class < self.geom.max_classes as usize, "class out of range");
@@ -837,19 +840,17 @@ impl Segment {
             + class * size_of::<SummaryRow>();
         let bytes = out.bytes_mut();
         let len = bytes.len();
-        matches!(self.part_file(part).read_at(bytes, off as u64), Ok(n) if n == len)
+        let file = via.map_or(&self.file, |r| &r.0);
+        matches!(file.read_at(bytes, off as u64), Ok(n) if n == len)
     }
 
-    /// The open file description reader thread `part` reads through
-    /// ([`Segment::copy_row`]).
-    fn part_file(&self, part: usize) -> &File {
+    /// Opens another description of the segment's file, for
+    /// [`Segment::copy_row_via`]: through `/proc/self/fd`, so the very
+    /// file this segment maps, even if it was since unlinked or replaced.
+    /// It holds a file descriptor until dropped.
+    pub fn row_reader(&self) -> std::io::Result<RowReader> {
         use std::os::fd::AsRawFd;
-        let Some(slot) = part.checked_sub(1).and_then(|k| self.part_files.get(k)) else {
-            return &self.file;
-        };
-        slot.get_or_init(|| File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd())).ok())
-            .as_ref()
-            .unwrap_or(&self.file)
+        File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd())).map(RowReader)
     }
 
     /// Thread record `idx`. Panics if `idx >= max_records()`.

@@ -129,14 +129,13 @@ fn hostile_record_contents_never_panic_the_reader() {
     let _ = snapshot(&r, &ReadOptions::default());
 }
 
-/// `Segment::copy_row` gives every reader thread (`part`) the row as the
-/// mapping holds it, each through its own description of the file, even
-/// one opened after the file was unlinked (a temporary file has no name),
-/// and from several threads at once; a part past `PART_FILES` shares part
-/// 0's.
+/// `Segment::copy_row` gives the row as the mapping holds it, through the
+/// segment's own file description or another (`row_reader`), even one
+/// opened after the file was unlinked (a temporary file has no name), from
+/// several threads at once.
 #[test]
-fn every_reader_thread_copies_the_row_the_mapping_holds() {
-    use pfs_shm_layout::segment::{PART_FILES, RowCopy};
+fn every_row_reader_copies_the_row_the_mapping_holds() {
+    use pfs_shm_layout::segment::RowCopy;
     let (f, w) = common::create(&small());
     let c = w
         .register_class(
@@ -154,32 +153,30 @@ fn every_reader_thread_copies_the_row_the_mapping_holds() {
     }
     let r = Segment::open(f.try_clone().unwrap(), false).unwrap();
     let row = &r.record(slot.index).rows[c as usize];
-    let want: Vec<u64> = [&row.count, &row.sum_lo, &row.max]
-        .iter()
-        .map(|a| a.load(Ordering::Relaxed))
-        .collect();
+    let fields = |row: &SummaryRow| -> Vec<u64> {
+        [&row.count, &row.sum_lo, &row.max]
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed))
+            .collect()
+    };
+    let want = fields(row);
     assert_eq!(want, [3, 30_000, 15_000]);
+    let readers: Vec<_> = (0..3).map(|_| r.row_reader().unwrap()).collect();
     std::thread::scope(|s| {
-        for part in 0..PART_FILES + 2 {
-            let r = &r;
-            let want = &want;
+        for via in std::iter::once(None).chain(readers.iter().map(Some)) {
+            let (r, want) = (&r, &want);
             s.spawn(move || {
                 for _ in 0..100 {
                     let mut copy = RowCopy::new();
-                    assert!(
-                        r.copy_row(part, slot.index, c as usize, &mut copy),
-                        "part {part}"
-                    );
-                    let got = copy.summary();
-                    let got: Vec<u64> = [&got.count, &got.sum_lo, &got.max]
-                        .iter()
-                        .map(|a| a.load(Ordering::Relaxed))
-                        .collect();
-                    assert_eq!(&got, want, "part {part}");
+                    assert!(r.copy_row_via(via, slot.index, c as usize, &mut copy));
+                    assert_eq!(&fields(copy.summary()), want);
                 }
             });
         }
     });
+    let mut copy = RowCopy::new();
+    assert!(r.copy_row(slot.index, c as usize, &mut copy));
+    assert_eq!(fields(copy.summary()), want);
 }
 
 #[test]
