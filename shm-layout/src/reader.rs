@@ -840,10 +840,9 @@ enum Sink<'a> {
         touched: &'a mut Touched,
         memory_seqs: &'a mut Vec<u64>,
         /// The walk's buffer for rows copied by `pread`, and the file
-        /// description this thread of the walk reads them through
-        /// ([`Segment::copy_row_via`]).
+        /// description this thread of the walk reads them through.
         copy: &'a mut RowCopy,
-        via: Option<&'a RowReader>,
+        via: &'a mut Via,
         /// The walk's buffer for the classes to visit in a kept record.
         visit: &'a mut Vec<usize>,
     },
@@ -857,6 +856,26 @@ enum Sink<'a> {
 /// changed. Measured at 1 000 threads × 200 classes with 1 % of the rows
 /// changed: `take_incremental` 8.8 → 6.0 ms.
 const PREAD_ROWS: u32 = 8;
+
+/// The file description a thread of an incremental walk copies rows
+/// through ([`Segment::copy_row_via`]): the segment's own (the walk's
+/// first thread), or one of its own, opened at its first copy and closed
+/// with the walk (threads that share one pass its reference count back and
+/// forth); where none can be opened, the segment's.
+enum Via {
+    Shared,
+    /// `None` until the first copy.
+    Own(Option<Option<RowReader>>),
+}
+
+impl Via {
+    fn get(&mut self, seg: &Segment) -> Option<&RowReader> {
+        match self {
+            Via::Shared => None,
+            Via::Own(r) => r.get_or_insert_with(|| seg.row_reader().ok()).as_ref(),
+        }
+    }
+}
 
 /// A row to copy with `pread` ([`Segment::copy_row_via`]): row `class`
 /// of record `idx`, through `via`, into `copy`.
@@ -891,7 +910,7 @@ fn pread_slot<'s>(
             *preads += 1;
             Some(Pread {
                 seg,
-                via: *via,
+                via: via.get(seg),
                 idx,
                 class,
                 copy,
@@ -1075,11 +1094,11 @@ impl Walker<'_, '_> {
 
     /// Reads the records of container pages `pages` (an incremental walk
     /// puts the rows it reads from kept records in `changes`).
-    /// `via`: the file description this thread of the walk copies rows
-    /// through (`None`: the segment's own).
+    /// `first`: on the walk's first thread (which copies rows through the
+    /// segment's own file description: [`Via`]).
     fn pages(
         &self,
-        via: Option<&RowReader>,
+        first: bool,
         pages: Range<u32>,
         changes: &mut Changes,
     ) -> Result<Part, (Retry, ReadStats)> {
@@ -1099,6 +1118,7 @@ impl Walker<'_, '_> {
         let mut walked: Vec<Walked<Box<Kept>>> = Vec::new();
         let mut delta = Delta::default();
         let mut copy = RowCopy::new();
+        let mut via = if first { Via::Shared } else { Via::Own(None) };
         let mut visit = Vec::new();
         // The rows of a record not kept, read into one buffer for the walk and
         // copied out at their exact size (not grown by doubling, record by
@@ -1143,7 +1163,7 @@ impl Walker<'_, '_> {
                         touched: &mut touched,
                         memory_seqs: &mut memory_seqs,
                         copy: &mut copy,
-                        via,
+                        via: &mut via,
                         visit: &mut visit,
                     },
                 };
@@ -1242,36 +1262,23 @@ fn try_snapshot<'c>(
     };
     let parts = walk.split(pages);
     st.parts += parts.len() as u64;
-    // An incremental walk copies changed rows with `pread`: each thread
-    // past the first through a description of its own (where one cannot
-    // be opened, the segment's), closed when the walk ends.
-    let readers: Vec<Option<RowReader>> = match mode {
-        RowMode::Changed(_) => parts
-            .iter()
-            .skip(1)
-            .map(|_| seg.row_reader().ok())
-            .collect(),
-        _ => Vec::new(),
-    };
-    let via = |k: usize| k.checked_sub(1).and_then(|k| readers.get(k)?.as_ref());
     let mut more: Vec<Changes> = parts.iter().skip(1).map(|_| Changes::default()).collect();
     let mut results = std::thread::scope(|scope| {
         let walk = &walk;
         // The first part on this thread, each other on one of its own.
         let handles: Vec<_> = parts
             .iter()
-            .enumerate()
             .skip(1)
             .zip(more.iter_mut())
-            .map(|((k, range), ch)| {
+            .map(|(range, ch)| {
                 let range = range.clone();
                 std::thread::Builder::new()
                     .name("pfs-walk".into())
-                    .spawn_scoped(scope, move || walk.pages(via(k), range, ch))
+                    .spawn_scoped(scope, move || walk.pages(false, range, ch))
                     .ok()
             })
             .collect();
-        let mut results = vec![Some(walk.pages(None, parts[0].clone(), &mut *changes))];
+        let mut results = vec![Some(walk.pages(true, parts[0].clone(), &mut *changes))];
         for h in handles {
             results.push(h.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
         }
@@ -1280,7 +1287,7 @@ fn try_snapshot<'c>(
     // (A part no thread could be started for: on this one, now.)
     for (k, r) in results.iter_mut().enumerate().skip(1) {
         if r.is_none() {
-            *r = Some(walk.pages(via(k), parts[k].clone(), &mut more[k - 1]));
+            *r = Some(walk.pages(true, parts[k].clone(), &mut more[k - 1]));
         }
     }
     // The parts in page order: each one's changed rows appended to the
