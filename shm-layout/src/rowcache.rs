@@ -20,7 +20,7 @@
 //!
 //! A record's rows live in one byte buffer; a changed row is appended and
 //! its old bytes become garbage, reclaimed when the buffer is full (it
-//! grows by an eighth at a time).
+//! grows by a quarter at a time: [`HEADROOM`]).
 //!
 //! The sums by class are kept up to date with each change (old value out,
 //! new value in: [`Summary::replace_part`]), so that a snapshot costs what
@@ -198,6 +198,15 @@ fn decode(b: &[u8]) -> Summary {
     }
 }
 
+/// A kept record's buffer grows by 1 / `HEADROOM` of its rows' bytes, the
+/// room its changed rows are appended into until it is compacted (each
+/// compaction copies every row). At 1 000 × 200 with 1 % of the rows
+/// changed per scrape, an eighth had each record compacted about every 12
+/// scrapes, the copies half of the commit's time; a quarter halves their
+/// number: `take_incremental` 2.56 → 2.46 ms (four alternate rounds),
+/// kept bytes after many scrapes 9.01 → 9.64 MB.
+const HEADROOM: usize = 4;
+
 /// Where a kept row's bytes are, and the sequence it was read at.
 #[derive(Debug, Clone, Copy)]
 struct RowRef {
@@ -342,8 +351,8 @@ impl<T> KeptRecord<T> {
 
     /// Stores the compact row `bytes` as row `class`, read at `seq`. The
     /// row's old bytes become garbage, reclaimed when the buffer is full;
-    /// the buffer grows by an eighth at a time, so it stays within about
-    /// 1.125 × the live rows plus one round of changes.
+    /// the buffer grows by 1 / [`HEADROOM`] at a time, so it stays within
+    /// about 1.25 × the live rows plus one round of changes.
     /// `hint`: where row `class` probably is. Returns true if the row was
     /// not kept before (inserted).
     fn put(&mut self, class: u32, seq: u64, bytes: &[u8], hint: Option<usize>) -> bool {
@@ -353,7 +362,7 @@ impl<T> KeptRecord<T> {
                 self.compact(bytes.len());
             } else {
                 let data = &mut self.rows.data;
-                data.reserve_exact(bytes.len().max(data.len() / 8));
+                data.reserve_exact(bytes.len().max(data.len() / HEADROOM));
             }
         }
         let new = RowRef {
@@ -377,10 +386,10 @@ impl<T> KeptRecord<T> {
     }
 
     /// Drops the garbage: the live rows' bytes, in class order, in a
-    /// buffer with room for `extra` more bytes and an eighth.
+    /// buffer with room for `extra` more bytes and 1 / [`HEADROOM`] more.
     fn compact(&mut self, extra: usize) {
         let live = self.rows.data.len() - self.garbage + extra;
-        let mut data = Vec::with_capacity(live + live / 8);
+        let mut data = Vec::with_capacity(live + live / HEADROOM);
         for r in &mut self.rows.refs {
             let off = data.len();
             data.extend_from_slice(
