@@ -52,7 +52,7 @@ impl Filter {
     /// let found = [("checkout", 7), ("billing", 8)];
     /// assert_eq!(
     ///     f.unmatched(found, Spelling::Query).unwrap(),
-    ///     r#"no segment matches service=chekout: the table is empty; services found: "billing", "checkout""#
+    ///     r#"no segment matches service="chekout": the table is empty; services found: "billing", "checkout""#
     /// );
     /// assert_eq!(Filter::default().unmatched(found, Spelling::Flags), None);
     /// ```
@@ -82,7 +82,7 @@ impl Filter {
         if let Some(s) = &self.service {
             asked.push(match spelling {
                 Spelling::Flags => format!("--service {s:?}"),
-                Spelling::Query => format!("service={s}"),
+                Spelling::Query => format!("service={s:?}"),
             });
         }
         if let Some(p) = self.pid {
@@ -142,7 +142,7 @@ mod tests {
         assert_eq!(pid.unmatched(found(), Spelling::Query), None);
         assert_eq!(
             both.unmatched([], Spelling::Query).unwrap(),
-            "no segment matches service=s01&pid=7: the table is empty; no segment is being read"
+            "no segment matches service=\"s01\"&pid=7: the table is empty; no segment is being read"
         );
     }
 }

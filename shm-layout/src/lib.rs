@@ -557,11 +557,10 @@
 //!   done, and a thread found folded in that log is dropped from whichever
 //!   part read it, so the snapshot is the one a single walk takes. A
 //!   reader may also ask the CPU to fetch rows ahead of reading them (a
-//!   prefetch: no value is read, no page is faulted in), map a page it is
-//!   about to read whole in one call (`MADV_POPULATE_READ`), and give each
-//!   thread that copies rows with `pread` a file description of its own
-//!   ([`segment::Segment::copy_row_via`]). None of this changes what is
-//!   read or how it is validated.
+//!   prefetch: no value is read, no page is faulted in), and give each
+//!   thread past the first that copies rows with `pread` a file
+//!   description of its own ([`segment::Segment::copy_row_via`]). Neither
+//!   changes what is read or how it is validated.
 //! * **history_long slots**: many writers; a writer claims a slot by
 //!   compare-exchange only if it holds an older ticket, else counts the
 //!   event lost (see [`writer::SegmentWriter::append_long`]).

@@ -1137,14 +1137,6 @@ impl Walker<'_, '_> {
             if state != PageState::Active {
                 continue;
             }
-            if opts.release_pages
-                && match mode {
-                    RowMode::Changed(cache) => cache.is_empty(),
-                    _ => true,
-                }
-            {
-                seg.populate_page(page);
-            }
             for slot in 0..g.records_per_page {
                 let idx = page * g.records_per_page + slot;
                 read.clear();

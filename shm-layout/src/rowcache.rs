@@ -198,7 +198,7 @@ fn decode(b: &[u8]) -> Summary {
     }
 }
 
-/// A kept record's buffer grows by 1 / `HEADROOM` of its rows' bytes, the
+/// A kept record's buffer grows by 1 / `HEADROOM` of its bytes, the
 /// room its changed rows are appended into until it is compacted (each
 /// compaction copies every row). At 1 000 × 200 with 1 % of the rows
 /// changed per scrape, an eighth had each record compacted about every 12
@@ -625,12 +625,11 @@ struct Total {
 /// class.
 #[derive(Debug)]
 pub struct RowCache<T> {
-    /// By record index: a walk visits records in index order, so their
-    /// kept entries are read one after the other (a hash map's were
-    /// scattered, and each lookup hashed).
-    records: Vec<Option<KeptRecord<T>>>,
-    /// Records kept (the `Some`s of `records`).
-    kept: usize,
+    /// Sorted by record index: a walk visits records in that order, so its
+    /// lookups read the entries one after the other (a hash map's were
+    /// scattered, and each lookup hashed); its size is the records kept,
+    /// whatever their indexes (a segment's one live page may be its last).
+    records: Vec<(u32, KeptRecord<T>)>,
     totals: Vec<Total>,
 }
 
@@ -638,7 +637,6 @@ impl<T> Default for RowCache<T> {
     fn default() -> Self {
         Self {
             records: Vec::new(),
-            kept: 0,
             totals: Vec::new(),
         }
     }
@@ -648,25 +646,26 @@ impl<T> RowCache<T> {
     /// The rows kept for lifetime `version` of record `record`.
     #[inline]
     pub fn kept(&self, record: u32, version: u64) -> Option<&KeptRecord<T>> {
-        self.records
-            .get(record as usize)?
-            .as_ref()
-            .filter(|k| k.version == version)
+        let i = self
+            .records
+            .binary_search_by_key(&record, |(r, _)| *r)
+            .ok()?;
+        Some(&self.records[i].1).filter(|k| k.version == version)
     }
 
     /// Records kept.
     pub fn len(&self) -> usize {
-        self.kept
+        self.records.len()
     }
 
     /// No record kept.
     pub fn is_empty(&self) -> bool {
-        self.kept == 0
+        self.records.is_empty()
     }
 
     /// The kept records.
     fn values(&self) -> impl Iterator<Item = &KeptRecord<T>> {
-        self.records.iter().flatten()
+        self.records.iter().map(|(_, k)| k)
     }
 
     /// Heap bytes held by the kept rows alone.
@@ -678,7 +677,7 @@ impl<T> RowCache<T> {
     /// what it allocates itself) and the sums.
     pub fn heap_bytes(&self) -> usize {
         self.values().map(KeptRecord::heap_bytes).sum::<usize>()
-            + self.records.capacity() * size_of::<Option<KeptRecord<T>>>()
+            + self.records.capacity() * size_of::<(u32, KeptRecord<T>)>()
             + self.totals.capacity() * size_of::<Total>()
     }
 
@@ -735,24 +734,25 @@ impl<T> RowCache<T> {
     /// with another lifetime, are dropped with their rows; the rows each
     /// walked record read (in `w.read`, or its range of `changes`)
     /// replace the kept ones.
-    pub fn commit(&mut self, live: Vec<Walked<T>>, changes: &Changes, mut delta: Delta) {
-        // The lifetime of each record in `live`, by record.
-        let top = live
-            .iter()
-            .map(|w| w.record as usize + 1)
-            .max()
-            .unwrap_or(0);
-        let mut lifetimes = vec![None; top.max(self.records.len())];
-        for w in &live {
-            lifetimes[w.record as usize] = Some(w.version);
+    pub fn commit(&mut self, mut live: Vec<Walked<T>>, changes: &Changes, mut delta: Delta) {
+        // (A walk lists records in index order already.)
+        live.sort_unstable_by_key(|w| w.record);
+        // The kept records not in `live`, or of another lifetime, go: one
+        // pass over both sorted lists.
+        let mut gone = Vec::new();
+        let mut next = live.iter().peekable();
+        let old = std::mem::take(&mut self.records);
+        for (r, k) in old {
+            while next.next_if(|w| w.record < r).is_some() {}
+            if next
+                .peek()
+                .is_some_and(|w| w.record == r && w.version == k.version)
+            {
+                self.records.push((r, k));
+            } else {
+                gone.push(k);
+            }
         }
-        let gone: Vec<KeptRecord<T>> = self
-            .records
-            .iter_mut()
-            .zip(&lifetimes)
-            .filter_map(|(slot, &version)| slot.take_if(|k| Some(k.version) != version))
-            .collect();
-        self.kept -= gone.len();
         for k in gone {
             for (class, old) in k.rows.values() {
                 let t = self.total(class as usize);
@@ -782,12 +782,15 @@ impl<T> RowCache<T> {
             t.sum.min_ps = t.sum.min_ps.min(d.min_ps);
             t.sum.max_ps = t.sum.max_ps.max(d.max_ps);
         }
-        if self.records.len() < top {
-            self.records.resize_with(top, || None);
-        }
+        // Every kept record is now in `live`: merged in order, each takes
+        // its changed rows, and a record new to the cache is inserted.
+        let mut kept = std::mem::take(&mut self.records).into_iter().peekable();
         for w in live {
-            match (&mut self.records[w.record as usize], w.extra) {
-                (Some(k), extra) => {
+            while let Some(e) = kept.next_if(|(r, _)| *r < w.record) {
+                self.records.push(e); // (none: kept records are in `live`)
+            }
+            match (kept.next_if(|(r, _)| *r == w.record), w.extra) {
+                (Some((r, mut k)), extra) => {
                     if let Some(extra) = extra {
                         k.extra = extra;
                     }
@@ -807,8 +810,9 @@ impl<T> RowCache<T> {
                     for r in &w.read.refs {
                         k.put(u32::from(r.class), r.seq, w.read.bytes(r), None);
                     }
+                    self.records.push((r, k));
                 }
-                (slot @ None, Some(extra)) => {
+                (None, Some(extra)) => {
                     // A record read whole: its rows, sorted, are kept as read
                     // (with any in `changes`, which a record not kept has
                     // none of).
@@ -821,18 +825,21 @@ impl<T> RowCache<T> {
                     rows.refs.sort_unstable_by_key(|r| r.class);
                     rows.refs.shrink_to_fit();
                     rows.data.shrink_to_fit();
-                    *slot = Some(KeptRecord {
-                        version: w.version,
-                        extra,
-                        rows,
-                        garbage: 0,
-                    });
-                    self.kept += 1;
+                    self.records.push((
+                        w.record,
+                        KeptRecord {
+                            version: w.version,
+                            extra,
+                            rows,
+                            garbage: 0,
+                        },
+                    ));
                 }
                 // Not kept, and nothing to keep: a caller's error, ignored.
                 (None, None) => {}
             }
         }
+        self.records.extend(kept);
         let mut extremes = delta.extremes;
         extremes.sort_unstable();
         extremes.dedup();

@@ -725,22 +725,6 @@ impl Segment {
         n.min(u64::from(self.geom.max_pages)) as u32
     }
 
-    /// Maps container page `page` into this process in one call
-    /// (`MADV_POPULATE_READ`), for a reader about to read most of it: one
-    /// system call instead of a page fault per 16 pages. Advice only:
-    /// where it fails (a kernel before 5.14, a page the file no longer
-    /// covers), the reads fault the pages in as before.
-    pub fn populate_page(&self, page: u32) {
-        if page >= self.geom.max_pages {
-            return;
-        }
-        let _ = self.map.advise_range(
-            memmap2::Advice::PopulateRead,
-            self.geom.page_off(page),
-            self.geom.page_size,
-        );
-    }
-
     /// Gives back this process's mapping of container page `page`: its
     /// resident pages stop counting in this process's RSS, the file keeps
     /// every byte, and the next access maps the same bytes again. A reader
@@ -848,9 +832,21 @@ impl Segment {
     /// [`Segment::copy_row_via`]: through `/proc/self/fd`, so the very
     /// file this segment maps, even if it was since unlinked or replaced.
     /// It holds a file descriptor until dropped.
+    /// Once an open fails (no `/proc`, or a security policy denies it),
+    /// later calls fail at once: a walk asks again at every scrape, and a
+    /// denial may be logged by the policy each time.
     pub fn row_reader(&self) -> std::io::Result<RowReader> {
         use std::os::fd::AsRawFd;
-        File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd())).map(RowReader)
+        use std::sync::atomic::AtomicBool;
+        static REFUSED: AtomicBool = AtomicBool::new(false);
+        if REFUSED.load(Ordering::Relaxed) {
+            return Err(std::io::Error::other(
+                "an earlier open of /proc/self/fd failed",
+            ));
+        }
+        File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+            .map(RowReader)
+            .inspect_err(|_| REFUSED.store(true, Ordering::Relaxed))
     }
 
     /// Thread record `idx`. Panics if `idx >= max_records()`.

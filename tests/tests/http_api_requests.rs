@@ -162,7 +162,7 @@ fn query_values_are_percent_decoded_and_checked() -> Result<()> {
     assert!(rows(&t)?.is_empty(), "{t}");
     let w = t["warning"].as_str().unwrap_or_default();
     assert!(
-        w.contains("service=kvstore-dmeo")
+        w.contains("service=\"kvstore-dmeo\"")
             && w.contains("\"kvstore-demo\"")
             && w.contains("\"orders api/v2\""),
         "{t}"

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 use pfs_agent::filter::{Filter, Spelling};
-use pfs_agent::segments::SegmentSet;
+use pfs_agent::segments::{OwnerPolicy, SegmentSet};
 use pfs_agent::snapshot::Snapshotter;
 use pfs_agent::tables::{self, ColumnKind, Table};
 use pfs_agent::truncate::Baselines;
@@ -28,9 +28,16 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
             tables::names().join(", ")
         );
     };
-    let set = SegmentSet::new(&a.dir.shm_dir, Duration::MAX).with_policy(a.policy.policy());
-    let own_files_only = set.own_files_only();
-    let snap = Snapshotter::new(set, Duration::ZERO).take();
+    let policy = a.policy.policy();
+    // The TRUNCATE file is the serving agent's: under `--require-owner
+    // uid` this user's too; under `group`, a member of the group may query
+    // as another user, so its owner is not checked here.
+    let own_files_only = policy.owner == OwnerPolicy::Uid;
+    let snap = Snapshotter::new(
+        SegmentSet::new(&a.dir.shm_dir, Duration::MAX).with_policy(policy),
+        Duration::ZERO,
+    )
+    .take();
     let filter = Filter {
         service: a.service,
         pid: a.pid,

@@ -276,7 +276,7 @@ mod tests {
                 let mut want = t.to_json();
                 if f.service.as_deref() == Some("other") {
                     want["warning"] = serde_json::json!(
-                        "no segment matches service=other: the table is empty; services found: \"svc\\\"x\""
+                        "no segment matches service=\"other\": the table is empty; services found: \"svc\\\"x\""
                     );
                 }
                 assert_eq!(String::from_utf8(out).unwrap(), want.to_string(), "{name}");
