@@ -103,8 +103,10 @@ fn refuses_hostile_files_with_typed_errors() {
     assert!(matches!(err(&b), SegmentError::Corrupt(_)));
 }
 
-#[test]
-fn hostile_record_contents_never_panic_the_reader() {
+/// A small segment with one mutex class and one thread that recorded
+/// `waits` waits of it, the i-th (from 1) lasting i × 5000 ps: the file,
+/// the writer, the class and the thread's record.
+fn one_thread_of_waits(waits: u64) -> (File, pfs_shm_layout::SegmentWriter, u32, u32) {
     let (f, w) = common::create(&small());
     let c = w
         .register_class(
@@ -114,7 +116,18 @@ fn hostile_record_contents_never_panic_the_reader() {
         )
         .unwrap();
     let slot = w.alloc_thread(1, 1, "x").unwrap();
-    record_wait(w.segment().record(slot.index), &wait_event(c, 1, 5000));
+    for id in 1..=waits {
+        record_wait(
+            w.segment().record(slot.index),
+            &wait_event(c, id, 5000 * id),
+        );
+    }
+    (f, w, c, slot.index)
+}
+
+#[test]
+fn hostile_record_contents_never_panic_the_reader() {
+    let (f, w, _, _) = one_thread_of_waits(1);
     let g = *w.segment().geometry();
     // Scribble over everything after the header with a pattern, as a
     // compromised writer could, then read.
@@ -136,23 +149,9 @@ fn hostile_record_contents_never_panic_the_reader() {
 #[test]
 fn every_row_reader_copies_the_row_the_mapping_holds() {
     use pfs_shm_layout::segment::RowCopy;
-    let (f, w) = common::create(&small());
-    let c = w
-        .register_class(
-            "wait/synch/mutex/t/a",
-            ClassKind::Mutex,
-            FLAG_ENABLED | FLAG_TIMED,
-        )
-        .unwrap();
-    let slot = w.alloc_thread(1, 1, "x").unwrap();
-    for id in 1..=3 {
-        record_wait(
-            w.segment().record(slot.index),
-            &wait_event(c, id, 5000 * id),
-        );
-    }
+    let (f, _w, c, idx) = one_thread_of_waits(3);
     let r = Segment::open(f.try_clone().unwrap(), false).unwrap();
-    let row = &r.record(slot.index).rows[c as usize];
+    let row = &r.record(idx).rows[c as usize];
     let fields = |row: &SummaryRow| -> Vec<u64> {
         [&row.count, &row.sum_lo, &row.max]
             .iter()
@@ -168,14 +167,14 @@ fn every_row_reader_copies_the_row_the_mapping_holds() {
             s.spawn(move || {
                 for _ in 0..100 {
                     let mut copy = RowCopy::new();
-                    assert!(r.copy_row_via(via, slot.index, c as usize, &mut copy));
+                    assert!(r.copy_row_via(via, idx, c as usize, &mut copy));
                     assert_eq!(&fields(copy.summary()), want);
                 }
             });
         }
     });
     let mut copy = RowCopy::new();
-    assert!(r.copy_row(slot.index, c as usize, &mut copy));
+    assert!(r.copy_row(idx, c as usize, &mut copy));
     assert_eq!(fields(copy.summary()), want);
 }
 
