@@ -739,21 +739,17 @@ impl<T> RowCache<T> {
         live.sort_unstable_by_key(|w| w.record);
         // The kept records not in `live`, or of another lifetime, go: one
         // pass over both sorted lists.
-        let mut gone = Vec::new();
         let mut next = live.iter().peekable();
-        let old = std::mem::take(&mut self.records);
-        for (r, k) in old {
-            while next.next_if(|w| w.record < r).is_some() {}
-            if next
-                .peek()
-                .is_some_and(|w| w.record == r && w.version == k.version)
-            {
-                self.records.push((r, k));
-            } else {
-                gone.push(k);
-            }
-        }
-        for k in gone {
+        let gone: Vec<_> = self
+            .records
+            .extract_if(.., |(r, k)| {
+                while next.next_if(|w| w.record < *r).is_some() {}
+                !next
+                    .peek()
+                    .is_some_and(|w| w.record == *r && w.version == k.version)
+            })
+            .collect();
+        for (_, k) in gone {
             for (class, old) in k.rows.values() {
                 let t = self.total(class as usize);
                 t.rows = t.rows.saturating_sub(1);
@@ -784,7 +780,9 @@ impl<T> RowCache<T> {
         }
         // Every kept record is now in `live`: merged in order, each takes
         // its changed rows, and a record new to the cache is inserted.
-        let mut kept = std::mem::take(&mut self.records).into_iter().peekable();
+        let mut kept = std::mem::replace(&mut self.records, Vec::with_capacity(live.len()))
+            .into_iter()
+            .peekable();
         for w in live {
             while let Some(e) = kept.next_if(|(r, _)| *r < w.record) {
                 self.records.push(e); // (none: kept records are in `live`)
