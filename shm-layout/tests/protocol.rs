@@ -176,6 +176,13 @@ fn every_row_reader_copies_the_row_the_mapping_holds() {
     let mut copy = RowCopy::new();
     assert!(r.copy_row(idx, c as usize, &mut copy));
     assert_eq!(fields(copy.summary()), want);
+    // Another segment's reader copies nothing from this one.
+    let (other, _w2, _, _) = one_thread_of_waits(1);
+    let other = Segment::open(other, false).unwrap();
+    let theirs = other.row_reader().unwrap();
+    assert!(!r.copy_row_via(Some(&theirs), idx, c as usize, &mut copy));
+    assert!(other.copy_row_via(Some(&theirs), idx, c as usize, &mut copy));
+    assert_eq!(fields(copy.summary()), [1, 5_000, 5_000]);
 }
 
 #[test]
