@@ -560,7 +560,10 @@
 //!   prefetch: no value is read, no page is faulted in), and give each
 //!   thread past the first that copies rows with `pread` a file
 //!   description of its own ([`segment::Segment::copy_row_via`]). Neither
-//!   changes what is read or how it is validated.
+//!   changes what is read or how it is validated. (An incremental reader's
+//!   parts also update its kept copies as they go, each only those of the
+//!   records in its own range: reader-private memory, outside the protocol;
+//!   see [`rowcache::RowCache`].)
 //! * **history_long slots**: many writers; a writer claims a slot by
 //!   compare-exchange only if it holds an older ticket, else counts the
 //!   event lost (see [`writer::SegmentWriter::append_long`]).

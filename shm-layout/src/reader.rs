@@ -36,7 +36,7 @@ use crate::error::SegmentError;
 use crate::kinds::{ClassKind, EventKind, Operation};
 use crate::layout::*;
 use crate::lockword::{self, RecordState};
-use crate::rowcache::{Changes, Delta, KeptRecord, NOT_KEPT, RowCache, Rows, Walked};
+use crate::rowcache::{CachePart, Changes, Delta, KeptRecord, NOT_KEPT, RowCache, Rows, Walked};
 use crate::segment::{RowCopy, RowReader, Segment, TimerCalibration, prefetch, touched_classes};
 use crate::seqlock::SeqLock;
 use crate::setup::{Actor, read_actors};
@@ -610,20 +610,20 @@ pub fn snapshot(seg: &Segment, opts: &ReadOptions) -> Result<SegmentSnapshot, Se
         } else {
             RowMode::Summed
         };
-        match try_snapshot(seg, opts, mode, &mut Changes::default(), &mut stats) {
+        match try_snapshot(seg, opts, mode, None, &mut stats) {
             Ok((mut s, _, _)) => {
                 s.stats = stats;
                 return Ok(s);
             }
-            Err(Retry::LogWrapped(n)) => {
+            Err((Retry::LogWrapped(n), _)) => {
                 watch.wrapped(n);
                 failures += 1;
             }
-            Err(Retry::GlobalBusy) => {
+            Err((Retry::GlobalBusy, _)) => {
                 watch.busy(seg);
                 failures += 1;
             }
-            Err(Retry::FoldedCopy) => folded_walks += 1,
+            Err((Retry::FoldedCopy, _)) => folded_walks += 1,
         }
         stats.restarts += 1;
     }
@@ -733,8 +733,6 @@ impl GlobalWatch {
 #[derive(Debug, Default)]
 pub struct IncrementalReader {
     cache: RowCache<Box<Kept>>,
-    /// The last walk's rows of kept records (a buffer reused by each walk).
-    changes: Changes,
 }
 
 /// What an [`IncrementalReader`] keeps of a live thread beside its
@@ -772,17 +770,23 @@ impl IncrementalReader {
         let mut budget = 4;
         while attempts < budget || watch.again(seg, &mut budget) {
             attempts += 1;
-            let mode = RowMode::Changed(&self.cache);
-            match try_snapshot(seg, opts, mode, &mut self.changes, &mut stats) {
+            let cache = Some(&mut self.cache);
+            match try_snapshot(seg, opts, RowMode::Changed, cache, &mut stats) {
                 Ok((mut s, walked, delta)) => {
-                    self.cache.commit(walked, &self.changes, delta);
+                    self.cache.commit(walked, delta);
                     s.live_rows = self.cache.totals();
                     s.stats = stats;
                     return Ok(s);
                 }
-                Err(Retry::LogWrapped(n)) => watch.wrapped(n),
-                Err(Retry::GlobalBusy) => watch.busy(seg),
-                Err(Retry::FoldedCopy) => {}
+                Err((why, delta)) => {
+                    // The rows the walk put in place stay: the sums take them.
+                    self.cache.settle(delta);
+                    match why {
+                        Retry::LogWrapped(n) => watch.wrapped(n),
+                        Retry::GlobalBusy => watch.busy(seg),
+                        Retry::FoldedCopy => {}
+                    }
+                }
             }
             stats.restarts += 1;
         }
@@ -812,30 +816,33 @@ impl IncrementalReader {
 type Walk = (SegmentSnapshot, Vec<Walked<Box<Kept>>>, Delta);
 
 /// Where one walk puts the live threads' summary rows.
-#[derive(Clone, Copy)]
-enum RowMode<'a> {
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RowMode {
     /// In each thread's [`ThreadSnapshot::rows`].
     PerThread,
     /// Summed by class as they are read.
     Summed,
-    /// Only rows new or changed since the cache kept them are read; they
-    /// come back as [`Walked`] records.
-    Changed(&'a RowCache<Box<Kept>>),
+    /// Only rows new or changed since the cache kept them are read; those
+    /// of kept records are put in place in the cache as the walk goes
+    /// ([`CachePart::apply`]), those of the others come back as fresh
+    /// [`Walked`] records.
+    Changed,
 }
 
 /// Where [`read_thread`] puts the rows it reads.
-enum Sink<'a> {
+enum Sink<'a, 'c> {
     Keep,
     Sum(&'a mut ClassSums),
     Changed {
-        cache: &'a RowCache<Box<Kept>>,
+        cache: &'a CachePart<'c, Box<Kept>>,
         /// The rows of a record the cache did not keep.
         read: &'a mut Rows,
-        /// The walk's rows of the records the cache kept; this record's
-        /// start at `changes_from`.
+        /// The changed rows of a record the cache kept.
         changes: &'a mut Changes,
-        changes_from: usize,
+        /// What the changed rows of kept records change in the sums.
         delta: &'a mut Delta,
+        /// What the rows of records not kept add to them.
+        fresh: &'a mut Delta,
         /// The record's `touched` bitmap as this walk read it.
         touched: &'a mut Touched,
         memory_seqs: &'a mut Vec<u64>,
@@ -899,7 +906,7 @@ impl Pread<'_> {
 /// than [`PREAD_ROWS`] of the record's rows were copied so (counted in
 /// `preads`); `None`: read the row through the mapping.
 fn pread_slot<'s>(
-    sink: &'s mut Sink<'_>,
+    sink: &'s mut Sink<'_, '_>,
     seg: &'s Segment,
     (idx, class): (u32, usize),
     kept: bool,
@@ -1042,10 +1049,10 @@ impl ClassSums {
 
 /// One walk's fixed inputs, shared by the threads that read its parts.
 #[derive(Clone, Copy)]
-struct Walker<'w, 'c> {
+struct Walker<'w> {
     seg: &'w Segment,
     opts: &'w ReadOptions,
-    mode: RowMode<'c>,
+    mode: RowMode,
     kinds: &'w [RowKind],
     tgen: u64,
 }
@@ -1056,8 +1063,19 @@ struct Part {
     page_states: Vec<PageState>,
     sums: ClassSums,
     walked: Vec<Walked<Box<Kept>>>,
+    /// What the rows put in place in kept records changed in the sums.
     delta: Delta,
+    /// What the rows of the records not kept add to them.
+    fresh: Delta,
     st: ReadStats,
+}
+
+/// Why the walk of a part stopped, what it read until then, and what the
+/// rows it put in place changed in the sums.
+struct PartFailed {
+    why: Retry,
+    st: ReadStats,
+    delta: Delta,
 }
 
 impl Part {
@@ -1068,11 +1086,12 @@ impl Part {
         self.sums.merge(next.sums);
         self.walked.extend(next.walked);
         self.delta.merge(next.delta);
+        self.fresh.merge(next.fresh);
         self.st.add(&next.st);
     }
 }
 
-impl Walker<'_, '_> {
+impl Walker<'_> {
     /// The walk's container pages `0..pages` in contiguous ranges, one per
     /// thread: the ACTIVE pages (the only ones read) shared evenly, each
     /// range with at least [`ReadOptions::records_per_thread`] records, at most
@@ -1093,15 +1112,17 @@ impl Walker<'_, '_> {
     }
 
     /// Reads the records of container pages `pages` (an incremental walk
-    /// puts the rows it reads from kept records in `changes`).
-    /// `first`: on the walk's first thread (which copies rows through the
-    /// segment's own file description: [`Via`]).
+    /// puts the rows it finds changed in the records of `cache`, the kept
+    /// records of those pages, as it goes). `first`: on the walk's first
+    /// thread (which copies rows through the segment's own file
+    /// description: [`Via`]). A walk that fails gives back what its rows
+    /// put in place changed in the sums.
     fn pages(
         &self,
         first: bool,
         pages: Range<u32>,
-        changes: &mut Changes,
-    ) -> Result<Part, (Retry, ReadStats)> {
+        mut cache: CachePart<'_, Box<Kept>>,
+    ) -> Result<Part, Box<PartFailed>> {
         let Walker {
             seg,
             opts,
@@ -1117,6 +1138,8 @@ impl Walker<'_, '_> {
         let mut sums = ClassSums::new(kinds.len());
         let mut walked: Vec<Walked<Box<Kept>>> = Vec::new();
         let mut delta = Delta::default();
+        let mut fresh = Delta::default();
+        let mut changes = Changes::default();
         let mut copy = RowCopy::new();
         let mut via = if first { Via::Shared } else { Via::Own(None) };
         let mut visit = Vec::new();
@@ -1124,10 +1147,9 @@ impl Walker<'_, '_> {
         // copied out at their exact size (not grown by doubling, record by
         // record).
         let mut read = Rows::default();
-        if let RowMode::Changed(cache) = mode {
-            let share = pages.len() * cache.len() / seg.pages_added().max(1) as usize;
-            walked.reserve(share + 16);
-            threads.reserve(share + 16);
+        if mode == RowMode::Changed {
+            walked.reserve(cache.len() + 16);
+            threads.reserve(cache.len() + 16);
         }
         for page in pages {
             // Only ACTIVE pages are read: touching a reclaimed page's hole
@@ -1140,18 +1162,19 @@ impl Walker<'_, '_> {
             for slot in 0..g.records_per_page {
                 let idx = page * g.records_per_page + slot;
                 read.clear();
+                changes.clear();
+                cache.seek(idx);
                 let mut memory_seqs = Vec::new();
                 let mut touched = [0; MAX_CLASSES_LIMIT as usize / 64];
-                let changes_from = changes.len();
                 let sink = match mode {
                     RowMode::PerThread => Sink::Keep,
                     RowMode::Summed => Sink::Sum(&mut sums),
-                    RowMode::Changed(cache) => Sink::Changed {
-                        cache,
+                    RowMode::Changed => Sink::Changed {
+                        cache: &cache,
                         read: &mut read,
-                        changes: &mut *changes,
-                        changes_from,
+                        changes: &mut changes,
                         delta: &mut delta,
+                        fresh: &mut fresh,
                         touched: &mut touched,
                         memory_seqs: &mut memory_seqs,
                         copy: &mut copy,
@@ -1161,14 +1184,16 @@ impl Walker<'_, '_> {
                 };
                 match read_thread(seg, idx, kinds, tgen, opts, sink, &mut st) {
                     Ok(Some(t)) => {
-                        if let RowMode::Changed(cache) = mode {
+                        if mode == RowMode::Changed {
                             // The thread's copy is kept again only if it changed.
                             if !t.skipped_rows.is_empty() {
                                 // A row not kept: the next walk visits every
                                 // touched row.
                                 touched = [0; MAX_CLASSES_LIMIT as usize / 64];
                             }
-                            let same = cache.kept(idx, t.version).is_some_and(|k| {
+                            let kept = cache.kept(idx, t.version);
+                            let is_kept = kept.is_some();
+                            let same = kept.is_some_and(|k| {
                                 k.extra.tgen == tgen
                                     && k.extra.touched == touched
                                     && k.extra.memory_seqs == memory_seqs
@@ -1184,22 +1209,29 @@ impl Walker<'_, '_> {
                                     touched,
                                 })
                             });
+                            // A kept record takes its changes now (its lines
+                            // are in this CPU's cache); one not kept is kept
+                            // by the commit.
+                            let fresh = if is_kept {
+                                cache.apply(idx, t.version, &changes, extra);
+                                None
+                            } else {
+                                extra.map(|extra| (extra, read.to_exact()))
+                            };
                             walked.push(Walked {
                                 record: t.record,
                                 version: t.version,
-                                extra,
-                                read: read.to_exact(),
-                                changed: changes_from..changes.len(),
+                                fresh,
                             });
                         }
                         threads.push(t);
                     }
                     Ok(None) => {}
-                    Err(retry) => return Err((retry, st)),
+                    Err(why) => return Err(Box::new(PartFailed { why, st, delta })),
                 }
             }
             if opts.release_pages {
-                if let RowMode::Changed(_) = mode {
+                if mode == RowMode::Changed {
                     seg.release_page_bodies(page);
                 } else {
                     seg.release_page(page);
@@ -1212,21 +1244,24 @@ impl Walker<'_, '_> {
             sums,
             walked,
             delta,
+            fresh,
             st,
         })
     }
 }
 
-/// One walk of `seg`. An incremental walk (`mode` `Changed`) puts the rows
-/// it reads from kept records in `changes` (emptied first).
-fn try_snapshot<'c>(
+/// One walk of `seg`. An incremental walk (`mode` `Changed`) reads the
+/// rows that changed since `cache` (an empty one if `None`) kept them, and
+/// puts those of kept records in place as it goes: a walk that fails gives
+/// back, with why, what they changed in the sums (for
+/// [`RowCache::settle`]).
+fn try_snapshot(
     seg: &Segment,
     opts: &ReadOptions,
-    mode: RowMode<'c>,
-    changes: &mut Changes,
+    mode: RowMode,
+    cache: Option<&mut RowCache<Box<Kept>>>,
     total: &mut ReadStats,
-) -> Result<Walk, Retry> {
-    changes.clear();
+) -> Result<Walk, (Retry, Delta)> {
     let sum_while_walking = matches!(mode, RowMode::Summed);
     let mut st = ReadStats::default();
     let classes = read_classes(seg, &mut st);
@@ -1254,72 +1289,81 @@ fn try_snapshot<'c>(
     };
     let parts = walk.split(pages);
     st.parts += parts.len() as u64;
-    let mut more: Vec<Changes> = parts.iter().skip(1).map(|_| Changes::default()).collect();
+    // Each part's kept records, by record index (none but in an
+    // incremental walk).
+    let starts: Vec<u32> = parts
+        .iter()
+        .map(|r| r.start.saturating_mul(g.records_per_page))
+        .collect();
+    let mut none = RowCache::default();
+    let cache = match mode {
+        RowMode::Changed => cache.unwrap_or(&mut none),
+        _ => &mut none,
+    };
     let mut results = std::thread::scope(|scope| {
         let walk = &walk;
+        let mut cached = cache.split(&starts).into_iter();
+        let own = cached.next().expect("one part");
         // The first part on this thread, each other on one of its own.
         let handles: Vec<_> = parts
             .iter()
             .skip(1)
-            .zip(more.iter_mut())
-            .map(|(range, ch)| {
+            .zip(cached)
+            .map(|(range, part)| {
                 let range = range.clone();
                 std::thread::Builder::new()
                     .name("pfs-walk".into())
-                    .spawn_scoped(scope, move || walk.pages(false, range, ch))
+                    .spawn_scoped(scope, move || walk.pages(false, range, part))
                     .ok()
             })
             .collect();
-        let mut results = vec![Some(walk.pages(true, parts[0].clone(), &mut *changes))];
+        let mut results = vec![Some(walk.pages(true, parts[0].clone(), own))];
         for h in handles {
             results.push(h.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
         }
         results
     });
-    // (A part no thread could be started for: on this one, now.)
-    for (k, r) in results.iter_mut().enumerate().skip(1) {
-        if r.is_none() {
-            *r = Some(walk.pages(true, parts[k].clone(), &mut more[k - 1]));
+    // (A part no thread could be started for: on this one, now; its kept
+    // records, untouched, are borrowed again.)
+    if results.iter().any(Option::is_none) {
+        for (k, part) in cache.split(&starts).into_iter().enumerate() {
+            if results[k].is_none() {
+                results[k] = Some(walk.pages(true, parts[k].clone(), part));
+            }
         }
     }
-    // The parts in page order: each one's changed rows appended to the
-    // first's, its records' ranges moved with them.
+    // The parts in page order.
     let mut first: Option<Part> = None;
     let mut retry = None;
-    for (k, r) in results.into_iter().flatten().enumerate() {
-        let base = match k {
-            0 => 0,
-            _ => changes.append(&more[k - 1]),
-        };
+    let mut put = Delta::default();
+    for r in results.into_iter().flatten() {
         match r {
-            Ok(mut p) => {
-                for w in &mut p.walked {
-                    w.changed = w.changed.start + base..w.changed.end + base;
-                }
-                match &mut first {
-                    None => first = Some(p),
-                    Some(f) => f.absorb(p),
-                }
-            }
-            Err((why, part_st)) => {
-                st.add(&part_st);
-                retry.get_or_insert(why);
+            Ok(p) => match &mut first {
+                None => first = Some(p),
+                Some(f) => f.absorb(p),
+            },
+            Err(f) => {
+                st.add(&f.st);
+                put.merge(f.delta);
+                retry.get_or_insert(f.why);
             }
         }
     }
     if let Some(why) = retry {
-        if let Some(f) = &first {
+        if let Some(f) = first {
             st.add(&f.st);
+            put.merge(f.delta);
         }
         total.add(&st);
-        return Err(why);
+        return Err((why, put));
     }
     let Part {
         mut threads,
         page_states,
         mut sums,
         mut walked,
-        mut delta,
+        delta,
+        mut fresh,
         st: walk_st,
     } = first.expect("one part");
     st.add(&walk_st);
@@ -1367,7 +1411,7 @@ fn try_snapshot<'c>(
             let f2 = copy_global();
             fence(Acquire);
             if gh.seq.sequence() != stuck {
-                return Err(Retry::GlobalBusy);
+                return Err((Retry::GlobalBusy, delta));
             }
             // A fold logs its entry after merging every row, then
             // publishes `fold_count`: a logged but unpublished fold is
@@ -1380,10 +1424,10 @@ fn try_snapshot<'c>(
                 f2
             }
         }
-        (None, _) => return Err(Retry::GlobalBusy),
+        (None, _) => return Err((Retry::GlobalBusy, delta)),
     };
     if f2.wrapping_sub(f0) >= FOLD_LOG_LEN as u64 {
-        return Err(Retry::LogWrapped(f2.wrapping_sub(f0)));
+        return Err((Retry::LogWrapped(f2.wrapping_sub(f0)), delta));
     }
     let log: HashSet<(u64, u64)> = log_words
         .iter()
@@ -1392,19 +1436,19 @@ fn try_snapshot<'c>(
         .collect();
     let before = threads.len();
     threads.retain(|t| !log.contains(&(u64::from(t.record), t.version)));
-    if let RowMode::Changed(cache) = mode {
-        walked.retain(|w| {
-            let folded = log.contains(&(u64::from(w.record), w.version));
-            if folded {
-                cache.undo(w, changes, &mut delta);
-            }
-            !folded
-        });
-    }
+    // A folded record's fresh rows are not kept (a kept one's changes,
+    // put in place, leave with it at the commit).
+    walked.retain(|w| {
+        let folded = log.contains(&(u64::from(w.record), w.version));
+        if folded {
+            w.forget(&mut fresh);
+        }
+        !folded
+    });
     let folded = (before - threads.len()) as u64;
     total.folded_copies += folded;
     if sum_while_walking && folded > 0 {
-        return Err(Retry::FoldedCopy);
+        return Err((Retry::FoldedCopy, delta));
     }
     if matches!(mode, RowMode::PerThread) && !opts.per_thread_rows {
         for t in &mut threads {
@@ -1415,7 +1459,7 @@ fn try_snapshot<'c>(
     }
     // (An incremental walk's live rows are the cache's sums, once the
     // caller committed the walk.)
-    let live_rows = if opts.per_thread_rows || matches!(mode, RowMode::Changed(_)) {
+    let live_rows = if opts.per_thread_rows || mode == RowMode::Changed {
         Vec::new()
     } else {
         sums.into_rows()
@@ -1469,7 +1513,11 @@ fn try_snapshot<'c>(
             stats: ReadStats::default(),
         },
         walked,
-        delta,
+        {
+            let mut delta = delta;
+            delta.merge(fresh);
+            delta
+        },
     ))
 }
 
@@ -1555,7 +1603,7 @@ fn read_thread(
     kinds: &[RowKind],
     tgen: u64,
     opts: &ReadOptions,
-    mut sink: Sink<'_>,
+    mut sink: Sink<'_, '_>,
     st: &mut ReadStats,
 ) -> Result<Option<ThreadSnapshot>, Retry> {
     let rec = seg.record(idx);
@@ -1782,7 +1830,9 @@ fn read_thread(
             continue;
         }
         let row = &rec.rows[class];
-        if let Some(ahead) = rec.rows.get(class + PREFETCH_ROWS) {
+        // (Not in a walk of the changed rows alone: the rows it visits are
+        // scattered, mostly copied by `pread`, and their pages released.)
+        if let Some(ahead) = rec.rows.get(class + PREFETCH_ROWS).filter(|_| !fast) {
             // The head and the buckets up to 244 us (most events'
             // durations).
             prefetch(&ahead.count);
@@ -1814,14 +1864,16 @@ fn read_thread(
                     read,
                     changes,
                     delta,
+                    fresh,
                     ..
                 },
             ) => {
-                let old = found.and_then(|at| kept?.get_hinted(class as u32, Some(at)));
-                delta.row(class as u32, old.as_ref(), s);
                 if kept.is_some() {
+                    let old = found.and_then(|at| kept?.get_hinted(class as u32, Some(at)));
+                    delta.row(class as u32, old.as_ref(), s);
                     changes.push(class as u32, v, s, found.unwrap_or(NOT_KEPT));
                 } else {
+                    fresh.row(class as u32, None, s);
                     read.push(class as u32, v, s);
                 }
             }
@@ -1848,22 +1900,18 @@ fn read_thread(
             cache,
             read,
             changes,
-            changes_from,
             delta,
+            fresh,
             ..
         },
     ) = (ended, &mut sink)
     {
         // The rows of a lifetime that ended are not kept: take back what
         // they added to the sums (and forget them).
-        let mine = *changes_from..changes.len();
-        cache.undo_rows(
-            idx,
-            version,
-            read.values().chain(changes.values(mine)),
-            delta,
-        );
-        changes.truncate(*changes_from);
+        cache.undo_rows(idx, version, changes.values(), delta);
+        cache.undo_rows(idx, version, read.values(), fresh);
+        changes.clear();
+        read.clear();
     }
     if ended {
         st.ended_records += 1;

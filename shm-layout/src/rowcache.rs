@@ -32,8 +32,6 @@
 //! [`crate::layout`] (the histogram's bucket count); it
 //! never touches a segment.
 
-use std::ops::Range;
-
 use crate::layout::HISTOGRAM_BUCKETS;
 use crate::values::{StatementFigures, Summary};
 
@@ -356,6 +354,20 @@ impl<T> KeptRecord<T> {
     /// `hint`: where row `class` probably is. Returns true if the row was
     /// not kept before (inserted).
     fn put(&mut self, class: u32, seq: u64, bytes: &[u8], hint: Option<usize>) -> bool {
+        let found = self.find_hinted(class, hint);
+        if let Ok(i) = found {
+            let r = &mut self.rows.refs[i];
+            if bytes.len() <= usize::from(r.len) {
+                // Fits where the old value was (the usual case: a row that
+                // grew by a few events keeps its words' lengths).
+                let at = r.off as usize;
+                self.rows.data[at..at + bytes.len()].copy_from_slice(bytes);
+                self.garbage += usize::from(r.len) - bytes.len();
+                r.len = bytes.len() as u16;
+                r.seq = seq;
+                return false;
+            }
+        }
         let data = &mut self.rows.data;
         if data.len() + bytes.len() > data.capacity() {
             if self.garbage > 0 {
@@ -372,7 +384,8 @@ impl<T> KeptRecord<T> {
             seq,
         };
         self.rows.data.extend_from_slice(bytes);
-        match self.find_hinted(class, hint) {
+        // (A compaction moves bytes, not references: `found` holds.)
+        match found {
             Ok(i) => {
                 self.garbage += usize::from(self.rows.refs[i].len);
                 self.rows.refs[i] = new;
@@ -513,71 +526,57 @@ impl Delta {
 /// The additive zero (and "no MIN, no MAX").
 const ZERO: Summary = Summary::ZERO;
 
-/// A record as one walk found it: its lifetime, the reader's data, and
-/// the rows it read because they were new or had changed.
+/// A live record as one walk found it: its lifetime and, for a record the
+/// cache did not keep, what to keep of it. (A kept record's changes are
+/// already in place: [`CachePart::apply`].)
 #[derive(Debug)]
 pub struct Walked<T> {
     /// Record index.
     pub record: u32,
     /// Lock-word version.
     pub version: u64,
-    /// The reader's own data for this record; `None`: unchanged since it
-    /// was kept (the record must be kept, with this `version`).
-    pub extra: Option<T>,
-    /// The rows of a record the cache did not keep (every row read),
-    /// each with the sequence the copy was taken at (even, or the odd one a
-    /// dead writer left).
-    pub read: Rows,
-    /// The rows of a record the cache kept that the walk read (new or
-    /// changed): their place in the walk's [`Changes`].
-    pub changed: Range<usize>,
+    /// A record the cache did not keep: the reader's own data for it, and
+    /// every row read, each with the sequence the copy was taken at (even,
+    /// or the odd one a dead writer left). `None`: a kept record.
+    pub fresh: Option<(T, Rows)>,
 }
 
-/// The rows one walk read from the records the cache kept (the new or
-/// changed rows), every record's in one buffer that the reader reuses from
-/// walk to walk, where they were one buffer (and a few allocations) per
-/// record each time. A record's rows are a range, [`Walked::changed`].
+impl<T> Walked<T> {
+    /// Takes back what a fresh record's rows added to `fresh` (a walked
+    /// record that turned out folded: it is not kept). A kept record's
+    /// changes stay: the record leaves the cache at the commit, its rows
+    /// (the changed ones as read) taken out of the sums then.
+    pub fn forget(&self, fresh: &mut Delta) {
+        if let Some((_, rows)) = &self.fresh {
+            for (class, new) in rows.values() {
+                fresh.undo(class, None, &new);
+            }
+        }
+    }
+}
+
+/// The changed rows of one kept record, as a walk reads them, before they
+/// are put in place ([`CachePart::apply`]): a buffer the walk reuses from
+/// record to record.
 #[derive(Debug, Default)]
 pub struct Changes {
     rows: Rows,
     /// For each row of `rows`: where its class was among the kept rows
     /// when the walk read it ([`SeqCursor::found`]), or [`NOT_KEPT`]. Only
-    /// a hint, checked before use: it spares the commit a binary search (a
-    /// cache miss per step in a cold record).
+    /// a hint, checked before use: it spares a binary search.
     kept_at: Vec<u32>,
 }
 
 impl Changes {
-    /// Bytes of row data kept allocated between walks: a walk that read
-    /// more (most of a segment changed) gives its buffers back.
-    const KEEP_BYTES: usize = 256 << 10;
-
-    /// Empties the buffer for the next walk.
+    /// Empties the buffer for the next record.
     pub fn clear(&mut self) {
-        if self.rows.data.capacity() > Self::KEEP_BYTES {
-            *self = Self::default();
-        } else {
-            self.rows.clear();
-            self.kept_at.clear();
-        }
+        self.rows.clear();
+        self.kept_at.clear();
     }
 
     /// Rows held.
     pub fn len(&self) -> usize {
         self.rows.refs.len()
-    }
-
-    /// Appends `o`'s rows (another part of the same walk); returns where
-    /// they start.
-    pub fn append(&mut self, o: &Changes) -> usize {
-        let (base, off) = (self.len(), self.rows.data.len() as u32);
-        self.rows.data.extend_from_slice(&o.rows.data);
-        self.rows.refs.extend(o.rows.refs.iter().map(|r| RowRef {
-            off: r.off + off,
-            ..*r
-        }));
-        self.kept_at.extend_from_slice(&o.kept_at);
-        base
     }
 
     /// No row held.
@@ -592,22 +591,9 @@ impl Changes {
         self.kept_at.push(kept_at);
     }
 
-    /// Drops the rows from `len` on (those of a record whose lifetime
-    /// ended while it was read).
-    pub fn truncate(&mut self, len: usize) {
-        let Some(r) = self.rows.refs.get(len) else {
-            return;
-        };
-        self.rows.data.truncate(r.off as usize);
-        self.rows.refs.truncate(len);
-        self.kept_at.truncate(len);
-    }
-
-    /// The rows in `range`: class and value.
-    pub fn values(&self, range: Range<usize>) -> impl Iterator<Item = (u32, Summary)> + '_ {
-        self.rows.refs[range]
-            .iter()
-            .map(|r| (u32::from(r.class), self.rows.value(r)))
+    /// The rows held: class and value.
+    pub fn values(&self) -> impl Iterator<Item = (u32, Summary)> + '_ {
+        self.rows.values()
     }
 }
 
@@ -623,6 +609,16 @@ struct Total {
 
 /// Kept rows of every live record of one segment, and their sums by
 /// class.
+///
+/// A walk in parts borrows the kept records in disjoint ranges
+/// ([`RowCache::split`]); each part puts the rows it found changed in its
+/// own records as it goes ([`CachePart::apply`]), while the lines are in
+/// its CPU's cache, and accounts for them in a [`Delta`]. The sums take
+/// that delta afterwards: [`RowCache::commit`] for a walk that holds, with
+/// the records that ended or are new; [`RowCache::settle`] for one that
+/// must be retried (its puts stay: each is a row's value at some instant
+/// of its lifetime, and the retry's commit drops the records that did not
+/// survive it).
 #[derive(Debug)]
 pub struct RowCache<T> {
     /// Sorted by record index: a walk visits records in that order, so its
@@ -642,7 +638,118 @@ impl<T> Default for RowCache<T> {
     }
 }
 
+/// The kept records of one part of a walk: those whose index is in the
+/// part's range ([`RowCache::split`]), visited in increasing order.
+#[derive(Debug)]
+pub struct CachePart<'a, T> {
+    records: &'a mut [(u32, KeptRecord<T>)],
+    /// The first record not below the last one sought.
+    at: usize,
+}
+
+impl<T> CachePart<'_, T> {
+    /// Records in the part.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// No record in the part.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Moves to record `record` (records must be sought in increasing
+    /// order; a lookup of another costs a binary search).
+    #[inline]
+    pub fn seek(&mut self, record: u32) {
+        while self.records.get(self.at).is_some_and(|(r, _)| *r < record) {
+            self.at += 1;
+        }
+    }
+
+    fn position(&self, record: u32) -> Option<usize> {
+        match self.records.get(self.at) {
+            Some((r, _)) if *r == record => Some(self.at),
+            _ => self.records.binary_search_by_key(&record, |(r, _)| *r).ok(),
+        }
+    }
+
+    /// The rows kept for lifetime `version` of record `record`.
+    #[inline]
+    pub fn kept(&self, record: u32, version: u64) -> Option<&KeptRecord<T>> {
+        let i = self.position(record)?;
+        Some(&self.records[i].1).filter(|k| k.version == version)
+    }
+
+    /// Takes back what `rows` (class and value), read from lifetime
+    /// `version` of record `record`, contributed to `delta` (the lifetime
+    /// ended while it was being read).
+    pub fn undo_rows(
+        &self,
+        record: u32,
+        version: u64,
+        rows: impl Iterator<Item = (u32, Summary)>,
+        delta: &mut Delta,
+    ) {
+        let kept = self.kept(record, version);
+        for (class, new) in rows {
+            let old = kept.and_then(|k| k.get(class));
+            delta.undo(class, old.as_ref(), &new);
+        }
+    }
+
+    /// Puts in place the rows a walk found changed in lifetime `version`
+    /// of kept record `record` (in class order, as read), and the reader's
+    /// new data for it if any. Returns false, changing nothing, if the
+    /// record is not kept with that lifetime.
+    pub fn apply(&mut self, record: u32, version: u64, rows: &Changes, extra: Option<T>) -> bool {
+        let Some(i) = self.position(record) else {
+            return false;
+        };
+        let k = &mut self.records[i].1;
+        if k.version != version {
+            return false;
+        }
+        if let Some(extra) = extra {
+            k.extra = extra;
+        }
+        // Each insertion moves the kept rows after it one place up.
+        let mut inserted = 0;
+        for (r, &h) in rows.rows.refs.iter().zip(&rows.kept_at) {
+            let hint = (h != NOT_KEPT).then_some(h as usize + inserted);
+            if k.put(u32::from(r.class), r.seq, rows.rows.bytes(r), hint) {
+                inserted += 1;
+            }
+        }
+        true
+    }
+}
+
 impl<T> RowCache<T> {
+    /// The kept records in parts, one per range of record indexes: part
+    /// `k` holds those from `starts[k]` up to (not including)
+    /// `starts[k + 1]`, the last all from its start on; records below
+    /// `starts[0]` are in none. `starts` must increase.
+    pub fn split(&mut self, starts: &[u32]) -> Vec<CachePart<'_, T>> {
+        let mut rest = &mut self.records[..];
+        let below = rest.partition_point(|(r, _)| starts.first().is_some_and(|s| r < s));
+        rest = &mut rest[below..];
+        let mut parts = Vec::with_capacity(starts.len());
+        for (k, _) in starts.iter().enumerate() {
+            let n = match starts.get(k + 1) {
+                Some(end) => rest.partition_point(|(r, _)| r < end),
+                None => rest.len(),
+            };
+            let (part, tail) = rest.split_at_mut(n);
+            parts.push(CachePart {
+                records: part,
+                at: 0,
+            });
+            rest = tail;
+        }
+        parts
+    }
+
     /// The rows kept for lifetime `version` of record `record`.
     #[inline]
     pub fn kept(&self, record: u32, version: u64) -> Option<&KeptRecord<T>> {
@@ -704,39 +811,21 @@ impl<T> RowCache<T> {
         &mut self.totals[class]
     }
 
-    /// Takes back the rows a walked record contributed to `delta` (the
-    /// fold log showed the record folded after it was read).
-    pub fn undo(&self, w: &Walked<T>, changes: &Changes, delta: &mut Delta) {
-        let rows = w.read.values().chain(changes.values(w.changed.clone()));
-        self.undo_rows(w.record, w.version, rows, delta);
-    }
-
-    /// Takes back what `rows` (class and value), read from lifetime
-    /// `version` of record `record`, contributed to `delta` (the lifetime
-    /// ended while it was being read, or was folded).
-    pub fn undo_rows(
-        &self,
-        record: u32,
-        version: u64,
-        rows: impl Iterator<Item = (u32, Summary)>,
-        delta: &mut Delta,
-    ) {
-        let kept = self.kept(record, version);
-        for (class, new) in rows {
-            let old = kept.and_then(|k| k.get(class));
-            delta.undo(class, old.as_ref(), &new);
-        }
-    }
-
     /// Makes the cache hold exactly the records of `live` (one walk's
-    /// live records, after the fold log dropped the folded ones, and what
-    /// their rows changed in the sums, `delta`): records not in it, or
-    /// with another lifetime, are dropped with their rows; the rows each
-    /// walked record read (in `w.read`, or its range of `changes`)
-    /// replace the kept ones.
-    pub fn commit(&mut self, mut live: Vec<Walked<T>>, changes: &Changes, mut delta: Delta) {
-        // (A walk lists records in index order already.)
-        live.sort_unstable_by_key(|w| w.record);
+    /// live records, after the fold log dropped the folded ones; their
+    /// changed rows already put in place by the walk's parts) and the sums
+    /// take `delta` (what the walk's rows changed in them): records not in
+    /// `live`, or with another lifetime, are dropped with their rows; the
+    /// fresh ones are kept.
+    pub fn commit(&mut self, live: Vec<Walked<T>>, delta: Delta) {
+        debug_assert!(
+            live.is_sorted_by_key(|w| w.record),
+            "a walk lists records in order"
+        );
+        // The delta first: the sums then hold every kept row as it is now
+        // (a folded record's changed rows too, put in place by the walk),
+        // which is what the records that go take out.
+        let mut extremes = self.add(&delta);
         // The kept records not in `live`, or of another lifetime, go: one
         // pass over both sorted lists.
         let mut next = live.iter().peekable();
@@ -746,7 +835,7 @@ impl<T> RowCache<T> {
                 while next.next_if(|w| w.record < *r).is_some() {}
                 !next
                     .peek()
-                    .is_some_and(|w| w.record == *r && w.version == k.version)
+                    .is_some_and(|w| w.record == *r && w.version == k.version && w.fresh.is_none())
             })
             .collect();
         for (_, k) in gone {
@@ -759,10 +848,52 @@ impl<T> RowCache<T> {
                 }
                 t.sum.replace_part(&old, &ZERO);
                 if old.min_ps == t.sum.min_ps || old.max_ps == t.sum.max_ps {
-                    delta.extremes.push(class);
+                    extremes.push(class);
                 }
             }
         }
+        // The fresh records, merged in order (every other record of `live`
+        // is kept already).
+        let n = live.iter().filter(|w| w.fresh.is_some()).count();
+        let fresh = live.into_iter().filter_map(|w| {
+            let (extra, mut rows) = w.fresh?;
+            rows.refs.sort_unstable_by_key(|r| r.class);
+            Some((
+                w.record,
+                KeptRecord {
+                    version: w.version,
+                    extra,
+                    rows,
+                    garbage: 0,
+                },
+            ))
+        });
+        if n > 0 {
+            let old = std::mem::take(&mut self.records);
+            self.records = Vec::with_capacity(old.len() + n);
+            let mut old = old.into_iter().peekable();
+            for f in fresh {
+                while let Some(e) = old.next_if(|(r, _)| *r < f.0) {
+                    self.records.push(e);
+                }
+                self.records.push(f);
+            }
+            self.records.extend(old);
+        }
+        self.recompute(extremes);
+    }
+
+    /// Adds `delta` to the sums: what the rows the parts of a walk that
+    /// must be retried put in place changed in them (the commit of a walk
+    /// that holds does it itself).
+    pub fn settle(&mut self, delta: Delta) {
+        let extremes = self.add(&delta);
+        self.recompute(extremes);
+    }
+
+    /// Adds `delta`'s sums to the totals; returns the classes whose MIN or
+    /// MAX must be recomputed.
+    fn add(&mut self, delta: &Delta) -> Vec<u32> {
         for (c, d) in delta.sums.iter().enumerate() {
             if !delta.touched[c] {
                 continue;
@@ -778,70 +909,14 @@ impl<T> RowCache<T> {
             t.sum.min_ps = t.sum.min_ps.min(d.min_ps);
             t.sum.max_ps = t.sum.max_ps.max(d.max_ps);
         }
-        // Every kept record is now in `live`: merged in order, each takes
-        // its changed rows, and a record new to the cache is inserted.
-        let mut kept = std::mem::replace(&mut self.records, Vec::with_capacity(live.len()))
-            .into_iter()
-            .peekable();
-        for w in live {
-            while let Some(e) = kept.next_if(|(r, _)| *r < w.record) {
-                self.records.push(e); // (none: kept records are in `live`)
-            }
-            match (kept.next_if(|(r, _)| *r == w.record), w.extra) {
-                (Some((r, mut k)), extra) => {
-                    if let Some(extra) = extra {
-                        k.extra = extra;
-                    }
-                    // Rows are read in class order: each insertion moves the
-                    // kept rows after it one place up.
-                    let mut inserted = 0;
-                    let (c, range) = (&changes.rows, w.changed);
-                    let hints = changes.kept_at[range.clone()].iter();
-                    for (r, &h) in c.refs[range].iter().zip(hints) {
-                        let hint = (h != NOT_KEPT).then_some(h as usize + inserted);
-                        if k.put(u32::from(r.class), r.seq, c.bytes(r), hint) {
-                            inserted += 1;
-                        }
-                    }
-                    // (A kept record's rows are all in `changes`; any read
-                    // as for a new one are merged without hints.)
-                    for r in &w.read.refs {
-                        k.put(u32::from(r.class), r.seq, w.read.bytes(r), None);
-                    }
-                    self.records.push((r, k));
-                }
-                (None, Some(extra)) => {
-                    // A record read whole: its rows, sorted, are kept as read
-                    // (with any in `changes`, which a record not kept has
-                    // none of).
-                    let mut rows = w.read;
-                    for j in w.changed {
-                        let r = &changes.rows.refs[j];
-                        let s = changes.rows.value(r);
-                        rows.push(u32::from(r.class), r.seq, &s);
-                    }
-                    rows.refs.sort_unstable_by_key(|r| r.class);
-                    rows.refs.shrink_to_fit();
-                    rows.data.shrink_to_fit();
-                    self.records.push((
-                        w.record,
-                        KeptRecord {
-                            version: w.version,
-                            extra,
-                            rows,
-                            garbage: 0,
-                        },
-                    ));
-                }
-                // Not kept, and nothing to keep: a caller's error, ignored.
-                (None, None) => {}
-            }
-        }
-        self.records.extend(kept);
-        let mut extremes = delta.extremes;
-        extremes.sort_unstable();
-        extremes.dedup();
-        for class in extremes {
+        delta.extremes.clone()
+    }
+
+    /// Recomputes the MIN and MAX of `classes` from the kept rows.
+    fn recompute(&mut self, mut classes: Vec<u32>) {
+        classes.sort_unstable();
+        classes.dedup();
+        for class in classes {
             let (mut lo, mut hi) = (u64::MAX, 0);
             for k in self.values() {
                 if let Some(s) = k.get(class) {
@@ -859,6 +934,124 @@ impl<T> RowCache<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A wait row of `n` events of `ps` picoseconds each.
+    fn row(n: u64, ps: u64) -> Summary {
+        let mut s = Summary {
+            count: n,
+            timed_count: n,
+            sum_ps: u128::from(n * ps),
+            min_ps: ps,
+            max_ps: ps,
+            ..Summary::default()
+        };
+        s.buckets[crate::layout::bucket_index(ps)] = n;
+        s
+    }
+
+    /// The sum of `rows` by class, as a full read would give it.
+    fn summed(rows: &[(u32, Summary)]) -> Vec<(u32, Summary)> {
+        let mut by: std::collections::BTreeMap<u32, Summary> = Default::default();
+        for (c, s) in rows {
+            by.entry(*c)
+                .and_modify(|t| {
+                    t.merge(s);
+                })
+                .or_insert(*s);
+        }
+        by.into_iter().collect()
+    }
+
+    /// A cache keeping records 1 (classes 0 and 1) and 7 (class 0), and
+    /// their rows.
+    fn two_records() -> (RowCache<()>, Vec<(u32, Summary)>) {
+        let mut cache = RowCache::default();
+        let mut fresh = Delta::default();
+        let mut live = Vec::new();
+        let mut all = Vec::new();
+        for (record, rows) in [
+            (1, vec![(0, row(2, 5_000)), (1, row(1, 9_000))]),
+            (7, vec![(0, row(3, 7_000))]),
+        ] {
+            let mut kept = Rows::default();
+            for (c, s) in rows {
+                fresh.row(c, None, &s);
+                kept.push(c, 2, &s);
+                all.push((c, s));
+            }
+            live.push(Walked {
+                record,
+                version: 10,
+                fresh: Some(((), kept)),
+            });
+        }
+        cache.commit(live, fresh);
+        assert_eq!(cache.totals(), summed(&all));
+        (cache, all)
+    }
+
+    /// Record 1's class 0 grown to `new` and its class 2 new, put in place
+    /// by one part of a walk; returns what they change in the sums.
+    fn walk_changes_record_1(cache: &mut RowCache<()>, new: &Summary, added: &Summary) -> Delta {
+        let mut parts = cache.split(&[0, 4]);
+        let part = &mut parts[0];
+        part.seek(1);
+        let kept = part.kept(1, 10).expect("kept");
+        let mut delta = Delta::default();
+        let mut changes = Changes::default();
+        let old = kept.get(0);
+        delta.row(0, old.as_ref(), new);
+        changes.push(0, 4, new, 0);
+        delta.row(2, None, added);
+        changes.push(2, 2, added, NOT_KEPT);
+        assert!(part.apply(1, 10, &changes, None));
+        assert!(
+            !parts[1].apply(1, 10, &changes, None),
+            "record 1 is not in the second part"
+        );
+        delta
+    }
+
+    #[test]
+    fn a_folded_records_changes_put_in_place_leave_with_it() {
+        let (mut cache, all) = two_records();
+        let delta = walk_changes_record_1(&mut cache, &row(4, 1_000), &row(1, 50_000));
+        // The fold log then shows record 1 folded: only record 7 lives.
+        let live = vec![Walked {
+            record: 7,
+            version: 10,
+            fresh: None,
+        }];
+        cache.commit(live, delta);
+        assert_eq!(cache.len(), 1);
+        let left: Vec<_> = all[2..].to_vec();
+        assert_eq!(
+            cache.totals(),
+            summed(&left),
+            "record 7's rows alone, MIN and MAX too"
+        );
+    }
+
+    #[test]
+    fn a_retried_walks_puts_are_settled_into_the_sums() {
+        let (mut cache, mut all) = two_records();
+        let (new, added) = (row(4, 1_000), row(1, 50_000));
+        let delta = walk_changes_record_1(&mut cache, &new, &added);
+        // The walk must be retried: its puts stay, the sums take them.
+        cache.settle(delta);
+        all[0] = (0, new);
+        all.push((2, added));
+        assert_eq!(cache.totals(), summed(&all));
+        // The retry finds both records live, nothing changed.
+        let live = [1, 7].map(|record| Walked::<()> {
+            record,
+            version: 10,
+            fresh: None,
+        });
+        cache.commit(live.into(), Delta::default());
+        assert_eq!(cache.totals(), summed(&all));
+        assert_eq!(cache.kept(1, 10).and_then(|k| k.get(2)), Some(added));
+    }
 
     #[test]
     fn compact_rows_round_trip() {
