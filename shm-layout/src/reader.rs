@@ -743,6 +743,10 @@ struct Kept {
     thread: ThreadSnapshot,
     memory_seqs: Vec<u64>,
     tgen: u64,
+    /// The sequence the thread's identity was read at (`None`: not read
+    /// under its lock): while the record's identity lock still holds it,
+    /// the identity is the kept one.
+    id_seq: Option<u64>,
     /// The record's `touched` bitmap when every touched row was kept
     /// (zeros otherwise): while the record's bitmap still equals it, only
     /// the kept rows can have changed.
@@ -845,6 +849,8 @@ enum Sink<'a, 'c> {
         fresh: &'a mut Delta,
         /// The record's `touched` bitmap as this walk read it.
         touched: &'a mut Touched,
+        /// The sequence its identity was read at, if read under its lock.
+        id_seq: &'a mut Option<u64>,
         memory_seqs: &'a mut Vec<u64>,
         /// The walk's buffer for rows copied by `pread`, and the file
         /// description this thread of the walk reads them through.
@@ -1115,13 +1121,16 @@ impl Walker<'_> {
     /// puts the rows it finds changed in the records of `cache`, the kept
     /// records of those pages, as it goes). `first`: on the walk's first
     /// thread (which copies rows through the segment's own file
-    /// description: [`Via`]). A walk that fails gives back what its rows
-    /// put in place changed in the sums.
+    /// description: [`Via`]). `room`: the live threads to make room for
+    /// (the first part's lists take the others' after the walk). A walk
+    /// that fails gives back what its rows put in place changed in the
+    /// sums.
     fn pages(
         &self,
         first: bool,
         pages: Range<u32>,
         mut cache: CachePart<'_, Box<Kept>>,
+        room: usize,
     ) -> Result<Part, Box<PartFailed>> {
         let Walker {
             seg,
@@ -1148,8 +1157,9 @@ impl Walker<'_> {
         // record).
         let mut read = Rows::default();
         if mode == RowMode::Changed {
-            walked.reserve(cache.len() + 16);
-            threads.reserve(cache.len() + 16);
+            let room = room.max(cache.len()) + 16;
+            walked.reserve(room);
+            threads.reserve(room);
         }
         for page in pages {
             // Only ACTIVE pages are read: touching a reclaimed page's hole
@@ -1166,6 +1176,7 @@ impl Walker<'_> {
                 cache.seek(idx);
                 let mut memory_seqs = Vec::new();
                 let mut touched = [0; MAX_CLASSES_LIMIT as usize / 64];
+                let mut id_seq = None;
                 let sink = match mode {
                     RowMode::PerThread => Sink::Keep,
                     RowMode::Summed => Sink::Sum(&mut sums),
@@ -1176,6 +1187,7 @@ impl Walker<'_> {
                         delta: &mut delta,
                         fresh: &mut fresh,
                         touched: &mut touched,
+                        id_seq: &mut id_seq,
                         memory_seqs: &mut memory_seqs,
                         copy: &mut copy,
                         via: &mut via,
@@ -1194,10 +1206,23 @@ impl Walker<'_> {
                             let kept = cache.kept(idx, t.version);
                             let is_kept = kept.is_some();
                             let same = kept.is_some_and(|k| {
-                                k.extra.tgen == tgen
-                                    && k.extra.touched == touched
-                                    && k.extra.memory_seqs == memory_seqs
-                                    && k.extra.thread == t
+                                let e = &k.extra;
+                                let found = e.tgen == tgen
+                                    && e.touched == touched
+                                    && e.memory_seqs == memory_seqs;
+                                // The identity under the same lock value is
+                                // the kept one; the rest of a summaries walk's
+                                // copy is its memory rows, each reused (same
+                                // sequences, same generation), and no row
+                                // skipped (a skip zeroes `touched`).
+                                let same_id = id_seq.is_some()
+                                    && e.id_seq == id_seq
+                                    && t.skipped_rows.is_empty();
+                                debug_assert!(
+                                    !(found && same_id) || e.thread == t,
+                                    "same identity lock value, same thread"
+                                );
+                                found && (same_id || e.thread == t)
                             });
                             let extra = (!same).then(|| {
                                 let mut thread = t.clone();
@@ -1206,6 +1231,7 @@ impl Walker<'_> {
                                     thread,
                                     memory_seqs,
                                     tgen,
+                                    id_seq,
                                     touched,
                                 })
                             });
@@ -1300,6 +1326,7 @@ fn try_snapshot(
         RowMode::Changed => cache.unwrap_or(&mut none),
         _ => &mut none,
     };
+    let kept = cache.len();
     let mut results = std::thread::scope(|scope| {
         let walk = &walk;
         let mut cached = cache.split(&starts).into_iter();
@@ -1313,11 +1340,11 @@ fn try_snapshot(
                 let range = range.clone();
                 std::thread::Builder::new()
                     .name("pfs-walk".into())
-                    .spawn_scoped(scope, move || walk.pages(false, range, part))
+                    .spawn_scoped(scope, move || walk.pages(false, range, part, 0))
                     .ok()
             })
             .collect();
-        let mut results = vec![Some(walk.pages(true, parts[0].clone(), own))];
+        let mut results = vec![Some(walk.pages(true, parts[0].clone(), own, kept))];
         for h in handles {
             results.push(h.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
         }
@@ -1328,7 +1355,7 @@ fn try_snapshot(
     if results.iter().any(Option::is_none) {
         for (k, part) in cache.split(&starts).into_iter().enumerate() {
             if results[k].is_none() {
-                results[k] = Some(walk.pages(true, parts[k].clone(), part));
+                results[k] = Some(walk.pages(true, parts[k].clone(), part, 0));
             }
         }
     }
@@ -1632,15 +1659,19 @@ fn read_thread(
             ],
         )
     };
-    let id = h.seq.read(opts.attempts, load_id);
-    st.retries += u64::from(id.retries);
+    let read = h.seq.read_versioned(opts.attempts, load_id);
+    st.retries += u64::from(read.retries);
+    let (read_at, id) = read.value.unzip();
+    if let Sink::Changed { id_seq, .. } = &mut sink {
+        **id_seq = read_at;
+    }
     let kept: Option<&KeptRecord<Box<Kept>>> = match &sink {
         Sink::Changed { cache, .. } => cache.kept(idx, version),
         _ => None,
     };
     // An identity the writer kept busy: an incremental reader uses the
     // one it kept for this lifetime.
-    let id = id.value.or_else(|| {
+    let id = id.or_else(|| {
         kept.map(|k| {
             let t = &k.extra.thread;
             let flags = (u32::from(t.instrumented) * THREAD_INSTRUMENTED)

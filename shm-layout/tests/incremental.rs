@@ -1,7 +1,8 @@
 //! Incremental summaries snapshots (`IncrementalReader`) against full
 //! ones (`snapshot` with `ReadOptions::summaries()`): equal after every
 //! kind of change (rows that grow, new rows, thread exits and folds,
-//! records reused by new threads, memory rows and their truncation), and,
+//! records reused by new threads, threads renamed or given another actor,
+//! memory rows and their truncation), and,
 //! read while writers run, totals that never go down and end equal.
 
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 mod common;
 
-use pfs_shm_layout::layout::FLAG_ENABLED;
+use pfs_shm_layout::layout::{FLAG_ENABLED, NONE_U32};
 use pfs_shm_layout::reader::{IncrementalReader, ReadOptions, SegmentSnapshot, Summary, snapshot};
 use pfs_shm_layout::{ClassKind, Segment, SegmentConfig};
 
@@ -41,8 +42,8 @@ fn view(s: &SegmentSnapshot) -> (Rows, Rows, Vec<String>) {
             let mut m = t.memory.clone();
             m.sort_by_key(|(c, _)| *c);
             format!(
-                "{} {} {} {} {:?}",
-                t.record, t.version, t.thread_id, t.name, m
+                "{} {} {} {} {:?} {:?} {} {}",
+                t.record, t.version, t.thread_id, t.name, m, t.actor, t.instrumented, t.history
             )
         })
         .collect();
@@ -116,6 +117,18 @@ fn equals_a_full_read_after_every_kind_of_change() {
             }
             // Quiet: nothing changes.
             4 => {}
+            // A thread renamed, or its actor and flags changed (its
+            // identity, under the record's identity lock).
+            5 if !live.is_empty() => {
+                let slot = live[rng.below(live.len() as u64) as usize];
+                let rec = w.segment().record(slot.index);
+                if rng.below(2) == 0 {
+                    rec.set_name(&format!("renamed{}", rng.below(1000)));
+                } else {
+                    let flags = rng.below(4) as u32;
+                    rec.set_actor(NONE_U32, NONE_U32, NONE_U32, flags);
+                }
+            }
             // Events on a few threads, a few classes each.
             _ => {
                 for _ in 0..rng.below(4) + 1 {
