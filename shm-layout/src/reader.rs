@@ -1904,8 +1904,7 @@ fn read_thread(
                     delta.row(class as u32, old.as_ref(), s);
                     changes.push(class as u32, v, s, found.unwrap_or(NOT_KEPT));
                 } else {
-                    fresh.row(class as u32, None, s);
-                    read.push(class as u32, v, s);
+                    fresh.fresh_row(class as u32, v, s, read);
                 }
             }
             (None, _) => {

@@ -32,6 +32,8 @@
 //! [`crate::layout`] (the histogram's bucket count); it
 //! never touches a segment.
 
+use std::ops::Range;
+
 use crate::layout::HISTOGRAM_BUCKETS;
 use crate::values::{StatementFigures, Summary};
 
@@ -116,10 +118,9 @@ fn take_varint(b: &[u8]) -> (u64, &[u8]) {
 /// the flags, how many buckets are kept, then as varints the head, the
 /// high half of the sum and bytes if not zero, those buckets and, if any
 /// is not zero, the statement words. The buckets kept are
-/// [`Summary::nonzero_buckets`]: for a loaded row, those between MIN's and
-/// MAX's.
-fn encode(s: &Summary, out: &mut Vec<u8>) {
-    let kept = s.nonzero_buckets();
+/// [`Summary::nonzero_buckets`] (`kept`): for a loaded row, those between
+/// MIN's and MAX's.
+fn encode(s: &Summary, kept: Range<usize>, out: &mut Vec<u8>) {
     let tail = tail(s);
     let has_tail = tail.iter().fold(0, |a, &x| a | x) != 0;
     let sum_hi = (s.sum_ps >> 64) as u64;
@@ -228,8 +229,13 @@ pub struct Rows {
 impl Rows {
     /// Appends row `class`, read at sequence `seq`.
     pub fn push(&mut self, class: u32, seq: u64, s: &Summary) {
+        self.push_within(class, seq, s, s.nonzero_buckets());
+    }
+
+    /// [`Rows::push`] given `s`'s [`Summary::nonzero_buckets`], `span`.
+    fn push_within(&mut self, class: u32, seq: u64, s: &Summary, span: Range<usize>) {
         let off = self.data.len();
-        encode(s, &mut self.data);
+        encode(s, span, &mut self.data);
         self.refs.push(RowRef {
             class: class as u16,
             len: (self.data.len() - off) as u16,
@@ -478,21 +484,39 @@ impl Delta {
     /// [`Summary::add_loaded_part`]), kept before as `old` (`None`: a new
     /// row).
     pub fn row(&mut self, class: u32, old: Option<&Summary>, new: &Summary) {
+        let Some(old) = old else {
+            self.add_row(class, new, new.nonzero_buckets());
+            return;
+        };
         let i = self.slot(class);
         let d = &mut self.sums[i];
-        match old {
-            Some(old) => d.replace_part(old, new),
-            None => d.add_loaded_part(new),
-        }
+        d.replace_part(old, new);
         d.min_ps = d.min_ps.min(new.min_ps);
         d.max_ps = d.max_ps.max(new.max_ps);
-        match old {
-            None => self.rows[i] += 1,
-            // A row only grows within a lifetime; one that did not (a
-            // hostile segment) may have held the class's extreme.
-            Some(o) if new.min_ps > o.min_ps || new.max_ps < o.max_ps => self.extremes.push(class),
-            Some(_) => {}
+        // A row only grows within a lifetime; one that did not (a hostile
+        // segment) may have held the class's extreme.
+        if new.min_ps > old.min_ps || new.max_ps < old.max_ps {
+            self.extremes.push(class);
         }
+    }
+
+    /// Row `class` of a record the cache did not keep, read at sequence
+    /// `seq` as `new`: [`Delta::row`] with nothing before, and
+    /// [`Rows::push`] onto `rows`, its nonzero buckets found once.
+    pub fn fresh_row(&mut self, class: u32, seq: u64, new: &Summary, rows: &mut Rows) {
+        let span = new.nonzero_buckets();
+        self.add_row(class, new, span.clone());
+        rows.push_within(class, seq, new, span);
+    }
+
+    /// A new row `class`, `new`, whose nonzero buckets are `span`.
+    fn add_row(&mut self, class: u32, new: &Summary, span: Range<usize>) {
+        let i = self.slot(class);
+        let d = &mut self.sums[i];
+        d.add_part_within(new, span);
+        d.min_ps = d.min_ps.min(new.min_ps);
+        d.max_ps = d.max_ps.max(new.max_ps);
+        self.rows[i] += 1;
     }
 
     /// Adds `o`, what another part of the same walk changed.

@@ -220,17 +220,19 @@ impl Summary {
     /// ```
     #[inline]
     pub fn add_loaded_part(&mut self, part: &Summary) {
-        let range = part.nonzero_buckets();
+        self.add_part_within(part, part.nonzero_buckets());
+    }
+
+    /// [`Summary::add_loaded_part`] given `part`'s
+    /// [`Summary::nonzero_buckets`], `span` (for a caller that needs them
+    /// too: computing them is a third of the cost). Buckets outside `span`
+    /// are not added: only exact for that span.
+    #[inline]
+    pub fn add_part_within(&mut self, part: &Summary, span: Range<usize>) {
         // (A wait's or a stage's row has no statement figures: their line
         // of the sum is not touched.)
         let statement = part.statement != StatementFigures::ZERO;
-        self.zip_additive_in(
-            part,
-            range,
-            statement,
-            u64::wrapping_add,
-            u128::wrapping_add,
-        );
+        self.zip_additive_in(part, span, statement, u64::wrapping_add, u128::wrapping_add);
     }
 
     /// `self - o` for the additive fields (saturating at zero); MIN and MAX
