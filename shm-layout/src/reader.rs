@@ -1242,7 +1242,7 @@ impl Walker<'_> {
                                 cache.apply(idx, t.version, &changes, extra);
                                 None
                             } else {
-                                extra.map(|extra| (extra, read.to_exact()))
+                                extra.map(|extra| (extra, read.to_kept()))
                             };
                             walked.push(Walked {
                                 record: t.record,

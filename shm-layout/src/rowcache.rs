@@ -250,10 +250,14 @@ impl Rows {
         self.data.clear();
     }
 
-    /// A copy of the rows in buffers of their exact size.
-    pub fn to_exact(&self) -> Rows {
+    /// A copy of the rows in buffers of their exact size, sorted by class
+    /// (as a kept record's are): what a walk's thread hands over for a
+    /// record to keep, so that the commit, serial, need not sort it.
+    pub fn to_kept(&self) -> Rows {
+        let mut refs = self.refs.to_vec();
+        refs.sort_unstable_by_key(|r| r.class);
         Rows {
-            refs: self.refs.to_vec(),
+            refs,
             data: self.data.to_vec(),
         }
     }
@@ -561,7 +565,8 @@ pub struct Walked<T> {
     pub version: u64,
     /// A record the cache did not keep: the reader's own data for it, and
     /// every row read, each with the sequence the copy was taken at (even,
-    /// or the odd one a dead writer left). `None`: a kept record.
+    /// or the odd one a dead writer left), best sorted by class
+    /// ([`Rows::to_kept`]). `None`: a kept record.
     pub fresh: Option<(T, Rows)>,
 }
 
@@ -881,7 +886,9 @@ impl<T> RowCache<T> {
         let n = live.iter().filter(|w| w.fresh.is_some()).count();
         let fresh = live.into_iter().filter_map(|w| {
             let (extra, mut rows) = w.fresh?;
-            rows.refs.sort_unstable_by_key(|r| r.class);
+            if !rows.refs.is_sorted_by_key(|r| r.class) {
+                rows.refs.sort_unstable_by_key(|r| r.class);
+            }
             Some((
                 w.record,
                 KeptRecord {
