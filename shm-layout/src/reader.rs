@@ -29,6 +29,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{Ordering::*, fence};
 
 use crate::container::PageState;
@@ -774,8 +775,23 @@ impl IncrementalReader {
         let mut budget = 4;
         while attempts < budget || watch.again(seg, &mut budget) {
             attempts += 1;
-            let cache = Some(&mut self.cache);
-            match try_snapshot(seg, opts, RowMode::Changed, cache, &mut stats) {
+            // A walk's thread that panics leaves rows put in place without
+            // their delta: the cache is dropped before the panic goes on
+            // (a caller that catches it reads everything again next time).
+            let walk = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                try_snapshot(
+                    seg,
+                    opts,
+                    RowMode::Changed,
+                    Some(&mut self.cache),
+                    &mut stats,
+                )
+            }));
+            let walk = walk.unwrap_or_else(|panic| {
+                self.cache = RowCache::default();
+                std::panic::resume_unwind(panic)
+            });
+            match walk {
                 Ok((mut s, walked, delta)) => {
                     self.cache.commit(walked, delta);
                     s.live_rows = self.cache.totals();
@@ -1253,7 +1269,13 @@ impl Walker<'_> {
                         threads.push(t);
                     }
                     Ok(None) => {}
-                    Err(why) => return Err(Box::new(PartFailed { why, st, delta })),
+                    // (Only a walk that sums as it goes fails here: an
+                    // incremental one never does, so no record's changed
+                    // rows are left accounted in `delta` but not put.)
+                    Err(why) => {
+                        debug_assert!(mode != RowMode::Changed, "an incremental walk never fails");
+                        return Err(Box::new(PartFailed { why, st, delta }));
+                    }
                 }
             }
             if opts.release_pages {
@@ -1797,6 +1819,9 @@ fn read_thread(
             let seq_of = |c: usize| rec.row_seqs.get(c).map_or(0, |s| s.sequence());
             st.rows_reused += k.changed(seq_of, &mut visit) as u64;
             visit.sort_unstable();
+            // (A class in both lists, kept as a summary row and now a
+            // memory class: registered while a walk ran. Visited once.)
+            visit.dedup();
         }
     }
     let mut general = touched_classes(h, rec.rows.len());
