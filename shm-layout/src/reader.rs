@@ -1238,7 +1238,10 @@ impl Walker<'_> {
                                     !(found && same_id) || e.thread == t,
                                     "same identity lock value, same thread"
                                 );
-                                found && (same_id || e.thread == t)
+                                // (Equal but read at another lock value, or
+                                // kept from a busy read: kept again, with the
+                                // value, so that the next walk need not compare.)
+                                found && (same_id || (e.id_seq == id_seq && e.thread == t))
                             });
                             let extra = (!same).then(|| {
                                 let mut thread = t.clone();
