@@ -18,9 +18,12 @@
 //! store per word, was tried: 15 % more kept bytes and a slower first
 //! scrape.)
 //!
-//! A record's rows live in one byte buffer; a changed row is appended and
-//! its old bytes become garbage, reclaimed when the buffer is full (it
-//! grows by a quarter at a time: [`HEADROOM`]).
+//! A record's rows live in one byte buffer; a changed row is rewritten
+//! where it was if it is no longer (most are: a few more events rarely
+//! lengthen a varint), else appended, its old bytes becoming garbage,
+//! reclaimed when the buffer is full (it grows by a quarter at a time:
+//! [`HEADROOM`]). The walk's threads put changed rows in place themselves,
+//! each in the kept records of its own range ([`RowCache::split`]).
 //!
 //! The sums by class are kept up to date with each change (old value out,
 //! new value in: [`Summary::replace_part`]), so that a snapshot costs what
