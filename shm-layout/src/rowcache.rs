@@ -22,7 +22,7 @@
 //! where it was if it is no longer (most are: a few more events rarely
 //! lengthen a varint), else appended, its old bytes becoming garbage,
 //! reclaimed when the buffer is full (it grows by a quarter at a time:
-//! [`HEADROOM`]). The walk's threads put changed rows in place themselves,
+//! `HEADROOM`). The walk's threads put changed rows in place themselves,
 //! each in the kept records of its own range ([`RowCache::split`]).
 //!
 //! The sums by class are kept up to date with each change (old value out,
