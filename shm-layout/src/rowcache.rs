@@ -606,16 +606,6 @@ impl Changes {
         self.kept_at.clear();
     }
 
-    /// Rows held.
-    pub fn len(&self) -> usize {
-        self.rows.refs.len()
-    }
-
-    /// No row held.
-    pub fn is_empty(&self) -> bool {
-        self.rows.refs.is_empty()
-    }
-
     /// Appends row `class`, read at sequence `seq`, found at `kept_at`
     /// among the record's kept rows (or [`NOT_KEPT`]).
     pub fn push(&mut self, class: u32, seq: u64, s: &Summary, kept_at: u32) {
@@ -857,7 +847,7 @@ impl<T> RowCache<T> {
         // The delta first: the sums then hold every kept row as it is now
         // (a folded record's changed rows too, put in place by the walk),
         // which is what the records that go take out.
-        let mut extremes = self.add(&delta);
+        let mut extremes = self.add(delta);
         // The kept records not in `live`, or of another lifetime, go: one
         // pass over both sorted lists.
         let mut next = live.iter().peekable();
@@ -921,13 +911,13 @@ impl<T> RowCache<T> {
     /// must be retried put in place changed in them (the commit of a walk
     /// that holds does it itself).
     pub fn settle(&mut self, delta: Delta) {
-        let extremes = self.add(&delta);
+        let extremes = self.add(delta);
         self.recompute(extremes);
     }
 
     /// Adds `delta`'s sums to the totals; returns the classes whose MIN or
     /// MAX must be recomputed.
-    fn add(&mut self, delta: &Delta) -> Vec<u32> {
+    fn add(&mut self, delta: Delta) -> Vec<u32> {
         for (c, d) in delta.sums.iter().enumerate() {
             if !delta.touched[c] {
                 continue;
@@ -943,7 +933,7 @@ impl<T> RowCache<T> {
             t.sum.min_ps = t.sum.min_ps.min(d.min_ps);
             t.sum.max_ps = t.sum.max_ps.max(d.max_ps);
         }
-        delta.extremes.clone()
+        delta.extremes
     }
 
     /// Recomputes the MIN and MAX of `classes` from the kept rows.
