@@ -52,7 +52,7 @@ fn the_maintenance_thread_takes_no_record_and_no_signal() {
     )
     .unwrap();
     let s = snapshot(&seg, &ReadOptions::default()).unwrap();
-    let names: Vec<&str> = s.threads.iter().map(|t| t.name.as_str()).collect();
+    let names: Vec<&str> = s.threads.iter().map(|t| &*t.name).collect();
     assert!(
         !names.contains(&"pfs-maintenance"),
         "the library's thread has a record: {names:?}"

@@ -30,6 +30,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::sync::atomic::{Ordering::*, fence};
 
 use crate::container::PageState;
@@ -41,7 +42,7 @@ use crate::rowcache::{CachePart, Changes, Delta, KeptRecord, NOT_KEPT, RowCache,
 use crate::segment::{RowCopy, RowReader, Segment, TimerCalibration, prefetch, touched_classes};
 use crate::seqlock::SeqLock;
 use crate::setup::{Actor, read_actors};
-use crate::text::load_string;
+use crate::text::{load_string, shared_str_of_words};
 use crate::values::StatementFigures;
 
 // Moved to `values` (below the reader and the writer); re-exported at
@@ -256,14 +257,16 @@ impl Summary {
     /// a wait row typically 2 or 3 of them.
     fn load(row: &SummaryRow, statements: bool) -> Self {
         let mut s = Self::default();
-        s.load_into(row, statements);
+        let _ = s.load_into(row, statements);
         s
     }
 
     /// [`Summary::load`] into `self` (no 370-byte value moved around: the
-    /// walk loads every row into one buffer).
+    /// walk loads every row into one buffer). Returns the buckets loaded:
+    /// every other one is zero (a span [`Summary::nonzero_buckets`] would
+    /// find only by looking at the others).
     #[inline(always)]
-    fn load_into(&mut self, row: &SummaryRow, statements: bool) {
+    fn load_into(&mut self, row: &SummaryRow, statements: bool) -> Range<usize> {
         self.count = row.count.load(Relaxed);
         self.timed_count = row.timed_count.load(Relaxed);
         self.sum_ps =
@@ -275,7 +278,7 @@ impl Summary {
         let range = self.filled_buckets();
         for (d, s) in self.buckets[range.clone()]
             .iter_mut()
-            .zip(&row.buckets[range])
+            .zip(&row.buckets[range.clone()])
         {
             *d = s.load(Relaxed);
         }
@@ -293,6 +296,7 @@ impl Summary {
         } else {
             StatementFigures::default()
         };
+        range
     }
 }
 
@@ -467,8 +471,9 @@ pub struct ThreadSnapshot {
     pub thread_id: u64,
     /// `THREAD_OS_ID`.
     pub os_tid: u64,
-    /// Thread name.
-    pub name: String,
+    /// Thread name (shared with the incremental reader's kept copy while
+    /// it does not change).
+    pub name: Arc<str>,
     /// `INSTRUMENTED`.
     pub instrumented: bool,
     /// `HISTORY`.
@@ -865,6 +870,9 @@ enum Sink<'a, 'c> {
         fresh: &'a mut Delta,
         /// The record's `touched` bitmap as this walk read it.
         touched: &'a mut Touched,
+        /// Set if it is the kept one (the walk visited only the kept rows
+        /// whose sequence moved, and the memory rows).
+        same_touched: &'a mut bool,
         /// The sequence its identity was read at, if read under its lock.
         id_seq: &'a mut Option<u64>,
         memory_seqs: &'a mut Vec<u64>,
@@ -1187,12 +1195,16 @@ impl Walker<'_> {
             }
             for slot in 0..g.records_per_page {
                 let idx = page * g.records_per_page + slot;
+                if mode == RowMode::Changed && slot + 1 < g.records_per_page {
+                    fetch_ahead(seg, &cache, idx + 1);
+                }
                 read.clear();
                 changes.clear();
                 cache.seek(idx);
                 let mut memory_seqs = Vec::new();
                 let mut touched = [0; MAX_CLASSES_LIMIT as usize / 64];
                 let mut id_seq = None;
+                let mut same_touched = false;
                 let sink = match mode {
                     RowMode::PerThread => Sink::Keep,
                     RowMode::Summed => Sink::Sum(&mut sums),
@@ -1203,6 +1215,7 @@ impl Walker<'_> {
                         delta: &mut delta,
                         fresh: &mut fresh,
                         touched: &mut touched,
+                        same_touched: &mut same_touched,
                         id_seq: &mut id_seq,
                         memory_seqs: &mut memory_seqs,
                         copy: &mut copy,
@@ -1218,13 +1231,16 @@ impl Walker<'_> {
                                 // A row not kept: the next walk visits every
                                 // touched row.
                                 touched = [0; MAX_CLASSES_LIMIT as usize / 64];
+                                same_touched = false;
                             }
                             let kept = cache.kept(idx, t.version);
                             let is_kept = kept.is_some();
                             let same = kept.is_some_and(|k| {
                                 let e = &k.extra;
+                                // (`same_touched`: the kept bitmap, found
+                                // equal by the walk, not compared again.)
                                 let found = e.tgen == tgen
-                                    && e.touched == touched
+                                    && (same_touched || e.touched == touched)
                                     && e.memory_seqs == memory_seqs;
                                 // The identity under the same lock value is
                                 // the kept one; the rest of a summaries walk's
@@ -1298,6 +1314,24 @@ impl Walker<'_> {
             fresh,
             st,
         })
+    }
+}
+
+/// Asks the CPU for the first lines an incremental walk reads of record
+/// `idx`, the next one, while it reads the current one: the record's lock,
+/// identity and `touched` bitmap and its first row sequences, and the kept
+/// copy's bitmap, identity lock value and first row references (cold
+/// lines: each read otherwise waits for its miss).
+#[inline]
+fn fetch_ahead(seg: &Segment, cache: &CachePart<'_, Box<Kept>>, idx: u32) {
+    let rec = seg.record(idx);
+    prefetch(&rec.header.lock);
+    prefetch(&rec.header.touched);
+    prefetch(&rec.row_seqs[..rec.row_seqs.len().min(32)]);
+    if let Some(k) = cache.ahead(idx) {
+        prefetch(&k.extra.touched);
+        prefetch(&k.extra.id_seq);
+        prefetch(k.refs_head());
     }
 }
 
@@ -1675,7 +1709,11 @@ fn read_thread(
         (
             h.thread_id.load(Relaxed),
             h.os_tid.load(Relaxed),
-            load_string(&h.name, h.name_len.load(Relaxed)),
+            // (The name's words, made a string only if it is not the kept one.)
+            (
+                h.name.each_ref().map(|w| w.load(Relaxed)),
+                h.name_len.load(Relaxed),
+            ),
             h.flags.load(Relaxed),
             [
                 h.user.load(Relaxed),
@@ -1694,6 +1732,17 @@ fn read_thread(
         Sink::Changed { cache, .. } => cache.kept(idx, version),
         _ => None,
     };
+    // The name: the kept one if the identity was read at the lock value it
+    // was kept at (unchanged since: no string made), else the words read.
+    let kept_name = kept
+        .filter(|k| read_at.is_some() && k.extra.id_seq == read_at)
+        .map(|k| k.extra.thread.name.clone());
+    let named = |(words, len): ([u64; THREAD_NAME_BYTES / 8], u32)| {
+        kept_name
+            .clone()
+            .or_else(|| shared_str_of_words(&words, len))
+    };
+    let id = id.map(|(tid, os, name, flags, actor)| (tid, os, named(name), flags, actor));
     // An identity the writer kept busy: an incremental reader uses the
     // one it kept for this lifetime.
     let id = id.or_else(|| {
@@ -1712,7 +1761,9 @@ fn read_thread(
     let id = id.or_else(|| {
         (opts.dead_writers && h.seq.sequence() & 1 == 1).then(|| {
             st.torn_rows += 1;
-            load_id()
+            let (tid, os, (words, len), flags, actor) = load_id();
+            let name = shared_str_of_words(&words, len);
+            (tid, os, name, flags, actor)
         })
     });
     let Some((thread_id, os_tid, name, flags, actor)) = id else {
@@ -1812,12 +1863,18 @@ fn read_thread(
     };
     visit.clear();
     let mut fast = false;
-    if let Sink::Changed { touched, .. } = &mut sink {
+    if let Sink::Changed {
+        touched,
+        same_touched,
+        ..
+    } = &mut sink
+    {
         for (d, w) in touched.iter_mut().zip(&h.touched) {
             *d = w.load(Acquire);
         }
         if let Some(k) = kept.filter(|k| k.extra.touched == **touched) {
             fast = true;
+            **same_touched = true;
             visit.extend(k.extra.thread.memory.iter().map(|(c, _)| *c as usize));
             let seq_of = |c: usize| rec.row_seqs.get(c).map_or(0, |s| s.sequence());
             st.rows_reused += k.changed(seq_of, &mut visit) as u64;
@@ -1918,7 +1975,7 @@ fn read_thread(
             }
             (Some(_), Sink::Keep) => t.rows.push((class as u32, *s)),
             (
-                Some((v, ())),
+                Some((v, span)),
                 Sink::Changed {
                     read,
                     changes,
@@ -1932,7 +1989,7 @@ fn read_thread(
                     delta.row(class as u32, old.as_ref(), s);
                     changes.push(class as u32, v, s, found.unwrap_or(NOT_KEPT));
                 } else {
-                    fresh.fresh_row(class as u32, v, s, read);
+                    fresh.fresh_row(class as u32, v, s, span, read);
                 }
             }
             (None, _) => {

@@ -211,7 +211,7 @@ const HEADROOM: usize = 4;
 
 /// Where a kept row's bytes are, and the sequence it was read at.
 #[derive(Debug, Clone, Copy)]
-struct RowRef {
+pub(crate) struct RowRef {
     class: u16,
     len: u16,
     off: u32,
@@ -294,6 +294,13 @@ pub struct KeptRecord<T> {
 }
 
 impl<T> KeptRecord<T> {
+    /// The references of the first kept rows (up to four cache lines'
+    /// worth), which a walk reads first: for it to fetch them ahead.
+    pub(crate) fn refs_head(&self) -> &[RowRef] {
+        let refs = &self.rows.refs;
+        &refs[..refs.len().min(256 / size_of::<RowRef>())]
+    }
+
     /// A cursor over the kept rows' sequences, for a walk in class order.
     pub fn cursor(&self) -> SeqCursor<'_> {
         SeqCursor {
@@ -508,10 +515,24 @@ impl Delta {
     }
 
     /// Row `class` of a record the cache did not keep, read at sequence
-    /// `seq` as `new`: [`Delta::row`] with nothing before, and
-    /// [`Rows::push`] onto `rows`, its nonzero buckets found once.
-    pub fn fresh_row(&mut self, class: u32, seq: u64, new: &Summary, rows: &mut Rows) {
-        let span = new.nonzero_buckets();
+    /// `seq` as `new`, whose buckets outside `span` are zero (the ones
+    /// the reader did not load: no need to look at them again):
+    /// [`Delta::row`] with nothing before, and [`Rows::push`] onto `rows`.
+    pub fn fresh_row(
+        &mut self,
+        class: u32,
+        seq: u64,
+        new: &Summary,
+        span: Range<usize>,
+        rows: &mut Rows,
+    ) {
+        debug_assert!(
+            new.buckets[..span.start]
+                .iter()
+                .chain(&new.buckets[span.end..])
+                .all(|&b| b == 0),
+            "every bucket outside the span is zero"
+        );
         self.add_row(class, new, span.clone());
         rows.push_within(class, seq, new, span);
     }
@@ -694,6 +715,17 @@ impl<T> CachePart<'_, T> {
             Some((r, _)) if *r == record => Some(self.at),
             _ => self.records.binary_search_by_key(&record, |(r, _)| *r).ok(),
         }
+    }
+
+    /// The rows kept (for any lifetime) of record `record`, which follows
+    /// the one sought last: for a walk to fetch them ahead.
+    #[inline]
+    pub fn ahead(&self, record: u32) -> Option<&KeptRecord<T>> {
+        self.records[self.at.min(self.records.len())..]
+            .iter()
+            .take(2)
+            .find(|(r, _)| *r == record)
+            .map(|(_, k)| k)
     }
 
     /// The rows kept for lifetime `version` of record `record`.

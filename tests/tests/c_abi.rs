@@ -758,7 +758,7 @@ fn c_threads_are_named() {
             .find(|t| t.thread_id == id)
             .unwrap_or_else(|| panic!("no thread {id} ({key}) in {:?}", snap.threads))
             .name
-            .clone()
+            .to_string()
     };
     assert_eq!(name_of("os"), "c-os-named");
     assert_eq!(name_of("api"), "pfs-named-worker");

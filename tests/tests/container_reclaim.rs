@@ -80,8 +80,8 @@ fn reader(path: &Path, stop: &AtomicBool) -> Result<ReaderReport> {
             }
             let prev = owners
                 .entry((t.record, t.version))
-                .or_insert_with(|| t.name.clone());
-            if *prev != t.name {
+                .or_insert_with(|| t.name.to_string());
+            if **prev != *t.name {
                 rep.problems.push(format!(
                     "record {} version {} seen as {prev:?} and as {:?}",
                     t.record, t.version, t.name

@@ -50,7 +50,7 @@ impl PfsTable for Threads {
                 let mut r = head(s);
                 r.extend([
                     t.thread_id.into(),
-                    t.name.as_str().into(),
+                    (&*t.name).into(),
                     kind.into(),
                     user,
                     host,

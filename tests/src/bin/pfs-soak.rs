@@ -762,7 +762,7 @@ fn reconcile_segment(
     }
     if per_thread {
         for (name, tally) in &exp.torn {
-            let Some(t) = snap.threads.iter().find(|t| t.name == *name) else {
+            let Some(t) = snap.threads.iter().find(|t| *t.name == **name) else {
                 out.push(format!(
                     "reader: torn thread {name} not live before its exit"
                 ));
