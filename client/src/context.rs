@@ -106,8 +106,10 @@ pub(crate) struct ThreadCtx {
     pub(crate) instrumented: Cell<bool>,
     /// `HISTORY`.
     pub(crate) history: Cell<bool>,
-    /// The open stage, if any (a new stage ends it).
-    pub(crate) stage: Cell<Option<EventData>>,
+    /// The open stage, if any (a new stage ends it). A `RefCell`, not a
+    /// `Cell`: the stage is ended in place (see `event::end_open_stage`);
+    /// every borrow is short and never spans a call out of the crate.
+    pub(crate) stage: RefCell<Option<EventData>>,
     /// `EVENT_ID` of the open stage (0 = none): what a wait nests in,
     /// without copying `stage`.
     pub(crate) stage_id: Cell<u64>,
@@ -156,7 +158,7 @@ impl ThreadCtx {
             event_id: Cell::new(s.event_id),
             instrumented: Cell::new(s.instrumented),
             history: Cell::new(s.history),
-            stage: Cell::new(s.stage),
+            stage: RefCell::new(s.stage),
             stage_id: Cell::new(s.stage_id),
             statement_id: Cell::new(s.statement_id),
             poll_start: Cell::new(s.poll_start),
@@ -178,14 +180,25 @@ impl ThreadCtx {
         // The open stage is the one large field (a whole event): copied
         // only if one side has a stage open (`stage` is `None` whenever
         // `stage_id` is 0).
-        if s.stage_id != 0 || self.stage_id.get() != 0 {
-            s.stage = self.stage.replace(s.stage);
+        if (s.stage_id != 0 || self.stage_id.get() != 0)
+            && let Ok(mut open) = self.stage.try_borrow_mut()
+        {
+            s.stage = std::mem::replace(&mut *open, s.stage);
         }
         s.stage_id = self.stage_id.replace(s.stage_id);
         s.statement_id = self.statement_id.replace(s.statement_id);
         s.poll_start = self.poll_start.replace(s.poll_start);
         s.busy_ticks = self.busy_ticks.replace(s.busy_ticks);
         s.cancelling = self.cancelling.replace(s.cancelling);
+    }
+
+    /// Whether the open stage, if any, nests in event `id` (read in place:
+    /// no copy of the stage).
+    #[inline]
+    pub(crate) fn open_stage_nests_in(&self, id: u64) -> bool {
+        self.stage
+            .try_borrow()
+            .is_ok_and(|open| open.as_ref().is_some_and(|s| s.nesting_event_id == id))
     }
 
     /// True while a task's state is swapped in.

@@ -252,9 +252,21 @@ pub(crate) fn end_at<const KIND: usize>(
     stmt: Option<&StatementFigures>,
     now: Option<u64>,
 ) -> Option<u64> {
+    end_in::<KIND>(a.rt, a.ctx, &mut a.data, stmt, now)
+}
+
+/// [`end_at`] of the event `d`, wherever it is kept (in a guard, or the
+/// thread's open stage, ended in place: a copy of the whole event, loaded
+/// in wider pieces than its fields were stored, waits for those stores).
+#[inline(always)]
+fn end_in<const KIND: usize>(
+    rt: &'static Runtime,
+    ctx: &'static ThreadCtx,
+    d: &mut EventData,
+    stmt: Option<&StatementFigures>,
+    now: Option<u64>,
+) -> Option<u64> {
     let kind = Kind::<KIND>::OF;
-    let rt = a.rt;
-    let d = &mut a.data;
     let timed = d.flags & EV_TIMED != 0;
     if timed {
         // First, so that the measured interval ends where the wait did.
@@ -269,17 +281,17 @@ pub(crate) fn end_at<const KIND: usize>(
     let wait_ps = d.timer_wait;
     // An event ended in another logical thread than its own (a task's
     // statement ended outside the task) cannot count its children.
-    d.end_event_id = if d.thread_id == a.ctx.thread_id.get() {
-        a.ctx.event_id.get() + 1
+    d.end_event_id = if d.thread_id == ctx.thread_id.get() {
+        ctx.event_id.get() + 1
     } else {
         d.event_id + 1
     };
     d.flags |= EV_ENDED;
     let mut plan = Plan::new(rt.setup.consumers.load(Relaxed), kind);
-    if !a.ctx.history.get() {
+    if !ctx.history.get() {
         plan = plan.without_history();
     }
-    let rec = &a.ctx.rec;
+    let rec = &ctx.rec;
     rec.end_event(
         kind,
         d,
@@ -288,9 +300,8 @@ pub(crate) fn end_at<const KIND: usize>(
         plan.has(ConsumerKind::History),
     );
     if plan.has(ConsumerKind::HistoryLong) {
-        append_long::<KIND>(a, stmt);
+        append_long::<KIND>(rt, ctx, d, stmt);
     }
-    let d = &a.data;
     if plan.has(ConsumerKind::Summaries) {
         let bytes = if d.flags & EV_HAS_BYTES != 0 && d.flags & EV_HAS_PROGRESS == 0 {
             d.bytes
@@ -305,16 +316,21 @@ pub(crate) fn end_at<const KIND: usize>(
 /// `history_long` (off by default): the one multi-writer structure, out of
 /// line.
 #[inline(never)]
-fn append_long<const KIND: usize>(a: &Active, stmt: Option<&StatementFigures>) {
+fn append_long<const KIND: usize>(
+    rt: &'static Runtime,
+    ctx: &'static ThreadCtx,
+    d: &EventData,
+    stmt: Option<&StatementFigures>,
+) {
     let kind = Kind::<KIND>::OF;
     // The first append after the consumer was switched on reserves the
     // ring (`fallocate`, a cancellation point): not a place to be
     // cancelled (see `runtime::NoCancel`).
-    let _no_cancel = (!a.rt.writer.long_ready(kind)).then(runtime::NoCancel::new);
+    let _no_cancel = (!rt.writer.long_ready(kind)).then(runtime::NoCancel::new);
     let stmt = stmt
         .filter(|_| kind == EventKind::Statement)
-        .map(|f| (f, &a.ctx.rec.header.statements_current));
-    a.rt.writer.append_long(kind, &a.data, stmt);
+        .map(|f| (f, &ctx.rec.header.statements_current));
+    rt.writer.append_long(kind, d, stmt);
 }
 
 /// Ends the thread's open stage, if any: when a new stage starts, when the
@@ -324,8 +340,14 @@ pub(crate) fn end_open_stage(ctx: &'static ThreadCtx) {
         return;
     }
     ctx.stage_id.set(0);
-    if let (Some(data), Some(rt)) = (ctx.stage.take(), runtime::get()) {
-        let mut a = Active { rt, ctx, data };
-        end::<{ EventKind::Stage.index() }>(&mut a, None);
+    // Ended where it is kept, not taken out: see `end_in`. (Not borrowed
+    // only if this thread's own code is already in the stage, which no
+    // path does: then it stays open.)
+    let Ok(mut open) = ctx.stage.try_borrow_mut() else {
+        return;
+    };
+    if let (Some(d), Some(rt)) = (open.as_mut(), runtime::get()) {
+        end_in::<{ EventKind::Stage.index() }>(rt, ctx, d, None, None);
     }
+    *open = None;
 }

@@ -42,8 +42,10 @@ impl StageClass {
             NONE_U32,
             Some(loc),
         ) {
-            a.ctx.stage_id.set(a.data.event_id);
-            a.ctx.stage.set(Some(a.data));
+            if let Ok(mut open) = a.ctx.stage.try_borrow_mut() {
+                a.ctx.stage_id.set(a.data.event_id);
+                *open = Some(a.data);
+            }
         }
     }
 }
@@ -105,12 +107,13 @@ pub fn end_stage() {
 /// ```
 pub fn stage_progress(completed: u64, estimated: u64) {
     with_registered(|ctx| {
-        if let Some(mut d) = ctx.stage.get() {
+        if let Ok(mut open) = ctx.stage.try_borrow_mut()
+            && let Some(d) = open.as_mut()
+        {
             d.bytes = completed;
             d.spins = estimated;
             d.flags |= EV_HAS_PROGRESS | EV_HAS_BYTES | EV_HAS_SPINS;
-            ctx.stage.set(Some(d));
-            ctx.rec.begin_event(EventKind::Stage, &d);
+            ctx.rec.begin_event(EventKind::Stage, d);
         }
     });
 }

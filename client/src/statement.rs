@@ -279,12 +279,7 @@ impl StatementGuard {
         if !thread::can_end(a.rt) {
             return None;
         }
-        if a.ctx.stage_id.get() != 0
-            && a.ctx
-                .stage
-                .get()
-                .is_some_and(|s| s.nesting_event_id == a.data.event_id)
-        {
+        if a.ctx.stage_id.get() != 0 && a.ctx.open_stage_nests_in(a.data.event_id) {
             end_open_stage(a.ctx);
         }
         let (ctx, id) = (a.ctx, a.data.event_id);
@@ -476,13 +471,7 @@ impl TaskStatement {
         let mut data = self.data;
         let mut figures = self.figures;
         let ours = ctx.thread_id.get() == data.thread_id;
-        if ours
-            && ctx.stage_id.get() != 0
-            && ctx
-                .stage
-                .get()
-                .is_some_and(|s| s.nesting_event_id == data.event_id)
-        {
+        if ours && ctx.stage_id.get() != 0 && ctx.open_stage_nests_in(data.event_id) {
             end_open_stage(ctx);
         }
         // The end time, read once (after its stage ended, so that the

@@ -215,7 +215,7 @@ impl Shown {
             }
         }
         if std::mem::take(&mut self.hid_stage)
-            && let Some(stage) = ctx.stage.get()
+            && let Some(stage) = ctx.stage.try_borrow().ok().and_then(|open| *open)
             && effective(consumers, EventKind::Stage, ConsumerKind::Current)
             && !(here
                 && ctx
