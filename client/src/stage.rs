@@ -41,11 +41,10 @@ impl StageClass {
             0,
             NONE_U32,
             Some(loc),
-        ) {
-            if let Ok(mut open) = a.ctx.stage.try_borrow_mut() {
-                a.ctx.stage_id.set(a.data.event_id);
-                *open = Some(a.data);
-            }
+        ) && let Ok(mut open) = a.ctx.stage.try_borrow_mut()
+        {
+            a.ctx.stage_id.set(a.data.event_id);
+            *open = Some(a.data);
         }
     }
 }
