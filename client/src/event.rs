@@ -339,13 +339,13 @@ pub(crate) fn end_open_stage(ctx: &'static ThreadCtx) {
     if ctx.stage_id.get() == 0 {
         return;
     }
-    ctx.stage_id.set(0);
     // Ended where it is kept, not taken out: see `end_in`. (Not borrowed
     // only if this thread's own code is already in the stage, which no
-    // path does: then it stays open.)
+    // path does: then it stays open, its id with it.)
     let Ok(mut open) = ctx.stage.try_borrow_mut() else {
         return;
     };
+    ctx.stage_id.set(0);
     if let (Some(d), Some(rt)) = (open.as_mut(), runtime::get()) {
         end_in::<{ EventKind::Stage.index() }>(rt, ctx, d, None, None);
     }

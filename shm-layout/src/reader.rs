@@ -1195,12 +1195,14 @@ impl Walker<'_> {
             }
             for slot in 0..g.records_per_page {
                 let idx = page * g.records_per_page + slot;
-                if mode == RowMode::Changed && slot + 1 < g.records_per_page {
-                    fetch_ahead(seg, &cache, idx + 1);
-                }
                 read.clear();
                 changes.clear();
                 cache.seek(idx);
+                if mode == RowMode::Changed && slot + 1 < g.records_per_page {
+                    // (After the seek: the cursor is at this record, the
+                    // next one kept is at most one further.)
+                    fetch_ahead(seg, &cache, idx + 1);
+                }
                 let mut memory_seqs = Vec::new();
                 let mut touched = [0; MAX_CLASSES_LIMIT as usize / 64];
                 let mut id_seq = None;
