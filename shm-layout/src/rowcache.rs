@@ -518,7 +518,7 @@ impl Delta {
     /// `seq` as `new`, whose buckets outside `span` are zero (the ones
     /// the reader did not load: no need to look at them again):
     /// [`Delta::row`] with nothing before, and [`Rows::push`] onto `rows`.
-    pub fn fresh_row(
+    pub(crate) fn fresh_row(
         &mut self,
         class: u32,
         seq: u64,
