@@ -1739,12 +1739,10 @@ fn read_thread(
     let kept_name = kept
         .filter(|k| read_at.is_some() && k.extra.id_seq == read_at)
         .map(|k| k.extra.thread.name.clone());
-    let named = |(words, len): ([u64; THREAD_NAME_BYTES / 8], u32)| {
-        kept_name
-            .clone()
-            .or_else(|| shared_str_of_words(&words, len))
-    };
-    let id = id.map(|(tid, os, name, flags, actor)| (tid, os, named(name), flags, actor));
+    let id = id.map(|(tid, os, (words, len), flags, actor)| {
+        let name = kept_name.or_else(|| shared_str_of_words(&words, len));
+        (tid, os, name, flags, actor)
+    });
     // An identity the writer kept busy: an incremental reader uses the
     // one it kept for this lifetime.
     let id = id.or_else(|| {
