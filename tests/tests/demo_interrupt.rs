@@ -256,3 +256,61 @@ fn query_on_the_demo_shows_its_truncate_and_survives_a_closed_pipe() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// The demo's `--instrument` rules hold from the workload's first event:
+/// they reach it at its start (not only once the agent finds its
+/// segment), so an instrument turned OFF never counts and a COUNTED one
+/// never times.
+#[test]
+fn the_demos_instrument_rules_hold_from_the_workloads_start() {
+    const TABLE: &str = "events_waits_summary_global_by_event_name";
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut demo = Command::new(agent_bin())
+        .args(["demo", "--workers", "2", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--shm-dir")
+        .arg(dir.path().join("shm"))
+        .args(["--instrument", "wait/io/file/%=OFF"])
+        .args(["--instrument", "wait/synch/mutex/%=COUNTED"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("demo.stderr")).unwrap())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let group = rustix::process::Pid::from_raw(demo.id() as i32).unwrap();
+    let api = format!("http://127.0.0.1:{port}/api/v1/tables/{TABLE}");
+    let table = pfs_tests::poll(Duration::from_secs(60), || {
+        Ok(get_json(&api).ok().filter(|t| total_count(t) > 5_000))
+    });
+    let _ = rustix::process::kill_process_group(group, rustix::process::Signal::INT);
+    let table = table.unwrap();
+    let rows = pfs_tests::rows(&table).unwrap();
+    let of = |prefix: &'static str| {
+        rows.iter().filter(move |r| {
+            pfs_tests::str_col(r, "event_name")
+                .unwrap()
+                .starts_with(prefix)
+        })
+    };
+    let mutex_count: u64 = of("wait/synch/mutex/")
+        .map(|r| pfs_tests::u64_col(r, "count_star").unwrap())
+        .sum();
+    assert!(mutex_count > 0, "the workload's mutexes count: {table}");
+    for r in of("wait/synch/mutex/") {
+        assert_eq!(
+            pfs_tests::u64_col(r, "sum_timer_wait").unwrap(),
+            0,
+            "COUNTED: {r}"
+        );
+    }
+    for r in of("wait/io/file/") {
+        assert_eq!(pfs_tests::u64_col(r, "count_star").unwrap(), 0, "OFF: {r}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while demo.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the demo did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

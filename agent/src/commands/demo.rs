@@ -10,7 +10,7 @@ use pfs_agent::segments::SegmentSet;
 use pfs_agent::server::{self, Tokens};
 
 use super::{agent, bind, control_options, runtime, shutdown_signal};
-use crate::cli::{DemoArgs, WorkloadArgs};
+use crate::cli::{DefaultsArgs, DemoArgs, WorkloadArgs};
 
 struct DemoDirs {
     shm: PathBuf,
@@ -66,7 +66,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         let (listener, listen) = bind(a.listen).await?;
         let exe = std::env::current_exe()
             .context("cannot find the pfs-agent executable to start the workload")?;
-        let start_workload = || spawn_workload(&exe, &dirs, a.workers);
+        let start_workload = || spawn_workload(&exe, &dirs, a.workers, &a.defaults);
         let mut child = Some(start_workload()?);
         let mut started = Instant::now();
         let mut quick_deaths = 0;
@@ -184,13 +184,30 @@ const RESTART_AFTER: Duration = Duration::from_secs(1);
 /// Starts the workload process, in its own process group: Ctrl-C in a
 /// terminal signals the agent alone, which then stops the workload with
 /// one SIGTERM (the workload takes a second signal as "exit at once").
+///
+/// The demo's `--instrument` and `--consumer` rules go to the workload as
+/// `PFS_INSTRUMENT` and `PFS_CONSUMERS` (after any it inherits, so they
+/// win), so that they hold from its first event: applied by the agent
+/// alone, they would only take effect once it found the new segment.
 fn spawn_workload(
     exe: &Path,
     dirs: &DemoDirs,
     workers: usize,
+    rules: &DefaultsArgs,
 ) -> anyhow::Result<tokio::process::Child> {
-    tokio::process::Command::new(exe)
-        .arg("workload")
+    let mut cmd = tokio::process::Command::new(exe);
+    for (var, given) in [
+        ("PFS_INSTRUMENT", &rules.instruments),
+        ("PFS_CONSUMERS", &rules.consumers),
+    ] {
+        if given.is_empty() {
+            continue;
+        }
+        let inherited = std::env::var(var).ok().filter(|v| !v.trim().is_empty());
+        let value = inherited.into_iter().chain(given.iter().cloned());
+        cmd.env(var, value.collect::<Vec<_>>().join(";"));
+    }
+    cmd.arg("workload")
         .arg("--shm-dir")
         .arg(&dirs.shm)
         .arg("--data-dir")
