@@ -139,13 +139,18 @@ impl Route<'_> {
     }
 }
 
-/// The route of `path`, or the 404 to send.
+/// The route of `path`, or the 404 to send. One trailing slash is
+/// ignored (`/api/v1/tables/threads/` is the table).
 fn route(path: &str) -> Result<Route<'_>, Box<Resp>> {
+    let path = match path.strip_suffix('/') {
+        Some(p) if !p.is_empty() => p,
+        _ => path,
+    };
     Ok(match path {
         "/" => Route::Landing,
         "/healthz" => Route::Healthz,
         "/metrics" => Route::Metrics,
-        "/api/v1/tables" | "/api/v1/tables/" => Route::TableList,
+        "/api/v1/tables" => Route::TableList,
         p => {
             if let Some(rest) = p.strip_prefix("/api/v1/tables/") {
                 let (name, truncate) = match rest.strip_suffix("/truncate") {
@@ -392,7 +397,13 @@ mod tests {
         assert!(access("/api/v1/tables/threads") == Some(Access::Read));
         assert!(access("/api/v1/tables/threads/truncate") == Some(Access::Control));
         assert!(access("/api/v1/setup/instruments") == Some(Access::Control));
+        // One trailing slash is ignored.
+        assert!(access("/metrics/") == Some(Access::Read));
+        assert!(access("/api/v1/tables/threads/") == Some(Access::Read));
+        assert!(access("/api/v1/tables/threads/truncate/") == Some(Access::Control));
         for p in [
+            "/api/v1/tables//",
+            "/api/v1/tables/threads//",
             "/nope",
             "/api/v1/tables/nope",
             "/api/v1/tables/nope/truncate",
