@@ -82,7 +82,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
             read: None,
         };
         let agent = agent(set, tokens, Some(dirs.shm.clone()), &a.otlp)?;
-        let url = format!("http://{listen}");
+        let url = format!("http://{}", connectable(listen));
         super::say(&format!(
             "pfs-agent demo: workload pid {} writing segments in {}",
             child.as_ref().and_then(|c| c.id()).unwrap_or(0),
@@ -153,6 +153,19 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     drop(dirs);
     super::say("pfs-agent demo stopped; segments removed");
     Ok(())
+}
+
+/// Where a browser on this host reaches a server listening on `listen`:
+/// the loopback address for an unspecified one (`0.0.0.0`, `[::]`), which
+/// browsers do not connect to.
+fn connectable(listen: std::net::SocketAddr) -> std::net::SocketAddr {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let ip = match listen.ip() {
+        IpAddr::V4(a) if a.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(a) if a.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    std::net::SocketAddr::new(ip, listen.port())
 }
 
 /// The end of `child`, if there is one; never, if not.
@@ -315,4 +328,18 @@ pub fn workload(a: WorkloadArgs) -> anyhow::Result<()> {
         workers: a.workers,
     })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connectable;
+
+    #[test]
+    fn an_unspecified_listen_address_is_shown_as_loopback() {
+        let shown = |a: &str| connectable(a.parse().unwrap()).to_string();
+        assert_eq!(shown("0.0.0.0:9464"), "127.0.0.1:9464");
+        assert_eq!(shown("[::]:9464"), "[::1]:9464");
+        assert_eq!(shown("127.0.0.1:1"), "127.0.0.1:1");
+        assert_eq!(shown("10.1.2.3:80"), "10.1.2.3:80");
+    }
 }
