@@ -182,6 +182,11 @@ pub enum InvalidChange {
         pfs_shm_layout::layout::ACTOR_FIELD_BYTES
     )]
     ActorLength,
+    /// An actor row deleted and given values in one change.
+    #[error(
+        "delete removes the row: give either delete or enabled/history, not both (--delete, or --enabled/--history, on the command line)"
+    )]
+    DeleteWithValues,
     /// A `setup_timers` name that matches no event kind: it would change
     /// nothing.
     #[error(
@@ -231,6 +236,9 @@ pub fn validate(change: &Change) -> Result<(), InvalidChange> {
                 .any(|s| s.is_empty() || s.len() > pfs_shm_layout::layout::ACTOR_FIELD_BYTES) =>
         {
             Err(InvalidChange::ActorLength)
+        }
+        Change::Actors(a) if a.delete && (a.enabled.is_some() || a.history.is_some()) => {
+            Err(InvalidChange::DeleteWithValues)
         }
         _ => Ok(()),
     }
@@ -481,6 +489,26 @@ mod tests {
         });
         let e = validate(&nothing).unwrap_err().to_string();
         assert!(e.contains("--enabled"), "{e}");
+    }
+
+    #[test]
+    fn an_actor_row_is_deleted_or_given_values_not_both() {
+        let actor = |delete, enabled| {
+            Change::Actors(ActorChange {
+                host: "%".into(),
+                user: "app".into(),
+                role: "%".into(),
+                enabled,
+                history: None,
+                delete,
+            })
+        };
+        assert!(validate(&actor(true, None)).is_ok());
+        assert!(validate(&actor(false, Some(false))).is_ok());
+        assert_eq!(
+            validate(&actor(true, Some(true))),
+            Err(InvalidChange::DeleteWithValues)
+        );
     }
 
     #[test]
