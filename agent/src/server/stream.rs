@@ -131,8 +131,12 @@ impl ChunkWriter {
             Some(Err(_)) => Err(Error::new(
                 ErrorKind::TimedOut,
                 format!(
-                    "the client took no data for {} s",
-                    TABLE_STALL_LIMIT.as_secs()
+                    "the client took no data for {} s (a {} KiB chunk waited for room: a client \
+                     reading under {} KiB/s is given up; read with a faster client, or ask for \
+                     less with ?service= or ?pid=)",
+                    TABLE_STALL_LIMIT.as_secs(),
+                    TABLE_CHUNK / 1024,
+                    TABLE_CHUNK as u64 / 1024 / TABLE_STALL_LIMIT.as_secs(),
                 ),
             )),
         }
