@@ -314,6 +314,35 @@ fn query_says_when_every_segment_file_is_refused() {
     assert!(!err.contains("no segments in"), "{err}");
 }
 
+/// A segment file that is not initialised (empty: a process creating it,
+/// or an operator's `touch`): `query`, which reads once without waiting,
+/// names it instead of saying the directory has no segments; beside a
+/// refused one, both are counted.
+#[test]
+fn query_counts_segment_files_not_initialised() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("app.100.pfs"), b"").unwrap();
+    let d = dir.path().to_str().unwrap();
+    let args = ["query", "threads", "--shm-dir", d];
+    let (status, _, err) = run(&args, Duration::from_secs(15));
+    assert!(status.unwrap().success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "no readable segment in {d}; 1 segment file(s) not initialised"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("no segments in"), "{err}");
+    std::fs::write(dir.path().join("junk.1.pfs"), vec![0x5a; 4096]).unwrap();
+    let (status, _, err) = run(&args, Duration::from_secs(15));
+    assert!(status.unwrap().success(), "{err}");
+    assert!(
+        err.contains("1 segment file(s) refused")
+            && err.contains("1 segment file(s) not initialised"),
+        "{err}"
+    );
+}
+
 /// A segment directory of another user's (mode 0700, as the client makes
 /// it without `PFS_GROUP_ACCESS`) in a directory anyone may search: the
 /// agent runs as `nobody`. Returns the parent (kept while it is used) and

@@ -45,13 +45,29 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
     if snap.segments.is_empty() {
         // Logged (not printed) so that `PFS_LOG_FORMAT=json` stays JSON.
         let dir = a.dir.shm_dir.display();
-        if snap.invalid.is_empty() {
+        // Segment files neither read nor refused: empty, or being created
+        // (a process starting), which a one-shot read does not wait for.
+        let unready = segment_files(&a.dir.shm_dir).saturating_sub(snap.invalid.len());
+        let unready = match unready {
+            0 => String::new(),
+            n => format!(
+                "; {n} segment file(s) not initialised (empty, or a process is creating it: retry in a moment)"
+            ),
+        };
+        if snap.invalid.is_empty() && unready.is_empty() {
             tracing::warn!(
                 "no segments in {dir}: is PFS_SHM_DIR of the instrumented processes {dir}?"
             );
-        } else {
+        } else if snap.invalid.is_empty() {
+            tracing::warn!("no readable segment in {dir}{unready}: the table is empty");
+        } else if unready.is_empty() {
             tracing::warn!(
                 "every segment file in {dir} was refused ({} file(s); the warnings above say why): the table is empty",
+                snap.invalid.len()
+            );
+        } else {
+            tracing::warn!(
+                "no readable segment in {dir}: {} segment file(s) refused (the warnings above say why){unready}: the table is empty",
                 snap.invalid.len()
             );
         }
@@ -85,6 +101,17 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// How many entries of `dir` are named as segment files (0 if it cannot
+/// be listed).
+fn segment_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .filter(|e| pfs_shm_layout::files::is_segment_file(&e.path()))
+            .count()
+    })
 }
 
 /// Replaces the picoseconds of every [`ColumnKind::Duration`] column by
