@@ -388,13 +388,36 @@ fn parse_max_size(s: &str) -> Result<ByteSize, String> {
     }
 }
 
-/// A `--listen` address (`ADDR:PORT`); the error shows the form.
+/// A `--listen` address: `ADDR:PORT`, or `HOST:PORT` with a host name
+/// resolved now (its first IPv4 address, else its first: `localhost`
+/// listens on 127.0.0.1, where `curl localhost` connects first); the
+/// error shows the forms.
 fn parse_listen(s: &str) -> Result<SocketAddr, String> {
-    s.trim().parse().map_err(|e| {
-        format!(
-            "{e}; expected ADDR:PORT such as 0.0.0.0:{DEFAULT_PORT}, 127.0.0.1:{DEFAULT_PORT} or [::]:{DEFAULT_PORT}"
-        )
-    })
+    use std::net::ToSocketAddrs;
+    let s = s.trim();
+    let hint = format!(
+        "expected ADDR:PORT or HOST:PORT such as 0.0.0.0:{DEFAULT_PORT}, 127.0.0.1:{DEFAULT_PORT}, [::]:{DEFAULT_PORT} or localhost:{DEFAULT_PORT}"
+    );
+    let parse_error = match s.parse::<SocketAddr>() {
+        Ok(a) => return Ok(a),
+        Err(e) => e,
+    };
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return Err(format!("{parse_error}; {hint}"));
+    };
+    if host.is_empty() || port.parse::<u16>().is_err() || host.contains(':') {
+        return Err(format!("{parse_error}; {hint}"));
+    }
+    let found: Vec<SocketAddr> = s
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {host:?}: {e}; {hint}"))?
+        .collect();
+    found
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(found.first())
+        .copied()
+        .ok_or_else(|| format!("{host:?} has no address; {hint}"))
 }
 
 /// Reads a token file: non-empty, first line, trimmed.
@@ -415,6 +438,27 @@ pub fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn listen_takes_an_address_or_a_host_name() {
+        assert_eq!(parse_listen(" [::]:9464").unwrap().to_string(), "[::]:9464");
+        assert_eq!(parse_listen("0.0.0.0:1").unwrap().to_string(), "0.0.0.0:1");
+        assert_eq!(
+            parse_listen("localhost:9464").unwrap().to_string(),
+            "127.0.0.1:9464"
+        );
+        for bad in [
+            "9464",
+            "localhost",
+            "localhost:99999",
+            ":9464",
+            "::1:9464",
+            "no-such-host.invalid:9464",
+        ] {
+            let e = parse_listen(bad).unwrap_err();
+            assert!(e.contains("HOST:PORT"), "{bad}: {e}");
+        }
+    }
 
     /// Every flag of `serve` is in the README's synopsis (the OTLP ones in
     /// docs/OTLP.md, which lists them all), and every variable a flag
