@@ -11,6 +11,8 @@
 //!   has a statement open (swap the task's event context in, time the
 //!   poll for the statement's `CPU_TIME`, swap it out), around a future
 //!   that polls a fresh ready future and returns `Pending`.
+//! * `async/poll_ctx_no_cpu`: `poll_ctx` with the `events_statements_cpu`
+//!   consumer off (no poll timing, no `CPU_TIME`).
 //! * `async/poll_ctx_no_statement`: the same with no statement open (no
 //!   poll timing): the context swap alone.
 //! * `async/tracing_instrument`: the same poll through
@@ -108,6 +110,26 @@ fn benches(c: &mut Criterion) {
     g.bench_function("poll_ctx", |b| {
         b.iter(|| poll_pending(task.as_mut(), &mut cx))
     });
+
+    // As `pfs-agent setup consumers events_statements_cpu --enabled no`.
+    let set_cpu = |on: bool| {
+        let path = pfs_client::segment_path().expect("initialised");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .expect("segment");
+        let seg = pfs_shm_layout::Segment::open(file, true).expect("segment");
+        assert_eq!(
+            pfs_shm_layout::setup::set_consumers(&seg, "events_statements_cpu", on),
+            1
+        );
+    };
+    set_cpu(false);
+    g.bench_function("poll_ctx_no_cpu", |b| {
+        b.iter(|| poll_pending(task.as_mut(), &mut cx))
+    });
+    set_cpu(true);
 
     let mut idle = pin!(Task::new(Looper::new(false)));
     poll_pending(idle.as_mut(), &mut cx);

@@ -12,7 +12,7 @@ use pfs_shm_layout::layout::{
     ConsumerKind, EV_CANCELLED, EV_TIMED, EV_TIMER_MASK, EV_TIMER_SHIFT, NONE_U32,
     STATEMENT_TEXT_BYTES,
 };
-use pfs_shm_layout::setup::effective;
+use pfs_shm_layout::setup::{self, effective};
 use pfs_shm_layout::text::truncate_utf8;
 use pfs_shm_layout::writer::{EventData, StatementFigures};
 
@@ -104,12 +104,15 @@ impl StatementClass {
 }
 
 /// The task's poll time (CYCLE ticks) now, at `d`'s start, if it is
-/// measured: a timed statement of a task. Starts measuring the current
-/// poll if it was not (poll times use the CYCLE timer, see
-/// `task::POLL_TIMER`).
+/// measured: a timed statement of a task, with `events_statements_cpu`
+/// on. Starts measuring the current poll if it was not (poll times use
+/// the CYCLE timer, see `task::POLL_TIMER`).
 #[inline]
 fn poll_time_at(rt: &Runtime, ctx: &ThreadCtx, d: &EventData) -> Option<u64> {
-    if !ctx.in_task() || d.flags & EV_TIMED == 0 {
+    if !ctx.in_task()
+        || d.flags & EV_TIMED == 0
+        || !setup::statements_cpu(rt.setup.consumers.load(Relaxed))
+    {
         return None;
     }
     let now = timer::now(&rt.clock, POLL_TIMER);

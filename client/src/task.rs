@@ -70,7 +70,7 @@ use std::task::{Context, Poll};
 
 use pfs_shm_layout::EventKind;
 use pfs_shm_layout::layout::{ConsumerKind, STATEMENT_TEXT_BYTES, TimerId};
-use pfs_shm_layout::setup::effective;
+use pfs_shm_layout::setup::{self, effective};
 use pfs_shm_layout::writer::EventData;
 
 use crate::class::ClassRef;
@@ -317,13 +317,14 @@ impl TaskContext {
         if self.state.thread_id == 0 {
             self.state.thread_id = thread::next_task_id();
         }
-        if measure && self.state.statement_id != 0 {
+        let consumers = rt.setup.consumers.load(Relaxed);
+        if measure && self.state.statement_id != 0 && setup::statements_cpu(consumers) {
             // A statement is open: measure this poll for its CPU_TIME.
             start_poll(rt, &mut self.state);
         }
         ctx.swap(&mut self.state);
         memory::swap_scope(&mut self.scope);
-        self.shown.put_into(ctx, rt.setup.consumers.load(Relaxed));
+        self.shown.put_into(ctx, consumers);
         self.depth = 1;
         self.entered_on = ctx.own_thread_id;
         true

@@ -26,7 +26,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"PFSSHM\0\0");
 pub const LAYOUT_MAJOR: u32 = 6;
 /// Minor layout version: compatible additions (new section kinds, use of
 /// reserved fields). Readers accept any minor version of a known major.
-pub const LAYOUT_MINOR: u32 = 1;
+pub const LAYOUT_MINOR: u32 = 2;
 /// The major versions a reader of this crate reads: its own, and 5, whose
 /// only difference is the memory row ([`MemoryRowV5`]), so that a newer
 /// agent reads the processes built with the previous client during a
@@ -626,6 +626,11 @@ impl TimerId {
 pub const CONSUMER_GLOBAL: u32 = 1 << 0;
 /// Consumer bit: per-thread tables (`thread_instrumentation`).
 pub const CONSUMER_THREAD: u32 = 1 << 1;
+/// Consumer bit: task statements' `CPU_TIME` (`events_statements_cpu`, as
+/// MySQL 8.0.28's): a task's polls are timed (one timer pair each) only
+/// while it is on. Since 6.2; writers of 6.0 and 6.1 time them always,
+/// and readers show it on for them. The bit after the per-kind ones.
+pub const CONSUMER_STATEMENTS_CPU: u32 = 1 << (2 + 4 * EventKind::ALL.len() as u32);
 /// Per-kind consumer bits: the kind of [`EventKind::index`] `k` (0 waits,
 /// 1 stages, 2 statements) uses bits `2 + 4k ..`: current, history,
 /// history_long, summaries.
@@ -647,9 +652,12 @@ pub enum ConsumerKind {
     Summaries = 3,
 }
 
-/// Default consumers: everything but the `history_long` rings (as PFS).
+/// Default consumers: everything but the `history_long` rings (as PFS),
+/// and `events_statements_cpu` on (off in MySQL, where it costs a system
+/// call per statement; here a timer pair per poll of a task with a
+/// statement open: see docs/ASYNC.md).
 pub const CONSUMERS_DEFAULT: u32 = {
-    let mut v = CONSUMER_GLOBAL | CONSUMER_THREAD;
+    let mut v = CONSUMER_GLOBAL | CONSUMER_THREAD | CONSUMER_STATEMENTS_CPU;
     let mut i = 0;
     while i < EventKind::ALL.len() {
         let k = EventKind::ALL[i];

@@ -8,12 +8,15 @@
 //! checked at compile time, and `tests/spec.rs` checks every number of the
 //! tables below against them.
 //!
-//! Layout version **6.1** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
+//! Layout version **6.2** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
 //! All integers are little-endian (the header's byte-order mark says so).
 //! Every field is an aligned 32- or 64-bit word, read and written with
 //! atomic instructions only.
 //!
-//! Versions: 6.1 uses lost counter 8, `events_ended_by_another_thread`
+//! Versions: 6.2 uses consumer bit 14, `events_statements_cpu`: a writer
+//! times a task's polls (statements' `CPU_TIME`) only while it is set
+//! (6.0 and 6.1 writers time them always; a reader shows the bit set for
+//! them). 6.1 uses lost counter 8, `events_ended_by_another_thread`
 //! (6.0 readers ignore it; it is 0 in 6.0 segments). 6.0 no longer stores a memory row's `CURRENT_COUNT_USED` and
 //! `CURRENT_NUMBER_OF_BYTES_USED`, which are allocated − freed by
 //! definition: a reader derives them from the counts and sums, and an
@@ -134,7 +137,7 @@
 //! |-------:|-----:|-------|---------|
 //! | 0x000 | 8 | `magic` | `"PFSSHM\0\0"` |
 //! | 0x008 | 4 | `major` | 6; a reader of this version also reads 5.x segments (their memory rows differ, below); refuse any other |
-//! | 0x00C | 4 | `minor` | 1; compatible additions (new section kinds, use of reserved fields): accept any |
+//! | 0x00C | 4 | `minor` | 2; compatible additions (new section kinds, use of reserved fields): accept any |
 //! | 0x010 | 4 | `byte_order` | `0x01020304` as written by the creator |
 //! | 0x014 | 4 | `header_size` | 4096 |
 //! | 0x018 | 8 | `segment_size` | file size set by the creator; must be ≤ the file's length |
@@ -450,7 +453,7 @@
 //!
 //! | offset | size | field | meaning |
 //! |-------:|-----:|-------|---------|
-//! | 0 | 4 | `consumers` | bit 0 global_instrumentation, 1 thread_instrumentation; kind *k* ([`EventKind::index`]: 0 waits, 1 stages, 2 statements) uses bits 2+4*k*.. : current, history, history_long, summaries |
+//! | 0 | 4 | `consumers` | bit 0 global_instrumentation, 1 thread_instrumentation; kind *k* ([`EventKind::index`]: 0 waits, 1 stages, 2 statements) uses bits 2+4*k*.. : current, history, history_long, summaries; bit 14 (since 6.2) events_statements_cpu |
 //! | 4 | 60 | `reserved0[15]` | reserved |
 //! | 64 | 4 | `timers` | 3 bits per kind (waits at bit 0, stages 3, statements 6): timer id |
 //! | 68 | 60 | `reserved1[15]` | reserved |

@@ -41,7 +41,7 @@ use crate::lockword::{self, RecordState};
 use crate::rowcache::{CachePart, Changes, Delta, KeptRecord, NOT_KEPT, RowCache, Rows, Walked};
 use crate::segment::{RowCopy, RowReader, Segment, TimerCalibration, prefetch, touched_classes};
 use crate::seqlock::SeqLock;
-use crate::setup::{Actor, read_actors};
+use crate::setup::{Actor, consumers_in_effect, read_actors};
 use crate::text::{load_string, shared_str_of_words};
 use crate::values::StatementFigures;
 
@@ -1574,7 +1574,7 @@ fn try_snapshot(
     }
     Ok((
         SegmentSnapshot {
-            consumers: seg.setup().consumers.load(Relaxed),
+            consumers: consumers_in_effect(seg),
             timers: seg.setup().timers.load(Relaxed),
             actors: read_actors(seg),
             long,

@@ -96,9 +96,30 @@ pub fn consumers() -> Vec<(String, u32)> {
             consumer_bit(k, ConsumerKind::Summaries),
         ));
     }
+    v.push(("events_statements_cpu".into(), CONSUMER_STATEMENTS_CPU));
     v.push(("global_instrumentation".into(), CONSUMER_GLOBAL));
     v.push(("thread_instrumentation".into(), CONSUMER_THREAD));
     v
+}
+
+/// Whether task statements' poll time (`CPU_TIME`) is measured under
+/// consumers `word`: `events_statements_cpu` and `global_instrumentation`.
+#[inline(always)]
+pub const fn statements_cpu(word: u32) -> bool {
+    word & (CONSUMER_GLOBAL | CONSUMER_STATEMENTS_CPU) == CONSUMER_GLOBAL | CONSUMER_STATEMENTS_CPU
+}
+
+/// The `setup_consumers` word of `seg` as it acts: with
+/// `events_statements_cpu` on for a writer older than 6.2, which measures
+/// poll time whatever the bit says.
+pub fn consumers_in_effect(seg: &Segment) -> u32 {
+    let word = seg.setup().consumers.load(Relaxed);
+    let (major, minor) = (seg.major_version(), seg.minor_version());
+    if major < 6 || (major == 6 && minor < 2) {
+        word | CONSUMER_STATEMENTS_CPU
+    } else {
+        word
+    }
 }
 
 /// Whether consumer `which` of event kind `kind` is in effect, applying
@@ -406,7 +427,18 @@ mod tests {
             EventKind::Statement,
             ConsumerKind::Summaries
         ));
-        assert_eq!(consumers().len(), 14);
+        assert_eq!(consumers().len(), 15);
+        // events_statements_cpu: on by default, under global_instrumentation,
+        // and outside every kind's plan.
+        assert!(statements_cpu(w));
+        assert!(!statements_cpu(w & !CONSUMER_GLOBAL));
+        assert!(!statements_cpu(w & !CONSUMER_STATEMENTS_CPU));
+        for kind in EventKind::ALL {
+            assert_eq!(
+                Plan::new(w, kind),
+                Plan::new(w & !CONSUMER_STATEMENTS_CPU, kind)
+            );
+        }
     }
 
     #[test]

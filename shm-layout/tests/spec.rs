@@ -827,6 +827,13 @@ fn the_value_tables_are_the_code() {
         ),
     );
     expect(
+        "cpu consumer bit",
+        format!(
+            "bit {} (since 6.2) events_statements_cpu",
+            CONSUMER_STATEMENTS_CPU.trailing_zeros()
+        ),
+    );
+    expect(
         "page states",
         format!(
             "{PAGE_UNUSED} UNUSED (hole), {PAGE_ACTIVE} ACTIVE, {PAGE_RECLAIMING} RECLAIMING, {PAGE_RECLAIMED} RECLAIMED"

@@ -381,7 +381,7 @@ fn toggling_instruments_timers_and_consumers_takes_effect_at_the_next_event() ->
         Ok(ids("events_waits_current")? != cur1)
     })?;
     let consumers = get_json(&format!("{base}/api/v1/tables/setup_consumers"))?;
-    assert_eq!(rows(&consumers)?.len(), 14);
+    assert_eq!(rows(&consumers)?.len(), 15);
 
     // Timers: stage timer to MICROSECOND shows in setup_timers.
     setup(

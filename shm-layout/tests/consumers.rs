@@ -1,0 +1,30 @@
+//! `events_statements_cpu` as readers show it: the bit itself for a 6.2
+//! writer, on for older writers (6.0 and 6.1 time task polls always).
+
+mod common;
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use pfs_shm_layout::layout::{CONSUMER_STATEMENTS_CPU, CONSUMERS_DEFAULT};
+use pfs_shm_layout::reader::{ReadOptions, snapshot};
+use pfs_shm_layout::setup::{consumers_in_effect, set_consumers};
+use pfs_shm_layout::{Segment, SegmentConfig};
+
+#[test]
+fn the_cpu_consumer_is_shown_as_it_acts() {
+    let (file, w) = common::create(&SegmentConfig::default());
+    let seg = w.segment();
+    assert_eq!(consumers_in_effect(seg), CONSUMERS_DEFAULT);
+    assert_eq!(set_consumers(seg, "events_statements_cpu", false), 1);
+    let shown = |seg: &Segment| {
+        snapshot(seg, &ReadOptions::default()).unwrap().consumers & CONSUMER_STATEMENTS_CPU != 0
+    };
+    let reader = Segment::open(file.try_clone().unwrap(), false).unwrap();
+    assert!(!shown(&reader), "a 6.2 writer: the bit as set");
+    // The same segment as a 6.1 writer made it: it measures whatever the
+    // bit says.
+    seg.header().minor.store(1, Relaxed);
+    let reader = Segment::open(file, false).unwrap();
+    assert_eq!(reader.minor_version(), 1);
+    assert!(shown(&reader), "a 6.1 writer: shown on");
+}
