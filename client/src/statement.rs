@@ -89,6 +89,10 @@ impl StatementClass {
             return TaskStatement::NONE;
         };
         let ctx = a.ctx;
+        #[cfg(feature = "tokio")]
+        if !ctx.in_task() && ::tokio::runtime::Handle::try_current().is_ok() {
+            started_outside_a_task();
+        }
         let parent = ctx.statement_id.replace(a.data.event_id);
         let busy_at_start = poll_time_at(a.rt, ctx, &a.data);
         TaskStatement {
@@ -100,6 +104,22 @@ impl StatementClass {
             text: [0; STATEMENT_TEXT_BYTES],
             text_len: 0,
         }
+    }
+}
+
+/// Says once per process that a task statement was started in a tokio
+/// runtime but outside a pfs task context (a future spawned without
+/// `.pfs_task()`): it is then a statement of the worker thread, and the
+/// statements of other tasks polled on that worker meanwhile nest in it.
+#[cfg(feature = "tokio")]
+#[cold]
+#[inline(never)]
+fn started_outside_a_task() {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, Relaxed) {
+        tracing::warn!(
+            "start_task() in a tokio runtime outside a pfs task: the statement is the worker thread's, and other tasks' statements on that worker nest in it; wrap the spawned future with .pfs_task() (pfs_client::task::TaskExt) or pfs_client::task::Task"
+        );
     }
 }
 
