@@ -107,9 +107,11 @@
 //!   yield when the budget is spent. A task that receives from a channel
 //!   that is never empty should yield on its own
 //!   (`tokio::task::yield_now`).
-//! * `SOURCE` of a wait is in this file (the drop-in's method), not the
-//!   caller's line: the wait starts inside the future, where the caller's
-//!   location is no longer known.
+//! * `SOURCE` of a wait is the line that called the drop-in's method
+//!   (`lock()`, `recv()`, `notified()`, ...), as for the synchronous
+//!   drop-ins: each method is a `#[track_caller]` function that returns
+//!   its future, and the future keeps the location for the wait it may
+//!   start.
 //! * [`Mutex`] and [`Semaphore`] keep tokio's primitive in an `Arc` (one
 //!   allocation when made, so their `new` is not `const`), which is what
 //!   lets [`Mutex::lock_owned`] and [`Semaphore::acquire_owned`] work from
@@ -119,6 +121,7 @@
 use std::fmt;
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
+use std::panic::Location;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -139,6 +142,7 @@ pub use ::tokio::sync::{
 /// `blocking_*`) waits. On a thread that runs a tokio runtime, where
 /// tokio's `blocking_*` panic, `block` is called at once, so that the
 /// misuse fails every time, not only when the lock is contended.
+#[track_caller]
 fn block_for<S, G>(
     class: &'static LazyWaitClass,
     operation: Operation,
@@ -170,9 +174,10 @@ async fn wait_for<F: Future>(
     class: &'static LazyWaitClass,
     operation: Operation,
     object: usize,
+    source: &'static Location<'static>,
     fut: F,
 ) -> F::Output {
-    let w = class.get().start_async(operation, object);
+    let w = class.get().start_async_at(operation, object, source);
     let out = fut.await;
     w.end();
     out
@@ -240,17 +245,16 @@ impl<T: ?Sized> Mutex<T> {
     /// Locks, waiting if it is held. A lock that had to wait is recorded
     /// as a `lock` wait when it is acquired (or when this future is
     /// dropped before); one that did not records nothing.
-    pub async fn lock(&self) -> MutexGuard<'_, T> {
-        if let Ok(g) = self.inner.try_lock() {
-            return g;
+    #[track_caller]
+    pub fn lock(&self) -> impl Future<Output = MutexGuard<'_, T>> {
+        let source = Location::caller();
+        async move {
+            if let Ok(g) = self.inner.try_lock() {
+                return g;
+            }
+            let lock = self.inner.lock();
+            wait_for(self.class, Operation::Lock, self.object(), source, lock).await
         }
-        wait_for(
-            self.class,
-            Operation::Lock,
-            self.object(),
-            self.inner.lock(),
-        )
-        .await
     }
 
     /// Locks without waiting, or fails; records nothing.
@@ -261,6 +265,7 @@ impl<T: ?Sized> Mutex<T> {
     /// Locks from synchronous code (not from a runtime's worker, as
     /// tokio's), blocking the thread while it is held. A lock that had to
     /// wait is recorded as a `lock` wait of the calling thread.
+    #[track_caller]
     pub fn blocking_lock(&self) -> MutexGuard<'_, T> {
         block_for(
             self.class,
@@ -281,21 +286,19 @@ impl<T: ?Sized> Mutex<T> {
     /// Locks an `Arc`ed mutex, returning a guard that keeps it alive
     /// (`'static`, so it can move into a spawned task). Recorded as
     /// [`Mutex::lock`].
-    pub async fn lock_owned(self: Arc<Self>) -> OwnedMutexGuard<T> {
-        let guard = match self.inner.clone().try_lock_owned() {
-            Ok(g) => g,
-            Err(_) => {
-                let inner = self.inner.clone();
-                wait_for(
-                    self.class,
-                    Operation::Lock,
-                    self.object(),
-                    inner.lock_owned(),
-                )
-                .await
-            }
-        };
-        OwnedMutexGuard { guard, mutex: self }
+    #[track_caller]
+    pub fn lock_owned(self: Arc<Self>) -> impl Future<Output = OwnedMutexGuard<T>> {
+        let source = Location::caller();
+        async move {
+            let guard = match self.inner.clone().try_lock_owned() {
+                Ok(g) => g,
+                Err(_) => {
+                    let lock = self.inner.clone().lock_owned();
+                    wait_for(self.class, Operation::Lock, self.object(), source, lock).await
+                }
+            };
+            OwnedMutexGuard { guard, mutex: self }
+        }
     }
 
     /// [`Mutex::lock_owned`] without waiting, or fails; records nothing.
@@ -412,32 +415,37 @@ impl<T: ?Sized> RwLock<T> {
     /// Shared lock, waiting while a writer holds it or is queued (tokio's
     /// lock is fair). A lock that had to wait is recorded as a `read_lock`
     /// wait; one that did not records nothing.
-    pub async fn read(&self) -> RwLockReadGuard<'_, T> {
-        if let Ok(g) = self.inner.try_read() {
-            return g;
+    #[track_caller]
+    pub fn read(&self) -> impl Future<Output = RwLockReadGuard<'_, T>> {
+        let source = Location::caller();
+        async move {
+            if let Ok(g) = self.inner.try_read() {
+                return g;
+            }
+            let lock = self.inner.read();
+            wait_for(self.class, Operation::ReadLock, address(self), source, lock).await
         }
-        wait_for(
-            self.class,
-            Operation::ReadLock,
-            address(self),
-            self.inner.read(),
-        )
-        .await
     }
 
     /// Exclusive lock, waiting while it is held. A lock that had to wait is
     /// recorded as a `write_lock` wait; one that did not records nothing.
-    pub async fn write(&self) -> RwLockWriteGuard<'_, T> {
-        if let Ok(g) = self.inner.try_write() {
-            return g;
+    #[track_caller]
+    pub fn write(&self) -> impl Future<Output = RwLockWriteGuard<'_, T>> {
+        let source = Location::caller();
+        async move {
+            if let Ok(g) = self.inner.try_write() {
+                return g;
+            }
+            let lock = self.inner.write();
+            wait_for(
+                self.class,
+                Operation::WriteLock,
+                address(self),
+                source,
+                lock,
+            )
+            .await
         }
-        wait_for(
-            self.class,
-            Operation::WriteLock,
-            address(self),
-            self.inner.write(),
-        )
-        .await
     }
 
     /// Shared lock without waiting, or fails; records nothing.
@@ -448,6 +456,7 @@ impl<T: ?Sized> RwLock<T> {
     /// Shared lock from synchronous code (not from a runtime's worker, as
     /// tokio's), blocking the thread. A lock that had to wait is recorded
     /// as a `read_lock` wait of the calling thread.
+    #[track_caller]
     pub fn blocking_read(&self) -> RwLockReadGuard<'_, T> {
         block_for(
             self.class,
@@ -461,6 +470,7 @@ impl<T: ?Sized> RwLock<T> {
 
     /// Exclusive lock from synchronous code, blocking the thread; recorded
     /// as [`RwLock::blocking_read`], as a `write_lock` wait.
+    #[track_caller]
     pub fn blocking_write(&self) -> RwLockWriteGuard<'_, T> {
         block_for(
             self.class,
@@ -569,31 +579,27 @@ impl Semaphore {
     /// acquisition that had to wait is recorded as a `lock` wait when it
     /// ends, acquired or failed because the semaphore was closed meanwhile;
     /// one that did not (or found it closed) records nothing.
-    pub async fn acquire(&self) -> Result<SemaphorePermit<'_>, AcquireError> {
-        match self.inner.try_acquire() {
-            Ok(p) => Ok(p),
-            // Closed: tokio's acquire fails at once.
-            Err(TryAcquireError::Closed) => self.inner.acquire().await,
-            Err(TryAcquireError::NoPermits) => {
-                wait_for(
-                    self.class,
-                    Operation::Lock,
-                    self.object(),
-                    self.inner.acquire(),
-                )
-                .await
-            }
-        }
+    #[track_caller]
+    pub fn acquire(&self) -> impl Future<Output = Result<SemaphorePermit<'_>, AcquireError>> {
+        self.acquire_many(1)
     }
 
     /// Acquires `n` permits at once; recorded as [`Semaphore::acquire`].
-    pub async fn acquire_many(&self, n: u32) -> Result<SemaphorePermit<'_>, AcquireError> {
-        match self.inner.try_acquire_many(n) {
-            Ok(p) => Ok(p),
-            Err(TryAcquireError::Closed) => self.inner.acquire_many(n).await,
-            Err(TryAcquireError::NoPermits) => {
-                let acquire = self.inner.acquire_many(n);
-                wait_for(self.class, Operation::Lock, self.object(), acquire).await
+    #[track_caller]
+    pub fn acquire_many(
+        &self,
+        n: u32,
+    ) -> impl Future<Output = Result<SemaphorePermit<'_>, AcquireError>> {
+        let source = Location::caller();
+        async move {
+            match self.inner.try_acquire_many(n) {
+                Ok(p) => Ok(p),
+                // Closed: tokio's acquire fails at once.
+                Err(TryAcquireError::Closed) => self.inner.acquire_many(n).await,
+                Err(TryAcquireError::NoPermits) => {
+                    let acquire = self.inner.acquire_many(n);
+                    wait_for(self.class, Operation::Lock, self.object(), source, acquire).await
+                }
             }
         }
     }
@@ -602,6 +608,7 @@ impl Semaphore {
     /// worker, as tokio's), blocking the thread until they are available.
     /// One that had to wait is recorded as a `lock` wait of the calling
     /// thread; one that did not (or found it closed) records nothing.
+    #[track_caller]
     pub fn blocking_acquire_many(&self, n: u32) -> Result<SemaphorePermit<'_>, AcquireError> {
         block_for(
             self.class,
@@ -619,6 +626,7 @@ impl Semaphore {
     }
 
     /// [`Semaphore::blocking_acquire_many`] of one permit.
+    #[track_caller]
     pub fn blocking_acquire(&self) -> Result<SemaphorePermit<'_>, AcquireError> {
         self.blocking_acquire_many(1)
     }
@@ -636,22 +644,29 @@ impl Semaphore {
     /// Acquires one permit of an `Arc`ed semaphore as a `'static` permit
     /// (tokio's `OwnedSemaphorePermit`); recorded as
     /// [`Semaphore::acquire`].
-    pub async fn acquire_owned(self: Arc<Self>) -> Result<OwnedSemaphorePermit, AcquireError> {
-        self.acquire_many_owned(1).await
+    #[track_caller]
+    pub fn acquire_owned(
+        self: Arc<Self>,
+    ) -> impl Future<Output = Result<OwnedSemaphorePermit, AcquireError>> {
+        self.acquire_many_owned(1)
     }
 
     /// Acquires `n` permits as a `'static` permit; recorded as
     /// [`Semaphore::acquire`].
-    pub async fn acquire_many_owned(
+    #[track_caller]
+    pub fn acquire_many_owned(
         self: Arc<Self>,
         n: u32,
-    ) -> Result<OwnedSemaphorePermit, AcquireError> {
-        match self.inner.clone().try_acquire_many_owned(n) {
-            Ok(p) => Ok(p),
-            Err(TryAcquireError::Closed) => self.inner.clone().acquire_many_owned(n).await,
-            Err(TryAcquireError::NoPermits) => {
-                let acquire = self.inner.clone().acquire_many_owned(n);
-                wait_for(self.class, Operation::Lock, self.object(), acquire).await
+    ) -> impl Future<Output = Result<OwnedSemaphorePermit, AcquireError>> {
+        let source = Location::caller();
+        async move {
+            match self.inner.clone().try_acquire_many_owned(n) {
+                Ok(p) => Ok(p),
+                Err(TryAcquireError::Closed) => self.inner.clone().acquire_many_owned(n).await,
+                Err(TryAcquireError::NoPermits) => {
+                    let acquire = self.inner.clone().acquire_many_owned(n);
+                    wait_for(self.class, Operation::Lock, self.object(), source, acquire).await
+                }
             }
         }
     }
@@ -725,11 +740,13 @@ impl Notify {
 
     /// A future that completes when notified (see tokio's
     /// `Notify::notified` for which notifications it receives).
+    #[track_caller]
     pub fn notified(&self) -> Notified<'_> {
         Notified {
             inner: self.inner.notified(),
             class: self.class,
             object: address(self),
+            source: Location::caller(),
             wait: None,
         }
     }
@@ -768,6 +785,8 @@ pin_project_lite::pin_project! {
         inner: ts::futures::Notified<'a>,
         class: &'static LazyWaitClass,
         object: usize,
+        // Where `notified()` was called: the wait's `SOURCE`.
+        source: &'static Location<'static>,
         // Started on the first `Pending`; dropped after `inner`.
         wait: Option<AsyncWait>,
     }
@@ -806,7 +825,11 @@ impl Future for Notified<'_> {
             }
             Poll::Pending => {
                 if this.wait.is_none() {
-                    *this.wait = Some(this.class.get().start_async(Operation::Wait, *this.object));
+                    *this.wait = Some(this.class.get().start_async_at(
+                        Operation::Wait,
+                        *this.object,
+                        this.source,
+                    ));
                 }
                 Poll::Pending
             }
@@ -841,12 +864,13 @@ impl Future for Notified<'_> {
 /// ```
 pub mod mpsc {
     use std::fmt;
+    use std::future::Future;
+    use std::panic::Location;
     use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    use std::task::{Context, Poll};
 
     use ::tokio::sync::mpsc as tm;
     use pfs_shm_layout::Operation;
-
-    use std::task::{Context, Poll};
 
     use super::block_for;
     use crate::wait::{AsyncWait, LazyWaitClass};
@@ -930,15 +954,19 @@ pub mod mpsc {
                 /// found it empty is recorded as a `wait` when it ends (or
                 /// when this future is dropped before); one that found a
                 /// message, or the channel closed, records nothing.
-                pub async fn recv(&mut self) -> Option<T> {
-                    match self.inner.try_recv() {
-                        Ok(v) => Some(v),
-                        Err(error::TryRecvError::Disconnected) => None,
-                        Err(error::TryRecvError::Empty) => {
-                            let w = self.class.get().start_async(Operation::Wait, self.id);
-                            let v = self.inner.recv().await;
-                            w.end();
-                            v
+                #[track_caller]
+                pub fn recv(&mut self) -> impl Future<Output = Option<T>> {
+                    let source = Location::caller();
+                    async move {
+                        match self.inner.try_recv() {
+                            Ok(v) => Some(v),
+                            Err(error::TryRecvError::Disconnected) => None,
+                            Err(error::TryRecvError::Empty) => {
+                                let w = self.class.get().start_async_at(Operation::Wait, self.id, source);
+                                let v = self.inner.recv().await;
+                                w.end();
+                                v
+                            }
                         }
                     }
                 }
@@ -946,14 +974,22 @@ pub mod mpsc {
                 /// Appends up to `limit` messages to `buffer`, waiting while
                 /// the channel is empty; returns how many (0: closed and
                 /// drained, or `limit` 0). Recorded as `recv`.
-                pub async fn recv_many(&mut self, buffer: &mut Vec<T>, limit: usize) -> usize {
-                    if limit == 0 || !self.inner.is_empty() || self.inner.is_closed() {
-                        return self.inner.recv_many(buffer, limit).await;
+                #[track_caller]
+                pub fn recv_many<'a>(
+                    &'a mut self,
+                    buffer: &'a mut Vec<T>,
+                    limit: usize,
+                ) -> impl Future<Output = usize> + 'a {
+                    let source = Location::caller();
+                    async move {
+                        if limit == 0 || !self.inner.is_empty() || self.inner.is_closed() {
+                            return self.inner.recv_many(buffer, limit).await;
+                        }
+                        let w = self.class.get().start_async_at(Operation::Wait, self.id, source);
+                        let n = self.inner.recv_many(buffer, limit).await;
+                        w.end();
+                        n
                     }
-                    let w = self.class.get().start_async(Operation::Wait, self.id);
-                    let n = self.inner.recv_many(buffer, limit).await;
-                    w.end();
-                    n
                 }
 
                 /// The next message without waiting, or why not; records
@@ -974,6 +1010,7 @@ pub mod mpsc {
                 /// open until the next `poll_recv*` that returns `Ready`
                 /// (or the receiver's drop): its `TIMER_WAIT` then covers
                 /// that time too.
+                #[track_caller]
                 pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
                     if self.polled.is_none() {
                         match self.inner.try_recv() {
@@ -996,6 +1033,7 @@ pub mod mpsc {
 
                 /// tokio's `poll_recv_many`, recorded as
                 /// [`poll_recv`](Self::poll_recv).
+                #[track_caller]
                 pub fn poll_recv_many(
                     &mut self,
                     cx: &mut Context<'_>,
@@ -1022,6 +1060,7 @@ pub mod mpsc {
                 /// runtime's worker, as tokio's), blocking the thread while
                 /// the channel is empty; recorded as a `wait` of the
                 /// calling thread if it had to wait.
+                #[track_caller]
                 pub fn blocking_recv(&mut self) -> Option<T> {
                     block_for(
                         self.class,
@@ -1041,6 +1080,7 @@ pub mod mpsc {
                 /// synchronous code, blocking while the channel is empty;
                 /// returns how many. Recorded as
                 /// [`blocking_recv`](Self::blocking_recv).
+                #[track_caller]
                 pub fn blocking_recv_many(&mut self, buffer: &mut Vec<T>, limit: usize) -> usize {
                     block_for(
                         self.class,

@@ -182,6 +182,19 @@ impl WaitClass {
     #[inline]
     #[track_caller]
     pub fn start_async(&self, operation: Operation, object: usize) -> AsyncWait {
+        self.start_async_at(operation, object, Location::caller())
+    }
+
+    /// [`WaitClass::start_async`] with `SOURCE` `source`: for a wait
+    /// started inside a future, where `#[track_caller]` no longer reaches
+    /// the caller of the function that made it.
+    #[inline]
+    pub(crate) fn start_async_at(
+        &self,
+        operation: Operation,
+        object: usize,
+        source: &'static Location<'static>,
+    ) -> AsyncWait {
         let flags = self.0.flags();
         if flags & FLAG_ENABLED == 0 {
             return AsyncWait::NONE;
@@ -197,7 +210,7 @@ impl WaitClass {
             start,
             operation: operation as u32,
             object: object as u64,
-            source: Location::caller(),
+            source,
         }
     }
 }

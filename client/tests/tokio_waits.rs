@@ -208,6 +208,12 @@ fn check_waits(
             );
             assert_eq!(e.nesting_event_id, Some(statement_id), "{name}");
         }
+        // SOURCE: the line that called the drop-in's method, in this file.
+        let source = e.source.and_then(|i| s.strings.get(&i));
+        assert!(
+            source.is_some_and(|f| f.starts_with("tokio_waits.rs:")),
+            "{name}: SOURCE {source:?} is the caller's line"
+        );
         let wait = e.timer_wait.expect("timed");
         // A waiter can be preempted between saying it arrived (or the
         // timeout's start) and its failing try, where its wait starts: on
