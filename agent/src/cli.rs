@@ -264,7 +264,7 @@ pub enum SetupCommand {
         #[arg(long, value_enum)]
         history: Option<YesNo>,
         /// Delete the row.
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["enabled", "history"])]
         delete: bool,
         #[command(flatten)]
         /// Target.
@@ -396,7 +396,7 @@ fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     use std::net::ToSocketAddrs;
     let s = s.trim();
     let hint = format!(
-        "expected ADDR:PORT or HOST:PORT such as 0.0.0.0:{DEFAULT_PORT}, 127.0.0.1:{DEFAULT_PORT}, [::]:{DEFAULT_PORT} or localhost:{DEFAULT_PORT}"
+        "expected ADDR:PORT such as 0.0.0.0:{DEFAULT_PORT}, 127.0.0.1:{DEFAULT_PORT} or [::]:{DEFAULT_PORT}, or HOST:PORT such as localhost:{DEFAULT_PORT}"
     );
     let parse_error = match s.parse::<SocketAddr>() {
         Ok(a) => return Ok(a),
@@ -447,14 +447,7 @@ mod tests {
             parse_listen("localhost:9464").unwrap().to_string(),
             "127.0.0.1:9464"
         );
-        for bad in [
-            "9464",
-            "localhost",
-            "localhost:99999",
-            ":9464",
-            "::1:9464",
-            "no-such-host.invalid:9464",
-        ] {
+        for bad in ["9464", "localhost", "localhost:99999", ":9464", "::1:9464"] {
             let e = parse_listen(bad).unwrap_err();
             assert!(e.contains("HOST:PORT"), "{bad}: {e}");
         }

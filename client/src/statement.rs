@@ -90,7 +90,7 @@ impl StatementClass {
         };
         let ctx = a.ctx;
         #[cfg(feature = "tokio")]
-        if !ctx.in_task() && ::tokio::runtime::Handle::try_current().is_ok() {
+        if !ctx.in_task() && !OUTSIDE_A_TASK_SAID.load(Relaxed) {
             started_outside_a_task();
         }
         let parent = ctx.statement_id.replace(a.data.event_id);
@@ -107,18 +107,23 @@ impl StatementClass {
     }
 }
 
+/// Whether [`started_outside_a_task`] has spoken.
+#[cfg(feature = "tokio")]
+static OUTSIDE_A_TASK_SAID: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// Says once per process that a task statement was started in a tokio
 /// runtime but outside a pfs task context (a future spawned without
 /// `.pfs_task()`): it is then a statement of the worker thread, and the
 /// statements of other tasks polled on that worker meanwhile nest in it.
+/// (Checked only until said: finding the runtime costs a reference count.)
 #[cfg(feature = "tokio")]
 #[cold]
 #[inline(never)]
 fn started_outside_a_task() {
-    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !SAID.swap(true, Relaxed) {
+    if ::tokio::runtime::Handle::try_current().is_ok() && !OUTSIDE_A_TASK_SAID.swap(true, Relaxed) {
         tracing::warn!(
-            "start_task() in a tokio runtime outside a pfs task: the statement is the worker thread's, and other tasks' statements on that worker nest in it; wrap the spawned future with .pfs_task() (pfs_client::task::TaskExt) or pfs_client::task::Task"
+            "start_task() in a tokio runtime outside a pfs task: the statement is the thread's, and the statements of other tasks polled on that thread meanwhile nest in it; wrap the spawned future with .pfs_task() (pfs_client::task::TaskExt) or pfs_client::task::Task (in spawn_blocking or block_on, a statement of the thread may be what you want: then ignore this)"
         );
     }
 }

@@ -35,7 +35,9 @@
 //!
 //! A statement opened in a task is a `TaskStatement`: `Send`, held across
 //! `.await`, ended on any thread. Its `CPU_TIME` is the time its task was
-//! being polled while it was open; `TIMER_WAIT` stays wall time.
+//! being polled while it was open (while the consumer
+//! `events_statements_cpu` is on, as by default; 0 if it was off at the
+//! statement's start); `TIMER_WAIT` stays wall time.
 //!
 //! A stage the task left open ends when its future completes or is
 //! dropped, as a thread's open stage ends when the thread exits.
@@ -51,8 +53,8 @@
 //!
 //! Entering and leaving swap ten thread-local cells each way, and the
 //! memory scope; a poll
-//! reads the CYCLE timer (`RDTSC`) twice while a statement is open (for
-//! `CPU_TIME`), never otherwise, and takes the open statement and stage
+//! reads the CYCLE timer (`RDTSC`) twice while a statement is open and
+//! `events_statements_cpu` is on (for `CPU_TIME`), never otherwise, and takes the open statement and stage
 //! out of the worker's current rows when it returns and shows them again
 //! at the next poll (a sequence-locked store each way on the same worker).
 //! No lock, no allocation, no shared write (a thread takes task ids 64 at

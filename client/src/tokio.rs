@@ -975,11 +975,11 @@ pub mod mpsc {
                 /// the channel is empty; returns how many (0: closed and
                 /// drained, or `limit` 0). Recorded as `recv`.
                 #[track_caller]
-                pub fn recv_many<'a>(
-                    &'a mut self,
-                    buffer: &'a mut Vec<T>,
+                pub fn recv_many(
+                    &mut self,
+                    buffer: &mut Vec<T>,
                     limit: usize,
-                ) -> impl Future<Output = usize> + 'a {
+                ) -> impl Future<Output = usize> {
                     let source = Location::caller();
                     async move {
                         if limit == 0 || !self.inner.is_empty() || self.inner.is_closed() {

@@ -14,9 +14,10 @@
 //! atomic instructions only.
 //!
 //! Versions: 6.2 uses consumer bit 14, `events_statements_cpu`: a writer
-//! times a task's polls (statements' `CPU_TIME`) only while it is set
-//! (6.0 and 6.1 writers time them always; a reader shows the bit set for
-//! them). 6.1 uses lost counter 8, `events_ended_by_another_thread`
+//! times a task's polls (statements' `CPU_TIME`) only while it is set, and
+//! a creator sets it in the initial consumers word (5.x, 6.0 and 6.1
+//! writers time them always; a reader shows the bit set for them, and an
+//! agent does not change it there). 6.1 uses lost counter 8, `events_ended_by_another_thread`
 //! (6.0 readers ignore it; it is 0 in 6.0 segments). 6.0 no longer stores a memory row's `CURRENT_COUNT_USED` and
 //! `CURRENT_NUMBER_OF_BYTES_USED`, which are allocated − freed by
 //! definition: a reader derives them from the counts and sums, and an

@@ -110,16 +110,22 @@ pub const fn statements_cpu(word: u32) -> bool {
 }
 
 /// The `setup_consumers` word of `seg` as it acts: with
-/// `events_statements_cpu` on for a writer older than 6.2, which measures
-/// poll time whatever the bit says.
+/// `events_statements_cpu` on for a writer older than 6.2 (5.x, 6.0,
+/// 6.1), which measures poll time whatever the bit says.
 pub fn consumers_in_effect(seg: &Segment) -> u32 {
     let word = seg.setup().consumers.load(Relaxed);
-    let (major, minor) = (seg.major_version(), seg.minor_version());
-    if major < 6 || (major == 6 && minor < 2) {
+    if cpu_always(seg) {
         word | CONSUMER_STATEMENTS_CPU
     } else {
         word
     }
+}
+
+/// Whether `seg`'s writer predates `events_statements_cpu` (layout 6.2)
+/// and measures task poll time always.
+fn cpu_always(seg: &Segment) -> bool {
+    let (major, minor) = (seg.major_version(), seg.minor_version());
+    major < 6 || (major == 6 && minor < 2)
 }
 
 /// Whether consumer `which` of event kind `kind` is in effect, applying
@@ -285,11 +291,18 @@ fn apply_flag(word: &std::sync::atomic::AtomicU32, bit: u32, v: Option<bool>) {
 }
 
 /// Enables or disables every consumer whose name matches the pattern;
-/// returns how many matched.
+/// returns how many matched. A writer older than 6.2 has no
+/// `events_statements_cpu` to switch (it measures always): there it
+/// matches nothing.
 pub fn set_consumers(seg: &Segment, pattern: &str, enabled: bool) -> usize {
+    let fixed = if cpu_always(seg) {
+        CONSUMER_STATEMENTS_CPU
+    } else {
+        0
+    };
     let matched: Vec<u32> = consumers()
         .into_iter()
-        .filter(|(n, _)| like(pattern, n))
+        .filter(|&(ref n, b)| b & fixed == 0 && like(pattern, n))
         .map(|(_, b)| b)
         .collect();
     let bits = matched.iter().fold(0, |a, b| a | b);

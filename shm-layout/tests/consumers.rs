@@ -24,7 +24,13 @@ fn the_cpu_consumer_is_shown_as_it_acts() {
     // The same segment as a 6.1 writer made it: it measures whatever the
     // bit says.
     seg.header().minor.store(1, Relaxed);
-    let reader = Segment::open(file, false).unwrap();
+    let reader = Segment::open(file.try_clone().unwrap(), false).unwrap();
     assert_eq!(reader.minor_version(), 1);
     assert!(shown(&reader), "a 6.1 writer: shown on");
+    // ...and not switchable there (as the agent opens it): nothing
+    // matched, nothing changed.
+    let agent = Segment::open(file, true).unwrap();
+    assert_eq!(set_consumers(&agent, "events_statements_cpu", false), 0);
+    assert_eq!(set_consumers(&agent, "events_statements_%", false), 4);
+    assert!(shown(&reader));
 }

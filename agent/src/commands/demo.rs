@@ -199,9 +199,11 @@ const RESTART_AFTER: Duration = Duration::from_secs(1);
 /// one SIGTERM (the workload takes a second signal as "exit at once").
 ///
 /// The demo's `--instrument` and `--consumer` rules go to the workload as
-/// `PFS_INSTRUMENT` and `PFS_CONSUMERS` (after any it inherits, so they
-/// win), so that they hold from its first event: applied by the agent
-/// alone, they would only take effect once it found the new segment.
+/// `PFS_INSTRUMENT` and `PFS_CONSUMERS`, after any it inherits (consumer
+/// rules apply in order, so the demo's win; among instrument rules the
+/// longest matching pattern wins, wherever it comes from), so that they
+/// hold from its first event: applied by the agent alone, they would only
+/// take effect once it found the new segment.
 fn spawn_workload(
     exe: &Path,
     dirs: &DemoDirs,

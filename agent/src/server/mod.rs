@@ -228,7 +228,7 @@ async fn accept(
                 let state = state.clone();
                 let (slot, slots) = (slot.clone(), slots.clone());
                 async move {
-                    if req.uri().path() != "/healthz" {
+                    if !routes::is_healthz(req.uri().path()) {
                         regular_slot(&slot, &slots).await;
                     }
                     Ok::<_, Infallible>(handle(state, req).await)

@@ -139,6 +139,12 @@ impl Route<'_> {
     }
 }
 
+/// Whether `path` is the health check's (which has a connection slot of
+/// its own).
+pub(crate) fn is_healthz(path: &str) -> bool {
+    matches!(route(path), Ok(Route::Healthz))
+}
+
 /// The route of `path`, or the 404 to send. One trailing slash is
 /// ignored (`/api/v1/tables/threads/` is the table).
 fn route(path: &str) -> Result<Route<'_>, Box<Resp>> {
@@ -398,6 +404,8 @@ mod tests {
         assert!(access("/api/v1/tables/threads/truncate") == Some(Access::Control));
         assert!(access("/api/v1/setup/instruments") == Some(Access::Control));
         // One trailing slash is ignored.
+        assert!(is_healthz("/healthz") && is_healthz("/healthz/"));
+        assert!(!is_healthz("/healthz//") && !is_healthz("/metrics"));
         assert!(access("/metrics/") == Some(Access::Read));
         assert!(access("/api/v1/tables/threads/") == Some(Access::Read));
         assert!(access("/api/v1/tables/threads/truncate/") == Some(Access::Control));
