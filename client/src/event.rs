@@ -22,7 +22,8 @@ use pfs_shm_layout::writer::{EventData, StatementFigures};
 use crate::class::ClassRef;
 use crate::context::{MAX_OUTER_TEXTS, OuterText, ThreadCtx};
 use crate::runtime::{self, Runtime};
-use crate::{source, timer};
+use crate::source::{self, Site};
+use crate::timer;
 
 /// The kind a const parameter `KIND` stands for. Stable Rust takes no
 /// enum as a const generic parameter, so the functions below take the
@@ -85,7 +86,7 @@ pub(crate) fn begin<const KIND: usize>(
     operation: u32,
     object: u64,
     object_name: u32,
-    source: Option<&'static std::panic::Location<'static>>,
+    source: Option<&'static dyn Site>,
 ) -> Option<Active> {
     let kind = Kind::<KIND>::OF;
     let (rt, ctx, consumers) = admit(current, flags)?;
@@ -166,7 +167,7 @@ fn new_event<const KIND: usize>(
     operation: u32,
     object: u64,
     object_name: u32,
-    source: Option<&'static std::panic::Location<'static>>,
+    source: Option<&'static dyn Site>,
 ) -> EventData {
     let kind = Kind::<KIND>::OF;
     let event_id = ctx.next_event_id();
@@ -207,7 +208,7 @@ pub(crate) fn record_since<const KIND: usize>(
     operation: u32,
     object: u64,
     object_name: u32,
-    source: Option<&'static std::panic::Location<'static>>,
+    source: Option<&'static dyn Site>,
 ) -> Option<u64> {
     let (rt, ctx, _) = admit(current, class.flags())?;
     let (ticks, timer) = start.unwrap_or((0, 0));

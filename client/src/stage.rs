@@ -8,6 +8,7 @@ use pfs_shm_layout::layout::{EV_HAS_BYTES, EV_HAS_PROGRESS, EV_HAS_SPINS, NONE_U
 
 use crate::class::{ClassRef, Family, LazyRef};
 use crate::event::{self, end_open_stage};
+use crate::source::{CallSite, Site};
 use crate::thread::{self, with_registered};
 
 /// A registered stage instrument.
@@ -31,7 +32,19 @@ impl StageClass {
     #[inline]
     #[track_caller]
     pub fn enter(&self) {
-        let loc = std::panic::Location::caller();
+        self.enter_from(std::panic::Location::caller());
+    }
+
+    /// [`StageClass::enter`], with `SOURCE` `site` instead of the caller's
+    /// line: for an adapter that enters stages on behalf of code elsewhere
+    /// (a tracing layer: the span's callsite).
+    #[inline]
+    pub fn enter_at(&self, site: &'static CallSite) {
+        self.enter_from(site);
+    }
+
+    #[inline(always)]
+    fn enter_from(&self, loc: &'static dyn Site) {
         with_registered(end_open_stage);
         if let Some(a) = event::begin::<{ EventKind::Stage.index() }>(
             thread::current,

@@ -20,6 +20,7 @@ use crate::class::{ClassRef, Family, LazyRef};
 use crate::context::ThreadCtx;
 use crate::event::{self, Active, end_open_stage};
 use crate::runtime::Runtime;
+use crate::source::{CallSite, Site};
 use crate::task::{self, POLL_TIMER};
 use crate::{thread, timer};
 
@@ -76,7 +77,19 @@ impl StatementClass {
     #[inline]
     #[track_caller]
     pub fn start_task(&self) -> TaskStatement {
-        let loc = std::panic::Location::caller();
+        self.start_task_from(std::panic::Location::caller())
+    }
+
+    /// [`StatementClass::start_task`], with `SOURCE` `site` instead of the
+    /// caller's line: for an adapter that starts statements on behalf of
+    /// code elsewhere (a tracing layer: the span's callsite).
+    #[inline]
+    pub fn start_task_at(&self, site: &'static CallSite) -> TaskStatement {
+        self.start_task_from(site)
+    }
+
+    #[inline(always)]
+    fn start_task_from(&self, source: &'static dyn Site) -> TaskStatement {
         let Some(a) = event::begin::<{ EventKind::Statement.index() }>(
             thread::current,
             self.0,
@@ -84,7 +97,7 @@ impl StatementClass {
             0,
             0,
             NONE_U32,
-            Some(loc),
+            Some(source),
         ) else {
             return TaskStatement::NONE;
         };

@@ -4,9 +4,10 @@
 //! feeds. Decided once per callsite and kept in a table read without
 //! locks, so that a span the rules ignore costs one lookup.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
-use pfs_client::{StageClass, StatementClass};
+use pfs_client::{CallSite, StageClass, StatementClass};
 use tracing_core::Metadata;
 
 use crate::rules::{Figure, Rules};
@@ -31,6 +32,8 @@ pub(crate) struct StatementSite {
     pub(crate) static_name: Option<String>,
     /// Its class, registered on first use after `init`.
     pub(crate) class: OnceLock<StatementClass>,
+    /// The span's callsite, its statements' `SOURCE`.
+    pub(crate) source: Option<&'static CallSite>,
 }
 
 /// A stage span callsite.
@@ -39,6 +42,27 @@ pub(crate) struct StageSite {
     pub(crate) name: String,
     /// Registered on first use after `init`.
     pub(crate) class: OnceLock<StageClass>,
+    /// The span's callsite, its stages' `SOURCE`.
+    pub(crate) source: Option<&'static CallSite>,
+}
+
+/// The [`CallSite`] of a span's callsite (`SOURCE` `file:line` of the
+/// `span!`), if its metadata has a file and a line: one per callsite for
+/// the process (callsites are `'static`, so they are bounded by the
+/// program), shared by every layer, made once.
+fn call_site(meta: &'static Metadata<'static>) -> Option<&'static CallSite> {
+    static SITES: OnceLock<Mutex<HashMap<usize, &'static CallSite>>> = OnceLock::new();
+    let (file, line) = (meta.file()?, meta.line()?);
+    let mut sites = SITES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let key = meta as *const Metadata<'static> as usize;
+    Some(
+        *sites
+            .entry(key)
+            .or_insert_with(|| Box::leak(Box::new(CallSite::new(file, line)))),
+    )
 }
 
 /// An event callsite with fields that some statement rule counts.
@@ -60,7 +84,7 @@ pub(crate) enum Role {
 
 impl Role {
     /// Applies `rules` to the callsite of `meta`.
-    pub(crate) fn decide(meta: &Metadata<'_>, rules: &Rules) -> Role {
+    pub(crate) fn decide(meta: &'static Metadata<'static>, rules: &Rules) -> Role {
         let fields = meta.fields();
         if meta.is_span() {
             if let Some((i, r)) = rules
@@ -81,12 +105,14 @@ impl Role {
                     fields: uses,
                     static_name: r.static_class(meta.name()),
                     class: OnceLock::new(),
+                    source: call_site(meta),
                 });
             }
             if let Some(r) = rules.stages.iter().find(|r| r.matcher.matches(meta)) {
                 return Role::Stage(StageSite {
                     name: r.class_name(meta.name()),
                     class: OnceLock::new(),
+                    source: call_site(meta),
                 });
             }
             return Role::Ignore;

@@ -354,7 +354,10 @@ impl PfsLayer {
     /// Starts the statement of a span, in its class chosen now.
     fn start_statement(&self, site: &StatementSite, s: &mut StatementSpan) {
         let class = self.statement_class(site, s);
-        let stmt = s.stmt.insert(class.start_task());
+        let stmt = s.stmt.insert(match site.source {
+            Some(source) => class.start_task_at(source),
+            None => class.start_task(),
+        });
         if s.digest_set {
             stmt.set_digest_text(&s.digest);
         }
@@ -629,11 +632,18 @@ where
                 st.entered = true;
                 let (statement, class) = (st.statement, st.class);
                 drop(ext);
+                let source = match &*site {
+                    Role::Stage(stage) => stage.source,
+                    _ => None,
+                };
                 // Only in its statement's context: not when entered on a
                 // thread where the statement span is not the current one.
                 if stack::current(self.id) == Some(statement) {
                     self.with_statement(&ctx, statement, |s| {
-                        class.enter();
+                        match source {
+                            Some(source) => class.enter_at(source),
+                            None => class.enter(),
+                        }
                         s.open_stage = id.into_u64();
                     });
                 }

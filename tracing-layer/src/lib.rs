@@ -70,6 +70,11 @@
 //! (A stage entered directly with `pfs_client` inside a stage span is
 //! ended when that span closes.)
 //!
+//! **`SOURCE`** of a statement or stage is its span's callsite, the
+//! `span!` (or `#[instrument]`) `file:line` from the span's metadata (for
+//! request spans made by tower-http or [`http::make_span`], the line there
+//! that makes them: the class tells the routes apart).
+//!
 //! **Cancellation.** A statement whose rule has *status* or *failure*
 //! fields ([`StatementRule::status`], [`StatementRule::failure`])
 //! completes when one is recorded on the span or in an event inside it.
