@@ -72,7 +72,7 @@
 //!
 //! **`SOURCE`** of a statement or stage is its span's callsite, the
 //! `span!` (or `#[instrument]`) `file:line` from the span's metadata (for
-//! request spans made by tower-http or [`http::make_span`], the line there
+//! request spans made by tower-http or `pfs_tracing::http::make_span` (feature `http`), the line there
 //! that makes them: the class tells the routes apart).
 //!
 //! **Cancellation.** A statement whose rule has *status* or *failure*
