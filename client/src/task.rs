@@ -77,7 +77,7 @@ use pfs_shm_layout::writer::EventData;
 
 use crate::class::ClassRef;
 use crate::context::{EventState, ThreadCtx};
-use crate::runtime::{self, Runtime};
+use crate::runtime;
 use crate::{event, memory, thread, timer};
 
 /// The event state of one async task (a logical thread), kept between
@@ -316,15 +316,20 @@ impl TaskContext {
             }
             return false;
         }
-        if self.state.thread_id == 0 {
-            self.state.thread_id = thread::next_task_id();
-        }
         let consumers = rt.setup.consumers.load(Relaxed);
-        if measure && self.state.statement_id != 0 && setup::statements_cpu(consumers) {
-            // A statement is open: measure this poll for its CPU_TIME.
-            start_poll(rt, &mut self.state);
-        }
+        // The task's state is read only by the swap, and tested after it
+        // in the thread's cells: read before as single words, it made the
+        // swap store the thread's cells word by word, and the swap out,
+        // which loads them in pairs, waited for those stores.
         ctx.swap(&mut self.state);
+        if ctx.thread_id.get() == 0 {
+            // The task's first swap in: its THREAD_ID now.
+            ctx.thread_id.set(thread::next_task_id());
+        }
+        if measure && ctx.statement_id.get() != 0 && setup::statements_cpu(consumers) {
+            // A statement is open: measure this poll for its CPU_TIME.
+            ctx.poll_start.set(timer::now(&rt.clock, POLL_TIMER));
+        }
         memory::swap_scope(&mut self.scope);
         self.shown.put_into(ctx, consumers);
         self.depth = 1;
@@ -383,15 +388,9 @@ impl TaskContext {
     }
 }
 
-/// Starts measuring a poll: the CYCLE timer now (one inlined `RDTSC`
-/// whatever the statements' timer is: a poll is too short to pay for a
-/// `clock_gettime` at each end).
-#[inline]
-fn start_poll(rt: &'static Runtime, s: &mut EventState) {
-    s.poll_start = timer::now(&rt.clock, POLL_TIMER);
-}
-
-/// The timer of poll times.
+/// The timer of poll times: CYCLE (one inlined `RDTSC` whatever the
+/// statements' timer is: a poll is too short to pay for a `clock_gettime`
+/// at each end).
 pub(crate) const POLL_TIMER: u32 = TimerId::Cycle as u32;
 
 /// Statements ended outside their task (a [`crate::TaskStatement`] moved
