@@ -149,6 +149,24 @@ fn a_killed_workload_is_replaced_and_shown_dead() {
     assert!(status.success(), "{status}\n{}", describe());
 }
 
+/// `pfs-agent demo` on `port`, its segments in `dir`/shm and its stderr in
+/// `dir`/demo.stderr, with `extra` flags, in a process group of its own
+/// (as a terminal's job).
+fn demo_in(dir: &std::path::Path, port: u16, extra: &[&std::ffi::OsStr]) -> std::process::Child {
+    Command::new(agent_bin())
+        .args(["demo", "--workers", "2", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--shm-dir")
+        .arg(dir.join("shm"))
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("demo.stderr")).unwrap())
+        .process_group(0)
+        .spawn()
+        .unwrap()
+}
+
 /// The sum of `count_star` over a summary table's rows (JSON of the API or
 /// of `query --format json`).
 fn total_count(table: &serde_json::Value) -> u64 {
@@ -171,19 +189,11 @@ fn query_on_the_demo_shows_its_truncate_and_survives_a_closed_pipe() {
     let token = dir.path().join("token");
     std::fs::write(&token, "tok\n").unwrap();
     let port = free_port();
-    let mut demo = Command::new(agent_bin())
-        .args(["demo", "--workers", "2", "--listen"])
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--shm-dir")
-        .arg(&shm)
-        .arg("--control-token-file")
-        .arg(&token)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("demo.stderr")).unwrap())
-        .process_group(0)
-        .spawn()
-        .unwrap();
+    let mut demo = demo_in(
+        dir.path(),
+        port,
+        &["--control-token-file".as_ref(), token.as_ref()],
+    );
     // Stops the demo and its workload (Ctrl-C), also when an assertion
     // fails.
     struct Stop(u32);
@@ -266,19 +276,13 @@ fn the_demos_instrument_rules_hold_from_the_workloads_start() {
     const TABLE: &str = "events_waits_summary_global_by_event_name";
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let mut demo = Command::new(agent_bin())
-        .args(["demo", "--workers", "2", "--listen"])
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--shm-dir")
-        .arg(dir.path().join("shm"))
-        .args(["--instrument", "wait/io/file/%=OFF"])
-        .args(["--instrument", "wait/synch/mutex/%=COUNTED"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("demo.stderr")).unwrap())
-        .process_group(0)
-        .spawn()
-        .unwrap();
+    let rules = [
+        "--instrument",
+        "wait/io/file/%=OFF",
+        "--instrument",
+        "wait/synch/mutex/%=COUNTED",
+    ];
+    let mut demo = demo_in(dir.path(), port, &rules.map(std::ffi::OsStr::new));
     let group = rustix::process::Pid::from_raw(demo.id() as i32).unwrap();
     let api = format!("http://127.0.0.1:{port}/api/v1/tables/{TABLE}");
     let table = pfs_tests::poll(Duration::from_secs(60), || {
