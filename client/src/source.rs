@@ -71,10 +71,14 @@ struct Slot {
     id: AtomicU32,
 }
 
+/// A slot's id while the thread that took the slot interns its site
+/// (then the string's index, or `NONE_U32` if the string table is full).
+const PENDING: u32 = NONE_U32 - 1;
+
 static TABLE: [Slot; SLOTS] = [const {
     Slot {
         key: AtomicUsize::new(0),
-        id: AtomicU32::new(NONE_U32),
+        id: AtomicU32::new(PENDING),
     }
 }; SLOTS];
 
@@ -88,8 +92,12 @@ pub(crate) fn source_id(rt: &Runtime, loc: &'static dyn Site) -> u32 {
     let i = (key >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - 12);
     let slot = &TABLE[i];
     if slot.key.load(Acquire) == key {
-        // `NONE_U32` while another thread is interning it.
-        return slot.id.load(Acquire);
+        let id = slot.id.load(Acquire);
+        if id != PENDING {
+            return id;
+        }
+        // Another thread is interning it: so does this one.
+        return intern(rt, loc);
     }
     probe(rt, loc, key, i)
 }
@@ -102,8 +110,8 @@ fn probe(rt: &Runtime, loc: &'static dyn Site, key: usize, mut i: usize) -> u32 
         let slot = &TABLE[i];
         let k = slot.key.load(Acquire);
         if k == key {
-            // `NONE_U32` while another thread is interning it.
-            return slot.id.load(Acquire);
+            let id = slot.id.load(Acquire);
+            return if id == PENDING { intern(rt, loc) } else { id };
         }
         if k == 0 {
             return intern_slow(rt, loc, slot, key);
@@ -113,14 +121,26 @@ fn probe(rt: &Runtime, loc: &'static dyn Site, key: usize, mut i: usize) -> u32 
     NONE_U32
 }
 
+/// Takes the free `slot` for `key` and interns `loc` into it. A thread
+/// that loses the slot to another interns `loc` all the same (the string
+/// table gives one index per string): every event has its `SOURCE`, also
+/// at a first sight that races with another thread's.
 #[cold]
 #[inline(never)]
 fn intern_slow(rt: &Runtime, loc: &'static dyn Site, slot: &Slot, key: usize) -> u32 {
-    if slot.key.compare_exchange(0, key, AcqRel, Acquire).is_err() {
-        return NONE_U32; // lost the race for this slot; next event finds it
+    let won = slot.key.compare_exchange(0, key, AcqRel, Acquire).is_ok();
+    let id = intern(rt, loc);
+    if won {
+        slot.id.store(id, Release);
     }
-    let file = loc.file().rsplit(['/', '\\']).next().unwrap_or(loc.file());
-    let id = reentrant(|| rt.writer.intern(&format!("{file}:{}", loc.line()))).unwrap_or(NONE_U32);
-    slot.id.store(id, Release);
     id
+}
+
+/// The string index of `loc`'s `file:line` (its file's last component),
+/// interned now (under the writer's lock: first sights only).
+#[cold]
+#[inline(never)]
+fn intern(rt: &Runtime, loc: &'static dyn Site) -> u32 {
+    let file = loc.file().rsplit(['/', '\\']).next().unwrap_or(loc.file());
+    reentrant(|| rt.writer.intern(&format!("{file}:{}", loc.line()))).unwrap_or(NONE_U32)
 }

@@ -209,11 +209,9 @@ fn check_waits(
             assert_eq!(e.nesting_event_id, Some(statement_id), "{name}");
         }
         // SOURCE: the line that called the drop-in's method, in this file.
-        // (None for an event whose call site was being interned by another
-        // thread at its first sight: by design, the next event has it.)
-        let source = e.source.map(|i| s.strings.get(&i));
+        let source = e.source.and_then(|i| s.strings.get(&i));
         assert!(
-            source.is_none_or(|f| f.is_some_and(|f| f.starts_with("tokio_waits.rs:"))),
+            source.is_some_and(|f| f.starts_with("tokio_waits.rs:")),
             "{name}: SOURCE {source:?} is the caller's line"
         );
         let wait = e.timer_wait.expect("timed");
@@ -240,10 +238,6 @@ fn check_waits(
             "{name}: waits of task {thread_id}"
         );
     }
-    assert!(
-        waits.iter().any(|e| e.source.is_some()),
-        "{name}: some wait has its SOURCE"
-    );
     let objects: HashSet<u64> = waits.iter().map(|e| e.object_instance).collect();
     assert!(objects.len() <= 1, "{name}: one object");
     waits
