@@ -64,6 +64,33 @@
     pfs_check_abi(PFS_ABI_VERSION, sizeof(pfs_config_t), sizeof(pfs_wait_t), \
                   sizeof(pfs_statement_t), sizeof(pfs_memory_t))
 
+/*
+ * Begin a wait, a statement or a stage with SOURCE this line: the
+ * file:line of the call, as events_*_current and *_history show it. Each
+ * expands to one statement that declares a static const pfs_site_t for its
+ * call site (__FILE__, __LINE__) and calls pfs_wait_begin_at,
+ * pfs_statement_begin_at or pfs_stage_enter_at with it; arguments are
+ * evaluated once. Prefer them to pfs_wait_begin, pfs_statement_begin and
+ * pfs_stage_enter, which record no SOURCE.
+ *   pfs_wait_t w;
+ *   PFS_WAIT_BEGIN(&w, log_write, PFS_OP_WRITE, (uint64_t)fd);
+ */
+#define PFS_WAIT_BEGIN(w, cls, op, object) \
+    do { \
+        static const pfs_site_t pfs_site_here_ = { __FILE__, __LINE__ }; \
+        pfs_wait_begin_at((w), (cls), (op), (object), &pfs_site_here_); \
+    } while (0)
+#define PFS_STATEMENT_BEGIN(st, cls) \
+    do { \
+        static const pfs_site_t pfs_site_here_ = { __FILE__, __LINE__ }; \
+        pfs_statement_begin_at((st), (cls), &pfs_site_here_); \
+    } while (0)
+#define PFS_STAGE_ENTER(cls) \
+    do { \
+        static const pfs_site_t pfs_site_here_ = { __FILE__, __LINE__ }; \
+        pfs_stage_enter_at((cls), &pfs_site_here_); \
+    } while (0)
+
 
 // The ABI version this header describes (`libpfs.so.0`): compare it with
 // `pfs_abi_version()`, or let `PFS_CHECK_ABI()` do it.
@@ -295,6 +322,19 @@ typedef struct {
   uint64_t _opaque[PFS_MEMORY_WORDS];
 } pfs_memory_t;
 
+// One call site of the program: where an event begins, shown as the
+// event's `SOURCE` (`file:line`, the file's last path component). Declare
+// one per call site with static storage duration and never change it;
+// the header's `PFS_WAIT_BEGIN`, `PFS_STATEMENT_BEGIN` and
+// `PFS_STAGE_ENTER` do so.
+typedef struct {
+  // The file (`__FILE__`): a NUL-terminated string with static storage
+  // duration, or NULL (then `SOURCE` is `:<line>`).
+  const char *file;
+  // The line (`__LINE__`).
+  uint32_t line;
+} pfs_site_t;
+
 // One statement in progress, owned by the caller: declare it on the
 // stack, `pfs_statement_begin` it, `pfs_statement_end` it. Stages
 // entered and waits recorded by the thread meanwhile nest in it.
@@ -469,7 +509,8 @@ const pfs_stage_class_t *pfs_stage_class_register(const char *name);
 // Enters stage `cls` on the calling thread: ends the thread's open stage,
 // if any, and starts this one, nested in the thread's open statement. A
 // disabled (or NULL) class still ends the previous stage, as in PFS. No
-// lock, no allocation.
+// lock, no allocation. Records no `SOURCE`: prefer `PFS_STAGE_ENTER`,
+// which records the caller's `file:line` (`pfs_stage_enter_at`).
 //
 // Threading: acts on the calling thread only.
 //
@@ -477,6 +518,15 @@ const pfs_stage_class_t *pfs_stage_class_register(const char *name);
 //
 // `cls` is NULL or a handle from `pfs_stage_class_register`.
 void pfs_stage_enter(const pfs_stage_class_t *cls);
+
+// `pfs_stage_enter`, with `SOURCE` the call site `site` (none if NULL).
+// Called by `PFS_STAGE_ENTER(cls)`, which declares the site: use the
+// macro.
+//
+// # Safety
+//
+// As `pfs_stage_enter`; `site` as in `pfs_wait_begin_at`.
+void pfs_stage_enter_at(const pfs_stage_class_t *cls, const pfs_site_t *site);
 
 // Reports the open stage's progress (`WORK_COMPLETED`, `WORK_ESTIMATED`
 // in `events_stages_current`). Calling thread only; no-op without an
@@ -502,7 +552,8 @@ const pfs_statement_class_t *pfs_statement_class_register(const char *name);
 // Starts a statement of class `cls` on the calling thread
 // (`events_statements_current`). A disabled or NULL class, or no
 // `pfs_init`, makes it and every call on it a no-op. No lock, no
-// allocation.
+// allocation. Records no `SOURCE`: prefer `PFS_STATEMENT_BEGIN`, which
+// records the caller's `file:line` (`pfs_statement_begin_at`).
 //
 // # Safety
 //
@@ -510,6 +561,17 @@ const pfs_statement_class_t *pfs_statement_class_register(const char *name);
 // thread uses; `cls` is NULL or a handle from
 // `pfs_statement_class_register`.
 void pfs_statement_begin(pfs_statement_t *st, const pfs_statement_class_t *cls);
+
+// `pfs_statement_begin`, with `SOURCE` the call site `site` (none if
+// NULL). Called by `PFS_STATEMENT_BEGIN(st, cls)`, which declares the
+// site: use the macro.
+//
+// # Safety
+//
+// As `pfs_statement_begin`; `site` as in `pfs_wait_begin_at`.
+void pfs_statement_begin_at(pfs_statement_t *st,
+                            const pfs_statement_class_t *cls,
+                            const pfs_site_t *site);
 
 // `SQL_TEXT`: copies `text` (NUL-terminated) into the current row now,
 // truncated to 200 bytes on a character boundary; a text that is not
@@ -660,7 +722,8 @@ bool pfs_wait_class_enabled(const pfs_wait_class_t *cls);
 // `PFS_OP_*` code, `object` the waited-on object's address or any stable
 // id (`OBJECT_INSTANCE_BEGIN`). A disabled class, a NULL `cls` or no
 // `pfs_init` makes it (and its end) a no-op costing a load and a branch.
-// No lock, no allocation.
+// No lock, no allocation. Records no `SOURCE`: prefer `PFS_WAIT_BEGIN`,
+// which records the caller's `file:line` (`pfs_wait_begin_at`).
 //
 // Threading and ownership: see `pfs_wait_t`.
 //
@@ -669,6 +732,21 @@ bool pfs_wait_class_enabled(const pfs_wait_class_t *cls);
 // `w` is NULL or points to a writable `pfs_wait_t` that no other thread
 // uses; `cls` is NULL or a handle from `pfs_wait_class_register`.
 void pfs_wait_begin(pfs_wait_t *w, const pfs_wait_class_t *cls, uint32_t op, uint64_t object);
+
+// `pfs_wait_begin`, with `SOURCE` the call site `site` (none if NULL).
+// Called by `PFS_WAIT_BEGIN(w, cls, op, object)`, which declares the
+// site: use the macro.
+//
+// # Safety
+//
+// As `pfs_wait_begin`; `site` is NULL or points to a `pfs_site_t` with
+// static storage duration, never changed, whose `file` is NULL or a
+// string with static storage duration (as `PFS_WAIT_BEGIN` declares it).
+void pfs_wait_begin_at(pfs_wait_t *w,
+                       const pfs_wait_class_t *cls,
+                       uint32_t op,
+                       uint64_t object,
+                       const pfs_site_t *site);
 
 // Ends the wait begun on `w` now and records it (`TIMER_WAIT`, current,
 // history, summaries). No lock, no allocation.

@@ -23,7 +23,7 @@
 //! pfs_init();                                   /* PFS_SHM_DIR, PFS_SERVICE_NAME */
 //! const pfs_wait_class_t *io = pfs_wait_class_register("wait/io/file/app/log");
 //! pfs_wait_t w;
-//! pfs_wait_begin(&w, io, PFS_OP_WRITE, (uint64_t)fd);
+//! PFS_WAIT_BEGIN(&w, io, PFS_OP_WRITE, (uint64_t)fd); /* SOURCE: this line */
 //! ssize_t n = write(fd, buf, len);
 //! pfs_wait_end_bytes(&w, n > 0 ? (uint64_t)n : 0);
 //! ```
@@ -37,6 +37,7 @@
 //! | 0 | `shield` | catches a panic at the boundary and turns it into the call's no-op value |
 //! | 1 | `slot` | caller-owned storage: a Rust guard kept in place inside a C struct, usable only by the thread that put it there |
 //! | 1 | `classes` | class handles for C: one leaked, lazily registered class per name |
+//! | 1 | `site` | call sites for C: `pfs_site_t`, the `SOURCE` of the events begun at one |
 //! | 2 | `init` | `pfs_init`, `pfs_init_with` and `pfs_config_t` (checked field by field), the last error's message, the segment path |
 //! | 2 | `wait` | timed waits: `pfs_wait_t`, begin and end, operation codes |
 //! | 2 | `stage` | stages: enter, progress, end |
@@ -62,6 +63,7 @@ mod codes;
 mod init;
 mod memory;
 mod shield;
+mod site;
 mod slot;
 mod stage;
 mod statement;
@@ -74,6 +76,7 @@ pub use classes::{pfs_memory_class_t, pfs_stage_class_t, pfs_statement_class_t, 
 pub use codes::*;
 pub use init::*;
 pub use memory::*;
+pub use site::pfs_site_t;
 pub use stage::*;
 pub use statement::*;
 pub use thread::*;

@@ -6,6 +6,7 @@ use std::ffi::c_char;
 
 use crate::classes::{self, pfs_stage_class_t};
 use crate::shield::shield;
+use crate::site::{pfs_site_t, site_in};
 use crate::slot;
 use crate::text::str_in;
 
@@ -33,7 +34,8 @@ pub unsafe extern "C" fn pfs_stage_class_register(name: *const c_char) -> *const
 /// Enters stage `cls` on the calling thread: ends the thread's open stage,
 /// if any, and starts this one, nested in the thread's open statement. A
 /// disabled (or NULL) class still ends the previous stage, as in PFS. No
-/// lock, no allocation.
+/// lock, no allocation. Records no `SOURCE`: prefer `PFS_STAGE_ENTER`,
+/// which records the caller's `file:line` (`pfs_stage_enter_at`).
 ///
 /// Threading: acts on the calling thread only.
 ///
@@ -42,6 +44,33 @@ pub unsafe extern "C" fn pfs_stage_class_register(name: *const c_char) -> *const
 /// `cls` is NULL or a handle from `pfs_stage_class_register`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pfs_stage_enter(cls: *const pfs_stage_class_t) {
+    // SAFETY: the caller's contract, and no site.
+    unsafe { enter(cls, std::ptr::null()) }
+}
+
+/// `pfs_stage_enter`, with `SOURCE` the call site `site` (none if NULL).
+/// Called by `PFS_STAGE_ENTER(cls)`, which declares the site: use the
+/// macro.
+///
+/// # Safety
+///
+/// As `pfs_stage_enter`; `site` as in `pfs_wait_begin_at`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_stage_enter_at(
+    cls: *const pfs_stage_class_t,
+    site: *const pfs_site_t,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { enter(cls, site) }
+}
+
+/// `pfs_stage_enter_at`, inlined into both entry points.
+///
+/// # Safety
+///
+/// As `pfs_stage_enter_at`.
+#[inline(always)]
+unsafe fn enter(cls: *const pfs_stage_class_t, site: *const pfs_site_t) {
     shield((), || {
         // After a failed ABI check the program runs uninstrumented.
         if !slot::usable() {
@@ -49,7 +78,8 @@ pub unsafe extern "C" fn pfs_stage_enter(cls: *const pfs_stage_class_t) {
         }
         // SAFETY: `cls` is null or a handle, which lives forever (contract).
         match unsafe { cls.as_ref() } {
-            Some(c) => c.0.enter(),
+            // SAFETY: `site` is null or a static site (contract).
+            Some(c) => c.0.get().enter_at(unsafe { site_in(site) }),
             None => pfs_client::end_stage(),
         }
     })

@@ -8,6 +8,7 @@ use pfs_client::StatementGuard;
 
 use crate::classes::{self, pfs_statement_class_t};
 use crate::shield::shield;
+use crate::site::{pfs_site_t, site_in};
 use crate::slot::{self, Owner, Slot};
 use crate::text::{prefix_in, str_in};
 
@@ -79,7 +80,8 @@ pub unsafe extern "C" fn pfs_statement_class_register(
 /// Starts a statement of class `cls` on the calling thread
 /// (`events_statements_current`). A disabled or NULL class, or no
 /// `pfs_init`, makes it and every call on it a no-op. No lock, no
-/// allocation.
+/// allocation. Records no `SOURCE`: prefer `PFS_STATEMENT_BEGIN`, which
+/// records the caller's `file:line` (`pfs_statement_begin_at`).
 ///
 /// # Safety
 ///
@@ -91,6 +93,38 @@ pub unsafe extern "C" fn pfs_statement_begin(
     st: *mut pfs_statement_t,
     cls: *const pfs_statement_class_t,
 ) {
+    // SAFETY: the caller's contract, and no site.
+    unsafe { begin(st, cls, std::ptr::null()) }
+}
+
+/// `pfs_statement_begin`, with `SOURCE` the call site `site` (none if
+/// NULL). Called by `PFS_STATEMENT_BEGIN(st, cls)`, which declares the
+/// site: use the macro.
+///
+/// # Safety
+///
+/// As `pfs_statement_begin`; `site` as in `pfs_wait_begin_at`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_statement_begin_at(
+    st: *mut pfs_statement_t,
+    cls: *const pfs_statement_class_t,
+    site: *const pfs_site_t,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { begin(st, cls, site) }
+}
+
+/// `pfs_statement_begin_at`, inlined into both entry points.
+///
+/// # Safety
+///
+/// As `pfs_statement_begin_at`.
+#[inline(always)]
+unsafe fn begin(
+    st: *mut pfs_statement_t,
+    cls: *const pfs_statement_class_t,
+    site: *const pfs_site_t,
+) {
     shield((), || {
         // (Not after a failed ABI check: nothing is started, nothing touched.)
         if st.is_null() || !slot::usable() {
@@ -101,8 +135,12 @@ pub unsafe extern "C" fn pfs_statement_begin(
         let class = unsafe { cls.as_ref() }.map(|c| c.0.get());
         match class {
             // SAFETY: `st` is non-null, writable and ours (contract), and
-            // large and aligned enough (checked at compile time above).
-            Some(c) if c.is_enabled() => unsafe { slot::put(slot, Owner::me(), c.start()) },
+            // large and aligned enough (checked at compile time above);
+            // `site` is null or a static site (contract).
+            Some(c) if c.is_enabled() => unsafe {
+                let started = c.start_at(site_in(site));
+                slot::put(slot, Owner::me(), started)
+            },
             // SAFETY: as above.
             _ => unsafe { slot::clear(slot) },
         }

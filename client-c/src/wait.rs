@@ -7,6 +7,7 @@ use pfs_client::{Operation, WaitGuard};
 
 use crate::classes::{self, pfs_wait_class_t};
 use crate::shield::shield;
+use crate::site::{pfs_site_t, site_in};
 use crate::slot::{self, Owner, Slot};
 use crate::text::str_in;
 
@@ -131,7 +132,8 @@ pub unsafe extern "C" fn pfs_wait_class_enabled(cls: *const pfs_wait_class_t) ->
 /// `PFS_OP_*` code, `object` the waited-on object's address or any stable
 /// id (`OBJECT_INSTANCE_BEGIN`). A disabled class, a NULL `cls` or no
 /// `pfs_init` makes it (and its end) a no-op costing a load and a branch.
-/// No lock, no allocation.
+/// No lock, no allocation. Records no `SOURCE`: prefer `PFS_WAIT_BEGIN`,
+/// which records the caller's `file:line` (`pfs_wait_begin_at`).
 ///
 /// Threading and ownership: see `pfs_wait_t`.
 ///
@@ -146,6 +148,44 @@ pub unsafe extern "C" fn pfs_wait_begin(
     op: u32,
     object: u64,
 ) {
+    // SAFETY: the caller's contract, and no site.
+    unsafe { begin(w, cls, op, object, std::ptr::null()) }
+}
+
+/// `pfs_wait_begin`, with `SOURCE` the call site `site` (none if NULL).
+/// Called by `PFS_WAIT_BEGIN(w, cls, op, object)`, which declares the
+/// site: use the macro.
+///
+/// # Safety
+///
+/// As `pfs_wait_begin`; `site` is NULL or points to a `pfs_site_t` with
+/// static storage duration, never changed, whose `file` is NULL or a
+/// string with static storage duration (as `PFS_WAIT_BEGIN` declares it).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_wait_begin_at(
+    w: *mut pfs_wait_t,
+    cls: *const pfs_wait_class_t,
+    op: u32,
+    object: u64,
+    site: *const pfs_site_t,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { begin(w, cls, op, object, site) }
+}
+
+/// `pfs_wait_begin_at`, inlined into both entry points.
+///
+/// # Safety
+///
+/// As `pfs_wait_begin_at`.
+#[inline(always)]
+unsafe fn begin(
+    w: *mut pfs_wait_t,
+    cls: *const pfs_wait_class_t,
+    op: u32,
+    object: u64,
+    site: *const pfs_site_t,
+) {
     shield((), || {
         if w.is_null() || !slot::usable() {
             return;
@@ -156,9 +196,11 @@ pub unsafe extern "C" fn pfs_wait_begin(
         match class {
             // SAFETY: `w` is non-null, writable and ours (contract), and a
             // pfs_wait_t is large and aligned enough for the slot (checked
-            // at compile time above).
+            // at compile time above); `site` is null or a static site
+            // (contract).
             Some(c) if c.is_enabled() => unsafe {
-                c.start_in(slot::place(slot), operation(op), object as usize);
+                let site = site_in(site);
+                c.start_in_at(slot::place(slot), operation(op), object as usize, site);
                 slot::arm(slot, Owner::me());
             },
             // SAFETY: as above.

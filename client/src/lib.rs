@@ -121,7 +121,7 @@ pub use config::{
 pub use error::{ConfigError, InitError};
 pub use memory::{LazyMemoryClass, MemoryClass, MemoryScope, MemoryToken, memory_scope};
 pub use pfs_shm_layout::Operation;
-pub use source::CallSite;
+pub use source::{CallSite, Site};
 pub use stage::{LazyStageClass, StageClass, end_stage, stage_progress};
 pub use statement::{LazyStatementClass, StatementClass, StatementGuard, TaskStatement};
 pub use wait::{AsyncWait, LazyWaitClass, WaitClass, WaitGuard};

@@ -1,6 +1,7 @@
 //! Layer 3. `SOURCE` capture without formatting on the hot path: each call
-//! site (a `#[track_caller]` `&'static Location`, or a [`CallSite`] an
-//! adapter names) is interned once into the segment's string table; later
+//! site (a `#[track_caller]` `&'static Location`, a [`CallSite`] an
+//! adapter names, or any other [`Site`], such as the C ABI's
+//! `pfs_site_t`) is interned once into the segment's string table; later
 //! events find its index in a small process-local lock-free table keyed by
 //! the site's address.
 
@@ -23,7 +24,7 @@ use crate::runtime::Runtime;
 /// static JOB: LazyStatementClass = LazyStatementClass::new("statement/app/job");
 /// static HANDLER: CallSite = CallSite::new("src/handlers.rs", 42);
 ///
-/// let stmt = JOB.get().start_task_at(&HANDLER); // SOURCE handlers.rs:42
+/// let stmt = JOB.get().start_task_at(Some(&HANDLER)); // SOURCE handlers.rs:42
 /// drop(stmt);
 /// ```
 #[derive(Debug)]
@@ -40,14 +41,47 @@ impl CallSite {
 }
 
 /// What `SOURCE` can name: a file and a line, at a `'static` address that
-/// identifies the site.
-pub(crate) trait Site: Sync {
-    fn file(&self) -> &'static str;
+/// identifies the site. The address is the key: the file and line are read
+/// once, at the site's first event in the process (`SOURCE` shows
+/// `file:line`, the file's last path component). Implemented by
+/// [`CallSite`] and `std::panic::Location`; an adapter whose sites come
+/// from elsewhere (the C ABI's `pfs_site_t`, one `static` per call site)
+/// implements it for its own type.
+///
+/// ```
+/// use pfs_client::{LazyStageClass, Site};
+///
+/// /// A site whose line is known at build time.
+/// struct Generated(u32);
+///
+/// impl Site for Generated {
+///     fn file(&self) -> &str {
+///         "generated.rs"
+///     }
+///     fn line(&self) -> u32 {
+///         self.0
+///     }
+/// }
+///
+/// static AT_7: Generated = Generated(7);
+/// static PARSE: LazyStageClass = LazyStageClass::new("stage/app/parse");
+/// PARSE.get().enter_at(Some(&AT_7)); // SOURCE generated.rs:7
+/// ```
+pub trait Site: Sync {
+    /// The file, as a path (only its last component is shown).
+    fn file(&self) -> &str;
+    /// The line in it.
     fn line(&self) -> u32;
 }
 
+impl std::fmt::Debug for dyn Site + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.file(), self.line())
+    }
+}
+
 impl Site for Location<'static> {
-    fn file(&self) -> &'static str {
+    fn file(&self) -> &str {
         Location::file(self)
     }
     fn line(&self) -> u32 {
@@ -56,11 +90,33 @@ impl Site for Location<'static> {
 }
 
 impl Site for CallSite {
-    fn file(&self) -> &'static str {
+    fn file(&self) -> &str {
         self.file
     }
     fn line(&self) -> u32 {
         self.line
+    }
+}
+
+/// A `SOURCE` as an out-of-line entry point takes it: the caller's
+/// location (always there), or an adapter's site (perhaps none). Generic,
+/// so that an entry point given a location knows it is there (no test of
+/// an `Option` on the hot path).
+pub(crate) trait SourceArg: Copy {
+    fn site(self) -> Option<&'static dyn Site>;
+}
+
+impl SourceArg for &'static Location<'static> {
+    #[inline(always)]
+    fn site(self) -> Option<&'static dyn Site> {
+        Some(self)
+    }
+}
+
+impl SourceArg for Option<&'static dyn Site> {
+    #[inline(always)]
+    fn site(self) -> Option<&'static dyn Site> {
+        self
     }
 }
 

@@ -8,7 +8,7 @@ use pfs_shm_layout::layout::{EV_HAS_BYTES, EV_HAS_PROGRESS, EV_HAS_SPINS, NONE_U
 
 use crate::class::{ClassRef, Family, LazyRef};
 use crate::event::{self, end_open_stage};
-use crate::source::{CallSite, Site};
+use crate::source::Site;
 use crate::thread::{self, with_registered};
 
 /// A registered stage instrument.
@@ -32,19 +32,20 @@ impl StageClass {
     #[inline]
     #[track_caller]
     pub fn enter(&self) {
-        self.enter_from(std::panic::Location::caller());
+        self.enter_from(Some(std::panic::Location::caller()));
     }
 
     /// [`StageClass::enter`], with `SOURCE` `site` instead of the caller's
-    /// line: for an adapter that enters stages on behalf of code elsewhere
-    /// (a tracing layer: the span's callsite).
+    /// line (none if `None`): for an adapter that enters stages on behalf
+    /// of code elsewhere (a tracing layer: the span's callsite; the C ABI:
+    /// the C caller's `__FILE__` and `__LINE__`).
     #[inline]
-    pub fn enter_at(&self, site: &'static CallSite) {
+    pub fn enter_at(&self, site: Option<&'static dyn Site>) {
         self.enter_from(site);
     }
 
     #[inline(always)]
-    fn enter_from(&self, loc: &'static dyn Site) {
+    fn enter_from(&self, loc: Option<&'static dyn Site>) {
         with_registered(end_open_stage);
         if let Some(a) = event::begin::<{ EventKind::Stage.index() }>(
             thread::current,
@@ -53,7 +54,7 @@ impl StageClass {
             0,
             0,
             NONE_U32,
-            Some(loc),
+            loc,
         ) && let Ok(mut open) = a.ctx.stage.try_borrow_mut()
         {
             a.ctx.stage_id.set(a.data.event_id);

@@ -20,7 +20,7 @@ use crate::class::{ClassRef, Family, LazyRef};
 use crate::context::ThreadCtx;
 use crate::event::{self, Active, end_open_stage};
 use crate::runtime::Runtime;
-use crate::source::{CallSite, Site};
+use crate::source::Site;
 use crate::task::{self, POLL_TIMER};
 use crate::{thread, timer};
 
@@ -44,7 +44,20 @@ impl StatementClass {
     #[inline]
     #[track_caller]
     pub fn start(&self) -> StatementGuard {
-        let loc = std::panic::Location::caller();
+        self.start_from(Some(std::panic::Location::caller()))
+    }
+
+    /// [`StatementClass::start`], with `SOURCE` `site` instead of the
+    /// caller's line (none if `None`): for an adapter that starts
+    /// statements on behalf of code elsewhere (the C ABI: the C caller's
+    /// `__FILE__` and `__LINE__`).
+    #[inline]
+    pub fn start_at(&self, site: Option<&'static dyn Site>) -> StatementGuard {
+        self.start_from(site)
+    }
+
+    #[inline(always)]
+    fn start_from(&self, source: Option<&'static dyn Site>) -> StatementGuard {
         let active = event::begin::<{ EventKind::Statement.index() }>(
             thread::current,
             self.0,
@@ -52,7 +65,7 @@ impl StatementClass {
             0,
             0,
             NONE_U32,
-            Some(loc),
+            source,
         );
         let parent = active.as_ref().map_or(0, |a| {
             let parent = a.ctx.statement_id.get();
@@ -77,19 +90,20 @@ impl StatementClass {
     #[inline]
     #[track_caller]
     pub fn start_task(&self) -> TaskStatement {
-        self.start_task_from(std::panic::Location::caller())
+        self.start_task_from(Some(std::panic::Location::caller()))
     }
 
     /// [`StatementClass::start_task`], with `SOURCE` `site` instead of the
-    /// caller's line: for an adapter that starts statements on behalf of
-    /// code elsewhere (a tracing layer: the span's callsite).
+    /// caller's line (none if `None`): for an adapter that starts
+    /// statements on behalf of code elsewhere (a tracing layer: the span's
+    /// callsite, a [`CallSite`](crate::CallSite)).
     #[inline]
-    pub fn start_task_at(&self, site: &'static CallSite) -> TaskStatement {
+    pub fn start_task_at(&self, site: Option<&'static dyn Site>) -> TaskStatement {
         self.start_task_from(site)
     }
 
     #[inline(always)]
-    fn start_task_from(&self, source: &'static dyn Site) -> TaskStatement {
+    fn start_task_from(&self, source: Option<&'static dyn Site>) -> TaskStatement {
         let Some(a) = event::begin::<{ EventKind::Statement.index() }>(
             thread::current,
             self.0,
@@ -97,7 +111,7 @@ impl StatementClass {
             0,
             0,
             NONE_U32,
-            Some(source),
+            source,
         ) else {
             return TaskStatement::NONE;
         };

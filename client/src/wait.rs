@@ -14,6 +14,7 @@ use pfs_shm_layout::layout::{
 
 use crate::class::{ClassRef, Family, LazyRef};
 use crate::event::{self, Active};
+use crate::source::{Site, SourceArg};
 use crate::{runtime, thread, timer};
 
 /// A registered wait instrument. Cheap to copy; checking whether it is
@@ -108,16 +109,35 @@ impl WaitClass {
         self.begin_in(place, flags, operation, object as u64, Location::caller())
     }
 
+    /// [`WaitClass::start_in`], with `SOURCE` `site` instead of the
+    /// caller's line (none if `None`): for an adapter that starts waits on
+    /// behalf of code elsewhere, such as the C ABI (the C caller's
+    /// `__FILE__` and `__LINE__`).
+    #[inline(always)]
+    pub fn start_in_at<'a>(
+        &self,
+        place: &'a mut MaybeUninit<WaitGuard>,
+        operation: Operation,
+        object: usize,
+        site: Option<&'static dyn Site>,
+    ) -> &'a mut WaitGuard {
+        let flags = self.0.flags();
+        if flags & FLAG_ENABLED == 0 {
+            return place.write(WaitGuard::NONE);
+        }
+        self.begin_in(place, flags, operation, object as u64, site)
+    }
+
     /// The enabled path of [`WaitClass::start_in`], out of line.
     #[inline(never)]
-    fn begin_in<'a>(
+    fn begin_in(
         self,
-        place: &'a mut MaybeUninit<WaitGuard>,
+        place: &mut MaybeUninit<WaitGuard>,
         flags: u32,
         operation: Operation,
         object: u64,
-        loc: &'static Location<'static>,
-    ) -> &'a mut WaitGuard {
+        loc: impl SourceArg,
+    ) -> &mut WaitGuard {
         place.write(self.guard(flags, operation, object, NONE_U32, loc))
     }
 
@@ -155,7 +175,7 @@ impl WaitClass {
         operation: Operation,
         object: u64,
         object_name: u32,
-        loc: &'static Location<'static>,
+        loc: impl SourceArg,
     ) -> WaitGuard {
         WaitGuard {
             active: event::begin::<{ EventKind::Wait.index() }>(
@@ -165,7 +185,7 @@ impl WaitClass {
                 operation as u32,
                 object,
                 object_name,
-                Some(loc),
+                loc.site(),
             ),
             _not_send: PhantomData,
         }

@@ -60,7 +60,7 @@ static void *worker(void *arg) {
 
     for (long i = 0; i < ITERATIONS; i++) {
         pfs_statement_t st;
-        pfs_statement_begin(&st, QUERY);
+        PFS_STATEMENT_BEGIN(&st, QUERY); /* SOURCE: this line */
         last_statement_ids[id] = pfs_statement_event_id();
         CHECK(last_statement_ids[id] != 0);
         snprintf(text, sizeof text, "SELECT %ld FROM t%ld", i, id);
@@ -69,15 +69,15 @@ static void *worker(void *arg) {
         pfs_statement_set_rows_examined(&st, 10);
         pfs_statement_set_rows_sent(&st, 2);
 
-        pfs_stage_enter(PARSING);
+        PFS_STAGE_ENTER(PARSING);
         pfs_wait_t w;
-        pfs_wait_begin(&w, MUTEX, PFS_OP_LOCK, (uint64_t)(uintptr_t)&lock);
+        PFS_WAIT_BEGIN(&w, MUTEX, PFS_OP_LOCK, (uint64_t)(uintptr_t)&lock);
         pfs_wait_end(&w);
 
-        pfs_stage_enter(EXECUTING);
+        PFS_STAGE_ENTER(EXECUTING);
         for (int k = 0; k < 2; k++) {
             pfs_wait_t io;
-            pfs_wait_begin(&io, FILE_IO, PFS_OP_WRITE, 42);
+            PFS_WAIT_BEGIN(&io, FILE_IO, PFS_OP_WRITE, 42);
             pfs_wait_end_bytes(&io, 512);
         }
         if (i % 5 == 0) pfs_statement_add_errors(&st, 1);
@@ -85,7 +85,7 @@ static void *worker(void *arg) {
         CHECK(pfs_statement_event_id() == 0);
     }
 
-    pfs_wait_t cw; /* a wait outside any statement: no nesting */
+    pfs_wait_t cw; /* a wait outside any statement: no nesting; no SOURCE */
     pfs_wait_begin(&cw, COND, PFS_OP_WAIT, 7);
     pfs_wait_end(&cw);
 
@@ -117,12 +117,22 @@ static void misuse(void) {
     pfs_wait_begin(NULL, MUTEX, PFS_OP_LOCK, 0);
     pfs_wait_begin(&w, NULL, PFS_OP_LOCK, 0);
     pfs_wait_end(&w);
+    PFS_WAIT_BEGIN(NULL, MUTEX, PFS_OP_LOCK, 0);
+    PFS_WAIT_BEGIN(&w, NULL, PFS_OP_LOCK, 0);
+    pfs_wait_end(&w);
+    pfs_wait_begin_at(&w, NULL, PFS_OP_LOCK, 0, NULL);
+    pfs_wait_end(&w);
+    PFS_STAGE_ENTER(NULL);
+    pfs_stage_enter_at(NULL, NULL);
     pfs_wait_end(NULL);
     pfs_wait_end_bytes(NULL, 1);
     pfs_stage_enter(NULL);
     pfs_statement_t st;
     pfs_statement_begin(&st, NULL);
     pfs_statement_set_text(&st, "not recorded");
+    pfs_statement_end(&st);
+    PFS_STATEMENT_BEGIN(&st, NULL);
+    PFS_STATEMENT_BEGIN(NULL, QUERY);
     pfs_statement_end(&st);
     pfs_statement_set_text(NULL, NULL);
     pfs_statement_end(NULL);

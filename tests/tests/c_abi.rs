@@ -367,8 +367,24 @@ fn nests_in(child: &Value, parent: &Value, parent_type: &str) {
     assert!(ps <= cs && ce <= pe, "{child} within {parent} in time");
 }
 
+/// The `SOURCE` of what `pfs_c_demo.c` begins on the line containing
+/// `call` (a `PFS_*` macro call there, unique in the file).
+fn demo_source(call: &str) -> String {
+    let src = std::fs::read_to_string(workspace_root().join("tests/c/pfs_c_demo.c")).unwrap();
+    let mut lines = src.lines().enumerate().filter(|(_, l)| l.contains(call));
+    let (i, _) = lines
+        .next()
+        .unwrap_or_else(|| panic!("{call} is in pfs_c_demo.c"));
+    assert!(
+        lines.next().is_none(),
+        "{call} is on one line of pfs_c_demo.c"
+    );
+    format!("pfs_c_demo.c:{}", i + 1)
+}
+
 /// Every wait, stage and statement of the histories nests as the program
-/// opened it; each thread's history is under the `THREAD_ID` that
+/// opened it, with the `SOURCE` of the `PFS_*` macro that began it (none
+/// for a plain `pfs_wait_begin`); each thread's history is under the `THREAD_ID` that
 /// `pfs_thread_id` gave it, and its last statement under the `EVENT_ID`
 /// that `pfs_statement_event_id` gave.
 fn check_nesting(agent: &Agent, ready: &Value) {
@@ -397,18 +413,24 @@ fn check_nesting(agent: &Agent, ready: &Value) {
         );
     }
     let (mut nested_waits, mut nested_stages) = (0, 0);
+    let source = |call: &str| Value::from(demo_source(call));
     for ((thread, _), w) in &waits {
         let name = str_col(w, "event_name").unwrap();
         if name == "wait/synch/cond/capp/changed" {
             assert!(w["nesting_event_id"].is_null(), "{w}");
+            assert!(w["source"].is_null(), "pfs_wait_begin: no SOURCE: {w}");
             continue;
         }
         let parent = &stages[&(*thread, u64_col(w, "nesting_event_id").unwrap())];
         let want = match name {
-            "wait/synch/mutex/capp/lock" => "stage/capp/parsing",
+            "wait/synch/mutex/capp/lock" => {
+                assert_eq!(w["source"], source("PFS_WAIT_BEGIN(&w, MUTEX"), "{w}");
+                "stage/capp/parsing"
+            }
             "wait/io/file/capp/data" => {
                 assert_eq!(w["number_of_bytes"], 512, "{w}");
                 assert_eq!(w["operation"], "write", "{w}");
+                assert_eq!(w["source"], source("PFS_WAIT_BEGIN(&io, FILE_IO"), "{w}");
                 "stage/capp/executing"
             }
             other => panic!("unexpected wait {other}"),
@@ -423,6 +445,11 @@ fn check_nesting(agent: &Agent, ready: &Value) {
             continue; // its statement left the (shorter) statement ring
         };
         assert_eq!(parent["event_name"], "statement/capp/query");
+        let call = match str_col(s, "event_name").unwrap() {
+            "stage/capp/parsing" => "PFS_STAGE_ENTER(PARSING)",
+            _ => "PFS_STAGE_ENTER(EXECUTING)",
+        };
+        assert_eq!(s["source"], source(call), "{s}");
         nests_in(s, parent, "STATEMENT");
         nested_stages += 1;
     }
@@ -446,6 +473,11 @@ fn check_nesting(agent: &Agent, ready: &Value) {
             "{s}"
         );
         assert!(s["nesting_event_id"].is_null(), "top-level statements: {s}");
+        assert_eq!(
+            s["source"],
+            source("PFS_STATEMENT_BEGIN(&st, QUERY)"),
+            "{s}"
+        );
     }
 }
 
@@ -789,7 +821,8 @@ fn pfs_config_t_is_checked_field_by_field() {
 }
 
 /// C++ includes pfs.h warning-free under -Wall -Wextra -Werror, with
-/// `PFS_CONFIG_INIT` for a config and `PFS_CHECK_ABI()`.
+/// `PFS_CONFIG_INIT` for a config, `PFS_CHECK_ABI()` and the `SOURCE`
+/// macros.
 #[test]
 fn cxx_programs_initialise_a_config_without_warnings() {
     let exe = compile_with("c++", "-std=c++11", "pfs_cxx_config.cpp");

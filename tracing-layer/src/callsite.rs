@@ -32,8 +32,9 @@ pub(crate) struct StatementSite {
     pub(crate) static_name: Option<String>,
     /// Its class, registered on first use after `init`.
     pub(crate) class: OnceLock<StatementClass>,
-    /// The span's callsite, its statements' `SOURCE`.
-    pub(crate) source: Option<&'static CallSite>,
+    /// The span's callsite, its statements' `SOURCE` (none if its
+    /// metadata has no file and line).
+    pub(crate) source: Option<&'static dyn pfs_client::Site>,
 }
 
 /// A stage span callsite.
@@ -42,15 +43,15 @@ pub(crate) struct StageSite {
     pub(crate) name: String,
     /// Registered on first use after `init`.
     pub(crate) class: OnceLock<StageClass>,
-    /// The span's callsite, its stages' `SOURCE`.
-    pub(crate) source: Option<&'static CallSite>,
+    /// The span's callsite, its stages' `SOURCE` (as a statement's).
+    pub(crate) source: Option<&'static dyn pfs_client::Site>,
 }
 
 /// The [`CallSite`] of a span's callsite (`SOURCE` `file:line` of the
 /// `span!`), if its metadata has a file and a line: one per callsite for
 /// the process (callsites are `'static`, so they are bounded by the
 /// program), shared by every layer, made once.
-fn call_site(meta: &'static Metadata<'static>) -> Option<&'static CallSite> {
+fn call_site(meta: &'static Metadata<'static>) -> Option<&'static dyn pfs_client::Site> {
     static SITES: OnceLock<Mutex<HashMap<usize, &'static CallSite>>> = OnceLock::new();
     let (file, line) = (meta.file()?, meta.line()?);
     let mut sites = SITES
@@ -58,11 +59,10 @@ fn call_site(meta: &'static Metadata<'static>) -> Option<&'static CallSite> {
         .lock()
         .unwrap_or_else(|e| e.into_inner());
     let key = meta as *const Metadata<'static> as usize;
-    Some(
-        *sites
-            .entry(key)
-            .or_insert_with(|| Box::leak(Box::new(CallSite::new(file, line)))),
-    )
+    let site: &'static CallSite = sites
+        .entry(key)
+        .or_insert_with(|| Box::leak(Box::new(CallSite::new(file, line))));
+    Some(site)
 }
 
 /// An event callsite with fields that some statement rule counts.

@@ -354,10 +354,7 @@ impl PfsLayer {
     /// Starts the statement of a span, in its class chosen now.
     fn start_statement(&self, site: &StatementSite, s: &mut StatementSpan) {
         let class = self.statement_class(site, s);
-        let stmt = s.stmt.insert(match site.source {
-            Some(source) => class.start_task_at(source),
-            None => class.start_task(),
-        });
+        let stmt = s.stmt.insert(class.start_task_at(site.source));
         if s.digest_set {
             stmt.set_digest_text(&s.digest);
         }
@@ -640,10 +637,7 @@ where
                 // thread where the statement span is not the current one.
                 if stack::current(self.id) == Some(statement) {
                     self.with_statement(&ctx, statement, |s| {
-                        match source {
-                            Some(source) => class.enter_at(source),
-                            None => class.enter(),
-                        }
+                        class.enter_at(source);
                         s.open_stage = id.into_u64();
                     });
                 }
