@@ -66,29 +66,35 @@
 
 /*
  * Begin a wait, a statement or a stage with SOURCE this line: the
- * file:line of the call, as events_*_current and *_history show it. Each
- * expands to one statement that declares a static const pfs_site_t for its
- * call site (__FILE__, __LINE__) and calls pfs_wait_begin_at,
- * pfs_statement_begin_at or pfs_stage_enter_at with it; arguments are
- * evaluated once. Prefer them to pfs_wait_begin, pfs_statement_begin and
- * pfs_stage_enter, which record no SOURCE.
+ * file:line of the call, as events_*_current and *_history show it (the
+ * file's last path component; for a call written over several lines, the
+ * line the compiler gives __LINE__ there: gcc its first, clang its last).
+ * Each expands to one statement that declares a static const pfs_site_t
+ * for its call site (__FILE__, __LINE__; its name ends in the line number,
+ * so that it does not shadow a name of the program) and calls
+ * pfs_wait_begin_at, pfs_statement_begin_at or pfs_stage_enter_at with
+ * it; each argument is evaluated once. Prefer them to pfs_wait_begin,
+ * pfs_statement_begin and pfs_stage_enter, which record no SOURCE.
  *   pfs_wait_t w;
  *   PFS_WAIT_BEGIN(&w, log_write, PFS_OP_WRITE, (uint64_t)fd);
  */
+#define PFS_SITE_CAT_(a, b) a##b
+#define PFS_SITE_CAT(a, b) PFS_SITE_CAT_(a, b)
+#define PFS_SITE_HERE_ PFS_SITE_CAT(pfs_site_here_, __LINE__)
 #define PFS_WAIT_BEGIN(w, cls, op, object) \
     do { \
-        static const pfs_site_t pfs_site_here_ = { __FILE__, __LINE__ }; \
-        pfs_wait_begin_at((w), (cls), (op), (object), &pfs_site_here_); \
+        static const pfs_site_t PFS_SITE_HERE_ = { __FILE__, __LINE__ }; \
+        pfs_wait_begin_at((w), (cls), (op), (object), &PFS_SITE_HERE_); \
     } while (0)
 #define PFS_STATEMENT_BEGIN(st, cls) \
     do { \
-        static const pfs_site_t pfs_site_here_ = { __FILE__, __LINE__ }; \
-        pfs_statement_begin_at((st), (cls), &pfs_site_here_); \
+        static const pfs_site_t PFS_SITE_HERE_ = { __FILE__, __LINE__ }; \
+        pfs_statement_begin_at((st), (cls), &PFS_SITE_HERE_); \
     } while (0)
 #define PFS_STAGE_ENTER(cls) \
     do { \
-        static const pfs_site_t pfs_site_here_ = { __FILE__, __LINE__ }; \
-        pfs_stage_enter_at((cls), &pfs_site_here_); \
+        static const pfs_site_t PFS_SITE_HERE_ = { __FILE__, __LINE__ }; \
+        pfs_stage_enter_at((cls), &PFS_SITE_HERE_); \
     } while (0)
 
 

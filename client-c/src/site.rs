@@ -7,11 +7,9 @@
 //! `#[track_caller]` location's does), and its file and line are read once,
 //! at the site's first event.
 
-use std::ffi::c_char;
+use std::ffi::{CStr, c_char};
 
 use pfs_client::Site;
-
-use crate::text::prefix_in;
 
 /// One call site of the program: where an event begins, shown as the
 /// event's `SOURCE` (`file:line`, the file's last path component). Declare
@@ -35,10 +33,24 @@ pub struct pfs_site_t {
 unsafe impl Sync for pfs_site_t {}
 
 impl Site for pfs_site_t {
+    /// The file's last path component (all `SOURCE` shows), up to its
+    /// first byte that is not UTF-8: a stray byte elsewhere in the path
+    /// costs nothing.
     fn file(&self) -> &str {
-        // SAFETY: `file` is NULL or a NUL-terminated string with static
-        // storage duration (the `*_at` functions' contract), never changed.
-        unsafe { prefix_in(self.file) }
+        if self.file.is_null() {
+            return "";
+        }
+        // SAFETY: `file` is a NUL-terminated string with static storage
+        // duration (the `*_at` functions' contract), never changed.
+        let path = unsafe { CStr::from_ptr(self.file) }.to_bytes();
+        let name = match path.iter().rposition(|&b| b == b'/' || b == b'\\') {
+            Some(i) => &path[i + 1..],
+            None => path,
+        };
+        match std::str::from_utf8(name) {
+            Ok(s) => s,
+            Err(e) => std::str::from_utf8(&name[..e.valid_up_to()]).unwrap_or_default(),
+        }
     }
 
     fn line(&self) -> u32 {
@@ -58,4 +70,29 @@ pub(crate) unsafe fn site_in(p: *const pfs_site_t) -> Option<&'static dyn Site> 
     // SAFETY: by this function's contract `p` is NULL or a valid site that
     // lives (unchanged) for the rest of the process.
     unsafe { p.as_ref() }.map(|s| s as &'static dyn Site)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_site_names_its_file_s_last_component() {
+        let site = |file: &'static CStr| pfs_site_t {
+            file: file.as_ptr(),
+            line: 7,
+        };
+        assert_eq!(site(c"src/db/pool.c").file(), "pool.c");
+        assert_eq!(site(c"C:\\app\\win.c").file(), "win.c");
+        assert_eq!(site(c"plain.c").file(), "plain.c");
+        // A stray byte in a directory name costs nothing; in the name,
+        // the name is kept up to it.
+        assert_eq!(site(c"d\xff/ok.c").file(), "ok.c");
+        assert_eq!(site(c"dir/n\xffame.c").file(), "n");
+        let none = pfs_site_t {
+            file: std::ptr::null(),
+            line: 3,
+        };
+        assert_eq!((none.file(), none.line()), ("", 3));
+    }
 }

@@ -5,7 +5,7 @@ use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pfs_shm_layout::geometry::DEFAULT_MAX_SEGMENT_BYTES;
+use pfs_shm_layout::geometry::{DEFAULT_MAX_SEGMENT_BYTES, MAX_STRINGS};
 use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED, MAX_CLASSES_LIMIT};
 pub use pfs_shm_layout::rules::{parse_consumer_rules, parse_duration, parse_instrument_rules};
 use pfs_shm_layout::segment::{MAX_HISTORY_LEN, MAX_HISTORY_LONG_LEN, MAX_PAGES};
@@ -32,7 +32,10 @@ pub struct Config {
     pub history_len: u32,
     /// Instrument class capacity (`PFS_MAX_CLASSES`, default 256).
     pub max_classes: u32,
-    /// Interned string capacity (source locations, file names).
+    /// Interned string capacity: `SOURCE` call sites (`file:line`) and
+    /// object names (file paths, socket addresses), one entry per distinct
+    /// string (`PFS_MAX_STRINGS`, default 2048). Beyond it, those strings
+    /// are not recorded (counted as lost, kind `strings`).
     pub max_strings: u32,
     /// Maximum concurrently instrumented threads (`PFS_MAX_THREADS`, default 1024).
     pub max_threads: u32,
@@ -131,6 +134,7 @@ impl Config {
         };
         c.history_len = num("PFS_HISTORY_SIZE", c.history_len, Self::HISTORY_LEN_RANGE)?;
         c.max_classes = num("PFS_MAX_CLASSES", c.max_classes, Self::MAX_CLASSES_RANGE)?;
+        c.max_strings = num("PFS_MAX_STRINGS", c.max_strings, Self::MAX_STRINGS_RANGE)?;
         c.max_threads = num("PFS_MAX_THREADS", c.max_threads, c.max_threads_range())?;
         c.group_access = flag("PFS_GROUP_ACCESS", c.group_access)?;
         c.enabled = flag("PFS_INSTRUMENTS_ENABLED", c.enabled)?;
@@ -210,6 +214,8 @@ impl Config {
     pub const HISTORY_LEN_RANGE: RangeInclusive<u32> = 1..=MAX_HISTORY_LEN;
     /// Accepted `max_classes` (`PFS_MAX_CLASSES`).
     pub const MAX_CLASSES_RANGE: RangeInclusive<u32> = 1..=MAX_CLASSES_LIMIT;
+    /// Accepted `max_strings` (`PFS_MAX_STRINGS`).
+    pub const MAX_STRINGS_RANGE: RangeInclusive<u32> = 1..=MAX_STRINGS;
     /// Accepted `history_long_len` (`PFS_HISTORY_LONG_SIZE`; 0 keeps no
     /// `history_long` rings).
     pub const HISTORY_LONG_LEN_RANGE: RangeInclusive<u32> = 0..=MAX_HISTORY_LONG_LEN;
@@ -258,6 +264,7 @@ impl Config {
         }
         check("history_len", self.history_len, Self::HISTORY_LEN_RANGE)?;
         check("max_classes", self.max_classes, Self::MAX_CLASSES_RANGE)?;
+        check("max_strings", self.max_strings, Self::MAX_STRINGS_RANGE)?;
         check("max_threads", self.max_threads, self.max_threads_range())?;
         check(
             "history_long_len",

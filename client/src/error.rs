@@ -26,7 +26,7 @@ pub enum InitError {
     BadEnv(String, String),
     /// The directory is world-writable: anyone could plant segments.
     #[error(
-        "segment directory {0} is world-writable; use a private directory (mode 0700, or 0770 with PFS_GROUP_ACCESS=1)"
+        "segment directory {0} is world-writable; use a private directory (mode 0700, or 0770 with group access: PFS_GROUP_ACCESS=1, Config::group_access, C's PFS_CONFIG_GROUP_ACCESS)"
     )]
     WorldWritable(PathBuf),
     /// Live processes hold this segment path and its numbered alternatives
@@ -63,7 +63,9 @@ pub enum ConfigError {
         max: u32,
     },
     /// No service name: the segment file and every series need one.
-    #[error("service_name is empty; name the service (PFS_SERVICE_NAME, or Config::new(\"name\"))")]
+    #[error(
+        "service_name is empty; name the service (PFS_SERVICE_NAME, Config::new(\"name\"), or C's pfs_config_t.service_name)"
+    )]
     EmptyServiceName,
     /// The sizes lay out a segment larger than a reader accepts by default
     /// (`pfs-agent --max-segment-size`): nothing would export it.

@@ -8,7 +8,7 @@
 use std::panic::Location;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 
-use pfs_shm_layout::layout::NONE_U32;
+use pfs_shm_layout::layout::{LostKind, NONE_U32};
 
 use crate::reentry::reentrant;
 use crate::runtime::Runtime;
@@ -120,11 +120,31 @@ impl SourceArg for Option<&'static dyn Site> {
     }
 }
 
-const SLOTS: usize = 4096;
+/// Call sites the table holds (by address): 16 Ki slots of 16 bytes, in
+/// zero pages that cost memory only once a slot in them is taken.
+const SLOTS: usize = 1 << 14;
 
+/// Slots a site is looked for in past its home slot.
+const PROBES: usize = 32;
+
+/// One call site: its address (0: a free slot) and its string index.
 struct Slot {
     key: AtomicUsize,
-    id: AtomicU32,
+    /// The string index XOR [`PENDING`], so that a slot is all zeros
+    /// until taken and the table lies in zero pages (`.bss`).
+    id_x: AtomicU32,
+}
+
+impl Slot {
+    /// The site's string index, `PENDING` until interned.
+    #[inline(always)]
+    fn id(&self) -> u32 {
+        self.id_x.load(Acquire) ^ PENDING
+    }
+
+    fn set_id(&self, id: u32) {
+        self.id_x.store(id ^ PENDING, Release);
+    }
 }
 
 /// A slot's id while the thread that took the slot interns its site
@@ -134,7 +154,7 @@ const PENDING: u32 = NONE_U32 - 1;
 static TABLE: [Slot; SLOTS] = [const {
     Slot {
         key: AtomicUsize::new(0),
-        id: AtomicU32::new(PENDING),
+        id_x: AtomicU32::new(0),
     }
 }; SLOTS];
 
@@ -145,10 +165,11 @@ static TABLE: [Slot; SLOTS] = [const {
 #[inline(always)]
 pub(crate) fn source_id(rt: &Runtime, loc: &'static dyn Site) -> u32 {
     let key = loc as *const dyn Site as *const () as usize;
-    let i = (key >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - 12);
+    let i =
+        (key >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - SLOTS.trailing_zeros());
     let slot = &TABLE[i];
     if slot.key.load(Acquire) == key {
-        let id = slot.id.load(Acquire);
+        let id = slot.id();
         if id != PENDING {
             return id;
         }
@@ -159,14 +180,16 @@ pub(crate) fn source_id(rt: &Runtime, loc: &'static dyn Site) -> u32 {
 }
 
 /// [`source_id`] past the home slot `i` of `key`: linear probing over at
-/// most 16 slots (`NONE_U32` if all are taken by other locations).
+/// most [`PROBES`] slots. If all are taken by other sites (a process with
+/// well over ten thousand call sites), the event has no `SOURCE`, counted
+/// as a lost string (each such event: the site cannot be remembered).
 #[inline(never)]
 fn probe(rt: &Runtime, loc: &'static dyn Site, key: usize, mut i: usize) -> u32 {
-    for _ in 0..16 {
+    for _ in 0..PROBES {
         let slot = &TABLE[i];
         let k = slot.key.load(Acquire);
         if k == key {
-            let id = slot.id.load(Acquire);
+            let id = slot.id();
             return if id == PENDING { intern(rt, loc) } else { id };
         }
         if k == 0 {
@@ -174,6 +197,7 @@ fn probe(rt: &Runtime, loc: &'static dyn Site, key: usize, mut i: usize) -> u32 
         }
         i = (i + 1) & (SLOTS - 1);
     }
+    rt.writer.segment().count_lost(LostKind::Strings);
     NONE_U32
 }
 
@@ -187,7 +211,7 @@ fn intern_slow(rt: &Runtime, loc: &'static dyn Site, slot: &Slot, key: usize) ->
     let won = slot.key.compare_exchange(0, key, AcqRel, Acquire).is_ok();
     let id = intern(rt, loc);
     if won {
-        slot.id.store(id, Release);
+        slot.set_id(id);
     }
     id
 }

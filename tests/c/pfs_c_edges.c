@@ -490,6 +490,22 @@ static int key_dtor(const char *shm_dir, const char *service, long threads) {
     return 0;
 }
 
+/* ---- env ------------------------------------------------------------ */
+
+/* pfs_init() from the PFS_* environment: prints its code, its message
+ * and the segment path (empty when it failed). */
+static int env(void) {
+    int rc = pfs_init();
+    char msg[512] = "";
+    char path[512] = "";
+    if (rc != PFS_OK) pfs_init_error(msg, sizeof msg);
+    else CHECK(pfs_segment_path(path, sizeof path) > 0);
+    for (char *c = msg; *c; c++)
+        if (*c == '"' || *c == '\\') *c = '\'';
+    printf("{\"rc\":%d,\"error\":\"%s\",\"segment\":\"%s\"}\n", rc, msg, path);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (strcmp(mode, "owner") == 0 && argc == 4) return owner(argv[2], argv[3]);
@@ -501,7 +517,9 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "abi_late") == 0 && argc == 3) return abi_late(argv[2]);
     if (strcmp(mode, "key_dtor") == 0 && argc == 5)
         return key_dtor(argv[2], argv[3], strtol(argv[4], NULL, 10));
-    fprintf(stderr, "usage: %s owner|lost|names|config|abi|abi_late|key_dtor SHM_DIR [SERVICE ...]\n",
+    if (strcmp(mode, "env") == 0 && argc == 2) return env();
+    fprintf(stderr,
+            "usage: %s owner|lost|names|config|abi|abi_late|key_dtor SHM_DIR [SERVICE ...] | env\n",
             argv[0]);
     return 2;
 }

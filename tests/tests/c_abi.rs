@@ -541,6 +541,40 @@ fn run_edges(mode: &str, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).expect("one JSON line")
 }
 
+/// `pfs_init()` sizes the string table (`SOURCE` call sites and object
+/// names) from `PFS_MAX_STRINGS`, and refuses a value out of range naming
+/// the variable.
+#[test]
+fn pfs_init_reads_pfs_max_strings() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile("pfs_c_edges.c");
+    let run = |max_strings: &str| -> Value {
+        let out = Command::new(&exe)
+            .arg("env")
+            .env("PFS_SHM_DIR", dir.path())
+            .env("PFS_SERVICE_NAME", "c-env")
+            .env("PFS_MAX_STRINGS", max_strings)
+            .output()
+            .expect("run pfs_c_edges env");
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice(&out.stdout).expect("one JSON line")
+    };
+    let got = run("5000");
+    assert_eq!(got["rc"], 0, "{got}");
+    let file = std::fs::File::open(got["segment"].as_str().unwrap()).unwrap();
+    let seg = Segment::open(file, false).unwrap();
+    assert_eq!(seg.geometry().max_strings, 5000);
+    for bad in ["0", "2000000", "lots"] {
+        let got = run(bad);
+        assert_eq!(got["rc"], -3, "PFS_ERR_BAD_ENV: {got}");
+        let error = got["error"].as_str().unwrap();
+        assert!(
+            error.contains("PFS_MAX_STRINGS") && error.contains("1 to 1048576"),
+            "{error}"
+        );
+    }
+}
+
 /// Starts `pfs_c_edges` in a mode that records, keeps its threads alive
 /// and prints `{"ready":true,"segment":...}`: the program (ended by
 /// `finish`), that line, and a snapshot of its segment.
