@@ -4,7 +4,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::builder::{OsStringValueParser, TypedValueParser};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use pfs_agent::export::otlp::OtlpArgs;
 use pfs_agent::segments::{DEFAULT_MAX_SEGMENT_SIZE, OwnerPolicy, Policy};
 use pfs_agent::server::Limits;
@@ -18,6 +19,54 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// Parses this process's arguments as [`Parser::parse`] does (exiting
+    /// with clap's message on an error, `--help` or `--version`), except
+    /// that a [`SHM_DIR_ENV`] set but empty counts as unset: see
+    /// [`empty_shm_dir_is_unset`].
+    pub fn parse_args() -> Self {
+        let mut cmd = Cli::command();
+        if std::env::var_os(SHM_DIR_ENV).is_some_and(|v| v.is_empty()) {
+            cmd = empty_shm_dir_is_unset(cmd);
+        }
+        let matches = cmd.get_matches_mut();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut cmd).exit())
+    }
+}
+
+/// The variable that names the segment directory, for the agent as for
+/// the instrumented processes.
+pub const SHM_DIR_ENV: &str = "PFS_SHM_DIR";
+
+/// `cmd` for a [`SHM_DIR_ENV`] that is set but empty (`PFS_SHM_DIR=` in
+/// a shell or a manifest), which clap takes as a value given: it reports
+/// `--shm-dir` as missing its value, a flag the user never typed (and
+/// clap 4 has no setting to ignore empty variables). Instead, a flag with
+/// a default stops reading the variable, so that the default applies as
+/// for an unset one (its `--help` then shows no `[env: ...]`); a flag
+/// without one (a `PathBuf`, like every flag that reads the variable)
+/// says that the variable is empty and what to set.
+fn empty_shm_dir_is_unset(cmd: clap::Command) -> clap::Command {
+    cmd.mut_args(|a| {
+        if a.get_env() != Some(std::ffi::OsStr::new(SHM_DIR_ENV)) {
+            a
+        } else if a.get_default_values().is_empty() {
+            a.value_parser(OsStringValueParser::new().try_map(|dir| {
+                if dir.is_empty() {
+                    Err(format!(
+                        "{SHM_DIR_ENV} is set but empty; set it to the segment directory, or pass --shm-dir DIR"
+                    ))
+                } else {
+                    Ok(PathBuf::from(dir))
+                }
+            }))
+        } else {
+            a.env(None)
+        }
+    })
+    .mut_subcommands(empty_shm_dir_is_unset)
 }
 
 /// Subcommands.
@@ -43,7 +92,7 @@ pub enum Command {
 #[derive(Debug, Args, Clone)]
 pub struct DirArgs {
     /// Directory of segment files (the instrumented processes' PFS_SHM_DIR).
-    #[arg(long, env = "PFS_SHM_DIR", default_value = pfs_shm_layout::files::DEFAULT_SHM_DIR)]
+    #[arg(long, env = SHM_DIR_ENV, default_value = pfs_shm_layout::files::DEFAULT_SHM_DIR)]
     pub shm_dir: PathBuf,
 }
 
@@ -96,6 +145,19 @@ pub struct ServeArgs {
     /// that does not exist stops the agent (reads never open by accident).
     #[arg(long, env = "PFS_READ_TOKEN_FILE")]
     pub read_token_file: Option<PathBuf>,
+    /// A host name that a request arriving on a loopback address may give
+    /// in its Host header, besides IP addresses, localhost and this
+    /// machine's name (repeat the flag; comma-separated in the variable;
+    /// '*' accepts any). Other names get 403: a web page cannot read the
+    /// agent through DNS rebinding. Requests on other addresses are not
+    /// checked.
+    #[arg(
+        long = "allowed-host",
+        env = "PFS_ALLOWED_HOSTS",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
     #[command(flatten)]
     /// Connection limits.
     pub limits: LimitArgs,
@@ -340,7 +402,7 @@ pub struct DemoArgs {
 #[derive(Debug, Args)]
 pub struct WorkloadArgs {
     /// Segment directory.
-    #[arg(long, env = "PFS_SHM_DIR")]
+    #[arg(long, env = SHM_DIR_ENV)]
     pub shm_dir: PathBuf,
     /// Service name; without the flag, PFS_SERVICE_NAME if set, else
     /// kvstore-demo.
@@ -503,6 +565,59 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
+        empty_shm_dir_is_unset(Cli::command()).debug_assert();
+    }
+
+    /// With `PFS_SHM_DIR` empty, the flags with a default stop reading it
+    /// (in every subcommand, nested ones included), and the others refuse
+    /// the empty value naming the variable. The process's variable is not
+    /// touched here: `tests/tests/deploy_signals.rs` and
+    /// `agent/tests/robustness_fs_agent.rs` run the binary with it empty.
+    #[test]
+    fn an_empty_pfs_shm_dir_is_unset() {
+        let cmd = empty_shm_dir_is_unset(Cli::command());
+        let env_of = |path: &[&str]| {
+            let mut c = &cmd;
+            for name in path {
+                c = c.find_subcommand(name).expect(name);
+            }
+            let arg = c.get_arguments().find(|a| a.get_id() == "shm_dir");
+            arg.expect("--shm-dir").get_env().map(|v| v.to_owned())
+        };
+        for path in [&["serve"][..], &["query"], &["setup", "instruments"]] {
+            assert_eq!(env_of(path), None, "{path:?}");
+        }
+        let parse = |args: &[&str]| {
+            let m = cmd.clone().try_get_matches_from(args)?;
+            Cli::from_arg_matches(&m)
+        };
+        let Command::Serve(a) = parse(&["pfs-agent", "serve"]).unwrap().command else {
+            panic!("serve")
+        };
+        assert_eq!(
+            a.dir.shm_dir,
+            PathBuf::from(pfs_shm_layout::files::DEFAULT_SHM_DIR)
+        );
+        #[cfg(feature = "demo")]
+        {
+            assert_eq!(env_of(&["workload"]).as_deref(), Some(SHM_DIR_ENV.as_ref()));
+            // The value the variable gives, as clap hands it over.
+            let e = parse(&["pfs-agent", "workload", "--shm-dir", "", "--data-dir", "d"])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("PFS_SHM_DIR is set but empty") && e.contains("--shm-dir DIR"),
+                "{e}"
+            );
+            let Command::Workload(a) =
+                parse(&["pfs-agent", "workload", "--shm-dir", "s", "--data-dir", "d"])
+                    .unwrap()
+                    .command
+            else {
+                panic!("workload")
+            };
+            assert_eq!(a.shm_dir, PathBuf::from("s"));
+        }
     }
 
     /// Defaults are written once (in the library) and shown as they were.

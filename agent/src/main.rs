@@ -8,7 +8,6 @@
 use std::io::IsTerminal;
 
 use anyhow::bail;
-use clap::Parser;
 
 mod cli;
 mod commands;
@@ -147,7 +146,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     // One-shot commands only warn; long-running ones also log progress.
     let default_level = match cli.command {
         Command::Query(_) | Command::Setup(_) => "warn",

@@ -2,6 +2,7 @@
 //! directories: FIFOs where the agent's own files or segments go (nothing
 //! may block), a state file that cannot be saved (no retired segment's file
 //! may be removed before its totals are saved), `--shm-dir` naming a file,
+//! an empty `PFS_SHM_DIR` (the default directory, as if unset),
 //! directories with no usable segment (a hint saying why), one that
 //! does not exist yet (waited for, without a warning at every pass), and
 //! one the agent may not read (degraded, counted, and said plainly).
@@ -260,6 +261,53 @@ fn a_shm_dir_that_is_a_file_is_an_error() {
         );
     }
     assert!(!dir.path().join("afile.corrupt").exists());
+}
+
+/// `PFS_SHM_DIR` set but empty (`PFS_SHM_DIR= pfs-agent serve`, or an
+/// empty value in a manifest) is unset: the default directory, not clap's
+/// "a value is required for '--shm-dir'" (a flag nobody typed, exit 2).
+/// `serve` takes its arguments, then stops at its missing read token
+/// before it touches any directory; `query` (which only reads) reads the
+/// default one, whatever this machine holds there; `--shm-dir` still
+/// wins.
+#[test]
+fn an_empty_pfs_shm_dir_is_the_default_directory() {
+    let run_empty = |args: &[&str]| {
+        let mut cmd = Command::new(BIN);
+        cmd.env("PFS_SHM_DIR", "");
+        let (status, out, err) = run_with(cmd, args, Duration::from_secs(15));
+        (
+            status.unwrap_or_else(|| panic!("{args:?} did not exit")),
+            out,
+            err,
+        )
+    };
+    let secrets = tempfile::tempdir().unwrap();
+    let missing = secrets.path().join("read-token");
+    let serve = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--read-token-file",
+        missing.to_str().unwrap(),
+    ];
+    let (status, _, err) = run_empty(&serve);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot read the token file"), "{err}");
+
+    let default = pfs_shm_layout::files::DEFAULT_SHM_DIR;
+    let (status, out, err) = run_empty(&["query", "threads"]);
+    assert!(
+        (status.success() && out.contains(" row")) || err.contains(default),
+        "{status}: {out}{err}"
+    );
+    assert!(!err.contains("--shm-dir <"), "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let (status, _, err) = run_empty(&["query", "threads", "--shm-dir", d]);
+    assert!(status.success(), "{err}");
+    assert!(err.contains(&format!("no segments in {d}")), "{err}");
 }
 
 /// An empty directory: `query` and `setup` succeed but say why nothing

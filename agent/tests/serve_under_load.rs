@@ -82,7 +82,7 @@ fn stalled_client(addr: SocketAddr, path: &str) -> TcpStream {
     });
     s.set_nonblocking(false).unwrap();
     let mut w = &s;
-    write!(w, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    write!(w, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
     s
 }
 
@@ -319,7 +319,7 @@ fn healthz_is_answered_beyond_the_connection_limit() {
     // A scrape waits for a slot ...
     let mut scrape = TcpStream::connect(agent.addr).unwrap();
     scrape
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .unwrap();
     // ... while probes are answered at once, again and again.
     for _ in 0..3 {

@@ -1641,7 +1641,7 @@ fn agent_binary_runs_the_pod_as_written() {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s.write_all(
-            b"POST /api/v1/tables/threads/truncate HTTP/1.1\r\nHost: x\r\n\
+            b"POST /api/v1/tables/threads/truncate HTTP/1.1\r\nHost: localhost\r\n\
               Authorization: Bearer guess\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
         )
         .unwrap();

@@ -4,7 +4,8 @@
 //! * The demo workload (`pfs-agent workload`, the app container's PID 1 in
 //!   deploy/kubernetes) stops cleanly and promptly on SIGTERM and SIGINT,
 //!   and honours the `PFS_*` environment the manifest sets
-//!   (`PFS_GROUP_ACCESS`, `PFS_SERVICE_NAME`).
+//!   (`PFS_GROUP_ACCESS`, `PFS_SERVICE_NAME`, `PFS_SHM_DIR`, which it
+//!   refuses empty, naming it).
 //! * As the init of a new PID namespace (`unshare --pid --fork
 //!   --mount-proc`, as a container runtime starts it; needs root, skipped
 //!   otherwise), where the kernel drops a signal the process has no handler
@@ -471,6 +472,33 @@ fn workload_stops_on_sigterm_with_its_log_pipe_closed() {
     // It stopped cleanly, or died of the closed pipe on its last line:
     // either way, it stopped.
     eprintln!("deploy_signals: with its log pipe closed, the workload ended with {status}");
+}
+
+/// `PFS_SHM_DIR` set but empty, and no `--shm-dir`: the workload has no
+/// default directory, so it stops at once (exit 2, as for any bad
+/// argument) saying that the variable is empty and what to set, rather
+/// than clap's "a value is required for '--shm-dir'" (a flag nobody
+/// typed).
+#[test]
+fn workload_refuses_an_empty_pfs_shm_dir_naming_it() {
+    let d = pod_dirs();
+    let out = Command::new(agent_bin())
+        .args(["workload", "--workers", "1", "--data-dir"])
+        .arg(&d.data)
+        .env_clear()
+        .env("PFS_SHM_DIR", "")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("PFS_SHM_DIR is set but empty")
+            && err.contains("set it to the segment directory")
+            && err.contains("--shm-dir DIR"),
+        "{err}"
+    );
+    assert!(!err.contains("a value is required"), "{err}");
+    assert!(!d.shm.exists(), "nothing created");
 }
 
 /// The workload reads `PFS_SHM_DIR` as any pfs-client application does

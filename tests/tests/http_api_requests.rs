@@ -1,14 +1,22 @@
 //! The HTTP API's request handling, against a real `pfs-agent serve` and
 //! real instrumented processes: query values percent-decoded (a service
 //! named `orders api/v2`, `kvstore%2Ddemo`), repeated or malformed
-//! parameters refused with 400 naming them, 405 with `Allow` for a known
-//! path asked with the wrong method (before any token check), the
-//! `Bearer` scheme in any case, `performance_timers` per process, and
-//! unknown `setup_timers` event kinds refused.
+//! parameters refused with 400 naming them, paths percent-decoded segment
+//! by segment (`/api/v1/tables/%74hreads`; an encoded `/` stays within a
+//! name), a URL too long refused with 414 and a JSON error (a request
+//! head too long as a whole: hyper's bare 431), 405 with `Allow` for a
+//! known path asked with the wrong method (before any token check), the
+//! `Bearer` scheme in any case, `performance_timers` per process,
+//! unknown `setup_timers` event kinds refused, and the `Host` header
+//! of a loopback connection checked (DNS rebinding: 403 for a name that
+//! is not the agent's, `--allowed-host` to add one).
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use pfs_agent::server::{MAX_HEADER_BYTES, MAX_URI_BYTES};
 use pfs_tests::{Agent, Writer, poll, rows, spawn_exact, writer_exe};
 use serde_json::{Value, json};
 
@@ -244,6 +252,56 @@ fn query_values_are_percent_decoded_and_checked() -> Result<()> {
     Ok(())
 }
 
+/// A path is routed once decoded, segment by segment, health check
+/// included; a URL too long is told the limit and what to do, unless it
+/// alone overflows the request head (then hyper answers 431 itself, with
+/// no body), and the agent goes on serving.
+#[test]
+fn paths_are_percent_decoded_and_long_urls_refused() -> Result<()> {
+    let s = Setup::start(false)?;
+    let t = s.table("%74hreads", "?service=kvstore%2Ddemo")?;
+    assert_eq!(t["table"], "threads", "{t}");
+    assert!(services(&t)?.iter().all(|x| x == "kvstore-demo"), "{t}");
+    let a = get(&s.url("/%68ealthz"))?;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert!(
+        a.body.as_str().is_some_and(|b| b.starts_with("ok")),
+        "{a:?}"
+    );
+    // An encoded slash is part of the table's name: nothing is truncated.
+    let a = request(
+        "POST",
+        &s.url("/api/v1/tables/threads%2Ftruncate"),
+        Some(&format!("Bearer {CONTROL}")),
+        None,
+    )?;
+    assert_eq!(a.status, 404, "{a:?}");
+    assert!(error_of(&a).contains("no such table"), "{a:?}");
+    let a = get(&s.url("/api/v1/tables/%FF"))?;
+    assert_eq!(a.status, 400, "{a:?}");
+    assert!(error_of(&a).contains("not UTF-8"), "{a:?}");
+
+    let long = |len: usize| {
+        let base = "/api/v1/tables/threads?service=";
+        s.url(&format!("{base}{}", "x".repeat(len - base.len())))
+    };
+    let a = get(&long(MAX_URI_BYTES + 1))?;
+    assert_eq!(a.status, 414, "{a:?}");
+    let e = error_of(&a);
+    assert!(
+        e.contains(&MAX_URI_BYTES.to_string()) && e.contains("shorten"),
+        "{a:?}"
+    );
+    // Longer than the whole head may be: hyper's 431, before any handler.
+    let a = get(&long(MAX_HEADER_BYTES + 1))?;
+    assert_eq!(a.status, 431, "{a:?}");
+    assert_eq!(a.body, Value::String(String::new()), "{a:?}");
+    // Still serving, and a URL at the limit is fine.
+    let a = get(&long(MAX_URI_BYTES))?;
+    assert_eq!(a.status, 200, "{a:?}");
+    Ok(())
+}
+
 /// 405 and `Allow` for every known path asked with another method, with
 /// or without tokens (the 405 comes before the token check).
 fn check_wrong_methods(s: &Setup) -> Result<()> {
@@ -423,5 +481,72 @@ fn unknown_event_kinds_of_setup_timers_are_refused() -> Result<()> {
         .cloned()
         .context("stage row")?;
     assert_eq!(stage["timer_name"], "NANOSECOND", "{t}");
+    Ok(())
+}
+
+/// `GET path` from the agent at `base` (`http://127.0.0.1:PORT`) with
+/// `Host: host`, on a connection of its own: the status and the body.
+fn get_with_host(base: &str, path: &str, host: &str) -> Result<(u16, String)> {
+    let addr = base.strip_prefix("http://").context("an http:// base")?;
+    let mut c = TcpStream::connect(addr)?;
+    c.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = String::new();
+    c.read_to_string(&mut raw)?;
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("a status line: {raw:?}"))?;
+    let body = raw.split_once("\r\n\r\n").map_or("", |b| b.1).to_string();
+    Ok((status, body))
+}
+
+/// A request on a loopback address naming another host (a page that
+/// rebound its name to 127.0.0.1) is refused with 403 and what to do,
+/// whatever the path; the agent's own names are served, and
+/// `--allowed-host` adds one (`*`: any).
+#[test]
+fn loopback_requests_naming_another_host_are_refused() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let agent = Agent::serve(dir.path())?;
+    let port = agent.base.rsplit(':').next().unwrap().to_string();
+    for path in ["/metrics", "/api/v1/tables/threads", "/healthz", "/"] {
+        let (status, body) = get_with_host(&agent.base, path, &format!("evil.example:{port}"))?;
+        assert_eq!(status, 403, "{path}: {body}");
+        let error: Value = serde_json::from_str(&body).context("a JSON error")?;
+        let e = error["error"].as_str().unwrap_or_default();
+        assert!(
+            e.contains("DNS rebinding")
+                && e.contains(&format!("http://127.0.0.1:{port}/"))
+                && e.contains("--allowed-host evil.example"),
+            "{e}"
+        );
+    }
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        "LOCALHOST".to_string(),
+    ] {
+        let (status, body) = get_with_host(&agent.base, "/metrics", &host)?;
+        assert_eq!(status, 200, "{host}: {body}");
+    }
+    let (status, _) = get_with_host(&agent.base, "/metrics", "metrics.example")?;
+    assert_eq!(status, 403);
+    drop(agent);
+
+    let allowed = Agent::serve_with_args(dir.path(), &["--allowed-host", "Metrics.Example"])?;
+    let (status, body) = get_with_host(&allowed.base, "/metrics", "metrics.example:80")?;
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = get_with_host(&allowed.base, "/metrics", "evil.example")?;
+    assert_eq!(status, 403);
+    drop(allowed);
+
+    let any = Agent::serve_with_args(dir.path(), &["--allowed-host", "*"])?;
+    let (status, body) = get_with_host(&any.base, "/metrics", "evil.example")?;
+    assert_eq!(status, 200, "{body}");
     Ok(())
 }

@@ -164,7 +164,7 @@ fn slowloris_and_idle_connections_are_closed() {
     let mut idle = TcpStream::connect(&a).unwrap();
     let mut slow = TcpStream::connect(&a).unwrap();
     let start = Instant::now();
-    slow.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+    slow.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n")
         .unwrap();
     let mut closed_after = None;
     let mut buf = [0u8; 4096];
@@ -229,8 +229,9 @@ fn oversize_headers_and_bodies_are_refused() {
     // 32 KiB of headers: 431 (or at least a closed connection, no answer).
     let mut s = TcpStream::connect(&a).unwrap();
     let big = "x".repeat(32 * 1024);
-    let _ =
-        s.write_all(format!("GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n").as_bytes());
+    let _ = s.write_all(
+        format!("GET /metrics HTTP/1.1\r\nHost: localhost\r\nX-Big: {big}\r\n\r\n").as_bytes(),
+    );
     let (resp, closed) = read_until_closed(&mut s, Duration::from_secs(10));
     let headers_line = status_line(&resp);
     assert!(
@@ -244,7 +245,7 @@ fn oversize_headers_and_bodies_are_refused() {
         "y".repeat(200 * 1024)
     );
     let head = format!(
-        "POST /api/v1/setup/instruments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n\
+        "POST /api/v1/setup/instruments HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer s3cret\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
@@ -279,12 +280,12 @@ fn connections_beyond_the_limit_wait_for_a_slot() {
     let start = Instant::now();
     let mut third = TcpStream::connect(&a).unwrap();
     third
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .unwrap();
     // A probe meanwhile is answered at once.
     let mut probe = TcpStream::connect(&a).unwrap();
     probe
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .unwrap();
     let (resp, _) = read_until_closed(&mut probe, Duration::from_secs(1));
     assert!(
@@ -327,7 +328,7 @@ fn a_client_that_never_reads_is_cut_off_and_blocks_nobody() {
     let n = (64 << 20) / body_len.max(1) + 1;
     let mut s = TcpStream::connect(addr(&agent)).unwrap();
     let start = Instant::now();
-    let req = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    let req = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
     s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
     for _ in 0..n {
         if s.write_all(req).is_err() {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use pfs_agent::segments::SegmentSet;
-use pfs_agent::server::{self, Tokens};
+use pfs_agent::server::{self, HostCheck, Tokens};
 
 use super::{agent, bind, control_options, runtime, shutdown_signal};
 use crate::cli::{DefaultsArgs, DemoArgs, WorkloadArgs};
@@ -81,7 +81,13 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
             control: token,
             read: None,
         };
-        let agent = agent(set, tokens, Some(dirs.shm.clone()), &a.otlp)?;
+        let agent = agent(
+            set,
+            tokens,
+            HostCheck::default(),
+            Some(dirs.shm.clone()),
+            &a.otlp,
+        )?;
         let url = format!("http://{}", connectable(listen));
         super::say(&format!(
             "pfs-agent demo: workload pid {} writing segments in {}",

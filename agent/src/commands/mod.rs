@@ -19,7 +19,7 @@ use anyhow::Context;
 use pfs_agent::export::model::AgentStats;
 use pfs_agent::export::otlp::{self, OtlpArgs, OtlpExporter};
 use pfs_agent::segments::{ListFailure, SegmentSet};
-use pfs_agent::server::{AppOptions, AppState, Tokens};
+use pfs_agent::server::{AppOptions, AppState, HostCheck, Tokens};
 use pfs_agent::setup::Defaults;
 use pfs_agent::snapshot::{DEFAULT_MAX_AGE, Snapshotter};
 use tokio::net::TcpListener;
@@ -156,6 +156,7 @@ struct Agent {
 fn agent(
     set: SegmentSet,
     tokens: Tokens,
+    host_check: HostCheck,
     baselines_dir: Option<std::path::PathBuf>,
     otlp_args: &OtlpArgs,
 ) -> anyhow::Result<Agent> {
@@ -166,6 +167,7 @@ fn agent(
         snap.clone(),
         AppOptions {
             tokens,
+            host_check,
             baselines_dir,
             baselines_own_files_only,
             stats: Some(stats.clone()),

@@ -1,7 +1,8 @@
 //! Layer 7: the HTTP server: `/metrics`, `/healthz`, the PFS tables as
 //! JSON, a landing page, and control. One concern per submodule: [`body`]
 //! (responses), [`auth`] (bearer tokens), [`metrics_cache`] (the shared
-//! `/metrics` body), [`state`] (what requests share), [`stream`] (tables
+//! `/metrics` body), [`rebinding`] (the `Host` check of loopback
+//! connections), [`state`] (what requests share), [`stream`] (tables
 //! written while they are sent), [`control`] (setup changes and
 //! `TRUNCATE`), [`landing`] (the HTML page at `/`), [`routes`] (which
 //! request goes where); this module runs the accept loop within the
@@ -15,6 +16,11 @@
 //! refused (403). Nothing is changed unless the token matches. A known path
 //! asked with the wrong method gets 405 and an `Allow` header, before any
 //! token is checked.
+//!
+//! A request that arrives on a loopback address must name the agent by
+//! an IP address, `localhost`, the machine's host name or a name of
+//! `--allowed-host` in its `Host` header (403 otherwise, before anything
+//! else): a web page cannot read the agent through DNS rebinding.
 //!
 //! Reads (`/metrics`, `/api/v1/tables*`) are open unless a read token is
 //! configured (`--read-token-file`): then they need `Authorization: Bearer`
@@ -37,7 +43,12 @@
 //!   wait in the kernel's listen backlog until one ends.
 //! * Request headers must arrive within `header_timeout` (this also ends
 //!   idle keep-alive connections) and be at most [`MAX_HEADER_BYTES`] long
-//!   (431 otherwise); a connection lives at most `connection_timeout`
+//!   with the request line: beyond that hyper answers `431` itself, before
+//!   any handler runs, so with no body (hyper 1 has no hook for it; the
+//!   connection is then closed). Within it, a path and query longer than
+//!   [`MAX_URI_BYTES`] get `414` and a JSON error that says the limit, so
+//!   a long URL is told what to do unless it alone fills the head; a
+//!   connection lives at most `connection_timeout`
 //!   (which ends clients that never read their response): then it takes
 //!   no new request, and the response in flight gets [`CLOSE_GRACE`] to
 //!   finish (a keep-alive client is never cut mid-body by its connection's
@@ -65,6 +76,7 @@ pub mod body;
 pub mod control;
 pub mod landing;
 pub mod metrics_cache;
+pub mod rebinding;
 pub mod routes;
 pub mod state;
 pub mod stream;
@@ -79,11 +91,20 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 pub use auth::Tokens;
+pub use rebinding::HostCheck;
 pub use routes::handle;
 pub use state::{AppOptions, AppState};
 
-/// Largest request head (request line and headers) accepted; larger gets 431.
+/// Largest request head (request line and headers) accepted; larger gets
+/// hyper's own 431, with no body.
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// Longest path and query answered; longer gets 414 and a JSON error.
+/// Half of [`MAX_HEADER_BYTES`], so that a URL somewhat too long gets the
+/// explanation rather than hyper's bare 431, with room left for headers.
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+
+const _: () = assert!(MAX_URI_BYTES < MAX_HEADER_BYTES);
 
 /// Connections accepted beyond `max_connections`, so that a probe's
 /// `GET /healthz` is answered at once whatever the other clients do; any
@@ -223,11 +244,25 @@ async fn accept(
         let slot = Arc::new(std::sync::Mutex::new(slot));
         let slots = slots.clone();
         let state = state.clone();
+        // Unknown (an error the kernel does not give for a connected
+        // socket): checked as a loopback one.
+        let local = stream
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
         tokio::spawn(async move {
             let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 let state = state.clone();
                 let (slot, slots) = (slot.clone(), slots.clone());
                 async move {
+                    // A Host that is not text names nothing served.
+                    let host = req
+                        .headers()
+                        .get(hyper::header::HOST)
+                        .map(|h| h.to_str().unwrap_or("\u{fffd}"));
+                    if let Some(why) = state.host_check.refusal(local, host) {
+                        tracing::debug!(peer = %peer, "{why}");
+                        return Ok(body::error(hyper::StatusCode::FORBIDDEN, why));
+                    }
                     if !routes::is_healthz(req.uri().path()) {
                         regular_slot(&slot, &slots).await;
                     }

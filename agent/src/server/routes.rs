@@ -13,18 +13,28 @@
 //! | POST | `/api/v1/setup/{instruments,consumers,timers,actors}[?service=S&pid=N]` | `{"matched": n, "segments": m}` |
 //! | POST | `/api/v1/tables/{table}/truncate` | `{"truncated": table}` |
 //!
-//! Every GET path also answers HEAD. Query values are percent-decoded as
-//! a form would encode them (`%20` or `+` for a space, `%2F` for `/`), so
+//! Every GET path also answers HEAD. A path is split at its `/` first,
+//! then each segment is percent-decoded, so `/api/v1/tables/%74hreads` is
+//! `threads` (and `/%68ealthz` the health check), while an encoded slash
+//! is part of a name, never a separator (`/api/v1/tables/threads%2Ftruncate`
+//! names no table: 404). Query values are percent-decoded as a form would
+//! encode them (`%20` or `+` for a space, `%2F` for `/`), so
 //! `?service=orders%20api%2Fv2` matches the service `orders api/v2`; each
-//! parameter may appear once.
+//! parameter may appear once. A path or query that is not UTF-8 once
+//! decoded gets 400, and a path and query longer than [`MAX_URI_BYTES`]
+//! together get 414, both with a JSON error (a request head longer than
+//! [`MAX_HEADER_BYTES`](super::MAX_HEADER_BYTES) never gets here: see
+//! [`super`]).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use hyper::body::Incoming;
 use hyper::header::{ALLOW, HeaderValue};
-use hyper::{Method, Request, StatusCode};
+use hyper::{Method, Request, StatusCode, Uri};
 use serde_json::json;
 
+use super::MAX_URI_BYTES;
 use super::body::{Resp, error, json_reply, no_such_table, reply};
 use super::control;
 use super::landing;
@@ -56,14 +66,18 @@ pub enum QueryError {
     NotUtf8(String),
 }
 
+/// Percent-decodes `raw` (a path segment, or a query part with its `+`
+/// already read), or `None` if the result is not UTF-8.
+fn percent_decode(raw: &str) -> Option<Cow<'_, str>> {
+    percent_encoding::percent_decode_str(raw).decode_utf8().ok()
+}
+
 /// Percent-decodes a query string's name or value, reading `+` as a space
 /// (as HTML forms and `URLSearchParams` encode them).
 fn decode(raw: &str) -> Result<String, QueryError> {
-    let spaced = raw.replace('+', " ");
-    percent_encoding::percent_decode_str(&spaced)
-        .decode_utf8()
-        .map(|s| s.into_owned())
-        .map_err(|_| QueryError::NotUtf8(raw.to_string()))
+    percent_decode(&raw.replace('+', " "))
+        .map(Cow::into_owned)
+        .ok_or_else(|| QueryError::NotUtf8(raw.to_string()))
 }
 
 /// The [`Filter`] of a query string (`service=S&pid=N`, percent-decoded;
@@ -90,7 +104,7 @@ pub fn parse_filter(query: Option<&str>) -> Result<Filter, QueryError> {
 
 /// What a path names.
 #[derive(Clone, Copy)]
-enum Route<'a> {
+enum Route {
     Landing,
     Healthz,
     Metrics,
@@ -98,7 +112,7 @@ enum Route<'a> {
     Table(&'static dyn PfsTable),
     Truncate(&'static dyn PfsTable),
     /// One of [`SETUP_TABLES`].
-    Setup(&'a str),
+    Setup(&'static str),
 }
 
 /// Who may use a route, and with which methods.
@@ -129,7 +143,7 @@ impl Access {
     }
 }
 
-impl Route<'_> {
+impl Route {
     fn access(&self) -> Access {
         match self {
             Route::Landing | Route::Healthz => Access::Open,
@@ -145,57 +159,84 @@ pub(crate) fn is_healthz(path: &str) -> bool {
     matches!(route(path), Ok(Route::Healthz))
 }
 
-/// The route of `path`, or the 404 to send. One trailing slash is
+/// The route of `path`, or the error to send: 404, or 400 if the path is
+/// not UTF-8 once percent-decoded. The path is split at its `/`, then each
+/// segment decoded (`%2F` stays within its segment); one trailing slash is
 /// ignored (`/api/v1/tables/threads/` is the table).
-fn route(path: &str) -> Result<Route<'_>, Box<Resp>> {
+fn route(path: &str) -> Result<Route, Box<Resp>> {
     let path = match path.strip_suffix('/') {
         Some(p) if !p.is_empty() => p,
         _ => path,
     };
-    Ok(match path {
-        "/" => Route::Landing,
-        "/healthz" => Route::Healthz,
-        "/metrics" => Route::Metrics,
-        "/api/v1/tables" => Route::TableList,
-        p => {
-            if let Some(rest) = p.strip_prefix("/api/v1/tables/") {
-                let (name, truncate) = match rest.strip_suffix("/truncate") {
-                    Some(name) => (name, true),
-                    None => (rest, false),
-                };
-                match (tables::lookup(name), truncate) {
-                    (Some(t), false) => Route::Table(t),
-                    (Some(t), true) => Route::Truncate(t),
-                    (None, _) => return Err(Box::new(no_such_table())),
+    let not_found = || {
+        Box::new(error(
+            StatusCode::NOT_FOUND,
+            "not found; try /, /metrics, /healthz or /api/v1/tables (control: POST \
+             /api/v1/setup/{instruments,consumers,timers,actors} or \
+             /api/v1/tables/{table}/truncate)",
+        ))
+    };
+    // `*` (as in `OPTIONS *`) is the one target without a leading slash.
+    let Some(segments) = path.strip_prefix('/') else {
+        return Err(not_found());
+    };
+    let decoded = segments
+        .split('/')
+        .map(percent_decode)
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| {
+            Box::new(error(
+                StatusCode::BAD_REQUEST,
+                "the path is not UTF-8 once percent-decoded; percent-encode UTF-8 text",
+            ))
+        })?;
+    let segments: Vec<&str> = decoded.iter().map(|s| &**s).collect();
+    let table = |name: &str| tables::lookup(name).ok_or_else(|| Box::new(no_such_table()));
+    Ok(match segments.as_slice() {
+        [""] => Route::Landing,
+        ["healthz"] => Route::Healthz,
+        ["metrics"] => Route::Metrics,
+        ["api", "v1", "tables"] => Route::TableList,
+        ["api", "v1", "tables", name] => Route::Table(table(name)?),
+        ["api", "v1", "tables", name, "truncate"] => Route::Truncate(table(name)?),
+        ["api", "v1", "tables", ..] => return Err(Box::new(no_such_table())),
+        ["api", "v1", "setup", what @ ..] => {
+            let what = what.join("/");
+            match SETUP_TABLES.iter().find(|s| **s == what) {
+                Some(s) => Route::Setup(s),
+                None => {
+                    return Err(Box::new(error(
+                        StatusCode::NOT_FOUND,
+                        format!(
+                            "no setup table {what:?}; POST to /api/v1/setup/{{{}}}",
+                            SETUP_TABLES.join(",")
+                        ),
+                    )));
                 }
-            } else if let Some(what) = p.strip_prefix("/api/v1/setup/") {
-                match SETUP_TABLES.iter().find(|s| **s == what) {
-                    Some(s) => Route::Setup(s),
-                    None => {
-                        return Err(Box::new(error(
-                            StatusCode::NOT_FOUND,
-                            format!(
-                                "no setup table {what:?}; POST to /api/v1/setup/{{{}}}",
-                                SETUP_TABLES.join(",")
-                            ),
-                        )));
-                    }
-                }
-            } else {
-                return Err(Box::new(error(
-                    StatusCode::NOT_FOUND,
-                    "not found; try /, /metrics, /healthz or /api/v1/tables (control: POST \
-                     /api/v1/setup/{instruments,consumers,timers,actors} or \
-                     /api/v1/tables/{table}/truncate)",
-                )));
             }
         }
+        _ => return Err(not_found()),
+    })
+}
+
+/// 414 if `uri`'s path and query are longer than [`MAX_URI_BYTES`]
+/// together.
+fn uri_too_long(uri: &Uri) -> Option<Resp> {
+    let len = uri.path_and_query().map_or(0, |pq| pq.as_str().len());
+    (len > MAX_URI_BYTES).then(|| {
+        error(
+            StatusCode::URI_TOO_LONG,
+            format!(
+                "the URL's path and query are {len} bytes long, more than the {MAX_URI_BYTES} \
+                 accepted; shorten them (the only query parameters are service= and pid=, each once)"
+            ),
+        )
     })
 }
 
 /// 405 for `method` on `path`, whose route is `r`, with the `Allow` header
 /// and a hint at what to do instead.
-fn method_not_allowed(method: &Method, path: &str, r: Route<'_>) -> Resp {
+fn method_not_allowed(method: &Method, path: &str, r: Route) -> Resp {
     let access = r.access();
     let hint = match r {
         Route::Setup(what) => format!(
@@ -222,6 +263,9 @@ fn method_not_allowed(method: &Method, path: &str, r: Route<'_>) -> Resp {
 
 /// Answers one request.
 pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
+    if let Some(too_long) = uri_too_long(req.uri()) {
+        return too_long;
+    }
     let path = req.uri().path().to_string();
     let query = req.uri().query().map(str::to_string);
     let r = match route(&path) {
@@ -432,5 +476,91 @@ mod tests {
         assert!(Access::Read.allows(&Method::HEAD));
         assert!(!Access::Read.allows(&Method::POST));
         assert!(!Access::Control.allows(&Method::GET));
+    }
+
+    #[test]
+    fn paths_are_percent_decoded_segment_by_segment() {
+        let access = |p| route(p).map(|r| r.access()).ok();
+        let table = |p| match route(p) {
+            Ok(Route::Table(t) | Route::Truncate(t)) => Some(t.name()),
+            _ => None,
+        };
+        assert_eq!(table("/api/v1/tables/%74hreads"), Some("threads"));
+        assert_eq!(table("/api/v1/tables/thread%73/"), Some("threads"));
+        assert_eq!(
+            table("/%61pi/v1/tables/threads/%74runcate"),
+            Some("threads")
+        );
+        assert!(access("/api/v1/tables/threads/%74runcate") == Some(Access::Control));
+        assert!(access("/api/v1/setup/%74imers") == Some(Access::Control));
+        assert!(access("/%6detrics") == Some(Access::Read));
+        assert!(access("/api/v1/%74ables") == Some(Access::Read));
+        // The health check's own slot follows the same rule.
+        assert!(is_healthz("/%68ealthz") && is_healthz("/%68ealth%7A/"));
+        // An encoded slash is part of a name, never a separator, and a
+        // lone `%` stays as it is.
+        assert!(!is_healthz("/healthz%2F") && !is_healthz("/%2Fhealthz"));
+        for p in [
+            "/healthz%2F",
+            "/%2F",
+            "/api%2Fv1/tables",
+            "/api/v1/tables%2Fthreads",
+            "/api/v1/tables/threads%2Ftruncate",
+            "/api/v1/tables/threads%2F",
+            "/api/v1/setup/timers%2F",
+            "/api/v1/tables/100%",
+        ] {
+            assert_eq!(
+                route(p).err().map(|r| r.status()),
+                Some(StatusCode::NOT_FOUND),
+                "{p}"
+            );
+        }
+        // Not UTF-8 once decoded: the request is wrong, not the route.
+        for p in ["/api/v1/tables/%FF", "/%C3", "/healthz/%E2%82"] {
+            assert_eq!(
+                route(p).err().map(|r| r.status()),
+                Some(StatusCode::BAD_REQUEST),
+                "{p}"
+            );
+        }
+        assert!(!is_healthz("/%FF"));
+    }
+
+    /// The body of a whole response, as text.
+    fn text(r: Resp) -> String {
+        use http_body_util::BodyExt;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let body = rt.block_on(r.into_body().collect()).unwrap().to_bytes();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn urls_longer_than_the_limit_get_414_and_why() {
+        let prefix = "/api/v1/tables/threads?service=";
+        let uri = |len: usize| {
+            format!("{prefix}{}", "a".repeat(len - prefix.len()))
+                .parse::<Uri>()
+                .unwrap()
+        };
+        assert!(uri_too_long(&uri(MAX_URI_BYTES)).is_none());
+        let r = uri_too_long(&uri(MAX_URI_BYTES + 1)).expect("414");
+        assert_eq!(r.status(), StatusCode::URI_TOO_LONG);
+        assert_eq!(r.headers()[hyper::header::CONTENT_TYPE], "application/json");
+        let body: serde_json::Value = serde_json::from_str(&text(r)).unwrap();
+        let e = body["error"].as_str().unwrap();
+        assert!(
+            e.contains(&format!("{} bytes", MAX_URI_BYTES + 1))
+                && e.contains(&MAX_URI_BYTES.to_string())
+                && e.contains("shorten"),
+            "{e}"
+        );
+        // The path counts too, whatever it names.
+        let long_path = format!("/{}", "x".repeat(MAX_URI_BYTES))
+            .parse::<Uri>()
+            .unwrap();
+        assert!(uri_too_long(&long_path).is_some());
     }
 }

@@ -1,6 +1,6 @@
 //! What every request of one server shares: the snapshot source, the
-//! `/metrics` cache, the tokens, the `TRUNCATE` baselines, the table
-//! streams' slots and what `/healthz` checks.
+//! `/metrics` cache, the tokens, the `Host` check, the `TRUNCATE`
+//! baselines, the table streams' slots and what `/healthz` checks.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::auth::Tokens;
 use super::metrics_cache::MetricsCache;
+use super::rebinding::HostCheck;
 use super::stream::TableStreams;
 use crate::export::model::AgentStats;
 use crate::snapshot::Snapshotter;
@@ -22,6 +23,7 @@ pub struct AppState {
     pub stats: Arc<AgentStats>,
     pub(super) metrics: MetricsCache,
     pub(super) tokens: Tokens,
+    pub(super) host_check: HostCheck,
     baselines: Mutex<Baselines>,
     /// Where the TRUNCATE baselines are saved.
     pub(super) baselines_dir: Option<PathBuf>,
@@ -36,6 +38,8 @@ pub struct AppState {
 pub struct AppOptions {
     /// The bearer tokens.
     pub tokens: Tokens,
+    /// Which `Host` headers a loopback connection may send (DNS rebinding).
+    pub host_check: HostCheck,
     /// Directory (the segment directory) where `TRUNCATE` baselines are
     /// kept across restarts (none: in memory only).
     pub baselines_dir: Option<PathBuf>,
@@ -80,6 +84,7 @@ impl AppState {
             snap,
             stats,
             tokens: o.tokens,
+            host_check: o.host_check,
             baselines: Mutex::new(baselines),
             baselines_dir: o.baselines_dir,
             table_streams: TableStreams::default(),

@@ -705,9 +705,7 @@ impl Config {
         };
 
         let service_name = nonempty(env(OTEL_SERVICE_NAME));
-        let host = nonempty(std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-            .or_else(|| nonempty(env("HOSTNAME")))
-            .unwrap_or_else(|| "localhost".to_string());
+        let host = crate::util::host::host_name().unwrap_or_else(|| "localhost".to_string());
         let pid = std::process::id();
         let k8s: Vec<(String, String)> = K8S_ENV
             .iter()
