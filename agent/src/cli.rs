@@ -8,7 +8,8 @@ use clap::builder::{OsStringValueParser, TypedValueParser};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use pfs_agent::export::otlp::OtlpArgs;
 use pfs_agent::segments::{DEFAULT_MAX_SEGMENT_SIZE, OwnerPolicy, Policy};
-use pfs_agent::server::Limits;
+use pfs_agent::server::rebinding::parse_allowed_host;
+use pfs_agent::server::{HostCheck, Limits};
 use pfs_agent::util::text::{ByteSize, HumanDuration, parse_duration};
 
 /// pfs-agent: exports pfs-exporter segments as Prometheus metrics and
@@ -28,7 +29,10 @@ impl Cli {
     /// [`empty_shm_dir_is_unset`].
     pub fn parse_args() -> Self {
         let mut cmd = Cli::command();
-        if std::env::var_os(SHM_DIR_ENV).is_some_and(|v| v.is_empty()) {
+        // Blank, as the instrumented processes read it (they trim it).
+        if std::env::var_os(SHM_DIR_ENV)
+            .is_some_and(|v| v.to_str().is_some_and(|v| v.trim().is_empty()))
+        {
             cmd = empty_shm_dir_is_unset(cmd);
         }
         let matches = cmd.get_matches_mut();
@@ -40,7 +44,7 @@ impl Cli {
 /// the instrumented processes.
 pub const SHM_DIR_ENV: &str = "PFS_SHM_DIR";
 
-/// `cmd` for a [`SHM_DIR_ENV`] that is set but empty (`PFS_SHM_DIR=` in
+/// `cmd` for a [`SHM_DIR_ENV`] that is set but empty or blank (`PFS_SHM_DIR=` in
 /// a shell or a manifest), which clap takes as a value given: it reports
 /// `--shm-dir` as missing its value, a flag the user never typed (and
 /// clap 4 has no setting to ignore empty variables). Instead, a flag with
@@ -54,7 +58,7 @@ fn empty_shm_dir_is_unset(cmd: clap::Command) -> clap::Command {
             a
         } else if a.get_default_values().is_empty() {
             a.value_parser(OsStringValueParser::new().try_map(|dir| {
-                if dir.is_empty() {
+                if dir.to_str().is_some_and(|d| d.trim().is_empty()) {
                     Err(format!(
                         "{SHM_DIR_ENV} is set but empty; set it to the segment directory, or pass --shm-dir DIR"
                     ))
@@ -67,6 +71,32 @@ fn empty_shm_dir_is_unset(cmd: clap::Command) -> clap::Command {
         }
     })
     .mut_subcommands(empty_shm_dir_is_unset)
+}
+
+/// The `Host` check of loopback requests (`serve`, `demo`).
+#[derive(Debug, Args, Clone)]
+pub struct HostArgs {
+    /// A host name that a request arriving on a loopback address may give
+    /// in its Host header, besides IP addresses, localhost, this machine's
+    /// name and the names of /etc/hosts (repeat the flag; comma-separated
+    /// in the variable; '*' accepts any). Other names get 403: a web page
+    /// cannot read the agent through DNS rebinding. Requests on other
+    /// addresses are not checked.
+    #[arg(
+        long = "allowed-host",
+        env = "PFS_ALLOWED_HOSTS",
+        value_name = "NAME",
+        value_delimiter = ',',
+        value_parser = parse_allowed_host
+    )]
+    pub allowed_hosts: Vec<String>,
+}
+
+impl HostArgs {
+    /// The check these names make.
+    pub fn check(&self) -> HostCheck {
+        HostCheck::new(&self.allowed_hosts)
+    }
 }
 
 /// Subcommands.
@@ -145,19 +175,9 @@ pub struct ServeArgs {
     /// that does not exist stops the agent (reads never open by accident).
     #[arg(long, env = "PFS_READ_TOKEN_FILE")]
     pub read_token_file: Option<PathBuf>,
-    /// A host name that a request arriving on a loopback address may give
-    /// in its Host header, besides IP addresses, localhost and this
-    /// machine's name (repeat the flag; comma-separated in the variable;
-    /// '*' accepts any). Other names get 403: a web page cannot read the
-    /// agent through DNS rebinding. Requests on other addresses are not
-    /// checked.
-    #[arg(
-        long = "allowed-host",
-        env = "PFS_ALLOWED_HOSTS",
-        value_name = "NAME",
-        value_delimiter = ','
-    )]
-    pub allowed_hosts: Vec<String>,
+    #[command(flatten)]
+    /// The Host check of loopback requests.
+    pub hosts: HostArgs,
     #[command(flatten)]
     /// Connection limits.
     pub limits: LimitArgs,
@@ -380,6 +400,9 @@ pub struct DemoArgs {
     /// Address to serve on.
     #[arg(long, default_value_t = DEMO_LISTEN, value_parser = parse_listen)]
     pub listen: SocketAddr,
+    #[command(flatten)]
+    /// The Host check of loopback requests.
+    pub hosts: HostArgs,
     /// Segment directory (default: a fresh private directory, removed at exit).
     #[arg(long)]
     pub shm_dir: Option<PathBuf>,

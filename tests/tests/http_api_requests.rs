@@ -536,6 +536,25 @@ fn loopback_requests_naming_another_host_are_refused() -> Result<()> {
     }
     let (status, _) = get_with_host(&agent.base, "/metrics", "metrics.example")?;
     assert_eq!(status, 403);
+    // A second Host header, or an absolute target, naming another host.
+    let (status, _) = get_with_host(
+        &agent.base,
+        "/metrics",
+        &format!("localhost:{port}\r\nHost: evil.example"),
+    )?;
+    assert_eq!(status, 403);
+    let (status, _) = get_with_host(&agent.base, "http://evil.example/metrics", "localhost")?;
+    assert_eq!(status, 403);
+    // The first refusal of a name is logged, once.
+    let log = poll(Duration::from_secs(5), || {
+        let log = agent.guard.stderr();
+        Ok(log.contains("request refused").then_some(log))
+    })?;
+    assert_eq!(
+        log.matches("\"evil.example:").count(),
+        1,
+        "one warning for evil.example:\n{log}"
+    );
     drop(agent);
 
     let allowed = Agent::serve_with_args(dir.path(), &["--allowed-host", "Metrics.Example"])?;

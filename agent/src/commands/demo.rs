@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use pfs_agent::segments::SegmentSet;
-use pfs_agent::server::{self, HostCheck, Tokens};
+use pfs_agent::server::{self, Tokens};
 
 use super::{agent, bind, control_options, runtime, shutdown_signal};
 use crate::cli::{DefaultsArgs, DemoArgs, WorkloadArgs};
@@ -84,7 +84,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         let agent = agent(
             set,
             tokens,
-            HostCheck::default(),
+            a.hosts.check(),
             Some(dirs.shm.clone()),
             &a.otlp,
         )?;

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use pfs_agent::segments::SegmentSet;
-use pfs_agent::server::{self, HostCheck, Tokens};
+use pfs_agent::server::{self, Tokens};
 use pfs_agent::util::text::HumanDuration;
 
 use super::{agent, bind, control_options, dir_exists, runtime, shutdown_signal};
@@ -43,7 +43,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         if reads_open && !listen.ip().is_loopback() {
             tracing::info!("reads are open to anyone who can reach {listen}; use --read-token-file or a loopback --listen to restrict them");
         }
-        let host_check = HostCheck::new(&a.allowed_hosts);
+        let host_check = a.hosts.check();
+        tracing::info!(accepted = %host_check.describe(), "requests on a loopback address must name the agent in Host as one of these");
         let agent = agent(set, tokens, host_check, Some(a.dir.shm_dir.clone()), &a.otlp)?;
         server::serve_with(listener, agent.state, limits, stop_requested(delay)).await;
         if let Some(o) = agent.otlp {

@@ -255,12 +255,13 @@ async fn accept(
                 let (slot, slots) = (slot.clone(), slots.clone());
                 async move {
                     // A Host that is not text names nothing served.
-                    let host = req
+                    let hosts = req
                         .headers()
-                        .get(hyper::header::HOST)
+                        .get_all(hyper::header::HOST)
+                        .iter()
                         .map(|h| h.to_str().unwrap_or("\u{fffd}"));
-                    if let Some(why) = state.host_check.refusal(local, host) {
-                        tracing::debug!(peer = %peer, "{why}");
+                    let authority = req.uri().authority().map(|a| a.as_str());
+                    if let Some(why) = state.host_check.refusal(local, hosts, authority) {
                         return Ok(body::error(hyper::StatusCode::FORBIDDEN, why));
                     }
                     if !routes::is_healthz(req.uri().path()) {

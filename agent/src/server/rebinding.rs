@@ -5,28 +5,64 @@
 //! address with the page's name in its `Host` header. So a request that
 //! arrives on a loopback address must name the agent by an IP address,
 //! `localhost` (or a name under `.localhost`), this machine's host name,
-//! or a name allowed with `--allowed-host` (`*`: any). Requests that
-//! arrive on another address (a scraper using the pod's IP, or any DNS
-//! name) are not checked: whoever reaches that address can connect
-//! anyway. Refused requests get `403` and a JSON error that says what to
-//! use instead.
+//! a name of `/etc/hosts` (local names a page cannot control), or a name
+//! allowed with `--allowed-host` (`*`: any). Requests that arrive on
+//! another address (a scraper using the pod's IP, or any DNS name) are
+//! not checked: whoever reaches that address can connect anyway (a port
+//! forwarded to the agent, as a container's published port, arrives on
+//! the forwarder's address: such an agent needs a read token). Refused
+//! requests get `403` and a JSON error that says what to use instead;
+//! the first refusal of each name is logged as a warning.
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
 
 use crate::util::host::host_name;
 
+/// The file of the machine's own names.
+const ETC_HOSTS: &str = "/etc/hosts";
+
+/// Names whose refusal was logged (at most this many are remembered).
+const LOGGED_NAMES: usize = 64;
+
 /// Which `Host` headers a loopback connection may send.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct HostCheck {
     /// `--allowed-host '*'`: no check.
     any: bool,
     /// Names accepted besides IP addresses and `localhost`: the allowed
     /// ones and this machine's host name (lowercase, without a final dot).
     names: Vec<String>,
+    /// Refused names already logged.
+    logged: Mutex<BTreeSet<String>>,
+}
+
+/// Why an `--allowed-host` value is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?} is not a host name; give a name such as metrics.example (no port, no pattern), an address, or '*' to accept any"
+)]
+pub struct BadHostName(pub String);
+
+/// An `--allowed-host` value as the check keeps it: a name (its port, if
+/// given, dropped), or `*`. Empty values are no names (`PFS_ALLOWED_HOSTS=`).
+pub fn parse_allowed_host(value: &str) -> Result<String, BadHostName> {
+    let v = value.trim();
+    if v == "*" || v.is_empty() {
+        return Ok(v.to_string());
+    }
+    let name = normalise(host_part(v).unwrap_or(""));
+    if plausible_name(&name) || name.parse::<IpAddr>().is_ok() {
+        Ok(name)
+    } else {
+        Err(BadHostName(value.to_string()))
+    }
 }
 
 impl HostCheck {
-    /// The check with the names of `--allowed-host` (`*` turns it off).
+    /// The check with the names of `--allowed-host` (`*` turns it off;
+    /// other values as [`parse_allowed_host`] gives them).
     pub fn new(allowed: &[String]) -> Self {
         let any = allowed.iter().any(|a| a.trim() == "*");
         let names = allowed
@@ -36,30 +72,81 @@ impl HostCheck {
             .map(|n| normalise(&n))
             .filter(|n| !n.is_empty() && n != "*")
             .collect();
-        Self { any, names }
+        Self {
+            any,
+            names,
+            logged: Mutex::new(BTreeSet::new()),
+        }
     }
 
-    /// Why a request with this `Host` header (none: an HTTP/1.0 client),
+    /// What a loopback request may name besides addresses and
+    /// `localhost`, for the start-up log (`*`: anything).
+    pub fn describe(&self) -> String {
+        if self.any {
+            return "*".to_string();
+        }
+        let mut d = vec!["addresses", "localhost", "names in /etc/hosts"];
+        d.extend(self.names.iter().map(String::as_str));
+        d.join(", ")
+    }
+
+    /// Why a request whose `Host` headers (all of them: more than one is
+    /// refused) and request target's authority (if absolute) are these,
     /// which arrived on `local`, is refused; `None` if it is served.
-    pub fn refusal(&self, local: SocketAddr, host: Option<&str>) -> Option<String> {
+    pub fn refusal<'a>(
+        &self,
+        local: SocketAddr,
+        hosts: impl IntoIterator<Item = &'a str>,
+        authority: Option<&str>,
+    ) -> Option<String> {
         if self.any || !local.ip().to_canonical().is_loopback() {
             return None;
         }
-        let host = host?;
-        let name = normalise(host_part(host));
-        let served = name.parse::<IpAddr>().is_ok()
+        let mut hosts: Vec<&str> = hosts.into_iter().collect();
+        hosts.extend(authority);
+        let first = *hosts.first()?; // none: an HTTP/1.0 client
+        let names: BTreeSet<Option<String>> =
+            hosts.iter().map(|h| host_part(h).map(normalise)).collect();
+        let one_name = match (names.len(), names.iter().next()) {
+            (1, Some(Some(name))) => Some(name.as_str()),
+            _ => None,
+        };
+        if one_name.is_some_and(|n| self.serves(n)) {
+            return None;
+        }
+        let shown = hosts.join(", ");
+        let local = SocketAddr::new(local.ip().to_canonical(), local.port());
+        let allow = match one_name {
+            Some(n) if plausible_name(n) => format!(", or start the agent with --allowed-host {n}"),
+            _ => String::new(),
+        };
+        let why = format!(
+            "Host {shown:?} is not accepted on a loopback address (a web page could \
+             otherwise read this agent through DNS rebinding): use \
+             http://{local}/ or http://localhost:{}/{allow} ('*' accepts any name)",
+            local.port()
+        );
+        self.log_first(one_name.unwrap_or(first), &why);
+        Some(why)
+    }
+
+    /// Whether a request naming `name` (normalised) is served.
+    fn serves(&self, name: &str) -> bool {
+        name.parse::<IpAddr>().is_ok()
             || name == "localhost"
             || name.ends_with(".localhost")
-            || self.names.contains(&name);
-        (!served).then(|| {
-            let port = local.port();
-            format!(
-                "Host {host:?} is not accepted on a loopback address (a web page could \
-                 otherwise read this agent through DNS rebinding): use \
-                 http://127.0.0.1:{port}/ or http://localhost:{port}/, or start the \
-                 agent with --allowed-host {name} (--allowed-host '*' accepts any name)"
-            )
-        })
+            || self.names.iter().any(|n| n == name)
+            || in_etc_hosts(name)
+    }
+
+    /// Logs the first refusal of each name (up to [`LOGGED_NAMES`]
+    /// names): a scraper misconfigured so sees why, a page retrying does
+    /// not flood the log.
+    fn log_first(&self, name: &str, why: &str) {
+        let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
+        if logged.len() < LOGGED_NAMES && logged.insert(name.to_string()) {
+            tracing::warn!("request refused: {why}");
+        }
     }
 }
 
@@ -72,21 +159,53 @@ impl Default for HostCheck {
 }
 
 /// The host of a `Host` header value: without its port, and an IPv6
-/// address without its brackets.
-fn host_part(host: &str) -> &str {
+/// address without its brackets; `None` if it is malformed (anything but
+/// a port after the brackets, a port that is not a number).
+fn host_part(host: &str) -> Option<&str> {
     let host = host.trim();
-    if let Some(rest) = host.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or(rest);
-    }
-    match host.rsplit_once(':') {
-        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
-        _ => host,
+    let (name, port) = match host.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']')? {
+            (address, "") => (address, None),
+            (address, rest) => (address, Some(rest.strip_prefix(':')?)),
+        },
+        None => match host.split_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (host, None),
+        },
+    };
+    match port {
+        Some(p) if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) => None,
+        _ => Some(name),
     }
 }
 
 /// A name as compared: lowercase, without a final dot.
 fn normalise(name: &str) -> String {
     name.trim().trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// Whether `name` (normalised) is written as a DNS name: letters, digits,
+/// `-` and `.`, not empty.
+fn plausible_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+}
+
+/// Whether `name` (normalised) is one of the names of [`ETC_HOSTS`]: a
+/// local file a web page cannot change (read on each request that would
+/// otherwise be refused, so a name added later counts).
+fn in_etc_hosts(name: &str) -> bool {
+    let Ok(hosts) = std::fs::read_to_string(ETC_HOSTS) else {
+        return false;
+    };
+    hosts.lines().any(|line| {
+        let line = line.split('#').next().unwrap_or("");
+        let mut fields = line.split_whitespace();
+        let _address = fields.next();
+        fields.any(|n| normalise(n) == name)
+    })
 }
 
 #[cfg(test)]
@@ -97,14 +216,23 @@ mod tests {
         addr.parse().unwrap()
     }
 
+    fn refused(check: &HostCheck, local: &str, hosts: &[&str], authority: Option<&str>) -> bool {
+        check
+            .refusal(at(local), hosts.iter().copied(), authority)
+            .is_some()
+    }
+
     #[test]
     fn loopback_requests_must_name_the_agent() {
-        let check = HostCheck::new(&["Metrics.Example.".to_string()]);
-        let lo = at("127.0.0.1:9464");
+        let allowed = parse_allowed_host("Metrics.Example.:9464").unwrap();
+        assert_eq!(allowed, "metrics.example");
+        let check = HostCheck::new(&[allowed]);
+        let lo = "127.0.0.1:9464";
         for ok in [
             "127.0.0.1:9464",
             "127.0.0.1",
             "[::1]:9464",
+            "[::1]",
             "localhost:9464",
             "LOCALHOST",
             "localhost.",
@@ -113,51 +241,74 @@ mod tests {
             "metrics.example:9464",
             "metrics.example",
         ] {
-            assert_eq!(check.refusal(lo, Some(ok)), None, "{ok}");
+            assert!(!refused(&check, lo, &[ok], None), "{ok}");
         }
-        assert_eq!(check.refusal(lo, None), None, "HTTP/1.0: no Host");
+        assert!(!refused(&check, lo, &[], None), "HTTP/1.0: no Host");
         let name = host_name().unwrap();
-        assert_eq!(check.refusal(lo, Some(&format!("{name}:9464"))), None);
+        assert!(!refused(&check, lo, &[&format!("{name}:9464")], None));
         for bad in [
             "evil.example:9464",
             "evil.example",
             "localhost.evil.example",
             "127.0.0.1.nip.io:9464",
+            "[::1]evil.example",
+            "[::1]:x",
+            "::1",
+            "localhost:",
+            "localhost:http",
         ] {
-            let why = check.refusal(lo, Some(bad)).expect(bad);
-            assert!(
-                why.contains("http://127.0.0.1:9464/") && why.contains("--allowed-host"),
-                "{why}"
-            );
+            assert!(refused(&check, lo, &[bad], None), "{bad}");
         }
+        let why = check.refusal(at(lo), ["evil.example:9464"], None).unwrap();
+        assert!(
+            why.contains("http://127.0.0.1:9464/") && why.contains("--allowed-host evil.example"),
+            "{why}"
+        );
+        // The address the request came in on, and no flag for a name that
+        // cannot be one.
+        let why = check.refusal(at("[::1]:9464"), ["ev il"], None).unwrap();
+        assert!(
+            why.contains("http://[::1]:9464/") && !why.contains("--allowed-host ev"),
+            "{why}"
+        );
+        // Two Host headers, or an absolute target naming another host.
+        assert!(refused(&check, lo, &["localhost", "evil.example"], None));
+        assert!(refused(&check, lo, &["localhost"], Some("evil.example")));
+        assert!(!refused(&check, lo, &["localhost"], Some("localhost:9464")));
         // The same on IPv6 and IPv4-mapped loopback addresses.
-        assert!(
-            check
-                .refusal(at("[::1]:9464"), Some("evil.example"))
-                .is_some()
-        );
-        assert!(
-            check
-                .refusal(at("[::ffff:127.0.0.1]:9464"), Some("evil.example"))
-                .is_some()
-        );
+        assert!(refused(&check, "[::1]:9464", &["evil.example"], None));
+        assert!(refused(
+            &check,
+            "[::ffff:127.0.0.1]:9464",
+            &["evil.example"],
+            None
+        ));
     }
 
     #[test]
     fn other_addresses_and_a_star_are_not_checked() {
         let check = HostCheck::new(&[]);
-        assert_eq!(
-            check.refusal(at("10.0.0.5:9464"), Some("evil.example")),
-            None
-        );
-        assert_eq!(
-            check.refusal(at("[fd00::5]:9464"), Some("evil.example")),
-            None
-        );
+        assert!(!refused(&check, "10.0.0.5:9464", &["evil.example"], None));
+        assert!(!refused(&check, "[fd00::5]:9464", &["evil.example"], None));
         let any = HostCheck::new(&["*".to_string()]);
-        assert_eq!(
-            any.refusal(at("127.0.0.1:9464"), Some("evil.example")),
-            None
-        );
+        assert!(!refused(&any, "127.0.0.1:9464", &["evil.example"], None));
+        assert_eq!(any.describe(), "*");
+    }
+
+    #[test]
+    fn allowed_host_values_are_names() {
+        assert_eq!(parse_allowed_host(" * ").unwrap(), "*");
+        assert_eq!(parse_allowed_host("").unwrap(), "");
+        assert_eq!(parse_allowed_host("[::1]:80").unwrap(), "::1");
+        for bad in ["*.example.com", "http://x", "a b", "x:y"] {
+            assert!(parse_allowed_host(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn names_of_etc_hosts_are_local() {
+        // Every machine lists localhost there; a name no file lists is not.
+        assert!(in_etc_hosts("localhost"));
+        assert!(!in_etc_hosts("evil.example"));
     }
 }
