@@ -32,20 +32,15 @@ impl StageClass {
     #[inline]
     #[track_caller]
     pub fn enter(&self) {
-        self.enter_from(Some(std::panic::Location::caller()));
+        self.enter_at(Some(std::panic::Location::caller()));
     }
 
     /// [`StageClass::enter`], with `SOURCE` `site` instead of the caller's
     /// line (none if `None`): for an adapter that enters stages on behalf
     /// of code elsewhere (a tracing layer: the span's callsite; the C ABI:
     /// the C caller's `__FILE__` and `__LINE__`).
-    #[inline]
-    pub fn enter_at(&self, site: Option<&'static dyn Site>) {
-        self.enter_from(site);
-    }
-
     #[inline(always)]
-    fn enter_from(&self, loc: Option<&'static dyn Site>) {
+    pub fn enter_at(&self, site: Option<&'static dyn Site>) {
         with_registered(end_open_stage);
         if let Some(a) = event::begin::<{ EventKind::Stage.index() }>(
             thread::current,
@@ -54,7 +49,7 @@ impl StageClass {
             0,
             0,
             NONE_U32,
-            loc,
+            site,
         ) && let Ok(mut open) = a.ctx.stage.try_borrow_mut()
         {
             a.ctx.stage_id.set(a.data.event_id);

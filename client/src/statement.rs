@@ -44,29 +44,16 @@ impl StatementClass {
     #[inline]
     #[track_caller]
     pub fn start(&self) -> StatementGuard {
-        self.start_from(Some(std::panic::Location::caller()))
+        self.start_at(Some(std::panic::Location::caller()))
     }
 
     /// [`StatementClass::start`], with `SOURCE` `site` instead of the
     /// caller's line (none if `None`): for an adapter that starts
     /// statements on behalf of code elsewhere (the C ABI: the C caller's
     /// `__FILE__` and `__LINE__`).
-    #[inline]
-    pub fn start_at(&self, site: Option<&'static dyn Site>) -> StatementGuard {
-        self.start_from(site)
-    }
-
     #[inline(always)]
-    fn start_from(&self, source: Option<&'static dyn Site>) -> StatementGuard {
-        let active = event::begin::<{ EventKind::Statement.index() }>(
-            thread::current,
-            self.0,
-            self.0.flags(),
-            0,
-            0,
-            NONE_U32,
-            source,
-        );
+    pub fn start_at(&self, site: Option<&'static dyn Site>) -> StatementGuard {
+        let active = self.begin(site);
         let parent = active.as_ref().map_or(0, |a| {
             let parent = a.ctx.statement_id.get();
             a.ctx.statement_id.set(a.data.event_id);
@@ -79,6 +66,21 @@ impl StatementClass {
             _not_send: PhantomData,
         }
     }
+
+    /// The statement event starting now on this thread (in the task
+    /// swapped in, if any), with `SOURCE` `source`; none if not recorded.
+    #[inline(always)]
+    fn begin(&self, source: Option<&'static dyn Site>) -> Option<Active> {
+        event::begin::<{ EventKind::Statement.index() }>(
+            thread::current,
+            self.0,
+            self.0.flags(),
+            0,
+            0,
+            NONE_U32,
+            source,
+        )
+    }
 }
 
 impl StatementClass {
@@ -90,29 +92,16 @@ impl StatementClass {
     #[inline]
     #[track_caller]
     pub fn start_task(&self) -> TaskStatement {
-        self.start_task_from(Some(std::panic::Location::caller()))
+        self.start_task_at(Some(std::panic::Location::caller()))
     }
 
     /// [`StatementClass::start_task`], with `SOURCE` `site` instead of the
     /// caller's line (none if `None`): for an adapter that starts
     /// statements on behalf of code elsewhere (a tracing layer: the span's
     /// callsite, a [`CallSite`](crate::CallSite)).
-    #[inline]
-    pub fn start_task_at(&self, site: Option<&'static dyn Site>) -> TaskStatement {
-        self.start_task_from(site)
-    }
-
     #[inline(always)]
-    fn start_task_from(&self, source: Option<&'static dyn Site>) -> TaskStatement {
-        let Some(a) = event::begin::<{ EventKind::Statement.index() }>(
-            thread::current,
-            self.0,
-            self.0.flags(),
-            0,
-            0,
-            NONE_U32,
-            source,
-        ) else {
+    pub fn start_task_at(&self, site: Option<&'static dyn Site>) -> TaskStatement {
+        let Some(a) = self.begin(site) else {
             return TaskStatement::NONE;
         };
         let ctx = a.ctx;
