@@ -17,11 +17,16 @@
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::util::host::host_name;
 
 /// The file of the machine's own names.
 const ETC_HOSTS: &str = "/etc/hosts";
+
+/// How long the names read from [`ETC_HOSTS`] are used before it is read
+/// again.
+const ETC_HOSTS_TTL: Duration = Duration::from_secs(5);
 
 /// Names whose refusal was logged (at most this many are remembered).
 const LOGGED_NAMES: usize = 64;
@@ -36,6 +41,8 @@ pub struct HostCheck {
     names: Vec<String>,
     /// Refused names already logged.
     logged: Mutex<BTreeSet<String>>,
+    /// The names of [`ETC_HOSTS`] and when they were read.
+    etc_hosts: Mutex<Option<(Instant, Vec<String>)>>,
 }
 
 /// Why an `--allowed-host` value is refused.
@@ -76,6 +83,7 @@ impl HostCheck {
             any,
             names,
             logged: Mutex::new(BTreeSet::new()),
+            etc_hosts: Mutex::new(None),
         }
     }
 
@@ -136,7 +144,24 @@ impl HostCheck {
             || name == "localhost"
             || name.ends_with(".localhost")
             || self.names.iter().any(|n| n == name)
-            || in_etc_hosts(name)
+            || self.in_etc_hosts(name)
+    }
+
+    /// Whether `name` (normalised) is one of the names of [`ETC_HOSTS`]:
+    /// a local file a web page cannot change. Read when a name is not
+    /// otherwise served, at most every [`ETC_HOSTS_TTL`] (a name added to
+    /// it counts from then; a flood of refused requests reads it no more).
+    fn in_etc_hosts(&self, name: &str) -> bool {
+        let mut cached = self.etc_hosts.lock().unwrap_or_else(|p| p.into_inner());
+        let fresh = cached
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < ETC_HOSTS_TTL);
+        if !fresh {
+            *cached = Some((Instant::now(), etc_hosts_names()));
+        }
+        cached
+            .as_ref()
+            .is_some_and(|(_, names)| names.iter().any(|n| n == name))
     }
 
     /// Logs the first refusal of each name (up to [`LOGGED_NAMES`]
@@ -193,19 +218,18 @@ fn plausible_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
 }
 
-/// Whether `name` (normalised) is one of the names of [`ETC_HOSTS`]: a
-/// local file a web page cannot change (read on each request that would
-/// otherwise be refused, so a name added later counts).
-fn in_etc_hosts(name: &str) -> bool {
+/// The names of [`ETC_HOSTS`], normalised (none if it cannot be read).
+fn etc_hosts_names() -> Vec<String> {
     let Ok(hosts) = std::fs::read_to_string(ETC_HOSTS) else {
-        return false;
+        return Vec::new();
     };
-    hosts.lines().any(|line| {
-        let line = line.split('#').next().unwrap_or("");
-        let mut fields = line.split_whitespace();
-        let _address = fields.next();
-        fields.any(|n| normalise(n) == name)
-    })
+    hosts
+        .lines()
+        .flat_map(|line| {
+            let line = line.split('#').next().unwrap_or("");
+            line.split_whitespace().skip(1).map(normalise)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -308,7 +332,9 @@ mod tests {
     #[test]
     fn names_of_etc_hosts_are_local() {
         // Every machine lists localhost there; a name no file lists is not.
-        assert!(in_etc_hosts("localhost"));
-        assert!(!in_etc_hosts("evil.example"));
+        let check = HostCheck::new(&[]);
+        assert!(check.in_etc_hosts("localhost"));
+        assert!(!check.in_etc_hosts("evil.example"));
+        assert!(etc_hosts_names().iter().any(|n| n == "localhost"));
     }
 }
