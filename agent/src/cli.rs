@@ -80,8 +80,10 @@ pub struct HostArgs {
     /// in its Host header, besides IP addresses, localhost, this machine's
     /// name and the names of /etc/hosts (repeat the flag; comma-separated
     /// in the variable; '*' accepts any). Other names get 403: a web page
-    /// cannot read the agent through DNS rebinding. Requests on other
-    /// addresses are not checked.
+    /// cannot read the agent through a name it rebinds to a loopback
+    /// address. Requests on other addresses are not checked (a page that
+    /// rebinds a name to the machine's LAN address: listen on loopback, or
+    /// use --read-token-file).
     #[arg(
         long = "allowed-host",
         env = "PFS_ALLOWED_HOSTS",

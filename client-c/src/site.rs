@@ -26,23 +26,31 @@ pub struct pfs_site_t {
     pub line: u32,
 }
 
-// SAFETY: a site is only ever read (by the contract of the `*_at`
-// functions it is a constant with static storage duration whose `file`
-// points to a string with static storage duration), so a shared reference
-// to it may be used from any thread.
+// SAFETY: the struct is plain data (a pointer value and a number); a
+// shared reference to it lets a thread read those values only. Reading
+// the string `file` points to is what needs the `*_at` functions'
+// contract, and only [`CSite`] (made by the unsafe [`site_in`]) does it.
 unsafe impl Sync for pfs_site_t {}
 
-impl Site for pfs_site_t {
+/// A `pfs_site_t` given to a `*_at` function, under that function's
+/// contract (static storage, `file` NULL or a static string, never
+/// changed): the one type that reads the string, so safe code holding a
+/// `pfs_site_t` cannot make it read a bad pointer.
+#[repr(transparent)]
+struct CSite(pfs_site_t);
+
+impl Site for CSite {
     /// The file's last path component (all `SOURCE` shows), up to its
     /// first byte that is not UTF-8: a stray byte elsewhere in the path
     /// costs nothing.
     fn file(&self) -> &str {
-        if self.file.is_null() {
+        if self.0.file.is_null() {
             return "";
         }
-        // SAFETY: `file` is a NUL-terminated string with static storage
-        // duration (the `*_at` functions' contract), never changed.
-        let path = unsafe { CStr::from_ptr(self.file) }.to_bytes();
+        // SAFETY: a `CSite` is made only by `site_in`, whose contract
+        // makes `file` a NUL-terminated string with static storage
+        // duration, never changed.
+        let path = unsafe { CStr::from_ptr(self.0.file) }.to_bytes();
         let name = match path.iter().rposition(|&b| b == b'/' || b == b'\\') {
             Some(i) => &path[i + 1..],
             None => path,
@@ -54,7 +62,7 @@ impl Site for pfs_site_t {
     }
 
     fn line(&self) -> u32 {
-        self.line
+        self.0.line
     }
 }
 
@@ -68,8 +76,10 @@ impl Site for pfs_site_t {
 #[inline(always)]
 pub(crate) unsafe fn site_in(p: *const pfs_site_t) -> Option<&'static dyn Site> {
     // SAFETY: by this function's contract `p` is NULL or a valid site that
-    // lives (unchanged) for the rest of the process.
-    unsafe { p.as_ref() }.map(|s| s as &'static dyn Site)
+    // lives (unchanged) for the rest of the process; `CSite` is a
+    // transparent wrapper of `pfs_site_t`, so the cast keeps layout and
+    // alignment.
+    unsafe { p.cast::<CSite>().as_ref() }.map(|s| s as &'static dyn Site)
 }
 
 #[cfg(test)]
@@ -78,9 +88,11 @@ mod tests {
 
     #[test]
     fn a_site_names_its_file_s_last_component() {
-        let site = |file: &'static CStr| pfs_site_t {
-            file: file.as_ptr(),
-            line: 7,
+        let site = |file: &'static CStr| {
+            CSite(pfs_site_t {
+                file: file.as_ptr(),
+                line: 7,
+            })
         };
         assert_eq!(site(c"src/db/pool.c").file(), "pool.c");
         assert_eq!(site(c"C:\\app\\win.c").file(), "win.c");
@@ -89,10 +101,10 @@ mod tests {
         // the name is kept up to it.
         assert_eq!(site(c"d\xff/ok.c").file(), "ok.c");
         assert_eq!(site(c"dir/n\xffame.c").file(), "n");
-        let none = pfs_site_t {
+        let none = CSite(pfs_site_t {
             file: std::ptr::null(),
             line: 3,
-        };
+        });
         assert_eq!((none.file(), none.line()), ("", 3));
     }
 }

@@ -6,7 +6,7 @@
 //! the site's address.
 
 use std::panic::Location;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 
 use pfs_shm_layout::layout::{LostKind, NONE_U32};
 
@@ -46,7 +46,9 @@ impl CallSite {
 /// `file:line`, the file's last path component). Implemented by
 /// [`CallSite`] and `std::panic::Location`; an adapter whose sites come
 /// from elsewhere (the C ABI's `pfs_site_t`, one `static` per call site)
-/// implements it for its own type.
+/// implements it for its own type. Each site needs an address of its own:
+/// a value of a zero-sized type has none (all such values share one, and
+/// show the first one's `SOURCE`).
 ///
 /// ```
 /// use pfs_client::{LazyStageClass, Site};
@@ -181,8 +183,8 @@ pub(crate) fn source_id(rt: &Runtime, loc: &'static dyn Site) -> u32 {
 
 /// [`source_id`] past the home slot `i` of `key`: linear probing over at
 /// most [`PROBES`] slots. If all are taken by other sites (a process with
-/// well over ten thousand call sites), the event has no `SOURCE`, counted
-/// as a lost string (each such event: the site cannot be remembered).
+/// well over ten thousand call sites), the event has no `SOURCE`, and the
+/// site is counted as a lost string once (see [`count_unnamed`]).
 #[inline(never)]
 fn probe(rt: &Runtime, loc: &'static dyn Site, key: usize, mut i: usize) -> u32 {
     for _ in 0..PROBES {
@@ -197,8 +199,25 @@ fn probe(rt: &Runtime, loc: &'static dyn Site, key: usize, mut i: usize) -> u32 
         }
         i = (i + 1) & (SLOTS - 1);
     }
-    rt.writer.segment().count_lost(LostKind::Strings);
+    count_unnamed(rt, key);
     NONE_U32
+}
+
+/// Sites the table had no room for, by a hash of their address: one bit
+/// each (128 Ki bits, in zero pages until used).
+static UNNAMED: [AtomicU64; 1 << 11] = [const { AtomicU64::new(0) }; 1 << 11];
+
+/// Counts a site the table has no room for as a lost string, once: its
+/// later events read its bit (a shared line read, not written), so they
+/// write nothing shared. Two such sites whose addresses hash alike count
+/// once.
+#[cold]
+fn count_unnamed(rt: &Runtime, key: usize) {
+    let h = (key >> 3).wrapping_mul(0xD6E8_FEB8_6659_FD93) >> (usize::BITS - 17);
+    let (word, bit) = (&UNNAMED[h / 64], 1u64 << (h % 64));
+    if word.load(Relaxed) & bit == 0 && word.fetch_or(bit, Relaxed) & bit == 0 {
+        rt.writer.segment().count_lost(LostKind::Strings);
+    }
 }
 
 /// Takes the free `slot` for `key` and interns `loc` into it. A thread
@@ -221,6 +240,10 @@ fn intern_slow(rt: &Runtime, loc: &'static dyn Site, slot: &Slot, key: usize) ->
 #[cold]
 #[inline(never)]
 fn intern(rt: &Runtime, loc: &'static dyn Site) -> u32 {
+    debug_assert!(
+        size_of_val(loc) != 0,
+        "a zero-sized Site has no address of its own"
+    );
     let file = loc.file().rsplit(['/', '\\']).next().unwrap_or(loc.file());
     reentrant(|| rt.writer.intern(&format!("{file}:{}", loc.line()))).unwrap_or(NONE_U32)
 }

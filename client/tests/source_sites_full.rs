@@ -1,7 +1,7 @@
 //! More call sites than the process can remember (by address): events at
-//! sites past the table's capacity have no `SOURCE` and are counted as
-//! lost strings, one each; every event is still recorded, and the sites
-//! remembered keep their `SOURCE`. (A C program reaches this with a
+//! sites past the table's capacity have no `SOURCE`, and each such site is
+//! counted as a lost string once; every event is still recorded, and the
+//! sites remembered keep their `SOURCE` at their next events. (A C program reaches this with a
 //! `static inline` function in a header used by many files: one site per
 //! file.) One test function: `init` is once per process.
 
@@ -21,13 +21,18 @@ fn sites_past_the_table_lose_their_source_counted() {
     let mut config = pfs_client::Config::new("source-sites-test")
         .shm_dir(dir.path())
         .consumer("events_statements_history_long", true);
-    config.history_long_len = SITES as u32;
+    config.history_long_len = 2 * SITES as u32;
     pfs_client::init_with(config).unwrap();
     let class = QUERY.get();
-    for _ in 0..SITES {
-        // A site of its own (its address is its key), same file and line.
-        let site: &'static CallSite = Box::leak(Box::new(CallSite::new("src/many.rs", 7)));
-        drop(class.start_at(Some(site)));
+    // A site of its own for each (its address is its key), same file and
+    // line; two rounds, so that each site has a second event.
+    let sites: Vec<&'static CallSite> = (0..SITES)
+        .map(|_| &*Box::leak(Box::new(CallSite::new("src/many.rs", 7))))
+        .collect();
+    for _ in 0..2 {
+        for &site in &sites {
+            drop(class.start_at(Some(site)));
+        }
     }
     let path = pfs_client::segment_path().unwrap();
     let seg = Segment::open(std::fs::File::open(path).unwrap(), false).unwrap();
@@ -38,32 +43,34 @@ fn sites_past_the_table_lose_their_source_counted() {
         .find(|c| c.name == QUERY.name())
         .unwrap()
         .index;
-    let events: Vec<_> = s
+    let sources: Vec<Option<&str>> = s
         .long_statements
         .iter()
-        .map(|st| &st.ev)
-        .filter(|e| e.class == index)
-        .collect();
-    assert_eq!(events.len(), SITES, "every event is recorded");
-    let with_source = events
-        .iter()
-        .filter(|e| {
-            e.source.and_then(|i| s.strings.get(&i)).map(String::as_str) == Some("many.rs:7")
+        .filter(|st| st.ev.class == index)
+        .map(|st| {
+            st.ev
+                .source
+                .and_then(|i| s.strings.get(&i))
+                .map(String::as_str)
         })
-        .count();
-    let without = events.iter().filter(|e| e.source.is_none()).count();
-    assert_eq!(
-        with_source + without,
-        SITES,
+        .collect();
+    assert_eq!(sources.len(), 2 * SITES, "every event is recorded");
+    let (first, second) = sources.split_at(SITES);
+    assert_eq!(first, second, "a site has the same SOURCE at each event");
+    assert!(
+        first.iter().all(|s| matches!(s, None | Some("many.rs:7"))),
         "a SOURCE is the site's or none"
     );
+    let named = first.iter().filter(|s| s.is_some()).count();
+    let unnamed = (SITES - named) as u64;
     assert!(
-        (12_000..=16_384).contains(&with_source),
-        "sites remembered: {with_source}"
+        (12_000..=16_384).contains(&named),
+        "sites remembered: {named}"
     );
-    assert_eq!(
-        s.lost[LostKind::Strings as usize],
-        without as u64,
-        "each event without SOURCE is counted"
+    // Once per site (two sites whose addresses hash alike count once).
+    let lost = s.lost[LostKind::Strings as usize];
+    assert!(
+        lost <= unnamed && lost * 100 >= unnamed * 95,
+        "{lost} lost strings for {unnamed} sites without SOURCE"
     );
 }

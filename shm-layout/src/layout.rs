@@ -232,7 +232,9 @@ pub enum LostKind {
     Threads = 0,
     /// An instrument could not be registered (class registry full).
     Classes = 1,
-    /// A string could not be interned (string table full).
+    /// A string could not be interned (string table full), or a writer
+    /// could not remember a call site (its own table full): counted once
+    /// per string or site.
     Strings = 2,
     /// A container page could not be reserved (volume full).
     Pages = 3,

@@ -17,10 +17,12 @@
 //! asked with the wrong method gets 405 and an `Allow` header, before any
 //! token is checked.
 //!
-//! A request that arrives on a loopback address must name the agent by
-//! an IP address, `localhost`, the machine's host name or a name of
-//! `--allowed-host` in its `Host` header (403 otherwise, before anything
-//! else): a web page cannot read the agent through DNS rebinding.
+//! A request that arrives on a loopback address must name the agent in
+//! its `Host` header by an IP address, `localhost` (or a name under
+//! `.localhost`), the machine's host name, a name of `/etc/hosts` or of
+//! `--allowed-host` (403 otherwise, before anything else): a web page
+//! cannot read the agent through a name rebound to a loopback address
+//! (see [`rebinding`] for what it does not cover).
 //!
 //! Reads (`/metrics`, `/api/v1/tables*`) are open unless a read token is
 //! configured (`--read-token-file`): then they need `Authorization: Bearer`

@@ -28,8 +28,12 @@ const ETC_HOSTS: &str = "/etc/hosts";
 /// again.
 const ETC_HOSTS_TTL: Duration = Duration::from_secs(5);
 
-/// Names whose refusal was logged (at most this many are remembered).
+/// At most this many refusals are logged per [`LOG_PERIOD`], each the
+/// first of its `Host` in the period.
 const LOGGED_NAMES: usize = 64;
+
+/// How long a refused `Host` stays known as logged.
+const LOG_PERIOD: Duration = Duration::from_secs(600);
 
 /// Which `Host` headers a loopback connection may send.
 #[derive(Debug)]
@@ -39,8 +43,8 @@ pub struct HostCheck {
     /// Names accepted besides IP addresses and `localhost`: the allowed
     /// ones and this machine's host name (lowercase, without a final dot).
     names: Vec<String>,
-    /// Refused names already logged.
-    logged: Mutex<BTreeSet<String>>,
+    /// Refused `Host`s logged in the current period, and its start.
+    logged: Mutex<(Instant, BTreeSet<String>)>,
     /// The names of [`ETC_HOSTS`] and when they were read.
     etc_hosts: Mutex<Option<(Instant, Vec<String>)>>,
 }
@@ -48,7 +52,7 @@ pub struct HostCheck {
 /// Why an `--allowed-host` value is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{0:?} is not a host name; give a name such as metrics.example (no port, no pattern), an address, or '*' to accept any"
+    "{0:?} is not a host name; give a name such as metrics.example (no port, no pattern; addresses are always accepted), or '*' to accept any"
 )]
 pub struct BadHostName(pub String);
 
@@ -76,13 +80,13 @@ impl HostCheck {
             .iter()
             .cloned()
             .chain(host_name())
-            .map(|n| normalise(&n))
+            .map(|n| normalise(host_part(&n).unwrap_or(&n)))
             .filter(|n| !n.is_empty() && n != "*")
             .collect();
         Self {
             any,
             names,
-            logged: Mutex::new(BTreeSet::new()),
+            logged: Mutex::new((Instant::now(), BTreeSet::new())),
             etc_hosts: Mutex::new(None),
         }
     }
@@ -112,7 +116,9 @@ impl HostCheck {
         }
         let mut hosts: Vec<&str> = hosts.into_iter().collect();
         hosts.extend(authority);
-        let first = *hosts.first()?; // none: an HTTP/1.0 client
+        if hosts.is_empty() {
+            return None; // an HTTP/1.0 client
+        }
         let names: BTreeSet<Option<String>> =
             hosts.iter().map(|h| host_part(h).map(normalise)).collect();
         let one_name = match (names.len(), names.iter().next()) {
@@ -134,7 +140,7 @@ impl HostCheck {
              http://{local}/ or http://localhost:{}/{allow} ('*' accepts any name)",
             local.port()
         );
-        self.log_first(one_name.unwrap_or(first), &why);
+        self.log_first(&shown, &why);
         Some(why)
     }
 
@@ -157,19 +163,23 @@ impl HostCheck {
             .as_ref()
             .is_some_and(|(at, _)| at.elapsed() < ETC_HOSTS_TTL);
         if !fresh {
-            *cached = Some((Instant::now(), etc_hosts_names()));
+            *cached = Some((Instant::now(), hosts_file_names(ETC_HOSTS)));
         }
         cached
             .as_ref()
             .is_some_and(|(_, names)| names.iter().any(|n| n == name))
     }
 
-    /// Logs the first refusal of each name (up to [`LOGGED_NAMES`]
-    /// names): a scraper misconfigured so sees why, a page retrying does
-    /// not flood the log.
-    fn log_first(&self, name: &str, why: &str) {
+    /// Logs the first refusal of each `Host` in a [`LOG_PERIOD`], at most
+    /// [`LOGGED_NAMES`] a period: a misconfigured scraper is seen, a page
+    /// retrying (or cycling names) does not flood the log.
+    fn log_first(&self, host: &str, why: &str) {
         let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
-        if logged.len() < LOGGED_NAMES && logged.insert(name.to_string()) {
+        let (since, hosts) = &mut *logged;
+        if since.elapsed() >= LOG_PERIOD {
+            (*since, *hosts) = (Instant::now(), BTreeSet::new());
+        }
+        if hosts.len() < LOGGED_NAMES && hosts.insert(host.to_string()) {
             tracing::warn!("request refused: {why}");
         }
     }
@@ -218,9 +228,10 @@ fn plausible_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
 }
 
-/// The names of [`ETC_HOSTS`], normalised (none if it cannot be read).
-fn etc_hosts_names() -> Vec<String> {
-    let Ok(hosts) = std::fs::read_to_string(ETC_HOSTS) else {
+/// The names of a hosts file (`/etc/hosts`'s format), normalised (none if
+/// it cannot be read).
+fn hosts_file_names(path: impl AsRef<std::path::Path>) -> Vec<String> {
+    let Ok(hosts) = std::fs::read_to_string(path) else {
         return Vec::new();
     };
     hosts
@@ -330,11 +341,18 @@ mod tests {
     }
 
     #[test]
-    fn names_of_etc_hosts_are_local() {
-        // Every machine lists localhost there; a name no file lists is not.
-        let check = HostCheck::new(&[]);
-        assert!(check.in_etc_hosts("localhost"));
-        assert!(!check.in_etc_hosts("evil.example"));
-        assert!(etc_hosts_names().iter().any(|n| n == "localhost"));
+    fn names_of_a_hosts_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hosts");
+        std::fs::write(
+            &path,
+            "127.0.0.1 localhost\n127.0.1.1\tVM.Example.org. vm # the FQDN\n# 10.0.0.1 commented\n",
+        )
+        .unwrap();
+        assert_eq!(
+            hosts_file_names(&path),
+            ["localhost", "vm.example.org", "vm"]
+        );
+        assert!(hosts_file_names(dir.path().join("none")).is_empty());
     }
 }

@@ -5,9 +5,16 @@
 /// The host name (`/proc/sys/kernel/hostname`, else `$HOSTNAME`), if the
 /// machine has one.
 pub fn host_name() -> Option<String> {
+    host_name_or(std::env::var("HOSTNAME").ok())
+}
+
+/// The host name of `/proc/sys/kernel/hostname`, else `fallback` (the
+/// value of `$HOSTNAME`, as a caller with its own view of the environment
+/// reads it).
+pub fn host_name_or(fallback: Option<String>) -> Option<String> {
     let nonempty = |s: Option<String>| s.map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
     nonempty(std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-        .or_else(|| nonempty(std::env::var("HOSTNAME").ok()))
+        .or_else(|| nonempty(fallback))
 }
 
 #[cfg(test)]

@@ -705,7 +705,8 @@ impl Config {
         };
 
         let service_name = nonempty(env(OTEL_SERVICE_NAME));
-        let host = crate::util::host::host_name().unwrap_or_else(|| "localhost".to_string());
+        let host = crate::util::host::host_name_or(env("HOSTNAME"))
+            .unwrap_or_else(|| "localhost".to_string());
         let pid = std::process::id();
         let k8s: Vec<(String, String)> = K8S_ENV
             .iter()
