@@ -8,7 +8,7 @@ use clap::builder::{OsStringValueParser, TypedValueParser};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use pfs_agent::export::otlp::OtlpArgs;
 use pfs_agent::segments::{DEFAULT_MAX_SEGMENT_SIZE, OwnerPolicy, Policy};
-use pfs_agent::server::rebinding::parse_allowed_host;
+use pfs_agent::server::rebinding::{Scope, parse_allowed_host};
 use pfs_agent::server::{HostCheck, Limits};
 use pfs_agent::util::text::{ByteSize, HumanDuration, parse_duration};
 
@@ -81,9 +81,8 @@ pub struct HostArgs {
     /// name and the names of /etc/hosts (repeat the flag; comma-separated
     /// in the variable; '*' accepts any). Other names get 403: a web page
     /// cannot read the agent through a name it rebinds to a loopback
-    /// address. Requests on other addresses are not checked (a page that
-    /// rebinds a name to the machine's LAN address: listen on loopback, or
-    /// use --read-token-file).
+    /// address. Requests on other addresses are checked only with
+    /// --host-check all.
     #[arg(
         long = "allowed-host",
         env = "PFS_ALLOWED_HOSTS",
@@ -92,12 +91,19 @@ pub struct HostArgs {
         value_parser = parse_allowed_host
     )]
     pub allowed_hosts: Vec<String>,
+    /// Which connections' Host headers are checked: loopback (those that
+    /// arrive on 127.0.0.1 or ::1) or all (also a name a page rebinds to
+    /// the machine's LAN address, and a port forwarded to the agent, as
+    /// `docker run -p` publishes it: then a scraper that names the agent
+    /// by a DNS name needs it in --allowed-host; addresses always pass).
+    #[arg(long, env = "PFS_HOST_CHECK", value_enum, default_value_t = Scope::Loopback)]
+    pub host_check: Scope,
 }
 
 impl HostArgs {
-    /// The check these names make.
+    /// The check these flags make.
     pub fn check(&self) -> HostCheck {
-        HostCheck::new(&self.allowed_hosts)
+        HostCheck::new(&self.allowed_hosts, self.host_check)
     }
 }
 

@@ -567,5 +567,19 @@ fn loopback_requests_naming_another_host_are_refused() -> Result<()> {
     let any = Agent::serve_with_args(dir.path(), &["--allowed-host", "*"])?;
     let (status, body) = get_with_host(&any.base, "/metrics", "evil.example")?;
     assert_eq!(status, 200, "{body}");
+    drop(any);
+
+    // Every connection checked: loopback ones as before (the other
+    // addresses' case is `rebinding.rs`'s unit test).
+    let all = Agent::serve_with_args(dir.path(), &["--host-check", "all"])?;
+    let (status, _) = get_with_host(&all.base, "/metrics", "evil.example")?;
+    assert_eq!(status, 403);
+    let (status, body) = get_with_host(&all.base, "/metrics", "localhost")?;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        all.guard.stderr().contains("scope=All"),
+        "{}",
+        all.guard.stderr()
+    );
     Ok(())
 }

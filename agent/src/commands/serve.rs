@@ -44,7 +44,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             tracing::info!("reads are open to anyone who can reach {listen}; use --read-token-file or a loopback --listen to restrict them");
         }
         let host_check = a.hosts.check();
-        tracing::info!(accepted = %host_check.describe(), "requests on a loopback address must name the agent in Host as one of these");
+        tracing::info!(accepted = %host_check.describe(), scope = ?a.hosts.host_check, "requests must name the agent in Host as one of these (scope: which connections are checked)");
         let agent = agent(set, tokens, host_check, Some(a.dir.shm_dir.clone()), &a.otlp)?;
         server::serve_with(listener, agent.state, limits, stop_requested(delay)).await;
         if let Some(o) = agent.otlp {

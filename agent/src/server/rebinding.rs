@@ -8,9 +8,11 @@
 //! a name of `/etc/hosts` (local names a page cannot control), or a name
 //! allowed with `--allowed-host` (`*`: any). Requests that arrive on
 //! another address (a scraper using the pod's IP, or any DNS name) are
-//! not checked: whoever reaches that address can connect anyway (a port
-//! forwarded to the agent, as a container's published port, arrives on
-//! the forwarder's address: such an agent needs a read token). Refused
+//! not checked by default: whoever reaches that address can connect
+//! anyway; but a page can also rebind a name to the machine's LAN
+//! address, and a port forwarded to the agent (a container's published
+//! port) arrives on the forwarder's address: `--host-check all` checks
+//! every connection ([`Scope`]). Refused
 //! requests get `403` and a JSON error that says what to use instead;
 //! the first refusal of each name is logged as a warning.
 
@@ -35,11 +37,26 @@ const LOGGED_NAMES: usize = 64;
 /// How long a refused `Host` stays known as logged.
 const LOG_PERIOD: Duration = Duration::from_secs(600);
 
-/// Which `Host` headers a loopback connection may send.
+/// Which connections' `Host` headers are checked (`--host-check`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scope {
+    /// Those that arrive on a loopback address (the default).
+    #[default]
+    Loopback,
+    /// Every connection: also a name rebound to the machine's LAN address,
+    /// and a port forwarded to the agent (`docker run -p`). A scraper that
+    /// names the agent by a DNS name then needs it in `--allowed-host`
+    /// (addresses always pass: Prometheus's pod targets are addresses).
+    All,
+}
+
+/// Which `Host` headers a connection may send.
 #[derive(Debug)]
 pub struct HostCheck {
     /// `--allowed-host '*'`: no check.
     any: bool,
+    /// Which connections are checked.
+    scope: Scope,
     /// Names accepted besides IP addresses and `localhost`: the allowed
     /// ones and this machine's host name (lowercase, without a final dot).
     names: Vec<String>,
@@ -72,9 +89,9 @@ pub fn parse_allowed_host(value: &str) -> Result<String, BadHostName> {
 }
 
 impl HostCheck {
-    /// The check with the names of `--allowed-host` (`*` turns it off;
-    /// other values as [`parse_allowed_host`] gives them).
-    pub fn new(allowed: &[String]) -> Self {
+    /// The check of `scope`'s connections with the names of
+    /// `--allowed-host` (`*` turns it off; a port is dropped).
+    pub fn new(allowed: &[String], scope: Scope) -> Self {
         let any = allowed.iter().any(|a| a.trim() == "*");
         let names = allowed
             .iter()
@@ -85,6 +102,7 @@ impl HostCheck {
             .collect();
         Self {
             any,
+            scope,
             names,
             logged: Mutex::new((Instant::now(), BTreeSet::new())),
             etc_hosts: Mutex::new(None),
@@ -111,7 +129,8 @@ impl HostCheck {
         hosts: impl IntoIterator<Item = &'a str>,
         authority: Option<&str>,
     ) -> Option<String> {
-        if self.any || !local.ip().to_canonical().is_loopback() {
+        let loopback = local.ip().to_canonical().is_loopback();
+        if self.any || (self.scope == Scope::Loopback && !loopback) {
             return None;
         }
         let mut hosts: Vec<&str> = hosts.into_iter().collect();
@@ -134,11 +153,20 @@ impl HostCheck {
             Some(n) if plausible_name(n) => format!(", or start the agent with --allowed-host {n}"),
             _ => String::new(),
         };
+        let on = if loopback {
+            "on a loopback address"
+        } else {
+            "(--host-check all)"
+        };
+        let localhost = if loopback {
+            format!(" or http://localhost:{}/", local.port())
+        } else {
+            String::new()
+        };
         let why = format!(
-            "Host {shown:?} is not accepted on a loopback address (a web page could \
-             otherwise read this agent through DNS rebinding): use \
-             http://{local}/ or http://localhost:{}/{allow} ('*' accepts any name)",
-            local.port()
+            "Host {shown:?} is not accepted {on} (a web page could otherwise read this \
+             agent through DNS rebinding): use http://{local}/{localhost}{allow} ('*' \
+             accepts any name)"
         );
         self.log_first(&shown, &why);
         Some(why)
@@ -189,7 +217,7 @@ impl HostCheck {
 /// machine's.
 impl Default for HostCheck {
     fn default() -> Self {
-        Self::new(&[])
+        Self::new(&[], Scope::Loopback)
     }
 }
 
@@ -261,7 +289,7 @@ mod tests {
     fn loopback_requests_must_name_the_agent() {
         let allowed = parse_allowed_host("Metrics.Example.:9464").unwrap();
         assert_eq!(allowed, "metrics.example");
-        let check = HostCheck::new(&[allowed]);
+        let check = HostCheck::new(&[allowed], Scope::Loopback);
         let lo = "127.0.0.1:9464";
         for ok in [
             "127.0.0.1:9464",
@@ -322,12 +350,27 @@ mod tests {
 
     #[test]
     fn other_addresses_and_a_star_are_not_checked() {
-        let check = HostCheck::new(&[]);
+        let check = HostCheck::default();
         assert!(!refused(&check, "10.0.0.5:9464", &["evil.example"], None));
         assert!(!refused(&check, "[fd00::5]:9464", &["evil.example"], None));
-        let any = HostCheck::new(&["*".to_string()]);
+        let any = HostCheck::new(&["*".to_string()], Scope::All);
         assert!(!refused(&any, "127.0.0.1:9464", &["evil.example"], None));
         assert_eq!(any.describe(), "*");
+    }
+
+    #[test]
+    fn scope_all_checks_every_address() {
+        let check = HostCheck::new(&["scrape.example".to_string()], Scope::All);
+        let lan = "10.0.0.5:9464";
+        assert!(!refused(&check, lan, &["10.0.0.5:9464"], None));
+        assert!(!refused(&check, lan, &["scrape.example:9464"], None));
+        let why = check.refusal(at(lan), ["evil.example"], None).unwrap();
+        assert!(
+            why.contains("(--host-check all)")
+                && why.contains("http://10.0.0.5:9464/")
+                && !why.contains("localhost:"),
+            "{why}"
+        );
     }
 
     #[test]
