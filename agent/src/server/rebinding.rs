@@ -12,9 +12,9 @@
 //! anyway; but a page can also rebind a name to the machine's LAN
 //! address, and a port forwarded to the agent (a container's published
 //! port) arrives on the forwarder's address: `--host-check all` checks
-//! every connection ([`Scope`]). Refused
-//! requests get `403` and a JSON error that says what to use instead;
-//! the first refusal of each name is logged as a warning.
+//! every connection ([`Scope`]). Refused requests get `403` and a JSON
+//! error that says what to use instead, logged as a warning once per
+//! `Host` every [`LOG_PERIOD`].
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
@@ -90,14 +90,15 @@ pub fn parse_allowed_host(value: &str) -> Result<String, BadHostName> {
 
 impl HostCheck {
     /// The check of `scope`'s connections with the names of
-    /// `--allowed-host` (`*` turns it off; a port is dropped).
+    /// `--allowed-host` (`*` turns it off), as [`parse_allowed_host`]
+    /// reads them (a value it refuses names nothing).
     pub fn new(allowed: &[String], scope: Scope) -> Self {
         let any = allowed.iter().any(|a| a.trim() == "*");
         let names = allowed
             .iter()
             .cloned()
             .chain(host_name())
-            .map(|n| normalise(host_part(&n).unwrap_or(&n)))
+            .filter_map(|n| parse_allowed_host(&n).ok())
             .filter(|n| !n.is_empty() && n != "*")
             .collect();
         Self {
