@@ -21,6 +21,13 @@
 //!     `timed_wait_summary_only`: with `events_waits_history` off too. What
 //!     the rows' stores cost inside a real wait (issue 18, see
 //!     docs/PERFORMANCE.md).
+//!   - `timed_wait_varied`: a timed wait around a spin whose length is
+//!     drawn at random from six (waits from a few nanoseconds to a few
+//!     hundred, five histogram buckets), and `spin_varied` the spin alone:
+//!     their difference is a timed wait whose bucket the CPU cannot
+//!     predict (`timed_wait` always lands in the same bucket), which keeps
+//!     a change that only wins on a predictable bucket (a branch per
+//!     bucket instead of an indexed increment) honest.
 //!   - `stage_change`: `LazyStageClass::enter` (ends the open stage, starts
 //!     the next; stages use the NANOSECOND timer by default).
 //!   - `statement`: a statement begin and end (NANOSECOND timer).
@@ -147,6 +154,24 @@ fn floor(l: &Lines) {
     st(43, d + 2);
     st(48 + (d & 7) as usize, t1);
     st(40, t1 + 2);
+}
+
+/// A spin length drawn from six (0 to 900 loop turns: waits from a few
+/// nanoseconds to a few hundred, five histogram buckets), by xorshift.
+#[inline(always)]
+fn next_spin(state: &mut u64) -> u32 {
+    const SPINS: [u32; 8] = [0, 20, 60, 150, 400, 900, 60, 150];
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    SPINS[(*state >> 61) as usize]
+}
+
+#[inline(always)]
+fn spin(n: u32) {
+    for i in 0..n {
+        black_box(i);
+    }
 }
 
 #[inline(always)]
@@ -316,6 +341,19 @@ fn one_thread(c: &mut Criterion) {
         b.iter(|| drop(black_box(&UNTIMED).get().start(Operation::Lock, 0)))
     });
     g.bench_function("timed_wait", |b| b.iter(timed_wait));
+    {
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        g.bench_function("spin_varied", |b| b.iter(|| spin(next_spin(&mut rng))));
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        g.bench_function("timed_wait_varied", |b| {
+            b.iter(|| {
+                let n = next_spin(&mut rng);
+                let w = black_box(&TIMED).get().start(Operation::Lock, 0);
+                spin(n);
+                drop(w);
+            })
+        });
+    }
     {
         let seg = segment();
         use pfs_shm_layout::setup::set_consumers;
