@@ -108,6 +108,7 @@ pub(crate) fn begin<const KIND: usize>(
         object,
         object_name,
         source,
+        None,
     );
     // The start time is read last, once the row is written: the wait being
     // measured starts when this function returns.
@@ -168,10 +169,17 @@ fn new_event<const KIND: usize>(
     object: u64,
     object_name: u32,
     source: Option<&'static dyn Site>,
+    claimed: Option<Claim>,
 ) -> EventData {
     let kind = Kind::<KIND>::OF;
-    let event_id = ctx.next_event_id();
-    let (nesting_event_id, nesting_event_type) = ctx.nesting_for(kind);
+    let (thread_id, event_id, (nesting_event_id, nesting_event_type)) = match claimed {
+        Some(c) => (c.thread_id, c.event_id, c.nesting),
+        None => (
+            ctx.thread_id.get(),
+            ctx.next_event_id(),
+            ctx.nesting_for(kind),
+        ),
+    };
     let source = source.map_or(NONE_U32, |l| source::source_id(rt, l));
     EventData {
         event_id,
@@ -190,15 +198,47 @@ fn new_event<const KIND: usize>(
         nesting_event_type,
         flags: (if timed { EV_TIMED } else { 0 }) | (timer << EV_TIMER_SHIFT),
         event_type: EventKind::wire(Some(kind)),
-        thread_id: ctx.thread_id.get(),
+        thread_id,
     }
+}
+
+/// The ids an event took where it started, for an event recorded whole
+/// later, by whichever thread ends it (an async wait): its `THREAD_ID`
+/// (a task's, if one was entered), `EVENT_ID` and nesting, as every other
+/// event takes them at its start. A wait whose future is dropped outside
+/// its task (a `tower-http` response future dropped when the client hung
+/// up drops the handler's future outside the request's span) is still the
+/// task's event, nested in what the task had open.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Claim {
+    thread_id: u64,
+    event_id: u64,
+    nesting: (u64, u32),
+}
+
+/// Takes the ids of an event of kind `KIND` starting now on the current
+/// thread (see [`Claim`]), if it would be recorded now (see [`admit`]).
+#[inline]
+pub(crate) fn claim<const KIND: usize>(
+    current: impl FnOnce(&'static Runtime) -> Option<&'static ThreadCtx>,
+    flags: u32,
+) -> Option<Claim> {
+    let (_, ctx, _) = admit(current, flags)?;
+    Some(Claim {
+        thread_id: ctx.thread_id.get(),
+        event_id: ctx.next_event_id(),
+        nesting: ctx.nesting_for(Kind::<KIND>::OF),
+    })
 }
 
 /// Records a whole event of kind `KIND` that started earlier, at raw
 /// ticks `start` of timer `timer` (`None`: untimed), and ends now: an
 /// async wait, measured by a future across polls and recorded in one go
-/// by whichever thread polls it last. It nests in what is open now (the
-/// task's stage or statement). Returns its `TIMER_WAIT` in ps if timed.
+/// by whichever thread polls (or drops) it last. With the ids it
+/// `claimed` at its start, it is that logical thread's event, nested where
+/// it started; without (its start found no thread to record on), it takes
+/// them now, from what is open now. Returns its `TIMER_WAIT` in ps if
+/// timed.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn record_since<const KIND: usize>(
@@ -209,6 +249,7 @@ pub(crate) fn record_since<const KIND: usize>(
     object: u64,
     object_name: u32,
     source: Option<&'static dyn Site>,
+    claimed: Option<Claim>,
 ) -> Option<u64> {
     let (rt, ctx, _) = admit(current, class.flags())?;
     let (ticks, timer) = start.unwrap_or((0, 0));
@@ -222,6 +263,7 @@ pub(crate) fn record_since<const KIND: usize>(
         object,
         object_name,
         source,
+        claimed,
     );
     data.timer_start = ticks;
     end::<KIND>(&mut Active { rt, ctx, data }, None)

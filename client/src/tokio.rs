@@ -44,12 +44,15 @@
 //! recorded and no timer is read**: the acquisition costs what tokio's
 //! `try_*` costs. Only when it fails does the wait start
 //! ([`WaitClass::start_async`](crate::wait::WaitClass::start_async) reads
-//! the wait timer); the future then awaits tokio's own acquisition, and the
-//! whole wait is recorded when it completes, by the thread that polled it
-//! last, with the task's `THREAD_ID`, nested in the task's open stage, else
-//! its open statement (give the future its context with
-//! [`TaskExt::pfs_task`](crate::task::TaskExt::pfs_task); without one the
-//! wait belongs to the worker thread that completed it).
+//! the wait timer and takes the wait's `EVENT_ID` and nesting, as any event
+//! does at its start); the future then awaits tokio's own acquisition, and
+//! the whole wait is recorded when it completes, by the thread that polled
+//! it last, with the task's `THREAD_ID`, nested in the task's open stage,
+//! else its open statement, as they were when it started waiting (give the
+//! future its context with
+//! [`TaskExt::pfs_task`](crate::task::TaskExt::pfs_task) or a `pfs-tracing`
+//! span; without one the wait belongs to the worker thread that started
+//! it).
 //!
 //! So a class's `COUNT_STAR` counts the *contended* acquisitions and
 //! `SUM_TIMER_WAIT` their time queued; the uncontended ones are not
@@ -90,13 +93,16 @@
 //! branch that lost, a `tokio::time::timeout` that elapsed, an aborted
 //! task) records its wait at the drop: one wait, of the same class and
 //! operation, whose `TIMER_WAIT` is the time it spent queued up to the
-//! drop. tokio takes it out of the queue; nothing was acquired. It nests
-//! in what is open on the thread that drops it: inside a
-//! [`Task`](crate::task::Task) (a timeout in the task's own code, or the
-//! task itself aborted: a `Task` drops its future inside its context),
-//! the task's open stage or statement, which an aborted task then ends as
-//! cancelled. A future dropped outside any task context records on the
-//! dropping thread's own state.
+//! drop. tokio takes it out of the queue; nothing was acquired. It is an
+//! event of the task it started in, nested where it started, wherever it
+//! is dropped: inside its [`Task`](crate::task::Task) (a timeout in the
+//! task's own code, or the task itself aborted: a `Task` drops its future
+//! inside its context, and ends its open statement as cancelled), or
+//! outside any task context (tower-http drops a request's handler future
+//! outside the request's span when the client hangs up; the `pfs-tracing`
+//! layer then ends the request's statement as cancelled). Dropped outside
+//! its task, its `END_EVENT_ID` is its `EVENT_ID` + 1, as for a statement
+//! ended outside its task.
 //!
 //! # Differences from tokio
 //!
@@ -107,6 +113,12 @@
 //!   yield when the budget is spent. A task that receives from a channel
 //!   that is never empty should yield on its own
 //!   (`tokio::task::yield_now`).
+//! * The blocking forms (`Mutex::blocking_lock`, ...) try tokio's `try_*`
+//!   first, like the async ones. Called from async code, where tokio's
+//!   `blocking_*` always panics, they panic only when they would have to
+//!   wait: tokio gives no way to tell a runtime's worker thread from a
+//!   `spawn_blocking` thread (both have a runtime handle), and the latter
+//!   is where these are meant to be used, recorded.
 //! * `SOURCE` of a wait is the line that called the drop-in's method
 //!   (`lock()`, `recv()`, `notified()`, ...), as for the synchronous
 //!   drop-ins: each method is a `#[track_caller]` function that returns
@@ -139,9 +151,11 @@ pub use ::tokio::sync::{
 /// The blocking form of an acquisition of `target`, from synchronous code:
 /// `attempt` (tokio's `try_*`) first, recording nothing if it succeeds; else a wait
 /// of the calling thread of `class` lasts while `block` (tokio's
-/// `blocking_*`) waits. On a thread that runs a tokio runtime, where
-/// tokio's `blocking_*` panic, `block` is called at once, so that the
-/// misuse fails every time, not only when the lock is contended.
+/// `blocking_*`) waits. Inside async code, tokio's `blocking_*` panics:
+/// so does this, but only when the acquisition would have to wait (tokio
+/// gives no way to tell a runtime's worker thread from a `spawn_blocking`
+/// thread, where blocking is what these are for; both have a runtime
+/// handle).
 #[track_caller]
 fn block_for<S, G>(
     class: &'static LazyWaitClass,
@@ -151,9 +165,6 @@ fn block_for<S, G>(
     attempt: impl FnOnce(&mut S) -> Option<G>,
     block: impl FnOnce(&mut S) -> G,
 ) -> G {
-    if ::tokio::runtime::Handle::try_current().is_ok() {
-        return block(&mut target);
-    }
     if let Some(g) = attempt(&mut target) {
         return g;
     }

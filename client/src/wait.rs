@@ -194,11 +194,14 @@ impl WaitClass {
 
 impl WaitClass {
     /// Starts a wait that a future measures across polls (an async lock
-    /// acquisition, a channel receive): it reads the wait timer now and
-    /// records nothing until it ends. The whole wait is then recorded at
-    /// once, by the thread that ends it, nested in what the task has open
-    /// then (its stage, else its statement). `Send`. Disabled: one
-    /// relaxed load.
+    /// acquisition, a channel receive): it takes its `EVENT_ID` and
+    /// nesting now, as every event does at its start (the task's, inside a
+    /// task's context: nested in its open stage, else its open statement),
+    /// reads the wait timer, and writes nothing until it ends. The whole
+    /// wait is then recorded at once, by the thread that ends it, as an
+    /// event of the logical thread it started in, even if it ends (is
+    /// dropped) outside that task's context. `Send`. Disabled: one relaxed
+    /// load.
     #[inline]
     #[track_caller]
     pub fn start_async(&self, operation: Operation, object: usize) -> AsyncWait {
@@ -219,6 +222,7 @@ impl WaitClass {
         if flags & FLAG_ENABLED == 0 {
             return AsyncWait::NONE;
         }
+        let claimed = event::claim::<{ EventKind::Wait.index() }>(thread::current, flags);
         let start = runtime::get().and_then(|rt| {
             (flags & FLAG_TIMED != 0).then(|| {
                 let t = timer_of(rt.setup.timers.load(Relaxed), EventKind::Wait);
@@ -231,6 +235,7 @@ impl WaitClass {
             operation: operation as u32,
             object: object as u64,
             source,
+            claimed,
         }
     }
 }
@@ -260,6 +265,8 @@ pub struct AsyncWait {
     operation: u32,
     object: u64,
     source: &'static Location<'static>,
+    /// Its ids, taken where it started.
+    claimed: Option<event::Claim>,
 }
 
 impl AsyncWait {
@@ -269,6 +276,7 @@ impl AsyncWait {
         operation: 0,
         object: 0,
         source: Location::caller(),
+        claimed: None,
     };
 
     /// True if this wait will be recorded.
@@ -300,6 +308,7 @@ impl AsyncWait {
             self.object,
             NONE_U32,
             Some(self.source),
+            self.claimed,
         )
     }
 }

@@ -47,6 +47,14 @@ static FREE_RWLOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/rwlock/tokio_
 static FREE_SEMAPHORE: LazyWaitClass =
     LazyWaitClass::new("wait/synch/mutex/tokio_test/free_semaphore");
 static FREE_NOTIFY: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/tokio_test/free_notify");
+static PANICKING_MUTEX: LazyWaitClass =
+    LazyWaitClass::new("wait/synch/mutex/tokio_test/panicking_mutex");
+static SPAWN_BLOCKING_MUTEX: LazyWaitClass =
+    LazyWaitClass::new("wait/synch/mutex/tokio_test/spawn_blocking_mutex");
+static SPAWN_BLOCKING_SEMAPHORE: LazyWaitClass =
+    LazyWaitClass::new("wait/synch/mutex/tokio_test/spawn_blocking_semaphore");
+static SPAWN_BLOCKING_CHANNEL: LazyWaitClass =
+    LazyWaitClass::new("wait/synch/cond/tokio_test/spawn_blocking_channel");
 static FREE_CHANNEL: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/tokio_test/free_channel");
 
 /// Tasks queued on each primitive.
@@ -841,17 +849,83 @@ fn blocking_locks_record_the_waits_of_their_threads() {
     no_lost_events(&s);
 }
 
-/// Inside a runtime, the blocking forms panic as tokio's do, even when
-/// the lock is free (a misuse found at once, not under contention).
+/// Inside async code, a blocking form panics as tokio's does when it
+/// would have to wait; one that finds the lock free returns it (it is
+/// tokio's `try_lock`).
 #[test]
-fn blocking_locks_panic_inside_a_runtime_even_uncontended() {
+fn blocking_locks_in_async_code_panic_when_they_would_wait() {
     segment();
-    let m = Mutex::new(&BLOCKING_MUTEX, 0u32);
+    let m = Mutex::new(&PANICKING_MUTEX, 0u32);
     let rt = runtime();
-    let panicked = rt.block_on(async {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(m.blocking_lock()))).is_err()
+    let (free, contended) = rt.block_on(async {
+        let free = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            *m.blocking_lock() += 1;
+        }));
+        let held = m.lock().await;
+        let contended =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(m.blocking_lock())));
+        drop(held);
+        (free, contended)
     });
-    assert!(panicked);
+    assert!(free.is_ok(), "a free lock is taken");
+    assert!(
+        contended.is_err(),
+        "tokio's blocking_lock panics in async code"
+    );
+    assert_eq!(*m.try_lock().unwrap(), 1);
+}
+
+/// `spawn_blocking` is where tokio's blocking forms are meant to be used:
+/// there (a thread with a runtime handle, not a worker) each acquisition
+/// that had to wait is one wait of the blocking thread; a free one records
+/// nothing.
+#[test]
+fn blocking_locks_in_spawn_blocking_record_their_waits() {
+    segment();
+    let rt = runtime();
+    let m = Arc::new(Mutex::new(&SPAWN_BLOCKING_MUTEX, 0u32));
+    let sem = Arc::new(Semaphore::new(&SPAWN_BLOCKING_SEMAPHORE, 1));
+    let (tx, mut rx) = mpsc::channel::<u32>(&SPAWN_BLOCKING_CHANNEL, 1);
+    let taken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let gate = Arc::new(Gate::default());
+    let got = rt.block_on(async {
+        let (m2, sem2, g2, t2) = (m.clone(), sem.clone(), gate.clone(), taken.clone());
+        let blocked = tokio::task::spawn_blocking(move || {
+            *m2.blocking_lock() += 1; // free: nothing recorded
+            drop(sem2.blocking_acquire().unwrap()); // free
+            g2.arrive();
+            while !t2.load(SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            *m2.blocking_lock() += 1; // waits for the lock's holder
+            drop(sem2.blocking_acquire().unwrap()); // waits for the permit's
+            rx.blocking_recv() // waits for the send
+        });
+        while gate.0.load(SeqCst) < 1 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let held = m.lock().await;
+        let permit = sem.acquire().await.unwrap();
+        taken.store(true, SeqCst);
+        tokio::time::sleep(HOLD).await;
+        drop(held);
+        tokio::time::sleep(HOLD).await;
+        drop(permit);
+        tokio::time::sleep(HOLD).await;
+        tx.send(7).await.unwrap();
+        blocked.await.unwrap()
+    });
+    assert_eq!(got, Some(7));
+    let s = read();
+    let count = |class: &LazyWaitClass| {
+        let idx = class_index(&s, class.name()).unwrap();
+        s.summary_of(idx).count
+    };
+    assert_eq!(count(&SPAWN_BLOCKING_MUTEX), 1);
+    assert_eq!(count(&SPAWN_BLOCKING_SEMAPHORE), 1);
+    assert_eq!(count(&SPAWN_BLOCKING_CHANNEL), 1);
+    assert_eq!(*m.try_lock().unwrap(), 2);
+    no_lost_events(&s);
 }
 
 /// `poll_recv` and `poll_recv_many`, as a hand-written future polls them:

@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -32,8 +33,26 @@ async fn fast() -> &'static str {
     "ok"
 }
 
+static QUEUE: pfs_client::LazyWaitClass =
+    pfs_client::LazyWaitClass::new("wait/synch/mutex/app/queue");
+
+/// A lock the test holds while a request queues on it.
+fn queue() -> &'static pfs_client::tokio::Mutex<()> {
+    static Q: OnceLock<pfs_client::tokio::Mutex<()>> = OnceLock::new();
+    Q.get_or_init(|| pfs_client::tokio::Mutex::new(&QUEUE, ()))
+}
+
+async fn locked() -> &'static str {
+    // Queued when the client hangs up: hyper drops the response future,
+    // and tower-http drops the handler's future (this waiter with it)
+    // outside the request span.
+    let _g = queue().lock().await;
+    "too late"
+}
+
 const SLOW: &str = "statement/http/GET /slow";
 const FAST: &str = "statement/http/GET /fast";
+const LOCKED: &str = "statement/http/GET /locked";
 
 #[test]
 fn a_client_hanging_up_cancels_the_statement() {
@@ -45,6 +64,7 @@ fn a_client_hanging_up_cancels_the_statement() {
         let app = Router::new()
             .route("/slow", get(slow))
             .route("/fast", get(fast))
+            .route("/locked", get(locked))
             .layer(TraceLayer::new_for_http().make_span_with(pfs_tracing::http::make_span));
         let (addr, _shutdown, _server) = common::serve(app).await;
 
@@ -58,6 +78,14 @@ fn a_client_hanging_up_cancels_the_statement() {
             tokio::time::sleep(Duration::from_millis(100)).await;
             drop(conn);
         }
+        // One hangs up while its request waits for a lock.
+        let held = queue().lock().await;
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(b"GET /locked HTTP/1.1\r\nhost: test\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(conn);
         // And a client times out, dropping its request future.
         let client = common::client();
         let req = client.get(format!("http://{addr}/slow").parse().unwrap());
@@ -78,7 +106,10 @@ fn a_client_hanging_up_cancels_the_statement() {
             let s = common::read(&path);
             let sums = common::sums(&s);
             let done = sums.get(SLOW).map_or(0, |x| x.count);
-            if done == 3 && sums.get(FAST).is_some_and(|x| x.count == 1) {
+            if done == 3
+                && sums.get(FAST).is_some_and(|x| x.count == 1)
+                && sums.get(LOCKED).is_some_and(|x| x.count == 1)
+            {
                 break;
             }
             assert!(
@@ -87,6 +118,7 @@ fn a_client_hanging_up_cancels_the_statement() {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        drop(held);
     });
     let s = common::read(&path);
     drop(rt);
@@ -121,4 +153,28 @@ fn a_client_hanging_up_cancels_the_statement() {
         assert_eq!(stage.nesting_event_type, Some(EventKind::Statement));
         assert!(stage.timer_wait.unwrap() <= wait);
     }
+
+    // The waiter dropped with the handler's future, outside the span, is
+    // still the request's: its wait, under the statement's THREAD_ID,
+    // nested in it, inside its event range.
+    assert_eq!(sums[LOCKED].statement.cancelled, 1);
+    let locked = common::class_index(&s, LOCKED).unwrap();
+    let st = s
+        .long_statements
+        .iter()
+        .find(|e| e.ev.class == locked)
+        .expect("the cancelled statement");
+    let queue = common::class_index(&s, QUEUE.name()).unwrap();
+    let waits: Vec<_> = s.long[EventKind::Wait.index()]
+        .iter()
+        .filter(|e| e.class == queue)
+        .collect();
+    assert_eq!(waits.len(), 1, "one wait: {waits:?}");
+    let w = waits[0];
+    assert_eq!(w.thread_id, st.ev.thread_id);
+    assert_eq!(w.nesting_event_id, Some(st.ev.event_id));
+    assert_eq!(w.nesting_event_type, Some(EventKind::Statement));
+    assert!(w.event_id > st.ev.event_id);
+    assert!(st.ev.end_event_id.is_some_and(|end| w.event_id < end));
+    assert!(w.timer_wait.unwrap() <= st.ev.timer_wait.unwrap());
 }
