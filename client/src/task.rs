@@ -259,6 +259,14 @@ impl TaskContext {
         }
     }
 
+    /// Whether this context is current on a thread now (between a
+    /// [`TaskContext::swap_in`] that swapped and its
+    /// [`TaskContext::swap_out`], or inside [`TaskContext::enter`]).
+    #[inline]
+    pub fn is_entered(&self) -> bool {
+        self.depth > 0
+    }
+
     /// Makes this context the current thread's until the guard drops.
     #[inline]
     pub fn enter(&mut self) -> Entered<'_> {

@@ -8,13 +8,16 @@
 //! own guards and permits (except [`OwnedMutexGuard`], see there). They
 //! cover the acquisitions async code makes, the receivers' `poll_recv` and
 //! `poll_recv_many` (for hand-written futures and streams), plus
-//! `Mutex::blocking_lock`, `RwLock::blocking_read`/`blocking_write`,
-//! `Semaphore::blocking_acquire*` and the receivers' `blocking_recv*`
-//! (recorded as waits of the calling thread). Not offered, and reached uninstrumented through `as_inner`
+//! `Mutex::blocking_lock`/`blocking_lock_owned`,
+//! `RwLock::blocking_read`/`blocking_write`, `Semaphore::blocking_acquire*`
+//! (owned forms too) and the receivers' `blocking_recv*` (recorded as waits
+//! of the calling thread). Not offered, and reached uninstrumented through `as_inner`
 //! (`as_inner_mut` for receivers): `RwLock`'s owned guards (`read_owned`,
 //! `write_owned` and their `try_` forms), `Notify::notified_owned`, the
 //! receivers' capacities and sender counts, and
-//! `OwnedMutexGuard::map`.
+//! `OwnedMutexGuard::map`. `RwLock::new` and `Notify::new` are `const`
+//! (`const_new` is there too, under tokio's name); [`Mutex`] and
+//! [`Semaphore`] have no `const` constructor (see below).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -312,6 +315,22 @@ impl<T: ?Sized> Mutex<T> {
         }
     }
 
+    /// [`Mutex::lock_owned`] from synchronous code, blocking the thread
+    /// while the mutex is held (as [`Mutex::blocking_lock`]). A lock that
+    /// had to wait is recorded as a `lock` wait of the calling thread.
+    #[track_caller]
+    pub fn blocking_lock_owned(self: Arc<Self>) -> OwnedMutexGuard<T> {
+        let guard = block_for(
+            self.class,
+            Operation::Lock,
+            self.object(),
+            self.inner.clone(),
+            |m| m.clone().try_lock_owned().ok(),
+            |m| m.clone().blocking_lock_owned(),
+        );
+        OwnedMutexGuard { guard, mutex: self }
+    }
+
     /// [`Mutex::lock_owned`] without waiting, or fails; records nothing.
     pub fn try_lock_owned(self: Arc<Self>) -> Result<OwnedMutexGuard<T>, TryLockError> {
         let guard = self.inner.clone().try_lock_owned()?;
@@ -409,11 +428,37 @@ impl<T: ?Sized + fmt::Debug> fmt::Debug for RwLock<T> {
 
 impl<T> RwLock<T> {
     /// A rwlock instrumented by `class` (a `wait/synch/rwlock/...` name).
+    /// `const`, unlike tokio's `new`: it is also tokio's `const_new`.
     pub const fn new(class: &'static LazyWaitClass, value: T) -> Self {
         Self {
             class,
             inner: ts::RwLock::const_new(value),
         }
+    }
+
+    /// [`RwLock::new`], under tokio's name for a `static` lock.
+    pub const fn const_new(class: &'static LazyWaitClass, value: T) -> Self {
+        Self::new(class, value)
+    }
+
+    /// A rwlock admitting at most `max_reads` readers at once (tokio's
+    /// `with_max_readers`; panics as it does if `max_reads` is above
+    /// tokio's limit).
+    pub const fn with_max_readers(class: &'static LazyWaitClass, value: T, max_reads: u32) -> Self {
+        Self {
+            class,
+            inner: ts::RwLock::const_with_max_readers(value, max_reads),
+        }
+    }
+
+    /// [`RwLock::with_max_readers`], under tokio's name for a `static`
+    /// lock.
+    pub const fn const_with_max_readers(
+        class: &'static LazyWaitClass,
+        value: T,
+        max_reads: u32,
+    ) -> Self {
+        Self::with_max_readers(class, value, max_reads)
     }
 
     /// Consumes the lock, returning the value.
@@ -682,6 +727,36 @@ impl Semaphore {
         }
     }
 
+    /// [`Semaphore::acquire_many_owned`] from synchronous code, blocking
+    /// the thread until the permits are available (as
+    /// [`Semaphore::blocking_acquire_many`]).
+    #[track_caller]
+    pub fn blocking_acquire_many_owned(
+        self: Arc<Self>,
+        n: u32,
+    ) -> Result<OwnedSemaphorePermit, AcquireError> {
+        let object = self.object();
+        block_for(
+            self.class,
+            Operation::Lock,
+            object,
+            self.inner.clone(),
+            |s| match s.clone().try_acquire_many_owned(n) {
+                Ok(p) => Some(Ok(p)),
+                // Closed: tokio's fails at once.
+                Err(TryAcquireError::Closed) => Some(s.clone().blocking_acquire_many_owned(n)),
+                Err(TryAcquireError::NoPermits) => None,
+            },
+            |s| s.clone().blocking_acquire_many_owned(n),
+        )
+    }
+
+    /// [`Semaphore::blocking_acquire_many_owned`] of one permit.
+    #[track_caller]
+    pub fn blocking_acquire_owned(self: Arc<Self>) -> Result<OwnedSemaphorePermit, AcquireError> {
+        self.blocking_acquire_many_owned(1)
+    }
+
     /// [`Semaphore::acquire_owned`] without waiting, or fails; records
     /// nothing.
     pub fn try_acquire_owned(self: Arc<Self>) -> Result<OwnedSemaphorePermit, TryAcquireError> {
@@ -742,11 +817,17 @@ impl fmt::Debug for Notify {
 
 impl Notify {
     /// A `Notify` instrumented by `class` (a `wait/synch/cond/...` name).
+    /// `const`, unlike tokio's `new`: it is also tokio's `const_new`.
     pub const fn new(class: &'static LazyWaitClass) -> Self {
         Self {
             class,
             inner: ts::Notify::const_new(),
         }
+    }
+
+    /// [`Notify::new`], under tokio's name for a `static` `Notify`.
+    pub const fn const_new(class: &'static LazyWaitClass) -> Self {
+        Self::new(class)
     }
 
     /// A future that completes when notified (see tokio's

@@ -47,6 +47,12 @@ static FREE_RWLOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/rwlock/tokio_
 static FREE_SEMAPHORE: LazyWaitClass =
     LazyWaitClass::new("wait/synch/mutex/tokio_test/free_semaphore");
 static FREE_NOTIFY: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/tokio_test/free_notify");
+static OWNED_BLOCKING_MUTEX: LazyWaitClass =
+    LazyWaitClass::new("wait/synch/mutex/tokio_test/owned_blocking_mutex");
+static OWNED_BLOCKING_SEMAPHORE: LazyWaitClass =
+    LazyWaitClass::new("wait/synch/mutex/tokio_test/owned_blocking_semaphore");
+static OWNED_BLOCKING_RWLOCK: LazyWaitClass =
+    LazyWaitClass::new("wait/synch/rwlock/tokio_test/owned_blocking_rwlock");
 static PANICKING_MUTEX: LazyWaitClass =
     LazyWaitClass::new("wait/synch/mutex/tokio_test/panicking_mutex");
 static SPAWN_BLOCKING_MUTEX: LazyWaitClass =
@@ -846,6 +852,38 @@ fn blocking_locks_record_the_waits_of_their_threads() {
     assert_eq!(count(&BLOCKING_CHANNEL, Operation::Wait), 2);
     let idx = class_index(&s, BLOCKING_MUTEX.name()).unwrap();
     assert_eq!(s.summary_of(idx).count, 3);
+    no_lost_events(&s);
+}
+
+/// The owned blocking forms and the `const` constructors under tokio's
+/// names: an acquisition that had to wait is one wait of the calling
+/// thread, a free one records nothing.
+#[test]
+fn owned_blocking_forms_record_their_waits() {
+    segment();
+    static RW: RwLock<u32> = RwLock::const_with_max_readers(&OWNED_BLOCKING_RWLOCK, 0, 2);
+    static N: Notify = Notify::const_new(&FREE_NOTIFY);
+    N.notify_one();
+    let m = Arc::new(Mutex::new(&OWNED_BLOCKING_MUTEX, 0u32));
+    let sem = Arc::new(Semaphore::new(&OWNED_BLOCKING_SEMAPHORE, 1));
+    *m.clone().blocking_lock_owned() += 1; // free: nothing recorded
+    drop(sem.clone().blocking_acquire_owned().unwrap());
+    contend(m.try_lock().unwrap(), 2, || {
+        *m.clone().blocking_lock_owned() += 1
+    });
+    contend(sem.try_acquire().unwrap(), 1, || {
+        drop(sem.clone().blocking_acquire_many_owned(1).unwrap())
+    });
+    // Two readers at most: a third waits.
+    let (r1, r2) = (RW.try_read().unwrap(), RW.try_read().unwrap());
+    assert!(RW.try_read().is_err(), "max_readers is 2");
+    contend((r1, r2), 1, || drop(RW.blocking_read()));
+    assert_eq!(*m.try_lock().unwrap(), 3);
+    let s = read();
+    let count = |class: &LazyWaitClass| s.summary_of(class_index(&s, class.name()).unwrap()).count;
+    assert_eq!(count(&OWNED_BLOCKING_MUTEX), 2);
+    assert_eq!(count(&OWNED_BLOCKING_SEMAPHORE), 1);
+    assert_eq!(count(&OWNED_BLOCKING_RWLOCK), 1);
     no_lost_events(&s);
 }
 

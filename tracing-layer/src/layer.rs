@@ -11,6 +11,7 @@ use tracing_core::{Event, Interest, Metadata, Subscriber};
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::{Extensions, ExtensionsMut, LookupSpan, SpanRef};
 
+use crate::blocking;
 use crate::callsite::{Found, Role, Sites, StatementSite};
 use crate::classes::Classes;
 use crate::rules::{OTHER_CLASS, Rules, SpanMatch, StageRule, StatementRule};
@@ -621,6 +622,29 @@ where
             return;
         };
         match &mut tagged.span {
+            PfsSpan::Statement(s)
+                if s.task.is_entered()
+                    && blocking::may_wait()
+                    && !stack::contains(self.id, id.into_u64()) =>
+            {
+                // `enter_blocking` on a blocking thread, the span still
+                // entered where the request is polled: wait for it there,
+                // the extensions unlocked (its exit takes them).
+                drop(ext);
+                blocking::wait_until_free(|| {
+                    span.extensions().get::<Tagged>().is_some_and(
+                        |t| matches!(&t.span, PfsSpan::Statement(s) if s.task.is_entered()),
+                    )
+                });
+                let mut ext = span.extensions_mut();
+                if let Some(Tagged {
+                    span: PfsSpan::Statement(s),
+                    ..
+                }) = ext.get_mut::<Tagged>().filter(|t| t.layer == self.id)
+                {
+                    self.enter_statement(id.into_u64(), &site, s);
+                }
+            }
             PfsSpan::Statement(s) => self.enter_statement(id.into_u64(), &site, s),
             PfsSpan::Stage(st) => {
                 if st.entered {

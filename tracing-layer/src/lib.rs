@@ -57,7 +57,10 @@
 //! one's stages and waits are not current. A span never entered records
 //! nothing. Entered on two threads at once (a span shared by concurrent
 //! tasks), the context is current only on the thread that entered it
-//! first; the other thread records into its own state meanwhile.
+//! first; the other thread records into its own state meanwhile. From a
+//! blocking thread (`spawn_blocking`), enter the request's span with
+//! [`enter_blocking`]: it waits briefly for the worker that spawned the
+//! closure to leave the span, which a plain `enter` races with.
 //!
 //! **Stages.** A span a stage rule matches, inside a statement span (the
 //! closest statement span above it), enters its stage class on its first
@@ -233,6 +236,7 @@
 //! | --- | --- | --- |
 //! | 0 | `template` | the template language of class names, texts and digests |
 //! | 0 | `stack` | the thread-local stack of statement spans entered on this thread |
+//! | 0 | `blocking` | [`enter_blocking`]: a blocking thread's enter, which may wait for the span to be free |
 //! | 0 | `classes` | the bounded set of statement classes named from field values |
 //! | 0 | `http` | `make_span`, a request span naming axum's route (feature `http`) |
 //! | 0 | `grpc` | `make_span`, a gRPC request span naming the RPC (feature `http`) |
@@ -244,6 +248,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod blocking;
 mod callsite;
 mod classes;
 #[cfg(feature = "http")]
@@ -256,6 +261,7 @@ mod span;
 mod stack;
 mod template;
 
+pub use blocking::{ENTER_WAIT, enter_blocking};
 pub use layer::{DEFAULT_MAX_CLASSES, PfsLayer, PfsLayerBuilder};
 pub use rules::{
     DEFAULT_ERROR_STATUS, OTHER_CLASS, SpanMatch, StageRule, StatementRule, UNKNOWN_CLASS,

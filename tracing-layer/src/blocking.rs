@@ -1,0 +1,106 @@
+//! Layer 0. [`enter_blocking`]: entering a request's span from a blocking
+//! thread (`spawn_blocking`), waiting briefly for the thread that polls the
+//! request to leave it first.
+//!
+//! A statement span's context is current on one thread at a time. The
+//! usual hand-off, `let req = Span::current();` in the handler and
+//! `req.enter()` in the `spawn_blocking` closure, races with the worker
+//! thread that is still inside the request's poll when the blocking thread
+//! starts (it leaves the span only as the poll returns, a few microseconds
+//! later): the closure's enter then finds the context taken and its waits
+//! are recorded on the blocking thread's own state, outside the
+//! statement. [`enter_blocking`] marks its enter as one that may wait: the
+//! layer then waits, up to [`ENTER_WAIT`], for the other thread to exit the
+//! span. A plain `enter` never waits: a worker thread must not stall, and
+//! only the caller knows its thread is a blocking one.
+
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+use tracing::Span;
+use tracing::span::Entered;
+
+/// The longest an [`enter_blocking`] waits for the span to be exited on
+/// another thread before going on without its context (the poll that
+/// spawned the blocking closure returns within microseconds; a span held
+/// for long elsewhere, e.g. by another blocking closure of the same
+/// request, is not waited for beyond this).
+pub const ENTER_WAIT: Duration = Duration::from_millis(2);
+
+thread_local! {
+    /// Set during an [`enter_blocking`]'s enter.
+    static MAY_WAIT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Enters `span` from a blocking thread (a `spawn_blocking` closure, a
+/// thread of your own pool): if the span is a `pfs-tracing` statement span
+/// still entered on the thread that polls the request, waits (at most
+/// [`ENTER_WAIT`]) for that thread to leave it, so that what the closure
+/// records nests in the request's statement. Otherwise it is
+/// `span.enter()`.
+///
+/// ```
+/// # async fn handler() {
+/// let req = tracing::Span::current(); // the request's span, before any stage span
+/// let rows = tokio::task::spawn_blocking(move || {
+///     let _g = pfs_tracing::enter_blocking(&req);
+///     // blocking work: its waits nest in the request's statement
+///     42
+/// })
+/// .await
+/// .unwrap();
+/// # let _ = rows;
+/// # }
+/// ```
+///
+/// Do not call it on a runtime's worker thread: it may block it for up to
+/// [`ENTER_WAIT`].
+pub fn enter_blocking(span: &Span) -> Entered<'_> {
+    MAY_WAIT.with(|w| w.set(true));
+    let entered = span.enter();
+    MAY_WAIT.with(|w| w.set(false));
+    entered
+}
+
+/// Whether the enter being handled on this thread may wait.
+pub(crate) fn may_wait() -> bool {
+    MAY_WAIT.with(Cell::get)
+}
+
+/// Calls `taken` until it returns false or [`ENTER_WAIT`] passed: spins a
+/// little (the other thread is usually about to leave), then yields.
+/// Returns whether it is free.
+pub(crate) fn wait_until_free(mut taken: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + ENTER_WAIT;
+    let mut turns = 0u32;
+    while taken() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        if turns < 64 {
+            std::hint::spin_loop();
+            turns += 1;
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_until_free_or_gives_up() {
+        let mut n = 0;
+        assert!(wait_until_free(|| {
+            n += 1;
+            n < 100
+        }));
+        let start = Instant::now();
+        assert!(!wait_until_free(|| true));
+        assert!(start.elapsed() >= ENTER_WAIT);
+        assert!(!may_wait());
+    }
+}
