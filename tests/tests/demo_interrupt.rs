@@ -223,6 +223,11 @@ fn query_on_the_demo_shows_its_truncate_and_survives_a_closed_pipe() {
             .filter(|n| *n > 5_000))
     })
     .unwrap();
+    // The directory the demo made for its segments is private, as the
+    // client makes one.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&shm).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "--shm-dir made {mode:o}");
     let r = ureq::post(&format!("{api}/truncate"))
         .header("Authorization", "Bearer tok")
         .send_empty()

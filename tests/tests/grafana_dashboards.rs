@@ -238,6 +238,23 @@ fn lint(file: &str, uid: &str, d: &Value) -> Vec<String> {
             format!("panel {t:?}: no description"),
         );
         let ts = targets(panel);
+        // A health panel (`up`): 0 must not look like 1 at 3 a.m. Grafana's
+        // default thresholds are green from the start (red from 80).
+        if ts
+            .iter()
+            .any(|t| t["expr"].as_str().is_some_and(|e| e.starts_with("up{")))
+        {
+            let f = &panel["fieldConfig"]["defaults"];
+            let steps = f["thresholds"]["steps"].as_array();
+            bad(
+                f["color"]["mode"] == "thresholds"
+                    && steps.is_some_and(|s| {
+                        s.first().is_some_and(|b| b["color"] == "red")
+                            && s.iter().any(|x| x["value"] == 1 && x["color"] == "green")
+                    }),
+                format!("panel {t:?}: up shows 0 in green (thresholds: red base, green at 1)"),
+            );
+        }
         bad(!ts.is_empty(), format!("panel {t:?}: no queries"));
         for target in ts {
             bad(
@@ -389,7 +406,7 @@ type Breakage = fn(&mut Value);
 fn lint_rules_can_fail() {
     let (file, uid) = DASHBOARDS[0];
     let good = load(file);
-    let cases: [(&str, Breakage); 7] = [
+    let cases: [(&str, Breakage); 8] = [
         ("topk not ranked over the range shown", |d| {
             for p in d["panels"].as_array_mut().unwrap() {
                 for t in p["targets"].as_array_mut().into_iter().flatten() {
@@ -420,6 +437,13 @@ fn lint_rules_can_fail() {
                 serde_json::json!({"type": "prometheus", "uid": "prometheus"});
         }),
         ("uid is", |d| d["uid"] = Value::String("changed".into())),
+        ("up shows 0 in green", |d| {
+            for p in d["panels"].as_array_mut().unwrap() {
+                if p["title"] == "Targets up" {
+                    p["fieldConfig"]["defaults"] = serde_json::json!({"unit": "short"});
+                }
+            }
+        }),
         ("lacks service=~", |d| {
             let e = d["panels"][1]["targets"][0]["expr"]
                 .as_str()
@@ -475,6 +499,11 @@ fn provisioning_files_are_valid() {
         d["jsonData"]["timeInterval"].is_string(),
         "timeInterval (scrape interval) set"
     );
+    // Copied into a Grafana that already provisions a default data source
+    // (kube-prometheus-stack's, uid `prometheus`), a second default stops
+    // Grafana, and the same uid would replace the existing one.
+    assert_ne!(d["isDefault"], true, "not the default data source");
+    assert_ne!(d["uid"], "prometheus", "a uid of its own");
     let dp = yaml("grafana/provisioning/dashboards/pfs.yaml");
     assert_eq!(dp["apiVersion"], 1);
     let p = &dp["providers"][0];

@@ -2,6 +2,7 @@
 //! (the `pfs-demo` crate, run as `pfs-agent workload` in a child process),
 //! serving on 127.0.0.1:9464; and the hidden `workload` command itself.
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -59,7 +60,12 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     };
     super::dir_exists(&dirs.shm)?;
     for d in [&dirs.shm, &dirs.data] {
-        std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+        // 0700, as the client makes a segment directory (docs/SECURITY.md).
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(d)
+            .with_context(|| format!("cannot create {}", d.display()))?;
     }
     let rt = runtime()?;
     rt.block_on(async {
