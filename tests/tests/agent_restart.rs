@@ -227,6 +227,14 @@ fn a_dead_segment_replaced_while_the_agent_is_down_keeps_its_counts() {
         )
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.guard.describe()));
+    // Which service lost them.
+    let processes = |m: &[Sample], state: &str| {
+        sample(m, "pfs_processes", &[("service", "svc"), ("state", state)]).unwrap()
+    };
+    assert_eq!(
+        (processes(&before, "live"), processes(&before, "dead")),
+        (0.0, 2.0)
+    );
     // The state file keeps the dead segments' totals aside.
     let state_path = d.join(pfs_agent::retired::STATE_FILE);
     poll(Duration::from_secs(10), || {
@@ -258,6 +266,10 @@ fn a_dead_segment_replaced_while_the_agent_is_down_keeps_its_counts() {
         sample(&after, "pfs_agent_segments", &[("state", "dead")]).unwrap(),
         1.0,
         "the dead segment still there stays dead (retained)"
+    );
+    assert_eq!(
+        (processes(&after, "live"), processes(&after, "dead")),
+        (0.0, 1.0)
     );
 }
 

@@ -526,8 +526,37 @@ pub fn families(snap: &Snapshot, totals: &Totals, stats: &AgentStats) -> Vec<Fam
     out.push(threads);
     out.push(lost);
     out.push(container_pages(snap));
+    out.push(processes(snap, services.keys()));
     out.extend(agent_families(snap, totals, stats));
     out
+}
+
+/// Processes of each service by state: `live`, or `dead` (exited or
+/// killed, its segment retained until retired): which service lost a
+/// process, where `pfs_agent_segments` only counts them. Both states of
+/// every service seen (`services`, retired ones included), 0 included, so
+/// that a first death is an `increase`.
+fn processes<'a>(snap: &Snapshot, services: impl Iterator<Item = &'a String>) -> Family {
+    let mut f = Family::new(
+        "pfs_processes",
+        None,
+        ("pfs.processes", "{process}"),
+        Kind::Gauge,
+        "Processes of each service whose segment the agent reads, by state: live, or dead (exited or killed; retained until retired).",
+    );
+    let mut by: BTreeMap<&str, [u64; 2]> = services.map(|s| (s.as_str(), [0, 0])).collect();
+    for v in &snap.segments {
+        by.entry(v.data.service.as_str()).or_default()[usize::from(!v.live)] += 1;
+    }
+    for (svc, [live, dead]) in by {
+        for (state, n) in [("live", live), ("dead", dead)] {
+            f.push(
+                vec![("service", svc.to_string()), ("state", state.to_string())],
+                Value::Int(n),
+            );
+        }
+    }
+    f
 }
 
 /// Thread-container pages by state, per service: `active` pages hold
