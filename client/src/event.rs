@@ -216,6 +216,15 @@ pub(crate) struct Claim {
     nesting: (u64, u32),
 }
 
+impl Claim {
+    /// No ids: the claim of an event that is not recorded.
+    pub(crate) const NONE: Claim = Claim {
+        thread_id: 0,
+        event_id: 0,
+        nesting: (0, 0),
+    };
+}
+
 /// Takes the ids of an event of kind `KIND` starting now on the current
 /// thread (see [`Claim`]), if it would be recorded now (see [`admit`]).
 #[inline]
@@ -235,10 +244,10 @@ pub(crate) fn claim<const KIND: usize>(
 /// ticks `start` of timer `timer` (`None`: untimed), and ends now: an
 /// async wait, measured by a future across polls and recorded in one go
 /// by whichever thread polls (or drops) it last. With the ids it
-/// `claimed` at its start, it is that logical thread's event, nested where
-/// it started; without (its start found no thread to record on), it takes
-/// them now, from what is open now. Returns its `TIMER_WAIT` in ps if
-/// timed.
+/// `claimed` at its start (where it was admitted, as every event is), it
+/// is that logical thread's event, nested where it started, whatever
+/// thread ends it: that thread only needs a record to write it into.
+/// Returns its `TIMER_WAIT` in ps if timed.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn record_since<const KIND: usize>(
@@ -249,9 +258,18 @@ pub(crate) fn record_since<const KIND: usize>(
     object: u64,
     object_name: u32,
     source: Option<&'static dyn Site>,
-    claimed: Option<Claim>,
+    claimed: Claim,
 ) -> Option<u64> {
-    let (rt, ctx, _) = admit(current, class.flags())?;
+    // Admitted at its start; still, nothing is written while the class or
+    // the global consumer is off.
+    if class.flags() & FLAG_ENABLED == 0 {
+        return None;
+    }
+    let rt = runtime::get()?;
+    if rt.setup.consumers.load(Relaxed) & CONSUMER_GLOBAL == 0 {
+        return None;
+    }
+    let ctx = current(rt)?;
     let (ticks, timer) = start.unwrap_or((0, 0));
     let mut data = new_event::<KIND>(
         rt,
@@ -263,7 +281,7 @@ pub(crate) fn record_since<const KIND: usize>(
         object,
         object_name,
         source,
-        claimed,
+        Some(claimed),
     );
     data.timer_start = ticks;
     end::<KIND>(&mut Active { rt, ctx, data }, None)
@@ -322,9 +340,13 @@ fn end_in<const KIND: usize>(
     // wait through the C ABI measured 46 ns with it, 31 without; class and
     // bytes kept too measured slower: registers spilled).
     let wait_ps = d.timer_wait;
-    // An event ended in another logical thread than its own (a task's
-    // statement ended outside the task) cannot count its children.
-    d.end_event_id = if d.thread_id == ctx.thread_id.get() {
+    // A wait has no children (waits nest in stages and statements), so
+    // its range is itself: events its thread recorded meanwhile (a task's
+    // other waits under `join!`, a worker's other tasks while an async
+    // wait was pending) are not in it. An event ended in another logical
+    // thread than its own (a task's statement ended outside the task)
+    // cannot count its children.
+    d.end_event_id = if kind != EventKind::Wait && d.thread_id == ctx.thread_id.get() {
         ctx.event_id.get() + 1
     } else {
         d.event_id + 1

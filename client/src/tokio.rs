@@ -118,10 +118,16 @@
 //!   (`tokio::task::yield_now`).
 //! * The blocking forms (`Mutex::blocking_lock`, ...) try tokio's `try_*`
 //!   first, like the async ones. Called from async code, where tokio's
-//!   `blocking_*` always panics, they panic only when they would have to
-//!   wait: tokio gives no way to tell a runtime's worker thread from a
-//!   `spawn_blocking` thread (both have a runtime handle), and the latter
-//!   is where these are meant to be used, recorded.
+//!   `blocking_*` always panics, they panic when they would have to wait
+//!   (and, being tokio's own forms there, `blocking_recv_many` with
+//!   messages waiting and the acquisitions of a closed semaphore), not
+//!   when the `try_*` succeeds: tokio gives no way to tell a runtime's
+//!   worker thread from a `spawn_blocking` thread (both have a runtime
+//!   handle), and the latter is where these are meant to be used,
+//!   recorded. A panicking one records no wait.
+//! * [`RwLock::new`], [`RwLock::with_max_readers`] and [`Notify::new`]
+//!   are `const` (tokio's `const_*` forms): under `tokio_unstable` with
+//!   tracing, tokio-console does not see these primitives.
 //! * `SOURCE` of a wait is the line that called the drop-in's method
 //!   (`lock()`, `recv()`, `notified()`, ...), as for the synchronous
 //!   drop-ins: each method is a `#[track_caller]` function that returns
@@ -171,8 +177,14 @@ fn block_for<S, G>(
     if let Some(g) = attempt(&mut target) {
         return g;
     }
-    let _wait = class.get().start(operation, object);
-    block(&mut target)
+    // Kept out of the unwinding: if `block` panics (tokio's, in async
+    // code), nothing was acquired and no wait is recorded (the guard is
+    // forgotten: its current row keeps showing it until the thread's next
+    // wait).
+    let wait = std::mem::ManuallyDrop::new(class.get().start(operation, object));
+    let g = block(&mut target);
+    drop(std::mem::ManuallyDrop::into_inner(wait));
+    g
 }
 
 /// The address of `t`, as a wait's `OBJECT_INSTANCE_BEGIN`.
@@ -442,7 +454,7 @@ impl<T> RwLock<T> {
     }
 
     /// A rwlock admitting at most `max_reads` readers at once (tokio's
-    /// `with_max_readers`; panics as it does if `max_reads` is above
+    /// `with_max_readers`; panics as it does if `max_reads` is 0 or above
     /// tokio's limit).
     pub const fn with_max_readers(class: &'static LazyWaitClass, value: T, max_reads: u32) -> Self {
         Self {
@@ -1101,7 +1113,9 @@ pub mod mpsc {
                 /// `Pending` and receives another way leaves that wait
                 /// open until the next `poll_recv*` that returns `Ready`
                 /// (or the receiver's drop): its `TIMER_WAIT` then covers
-                /// that time too.
+                /// that time too, and it stays nested in what was open
+                /// when it started (a wait's ids are taken at its start),
+                /// even if that statement ended since.
                 #[track_caller]
                 pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
                     if self.polled.is_none() {

@@ -222,7 +222,12 @@ impl WaitClass {
         if flags & FLAG_ENABLED == 0 {
             return AsyncWait::NONE;
         }
-        let claimed = event::claim::<{ EventKind::Wait.index() }>(thread::current, flags);
+        // Admitted here, as every event is at its start: a thread that is
+        // not instrumented, or the consumers off, record nothing.
+        let Some(claimed) = event::claim::<{ EventKind::Wait.index() }>(thread::current, flags)
+        else {
+            return AsyncWait::NONE;
+        };
         let start = runtime::get().and_then(|rt| {
             (flags & FLAG_TIMED != 0).then(|| {
                 let t = timer_of(rt.setup.timers.load(Relaxed), EventKind::Wait);
@@ -265,8 +270,9 @@ pub struct AsyncWait {
     operation: u32,
     object: u64,
     source: &'static Location<'static>,
-    /// Its ids, taken where it started.
-    claimed: Option<event::Claim>,
+    /// Its ids, taken where it started (meaningless while `class` is
+    /// `None`).
+    claimed: event::Claim,
 }
 
 impl AsyncWait {
@@ -276,7 +282,7 @@ impl AsyncWait {
         operation: 0,
         object: 0,
         source: Location::caller(),
-        claimed: None,
+        claimed: event::Claim::NONE,
     };
 
     /// True if this wait will be recorded.

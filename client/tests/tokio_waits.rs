@@ -47,6 +47,8 @@ static FREE_RWLOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/rwlock/tokio_
 static FREE_SEMAPHORE: LazyWaitClass =
     LazyWaitClass::new("wait/synch/mutex/tokio_test/free_semaphore");
 static FREE_NOTIFY: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/tokio_test/free_notify");
+static JOINED_A: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/tokio_test/joined_a");
+static JOINED_B: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/tokio_test/joined_b");
 static OWNED_BLOCKING_MUTEX: LazyWaitClass =
     LazyWaitClass::new("wait/synch/mutex/tokio_test/owned_blocking_mutex");
 static OWNED_BLOCKING_SEMAPHORE: LazyWaitClass =
@@ -855,6 +857,55 @@ fn blocking_locks_record_the_waits_of_their_threads() {
     no_lost_events(&s);
 }
 
+/// Two waits of one task at once (`join!` of two contended locks): each
+/// wait's range is itself (`END_EVENT_ID` = `EVENT_ID` + 1), not the
+/// sibling's ids taken meanwhile; both nest in the task's statement.
+#[test]
+fn concurrent_waits_of_one_task_do_not_contain_each_other() {
+    segment();
+    let rt = runtime();
+    let (a, b) = (
+        Arc::new(Mutex::new(&JOINED_A, ())),
+        Arc::new(Mutex::new(&JOINED_B, ())),
+    );
+    let statement = rt.block_on(async {
+        let (held_a, held_b) = (a.lock().await, b.lock().await);
+        let gate = Arc::new(Gate::default());
+        let (a2, b2, g2) = (a.clone(), b.clone(), gate.clone());
+        let task = tokio::spawn(
+            async move {
+                let stmt = REQ.start_task();
+                let id = stmt.id();
+                g2.arrive();
+                let (ga, gb) = tokio::join!(a2.lock(), b2.lock());
+                drop((ga, gb, stmt));
+                id
+            }
+            .pfs_task(),
+        );
+        gate.all_queued(1).await;
+        drop(held_a);
+        tokio::time::sleep(HOLD).await;
+        drop(held_b);
+        task.await.unwrap()
+    });
+    let s = read();
+    for class in [&JOINED_A, &JOINED_B] {
+        let idx = class_index(&s, class.name()).unwrap();
+        let waits: Vec<_> = s.long[EventKind::Wait.index()]
+            .iter()
+            .filter(|e| e.class == idx)
+            .collect();
+        assert_eq!(waits.len(), 1, "{}", class.name());
+        let w = waits[0];
+        assert_eq!(w.end_event_id, Some(w.event_id + 1), "{w:?}");
+        assert_eq!(
+            (w.thread_id, w.nesting_event_id),
+            (statement.0, Some(statement.1))
+        );
+    }
+}
+
 /// The owned blocking forms and the `const` constructors under tokio's
 /// names: an acquisition that had to wait is one wait of the calling
 /// thread, a free one records nothing.
@@ -911,6 +962,10 @@ fn blocking_locks_in_async_code_panic_when_they_would_wait() {
         "tokio's blocking_lock panics in async code"
     );
     assert_eq!(*m.try_lock().unwrap(), 1);
+    // The panicking acquisition waited for nothing: no wait recorded.
+    let s = read();
+    let idx = class_index(&s, PANICKING_MUTEX.name()).unwrap();
+    assert_eq!(s.summary_of(idx).count, 0);
 }
 
 /// `spawn_blocking` is where tokio's blocking forms are meant to be used:

@@ -56,10 +56,26 @@ thread_local! {
 /// Do not call it on a runtime's worker thread: it may block it for up to
 /// [`ENTER_WAIT`].
 pub fn enter_blocking(span: &Span) -> Entered<'_> {
-    MAY_WAIT.with(|w| w.set(true));
-    let entered = span.enter();
-    MAY_WAIT.with(|w| w.set(false));
-    entered
+    let _may_wait = MayWait::set();
+    span.enter()
+}
+
+/// Sets [`MAY_WAIT`] for its life, and puts the previous value back when
+/// dropped, also if a layer's `on_enter` panics: a blocking-pool thread
+/// becomes a runtime worker under `block_in_place`, and must not be left
+/// waiting at every enter.
+struct MayWait(bool);
+
+impl MayWait {
+    fn set() -> Self {
+        Self(MAY_WAIT.with(|w| w.replace(true)))
+    }
+}
+
+impl Drop for MayWait {
+    fn drop(&mut self) {
+        MAY_WAIT.with(|w| w.set(self.0));
+    }
 }
 
 /// Whether the enter being handled on this thread may wait.
@@ -101,6 +117,20 @@ mod tests {
         let start = Instant::now();
         assert!(!wait_until_free(|| true));
         assert!(start.elapsed() >= ENTER_WAIT);
+        assert!(!may_wait());
+    }
+
+    #[test]
+    fn the_mark_is_put_back_even_on_a_panic() {
+        let outer = MayWait::set();
+        let caught = std::panic::catch_unwind(|| {
+            let _inner = MayWait::set();
+            assert!(may_wait());
+            panic!("a layer's on_enter");
+        });
+        assert!(caught.is_err());
+        assert!(may_wait(), "the outer mark is back");
+        drop(outer);
         assert!(!may_wait());
     }
 }

@@ -1,8 +1,8 @@
 //! `spawn_blocking` under a request span, in a real axum server: the
 //! blocking closure enters the request's span while the worker that
 //! spawned it is still inside the request's poll (the handler keeps the
-//! worker there 1 ms after spawning, so the race is certain, not a matter
-//! of luck). With `pfs_tracing::enter_blocking`, every wait the closure
+//! worker there until the closure is about to enter, so the race is
+//! certain, not a matter of luck). With `pfs_tracing::enter_blocking`, every wait the closure
 //! records nests in the request's statement, under its THREAD_ID; with a
 //! plain `enter` the context is taken and the closure's waits are the
 //! blocking thread's own (documented). One test function: `init` is once
@@ -25,17 +25,22 @@ static PLAIN_WORK: LazyWaitClass = LazyWaitClass::new("wait/io/file/app/plain_wo
 
 const REQUESTS: usize = 20;
 
-/// Spawns the blocking work, then stays in the poll 1 ms before awaiting
-/// it, as a handler that does more work after spawning would: the
-/// closure's `enter_blocking` finds the span still entered here.
+/// Spawns the blocking work and stays in the poll until the closure is
+/// about to enter the span, then 200 µs more, as a handler that does more
+/// work after spawning would: the closure's `enter_blocking` finds the
+/// span still entered here (if it is late, it finds it free: either way
+/// its wait must nest in the request).
 async fn blocking() -> &'static str {
     let req = tracing::Span::current();
+    let (entering_tx, entering_rx) = std::sync::mpsc::channel();
     let h = tokio::task::spawn_blocking(move || {
+        entering_tx.send(()).unwrap();
         let _g = pfs_tracing::enter_blocking(&req);
         let _w = WORK.get().start(Operation::Read, 0);
         std::thread::sleep(Duration::from_micros(200));
     });
-    std::thread::sleep(Duration::from_millis(1));
+    entering_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    std::thread::sleep(Duration::from_micros(200));
     h.await.unwrap();
     "done"
 }

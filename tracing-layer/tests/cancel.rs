@@ -175,6 +175,7 @@ fn a_client_hanging_up_cancels_the_statement() {
     assert_eq!(w.nesting_event_id, Some(st.ev.event_id));
     assert_eq!(w.nesting_event_type, Some(EventKind::Statement));
     assert!(w.event_id > st.ev.event_id);
+    assert_eq!(w.end_event_id, Some(w.event_id + 1));
     assert!(st.ev.end_event_id.is_some_and(|end| w.event_id < end));
     assert!(w.timer_wait.unwrap() <= st.ev.timer_wait.unwrap());
 }
