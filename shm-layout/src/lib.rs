@@ -392,9 +392,14 @@
 //! `ps = (ticks − timer_base_ticks) × timer_ps_per_tick_q32 >> 32` in
 //! 128-bit arithmetic (a 64-bit TSC at 3 GHz wraps after 194 years, unlike
 //! MySQL's picosecond `TIMER_START`, 213 days); the other timers store
-//! nanoseconds: `ps = (ns − timer_base_ns) × 1000`. `END_EVENT_ID` is the
-//! thread's next event id when the event ended, so a parent's
-//! `[EVENT_ID, END_EVENT_ID)` contains its children.
+//! nanoseconds: `ps = (ns − timer_base_ns) × 1000`. `END_EVENT_ID` of a
+//! stage or statement is the thread's next event id when the event ended,
+//! so a parent's `[EVENT_ID, END_EVENT_ID)` contains its children; a wait
+//! has no children (waits nest in stages and statements), and its
+//! `END_EVENT_ID` is its `EVENT_ID` + 1 (for a synchronous wait, which
+//! ends before its thread's next event begins, that is the thread's next
+//! event id too; an async wait pending while its task or worker recorded
+//! other events does not cover them).
 //!
 //! **Tasks (since 3.1).** An async task that carries its own event
 //! context (a statement held across `.await`) is a *logical thread*: it
