@@ -72,9 +72,11 @@
  * Each expands to one statement that declares a static const pfs_site_t
  * for its call site (__FILE__, __LINE__; its name ends in the line number,
  * so that it does not shadow a name of the program) and calls
- * pfs_wait_begin_at, pfs_statement_begin_at or pfs_stage_enter_at with
- * it; each argument is evaluated once. Prefer them to pfs_wait_begin,
- * pfs_statement_begin and pfs_stage_enter, which record no SOURCE.
+ * pfs_wait_begin_at, pfs_statement_begin_at, pfs_stage_enter_at or
+ * pfs_task_statement_begin_at with it (PFS_TASK_STATEMENT_BEGIN); each
+ * argument is evaluated once. Prefer them to pfs_wait_begin,
+ * pfs_statement_begin, pfs_stage_enter and pfs_task_statement_begin,
+ * which record no SOURCE.
  *   pfs_wait_t w;
  *   PFS_WAIT_BEGIN(&w, log_write, PFS_OP_WRITE, (uint64_t)fd);
  */
@@ -95,6 +97,11 @@
     do { \
         static const pfs_site_t PFS_SITE_HERE_ = { __FILE__, __LINE__ }; \
         pfs_stage_enter_at((cls), &PFS_SITE_HERE_); \
+    } while (0)
+#define PFS_TASK_STATEMENT_BEGIN(task, cls) \
+    do { \
+        static const pfs_site_t PFS_SITE_HERE_ = { __FILE__, __LINE__ }; \
+        (void)pfs_task_statement_begin_at((task), (cls), &PFS_SITE_HERE_); \
     } while (0)
 
 
@@ -274,6 +281,21 @@ typedef struct pfs_stage_class_t pfs_stage_class_t;
 // `pfs_statement_class_register`. Opaque; valid for the life of the
 // process; usable from any thread.
 typedef struct pfs_statement_class_t pfs_statement_class_t;
+
+// An async task's event context, made by `pfs_task_new` and freed by
+// `pfs_task_free`. Opaque.
+//
+// Enter it (`pfs_task_enter`) each time the task resumes and exit it
+// (`pfs_task_exit`, on the same thread) before it suspends: meanwhile the
+// thread's stages and waits are the task's, nested in the statement the
+// task has open (`pfs_task_statement_begin`), and its `THREAD_ID` is the
+// task's own. `CPU_TIME` of the task's statement is the time it was
+// entered.
+//
+// Threading: one thread at a time, the one resuming the task; it may
+// move to another thread between an exit and the next enter. Waits and
+// stages begun while it is entered end before its exit.
+typedef struct pfs_task_t pfs_task_t;
 
 // A wait instrument (`wait/...`), from `pfs_wait_class_register`.
 // Opaque; valid for the life of the process; usable from any thread.
@@ -647,6 +669,131 @@ void pfs_statement_add_warnings(pfs_statement_t *st, uint64_t n);
 // `st` is NULL or points to a readable and writable `pfs_statement_t`
 // that no other thread uses during the call.
 void pfs_statement_end(pfs_statement_t *st);
+
+// A new task, with no statement open; NULL after a failed
+// `pfs_check_abi` (then every call on NULL is a no-op). May be called
+// before `pfs_init` (its events are then not recorded). Allocates.
+//
+// Ownership: the caller owns it and frees it with `pfs_task_free`.
+pfs_task_t *pfs_task_new(void);
+
+// Frees `task`. A statement it still has open ends now, recorded as
+// cancelled (`COUNT_CANCELLED`, as a Rust future dropped before it
+// completed); if the calling thread has it entered, it is exited first.
+// NULL: a no-op.
+//
+// # Safety
+//
+// `task` is NULL or from `pfs_task_new`, not freed, and not entered on
+// another thread; not used after this call.
+void pfs_task_free(pfs_task_t *task);
+
+// Makes `task` the calling thread's until the matching `pfs_task_exit`:
+// call it when the task resumes. Enters nest on one thread (only the
+// outermost pair switches). A task entered on another thread at the time
+// is not entered here (the calling thread records on its own). Returns
+// `PFS_OK`, or `PFS_ERR_INVALID_ARGUMENT` for NULL.
+//
+// # Safety
+//
+// `task` is NULL or from `pfs_task_new`, not freed, not used by another
+// thread during the call.
+int32_t pfs_task_enter(pfs_task_t *task);
+
+// Undoes `pfs_task_enter`, on the thread that entered it: call it before
+// the task suspends. On another thread, a no-op. Returns `PFS_OK`, or
+// `PFS_ERR_INVALID_ARGUMENT` for NULL.
+//
+// # Safety
+//
+// As `pfs_task_enter`.
+int32_t pfs_task_exit(pfs_task_t *task);
+
+// Starts the task's statement, of class `cls`, while the task is entered
+// on the calling thread: its `THREAD_ID` is the task's, and what the task
+// records until its end (on any resume, on any thread) nests in it.
+// `TIMER_WAIT` is wall time; `CPU_TIME` the time the task was entered.
+// One statement per task at a time. Records no `SOURCE`: prefer
+// `PFS_TASK_STATEMENT_BEGIN`. A disabled or NULL class, or no `pfs_init`:
+// nothing is recorded, and the calls on it are no-ops. Returns `PFS_OK`,
+// or `PFS_ERR_INVALID_ARGUMENT` if `task` is NULL or already has a
+// statement open.
+//
+// # Safety
+//
+// `task` as in `pfs_task_enter`; `cls` is NULL or a handle from
+// `pfs_statement_class_register`.
+int32_t pfs_task_statement_begin(pfs_task_t *task, const pfs_statement_class_t *cls);
+
+// `pfs_task_statement_begin`, with `SOURCE` the call site `site` (none
+// if NULL). Called by `PFS_TASK_STATEMENT_BEGIN(task, cls)`, which
+// declares the site: use the macro.
+//
+// # Safety
+//
+// As `pfs_task_statement_begin`; `site` as in `pfs_wait_begin_at`.
+int32_t pfs_task_statement_begin_at(pfs_task_t *task,
+                                    const pfs_statement_class_t *cls,
+                                    const pfs_site_t *site);
+
+// Ends the task's statement now, on the calling thread (inside the task,
+// if it is entered here: its open stage ends with it). Returns `PFS_OK`
+// (also if no statement is open), or `PFS_ERR_INVALID_ARGUMENT` for NULL.
+//
+// # Safety
+//
+// As `pfs_task_enter`.
+int32_t pfs_task_statement_end(pfs_task_t *task);
+
+// `SQL_TEXT` of the task's statement (as `pfs_statement_set_text`).
+//
+// # Safety
+//
+// `task` as in `pfs_task_enter`; `text` is NULL or a NUL-terminated
+// string.
+void pfs_task_statement_set_text(pfs_task_t *task, const char *text);
+
+// `DIGEST` of the task's statement (as `pfs_statement_set_digest_text`).
+//
+// # Safety
+//
+// As `pfs_task_statement_set_text`.
+void pfs_task_statement_set_digest_text(pfs_task_t *task, const char *digest_text);
+
+// `ROWS_SENT` of the task's statement.
+//
+// # Safety
+//
+// As `pfs_task_enter`.
+void pfs_task_statement_set_rows_sent(pfs_task_t *task, uint64_t n);
+
+// `ROWS_AFFECTED` of the task's statement.
+//
+// # Safety
+//
+// As `pfs_task_enter`.
+void pfs_task_statement_set_rows_affected(pfs_task_t *task, uint64_t n);
+
+// `ROWS_EXAMINED` of the task's statement.
+//
+// # Safety
+//
+// As `pfs_task_enter`.
+void pfs_task_statement_set_rows_examined(pfs_task_t *task, uint64_t n);
+
+// Adds `n` to `ERRORS` of the task's statement (saturating).
+//
+// # Safety
+//
+// As `pfs_task_enter`.
+void pfs_task_statement_add_errors(pfs_task_t *task, uint64_t n);
+
+// Adds `n` to `WARNINGS` of the task's statement (saturating).
+//
+// # Safety
+//
+// As `pfs_task_enter`.
+void pfs_task_statement_add_warnings(pfs_task_t *task, uint64_t n);
 
 // Declares who the calling thread works for: `setup_actors` decides, by
 // its most specific matching row, whether the thread is instrumented and

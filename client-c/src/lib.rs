@@ -43,6 +43,7 @@
 //! | 2 | `stage` | stages: enter, progress, end |
 //! | 2 | `statement` | statements: `pfs_statement_t`, text, digest, rows, errors |
 //! | 2 | `memory` | memory accounting: `pfs_memory_t` tokens |
+//! | 2 | `task` | async tasks: `pfs_task_t`, a logical thread entered around each resume, and its statement |
 //! | 2 | `thread` | the calling thread: actor, name, `THREAD_ID`, its open statement's `EVENT_ID` |
 //! | 3 | `abi` | the ABI's version (the SONAME's number) and the check that a program's `pfs.h` matches the library |
 //!
@@ -67,6 +68,7 @@ mod site;
 mod slot;
 mod stage;
 mod statement;
+mod task;
 mod text;
 mod thread;
 mod wait;
@@ -79,5 +81,6 @@ pub use memory::*;
 pub use site::pfs_site_t;
 pub use stage::*;
 pub use statement::*;
+pub use task::*;
 pub use thread::*;
 pub use wait::*;

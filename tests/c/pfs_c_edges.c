@@ -13,9 +13,11 @@
  *   pfs_c_edges abi_late SHM_DIR        an ABI check that fails after pfs_init
  *   pfs_c_edges key_dtor SHM_DIR SERVICE THREADS
  *                                       events ended by pthread key destructors
+ *   pfs_c_edges tasks SHM_DIR SERVICE   async tasks (pfs_task_t) resumed by two
+ *                                       threads in turn
  *
- * Standard output: JSON lines. The modes owner, lost, names, abi_late and
- * key_dtor print
+ * Standard output: JSON lines. The modes owner, lost, names, abi_late,
+ * key_dtor and tasks print
  * {"ready":true,"segment":PATH,...} once their events are recorded, keep
  * their threads alive until standard input reaches end of file, then
  * exit. The others print one line and exit. Any unexpected result exits
@@ -506,6 +508,86 @@ static int env(void) {
     return 0;
 }
 
+/* ---- tasks ---------------------------------------------------------- */
+
+/* Two tasks resumed in turn by two threads, four resumes each, every
+ * resume entered (pfs_task_enter/exit) and recording a stage and a wait;
+ * each task's statement begun at its first resume and ended at its last,
+ * on the other thread. A third task is freed with its statement open
+ * (cancelled). Each thread has a statement of its own open meanwhile,
+ * which none of the tasks' events may nest in. */
+static const pfs_statement_class_t *T_REQUEST, *T_OWN;
+static const pfs_stage_class_t *T_STAGE;
+static const pfs_wait_class_t *T_WAIT;
+static pfs_task_t *task_of[3];
+static pthread_barrier_t turns;
+
+static void task_resume(pfs_task_t *t, int resume, int k) {
+    CHECK(pfs_task_enter(t) == PFS_OK);
+    if (resume == 0) {
+        PFS_TASK_STATEMENT_BEGIN(t, T_REQUEST);
+        /* One statement per task at a time. */
+        CHECK(pfs_task_statement_begin(t, T_REQUEST) == PFS_ERR_INVALID_ARGUMENT);
+        pfs_task_statement_set_text(t, k == 0 ? "task zero" : "task one");
+    }
+    PFS_STAGE_ENTER(T_STAGE);
+    pfs_wait_t w;
+    PFS_WAIT_BEGIN(&w, T_WAIT, PFS_OP_LOCK, (uint64_t)k);
+    usleep(500);
+    pfs_wait_end(&w);
+    if (resume == 3) {
+        pfs_task_statement_set_rows_sent(t, 10 + (uint64_t)k);
+        pfs_task_statement_add_errors(t, (uint64_t)k);
+        CHECK(pfs_task_statement_end(t) == PFS_OK);
+    }
+    CHECK(pfs_task_exit(t) == PFS_OK);
+}
+
+static void *task_resumer(void *arg) {
+    long me = (long)arg;
+    pfs_statement_t own;
+    PFS_STATEMENT_BEGIN(&own, T_OWN);
+    for (int resume = 0; resume < 4; resume++) {
+        pthread_barrier_wait(&turns);
+        if (resume % 2 == me)
+            for (int k = 0; k < 2; k++) task_resume(task_of[k], resume, k);
+    }
+    pthread_barrier_wait(&turns);
+    pfs_statement_end(&own);
+    return NULL;
+}
+
+static int tasks(const char *shm_dir, const char *service) {
+    pfs_config_t cfg = PFS_CONFIG_INIT;
+    cfg.service_name = service;
+    cfg.shm_dir = shm_dir;
+    cfg.flags = PFS_CONFIG_NO_RECLAIM;
+    cfg.consumer_rules = "events_%_history_long=ON";
+    CHECK(pfs_init_with(&cfg) == PFS_OK);
+    T_REQUEST = pfs_statement_class_register("statement/cedge/task_request");
+    T_OWN = pfs_statement_class_register("statement/cedge/thread_own");
+    T_STAGE = pfs_stage_class_register("stage/cedge/task_step");
+    T_WAIT = pfs_wait_class_register("wait/synch/mutex/cedge/task_lock");
+    for (int k = 0; k < 3; k++) CHECK((task_of[k] = pfs_task_new()) != NULL);
+    CHECK(pfs_task_enter(NULL) == PFS_ERR_INVALID_ARGUMENT);
+    CHECK(pthread_barrier_init(&turns, NULL, 2) == 0);
+    pthread_t tids[2];
+    for (long t = 0; t < 2; t++)
+        CHECK(pthread_create(&tids[t], NULL, task_resumer, (void *)t) == 0);
+    for (long t = 0; t < 2; t++) CHECK(pthread_join(tids[t], NULL) == 0);
+    /* The third task: begun on this thread, left open, freed. */
+    CHECK(pfs_task_enter(task_of[2]) == PFS_OK);
+    PFS_TASK_STATEMENT_BEGIN(task_of[2], T_REQUEST);
+    pfs_task_statement_set_text(task_of[2], "task two");
+    CHECK(pfs_task_exit(task_of[2]) == PFS_OK);
+    for (int k = 0; k < 3; k++) pfs_task_free(task_of[k]);
+    char extra[64];
+    snprintf(extra, sizeof extra, ",\"main\":%llu", (unsigned long long)pfs_thread_id());
+    print_segment_line(extra);
+    wait_for_eof();
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (strcmp(mode, "owner") == 0 && argc == 4) return owner(argv[2], argv[3]);
@@ -518,8 +600,9 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "key_dtor") == 0 && argc == 5)
         return key_dtor(argv[2], argv[3], strtol(argv[4], NULL, 10));
     if (strcmp(mode, "env") == 0 && argc == 2) return env();
+    if (strcmp(mode, "tasks") == 0 && argc == 4) return tasks(argv[2], argv[3]);
     fprintf(stderr,
-            "usage: %s owner|lost|names|config|abi|abi_late|key_dtor SHM_DIR [SERVICE ...] | env\n",
+            "usage: %s owner|lost|names|config|abi|abi_late|key_dtor|tasks SHM_DIR [SERVICE ...] | env\n",
             argv[0]);
     return 2;
 }

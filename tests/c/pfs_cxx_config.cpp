@@ -2,7 +2,8 @@
 // g++ -Wall -Wextra -Werror (so -Wmissing-field-initializers, which
 // `pfs_config_t cfg = {0};` trips in C++): PFS_CONFIG_INIT initialises
 // every field, PFS_CHECK_ABI() passes, and the SOURCE macros
-// (PFS_WAIT_BEGIN, PFS_STAGE_ENTER, PFS_STATEMENT_BEGIN) compile. Prints
+// (PFS_WAIT_BEGIN, PFS_STAGE_ENTER, PFS_STATEMENT_BEGIN,
+// PFS_TASK_STATEMENT_BEGIN) compile. Prints
 // {"ok":true}.
 #include <cstdio>
 #include <cstdlib>
@@ -31,6 +32,15 @@ int main() {
     PFS_STATEMENT_BEGIN(&st, pfs_statement_class_register("statement/cxx/q"));
     PFS_STAGE_ENTER(pfs_stage_class_register("stage/cxx/s"));
     pfs_statement_end(&st);
+    pfs_task_t *task = pfs_task_new();
+    if (task == nullptr || pfs_task_enter(task) != PFS_OK) {
+        std::fprintf(stderr, "pfs_task_new/enter failed\n");
+        return 1;
+    }
+    PFS_TASK_STATEMENT_BEGIN(task, pfs_statement_class_register("statement/cxx/t"));
+    pfs_task_statement_end(task);
+    pfs_task_exit(task);
+    pfs_task_free(task);
     std::printf("{\"ok\":true}\n");
     return 0;
 }

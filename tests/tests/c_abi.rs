@@ -12,7 +12,8 @@
 //! * `tests/c/pfs_c_edges.c`: the API's edges, read from the segment:
 //!   ends by a thread that did not begin (no-ops, no crash), lost events
 //!   of threads without a record (counted exactly), thread names,
-//!   `pfs_config_t` checks, the ABI check; and the SONAME, with `readelf`.
+//!   `pfs_config_t` checks, the ABI check, async tasks (`pfs_task_t`)
+//!   resumed on two threads; and the SONAME, with `readelf`.
 //! * `tests/c/pfs_cxx_config.cpp`: the header from C++ under `-Wextra
 //!   -Werror`.
 
@@ -940,4 +941,93 @@ fn the_readme_c_example_compiles_and_runs() {
     assert!(run.status.success(), "{run:?}");
     let segments = std::fs::read_dir(&shm).unwrap().count();
     assert_eq!(segments, 1, "it wrote its segment");
+}
+
+/// Async tasks from C (`pfs_task_t`): two tasks resumed in turn by two
+/// threads, each resume entered. Each task's statement is under a
+/// `THREAD_ID` of its own (not a thread's), and every stage and wait of
+/// every resume, on either thread, nests in its own task's statement,
+/// never in the statement the resuming thread has open meanwhile; the
+/// statement's figures, text and `SOURCE` come through; `CPU_TIME` is at
+/// most the wall time; a task freed with its statement open records it
+/// cancelled.
+#[test]
+fn c_tasks_keep_their_events_across_threads() {
+    use pfs_shm_layout::EventKind;
+    let dir = tempfile::tempdir().unwrap();
+    let (w, ready, s) = start_edges("tasks", &[dir.path().to_str().unwrap(), "c-tasks"]);
+    let request = class_index(&s, "statement/cedge/task_request");
+    let own = class_index(&s, "statement/cedge/thread_own");
+    let step = class_index(&s, "stage/cedge/task_step");
+    let lock = class_index(&s, "wait/synch/mutex/cedge/task_lock");
+    let statements: BTreeMap<&str, _> = s
+        .long_statements
+        .iter()
+        .filter(|e| e.ev.class == request)
+        .map(|e| (e.text.as_str(), e))
+        .collect();
+    assert_eq!(
+        statements.keys().copied().collect::<Vec<_>>(),
+        ["task one", "task two", "task zero"]
+    );
+    let threads: Vec<u64> = s
+        .long_statements
+        .iter()
+        .filter(|e| e.ev.class == own)
+        .map(|e| e.ev.thread_id)
+        .chain([ready["main"].as_u64().unwrap()])
+        .collect();
+    assert_eq!(threads.len(), 3, "two resuming threads' own statements");
+    for (k, text) in ["task zero", "task one"].into_iter().enumerate() {
+        let st = statements[text];
+        assert!(
+            !threads.contains(&st.ev.thread_id),
+            "a task's own THREAD_ID"
+        );
+        assert_eq!(
+            st.ev.nesting_event_id, None,
+            "a task's statement has no parent"
+        );
+        assert_eq!(st.figures.rows_sent, 10 + k as u64);
+        assert_eq!(st.figures.errors, k as u64);
+        assert_eq!(st.figures.cancelled, 0);
+        assert!(st.figures.cpu_time_ps <= st.ev.timer_wait.unwrap());
+        assert!(st.figures.cpu_time_ps > 0, "entered time counted");
+        let source = st
+            .ev
+            .source
+            .and_then(|id| s.strings.get(&id))
+            .cloned()
+            .unwrap_or_default();
+        assert!(source.starts_with("pfs_c_edges.c:"), "SOURCE {source}");
+        // Four resumes, each a stage holding a wait, all the task's.
+        let stages: Vec<_> = s.long[EventKind::Stage.index()]
+            .iter()
+            .filter(|e| e.class == step && e.thread_id == st.ev.thread_id)
+            .collect();
+        assert_eq!(stages.len(), 4, "{text}: {stages:?}");
+        for g in &stages {
+            assert_eq!(g.nesting_event_id, Some(st.ev.event_id));
+            assert_eq!(g.nesting_event_type, Some(EventKind::Statement));
+        }
+        let waits: Vec<_> = s.long[EventKind::Wait.index()]
+            .iter()
+            .filter(|e| e.class == lock && e.object_instance == k as u64)
+            .collect();
+        assert_eq!(waits.len(), 4, "{text}");
+        for wt in &waits {
+            assert_eq!(wt.thread_id, st.ev.thread_id, "{text}: {wt:?}");
+            assert_eq!(wt.nesting_event_type, Some(EventKind::Stage));
+            assert!(
+                stages
+                    .iter()
+                    .any(|g| Some(g.event_id) == wt.nesting_event_id),
+                "{text}: the wait nests in one of its task's stages"
+            );
+        }
+    }
+    let freed = statements["task two"];
+    assert_eq!(freed.figures.cancelled, 1, "freed open: cancelled");
+    assert!(!threads.contains(&freed.ev.thread_id));
+    finish_edges(w);
 }

@@ -1,0 +1,396 @@
+//! Layer 2. Async tasks from C: `pfs_task_t`, a logical thread of its own
+//! for a computation that is suspended and resumed, possibly on another
+//! thread each time (a C++20 coroutine, a Python asyncio task, a state
+//! machine driven by an event loop). Entered around each resume, it makes
+//! what the calling thread records meanwhile (stages, waits) the task's,
+//! nested in the task's own statement, under the task's `THREAD_ID`, as
+//! `pfs_client::task` does for a Rust future (see docs/ASYNC.md).
+//!
+//! The task and its statement live in memory the library allocates
+//! (`pfs_task_new`): a task's statement outlives the resume that began it,
+//! so it cannot be in a caller's stack frame, and it is larger than
+//! `pfs_statement_t`.
+
+use std::ffi::c_char;
+
+use pfs_client::TaskStatement;
+use pfs_client::task::TaskContext;
+
+use crate::classes::pfs_statement_class_t;
+use crate::codes::{PFS_ERR_INTERNAL, PFS_ERR_INVALID_ARGUMENT, PFS_OK};
+use crate::shield::shield;
+use crate::site::{pfs_site_t, site_in};
+use crate::slot;
+use crate::text::prefix_in;
+
+/// An async task's event context, made by `pfs_task_new` and freed by
+/// `pfs_task_free`. Opaque.
+///
+/// Enter it (`pfs_task_enter`) each time the task resumes and exit it
+/// (`pfs_task_exit`, on the same thread) before it suspends: meanwhile the
+/// thread's stages and waits are the task's, nested in the statement the
+/// task has open (`pfs_task_statement_begin`), and its `THREAD_ID` is the
+/// task's own. `CPU_TIME` of the task's statement is the time it was
+/// entered.
+///
+/// Threading: one thread at a time, the one resuming the task; it may
+/// move to another thread between an exit and the next enter. Waits and
+/// stages begun while it is entered end before its exit.
+pub struct pfs_task_t {
+    _opaque: [u8; 0],
+}
+
+/// What a `pfs_task_t` points to.
+struct CTask {
+    ctx: TaskContext,
+    stmt: Option<TaskStatement>,
+}
+
+/// The most nested enters `pfs_task_free` undoes.
+const MAX_DEPTH: usize = 64;
+
+/// The task `t` points to.
+///
+/// # Safety
+///
+/// `t` is NULL or a task from `pfs_task_new`, not freed, that no other
+/// thread uses during the call.
+unsafe fn task_in<'a>(t: *mut pfs_task_t) -> Option<&'a mut CTask> {
+    // SAFETY: by the contract, a non-null `t` is the `Box<CTask>` that
+    // `pfs_task_new` leaked, alive and used only by this thread now.
+    unsafe { t.cast::<CTask>().as_mut() }
+}
+
+/// A new task, with no statement open; NULL after a failed
+/// `pfs_check_abi` (then every call on NULL is a no-op). May be called
+/// before `pfs_init` (its events are then not recorded). Allocates.
+///
+/// Ownership: the caller owns it and frees it with `pfs_task_free`.
+#[unsafe(no_mangle)]
+pub extern "C" fn pfs_task_new() -> *mut pfs_task_t {
+    shield(std::ptr::null_mut(), || {
+        if !slot::usable() {
+            return std::ptr::null_mut();
+        }
+        let task = Box::new(CTask {
+            ctx: TaskContext::new(),
+            stmt: None,
+        });
+        Box::into_raw(task).cast()
+    })
+}
+
+/// Frees `task`. A statement it still has open ends now, recorded as
+/// cancelled (`COUNT_CANCELLED`, as a Rust future dropped before it
+/// completed); if the calling thread has it entered, it is exited first.
+/// NULL: a no-op.
+///
+/// # Safety
+///
+/// `task` is NULL or from `pfs_task_new`, not freed, and not entered on
+/// another thread; not used after this call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_task_free(task: *mut pfs_task_t) {
+    shield((), || {
+        if task.is_null() {
+            return;
+        }
+        // SAFETY: `task` is the leaked box of `pfs_task_new`, not freed,
+        // and the caller gives it up (contract).
+        let mut t = unsafe { Box::from_raw(task.cast::<CTask>()) };
+        if let Some(stmt) = t.stmt.take() {
+            t.ctx.cancel_with(|| drop(stmt));
+        }
+        for _ in 0..MAX_DEPTH {
+            if !t.ctx.is_entered() {
+                return;
+            }
+            t.ctx.swap_out();
+        }
+        // Still entered (on another thread, against the contract, or
+        // deeper than any real nesting): that thread keeps its own state
+        // in this context, which must then outlive the call.
+        std::mem::forget(t);
+    })
+}
+
+/// Makes `task` the calling thread's until the matching `pfs_task_exit`:
+/// call it when the task resumes. Enters nest on one thread (only the
+/// outermost pair switches). A task entered on another thread at the time
+/// is not entered here (the calling thread records on its own). Returns
+/// `PFS_OK`, or `PFS_ERR_INVALID_ARGUMENT` for NULL.
+///
+/// # Safety
+///
+/// `task` is NULL or from `pfs_task_new`, not freed, not used by another
+/// thread during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_task_enter(task: *mut pfs_task_t) -> i32 {
+    shield(PFS_ERR_INTERNAL, || {
+        // SAFETY: the caller's contract.
+        match unsafe { task_in(task) } {
+            None => PFS_ERR_INVALID_ARGUMENT,
+            Some(t) => {
+                t.ctx.swap_in();
+                PFS_OK
+            }
+        }
+    })
+}
+
+/// Undoes `pfs_task_enter`, on the thread that entered it: call it before
+/// the task suspends. On another thread, a no-op. Returns `PFS_OK`, or
+/// `PFS_ERR_INVALID_ARGUMENT` for NULL.
+///
+/// # Safety
+///
+/// As `pfs_task_enter`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_task_exit(task: *mut pfs_task_t) -> i32 {
+    shield(PFS_ERR_INTERNAL, || {
+        // SAFETY: the caller's contract.
+        match unsafe { task_in(task) } {
+            None => PFS_ERR_INVALID_ARGUMENT,
+            Some(t) => {
+                t.ctx.swap_out();
+                PFS_OK
+            }
+        }
+    })
+}
+
+/// Starts the task's statement, of class `cls`, while the task is entered
+/// on the calling thread: its `THREAD_ID` is the task's, and what the task
+/// records until its end (on any resume, on any thread) nests in it.
+/// `TIMER_WAIT` is wall time; `CPU_TIME` the time the task was entered.
+/// One statement per task at a time. Records no `SOURCE`: prefer
+/// `PFS_TASK_STATEMENT_BEGIN`. A disabled or NULL class, or no `pfs_init`:
+/// nothing is recorded, and the calls on it are no-ops. Returns `PFS_OK`,
+/// or `PFS_ERR_INVALID_ARGUMENT` if `task` is NULL or already has a
+/// statement open.
+///
+/// # Safety
+///
+/// `task` as in `pfs_task_enter`; `cls` is NULL or a handle from
+/// `pfs_statement_class_register`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_task_statement_begin(
+    task: *mut pfs_task_t,
+    cls: *const pfs_statement_class_t,
+) -> i32 {
+    // SAFETY: the caller's contract, and no site.
+    unsafe { begin(task, cls, std::ptr::null()) }
+}
+
+/// `pfs_task_statement_begin`, with `SOURCE` the call site `site` (none
+/// if NULL). Called by `PFS_TASK_STATEMENT_BEGIN(task, cls)`, which
+/// declares the site: use the macro.
+///
+/// # Safety
+///
+/// As `pfs_task_statement_begin`; `site` as in `pfs_wait_begin_at`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_task_statement_begin_at(
+    task: *mut pfs_task_t,
+    cls: *const pfs_statement_class_t,
+    site: *const pfs_site_t,
+) -> i32 {
+    // SAFETY: the caller's contract.
+    unsafe { begin(task, cls, site) }
+}
+
+/// `pfs_task_statement_begin_at`, inlined into both entry points.
+///
+/// # Safety
+///
+/// As `pfs_task_statement_begin_at`.
+#[inline(always)]
+unsafe fn begin(
+    task: *mut pfs_task_t,
+    cls: *const pfs_statement_class_t,
+    site: *const pfs_site_t,
+) -> i32 {
+    shield(PFS_ERR_INTERNAL, || {
+        // SAFETY: the caller's contract.
+        let Some(t) = (unsafe { task_in(task) }) else {
+            return PFS_ERR_INVALID_ARGUMENT;
+        };
+        if t.stmt.as_ref().is_some_and(TaskStatement::is_recording) {
+            return PFS_ERR_INVALID_ARGUMENT;
+        }
+        // SAFETY: `cls` is null or a handle, which lives forever (contract).
+        let class = unsafe { cls.as_ref() }.map(|c| c.0.get());
+        t.stmt = match class {
+            // SAFETY: `site` is null or a static site (contract).
+            Some(c) if c.is_enabled() => Some(c.start_task_at(unsafe { site_in(site) })),
+            _ => None,
+        };
+        PFS_OK
+    })
+}
+
+/// Ends the task's statement now, on the calling thread (inside the task,
+/// if it is entered here: its open stage ends with it). Returns `PFS_OK`
+/// (also if no statement is open), or `PFS_ERR_INVALID_ARGUMENT` for NULL.
+///
+/// # Safety
+///
+/// As `pfs_task_enter`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_task_statement_end(task: *mut pfs_task_t) -> i32 {
+    shield(PFS_ERR_INTERNAL, || {
+        // SAFETY: the caller's contract.
+        match unsafe { task_in(task) } {
+            None => PFS_ERR_INVALID_ARGUMENT,
+            Some(t) => {
+                drop(t.stmt.take());
+                PFS_OK
+            }
+        }
+    })
+}
+
+/// Runs `f` on the task's open statement, if any.
+///
+/// # Safety
+///
+/// As `pfs_task_enter`.
+#[inline(always)]
+unsafe fn with(task: *mut pfs_task_t, f: impl FnOnce(&mut TaskStatement)) {
+    shield((), || {
+        // SAFETY: the caller's contract.
+        if let Some(s) = unsafe { task_in(task) }.and_then(|t| t.stmt.as_mut()) {
+            f(s);
+        }
+    })
+}
+
+/// `SQL_TEXT` of the task's statement (as `pfs_statement_set_text`).
+///
+/// # Safety
+///
+/// `task` as in `pfs_task_enter`; `text` is NULL or a NUL-terminated
+/// string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_task_statement_set_text(task: *mut pfs_task_t, text: *const c_char) {
+    // SAFETY: `text` is null or a valid C string (contract), read now.
+    let text = unsafe { prefix_in(text) };
+    // SAFETY: the caller's contract.
+    unsafe { with(task, |s| s.set_text(text)) }
+}
+
+/// `DIGEST` of the task's statement (as `pfs_statement_set_digest_text`).
+///
+/// # Safety
+///
+/// As `pfs_task_statement_set_text`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_task_statement_set_digest_text(
+    task: *mut pfs_task_t,
+    digest_text: *const c_char,
+) {
+    // SAFETY: `digest_text` is null or a valid C string (contract).
+    let text = unsafe { prefix_in(digest_text) };
+    // SAFETY: the caller's contract.
+    unsafe { with(task, |s| s.set_digest_text(text)) }
+}
+
+/// `ROWS_SENT` of the task's statement.
+///
+/// # Safety
+///
+/// As `pfs_task_enter`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_task_statement_set_rows_sent(task: *mut pfs_task_t, n: u64) {
+    // SAFETY: the caller's contract.
+    unsafe { with(task, |s| s.set_rows_sent(n)) }
+}
+
+/// `ROWS_AFFECTED` of the task's statement.
+///
+/// # Safety
+///
+/// As `pfs_task_enter`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_task_statement_set_rows_affected(task: *mut pfs_task_t, n: u64) {
+    // SAFETY: the caller's contract.
+    unsafe { with(task, |s| s.set_rows_affected(n)) }
+}
+
+/// `ROWS_EXAMINED` of the task's statement.
+///
+/// # Safety
+///
+/// As `pfs_task_enter`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_task_statement_set_rows_examined(task: *mut pfs_task_t, n: u64) {
+    // SAFETY: the caller's contract.
+    unsafe { with(task, |s| s.set_rows_examined(n)) }
+}
+
+/// Adds `n` to `ERRORS` of the task's statement (saturating).
+///
+/// # Safety
+///
+/// As `pfs_task_enter`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_task_statement_add_errors(task: *mut pfs_task_t, n: u64) {
+    // SAFETY: the caller's contract.
+    unsafe { with(task, |s| s.add_errors(n)) }
+}
+
+/// Adds `n` to `WARNINGS` of the task's statement (saturating).
+///
+/// # Safety
+///
+/// As `pfs_task_enter`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_task_statement_add_warnings(task: *mut pfs_task_t, n: u64) {
+    // SAFETY: the caller's contract.
+    unsafe { with(task, |s| s.add_warnings(n)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn null_tasks_are_refused_or_ignored() {
+        // SAFETY: NULL is allowed everywhere.
+        unsafe {
+            assert_eq!(
+                pfs_task_enter(std::ptr::null_mut()),
+                PFS_ERR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                pfs_task_exit(std::ptr::null_mut()),
+                PFS_ERR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                pfs_task_statement_begin(std::ptr::null_mut(), std::ptr::null()),
+                PFS_ERR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                pfs_task_statement_end(std::ptr::null_mut()),
+                PFS_ERR_INVALID_ARGUMENT
+            );
+            pfs_task_statement_add_errors(std::ptr::null_mut(), 1);
+            pfs_task_free(std::ptr::null_mut());
+        }
+    }
+
+    #[test]
+    fn a_task_without_init_is_entered_and_freed() {
+        let t = pfs_task_new();
+        assert!(!t.is_null());
+        // SAFETY: `t` is a live task, used by this thread only.
+        unsafe {
+            assert_eq!(pfs_task_enter(t), PFS_OK);
+            assert_eq!(pfs_task_statement_begin(t, std::ptr::null()), PFS_OK);
+            pfs_task_statement_set_rows_sent(t, 3);
+            assert_eq!(pfs_task_statement_end(t), PFS_OK);
+            // Freed while entered: exited first.
+            pfs_task_free(t);
+        }
+    }
+}
