@@ -25,6 +25,11 @@
  *    each on the same thread, before the thread exits. An end (or a
  *    pfs_statement_set_*) of a struct the calling thread did not begin
  *    (begun on another thread, never begun, already ended) is a no-op.
+ *    An async task (pfs_task_t) is the exception: entered on a thread,
+ *    the thread's stages belong to the task (they stay open across its
+ *    resumes, on any thread), and the task's own statement
+ *    (pfs_task_statement_*) lives in the task; waits still end before
+ *    the task is exited.
  *  - Class handles live as long as the process and may be used from any
  *    thread; registering takes a lock: do it at startup.
  *  - Strings are NUL-terminated UTF-8, read during the call only. NULL
@@ -157,6 +162,10 @@
 // The calling thread has no record: the thread container is full
 // (`max_threads`), so its events are counted as lost.
 #define PFS_ERR_NO_THREAD_RECORD (-12)
+
+// The task (`pfs_task_t`) is entered on another thread, or not entered
+// on the calling thread where the call needs it.
+#define PFS_ERR_TASK_NOT_HERE (-13)
 
 // `pfs_config_t.flags`: create the directory `0770` and the segment
 // `0660`, for an agent in the same group (`PFS_GROUP_ACCESS=1`).
@@ -293,8 +302,11 @@ typedef struct pfs_statement_class_t pfs_statement_class_t;
 // entered.
 //
 // Threading: one thread at a time, the one resuming the task; it may
-// move to another thread between an exit and the next enter. Waits and
-// stages begun while it is entered end before its exit.
+// move to another thread between an exit and the next enter. A wait
+// (`pfs_wait_t`) or a thread's statement (`pfs_statement_t`) begun while
+// it is entered ends before its exit (they belong to the OS thread); the
+// task's open stage is the task's and stays open across resumes. Enters
+// of different tasks on one thread are exited in reverse order.
 typedef struct pfs_task_t pfs_task_t;
 
 // A wait instrument (`wait/...`), from `pfs_wait_class_register`.
@@ -671,16 +683,19 @@ void pfs_statement_add_warnings(pfs_statement_t *st, uint64_t n);
 void pfs_statement_end(pfs_statement_t *st);
 
 // A new task, with no statement open; NULL after a failed
-// `pfs_check_abi` (then every call on NULL is a no-op). May be called
-// before `pfs_init` (its events are then not recorded). Allocates.
+// `pfs_check_abi` (then the calls that return a code return
+// `PFS_ERR_INVALID_ARGUMENT` for it, the others do nothing). May be
+// called before `pfs_init` (its events are then not recorded).
+// Allocates.
 //
 // Ownership: the caller owns it and frees it with `pfs_task_free`.
 pfs_task_t *pfs_task_new(void);
 
-// Frees `task`. A statement it still has open ends now, recorded as
-// cancelled (`COUNT_CANCELLED`, as a Rust future dropped before it
-// completed); if the calling thread has it entered, it is exited first.
-// NULL: a no-op.
+// Frees `task`, ending what it has open inside it, as a Rust task's
+// future dropped before it completed: its statement, recorded as
+// cancelled (`COUNT_CANCELLED`), and its open stage. If the calling
+// thread has it entered (the innermost task entered there), it is exited
+// first. NULL: a no-op.
 //
 // # Safety
 //
@@ -690,9 +705,12 @@ void pfs_task_free(pfs_task_t *task);
 
 // Makes `task` the calling thread's until the matching `pfs_task_exit`:
 // call it when the task resumes. Enters nest on one thread (only the
-// outermost pair switches). A task entered on another thread at the time
-// is not entered here (the calling thread records on its own). Returns
-// `PFS_OK`, or `PFS_ERR_INVALID_ARGUMENT` for NULL.
+// outermost pair switches). Returns `PFS_OK`;
+// `PFS_ERR_TASK_NOT_HERE` if the task is entered on another thread at the
+// time (not entered here: the calling thread records on its own; an exit
+// missing there, or a resume racing with the suspend);
+// `PFS_ERR_INVALID_ARGUMENT` for NULL. After a failed `pfs_check_abi`, a
+// no-op.
 //
 // # Safety
 //
@@ -701,8 +719,10 @@ void pfs_task_free(pfs_task_t *task);
 int32_t pfs_task_enter(pfs_task_t *task);
 
 // Undoes `pfs_task_enter`, on the thread that entered it: call it before
-// the task suspends. On another thread, a no-op. Returns `PFS_OK`, or
-// `PFS_ERR_INVALID_ARGUMENT` for NULL.
+// the task suspends (before another thread may resume it). Returns
+// `PFS_OK` (also for a task not entered anywhere);
+// `PFS_ERR_TASK_NOT_HERE` on a thread other than the one that entered
+// it (nothing done); `PFS_ERR_INVALID_ARGUMENT` for NULL.
 //
 // # Safety
 //
@@ -714,9 +734,12 @@ int32_t pfs_task_exit(pfs_task_t *task);
 // records until its end (on any resume, on any thread) nests in it.
 // `TIMER_WAIT` is wall time; `CPU_TIME` the time the task was entered.
 // One statement per task at a time. Records no `SOURCE`: prefer
-// `PFS_TASK_STATEMENT_BEGIN`. A disabled or NULL class, or no `pfs_init`:
-// nothing is recorded, and the calls on it are no-ops. Returns `PFS_OK`,
-// or `PFS_ERR_INVALID_ARGUMENT` if `task` is NULL or already has a
+// `PFS_TASK_STATEMENT_BEGIN` (which discards the code: call
+// `pfs_task_statement_begin_at` to see it). A disabled or NULL class, or
+// no `pfs_init`: nothing is recorded, and the calls on it are no-ops.
+// Returns `PFS_OK`; `PFS_ERR_TASK_NOT_HERE` if the task is not entered on
+// the calling thread (nothing started: it would be the thread's);
+// `PFS_ERR_INVALID_ARGUMENT` if `task` is NULL or already has a
 // statement open.
 //
 // # Safety
@@ -736,9 +759,12 @@ int32_t pfs_task_statement_begin_at(pfs_task_t *task,
                                     const pfs_statement_class_t *cls,
                                     const pfs_site_t *site);
 
-// Ends the task's statement now, on the calling thread (inside the task,
-// if it is entered here: its open stage ends with it). Returns `PFS_OK`
-// (also if no statement is open), or `PFS_ERR_INVALID_ARGUMENT` for NULL.
+// Ends the task's statement now, inside the task (its open stage ends
+// with it): entered here, or not entered anywhere (then entered for the
+// end only, which is not counted in `CPU_TIME`: e.g. from a completion
+// callback after the task's last resume). Returns `PFS_OK` (also if no
+// statement is open); `PFS_ERR_TASK_NOT_HERE` if the task is entered on
+// another thread (nothing done); `PFS_ERR_INVALID_ARGUMENT` for NULL.
 //
 // # Safety
 //
@@ -794,6 +820,16 @@ void pfs_task_statement_add_errors(pfs_task_t *task, uint64_t n);
 //
 // As `pfs_task_enter`.
 void pfs_task_statement_add_warnings(pfs_task_t *task, uint64_t n);
+
+// Records the task's statement as cancelled when it ends
+// (`COUNT_CANCELLED`, not an error), for a task stopped before it
+// completed (an asyncio `CancelledError`, a coroutine destroyed early)
+// whose statement is then ended normally.
+//
+// # Safety
+//
+// As `pfs_task_enter`.
+void pfs_task_statement_mark_cancelled(pfs_task_t *task);
 
 // Declares who the calling thread works for: `setup_actors` decides, by
 // its most specific matching row, whether the thread is instrumented and

@@ -39,6 +39,9 @@ pub const PFS_ERR_NOT_INITIALIZED: i32 = -11;
 /// The calling thread has no record: the thread container is full
 /// (`max_threads`), so its events are counted as lost.
 pub const PFS_ERR_NO_THREAD_RECORD: i32 = -12;
+/// The task (`pfs_task_t`) is entered on another thread, or not entered
+/// on the calling thread where the call needs it.
+pub const PFS_ERR_TASK_NOT_HERE: i32 = -13;
 
 /// The message of `code`.
 fn message(code: i32) -> &'static CStr {
@@ -56,6 +59,7 @@ fn message(code: i32) -> &'static CStr {
         PFS_ERR_ABI_MISMATCH => c"pfs.h does not match libpfs",
         PFS_ERR_NOT_INITIALIZED => c"not initialised",
         PFS_ERR_NO_THREAD_RECORD => c"thread has no record (thread container full)",
+        PFS_ERR_TASK_NOT_HERE => c"task not entered on this thread",
         _ => c"unknown pfs error code",
     }
 }
@@ -93,6 +97,7 @@ mod tests {
             PFS_ERR_ABI_MISMATCH,
             PFS_ERR_NOT_INITIALIZED,
             PFS_ERR_NO_THREAD_RECORD,
+            PFS_ERR_TASK_NOT_HERE,
         ];
         let unknown = message(1);
         let mut seen = std::collections::BTreeSet::new();

@@ -17,7 +17,7 @@ use pfs_client::TaskStatement;
 use pfs_client::task::TaskContext;
 
 use crate::classes::pfs_statement_class_t;
-use crate::codes::{PFS_ERR_INTERNAL, PFS_ERR_INVALID_ARGUMENT, PFS_OK};
+use crate::codes::{PFS_ERR_INTERNAL, PFS_ERR_INVALID_ARGUMENT, PFS_ERR_TASK_NOT_HERE, PFS_OK};
 use crate::shield::shield;
 use crate::site::{pfs_site_t, site_in};
 use crate::slot;
@@ -34,8 +34,11 @@ use crate::text::prefix_in;
 /// entered.
 ///
 /// Threading: one thread at a time, the one resuming the task; it may
-/// move to another thread between an exit and the next enter. Waits and
-/// stages begun while it is entered end before its exit.
+/// move to another thread between an exit and the next enter. A wait
+/// (`pfs_wait_t`) or a thread's statement (`pfs_statement_t`) begun while
+/// it is entered ends before its exit (they belong to the OS thread); the
+/// task's open stage is the task's and stays open across resumes. Enters
+/// of different tasks on one thread are exited in reverse order.
 pub struct pfs_task_t {
     _opaque: [u8; 0],
 }
@@ -62,8 +65,10 @@ unsafe fn task_in<'a>(t: *mut pfs_task_t) -> Option<&'a mut CTask> {
 }
 
 /// A new task, with no statement open; NULL after a failed
-/// `pfs_check_abi` (then every call on NULL is a no-op). May be called
-/// before `pfs_init` (its events are then not recorded). Allocates.
+/// `pfs_check_abi` (then the calls that return a code return
+/// `PFS_ERR_INVALID_ARGUMENT` for it, the others do nothing). May be
+/// called before `pfs_init` (its events are then not recorded).
+/// Allocates.
 ///
 /// Ownership: the caller owns it and frees it with `pfs_task_free`.
 #[unsafe(no_mangle)]
@@ -80,10 +85,11 @@ pub extern "C" fn pfs_task_new() -> *mut pfs_task_t {
     })
 }
 
-/// Frees `task`. A statement it still has open ends now, recorded as
-/// cancelled (`COUNT_CANCELLED`, as a Rust future dropped before it
-/// completed); if the calling thread has it entered, it is exited first.
-/// NULL: a no-op.
+/// Frees `task`, ending what it has open inside it, as a Rust task's
+/// future dropped before it completed: its statement, recorded as
+/// cancelled (`COUNT_CANCELLED`), and its open stage. If the calling
+/// thread has it entered (the innermost task entered there), it is exited
+/// first. NULL: a no-op.
 ///
 /// # Safety
 ///
@@ -92,33 +98,47 @@ pub extern "C" fn pfs_task_new() -> *mut pfs_task_t {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pfs_task_free(task: *mut pfs_task_t) {
     shield((), || {
-        if task.is_null() {
+        // SAFETY: the caller's contract. Worked on in place, and the box
+        // taken back only at the end: a panic before leaks it rather than
+        // drop a context the thread may still have swapped in.
+        let Some(t) = (unsafe { task_in(task) }) else {
+            return;
+        };
+        if t.ctx.is_entered() && !t.ctx.is_entered_here() {
+            // Entered on another thread, against the contract: that thread
+            // keeps its own state in this context, which must then outlive
+            // the call; and nothing of it is ended from here.
             return;
         }
-        // SAFETY: `task` is the leaked box of `pfs_task_new`, not freed,
-        // and the caller gives it up (contract).
-        let mut t = unsafe { Box::from_raw(task.cast::<CTask>()) };
-        if let Some(stmt) = t.stmt.take() {
-            t.ctx.cancel_with(|| drop(stmt));
-        }
+        let stmt = t.stmt.take();
+        t.ctx.cancel_with(|| {
+            drop(stmt);
+            pfs_client::end_stage();
+        });
         for _ in 0..MAX_DEPTH {
-            if !t.ctx.is_entered() {
-                return;
+            if !t.ctx.is_entered_here() {
+                break;
             }
             t.ctx.swap_out();
         }
-        // Still entered (on another thread, against the contract, or
-        // deeper than any real nesting): that thread keeps its own state
-        // in this context, which must then outlive the call.
-        std::mem::forget(t);
+        if t.ctx.is_entered() {
+            // Still entered (deeper than any real nesting): kept, as above.
+            return;
+        }
+        // SAFETY: `task` is the leaked box of `pfs_task_new`, not freed,
+        // and the caller gives it up (contract); nothing refers to it now.
+        drop(unsafe { Box::from_raw(task.cast::<CTask>()) });
     })
 }
 
 /// Makes `task` the calling thread's until the matching `pfs_task_exit`:
 /// call it when the task resumes. Enters nest on one thread (only the
-/// outermost pair switches). A task entered on another thread at the time
-/// is not entered here (the calling thread records on its own). Returns
-/// `PFS_OK`, or `PFS_ERR_INVALID_ARGUMENT` for NULL.
+/// outermost pair switches). Returns `PFS_OK`;
+/// `PFS_ERR_TASK_NOT_HERE` if the task is entered on another thread at the
+/// time (not entered here: the calling thread records on its own; an exit
+/// missing there, or a resume racing with the suspend);
+/// `PFS_ERR_INVALID_ARGUMENT` for NULL. After a failed `pfs_check_abi`, a
+/// no-op.
 ///
 /// # Safety
 ///
@@ -130,6 +150,8 @@ pub unsafe extern "C" fn pfs_task_enter(task: *mut pfs_task_t) -> i32 {
         // SAFETY: the caller's contract.
         match unsafe { task_in(task) } {
             None => PFS_ERR_INVALID_ARGUMENT,
+            Some(_) if !slot::usable() => PFS_OK,
+            Some(t) if t.ctx.is_entered() && !t.ctx.is_entered_here() => PFS_ERR_TASK_NOT_HERE,
             Some(t) => {
                 t.ctx.swap_in();
                 PFS_OK
@@ -139,8 +161,10 @@ pub unsafe extern "C" fn pfs_task_enter(task: *mut pfs_task_t) -> i32 {
 }
 
 /// Undoes `pfs_task_enter`, on the thread that entered it: call it before
-/// the task suspends. On another thread, a no-op. Returns `PFS_OK`, or
-/// `PFS_ERR_INVALID_ARGUMENT` for NULL.
+/// the task suspends (before another thread may resume it). Returns
+/// `PFS_OK` (also for a task not entered anywhere);
+/// `PFS_ERR_TASK_NOT_HERE` on a thread other than the one that entered
+/// it (nothing done); `PFS_ERR_INVALID_ARGUMENT` for NULL.
 ///
 /// # Safety
 ///
@@ -151,6 +175,7 @@ pub unsafe extern "C" fn pfs_task_exit(task: *mut pfs_task_t) -> i32 {
         // SAFETY: the caller's contract.
         match unsafe { task_in(task) } {
             None => PFS_ERR_INVALID_ARGUMENT,
+            Some(t) if t.ctx.is_entered() && !t.ctx.is_entered_here() => PFS_ERR_TASK_NOT_HERE,
             Some(t) => {
                 t.ctx.swap_out();
                 PFS_OK
@@ -164,9 +189,12 @@ pub unsafe extern "C" fn pfs_task_exit(task: *mut pfs_task_t) -> i32 {
 /// records until its end (on any resume, on any thread) nests in it.
 /// `TIMER_WAIT` is wall time; `CPU_TIME` the time the task was entered.
 /// One statement per task at a time. Records no `SOURCE`: prefer
-/// `PFS_TASK_STATEMENT_BEGIN`. A disabled or NULL class, or no `pfs_init`:
-/// nothing is recorded, and the calls on it are no-ops. Returns `PFS_OK`,
-/// or `PFS_ERR_INVALID_ARGUMENT` if `task` is NULL or already has a
+/// `PFS_TASK_STATEMENT_BEGIN` (which discards the code: call
+/// `pfs_task_statement_begin_at` to see it). A disabled or NULL class, or
+/// no `pfs_init`: nothing is recorded, and the calls on it are no-ops.
+/// Returns `PFS_OK`; `PFS_ERR_TASK_NOT_HERE` if the task is not entered on
+/// the calling thread (nothing started: it would be the thread's);
+/// `PFS_ERR_INVALID_ARGUMENT` if `task` is NULL or already has a
 /// statement open.
 ///
 /// # Safety
@@ -220,18 +248,25 @@ unsafe fn begin(
         }
         // SAFETY: `cls` is null or a handle, which lives forever (contract).
         let class = unsafe { cls.as_ref() }.map(|c| c.0.get());
-        t.stmt = match class {
-            // SAFETY: `site` is null or a static site (contract).
-            Some(c) if c.is_enabled() => Some(c.start_task_at(unsafe { site_in(site) })),
-            _ => None,
+        let Some(class) = class.filter(|c| c.is_enabled() && slot::usable()) else {
+            t.stmt = None;
+            return PFS_OK;
         };
+        if !t.ctx.is_entered_here() {
+            return PFS_ERR_TASK_NOT_HERE;
+        }
+        // SAFETY: `site` is null or a static site (contract).
+        t.stmt = Some(class.start_task_at(unsafe { site_in(site) }));
         PFS_OK
     })
 }
 
-/// Ends the task's statement now, on the calling thread (inside the task,
-/// if it is entered here: its open stage ends with it). Returns `PFS_OK`
-/// (also if no statement is open), or `PFS_ERR_INVALID_ARGUMENT` for NULL.
+/// Ends the task's statement now, inside the task (its open stage ends
+/// with it): entered here, or not entered anywhere (then entered for the
+/// end only, which is not counted in `CPU_TIME`: e.g. from a completion
+/// callback after the task's last resume). Returns `PFS_OK` (also if no
+/// statement is open); `PFS_ERR_TASK_NOT_HERE` if the task is entered on
+/// another thread (nothing done); `PFS_ERR_INVALID_ARGUMENT` for NULL.
 ///
 /// # Safety
 ///
@@ -242,8 +277,16 @@ pub unsafe extern "C" fn pfs_task_statement_end(task: *mut pfs_task_t) -> i32 {
         // SAFETY: the caller's contract.
         match unsafe { task_in(task) } {
             None => PFS_ERR_INVALID_ARGUMENT,
-            Some(t) => {
+            Some(t) if t.ctx.is_entered_here() => {
                 drop(t.stmt.take());
+                PFS_OK
+            }
+            Some(t) if t.ctx.is_entered() => PFS_ERR_TASK_NOT_HERE,
+            Some(t) => {
+                let stmt = t.stmt.take();
+                t.ctx.swap_in_unmeasured();
+                drop(stmt);
+                t.ctx.swap_out();
                 PFS_OK
             }
         }
@@ -348,6 +391,20 @@ pub unsafe extern "C" fn pfs_task_statement_add_errors(task: *mut pfs_task_t, n:
 pub unsafe extern "C" fn pfs_task_statement_add_warnings(task: *mut pfs_task_t, n: u64) {
     // SAFETY: the caller's contract.
     unsafe { with(task, |s| s.add_warnings(n)) }
+}
+
+/// Records the task's statement as cancelled when it ends
+/// (`COUNT_CANCELLED`, not an error), for a task stopped before it
+/// completed (an asyncio `CancelledError`, a coroutine destroyed early)
+/// whose statement is then ended normally.
+///
+/// # Safety
+///
+/// As `pfs_task_enter`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_task_statement_mark_cancelled(task: *mut pfs_task_t) {
+    // SAFETY: the caller's contract.
+    unsafe { with(task, TaskStatement::mark_cancelled) }
 }
 
 #[cfg(test)]

@@ -267,6 +267,12 @@ impl TaskContext {
         self.depth > 0
     }
 
+    /// Whether this context is current on the calling thread now.
+    pub fn is_entered_here(&self) -> bool {
+        self.depth > 0
+            && thread::with_registered(|c| c).is_some_and(|c| c.own_thread_id == self.entered_on)
+    }
+
     /// Makes this context the current thread's until the guard drops.
     #[inline]
     pub fn enter(&mut self) -> Entered<'_> {

@@ -519,7 +519,7 @@ static int env(void) {
 static const pfs_statement_class_t *T_REQUEST, *T_OWN;
 static const pfs_stage_class_t *T_STAGE;
 static const pfs_wait_class_t *T_WAIT;
-static pfs_task_t *task_of[3];
+static pfs_task_t *task_of[4];
 static pthread_barrier_t turns;
 
 static void task_resume(pfs_task_t *t, int resume, int k) {
@@ -557,6 +557,15 @@ static void *task_resumer(void *arg) {
     return NULL;
 }
 
+/* Tries a task another thread has entered: refused, nothing done. */
+static void *task_intruder(void *arg) {
+    pfs_task_t *t = arg;
+    CHECK(pfs_task_enter(t) == PFS_ERR_TASK_NOT_HERE);
+    CHECK(pfs_task_exit(t) == PFS_ERR_TASK_NOT_HERE);
+    CHECK(pfs_task_statement_end(t) == PFS_ERR_TASK_NOT_HERE);
+    return NULL;
+}
+
 static int tasks(const char *shm_dir, const char *service) {
     pfs_config_t cfg = PFS_CONFIG_INIT;
     cfg.service_name = service;
@@ -568,19 +577,34 @@ static int tasks(const char *shm_dir, const char *service) {
     T_OWN = pfs_statement_class_register("statement/cedge/thread_own");
     T_STAGE = pfs_stage_class_register("stage/cedge/task_step");
     T_WAIT = pfs_wait_class_register("wait/synch/mutex/cedge/task_lock");
-    for (int k = 0; k < 3; k++) CHECK((task_of[k] = pfs_task_new()) != NULL);
+    for (int k = 0; k < 4; k++) CHECK((task_of[k] = pfs_task_new()) != NULL);
     CHECK(pfs_task_enter(NULL) == PFS_ERR_INVALID_ARGUMENT);
     CHECK(pthread_barrier_init(&turns, NULL, 2) == 0);
     pthread_t tids[2];
     for (long t = 0; t < 2; t++)
         CHECK(pthread_create(&tids[t], NULL, task_resumer, (void *)t) == 0);
     for (long t = 0; t < 2; t++) CHECK(pthread_join(tids[t], NULL) == 0);
-    /* The third task: begun on this thread, left open, freed. */
+    /* The third task: a statement needs the task entered here; begun,
+     * a stage entered, then freed with both open (cancelled). */
+    CHECK(pfs_task_statement_begin(task_of[2], T_REQUEST) == PFS_ERR_TASK_NOT_HERE);
     CHECK(pfs_task_enter(task_of[2]) == PFS_OK);
     PFS_TASK_STATEMENT_BEGIN(task_of[2], T_REQUEST);
     pfs_task_statement_set_text(task_of[2], "task two");
+    PFS_STAGE_ENTER(T_STAGE);
+    /* Another thread cannot enter, exit or end it meanwhile. */
+    pthread_t intruder;
+    CHECK(pthread_create(&intruder, NULL, task_intruder, task_of[2]) == 0);
+    CHECK(pthread_join(intruder, NULL) == 0);
     CHECK(pfs_task_exit(task_of[2]) == PFS_OK);
-    for (int k = 0; k < 3; k++) pfs_task_free(task_of[k]);
+    /* The fourth: its statement ended after its last resume, outside it
+     * (a completion callback): inside the task all the same. */
+    CHECK(pfs_task_enter(task_of[3]) == PFS_OK);
+    PFS_TASK_STATEMENT_BEGIN(task_of[3], T_REQUEST);
+    pfs_task_statement_set_text(task_of[3], "task three");
+    PFS_STAGE_ENTER(T_STAGE);
+    CHECK(pfs_task_exit(task_of[3]) == PFS_OK);
+    CHECK(pfs_task_statement_end(task_of[3]) == PFS_OK);
+    for (int k = 0; k < 4; k++) pfs_task_free(task_of[k]);
     char extra[64];
     snprintf(extra, sizeof extra, ",\"main\":%llu", (unsigned long long)pfs_thread_id());
     print_segment_line(extra);

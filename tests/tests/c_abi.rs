@@ -950,7 +950,9 @@ fn the_readme_c_example_compiles_and_runs() {
 /// never in the statement the resuming thread has open meanwhile; the
 /// statement's figures, text and `SOURCE` come through; `CPU_TIME` is at
 /// most the wall time; a task freed with its statement open records it
-/// cancelled.
+/// cancelled, its open stage ended; a statement ended after the task's
+/// last resume is still ended inside it; and a task entered on one thread
+/// is refused to the others.
 #[test]
 fn c_tasks_keep_their_events_across_threads() {
     use pfs_shm_layout::EventKind;
@@ -968,7 +970,7 @@ fn c_tasks_keep_their_events_across_threads() {
         .collect();
     assert_eq!(
         statements.keys().copied().collect::<Vec<_>>(),
-        ["task one", "task two", "task zero"]
+        ["task one", "task three", "task two", "task zero"]
     );
     let threads: Vec<u64> = s
         .long_statements
@@ -1026,8 +1028,23 @@ fn c_tasks_keep_their_events_across_threads() {
             );
         }
     }
-    let freed = statements["task two"];
-    assert_eq!(freed.figures.cancelled, 1, "freed open: cancelled");
-    assert!(!threads.contains(&freed.ev.thread_id));
+    // Freed with its statement and stage open: both end, the statement
+    // cancelled. Ended after its last resume, outside it: inside all the
+    // same (its stage ends with it), not cancelled.
+    for (text, cancelled) in [("task two", 1), ("task three", 0)] {
+        let st = statements[text];
+        assert_eq!(st.figures.cancelled, cancelled, "{text}");
+        assert!(!threads.contains(&st.ev.thread_id), "{text}");
+        let stage = s.long[EventKind::Stage.index()]
+            .iter()
+            .find(|e| e.class == step && e.thread_id == st.ev.thread_id)
+            .unwrap_or_else(|| panic!("{text}: its stage ended"));
+        assert_eq!(stage.nesting_event_id, Some(st.ev.event_id), "{text}");
+        assert!(
+            stage
+                .end_event_id
+                .is_some_and(|e| e <= st.ev.end_event_id.unwrap())
+        );
+    }
     finish_edges(w);
 }
