@@ -14,6 +14,8 @@
 //!   of threads without a record (counted exactly), thread names,
 //!   `pfs_config_t` checks, the ABI check, async tasks (`pfs_task_t`)
 //!   resumed on two threads; and the SONAME, with `readelf`.
+//! * `tests/c/pfs_asyncio.py`: Python `asyncio` tasks through `ctypes`,
+//!   each coroutine's steps entered in a `pfs_task_t` of its own.
 //! * `tests/c/pfs_cxx_config.cpp`: the header from C++ under `-Wextra
 //!   -Werror`.
 
@@ -1047,4 +1049,74 @@ fn c_tasks_keep_their_events_across_threads() {
         );
     }
     finish_edges(w);
+}
+
+/// Python `asyncio` through `ctypes`, as docs/C-API.md ("Async tasks")
+/// says to: every coroutine wrapped so that each step runs entered in a
+/// `pfs_task_t` of its own. Twenty tasks interleave on the one event-loop
+/// thread; each one's statement has its own `THREAD_ID`, and its stage
+/// and three waits (recorded in different steps, between other tasks'
+/// steps) nest in it, none in another task's; a task cancelled while it
+/// sleeps records its statement as cancelled.
+#[test]
+fn python_asyncio_tasks_keep_their_events() {
+    use pfs_shm_layout::EventKind;
+    let install = install();
+    let dir = tempfile::tempdir().unwrap();
+    let script = workspace_root().join("tests/c/pfs_asyncio.py");
+    let lib = install.prefix.join("lib/libpfs.so");
+    let header = install.prefix.join("include/pfs.h");
+    let args = [
+        script.to_str().unwrap(),
+        lib.to_str().unwrap(),
+        header.to_str().unwrap(),
+        dir.path().to_str().unwrap(),
+        "py-asyncio",
+    ];
+    let mut w = Writer::spawn(Path::new("python3"), &args).unwrap();
+    let ready = w
+        .read_json(Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("pfs_asyncio.py: {e:#}"));
+    let requests = ready["requests"].as_u64().unwrap();
+    let file = std::fs::File::open(ready["segment"].as_str().unwrap()).unwrap();
+    let s = snapshot(
+        &Segment::open(file, false).unwrap(),
+        &ReadOptions::default(),
+    )
+    .unwrap();
+    let request = class_index(&s, "statement/pyasync/request");
+    let work = class_index(&s, "stage/pyasync/work");
+    let lock = class_index(&s, "wait/synch/mutex/pyasync/lock");
+    let statements: Vec<_> = s
+        .long_statements
+        .iter()
+        .filter(|e| e.ev.class == request)
+        .collect();
+    assert_eq!(statements.len() as u64, requests + 1);
+    let mut threads = std::collections::BTreeSet::new();
+    for st in &statements {
+        assert!(threads.insert(st.ev.thread_id), "a THREAD_ID per task");
+        if st.text == "cancelled" {
+            assert_eq!(st.figures.cancelled, 1);
+            continue;
+        }
+        assert_eq!(st.figures.cancelled, 0, "{}", st.text);
+        let i: u64 = st.text.strip_prefix("request ").unwrap().parse().unwrap();
+        let in_task = |kind: EventKind, class: u32| -> Vec<_> {
+            s.long[kind.index()]
+                .iter()
+                .filter(|e| e.class == class && e.thread_id == st.ev.thread_id)
+                .collect()
+        };
+        let stages = in_task(EventKind::Stage, work);
+        assert_eq!(stages.len(), 1, "{}", st.text);
+        assert_eq!(stages[0].nesting_event_id, Some(st.ev.event_id));
+        let waits = in_task(EventKind::Wait, lock);
+        assert_eq!(waits.len(), 3, "{}", st.text);
+        for wt in waits {
+            assert_eq!(wt.object_instance, i, "{}: another task's wait", st.text);
+            assert_eq!(wt.nesting_event_id, Some(stages[0].event_id));
+        }
+    }
+    w.finish(Duration::from_secs(20)).unwrap();
 }
