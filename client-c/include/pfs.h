@@ -821,6 +821,15 @@ void pfs_task_statement_add_errors(pfs_task_t *task, uint64_t n);
 // As `pfs_task_enter`.
 void pfs_task_statement_add_warnings(pfs_task_t *task, uint64_t n);
 
+// The task's `THREAD_ID` (the key of its events in the tables), 0 before
+// it was first entered after `pfs_init`, or for NULL. Read it on the
+// thread that has it entered, or while it is not entered.
+//
+// # Safety
+//
+// As `pfs_task_enter`.
+uint64_t pfs_task_thread_id(pfs_task_t *task);
+
 // Records the task's statement as cancelled when it ends
 // (`COUNT_CANCELLED`, not an error), for a task stopped before it
 // completed (an asyncio `CancelledError`, a coroutine destroyed early)

@@ -393,6 +393,21 @@ pub unsafe extern "C" fn pfs_task_statement_add_warnings(task: *mut pfs_task_t, 
     unsafe { with(task, |s| s.add_warnings(n)) }
 }
 
+/// The task's `THREAD_ID` (the key of its events in the tables), 0 before
+/// it was first entered after `pfs_init`, or for NULL. Read it on the
+/// thread that has it entered, or while it is not entered.
+///
+/// # Safety
+///
+/// As `pfs_task_enter`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_task_thread_id(task: *mut pfs_task_t) -> u64 {
+    shield(0, || {
+        // SAFETY: the caller's contract.
+        unsafe { task_in(task) }.map_or(0, |t| t.ctx.thread_id())
+    })
+}
+
 /// Records the task's statement as cancelled when it ends
 /// (`COUNT_CANCELLED`, not an error), for a task stopped before it
 /// completed (an asyncio `CancelledError`, a coroutine destroyed early)

@@ -604,9 +604,17 @@ static int tasks(const char *shm_dir, const char *service) {
     PFS_STAGE_ENTER(T_STAGE);
     CHECK(pfs_task_exit(task_of[3]) == PFS_OK);
     CHECK(pfs_task_statement_end(task_of[3]) == PFS_OK);
+    CHECK(pfs_task_thread_id(NULL) == 0);
+    for (int k = 0; k < 4; k++) {
+        CHECK(pfs_task_thread_id(task_of[k]) != 0);
+        CHECK(pfs_task_thread_id(task_of[k]) != pfs_thread_id());
+    }
+    char extra[160];
+    snprintf(extra, sizeof extra, ",\"main\":%llu,\"task_zero\":%llu,\"task_one\":%llu",
+             (unsigned long long)pfs_thread_id(),
+             (unsigned long long)pfs_task_thread_id(task_of[0]),
+             (unsigned long long)pfs_task_thread_id(task_of[1]));
     for (int k = 0; k < 4; k++) pfs_task_free(task_of[k]);
-    char extra[64];
-    snprintf(extra, sizeof extra, ",\"main\":%llu", (unsigned long long)pfs_thread_id());
     print_segment_line(extra);
     wait_for_eof();
     return 0;
