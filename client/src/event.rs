@@ -57,6 +57,17 @@ fn admit(
     current: impl FnOnce(&'static Runtime) -> Option<&'static ThreadCtx>,
     flags: u32,
 ) -> Option<(&'static Runtime, &'static ThreadCtx, u32)> {
+    writable(current, flags).filter(|(_, ctx, _)| ctx.instrumented.get())
+}
+
+/// [`admit`] without the thread's `INSTRUMENTED` test: whether an event
+/// admitted earlier (at its start, maybe on another thread) can be written
+/// now, into the current thread's record.
+#[inline(always)]
+fn writable(
+    current: impl FnOnce(&'static Runtime) -> Option<&'static ThreadCtx>,
+    flags: u32,
+) -> Option<(&'static Runtime, &'static ThreadCtx, u32)> {
     if flags & FLAG_ENABLED == 0 {
         return None;
     }
@@ -65,11 +76,7 @@ fn admit(
     if consumers & CONSUMER_GLOBAL == 0 {
         return None;
     }
-    let ctx = current(rt)?;
-    if !ctx.instrumented.get() {
-        return None;
-    }
-    Some((rt, ctx, consumers))
+    Some((rt, current(rt)?, consumers))
 }
 
 /// Starts an event of kind `KIND` (an [`EventKind::index`]) for `class`,
@@ -262,14 +269,7 @@ pub(crate) fn record_since<const KIND: usize>(
 ) -> Option<u64> {
     // Admitted at its start; still, nothing is written while the class or
     // the global consumer is off.
-    if class.flags() & FLAG_ENABLED == 0 {
-        return None;
-    }
-    let rt = runtime::get()?;
-    if rt.setup.consumers.load(Relaxed) & CONSUMER_GLOBAL == 0 {
-        return None;
-    }
-    let ctx = current(rt)?;
+    let (rt, ctx, _) = writable(current, class.flags())?;
     let (ticks, timer) = start.unwrap_or((0, 0));
     let mut data = new_event::<KIND>(
         rt,
