@@ -4,10 +4,11 @@
 //!   - `timer_pair`: two raw TSC reads (`RDTSC` inlined, as the client's
 //!     CYCLE timer reads it) — the floor for any timed event;
 //!     `timer_pair_quanta`: the same through `quanta::Clock::raw` (a call).
-//!   - `floor`: the timer pair plus the 42 stores a timed wait of this
+//!   - `floor`: the timer pair plus the 43 stores a timed wait of this
 //!     design cannot avoid (current row at start and end, history slot,
-//!     ring words, summary row and bucket, each with its sequence word) to
-//!     seven lines only this thread writes, and nothing else: how close the
+//!     ring words, summary row with its pending bucket and the previous
+//!     event's bucket (layout 7.0), each with its sequence word) to seven
+//!     lines only this thread writes, and nothing else: how close the
 //!     timed wait is to what its own writes cost.
 //!   - `disabled_lazy`: a `LazyWaitClass` whose class the setup flags
 //!     disabled; `disabled_const`: `WaitClass::disabled()`.
@@ -147,12 +148,15 @@ fn floor(l: &Lines) {
     // Ring next and count (line 4).
     st(32, d);
     st(33, t1);
-    // Summary row (line 5) and its bucket (line 6).
+    // Summary row (line 5): count, timed count, sum, and the new event's
+    // pending bucket; the previous event's bucket (line 6), whose address
+    // does not depend on this event's duration (layout 7.0).
     st(40, t1 | 1);
     st(41, d);
     st(42, d + 1);
     st(43, d + 2);
-    st(48 + (d & 7) as usize, t1);
+    st(44, (d >> 3) & 31);
+    st(48 + (t0 & 7) as usize, t1);
     st(40, t1 + 2);
 }
 

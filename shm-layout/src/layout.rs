@@ -23,14 +23,16 @@ use crate::seqlock::SeqLock;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"PFSSHM\0\0");
 /// Major layout version. Bumped on every incompatible change; a reader
 /// refuses any major version it does not know.
-pub const LAYOUT_MAJOR: u32 = 6;
+pub const LAYOUT_MAJOR: u32 = 7;
 /// Minor layout version: compatible additions (new section kinds, use of
 /// reserved fields). Readers accept any minor version of a known major.
-pub const LAYOUT_MINOR: u32 = 2;
-/// The major versions a reader of this crate reads: its own, and 5, whose
-/// only difference is the memory row ([`MemoryRowV5`]), so that a newer
-/// agent reads the processes built with the previous client during a
-/// rolling upgrade. Writers write [`LAYOUT_MAJOR`] only.
+pub const LAYOUT_MINOR: u32 = 0;
+/// The major versions a reader of this crate reads: its own; 6, whose
+/// summary rows have no pending bucket (the word is zero: read the same
+/// way); and 5, which differs from 6 in its memory row only
+/// ([`MemoryRowV5`]); so that a newer agent reads the processes built
+/// with the previous clients during a rolling upgrade. Writers write
+/// [`LAYOUT_MAJOR`] only.
 pub const LAYOUT_MAJORS_READ: std::ops::RangeInclusive<u32> = 5..=LAYOUT_MAJOR;
 /// Written natively by the creator; a reader on the other byte order would
 /// read `0x0403_0201` and refuses the segment.
@@ -324,6 +326,33 @@ pub struct StringEntry {
     pub bytes: [AtomicU64; STRING_BYTES / 8],
 }
 
+/// [`SummaryRow::pending`]'s word for bucket `bucket`: its index + 1
+/// (0 says no bucket is pending).
+#[inline(always)]
+pub const fn pending_word(bucket: usize) -> u64 {
+    bucket as u64 + 1
+}
+
+/// The bucket a [`SummaryRow::pending`] word names: `None` for 0 (none
+/// pending), and for a word no writer stores (above
+/// [`HISTOGRAM_BUCKETS`]).
+///
+/// ```
+/// use pfs_shm_layout::layout::{pending_bucket, pending_word};
+/// assert_eq!(pending_bucket(0), None);
+/// assert_eq!(pending_bucket(pending_word(5)), Some(5));
+/// assert_eq!(pending_bucket(33), None);
+/// ```
+#[inline(always)]
+pub const fn pending_bucket(word: u64) -> Option<usize> {
+    let i = word.wrapping_sub(1);
+    if i < HISTOGRAM_BUCKETS as u64 {
+        Some(i as usize)
+    } else {
+        None
+    }
+}
+
 /// Latency histogram buckets: bucket 0 holds durations `<= 2^-27 s`
 /// (7.45 ns); bucket `i` in `1..=30` holds `(2^(i-28), 2^(i-27)]` seconds;
 /// bucket 31 holds everything above `2^3 s` (8 s). The bounds are powers
@@ -400,11 +429,18 @@ pub fn bucket_upper_seconds(i: usize) -> Option<f64> {
 #[repr(C)]
 #[derive(Debug)]
 pub struct SummaryRow {
-    /// Reserved, zero. (Until 4.x, the row's sequence lock; since 5.0 a
-    /// thread's row is guarded by its entry in the record's row sequence
-    /// array, [`ROW_SEQS_OFFSET`], and a global row by the global
-    /// section's `seq`.)
-    pub reserved0: AtomicU64,
+    /// The bucket of the row's latest timed event, not yet added to
+    /// `buckets`: [`pending_word`] of its index, 0 for none. Since 7.0: a
+    /// writer adds an event's bucket at the row's next timed event (the
+    /// counter to increment is then known before the event's timer is
+    /// read, instead of at the end of a chain that starts there); a
+    /// reader adds one to the bucket [`pending_bucket`] names, under the
+    /// row's sequence lock like every other field.
+    /// (Reserved, zero, in 5.x and 6.x; until 4.x the row's sequence
+    /// lock. Since 5.0 a thread's row is guarded by its entry in the
+    /// record's row sequence array, [`ROW_SEQS_OFFSET`], and a global row
+    /// by the global section's `seq`.)
+    pub pending: AtomicU64,
     /// `COUNT_STAR`: events, timed or not.
     pub count: AtomicU64,
     /// Timed events: the ones included in sum, min, max and buckets.

@@ -8,12 +8,18 @@
 //! checked at compile time, and `tests/spec.rs` checks every number of the
 //! tables below against them.
 //!
-//! Layout version **6.2** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
+//! Layout version **7.0** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
 //! All integers are little-endian (the header's byte-order mark says so).
 //! Every field is an aligned 32- or 64-bit word, read and written with
 //! atomic instructions only.
 //!
-//! Versions: 6.2 uses consumer bit 14, `events_statements_cpu`: a writer
+//! Versions: 7.0 defers a summary row's histogram increment by one event:
+//! the row's first word, `pending`, names the bucket of its latest timed
+//! event, which a writer adds to `buckets` at the row's next timed event
+//! and a reader adds when it loads the row (see *Summary row*). A 6.x
+//! reader would miss one event per row in the buckets, hence the major
+//! version; a 7.x reader reads 6.x segments (their word is zero) and 5.x
+//! segments as a 6.x reader does. 6.2 uses consumer bit 14, `events_statements_cpu`: a writer
 //! times a task's polls (statements' `CPU_TIME`) only while it is set, and
 //! a creator sets it in the initial consumers word (5.x, 6.0 and 6.1
 //! writers time them always; a reader shows the bit set for them, and an
@@ -137,8 +143,8 @@
 //! | offset | size | field | meaning |
 //! |-------:|-----:|-------|---------|
 //! | 0x000 | 8 | `magic` | `"PFSSHM\0\0"` |
-//! | 0x008 | 4 | `major` | 6; a reader of this version also reads 5.x segments (their memory rows differ, below); refuse any other |
-//! | 0x00C | 4 | `minor` | 2; compatible additions (new section kinds, use of reserved fields): accept any |
+//! | 0x008 | 4 | `major` | 7; a reader of this version also reads 6.x segments (no pending bucket: the summary row's first word is zero) and 5.x segments (their memory rows differ, below); refuse any other |
+//! | 0x00C | 4 | `minor` | 0; compatible additions (new section kinds, use of reserved fields): accept any |
 //! | 0x010 | 4 | `byte_order` | `0x01020304` as written by the creator |
 //! | 0x014 | 4 | `header_size` | 4096 |
 //! | 0x018 | 8 | `segment_size` | file size set by the creator; must be ≤ the file's length |
@@ -274,7 +280,7 @@
 //!
 //! | offset | size | field | meaning |
 //! |-------:|-----:|-------|---------|
-//! | 0 | 8 | `reserved0` | reserved (the row's `seq` until 4.x) |
+//! | 0 | 8 | `pending` | the latest timed event's bucket + 1, not yet in `buckets`; 0: none (since 7.0; reserved, zero, in 5.x and 6.x; the row's `seq` until 4.x) |
 //! | 8 | 8 | `count` | `COUNT_STAR` |
 //! | 16 | 8 | `timed_count` | events with timers |
 //! | 24 | 8 | `sum_lo` | `SUM_TIMER_WAIT`, ps, low 64 bits |
@@ -302,6 +308,19 @@
 //! histogram of schema 0 (index *i* − 27) and of an OTLP exponential
 //! histogram of scale 0 (index *i* − 28), bucket 0 being the zero bucket:
 //! see [`layout::bucket_index`].
+//!
+//! **The pending bucket (since 7.0).** A writer does not add a timed
+//! event to its bucket at once: it stores the bucket's index + 1 in
+//! `pending`, and adds the bucket `pending` named before, if any (one
+//! counter, whose address does not depend on the new event's duration).
+//! So `buckets` hold all the row's timed events but its latest, and a
+//! reader, in the same read of the row (under its sequence lock), adds
+//! one to bucket `pending − 1` when `pending` is 1..=32; then the buckets
+//! sum to `timed_count` as they always did. `pending` lies between the
+//! buckets of `min` and `max` in a row a live writer published, since
+//! those include the latest event. A thread's rows folded into the global
+//! section at its exit carry no pending bucket (the fold adds it), so a
+//! global row's `pending` is 0.
 //!
 //! ## Memory row: [`layout::MemoryRow`], 384 bytes
 //!

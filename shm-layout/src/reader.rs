@@ -267,6 +267,7 @@ impl Summary {
     /// find only by looking at the others).
     #[inline(always)]
     fn load_into(&mut self, row: &SummaryRow, statements: bool) -> Range<usize> {
+        let pending = pending_bucket(row.pending.load(Relaxed));
         self.count = row.count.load(Relaxed);
         self.timed_count = row.timed_count.load(Relaxed);
         self.sum_ps =
@@ -275,12 +276,20 @@ impl Summary {
         self.max_ps = row.max.load(Relaxed);
         self.bytes = row.bytes.load(Relaxed);
         self.buckets = [0; HISTOGRAM_BUCKETS];
-        let range = self.filled_buckets();
+        let mut range = self.filled_buckets();
+        if pending.is_some_and(|p| !range.contains(&p)) {
+            // Outside MIN..MAX: not a writer's row (a dead writer's, torn);
+            // every bucket, as it is.
+            range = 0..HISTOGRAM_BUCKETS;
+        }
         for (d, s) in self.buckets[range.clone()]
             .iter_mut()
             .zip(&row.buckets[range.clone()])
         {
             *d = s.load(Relaxed);
+        }
+        if let Some(p) = pending {
+            self.buckets[p] = self.buckets[p].wrapping_add(1);
         }
         self.statement = if statements {
             StatementFigures {

@@ -784,6 +784,11 @@ fn merge_row(dst: &SummaryRow, src: &SummaryRow) {
     for (d, s) in dst.buckets.iter().zip(&src.buckets) {
         add(d, s);
     }
+    // A global row has no pending bucket: the thread's is added now.
+    if let Some(p) = pending_bucket(src.pending.load(Relaxed)) {
+        let d = &dst.buckets[p];
+        d.store(d.load(Relaxed).saturating_add(1), Relaxed);
+    }
     for (d, s) in [
         (&dst.errors, &src.errors),
         (&dst.warnings, &src.warnings),
@@ -1287,8 +1292,15 @@ impl RecordRef<'_> {
             if wait_ps > row.max.load(Relaxed) {
                 row.max.store(wait_ps, Relaxed);
             }
-            let b = &row.buckets[bucket_index(wait_ps)];
-            b.store(b.load(Relaxed) + 1, Relaxed);
+            // The previous timed event's bucket, whose counter's address
+            // does not wait for this event's timer; this one's is pending
+            // (layout 7.0: `SummaryRow::pending`).
+            if let Some(p) = pending_bucket(row.pending.load(Relaxed)) {
+                let b = &row.buckets[p];
+                b.store(b.load(Relaxed) + 1, Relaxed);
+            }
+            row.pending
+                .store(pending_word(bucket_index(wait_ps)), Relaxed);
         }
         if bytes != 0 {
             row.bytes
@@ -1467,6 +1479,7 @@ fn memory_op(r: MemoryRowRef<'_>, size: u64, tgen: u64, alloc: bool) {
 fn first_touch(row: &SummaryRow, seq: &SeqLock) {
     let _w = seq.write();
     for a in [
+        &row.pending,
         &row.count,
         &row.timed_count,
         &row.sum_lo,

@@ -250,6 +250,111 @@ fn history_ring_keeps_the_last_n_in_order() {
     assert_eq!(row.buckets.iter().sum::<u64>(), 10);
 }
 
+/// Layout 7.0's pending bucket: the row's latest timed event is in
+/// `pending`, not yet in `buckets`, and every reader (per thread, summed
+/// by class, folded at the thread's exit) counts it in its bucket, after
+/// every event.
+#[test]
+fn the_latest_timed_event_is_counted_in_its_bucket() {
+    let (f, w) = common::create(&small());
+    let c = w
+        .register_class(
+            "wait/synch/mutex/t/p",
+            ClassKind::Mutex,
+            FLAG_ENABLED | FLAG_TIMED,
+        )
+        .unwrap();
+    let slot = w.alloc_thread(1, 1, "p").unwrap();
+    let rec = w.segment().record(slot.index);
+    let reader = Segment::open(f.try_clone().unwrap(), false).unwrap();
+    // Durations over eight buckets, in an order that changes bucket at
+    // almost every event, and repeats some.
+    let durations = [
+        5_000u64,
+        2_000_000,
+        7_450,
+        7_451,
+        900_000_000,
+        2_000_000,
+        5_000,
+        10_000_000_000_000,
+        40_000,
+        40_000,
+    ];
+    let mut model = [0u64; HISTOGRAM_BUCKETS];
+    for (n, &d) in durations.iter().enumerate() {
+        record_wait(rec, &wait_event(c, n as u64 + 1, d));
+        model[bucket_index(d)] += 1;
+        // The row as stored: the latest event's bucket pending, the
+        // others in their counters.
+        let row = &rec.rows[c as usize];
+        assert_eq!(
+            row.pending.load(Ordering::Relaxed),
+            pending_word(bucket_index(d))
+        );
+        let stored: Vec<u64> = row
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let mut without_latest = model;
+        without_latest[bucket_index(d)] -= 1;
+        assert_eq!(stored, without_latest, "after event {}", n + 1);
+        // As every reader reads it.
+        for opts in [ReadOptions::default(), ReadOptions::summaries()] {
+            let s = snapshot(&reader, &opts).unwrap();
+            let row = totals(&s)[&c];
+            assert_eq!(row.buckets, model, "after event {}", n + 1);
+            assert_eq!(row.buckets.iter().sum::<u64>(), row.timed_count);
+        }
+    }
+    // Folded at the thread's exit: the global row has it in its buckets,
+    // and no pending bucket of its own.
+    w.fold_and_free(slot);
+    let s = snapshot(&reader, &ReadOptions::summaries()).unwrap();
+    assert_eq!(s.exited.len(), 1);
+    assert_eq!(s.exited[0].1.buckets, model);
+    let global = &reader.global_rows()[c as usize];
+    assert_eq!(global.pending.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        global
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .sum::<u64>(),
+        durations.len() as u64
+    );
+}
+
+/// A pending word no live writer leaves (its bucket outside MIN..MAX, or
+/// beyond the last bucket) is read without a panic: counted where it
+/// points if it names a bucket, ignored otherwise.
+#[test]
+fn a_pending_bucket_outside_min_max_is_read_as_it_is() {
+    let (f, w, c, idx) = one_thread_of_waits(3); // 5, 10, 15 ns: bucket 1 and 2
+    let row = &w.segment().record(idx).rows[c as usize];
+    let reader = Segment::open(f, false).unwrap();
+    let buckets = |opts: &ReadOptions| totals(&snapshot(&reader, opts).unwrap())[&c].buckets;
+    let base = buckets(&ReadOptions::default());
+    assert_eq!(base.iter().sum::<u64>(), 3);
+    row.pending.store(pending_word(30), Ordering::Relaxed);
+    for opts in [ReadOptions::default(), ReadOptions::summaries()] {
+        let b = buckets(&opts);
+        assert_eq!(b[30], 1);
+        let pending_before = bucket_index(15_000);
+        assert_eq!(
+            b.iter().sum::<u64>(),
+            3,
+            "the latest event's bucket was replaced"
+        );
+        assert_eq!(b[pending_before], base[pending_before] - 1);
+    }
+    row.pending
+        .store(HISTOGRAM_BUCKETS as u64 + 1, Ordering::Relaxed);
+    let b = buckets(&ReadOptions::default());
+    assert_eq!(b.iter().sum::<u64>(), 2);
+}
+
 /// Totals by class of a snapshot: folded rows, plus live rows however
 /// they were read (per thread, or summed by class).
 fn totals(s: &SegmentSnapshot) -> BTreeMap<u32, Summary> {

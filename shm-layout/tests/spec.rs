@@ -103,7 +103,7 @@ fn code_structs() -> BTreeMap<&'static str, Struct> {
         GlobalHeader { seq, fold_count, reserved, fold_log }
         FoldLogEntry { ticket, record, version }
         SummaryRow {
-            reserved0, count, timed_count, sum_lo, sum_hi, min, max, bytes, buckets,
+            pending, count, timed_count, sum_lo, sum_hi, min, max, bytes, buckets,
             errors, warnings, rows_affected, rows_sent, rows_examined, cpu_time,
             cancelled, reserved,
         }

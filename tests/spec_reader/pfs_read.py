@@ -15,7 +15,7 @@ show that the document is enough to read a segment without our code. Every
 constant below cites the table it comes from.
 
 The read protocol, as the spec gives it:
-  * header: magic, major 6, byte-order mark, header size, segment size no
+  * header: magic, major 7 (or 6), byte-order mark, header size, segment size no
     larger than the file, state 1 (ready); directory entries checked
     (4096-aligned, inside the segment, count x stride <= size); unknown
     section kinds ignored.
@@ -48,7 +48,11 @@ H_SEGMENT_SIZE, H_STATE, H_SECTION_COUNT = 0x018, 0x020, 0x02C
 H_HISTORY_LEN, H_SERVICE_LEN, H_SERVICE = 0x054, 0x058, 0x060
 H_SECTIONS = 0x100
 HEADER_SIZE = 4096
-MAJOR = 6
+# Header table, `major`: 7; a 7.x reader also reads 6.x segments. They
+# differ in the summary row's histogram (its pending bucket), which this
+# reader does not read, so both are read alike. (5.x differs in memory
+# rows, which it does not read either, but is not needed here.)
+MAJORS = (6, 7)
 BYTE_ORDER = 0x01020304
 STATE_READY = 1
 MAX_SECTIONS = 16
@@ -121,7 +125,7 @@ class Segment:
             raise SpecError("bad magic")
         if u32(mm, H_BYTE_ORDER) != BYTE_ORDER:
             raise SpecError("byte order is not little-endian")
-        if u32(mm, H_MAJOR) != MAJOR:
+        if u32(mm, H_MAJOR) not in MAJORS:
             raise SpecError("unknown major version %d" % u32(mm, H_MAJOR))
         if u32(mm, H_HEADER_SIZE) != HEADER_SIZE:
             raise SpecError("header size is not 4096")
