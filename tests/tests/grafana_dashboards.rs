@@ -1,6 +1,6 @@
 //! grafana/: dashboard lint rules, provisioning files, and every panel query
-//! run against two real Prometheus servers scraping `pfs-agent demo`, one
-//! with classic histograms (text scrapes) and one with native histograms
+//! run against two real Prometheus servers scraping `pfs-agent demo` (its
+//! OTLP push on, to a real receiver), one with classic histograms (text scrapes) and one with native histograms
 //! (`--enable-feature=native-histograms`, protobuf scrapes); and the
 //! alert rules of deploy/prometheus in that Prometheus.
 //!
@@ -13,7 +13,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use pfs_tests::{ChildGuard, agent_bin, free_port, get_json, poll, wait_healthz, workspace_root};
+use pfs_tests::{
+    ChildGuard, OtlpReceiver, agent_bin, free_port, get_json, poll, wait_healthz, workspace_root,
+};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -562,8 +564,8 @@ fn alert_rules_hold(base: &str, failures: &mut Vec<String>) {
         .flatten()
         .flat_map(|g| g["rules"].as_array().into_iter().flatten())
         .collect();
-    if rules.len() != 5 {
-        failures.push(format!("alert rules loaded: {} (5 expected)", rules.len()));
+    if rules.len() != 6 {
+        failures.push(format!("alert rules loaded: {} (6 expected)", rules.len()));
     }
     for r in rules {
         let name = r["name"].as_str().unwrap_or("?");
@@ -660,12 +662,21 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
     let shm = tempfile::tempdir().unwrap();
     let tsdb = tempfile::tempdir().unwrap();
     let port = free_port();
+    // OTLP push on, to a real receiver, as a deployment with a collector
+    // has it: the OTLP panel and alert have their series.
+    let otlp_port = free_port();
+    let _receiver = OtlpReceiver::start(None, Some(otlp_port))
+        .unwrap_or_else(|e| panic!("OTLP receiver: {e:#}"));
     let mut cmd = Command::new(agent_bin());
     cmd.arg("demo")
         .arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
         .arg("--shm-dir")
-        .arg(shm.path());
+        .arg(shm.path())
+        .arg("--otlp-endpoint")
+        .arg(format!("http://127.0.0.1:{otlp_port}"))
+        .arg("--otlp-interval")
+        .arg("1s");
     let mut demo = Graceful(ChildGuard::spawn("pfs-agent-demo", cmd, false).unwrap());
     let demo = &mut demo.0;
     wait_healthz(
