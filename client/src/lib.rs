@@ -191,6 +191,7 @@ pub fn thread_id() -> Option<u64> {
 /// ```
 /// assert!(!pfs_client::thread_gone());
 /// ```
+#[inline]
 pub fn thread_gone() -> bool {
     thread::gone()
 }

@@ -455,7 +455,9 @@ pub struct SummaryRow {
     pub max: AtomicU64,
     /// Sum of `NUMBER_OF_BYTES` over events that carried a byte count.
     pub bytes: AtomicU64,
-    /// Per-bucket (not cumulative) counts of timed events, see [`bucket_index`].
+    /// Per-bucket (not cumulative) counts of timed events, see
+    /// [`bucket_index`]: all but the latest, which `pending` names (since
+    /// 7.0; a reader adds it).
     pub buckets: [AtomicU64; HISTOGRAM_BUCKETS],
     /// Statements: `SUM_ERRORS`.
     pub errors: AtomicU64,
@@ -489,7 +491,8 @@ pub struct SummaryRow {
 #[repr(C)]
 #[derive(Debug)]
 pub struct MemoryRow {
-    /// Reserved, zero (see [`SummaryRow::reserved0`]).
+    /// Reserved, zero (a summary row's `pending` word, [`SummaryRow::pending`],
+    /// is not used by memory rows).
     pub reserved0: AtomicU64,
     /// `COUNT_ALLOC`.
     pub count_alloc: AtomicU64,

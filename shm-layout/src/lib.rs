@@ -352,8 +352,9 @@
 //!
 //! A reader of this version also reads 5.x segments (a process built with
 //! the previous client, during a rolling upgrade: see
-//! [`layout::LAYOUT_MAJORS_READ`]); they differ from this layout in their
-//! memory rows only, which stored CURRENT:
+//! [`layout::LAYOUT_MAJORS_READ`]); they differ from 6.x in their memory
+//! rows only, which stored CURRENT (and from 7.x as 6.x does: no pending
+//! bucket, the summary row's first word is zero):
 //!
 //! | offset | size | field | meaning |
 //! |-------:|-----:|-------|---------|
@@ -657,7 +658,11 @@
 //!   one store, so each holds its value from before or after that update,
 //!   and the row is off by at most that one event (save the 128-bit sum
 //!   when the kill fell between its two words on the one event in 2^64 ps
-//!   of waits that carries into the high word).
+//!   of waits that carries into the high word). A writer adds the pending
+//!   bucket before it stores the new `pending` (in that order, also for
+//!   the compiler): a kill between the two leaves the previous event
+//!   counted twice and the latest in no bucket, so the buckets still sum
+//!   to `timed_count` and none went below a value a reader saw before.
 //!
 //! ## Modules and layers
 //!

@@ -252,9 +252,11 @@ impl RowKind {
 impl Summary {
     /// Loads `row`, reading only the cache lines that can hold figures:
     /// the histogram buckets from MIN's to MAX's (every timed event lies
-    /// between the two, so the others are zero), and the statement
-    /// figures only for a statement class (`statements`). A row is 6 lines,
-    /// a wait row typically 2 or 3 of them.
+    /// between the two, so the others are zero), plus one in the bucket
+    /// `pending` names (the latest timed event, not yet in `buckets`:
+    /// layout 7.0), and the statement figures only for a statement class
+    /// (`statements`). A row is 6 lines, a wait row typically 2 or 3 of
+    /// them.
     fn load(row: &SummaryRow, statements: bool) -> Self {
         let mut s = Self::default();
         let _ = s.load_into(row, statements);

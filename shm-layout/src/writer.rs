@@ -1299,6 +1299,12 @@ impl RecordRef<'_> {
                 let b = &row.buckets[p];
                 b.store(b.load(Relaxed) + 1, Relaxed);
             }
+            // The bucket first, then the word that names it: a writer
+            // killed between the two (its row left odd, read as it is
+            // once it is dead) counts one event twice, never fewer than
+            // a reader saw before. x86-64 keeps stores in order; this
+            // keeps the compiler from reordering them (no instruction).
+            std::sync::atomic::compiler_fence(Release);
             row.pending
                 .store(pending_word(bucket_index(wait_ps)), Relaxed);
         }

@@ -331,7 +331,7 @@ fn the_latest_timed_event_is_counted_in_its_bucket() {
 /// points if it names a bucket, ignored otherwise.
 #[test]
 fn a_pending_bucket_outside_min_max_is_read_as_it_is() {
-    let (f, w, c, idx) = one_thread_of_waits(3); // 5, 10, 15 ns: bucket 1 and 2
+    let (f, w, c, idx) = one_thread_of_waits(3); // 5, 10, 15 ns: buckets 0, 1 and 2
     let row = &w.segment().record(idx).rows[c as usize];
     let reader = Segment::open(f, false).unwrap();
     let buckets = |opts: &ReadOptions| totals(&snapshot(&reader, opts).unwrap())[&c].buckets;
@@ -353,6 +353,31 @@ fn a_pending_bucket_outside_min_max_is_read_as_it_is() {
         .store(HISTOGRAM_BUCKETS as u64 + 1, Ordering::Relaxed);
     let b = buckets(&ReadOptions::default());
     assert_eq!(b.iter().sum::<u64>(), 2);
+}
+
+/// A 6.x writer's row (every timed event in `buckets`, the first word
+/// zero: no pending bucket) reads exactly, in a 6.x segment.
+#[test]
+fn a_6x_summary_row_reads_as_written() {
+    let (f, w, c, idx) = one_thread_of_waits(3); // 5, 10, 15 ns
+    let row = &w.segment().record(idx).rows[c as usize];
+    // As a 6.x writer leaves it: the latest event in its counter.
+    let p = pending_bucket(row.pending.swap(0, Ordering::Relaxed)).unwrap();
+    row.buckets[p].fetch_add(1, Ordering::Relaxed);
+    let header = w.segment().header();
+    header.major.store(6, Ordering::Relaxed);
+    header.minor.store(2, Ordering::Relaxed);
+    let reader = Segment::open(f, false).unwrap();
+    assert_eq!(reader.major_version(), 6);
+    let mut want = [0u64; HISTOGRAM_BUCKETS];
+    for d in [5_000, 10_000, 15_000] {
+        want[bucket_index(d)] += 1;
+    }
+    for opts in [ReadOptions::default(), ReadOptions::summaries()] {
+        let row = totals(&snapshot(&reader, &opts).unwrap())[&c];
+        assert_eq!(row.buckets, want);
+        assert_eq!(row.timed_count, 3);
+    }
 }
 
 /// Totals by class of a snapshot: folded rows, plus live rows however
