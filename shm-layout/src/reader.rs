@@ -284,14 +284,15 @@ impl Summary {
             // every bucket, as it is.
             range = 0..HISTOGRAM_BUCKETS;
         }
-        for (d, s) in self.buckets[range.clone()]
-            .iter_mut()
+        // The pending bucket is added as its counter is loaded: one store
+        // per bucket, none just before the caller's wide loads of them.
+        let p = pending.unwrap_or(usize::MAX);
+        for ((i, d), s) in range
+            .clone()
+            .zip(&mut self.buckets[range.clone()])
             .zip(&row.buckets[range.clone()])
         {
-            *d = s.load(Relaxed);
-        }
-        if let Some(p) = pending {
-            self.buckets[p] = self.buckets[p].wrapping_add(1);
+            *d = s.load(Relaxed).wrapping_add(u64::from(i == p));
         }
         self.statement = if statements {
             StatementFigures {
