@@ -622,10 +622,11 @@ fn a_segment_directory_removed_under_the_agent_is_degraded_and_says_why() {
     assert_eq!(waits(&agent, "early"), Some(7.0), "still exported");
 }
 
-/// `threads` lists the threads of live processes only: a dead process's
-/// segment, kept for its final counters, has no thread left.
+/// `threads`, and every table of per-thread rows, list the threads of
+/// live processes only: a dead process's segment (killed: its records
+/// still allocated), kept for its final counters, has no thread left.
 #[test]
-fn the_threads_table_shows_live_processes_only() {
+fn the_per_thread_tables_show_live_processes_only() {
     use pfs_agent::testing::{mutex_class, record_waits, segment_at, tiny_config};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -644,14 +645,26 @@ fn the_threads_table_shows_live_processes_only() {
         "{}",
         agent.stderr()
     );
-    let (status, body) = agent.get("/api/v1/tables/threads").unwrap();
-    assert_eq!(status, 200, "{body}");
-    // (The body may be chunked: look for the services' names.)
-    assert!(body.contains("\"alive\""), "{body}");
-    assert!(
-        !body.contains("\"gone\""),
-        "a dead process's threads: {body}"
-    );
+    for table in [
+        "threads",
+        "events_waits_current",
+        "events_waits_history",
+        "events_waits_summary_by_thread_by_event_name",
+    ] {
+        let (status, body) = agent.get(&format!("/api/v1/tables/{table}")).unwrap();
+        assert_eq!(status, 200, "{table}: {body}");
+        // (The body may be chunked: look for the services' names.)
+        assert!(body.contains("\"alive\""), "{table}: {body}");
+        assert!(
+            !body.contains("\"gone\""),
+            "{table}: a dead process's threads: {body}"
+        );
+    }
+    // Its final counters stay in the global summaries.
+    let (_, body) = agent
+        .get("/api/v1/tables/events_waits_summary_global_by_event_name")
+        .unwrap();
+    assert!(body.contains("\"gone\""), "{body}");
 }
 
 /// A dead process's retention runs from its death, not from the agent's

@@ -167,6 +167,11 @@
 // on the calling thread where the call needs it.
 #define PFS_ERR_TASK_NOT_HERE (-13)
 
+// The task is entered on the calling thread under another task entered
+// after it and still entered: exit that one first (tasks entered on one
+// thread are exited in reverse order).
+#define PFS_ERR_TASK_NOT_INNERMOST (-14)
+
 // `pfs_config_t.flags`: create the directory `0770` and the segment
 // `0660`, for an agent in the same group (`PFS_GROUP_ACCESS=1`).
 #define PFS_CONFIG_GROUP_ACCESS 1
@@ -420,7 +425,9 @@ uint32_t pfs_abi_version(void);
 // ```
 //
 // Returns `PFS_OK`, or `PFS_ERR_ABI_MISMATCH` (message: `pfs_init_error`)
-// after which every `pfs_init*` returns `PFS_ERR_ABI_MISMATCH` too, and
+// after which every `pfs_init*` and every later check (even a matching
+// one: the library stays off for the process) returns
+// `PFS_ERR_ABI_MISMATCH` too, and
 // (even if the library was initialised already) every call that takes a
 // `pfs_wait_t`, `pfs_statement_t` or `pfs_memory_t` leaves it untouched,
 // so the program runs uninstrumented instead of handing the library
@@ -491,7 +498,8 @@ size_t pfs_init_error(char *buf, size_t len);
 bool pfs_is_initialized(void);
 
 // Copies the path of this process's segment file into `buf` (as
-// `pfs_init_error`) and returns its length; 0 if not initialised.
+// `pfs_init_error`) and returns its length; if not initialised, writes
+// "" and returns 0.
 //
 // # Safety
 //
@@ -615,7 +623,8 @@ void pfs_statement_begin_at(pfs_statement_t *st,
 
 // `SQL_TEXT`: copies `text` (NUL-terminated) into the current row now,
 // truncated to 200 bytes on a character boundary; a text that is not
-// UTF-8 is kept up to its first invalid byte. Ownership: copied.
+// UTF-8 is kept up to its first invalid byte; NULL: a no-op (the text
+// set before stays). Ownership: copied.
 //
 // # Safety
 //
@@ -625,8 +634,8 @@ void pfs_statement_set_text(pfs_statement_t *st, const char *text);
 
 // `DIGEST`: the 64-bit FNV-1a of the normalised text the application
 // supplies (e.g. `GET ?`), so that statements group by shape. A text
-// that is not UTF-8 is kept up to its first invalid byte. Ownership:
-// read during the call.
+// that is not UTF-8 is kept up to its first invalid byte; NULL: a
+// no-op. Ownership: read during the call.
 //
 // # Safety
 //
@@ -695,7 +704,9 @@ pfs_task_t *pfs_task_new(void);
 // future dropped before it completed: its statement, recorded as
 // cancelled (`COUNT_CANCELLED`), and its open stage. If the calling
 // thread has it entered (the innermost task entered there), it is exited
-// first. NULL: a no-op.
+// first. A task entered here under another task still entered, or
+// entered on another thread, is not freed (nothing is done: its memory
+// is kept; exit the other task first). NULL: a no-op.
 //
 // # Safety
 //
@@ -722,7 +733,9 @@ int32_t pfs_task_enter(pfs_task_t *task);
 // the task suspends (before another thread may resume it). Returns
 // `PFS_OK` (also for a task not entered anywhere);
 // `PFS_ERR_TASK_NOT_HERE` on a thread other than the one that entered
-// it (nothing done); `PFS_ERR_INVALID_ARGUMENT` for NULL.
+// it (nothing done); `PFS_ERR_TASK_NOT_INNERMOST` for the last exit of a
+// task entered under another task still entered here (nothing done:
+// exit that one first); `PFS_ERR_INVALID_ARGUMENT` for NULL.
 //
 // # Safety
 //

@@ -9,7 +9,7 @@
 //! raises `PFS_ABI_VERSION` and the SONAME; additions (a function, a
 //! constant, an error code) do not.
 
-use crate::codes::{PFS_ERR_INTERNAL, PFS_OK};
+use crate::codes::{PFS_ERR_ABI_MISMATCH, PFS_ERR_INTERNAL, PFS_OK};
 use crate::init::{pfs_config_t, refuse};
 use crate::memory::pfs_memory_t;
 use crate::shield::shield;
@@ -38,7 +38,9 @@ pub extern "C" fn pfs_abi_version() -> u32 {
 /// ```
 ///
 /// Returns `PFS_OK`, or `PFS_ERR_ABI_MISMATCH` (message: `pfs_init_error`)
-/// after which every `pfs_init*` returns `PFS_ERR_ABI_MISMATCH` too, and
+/// after which every `pfs_init*` and every later check (even a matching
+/// one: the library stays off for the process) returns
+/// `PFS_ERR_ABI_MISMATCH` too, and
 /// (even if the library was initialised already) every call that takes a
 /// `pfs_wait_t`, `pfs_statement_t` or `pfs_memory_t` leaves it untouched,
 /// so the program runs uninstrumented instead of handing the library
@@ -77,6 +79,11 @@ pub extern "C" fn pfs_check_abi(
             }
         }
         if wrong.is_empty() {
+            if !slot::usable() {
+                // A check failed before: the library stays off for the
+                // process, and every later check says so.
+                return PFS_ERR_ABI_MISMATCH;
+            }
             return PFS_OK;
         }
         // Called after a successful `pfs_init*` too: the structs the

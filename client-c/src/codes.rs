@@ -42,6 +42,10 @@ pub const PFS_ERR_NO_THREAD_RECORD: i32 = -12;
 /// The task (`pfs_task_t`) is entered on another thread, or not entered
 /// on the calling thread where the call needs it.
 pub const PFS_ERR_TASK_NOT_HERE: i32 = -13;
+/// The task is entered on the calling thread under another task entered
+/// after it and still entered: exit that one first (tasks entered on one
+/// thread are exited in reverse order).
+pub const PFS_ERR_TASK_NOT_INNERMOST: i32 = -14;
 
 /// The message of `code`.
 fn message(code: i32) -> &'static CStr {
@@ -60,6 +64,7 @@ fn message(code: i32) -> &'static CStr {
         PFS_ERR_NOT_INITIALIZED => c"not initialised",
         PFS_ERR_NO_THREAD_RECORD => c"thread has no record (thread container full)",
         PFS_ERR_TASK_NOT_HERE => c"task not entered on this thread",
+        PFS_ERR_TASK_NOT_INNERMOST => c"task entered under another task: exit that one first",
         _ => c"unknown pfs error code",
     }
 }
@@ -98,6 +103,7 @@ mod tests {
             PFS_ERR_NOT_INITIALIZED,
             PFS_ERR_NO_THREAD_RECORD,
             PFS_ERR_TASK_NOT_HERE,
+            PFS_ERR_TASK_NOT_INNERMOST,
         ];
         let unknown = message(1);
         let mut seen = std::collections::BTreeSet::new();

@@ -318,7 +318,8 @@ pub extern "C" fn pfs_is_initialized() -> bool {
 }
 
 /// Copies the path of this process's segment file into `buf` (as
-/// `pfs_init_error`) and returns its length; 0 if not initialised.
+/// `pfs_init_error`) and returns its length; if not initialised, writes
+/// "" and returns 0.
 ///
 /// # Safety
 ///
@@ -327,6 +328,8 @@ pub extern "C" fn pfs_is_initialized() -> bool {
 pub unsafe extern "C" fn pfs_segment_path(buf: *mut c_char, len: usize) -> usize {
     shield(0, || {
         let Some(p) = pfs_client::segment_path() else {
+            // SAFETY: as below; "" written, as `pfs_init_error` writes it.
+            unsafe { str_out("", buf, len) };
             return 0;
         };
         let p = p.to_string_lossy();

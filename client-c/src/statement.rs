@@ -149,7 +149,8 @@ unsafe fn begin(
 
 /// `SQL_TEXT`: copies `text` (NUL-terminated) into the current row now,
 /// truncated to 200 bytes on a character boundary; a text that is not
-/// UTF-8 is kept up to its first invalid byte. Ownership: copied.
+/// UTF-8 is kept up to its first invalid byte; NULL: a no-op (the text
+/// set before stays). Ownership: copied.
 ///
 /// # Safety
 ///
@@ -157,6 +158,9 @@ unsafe fn begin(
 /// string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pfs_statement_set_text(st: *mut pfs_statement_t, text: *const c_char) {
+    if text.is_null() {
+        return; // a no-op, like every NULL argument
+    }
     // SAFETY: `text` is null or a valid C string (contract), read now.
     let text = unsafe { prefix_in(text) };
     // SAFETY: `st` as documented (contract).
@@ -165,8 +169,8 @@ pub unsafe extern "C" fn pfs_statement_set_text(st: *mut pfs_statement_t, text: 
 
 /// `DIGEST`: the 64-bit FNV-1a of the normalised text the application
 /// supplies (e.g. `GET ?`), so that statements group by shape. A text
-/// that is not UTF-8 is kept up to its first invalid byte. Ownership:
-/// read during the call.
+/// that is not UTF-8 is kept up to its first invalid byte; NULL: a
+/// no-op. Ownership: read during the call.
 ///
 /// # Safety
 ///
@@ -176,6 +180,9 @@ pub unsafe extern "C" fn pfs_statement_set_digest_text(
     st: *mut pfs_statement_t,
     digest_text: *const c_char,
 ) {
+    if digest_text.is_null() {
+        return; // a no-op (not the digest of "")
+    }
     // SAFETY: `digest_text` is null or a valid C string (contract).
     let text = unsafe { prefix_in(digest_text) };
     // SAFETY: `st` as documented (contract).

@@ -17,7 +17,10 @@ use pfs_client::TaskStatement;
 use pfs_client::task::TaskContext;
 
 use crate::classes::pfs_statement_class_t;
-use crate::codes::{PFS_ERR_INTERNAL, PFS_ERR_INVALID_ARGUMENT, PFS_ERR_TASK_NOT_HERE, PFS_OK};
+use crate::codes::{
+    PFS_ERR_INTERNAL, PFS_ERR_INVALID_ARGUMENT, PFS_ERR_TASK_NOT_HERE, PFS_ERR_TASK_NOT_INNERMOST,
+    PFS_OK,
+};
 use crate::shield::shield;
 use crate::site::{pfs_site_t, site_in};
 use crate::slot;
@@ -89,7 +92,9 @@ pub extern "C" fn pfs_task_new() -> *mut pfs_task_t {
 /// future dropped before it completed: its statement, recorded as
 /// cancelled (`COUNT_CANCELLED`), and its open stage. If the calling
 /// thread has it entered (the innermost task entered there), it is exited
-/// first. NULL: a no-op.
+/// first. A task entered here under another task still entered, or
+/// entered on another thread, is not freed (nothing is done: its memory
+/// is kept; exit the other task first). NULL: a no-op.
 ///
 /// # Safety
 ///
@@ -108,6 +113,12 @@ pub unsafe extern "C" fn pfs_task_free(task: *mut pfs_task_t) {
             // Entered on another thread, against the contract: that thread
             // keeps its own state in this context, which must then outlive
             // the call; and nothing of it is ended from here.
+            return;
+        }
+        if t.ctx.is_entered_here() && !t.ctx.is_innermost_here() {
+            // Entered here under another task still entered, against the
+            // contract: the thread's state is kept in that one, so nothing
+            // can be ended or left from here; kept, as above.
             return;
         }
         let stmt = t.stmt.take();
@@ -164,7 +175,9 @@ pub unsafe extern "C" fn pfs_task_enter(task: *mut pfs_task_t) -> i32 {
 /// the task suspends (before another thread may resume it). Returns
 /// `PFS_OK` (also for a task not entered anywhere);
 /// `PFS_ERR_TASK_NOT_HERE` on a thread other than the one that entered
-/// it (nothing done); `PFS_ERR_INVALID_ARGUMENT` for NULL.
+/// it (nothing done); `PFS_ERR_TASK_NOT_INNERMOST` for the last exit of a
+/// task entered under another task still entered here (nothing done:
+/// exit that one first); `PFS_ERR_INVALID_ARGUMENT` for NULL.
 ///
 /// # Safety
 ///
@@ -177,8 +190,11 @@ pub unsafe extern "C" fn pfs_task_exit(task: *mut pfs_task_t) -> i32 {
             None => PFS_ERR_INVALID_ARGUMENT,
             Some(t) if t.ctx.is_entered() && !t.ctx.is_entered_here() => PFS_ERR_TASK_NOT_HERE,
             Some(t) => {
-                t.ctx.swap_out();
-                PFS_OK
+                if t.ctx.swap_out() {
+                    PFS_OK
+                } else {
+                    PFS_ERR_TASK_NOT_INNERMOST
+                }
             }
         }
     })
@@ -316,6 +332,9 @@ unsafe fn with(task: *mut pfs_task_t, f: impl FnOnce(&mut TaskStatement)) {
 /// string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pfs_task_statement_set_text(task: *mut pfs_task_t, text: *const c_char) {
+    if text.is_null() {
+        return; // a no-op, like every NULL argument
+    }
     // SAFETY: `text` is null or a valid C string (contract), read now.
     let text = unsafe { prefix_in(text) };
     // SAFETY: the caller's contract.
@@ -332,6 +351,9 @@ pub unsafe extern "C" fn pfs_task_statement_set_digest_text(
     task: *mut pfs_task_t,
     digest_text: *const c_char,
 ) {
+    if digest_text.is_null() {
+        return; // a no-op (not the digest of "")
+    }
     // SAFETY: `digest_text` is null or a valid C string (contract).
     let text = unsafe { prefix_in(digest_text) };
     // SAFETY: the caller's contract.

@@ -130,6 +130,10 @@ pub(crate) struct ThreadCtx {
     /// parent's, so that the nested one's end restores the parent, not the
     /// ended statement. `(0, 0)` if none.
     pub(crate) ended_early: Cell<(u64, u64)>,
+    /// Task contexts swapped in on this OS thread now (nested: the
+    /// innermost is the one entered at level `task_level - 1`); never
+    /// swapped with a task's state.
+    pub(crate) task_level: Cell<u32>,
 }
 
 impl ThreadCtx {
@@ -166,6 +170,7 @@ impl ThreadCtx {
             cancelling: Cell::new(s.cancelling),
             outer_texts: RefCell::new(Vec::new()),
             ended_early: Cell::new((0, 0)),
+            task_level: Cell::new(0),
         }
     }
 

@@ -105,6 +105,12 @@ pub struct TaskContext {
     depth: u32,
     /// `own_thread_id` of the thread it is entered on (0 = none).
     entered_on: u64,
+    /// The entered thread's `task_level` below this context (the task
+    /// contexts entered there before it and still entered): it is the
+    /// innermost while the thread's level is this + 1.
+    level: u32,
+    /// The task's `THREAD_ID` once taken (0 before its first entry).
+    id: u64,
     /// The task's [`memory_scope`](crate::memory_scope) while it is not
     /// entered; while it is, the polling thread's.
     scope: Option<ClassRef>,
@@ -243,6 +249,8 @@ impl TaskContext {
             state: EventState::new(0),
             depth: 0,
             entered_on: 0,
+            level: 0,
+            id: 0,
             scope: None,
             shown: Shown::NONE,
         }
@@ -253,7 +261,7 @@ impl TaskContext {
     pub fn thread_id(&self) -> u64 {
         if self.depth > 0 {
             // Swapped in: `state` holds the thread's.
-            thread::with_registered(|ctx| ctx.thread_id.get()).unwrap_or(0)
+            self.id
         } else {
             self.state.thread_id
         }
@@ -271,6 +279,26 @@ impl TaskContext {
     pub fn is_entered_here(&self) -> bool {
         self.depth > 0
             && thread::with_registered(|c| c).is_some_and(|c| c.own_thread_id == self.entered_on)
+    }
+
+    /// Whether this context is entered on the calling thread and is the
+    /// innermost one entered there (no context entered after it is still
+    /// entered): the one whose [`TaskContext::swap_out`] can leave.
+    ///
+    /// ```
+    /// use pfs_client::task::TaskContext;
+    ///
+    /// let (mut a, mut b) = (TaskContext::new(), TaskContext::new());
+    /// // Not initialised here: nothing is ever entered.
+    /// a.swap_in();
+    /// b.swap_in();
+    /// assert!(!a.is_innermost_here() && !b.is_innermost_here());
+    /// ```
+    pub fn is_innermost_here(&self) -> bool {
+        self.depth > 0
+            && thread::with_registered(|c| c).is_some_and(|c| {
+                c.own_thread_id == self.entered_on && c.task_level.get() == self.level + 1
+            })
     }
 
     /// Makes this context the current thread's until the guard drops.
@@ -340,6 +368,9 @@ impl TaskContext {
             // The task's first swap in: its THREAD_ID now.
             ctx.thread_id.set(thread::next_task_id());
         }
+        self.id = ctx.thread_id.get();
+        self.level = ctx.task_level.get();
+        ctx.task_level.set(self.level + 1);
         if measure && ctx.statement_id.get() != 0 && setup::statements_cpu(consumers) {
             // A statement is open: measure this poll for its CPU_TIME.
             ctx.poll_start.set(timer::now(&rt.clock, POLL_TIMER));
@@ -352,22 +383,31 @@ impl TaskContext {
     }
 
     /// Undoes [`TaskContext::swap_in`]; see there. A call on a thread other
-    /// than the one it was entered on does nothing.
+    /// than the one it was entered on does nothing, and so does the last
+    /// one of a context that is not the innermost entered on its thread
+    /// (another context entered after it is still entered: leave that one
+    /// first; [`TaskContext::is_innermost_here`]), which would give the
+    /// thread the other's state. Returns `false` for those two refusals,
+    /// `true` otherwise (also for a context not entered anywhere).
     #[inline]
-    pub fn swap_out(&mut self) {
+    pub fn swap_out(&mut self) -> bool {
         if self.depth == 0 {
-            return;
+            return true;
         }
         let Some(ctx) = thread::with_registered(|c| c) else {
-            return;
+            return true;
         };
         if ctx.own_thread_id != self.entered_on {
-            return;
+            return false;
+        }
+        if self.depth == 1 && ctx.task_level.get() != self.level + 1 {
+            return false; // not the innermost: swapping would mix the states
         }
         self.depth -= 1;
         if self.depth > 0 {
-            return;
+            return true;
         }
+        ctx.task_level.set(self.level);
         ctx.swap(&mut self.state);
         memory::swap_scope(&mut self.scope);
         self.entered_on = 0;
@@ -385,6 +425,7 @@ impl TaskContext {
                 .saturating_add(now.saturating_sub(s.poll_start));
             s.poll_start = 0;
         }
+        true
     }
 
     /// Runs `f` inside the context with the *cancelling* mark set:

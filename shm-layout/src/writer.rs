@@ -59,6 +59,10 @@ pub struct SegmentWriter {
 struct SlowState {
     classes: HashMap<String, u32>,
     strings: HashMap<String, u32>,
+    /// Strings the full table refused, one bit per hash of theirs (made
+    /// on the first refusal): each is counted lost once, however many
+    /// threads or events ask for it (two that hash alike count once).
+    refused: Option<Box<[u64]>>,
     /// Per added page: the owner's bookkeeping for reclamation.
     pages: Vec<PageBook>,
     /// Reclaim pages quiet for this long; `None` never reclaims.
@@ -315,8 +319,9 @@ impl SegmentWriter {
         &self.seg.classes()[i as usize].flags
     }
 
-    /// Interns a string (source location, object name); `None` and a lost
-    /// count when the table is full.
+    /// Interns a string (source location, object name); `None` when the
+    /// table is full, and a lost count the first time a string is
+    /// refused.
     pub fn intern(&self, s: &str) -> Option<u32> {
         let s = truncate_utf8(s, STRING_BYTES);
         let mut slow = self.slow();
@@ -325,7 +330,18 @@ impl SegmentWriter {
         }
         let i = slow.strings.len() as u32;
         let Some(e) = self.seg.strings().get(i as usize) else {
-            self.seg.count_lost(LostKind::Strings);
+            const BITS: u32 = 17;
+            let refused = slow
+                .refused
+                .get_or_insert_with(|| vec![0; 1 << (BITS - 6)].into_boxed_slice());
+            // (FNV-1a's top bits hardly depend on the last bytes: mixed.)
+            let h = crate::text::fnv1a64(s.as_bytes()).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let h = (h >> (64 - BITS)) as usize;
+            let (word, bit) = (&mut refused[h / 64], 1u64 << (h % 64));
+            if *word & bit == 0 {
+                *word |= bit;
+                self.seg.count_lost(LostKind::Strings);
+            }
             return None;
         };
         store_bytes(&e.bytes, &e.len, s.as_bytes());
@@ -1534,6 +1550,31 @@ mod tests {
         let f = tempfile::tempfile().unwrap();
         let seg = Segment::create(f, &SegmentConfig::default(), cal, 1, 0).unwrap();
         SegmentWriter::new(seg)
+    }
+
+    /// A full string table counts each refused string once, however
+    /// often it is asked for (threads racing at a new call site, an
+    /// object name at every event).
+    #[test]
+    fn a_refused_string_is_counted_lost_once() {
+        let cal = TimerCalibration::NANOSECONDS;
+        let f = tempfile::tempfile().unwrap();
+        let cfg = SegmentConfig {
+            max_strings: 2,
+            ..SegmentConfig::default()
+        };
+        let w = SegmentWriter::new(Segment::create(f, &cfg, cal, 1, 0).unwrap());
+        assert_eq!(w.intern("a.c:1"), Some(0));
+        assert_eq!(w.intern("a.c:2"), Some(1));
+        let lost = || w.segment().lost().counters[LostKind::Strings as usize].load(Relaxed);
+        for _ in 0..5 {
+            assert_eq!(w.intern("a.c:3"), None);
+        }
+        assert_eq!(lost(), 1);
+        assert_eq!(w.intern("a.c:4"), None);
+        assert_eq!(w.intern("a.c:3"), None);
+        assert_eq!(lost(), 2);
+        assert_eq!(w.intern("a.c:1"), Some(0), "the interned ones still are");
     }
 
     fn started(id: u64, object: u64) -> EventData {

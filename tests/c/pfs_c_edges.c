@@ -388,6 +388,12 @@ static int abi(const char *shm_dir) {
     CHECK(pfs_init_with(&cfg) == PFS_ERR_ABI_MISMATCH);
     CHECK(pfs_init() == PFS_ERR_ABI_MISMATCH);
     CHECK(!pfs_is_initialized());
+    /* A matching check after a failed one still fails: the library stays
+     * off, and a second component must not be told otherwise. */
+    CHECK(PFS_CHECK_ABI() == PFS_ERR_ABI_MISMATCH);
+    /* The segment path of an uninitialised library is "", written. */
+    char path[8] = "ZZZZZZZ";
+    CHECK(pfs_segment_path(path, sizeof path) == 0 && path[0] == '\0');
     printf("{\"abi\":%u}\n", pfs_abi_version());
     return 0;
 }
@@ -601,6 +607,9 @@ static int tasks(const char *shm_dir, const char *service) {
     CHECK(pfs_task_enter(task_of[3]) == PFS_OK);
     PFS_TASK_STATEMENT_BEGIN(task_of[3], T_REQUEST);
     pfs_task_statement_set_text(task_of[3], "task three");
+    /* NULL texts are no-ops: the text stays, no digest of "". */
+    pfs_task_statement_set_text(task_of[3], NULL);
+    pfs_task_statement_set_digest_text(task_of[3], NULL);
     PFS_STAGE_ENTER(T_STAGE);
     CHECK(pfs_task_exit(task_of[3]) == PFS_OK);
     CHECK(pfs_task_statement_end(task_of[3]) == PFS_OK);
@@ -609,6 +618,31 @@ static int tasks(const char *shm_dir, const char *service) {
         CHECK(pfs_task_thread_id(task_of[k]) != 0);
         CHECK(pfs_task_thread_id(task_of[k]) != pfs_thread_id());
     }
+    /* Tasks entered out of order on one thread: a, then b. a cannot
+     * leave (nor be freed) before b; each keeps its own THREAD_ID; the
+     * thread gets its own back once both left in order. */
+    pfs_task_t *a = pfs_task_new(), *b = pfs_task_new();
+    CHECK(a != NULL && b != NULL);
+    uint64_t me = pfs_thread_id();
+    CHECK(pfs_task_enter(a) == PFS_OK);
+    uint64_t a_id = pfs_task_thread_id(a);
+    CHECK(a_id != 0 && a_id != me && pfs_thread_id() == a_id);
+    CHECK(pfs_task_enter(b) == PFS_OK);
+    uint64_t b_id = pfs_task_thread_id(b);
+    CHECK(b_id != 0 && b_id != a_id && pfs_thread_id() == b_id);
+    CHECK(pfs_task_thread_id(a) == a_id);
+    CHECK(pfs_task_exit(a) == PFS_ERR_TASK_NOT_INNERMOST);
+    CHECK(pfs_thread_id() == b_id);
+    pfs_task_free(a); /* not freed: entered under b */
+    CHECK(pfs_task_thread_id(a) == a_id && pfs_thread_id() == b_id);
+    CHECK(pfs_task_exit(b) == PFS_OK);
+    CHECK(pfs_thread_id() == a_id);
+    CHECK(pfs_task_exit(a) == PFS_OK);
+    CHECK(pfs_thread_id() == me);
+    pfs_task_free(b);
+    pfs_task_free(a);
+    CHECK(pfs_thread_id() == me);
+    CHECK(strstr(pfs_strerror(PFS_ERR_TASK_NOT_INNERMOST), "exit") != NULL);
     char extra[160];
     snprintf(extra, sizeof extra, ",\"main\":%llu,\"task_zero\":%llu,\"task_one\":%llu",
              (unsigned long long)pfs_thread_id(),

@@ -1033,6 +1033,8 @@ fn c_tasks_keep_their_events_across_threads() {
     // Freed with its statement and stage open: both end, the statement
     // cancelled. Ended after its last resume, outside it: inside all the
     // same (its stage ends with it), not cancelled.
+    // (A NULL digest text set after the text changed neither.)
+    assert_eq!(statements["task three"].figures.digest, 0);
     for (text, cancelled) in [("task two", 1), ("task three", 0)] {
         let st = statements[text];
         assert_eq!(st.figures.cancelled, cancelled, "{text}");

@@ -342,9 +342,13 @@ impl PfsLayer {
         S: Subscriber + for<'a> LookupSpan<'a>,
     {
         for &a in above.iter().rev() {
-            self.with_statement(ctx, a, |s| s.task.swap_out());
+            self.with_statement(ctx, a, |s| {
+                s.task.swap_out();
+            });
         }
-        self.with_statement(ctx, id, |s| s.task.swap_out());
+        self.with_statement(ctx, id, |s| {
+            s.task.swap_out();
+        });
         for &a in above {
             self.with_statement(ctx, a, |s| {
                 s.task.swap_in();
@@ -442,7 +446,9 @@ impl PfsLayer {
     {
         match stack::remove_all(self.id, id) {
             Exit::Nothing => {}
-            Exit::Innermost => self.with_statement(ctx, id, |s| s.task.swap_out()),
+            Exit::Innermost => self.with_statement(ctx, id, |s| {
+                s.task.swap_out();
+            }),
             Exit::Below(above) => self.swap_out_below(ctx, id, &above),
         }
     }
@@ -675,7 +681,9 @@ where
         let id = id.into_u64();
         match stack::exit(self.id, id) {
             Exit::Nothing => {}
-            Exit::Innermost => self.with_statement(&ctx, id, |s| s.task.swap_out()),
+            Exit::Innermost => self.with_statement(&ctx, id, |s| {
+                s.task.swap_out();
+            }),
             Exit::Below(above) => self.swap_out_below(&ctx, id, &above),
         }
     }

@@ -381,7 +381,7 @@ pub(super) fn emit_thread_events(
         let now = view
             .running_now(path)
             .filter(|_| ring == EventsTable::Current);
-        for t in &s.threads {
+        for t in view.threads_of(path, s) {
             let visible = view
                 .baselines_for(path, s)
                 .visible_events(path, t, kind, ring);

@@ -28,7 +28,7 @@ fn emit(view: &View<'_>, sink: &mut dyn Sink, kind: EventKind) {
     let mut by_name: Vec<(&str, u32, &Summary)> = Vec::new();
     for (path, s) in &view.segments {
         let classes = class_map(&s.classes);
-        for t in &s.threads {
+        for t in view.threads_of(path, s) {
             by_name.clear();
             by_name.extend(t.rows.iter().filter_map(|(c, sum)| {
                 let ci = classes.get(c).filter(|ci| kind.matches(ci.kind))?;

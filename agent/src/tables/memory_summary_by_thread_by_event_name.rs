@@ -27,7 +27,7 @@ impl PfsTable for MemoryByThread {
         sink.columns(&cols);
         for (path, s) in &view.segments {
             let classes = class_map(&s.classes);
-            for t in &s.threads {
+            for t in view.threads_of(path, s) {
                 let mut by_name: Vec<(&str, MemoryStats)> = t
                     .memory
                     .iter()

@@ -34,10 +34,7 @@ impl PfsTable for Threads {
             "history",
         ]));
         for (path, s) in &view.segments {
-            if view.running_now(path).is_none() {
-                continue; // a dead process's
-            }
-            for t in &s.threads {
+            for t in view.threads_of(path, s) {
                 let (user, host) = match &t.actor {
                     Some((u, h, _)) => (Cell::Str(u), Cell::Str(h)),
                     None => (Cell::Null, Cell::Null),

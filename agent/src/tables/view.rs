@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use pfs_shm_layout::EventKind;
-use pfs_shm_layout::reader::SegmentSnapshot;
+use pfs_shm_layout::reader::{SegmentSnapshot, ThreadSnapshot};
 
 use super::cell::Sink;
 use crate::filter::Filter;
@@ -52,6 +52,20 @@ impl<'a> View<'a> {
     /// its process lives: the `TIMER_END` of its events still running.
     pub fn running_now(&self, path: &Path) -> Option<u128> {
         self.live.get(path).copied()
+    }
+
+    /// The threads of segment `s` at `path` that the per-thread tables
+    /// show (`threads`, `events_*_current` and `_history`,
+    /// `*_summary_by_thread_*`): all of them while its process lives, none
+    /// once it is dead. A process that exits folds its threads' records;
+    /// one that is killed leaves them allocated, but its threads are gone
+    /// all the same (its totals stay in the global summaries).
+    pub fn threads_of<'s>(&self, path: &Path, s: &'s SegmentSnapshot) -> &'s [ThreadSnapshot] {
+        if self.live.contains_key(path) {
+            &s.threads
+        } else {
+            &[]
+        }
     }
 
     /// The baselines of the segment `s` at `path`: none if they were kept
