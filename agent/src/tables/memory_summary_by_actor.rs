@@ -81,7 +81,7 @@ impl PfsTable for MemoryByActor {
         for (path, s) in &view.segments {
             let classes = class_map(&s.classes);
             let mut agg: BTreeMap<(String, &str), (Vec<Cell>, MemoryStats)> = BTreeMap::new();
-            for t in &s.threads {
+            for t in view.threads_of(path, s) {
                 let Some((u, h, _)) = &t.actor else { continue };
                 let key = self.actor.key(u, h);
                 for (c, m) in &t.memory {

@@ -56,7 +56,8 @@ impl<'a> View<'a> {
 
     /// The threads of segment `s` at `path` that the per-thread tables
     /// show (`threads`, `events_*_current` and `_history`,
-    /// `*_summary_by_thread_*`): all of them while its process lives, none
+    /// `*_summary_by_thread_*`, `memory_summary_by_{account,user,host}_*`):
+    /// all of them while its process lives, none
     /// once it is dead. A process that exits folds its threads' records;
     /// one that is killed leaves them allocated, but its threads are gone
     /// all the same (its totals stay in the global summaries).
