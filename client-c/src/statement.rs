@@ -158,11 +158,10 @@ unsafe fn begin(
 /// string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pfs_statement_set_text(st: *mut pfs_statement_t, text: *const c_char) {
-    if text.is_null() {
-        return; // a no-op, like every NULL argument
-    }
     // SAFETY: `text` is null or a valid C string (contract), read now.
-    let text = unsafe { prefix_in(text) };
+    let Some(text) = (unsafe { prefix_in(text) }) else {
+        return; // NULL: a no-op (not the text or digest of "")
+    };
     // SAFETY: `st` as documented (contract).
     unsafe { with(st, |g| g.set_text(text)) }
 }
@@ -180,11 +179,10 @@ pub unsafe extern "C" fn pfs_statement_set_digest_text(
     st: *mut pfs_statement_t,
     digest_text: *const c_char,
 ) {
-    if digest_text.is_null() {
-        return; // a no-op (not the digest of "")
-    }
     // SAFETY: `digest_text` is null or a valid C string (contract).
-    let text = unsafe { prefix_in(digest_text) };
+    let Some(text) = (unsafe { prefix_in(digest_text) }) else {
+        return; // NULL: a no-op (not the text or digest of "")
+    };
     // SAFETY: `st` as documented (contract).
     unsafe { with(st, |g| g.set_digest_text(text)) }
 }

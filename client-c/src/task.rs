@@ -332,11 +332,10 @@ unsafe fn with(task: *mut pfs_task_t, f: impl FnOnce(&mut TaskStatement)) {
 /// string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pfs_task_statement_set_text(task: *mut pfs_task_t, text: *const c_char) {
-    if text.is_null() {
-        return; // a no-op, like every NULL argument
-    }
     // SAFETY: `text` is null or a valid C string (contract), read now.
-    let text = unsafe { prefix_in(text) };
+    let Some(text) = (unsafe { prefix_in(text) }) else {
+        return; // NULL: a no-op (not the text or digest of "")
+    };
     // SAFETY: the caller's contract.
     unsafe { with(task, |s| s.set_text(text)) }
 }
@@ -351,11 +350,10 @@ pub unsafe extern "C" fn pfs_task_statement_set_digest_text(
     task: *mut pfs_task_t,
     digest_text: *const c_char,
 ) {
-    if digest_text.is_null() {
-        return; // a no-op (not the digest of "")
-    }
     // SAFETY: `digest_text` is null or a valid C string (contract).
-    let text = unsafe { prefix_in(digest_text) };
+    let Some(text) = (unsafe { prefix_in(digest_text) }) else {
+        return; // NULL: a no-op (not the text or digest of "")
+    };
     // SAFETY: the caller's contract.
     unsafe { with(task, |s| s.set_digest_text(text)) }
 }

@@ -21,24 +21,25 @@ pub(crate) unsafe fn str_in<'a>(p: *const c_char) -> Option<&'a str> {
     c.to_str().ok()
 }
 
-/// The longest valid UTF-8 prefix of the string at `p` (empty for a null
-/// pointer): a text with a stray byte is kept up to that byte.
+/// The longest valid UTF-8 prefix of the string at `p` (`None` for a null
+/// pointer, which a setter takes as a no-op): a text with a stray byte is
+/// kept up to that byte.
 ///
 /// # Safety
 ///
 /// As [`str_in`].
-pub(crate) unsafe fn prefix_in<'a>(p: *const c_char) -> &'a str {
+pub(crate) unsafe fn prefix_in<'a>(p: *const c_char) -> Option<&'a str> {
     if p.is_null() {
-        return "";
+        return None;
     }
     // SAFETY: `p` is non-null and, by this function's contract, a valid
     // NUL-terminated string for 'a.
     let bytes = unsafe { CStr::from_ptr(p) }.to_bytes();
-    match std::str::from_utf8(bytes) {
+    Some(match std::str::from_utf8(bytes) {
         Ok(s) => s,
         // `valid_up_to` is a character boundary, so the prefix is UTF-8.
         Err(e) => std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default(),
-    }
+    })
 }
 
 /// Copies `s` into the caller's buffer `buf` of `len` bytes as a
@@ -76,8 +77,8 @@ mod tests {
             assert_eq!(str_in(c"wait/x".as_ptr()), Some("wait/x"));
             assert_eq!(str_in(std::ptr::null()), None);
             assert_eq!(str_in(c"a\xffb".as_ptr()), None);
-            assert_eq!(prefix_in(c"ab\xffc".as_ptr()), "ab");
-            assert_eq!(prefix_in(std::ptr::null()), "");
+            assert_eq!(prefix_in(c"ab\xffc".as_ptr()), Some("ab"));
+            assert_eq!(prefix_in(std::ptr::null()), None);
         }
         let mut buf = [0x55 as c_char; 4];
         // SAFETY: `buf` is a local array of 4 bytes.
