@@ -5,7 +5,10 @@
 //! * frequency: ticks per second; CYCLE is measured against the monotonic
 //!   clock over 20 ms, the others are nanosecond clocks by construction;
 //! * resolution: the smallest non-zero step between two consecutive reads
-//!   (in ticks), over many reads;
+//!   (in ticks), over many reads; MICROSECOND and MILLISECOND, which are
+//!   NANOSECOND divided, take NANOSECOND's measured step in their own
+//!   unit (at least 1), rather than waiting for a millisecond to pass:
+//!   a read descheduled across a tick would report 2;
 //! * overhead: the minimum cost of one read, in CYCLE ticks, over repeated
 //!   calls. NANOSECOND, MICROSECOND and MILLISECOND are read the way the
 //!   client reads them: the cycle counter scaled to nanoseconds.
@@ -87,6 +90,7 @@ pub fn cached() -> Vec<TimerRow> {
 /// Measures every timer.
 pub fn measure() -> Vec<TimerRow> {
     let cycle_hz = cycle_frequency(Duration::from_millis(20));
+    let mut nano_resolution = None;
     TimerId::ALL
         .into_iter()
         .map(|t| {
@@ -104,10 +108,17 @@ pub fn measure() -> Vec<TimerRow> {
                 TimerId::Microsecond => Some(1_000_000),
                 TimerId::Millisecond => Some(1_000),
             };
-            let mut resolution = u64::MAX;
+            // NANOSECOND's step in this timer's unit, for the timers that
+            // divide it (`TimerId::ALL` lists NANOSECOND before them).
+            let derived = match t {
+                TimerId::Microsecond => Some(1_000),
+                TimerId::Millisecond => Some(1_000_000),
+                _ => None,
+            }
+            .and_then(|per_tick: u64| nano_resolution.map(|r: u64| r.div_ceil(per_tick).max(1)));
+            let mut resolution = derived.unwrap_or(u64::MAX);
             let mut overhead = u64::MAX;
-            let deadline = Instant::now()
-                + Duration::from_millis(if t == TimerId::Millisecond { 3 } else { 1 });
+            let deadline = Instant::now() + Duration::from_millis(1);
             let mut prev = read(t).unwrap_or(0);
             let mut n = 0u32;
             while (n < 1000 || resolution == u64::MAX)
@@ -126,10 +137,14 @@ pub fn measure() -> Vec<TimerRow> {
                     break;
                 }
             }
+            let resolution = (resolution != u64::MAX).then_some(resolution);
+            if t == TimerId::Nanosecond {
+                nano_resolution = resolution;
+            }
             TimerRow {
                 timer: t,
                 frequency,
-                resolution: (resolution != u64::MAX).then_some(resolution),
+                resolution,
                 overhead: (overhead != u64::MAX).then_some(overhead),
             }
         })
@@ -163,11 +178,10 @@ mod tests {
         let nano = rows[1];
         assert_eq!(nano.frequency, Some(1_000_000_000));
         assert!(nano.resolution.is_some_and(|r| r < 1_000_000), "{nano:?}");
-        let milli = rows[3];
-        assert_eq!(
-            milli.resolution,
-            Some(1),
-            "millisecond steps by one: {milli:?}"
-        );
+        for (row, unit) in [(rows[2], 1_000), (rows[3], 1_000_000)] {
+            let want = nano.resolution.map(|r| r.div_ceil(unit).max(1));
+            assert_eq!(row.resolution, want, "{row:?} from {nano:?}");
+        }
+        assert_eq!(rows[3].resolution, Some(1), "{:?}", rows[3]);
     }
 }

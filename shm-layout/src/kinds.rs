@@ -82,6 +82,19 @@ impl ClassKind {
         (self as u32) <= Self::OtherWait as u32
     }
 
+    /// True for file and socket I/O (`wait/io/file/...`,
+    /// `wait/io/socket/...`): the waits whose `NUMBER_OF_BYTES` counts the
+    /// data they moved.
+    ///
+    /// ```
+    /// use pfs_shm_layout::ClassKind;
+    /// assert!(ClassKind::File.is_io() && ClassKind::Socket.is_io());
+    /// assert!(!ClassKind::Mutex.is_io());
+    /// ```
+    pub fn is_io(self) -> bool {
+        matches!(self, Self::File | Self::Socket)
+    }
+
     /// Short lower-case name, as in the `setup_instruments` table.
     pub fn name(self) -> &'static str {
         match self {

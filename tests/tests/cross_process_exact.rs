@@ -94,11 +94,17 @@ fn agent_reports_exact_counts_and_sums() {
             "min_timer_wait",
             "avg_timer_wait",
             "max_timer_wait",
+            "sum_number_of_bytes",
         ],
     );
     for name in TEST_CLASSES {
         let want = &ready["classes"][name];
         let r: Vec<&Value> = grows.iter().filter(|r| r["event_name"] == name).collect();
+        assert_eq!(
+            u64_col(r[0], "sum_number_of_bytes").unwrap(),
+            want["bytes"].as_u64().unwrap(),
+            "{table}: {name} sum_number_of_bytes, exact"
+        );
         assert_eq!(r.len(), 1, "{table}: one row for {name}: {grows:?}");
         let r = r[0];
         assert_eq!(u64_col(r, "pid").unwrap(), pid, "{r}");
@@ -152,6 +158,17 @@ fn agent_reports_exact_counts_and_sums() {
             ((secs - want_secs) / want_secs).abs() < 1e-9,
             "pfs_events_waits_seconds_total {name}: {secs} vs {want_secs}"
         );
+        // Bytes: a series for the file instrument, exact; none for the
+        // mutex and the rwlock, which move no data.
+        let bytes = want["bytes"].as_u64().unwrap();
+        match sample(&m, "pfs_events_waits_bytes_total", &l).ok() {
+            Some(b) if name.starts_with("wait/io/") => {
+                assert!(bytes > 0, "the writer's file waits carry bytes");
+                assert_eq!(b, bytes as f64, "pfs_events_waits_bytes_total {name}");
+            }
+            None if !name.starts_with("wait/io/") => assert_eq!(bytes, 0),
+            got => panic!("pfs_events_waits_bytes_total {name}: {got:?} (want {bytes})"),
+        }
         let hcount = sample(&m, "pfs_events_waits_duration_seconds_count", &l).unwrap();
         assert_eq!(hcount, (N * K) as f64, "histogram _count {name}");
         let hsum = sample(&m, "pfs_events_waits_duration_seconds_sum", &l).unwrap();
@@ -274,6 +291,11 @@ fn agent_reports_exact_counts_and_sums() {
                 u128_col(r, "sum_timer_wait").unwrap(),
                 u128::from(want["sum_ps"].as_u64().unwrap()),
                 "{tname} {name} sum"
+            );
+            assert_eq!(
+                u64_col(r, "sum_number_of_bytes").unwrap(),
+                want["bytes"].as_u64().unwrap(),
+                "{tname} {name} bytes"
             );
             count += u64_col(r, "count_star").unwrap();
             sum += u128_col(r, "sum_timer_wait").unwrap();

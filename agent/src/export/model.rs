@@ -8,10 +8,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use pfs_shm_layout::EventKind;
 use pfs_shm_layout::container::PageState;
 use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, LostKind, TimerId, bucket_upper_seconds};
 use pfs_shm_layout::reader::Summary;
+use pfs_shm_layout::{ClassKind, EventKind};
 
 use crate::aggregate::{ServiceTotals, by_service};
 use crate::segments::{ListFailure, Refusal};
@@ -479,6 +479,13 @@ pub fn families(snap: &Snapshot, totals: &Totals, stats: &AgentStats) -> Vec<Fam
         &snap.retired,
     );
     let mut events = EventKind::ALL.map(|k| (k, EventFamilies::of(k)));
+    let mut wait_bytes = Family::new(
+        "pfs_events_waits",
+        Some("bytes"),
+        ("pfs.events.waits.bytes", "By"),
+        Kind::Counter,
+        "Bytes moved by I/O waits (the sum of NUMBER_OF_BYTES, SUM_NUMBER_OF_BYTES), by file and socket instrument.",
+    );
     let mut figures = statement_figure_families();
     let mut threads = Family::new(
         "pfs_threads",
@@ -495,12 +502,18 @@ pub fn families(snap: &Snapshot, totals: &Totals, stats: &AgentStats) -> Vec<Fam
         "Instances that did not fit a bounded structure, by kind (PFS *_lost variables).",
     );
     for (svc, t) in &services {
-        for (name, (kind, s)) in &t.classes {
-            let Some(kind) = EventKind::of_class(*kind) else {
+        for (name, (class_kind, s)) in &t.classes {
+            let Some(kind) = EventKind::of_class(*class_kind) else {
                 continue;
             };
             if let Some((_, fams)) = events.iter_mut().find(|(k, _)| *k == kind) {
                 fams.add(svc, name, s);
+            }
+            if moves_bytes(*class_kind, s) {
+                wait_bytes.push(
+                    vec![("service", svc.clone()), ("event_name", name.clone())],
+                    Value::Int(s.bytes),
+                );
             }
             if kind == EventKind::Statement {
                 for (fam, v) in figures.iter_mut().zip(statement_figure_values(s)) {
@@ -519,7 +532,14 @@ pub fn families(snap: &Snapshot, totals: &Totals, stats: &AgentStats) -> Vec<Fam
             );
         }
     }
-    let mut out: Vec<Family> = events.into_iter().flat_map(|(_, f)| f.into_vec()).collect();
+    let mut out = Vec::new();
+    let mut wait_bytes = Some(wait_bytes);
+    for (kind, fams) in events {
+        out.extend(fams.into_vec());
+        if kind == EventKind::Wait {
+            out.extend(wait_bytes.take());
+        }
+    }
     out.extend(figures);
     out.extend(memory_families(&services));
     out.extend(timer_families(snap));
@@ -529,6 +549,14 @@ pub fn families(snap: &Snapshot, totals: &Totals, stats: &AgentStats) -> Vec<Fam
     out.push(processes(snap, services.keys()));
     out.extend(agent_families(snap, totals, stats));
     out
+}
+
+/// Whether a class has a `pfs_events_waits_bytes_total` series: every
+/// file and socket instrument (from its first scrape, so that its first
+/// bytes are an increase), and any other wait that has carried a byte
+/// count (a C caller's own I/O class named `wait/io/table/...`, say).
+fn moves_bytes(kind: ClassKind, s: &Summary) -> bool {
+    kind.is_io() || (kind.is_wait() && s.bytes != 0)
 }
 
 /// Processes of each service by state: `live`, or `dead` (exited or

@@ -126,6 +126,7 @@ pub fn duration_columns() -> Vec<&'static str> {
 fn declared() -> impl Iterator<Item = Column> {
     SUMMARY_COLUMNS
         .into_iter()
+        .chain(WAIT_SUMMARY_COLUMNS)
         .chain(STATEMENT_SUMMARY_COLUMNS)
         .chain(EventKind::ALL.into_iter().flat_map(typed_event_columns))
 }
@@ -153,11 +154,19 @@ const STATEMENT_SUMMARY_COLUMNS: [Column; 7] = [
     value("count_cancelled"),
 ];
 
-/// The summary columns of `kind` (statements have seven more).
+/// The wait summaries' own column (not in MySQL's waits summaries; its
+/// `file_summary_*` tables split the same figure into `..._READ`,
+/// `..._WRITE` and `..._MISC`): the sum of `NUMBER_OF_BYTES`, the data
+/// file and socket waits moved (0 for waits that carry no byte count).
+const WAIT_SUMMARY_COLUMNS: [Column; 1] = [value("sum_number_of_bytes")];
+
+/// The summary columns of `kind` (waits have one more, statements seven).
 pub(super) fn summary_columns(kind: EventKind) -> Vec<&'static str> {
     let mut v = names(SUMMARY_COLUMNS);
-    if kind == EventKind::Statement {
-        v.extend(names(STATEMENT_SUMMARY_COLUMNS));
+    match kind {
+        EventKind::Wait => v.extend(names(WAIT_SUMMARY_COLUMNS)),
+        EventKind::Statement => v.extend(names(STATEMENT_SUMMARY_COLUMNS)),
+        EventKind::Stage => {}
     }
     v
 }
@@ -171,17 +180,21 @@ pub(super) fn summary_values(s: &Summary, kind: EventKind) -> Vec<Cell<'static>>
         s.avg_ps().into(),
         s.max_ps.into(),
     ];
-    if kind == EventKind::Statement {
-        let f = &s.statement;
-        v.extend([
-            f.errors.into(),
-            f.warnings.into(),
-            f.rows_affected.into(),
-            f.rows_sent.into(),
-            f.rows_examined.into(),
-            f.cpu_time_ps.into(),
-            f.cancelled.into(),
-        ]);
+    match kind {
+        EventKind::Wait => v.push(s.bytes.into()),
+        EventKind::Statement => {
+            let f = &s.statement;
+            v.extend([
+                f.errors.into(),
+                f.warnings.into(),
+                f.rows_affected.into(),
+                f.rows_sent.into(),
+                f.rows_examined.into(),
+                f.cpu_time_ps.into(),
+                f.cancelled.into(),
+            ]);
+        }
+        EventKind::Stage => {}
     }
     v
 }
