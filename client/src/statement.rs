@@ -213,7 +213,8 @@ impl LazyStatementClass {
 }
 
 /// A statement in progress; dropping it ends the open stage and the
-/// statement. Not `Send`.
+/// statement. Not `Send`. Dropped by a panic's unwinding, it counts one
+/// error (`SUM_ERRORS`), unless errors were added to it already.
 ///
 /// Keep it on the stack (or in what the stack owns). A guard kept in a
 /// `thread_local!` whose destructor runs after the thread's record was
@@ -323,6 +324,12 @@ impl StatementGuard {
         if !thread::can_end(a.rt) {
             return None;
         }
+        if a.ctx.cancelling.get() && !std::thread::panicking() {
+            // Dropped with a `Cancellable` future (one held across `.await`
+            // on a current-thread runtime); a panic's drop is a failure.
+            self.figures.cancelled = 1;
+            a.data.flags |= EV_CANCELLED;
+        }
         if a.ctx.stage_id.get() != 0 && a.ctx.open_stage_nests_in(a.data.event_id) {
             end_open_stage(a.ctx);
         }
@@ -392,16 +399,38 @@ impl Drop for StatementGuard {
     #[inline(always)]
     fn drop(&mut self) {
         if self.active.is_some() {
+            failed_if_panicking(&mut self.figures);
             self.finish();
         }
+    }
+}
+
+/// A statement ended by a panic's unwinding failed: it counts one error,
+/// unless the application had counted some. (A panic is not a
+/// cancellation: the future was not dropped by someone who gave up.)
+#[cold]
+fn failed_by_panic(figures: &mut StatementFigures) {
+    if figures.errors == 0 {
+        figures.errors = 1;
+    }
+}
+
+/// [`failed_by_panic`] if this thread is unwinding: the check, inlined
+/// (one thread-local load) into the drops.
+#[inline(always)]
+fn failed_if_panicking(figures: &mut StatementFigures) {
+    if std::thread::panicking() {
+        failed_by_panic(figures);
     }
 }
 
 /// A statement owned by an async task: `Send`, so it can be held across
 /// `.await`, moved between worker threads and ended on any of them.
 /// Dropping it (or [`TaskStatement::end`]) ends it; a statement dropped
-/// with its task's unfinished future is recorded as cancelled (see
-/// [`crate::task`]). Started by [`StatementClass::start_task`].
+/// with its task's unfinished future (or with a
+/// [`crate::task::Cancellable`] future) is recorded as cancelled (see
+/// [`crate::task`]); one dropped by a panic's unwinding counts an error
+/// (as [`StatementGuard`]). Started by [`StatementClass::start_task`].
 ///
 /// Its `TIMER_WAIT` is wall time from start to end; its `CPU_TIME` the
 /// time its task was being polled meanwhile. Ended outside the task it was
@@ -531,7 +560,8 @@ impl TaskStatement {
         };
         if ours {
             ctx.statement_id.set(self.parent);
-            if ctx.cancelling.get() {
+            // (A task dropped by a panic's unwinding: failed, not cancelled.)
+            if ctx.cancelling.get() && !std::thread::panicking() {
                 figures.cancelled = 1;
             }
             figures.cpu_time_ps = self.cpu_time(rt, ctx, now, cycles);
@@ -597,6 +627,7 @@ impl Drop for TaskStatement {
     #[inline]
     fn drop(&mut self) {
         if self.rt.is_some() {
+            failed_if_panicking(&mut self.figures);
             self.finish();
         }
     }

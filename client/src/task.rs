@@ -49,6 +49,18 @@
 //! ended by that drop is recorded as cancelled (flag `CANCELLED` in its
 //! row, counted in the summaries' cancelled figure, not as an error).
 //!
+//! A future dropped *inside* a task (the losing branch of a `select!`, a
+//! `timeout` that expired) is not the task's future: Rust gives its drop no
+//! sign that it was early, so a statement it held ends as completed. Wrap
+//! such a future in [`Cancellable`] ([`TaskExt::pfs_cancellable`]): when it
+//! is dropped before it completed, it is dropped with the same mark, and
+//! the statements that end in that drop are cancelled. [`cancelling`] says
+//! whether the mark is set (the tracing layer reads it for the spans that
+//! close then).
+//!
+//! A statement ended by a panic's unwinding is not cancelled: it counts
+//! one error (unless errors were added to it already).
+//!
 //! # Cost
 //!
 //! Entering and leaving swap ten thread-local cells each way, and the
@@ -606,6 +618,98 @@ impl<F: Future> Future for Task<F> {
     }
 }
 
+pin_project_lite::pin_project! {
+    /// A future that, dropped before it completed, is dropped with the
+    /// *cancelling* mark set in the context current on the dropping
+    /// thread (the entered task's, else the thread's): the statements
+    /// that end in that drop are recorded as cancelled, as when a [`Task`]
+    /// is dropped. For a future a `select!` or a timeout may drop inside a
+    /// task. Made by [`TaskExt::pfs_cancellable`]. Polling it costs a
+    /// branch more than its future.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use pfs_client::task::TaskExt;
+    /// use pfs_client::LazyStatementClass;
+    ///
+    /// static LOOKUP: LazyStatementClass = LazyStatementClass::new("statement/app/lookup");
+    ///
+    /// async fn lookup() {
+    ///     let _stmt = LOOKUP.start_task();
+    ///     std::future::pending::<()>().await; // never answers
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let handler = async {
+    ///     // The timeout wins and drops the lookup: its statement ends
+    ///     // cancelled (without the adapter: completed).
+    ///     let r = tokio::time::timeout(Duration::from_millis(1), lookup().pfs_cancellable()).await;
+    ///     assert!(r.is_err());
+    /// };
+    /// tokio::spawn(handler.pfs_task()).await.unwrap();
+    /// # }
+    /// ```
+    #[derive(Debug)]
+    #[must_use = "futures do nothing unless polled"]
+    pub struct Cancellable<F> {
+        // The future, until it completes (then dropped as usual) or is
+        // dropped early (in `drop`, with the cancelling mark).
+        #[pin]
+        fut: Option<F>,
+    }
+
+    impl<F> PinnedDrop for Cancellable<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let mut fut = this.project().fut;
+            if fut.is_some() {
+                cancelling_while(|| fut.set(None));
+            }
+        }
+    }
+}
+
+impl<F: Future> Future for Cancellable<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let mut this = self.project();
+        let Some(fut) = this.fut.as_mut().as_pin_mut() else {
+            panic!("`Cancellable` polled after completion");
+        };
+        let out = fut.poll(cx);
+        if out.is_ready() {
+            this.fut.set(None); // completed: not cancelled
+        }
+        out
+    }
+}
+
+/// Runs `f` with the *cancelling* mark set in the context current on this
+/// thread (an entered task's, else the thread's own).
+fn cancelling_while<R>(f: impl FnOnce() -> R) -> R {
+    let ctx = thread::with_registered(|c| c);
+    let was = ctx.map(|c| c.cancelling.replace(true));
+    let r = f();
+    if let (Some(c), Some(was)) = (ctx, was) {
+        c.cancelling.set(was);
+    }
+    r
+}
+
+/// Whether a statement ending now on this thread is recorded as
+/// cancelled: a [`Task`] or a [`Cancellable`] future is being dropped
+/// before it completed, in the context current here. For adapters that
+/// end statements of their own (the tracing layer ends a span's
+/// statement as cancelled when the span closes in such a drop).
+///
+/// ```
+/// assert!(!pfs_client::task::cancelling());
+/// ```
+pub fn cancelling() -> bool {
+    thread::with_registered(|c| c.cancelling.get()).unwrap_or(false)
+}
+
 /// Ends the stage the entered task left open as its future completed or
 /// was dropped (its statement, if any, ended it already), as a thread's
 /// open stage ends when the thread exits.
@@ -620,6 +724,12 @@ pub trait TaskExt: Future + Sized {
     /// Gives this future its own event context: see [`Task`].
     fn pfs_task(self) -> Task<Self> {
         Task::new(self)
+    }
+
+    /// Makes this future's early drop a cancellation of the statements it
+    /// ends then: see [`Cancellable`].
+    fn pfs_cancellable(self) -> Cancellable<Self> {
+        Cancellable { fut: Some(self) }
     }
 }
 

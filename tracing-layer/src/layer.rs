@@ -15,7 +15,7 @@ use crate::blocking;
 use crate::callsite::{Found, Role, Sites, StatementSite};
 use crate::classes::Classes;
 use crate::rules::{OTHER_CLASS, Rules, SpanMatch, StageRule, StatementRule};
-use crate::span::{EventVisitor, PfsSpan, SpanVisitor, StageSpan, StatementSpan};
+use crate::span::{Closing, EventVisitor, PfsSpan, SpanVisitor, StageSpan, StatementSpan};
 use crate::stack::{self, Exit};
 
 /// The default bound on statement classes a layer names from field
@@ -256,11 +256,18 @@ fn remember_class(layer: u64, rule: usize, name: &str, class: StatementClass) {
 #[cold]
 fn not_recording_yet(span: &str) {
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        tracing::warn!(
-            span,
-            "pfs-client is not initialised: statement spans are not recorded until pfs_client::init() (or init_with) is called"
-        );
+    if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    const MESSAGE: &str = "pfs-client is not initialised: statement spans are not recorded until pfs_client::init() (or init_with) is called";
+    // Inside a subscriber's callback, a scoped default subscriber
+    // (`with_default`, `set_default`) does not take events (tracing's
+    // guard against re-entrance): standard error, then.
+    let scoped = tracing::dispatcher::get_default(|d| d.is::<tracing::subscriber::NoSubscriber>());
+    if scoped {
+        eprintln!("WARN pfs_tracing: {MESSAGE} span={span:?}");
+    } else {
+        tracing::warn!(span, "{MESSAGE}");
     }
 }
 
@@ -428,7 +435,7 @@ impl PfsLayer {
     #[inline]
     fn enter_statement(&self, id: u64, site: &Role, s: &mut StatementSpan) {
         // Entered again on this thread: its context is in already.
-        let swapped = stack::enter(self.id, id, || s.task.swap_in());
+        let swapped = stack::enter(self.id, id, id, || s.task.swap_in());
         if swapped
             && s.stmt.is_none()
             && let Role::Statement(site) = site
@@ -437,19 +444,27 @@ impl PfsLayer {
         }
     }
 
-    /// A statement span closed while entered on this thread (only the
-    /// id-based subscriber API allows it): swap its context out first.
+    /// A span closed while entered on this thread (only the id-based
+    /// subscriber API allows it): swap the context it took out first.
     #[cold]
     fn unstack_closed<S>(&self, ctx: &Context<'_, S>, id: u64)
     where
         S: Subscriber + for<'a> LookupSpan<'a>,
     {
-        match stack::remove_all(self.id, id) {
+        self.undo(ctx, stack::remove_all(self.id, id));
+    }
+
+    /// Swaps out the context an exit found to swap out.
+    fn undo<S>(&self, ctx: &Context<'_, S>, exit: Exit)
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        match exit {
             Exit::Nothing => {}
-            Exit::Innermost => self.with_statement(ctx, id, |s| {
+            Exit::Innermost(context) => self.with_statement(ctx, context, |s| {
                 s.task.swap_out();
             }),
-            Exit::Below(above) => self.swap_out_below(ctx, id, &above),
+            Exit::Below(context, above) => self.swap_out_below(ctx, context, &above),
         }
     }
 
@@ -473,7 +488,7 @@ impl PfsLayer {
                 stmt.set_digest_text(buf);
             }
         });
-        s.figures.apply(stmt, rule, std::thread::panicking());
+        s.figures.apply(stmt, rule, Closing::now());
         // Entered only to end the statement: not the task's poll time.
         s.task.swap_in_unmeasured();
         s.stmt = None; // ends it, in place
@@ -493,7 +508,7 @@ impl PfsLayer {
             s.open_stage = 0;
             if stack::current(self.id) == Some(statement) {
                 pfs_client::end_stage();
-            } else if !stack::contains(self.id, statement) {
+            } else if !stack::holds(self.id, statement) {
                 // Not entered on this thread: enter it to end the stage,
                 // unless another thread has it entered (then the stage
                 // ends with the next stage or the statement).
@@ -631,7 +646,7 @@ where
             PfsSpan::Statement(s)
                 if s.task.is_entered()
                     && blocking::may_wait()
-                    && !stack::contains(self.id, id.into_u64()) =>
+                    && !stack::holds(self.id, id.into_u64()) =>
             {
                 // `enter_blocking` on a blocking thread, the span still
                 // entered where the request is polled: wait for it there,
@@ -653,9 +668,7 @@ where
             }
             PfsSpan::Statement(s) => self.enter_statement(id.into_u64(), &site, s),
             PfsSpan::Stage(st) => {
-                if st.entered {
-                    return;
-                }
+                let first = !st.entered;
                 st.entered = true;
                 let (statement, class) = (st.statement, st.class);
                 drop(ext);
@@ -663,29 +676,41 @@ where
                     Role::Stage(stage) => stage.source,
                     _ => None,
                 };
-                // Only in its statement's context: not when entered on a
-                // thread where the statement span is not the current one.
+                let id = id.into_u64();
                 if stack::current(self.id) == Some(statement) {
-                    self.with_statement(&ctx, statement, |s| {
-                        class.enter_at(source);
-                        s.open_stage = id.into_u64();
-                    });
+                    if first {
+                        self.with_statement(&ctx, statement, |s| {
+                            class.enter_at(source);
+                            s.open_stage = id;
+                        });
+                    }
+                    return;
                 }
+                // Entered where its statement is not current (work spawned
+                // from inside the stage carries the stage span): take the
+                // statement's context here, as its span's enter would, so
+                // that what is recorded nests in the statement (in this
+                // stage, while it is the statement's open stage); opened
+                // then if it never was. Nothing if another thread has the
+                // context entered.
+                self.with_statement(&ctx, statement, |s| {
+                    if s.stmt.is_some()
+                        && stack::enter(self.id, id, statement, || s.task.swap_in())
+                        && first
+                    {
+                        class.enter_at(source);
+                        s.open_stage = id;
+                    }
+                });
             }
         }
     }
 
     fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
-        // Only statement spans are on the stack: any other span costs
-        // this lookup in a thread-local vector of the spans entered here.
-        let id = id.into_u64();
-        match stack::exit(self.id, id) {
-            Exit::Nothing => {}
-            Exit::Innermost => self.with_statement(&ctx, id, |s| {
-                s.task.swap_out();
-            }),
-            Exit::Below(above) => self.swap_out_below(&ctx, id, &above),
-        }
+        // Only statement spans, and stage spans entered away from their
+        // statement, are on the stack: any other span costs this lookup
+        // in a thread-local vector of the spans entered here.
+        self.undo(&ctx, stack::exit(self.id, id.into_u64()));
     }
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
@@ -698,7 +723,7 @@ where
         }
         let id = id.into_u64();
         if stack::contains(self.id, id) {
-            // Only this layer's statement spans are on the stack.
+            // Only this layer's spans are on the stack.
             self.unstack_closed(&ctx, id);
         }
         // Taken out (a few words: a statement is boxed), with one lookup.

@@ -305,7 +305,10 @@ impl StatementRule {
     }
 
     /// The fields counted into `ERRORS`: each value recorded adds itself
-    /// (a number), or 1 (`true`, or a non-numeric text).
+    /// (an integer, or a string of digits: `errors = 3`, `errors = "3"`),
+    /// or 1 (`true`, a non-numeric string, or any value recorded with `%`
+    /// or `?`: `#[instrument(err)]`'s `error = %e` is one error, even when
+    /// the error displays as a number such as `404`).
     pub fn errors(self, fields: &str) -> Self {
         self.figure(fields, Figure::Errors)
     }
@@ -318,9 +321,14 @@ impl StatementRule {
     /// The fields carrying the response status (a number). A statement
     /// whose rule has status or failure fields *completes* when one is
     /// recorded; one that ends without having completed is recorded as
-    /// cancelled (or as an error if it ends while its thread panics). A
-    /// final status at or above [`StatementRule::error_status`] (default
-    /// 500) counts one error.
+    /// cancelled. A final status at or above
+    /// [`StatementRule::error_status`] (default 500) counts one error.
+    ///
+    /// With or without status fields, a statement span that closes while
+    /// its thread panics counts one error, and one that closes while a
+    /// `pfs_client::task::Task` or `Cancellable` future is dropped before
+    /// it completed (a task cancelled, the losing branch of a `select!`
+    /// wrapped with `pfs_cancellable()`) is cancelled unless it completed.
     pub fn status(self, fields: &str) -> Self {
         self.figure(fields, Figure::Status)
     }

@@ -224,6 +224,11 @@ enum Num<'a> {
     Float(f64),
     Bool(bool),
     Text(&'a str),
+    /// A value recorded with `?` or `%` (`Debug`, `Display`: an error, an
+    /// enum): read as a number for a status or rows, but an errors or
+    /// warnings field counts it once, whatever it says (`#[instrument(err)]`
+    /// records `error = %e`, and an error code `404` is one error).
+    Shown(&'a str),
 }
 
 impl Num<'_> {
@@ -231,7 +236,7 @@ impl Num<'_> {
         match self {
             Num::Int(i) => Some(i),
             Num::Float(f) if f.is_finite() => Some(f as i128),
-            Num::Text(t) => t.trim().parse().ok(),
+            Num::Text(t) | Num::Shown(t) => t.trim().parse().ok(),
             Num::Float(_) | Num::Bool(_) => None,
         }
     }
@@ -240,6 +245,7 @@ impl Num<'_> {
     fn count(self) -> u64 {
         match self {
             Num::Bool(b) => u64::from(b),
+            Num::Shown(t) => u64::from(!t.is_empty()),
             Num::Text(t) if t.trim().parse::<i128>().is_err() => u64::from(!t.is_empty()),
             n => n.int().map_or(0, |i| i.clamp(0, u64::MAX as i128) as u64),
         }
@@ -272,17 +278,18 @@ impl Figures {
         self.status.is_some() || self.failed
     }
 
-    /// Writes the figures into `stmt`, as `rule` reads them; `panicking`:
-    /// the statement ends while its thread unwinds.
-    pub(crate) fn apply(&self, stmt: &mut TaskStatement, rule: &StatementRule, panicking: bool) {
-        let failed = self.failed || self.status.is_some_and(|s| s >= rule.error_status);
-        let mut errors = self.errors.saturating_add(u64::from(failed));
-        if rule.completes() && !self.completed() {
-            if panicking {
-                errors = errors.saturating_add(1);
-            } else {
-                stmt.mark_cancelled();
-            }
+    /// Writes the figures into `stmt`, as `rule` reads them. How the span
+    /// closes: `end.panicking`, while its thread unwinds (a failure: one
+    /// error, as `pfs-client` counts any statement a panic ends);
+    /// `end.cancelling`, in the drop of a future that did not
+    /// complete (`pfs_client::task::cancelling`: cancelled, unless a
+    /// status or failure was recorded).
+    pub(crate) fn apply(&self, stmt: &mut TaskStatement, rule: &StatementRule, end: Closing) {
+        let failed =
+            self.failed || self.status.is_some_and(|s| s >= rule.error_status) || end.panicking;
+        let errors = self.errors.saturating_add(u64::from(failed));
+        if !end.panicking && !self.completed() && (end.cancelling || rule.completes()) {
+            stmt.mark_cancelled();
         }
         if errors > 0 {
             stmt.add_errors(errors);
@@ -298,6 +305,26 @@ impl Figures {
         }
         if let Some(n) = self.rows_examined {
             stmt.set_rows_examined(n);
+        }
+    }
+}
+
+/// How a statement span closes, for [`Figures::apply`].
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Closing {
+    /// Its thread is unwinding a panic.
+    pub(crate) panicking: bool,
+    /// A future is being dropped before it completed, with the
+    /// cancelling mark (`pfs_client::task::cancelling`).
+    pub(crate) cancelling: bool,
+}
+
+impl Closing {
+    /// How a span closing now on this thread closes.
+    pub(crate) fn now() -> Self {
+        Self {
+            panicking: std::thread::panicking(),
+            cancelling: pfs_client::task::cancelling(),
         }
     }
 }
@@ -379,9 +406,9 @@ impl Visit for SpanVisitor<'_> {
         let mut small = Small::default();
         let num = if self.uses[field.index()].figure.is_some() {
             let _ = write!(small, "{value:?}");
-            Num::Text(small.as_str())
+            Num::Shown(small.as_str())
         } else {
-            Num::Text("")
+            Num::Shown("")
         };
         self.field(field, num, |b| {
             let _ = write!(b, "{value:?}");
@@ -438,7 +465,7 @@ impl Visit for EventVisitor<'_> {
         if let Some(Some(_)) = self.uses.get(field.index()) {
             let mut small = Small::default();
             let _ = write!(small, "{value:?}");
-            self.field(field, Num::Text(small.as_str()));
+            self.field(field, Num::Shown(small.as_str()));
         }
     }
 }
@@ -494,7 +521,11 @@ mod tests {
         f.record(Figure::Errors, Num::Bool(true));
         f.record(Figure::Errors, Num::Text("2"));
         f.record(Figure::Errors, Num::Text("timeout"));
+        // `error = %e` of an error that displays as a number: one error.
+        f.record(Figure::Errors, Num::Shown("404"));
+        f.record(Figure::Errors, Num::Shown("0"));
         f.record(Figure::Warnings, Num::Int(-3));
+        f.record(Figure::RowsAffected, Num::Shown("5")); // `rows = ?n`
         f.record(Figure::RowsSent, Num::Text(" 12 "));
         f.record(Figure::RowsSent, Num::Text("many")); // ignored
         f.record(Figure::RowsExamined, Num::Float(7.9));
@@ -503,10 +534,10 @@ mod tests {
             Figures {
                 status: Some(503),
                 failed: false,
-                errors: 4,
+                errors: 6,
                 warnings: 0,
                 rows_sent: Some(12),
-                rows_affected: None,
+                rows_affected: Some(5),
                 rows_examined: Some(7),
             }
         );
