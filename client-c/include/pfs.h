@@ -77,11 +77,12 @@
  * Each expands to one statement that declares a static const pfs_site_t
  * for its call site (__FILE__, __LINE__; its name ends in the line number,
  * so that it does not shadow a name of the program) and calls
- * pfs_wait_begin_at, pfs_statement_begin_at, pfs_stage_enter_at or
+ * pfs_wait_begin_at (PFS_WAIT_BEGIN_NAMED: pfs_wait_begin_named_at),
+ * pfs_statement_begin_at, pfs_stage_enter_at or
  * pfs_task_statement_begin_at with it (PFS_TASK_STATEMENT_BEGIN); each
  * argument is evaluated once. Prefer them to pfs_wait_begin,
- * pfs_statement_begin, pfs_stage_enter and pfs_task_statement_begin,
- * which record no SOURCE.
+ * pfs_wait_begin_named, pfs_statement_begin, pfs_stage_enter and
+ * pfs_task_statement_begin, which record no SOURCE.
  *   pfs_wait_t w;
  *   PFS_WAIT_BEGIN(&w, log_write, PFS_OP_WRITE, (uint64_t)fd);
  */
@@ -92,6 +93,11 @@
     do { \
         static const pfs_site_t PFS_SITE_HERE_ = { __FILE__, __LINE__ }; \
         pfs_wait_begin_at((w), (cls), (op), (object), &PFS_SITE_HERE_); \
+    } while (0)
+#define PFS_WAIT_BEGIN_NAMED(w, cls, op, object, object_name) \
+    do { \
+        static const pfs_site_t PFS_SITE_HERE_ = { __FILE__, __LINE__ }; \
+        pfs_wait_begin_named_at((w), (cls), (op), (object), (object_name), &PFS_SITE_HERE_); \
     } while (0)
 #define PFS_STATEMENT_BEGIN(st, cls) \
     do { \
@@ -279,6 +285,10 @@
 
 // `other`: any other operation (unknown codes are recorded as this).
 #define PFS_OP_OTHER 25
+
+// No `OBJECT_NAME`: what `pfs_object_name` returns when it interned
+// nothing, and a `pfs_wait_begin_named` name that records none.
+#define PFS_NO_OBJECT_NAME UINT32_MAX
 
 // Size of `pfs_wait_t` in 64-bit words.
 #define PFS_WAIT_WORDS 24
@@ -929,6 +939,24 @@ const pfs_wait_class_t *pfs_wait_class_register(const char *name);
 // `cls` is NULL or a handle from `pfs_wait_class_register`.
 bool pfs_wait_class_enabled(const pfs_wait_class_t *cls);
 
+// Interns `name` as a wait's `OBJECT_NAME` (a file's path, a peer's
+// address, a table) and returns its handle, for `pfs_wait_begin_named`
+// and `PFS_WAIT_BEGIN_NAMED`: the same handle for the same text, valid
+// for the life of the process. Texts are cut to 56 bytes at a character
+// boundary (a long path keeps its start). Returns `PFS_NO_OBJECT_NAME` if
+// `name` is NULL or not UTF-8, before `pfs_init` (or after it failed), or
+// when the segment's string table is full (counted once per text in
+// `pfs_lost_total{kind="strings"}`); a wait begun with it has no name.
+//
+// Threading: any thread; takes the process's writer lock (call it once
+// per object, when it is opened, not per wait). Ownership: `name` is
+// copied.
+//
+// # Safety
+//
+// `name` is NULL or a NUL-terminated string.
+uint32_t pfs_object_name(const char *name);
+
 // Starts a wait of class `cls` on the calling thread: `op` is a
 // `PFS_OP_*` code, `object` the waited-on object's address or any stable
 // id (`OBJECT_INSTANCE_BEGIN`). A disabled class, a NULL `cls` or no
@@ -958,6 +986,34 @@ void pfs_wait_begin_at(pfs_wait_t *w,
                        uint32_t op,
                        uint64_t object,
                        const pfs_site_t *site);
+
+// `pfs_wait_begin`, with `OBJECT_NAME` the text `pfs_object_name`
+// returned `object_name` for (none for `PFS_NO_OBJECT_NAME`). Records no
+// `SOURCE`: prefer `PFS_WAIT_BEGIN_NAMED`, which records the caller's
+// `file:line` (`pfs_wait_begin_named_at`).
+//
+// # Safety
+//
+// As `pfs_wait_begin`.
+void pfs_wait_begin_named(pfs_wait_t *w,
+                          const pfs_wait_class_t *cls,
+                          uint32_t op,
+                          uint64_t object,
+                          uint32_t object_name);
+
+// `pfs_wait_begin_named`, with `SOURCE` the call site `site` (none if
+// NULL). Called by `PFS_WAIT_BEGIN_NAMED(w, cls, op, object, name)`,
+// which declares the site: use the macro.
+//
+// # Safety
+//
+// As `pfs_wait_begin_at`.
+void pfs_wait_begin_named_at(pfs_wait_t *w,
+                             const pfs_wait_class_t *cls,
+                             uint32_t op,
+                             uint64_t object,
+                             uint32_t object_name,
+                             const pfs_site_t *site);
 
 // Ends the wait begun on `w` now and records it (`TIMER_WAIT`, current,
 // history, summaries). No lock, no allocation.

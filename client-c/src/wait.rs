@@ -3,7 +3,7 @@
 
 use std::ffi::c_char;
 
-use pfs_client::{Operation, WaitGuard};
+use pfs_client::{ObjectName, Operation, WaitGuard};
 
 use crate::classes::{self, pfs_wait_class_t};
 use crate::shield::shield;
@@ -61,6 +61,10 @@ pub const PFS_OP_RECV: u32 = 23;
 pub const PFS_OP_IDLE: u32 = 24;
 /// `other`: any other operation (unknown codes are recorded as this).
 pub const PFS_OP_OTHER: u32 = 25;
+
+/// No `OBJECT_NAME`: what `pfs_object_name` returns when it interned
+/// nothing, and a `pfs_wait_begin_named` name that records none.
+pub const PFS_NO_OBJECT_NAME: u32 = u32::MAX;
 
 /// Size of `pfs_wait_t` in 64-bit words.
 pub const PFS_WAIT_WORDS: usize = 24;
@@ -128,6 +132,31 @@ pub unsafe extern "C" fn pfs_wait_class_enabled(cls: *const pfs_wait_class_t) ->
     })
 }
 
+/// Interns `name` as a wait's `OBJECT_NAME` (a file's path, a peer's
+/// address, a table) and returns its handle, for `pfs_wait_begin_named`
+/// and `PFS_WAIT_BEGIN_NAMED`: the same handle for the same text, valid
+/// for the life of the process. Texts are cut to 56 bytes at a character
+/// boundary (a long path keeps its start). Returns `PFS_NO_OBJECT_NAME` if
+/// `name` is NULL or not UTF-8, before `pfs_init` (or after it failed), or
+/// when the segment's string table is full (counted once per text in
+/// `pfs_lost_total{kind="strings"}`); a wait begun with it has no name.
+///
+/// Threading: any thread; takes the process's writer lock (call it once
+/// per object, when it is opened, not per wait). Ownership: `name` is
+/// copied.
+///
+/// # Safety
+///
+/// `name` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_object_name(name: *const c_char) -> u32 {
+    shield(PFS_NO_OBJECT_NAME, || {
+        // SAFETY: `name` is null or a valid C string (contract).
+        let name = unsafe { str_in(name) };
+        name.map_or(PFS_NO_OBJECT_NAME, |n| ObjectName::new(n).to_raw())
+    })
+}
+
 /// Starts a wait of class `cls` on the calling thread: `op` is a
 /// `PFS_OP_*` code, `object` the waited-on object's address or any stable
 /// id (`OBJECT_INSTANCE_BEGIN`). A disabled class, a NULL `cls` or no
@@ -149,7 +178,7 @@ pub unsafe extern "C" fn pfs_wait_begin(
     object: u64,
 ) {
     // SAFETY: the caller's contract, and no site.
-    unsafe { begin(w, cls, op, object, std::ptr::null()) }
+    unsafe { begin(w, cls, op, object, None, std::ptr::null()) }
 }
 
 /// `pfs_wait_begin`, with `SOURCE` the call site `site` (none if NULL).
@@ -170,10 +199,53 @@ pub unsafe extern "C" fn pfs_wait_begin_at(
     site: *const pfs_site_t,
 ) {
     // SAFETY: the caller's contract.
-    unsafe { begin(w, cls, op, object, site) }
+    unsafe { begin(w, cls, op, object, None, site) }
 }
 
-/// `pfs_wait_begin_at`, inlined into both entry points.
+/// `pfs_wait_begin`, with `OBJECT_NAME` the text `pfs_object_name`
+/// returned `object_name` for (none for `PFS_NO_OBJECT_NAME`). Records no
+/// `SOURCE`: prefer `PFS_WAIT_BEGIN_NAMED`, which records the caller's
+/// `file:line` (`pfs_wait_begin_named_at`).
+///
+/// # Safety
+///
+/// As `pfs_wait_begin`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_wait_begin_named(
+    w: *mut pfs_wait_t,
+    cls: *const pfs_wait_class_t,
+    op: u32,
+    object: u64,
+    object_name: u32,
+) {
+    let name = ObjectName::from_raw(object_name);
+    // SAFETY: the caller's contract, and no site.
+    unsafe { begin(w, cls, op, object, Some(name), std::ptr::null()) }
+}
+
+/// `pfs_wait_begin_named`, with `SOURCE` the call site `site` (none if
+/// NULL). Called by `PFS_WAIT_BEGIN_NAMED(w, cls, op, object, name)`,
+/// which declares the site: use the macro.
+///
+/// # Safety
+///
+/// As `pfs_wait_begin_at`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pfs_wait_begin_named_at(
+    w: *mut pfs_wait_t,
+    cls: *const pfs_wait_class_t,
+    op: u32,
+    object: u64,
+    object_name: u32,
+    site: *const pfs_site_t,
+) {
+    let name = ObjectName::from_raw(object_name);
+    // SAFETY: the caller's contract.
+    unsafe { begin(w, cls, op, object, Some(name), site) }
+}
+
+/// `pfs_wait_begin_at` and `pfs_wait_begin_named_at`, inlined into every
+/// entry point (`name` is a constant `None` in the unnamed ones).
 ///
 /// # Safety
 ///
@@ -184,6 +256,7 @@ unsafe fn begin(
     cls: *const pfs_wait_class_t,
     op: u32,
     object: u64,
+    name: Option<ObjectName>,
     site: *const pfs_site_t,
 ) {
     shield((), || {
@@ -200,7 +273,11 @@ unsafe fn begin(
             // (contract).
             Some(c) if c.is_enabled() => unsafe {
                 let site = site_in(site);
-                c.start_in_at(slot::place(slot), operation(op), object as usize, site);
+                let (place, op, object) = (slot::place(slot), operation(op), object as usize);
+                match name {
+                    None => c.start_in_at(place, op, object, site),
+                    Some(n) => c.start_in_named_at(place, op, object, n, site),
+                };
                 slot::arm(slot, Owner::me());
             },
             // SAFETY: as above.

@@ -11,9 +11,8 @@ use std::panic::Location;
 use pfs_shm_layout::Operation;
 use pfs_shm_layout::layout::NONE_U32;
 
-use crate::reentry::reentrant;
 use crate::runtime;
-use crate::wait::{LazyWaitClass, WaitGuard};
+use crate::wait::{LazyWaitClass, ObjectName, WaitGuard};
 
 /// The wait side of an instrumented I/O object.
 #[derive(Debug, Clone, Copy)]
@@ -29,11 +28,10 @@ impl IoObject {
     /// `text` interned as an `OBJECT_NAME` of `class`: only when the client
     /// is initialised and the class enabled (else `NONE_U32`).
     pub(crate) fn intern(class: &'static LazyWaitClass, text: &impl Display) -> u32 {
-        match runtime::get() {
-            Some(rt) if class.get().is_enabled() => {
-                reentrant(|| rt.writer.intern(&text.to_string())).unwrap_or(NONE_U32)
-            }
-            _ => NONE_U32,
+        if runtime::get().is_some() && class.get().is_enabled() {
+            ObjectName::new(&text.to_string()).to_raw()
+        } else {
+            NONE_U32
         }
     }
 

@@ -124,7 +124,7 @@ pub use pfs_shm_layout::Operation;
 pub use source::{CallSite, Site};
 pub use stage::{LazyStageClass, StageClass, end_stage, stage_progress};
 pub use statement::{LazyStatementClass, StatementClass, StatementGuard, TaskStatement};
-pub use wait::{AsyncWait, LazyWaitClass, WaitClass, WaitGuard};
+pub use wait::{AsyncWait, LazyWaitClass, ObjectName, WaitClass, WaitGuard};
 
 /// Declares who the current thread works for: `setup_actors` decides, by
 /// its most specific matching row, whether the thread is instrumented

@@ -14,6 +14,7 @@ use pfs_shm_layout::layout::{
 
 use crate::class::{ClassRef, Family, LazyRef};
 use crate::event::{self, Active};
+use crate::reentry::reentrant;
 use crate::source::{Site, SourceArg};
 use crate::{runtime, thread, timer};
 
@@ -126,6 +127,67 @@ impl WaitClass {
             return place.write(WaitGuard::NONE);
         }
         self.begin_in(place, flags, operation, object as u64, site)
+    }
+
+    /// [`WaitClass::start_in_at`], with `OBJECT_NAME` `name`: for an
+    /// adapter that starts named waits on behalf of code elsewhere (the C
+    /// ABI's `pfs_wait_begin_named`).
+    #[inline(always)]
+    pub fn start_in_named_at<'a>(
+        &self,
+        place: &'a mut MaybeUninit<WaitGuard>,
+        operation: Operation,
+        object: usize,
+        name: ObjectName,
+        site: Option<&'static dyn Site>,
+    ) -> &'a mut WaitGuard {
+        let flags = self.0.flags();
+        if flags & FLAG_ENABLED == 0 {
+            return place.write(WaitGuard::NONE);
+        }
+        self.begin_in_named(place, flags, operation, object as u64, name.0, site)
+    }
+
+    /// [`WaitClass::start`] with `OBJECT_NAME` `name` (a file's path, a
+    /// peer's address, a table: what the wait is on, as the instrumented
+    /// `File` and `TcpStream` record). Intern the name once, when the
+    /// object is opened ([`ObjectName::new`]); each wait then passes the
+    /// handle.
+    ///
+    /// ```
+    /// use pfs_client::{LazyWaitClass, ObjectName, Operation};
+    ///
+    /// static SEGMENT_READ: LazyWaitClass = LazyWaitClass::new("wait/io/file/store/segment");
+    ///
+    /// let name = ObjectName::new("/var/lib/store/seg-000042"); // at open
+    /// let mut w = SEGMENT_READ.get().start_named(Operation::Read, 42, name);
+    /// w.set_bytes(4096);
+    /// drop(w); // ends the wait (a no-op here: the client is not initialised)
+    /// ```
+    #[inline(always)]
+    #[track_caller]
+    pub fn start_named(&self, operation: Operation, object: usize, name: ObjectName) -> WaitGuard {
+        let flags = self.0.flags();
+        if flags & FLAG_ENABLED == 0 {
+            return WaitGuard::NONE;
+        }
+        self.begin(flags, operation, object as u64, name.0, Location::caller())
+    }
+
+    /// The enabled path of [`WaitClass::start_in_named_at`], out of line
+    /// (apart from [`WaitClass::begin_in`], which the C ABI's unnamed wait
+    /// takes: no argument more there).
+    #[inline(never)]
+    fn begin_in_named(
+        self,
+        place: &mut MaybeUninit<WaitGuard>,
+        flags: u32,
+        operation: Operation,
+        object: u64,
+        name: u32,
+        loc: impl SourceArg,
+    ) -> &mut WaitGuard {
+        place.write(self.guard(flags, operation, object, name, loc))
     }
 
     /// The enabled path of [`WaitClass::start_in`], out of line.
@@ -325,6 +387,56 @@ impl Drop for AsyncWait {
         if self.class.is_some() {
             self.finish();
         }
+    }
+}
+
+/// A wait's `OBJECT_NAME`: a text interned once in the process's segment
+/// (its string table), then given to each wait by this handle
+/// ([`WaitClass::start_named`]). Cheap to copy.
+///
+/// ```
+/// use pfs_client::ObjectName;
+///
+/// let name = ObjectName::new("10.0.0.7:5432");
+/// assert!(!name.is_some()); // the client is not initialised here
+/// assert_eq!(ObjectName::from_raw(name.to_raw()), name);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectName(u32);
+
+impl ObjectName {
+    /// No name: `OBJECT_NAME` NULL.
+    pub const NONE: ObjectName = ObjectName(NONE_U32);
+
+    /// Interns `name` (cut to 56 bytes, the layout's `STRING_BYTES`, at a
+    /// character boundary: a long path keeps its start). Takes the
+    /// process's writer lock and a hash lookup: call it once per object
+    /// (when it is opened), not per wait. [`ObjectName::NONE`] if the
+    /// client is not initialised, or the string table is full (counted in
+    /// `pfs_lost_total{kind="strings"}`, once per text).
+    pub fn new(name: &str) -> Self {
+        match runtime::get() {
+            Some(rt) => Self(reentrant(|| rt.writer.intern(name)).unwrap_or(NONE_U32)),
+            None => Self::NONE,
+        }
+    }
+
+    /// Whether a name was interned.
+    pub fn is_some(self) -> bool {
+        self.0 != NONE_U32
+    }
+
+    /// The handle as a number, for adapters that hand it to other code
+    /// (the C ABI's `pfs_object_name`).
+    pub fn to_raw(self) -> u32 {
+        self.0
+    }
+
+    /// The handle [`ObjectName::to_raw`] gave. Any other number names no
+    /// string, or another one: the reader shows what the segment holds
+    /// there (NULL for an index it does not hold), never more.
+    pub fn from_raw(raw: u32) -> Self {
+        Self(raw)
     }
 }
 

@@ -33,6 +33,9 @@ static const pfs_stage_class_t *PARSING, *EXECUTING;
 static const pfs_statement_class_t *QUERY;
 static const pfs_memory_class_t *BUFFER;
 static long ITERATIONS;
+/* The data file's OBJECT_NAME, interned once after pfs_init. */
+static uint32_t DATA_NAME = PFS_NO_OBJECT_NAME;
+#define DATA_PATH "/var/lib/capp/data.db"
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t changed = PTHREAD_COND_INITIALIZER;
@@ -76,8 +79,11 @@ static void *worker(void *arg) {
 
         PFS_STAGE_ENTER(EXECUTING);
         for (int k = 0; k < 2; k++) {
-            pfs_wait_t io;
-            PFS_WAIT_BEGIN(&io, FILE_IO, PFS_OP_WRITE, 42);
+            pfs_wait_t io; /* the first unnamed, the second named */
+            if (k == 0)
+                PFS_WAIT_BEGIN(&io, FILE_IO, PFS_OP_WRITE, 42);
+            else
+                PFS_WAIT_BEGIN_NAMED(&io, FILE_IO, PFS_OP_WRITE, 42, DATA_NAME);
             pfs_wait_end_bytes(&io, 512);
         }
         if (i % 5 == 0) pfs_statement_add_errors(&st, 1);
@@ -113,7 +119,14 @@ static void misuse(void) {
     CHECK(pfs_set_thread_actor(NULL, "h", "r") == PFS_ERR_INVALID_ARGUMENT);
     CHECK(pfs_set_thread_actor("u\xfe", "h", "r") == PFS_ERR_INVALID_ARGUMENT);
 
+    CHECK(pfs_object_name(NULL) == PFS_NO_OBJECT_NAME);
+    CHECK(pfs_object_name("/tmp/\xff") == PFS_NO_OBJECT_NAME);
     pfs_wait_t w;
+    pfs_wait_begin_named(NULL, FILE_IO, PFS_OP_READ, 0, 0);
+    pfs_wait_begin_named(&w, NULL, PFS_OP_READ, 0, 0);
+    pfs_wait_end(&w);
+    PFS_WAIT_BEGIN_NAMED(&w, NULL, PFS_OP_READ, 0, PFS_NO_OBJECT_NAME);
+    pfs_wait_end(&w);
     pfs_wait_begin(NULL, MUTEX, PFS_OP_LOCK, 0);
     pfs_wait_begin(&w, NULL, PFS_OP_LOCK, 0);
     pfs_wait_end(&w);
@@ -164,6 +177,7 @@ int main(int argc, char **argv) {
     CHECK(MUTEX && FILE_IO && COND && PARSING && EXECUTING && QUERY && BUFFER);
     CHECK(MUTEX == pfs_wait_class_register("wait/synch/mutex/capp/lock"));
     CHECK(!pfs_is_initialized());
+    CHECK(pfs_object_name(DATA_PATH) == PFS_NO_OBJECT_NAME); /* before init */
     pfs_wait_t early;
     pfs_wait_begin(&early, MUTEX, PFS_OP_LOCK, 1); /* not counted */
     pfs_wait_end(&early);
@@ -187,6 +201,9 @@ int main(int argc, char **argv) {
     CHECK(pfs_init_error(msg, sizeof msg) > 0 && strstr(msg, "already") != NULL);
     CHECK(pfs_wait_class_enabled(MUTEX));
     misuse();
+    DATA_NAME = pfs_object_name(DATA_PATH);
+    CHECK(DATA_NAME != PFS_NO_OBJECT_NAME);
+    CHECK(pfs_object_name(DATA_PATH) == DATA_NAME); /* one handle per text */
 
     pthread_t tids[64];
     CHECK(threads > 0 && threads <= 64);

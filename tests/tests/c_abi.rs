@@ -415,7 +415,7 @@ fn check_nesting(agent: &Agent, ready: &Value) {
             "{last}"
         );
     }
-    let (mut nested_waits, mut nested_stages) = (0, 0);
+    let (mut nested_waits, mut nested_stages, mut named_waits) = (0, 0, 0);
     let source = |call: &str| Value::from(demo_source(call));
     for ((thread, _), w) in &waits {
         let name = str_col(w, "event_name").unwrap();
@@ -433,7 +433,18 @@ fn check_nesting(agent: &Agent, ready: &Value) {
             "wait/io/file/capp/data" => {
                 assert_eq!(w["number_of_bytes"], 512, "{w}");
                 assert_eq!(w["operation"], "write", "{w}");
-                assert_eq!(w["source"], source("PFS_WAIT_BEGIN(&io, FILE_IO"), "{w}");
+                // One unnamed write and one named, per statement.
+                if w["source"] == source("PFS_WAIT_BEGIN(&io, FILE_IO") {
+                    assert!(w["object_name"].is_null(), "{w}");
+                } else {
+                    assert_eq!(
+                        w["source"],
+                        source("PFS_WAIT_BEGIN_NAMED(&io, FILE_IO"),
+                        "{w}"
+                    );
+                    assert_eq!(w["object_name"], "/var/lib/capp/data.db", "{w}");
+                    named_waits += 1;
+                }
                 "stage/capp/executing"
             }
             other => panic!("unexpected wait {other}"),
@@ -463,6 +474,10 @@ fn check_nesting(agent: &Agent, ready: &Value) {
     assert!(
         nested_stages >= 30 * THREADS as usize,
         "{nested_stages} stages checked"
+    );
+    assert!(
+        named_waits >= 5 * THREADS as usize,
+        "{named_waits} named waits checked"
     );
     let digests: std::collections::BTreeSet<String> = statements
         .values()
@@ -943,6 +958,56 @@ fn the_readme_c_example_compiles_and_runs() {
     assert!(run.status.success(), "{run:?}");
     let segments = std::fs::read_dir(&shm).unwrap().count();
     assert_eq!(segments, 1, "it wrote its segment");
+}
+
+/// docs/C-API.md's full example, compiled as it is written (its segment
+/// directory pointed at a temporary one) and run: its statement, its named
+/// log write (`OBJECT_NAME`, bytes) are in its segment.
+#[test]
+fn the_c_api_full_example_compiles_and_runs() {
+    let doc = std::fs::read_to_string(workspace_root().join("docs/C-API.md")).unwrap();
+    let code = doc
+        .split("## A full example")
+        .nth(1)
+        .and_then(|s| s.split("```c\n").nth(1))
+        .and_then(|s| s.split("```").next())
+        .expect("a C block under C-API.md's \"A full example\"");
+    let dir = tempfile::tempdir().unwrap();
+    let shm = dir.path().join("shm");
+    std::fs::create_dir(&shm).unwrap();
+    let code = code.replace(
+        "cfg.shm_dir = \"/dev/shm/pfs\";",
+        &format!("cfg.shm_dir = \"{}\";", shm.display()),
+    );
+    assert!(
+        code.contains(&shm.display().to_string()),
+        "the example sets shm_dir"
+    );
+    let src = dir.path().join("c_api_example.c");
+    std::fs::write(&src, code).unwrap();
+    let exe = dir.path().join("c_api_example");
+    build_c("cc", "-std=c11", &src, &exe);
+    let run = Command::new(&exe).output().unwrap();
+    assert!(run.status.success(), "{run:?}");
+    assert_eq!(String::from_utf8_lossy(&run.stdout), "GET user:42\n");
+    let segment = std::fs::read_dir(&shm)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "pfs"))
+        .expect("it wrote its segment");
+    let s = snapshot(
+        &Segment::open(std::fs::File::open(&segment).unwrap(), false).unwrap(),
+        &ReadOptions::default(),
+    )
+    .unwrap();
+    let log = class_total(&s, "wait/io/file/capp/log");
+    assert_eq!((log.count, log.bytes), (1, 12), "one write of 12 bytes");
+    assert_eq!(class_total(&s, "statement/capp/get").count, 1);
+    assert!(
+        s.strings.values().any(|t| t == "/dev/stdout"),
+        "the log's OBJECT_NAME is interned: {:?}",
+        s.strings
+    );
 }
 
 /// Async tasks from C (`pfs_task_t`): two tasks resumed in turn by two
