@@ -565,6 +565,10 @@ impl Store {
             self.unusable = None;
         }
         let bytes = encode(state);
+        // Past the file size limit (`ulimit -f`), a write raises SIGXFSZ,
+        // which would kill the agent: an error instead (logged, retried).
+        pfs_shm_layout::segment::within_file_size_limit(bytes.len() as u64)
+            .map_err(std::io::Error::other)?;
         match write_atomic(&path, &bytes) {
             Err(e) if spend_reserve && no_space(&e) && self.give_back_reserve() => {
                 tracing::warn!(dir = %crate::util::shown::path(&self.dir), "the volume is full: the space kept for the state file ({RESERVE_FILE}) was given back to save it");
@@ -599,6 +603,11 @@ impl Store {
         let want = RESERVE_MIN_BYTES.max(2 * state_len);
         let path = self.dir.join(RESERVE_FILE);
         if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() >= want) {
+            return;
+        }
+        if let Err(e) = pfs_shm_layout::segment::within_file_size_limit(want) {
+            // `fallocate` past the limit raises SIGXFSZ: no reserve.
+            tracing::debug!(error = %e, "cannot keep space for the state file");
             return;
         }
         let made = nofollow(OFlags::NONBLOCK | OFlags::NOCTTY)

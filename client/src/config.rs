@@ -97,20 +97,19 @@ impl Config {
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "unknown".into());
         // An empty name is no name: the executable's.
-        let service = std::env::var("PFS_SERVICE_NAME")
-            .ok()
-            .filter(|s| !s.trim().is_empty());
+        let service = env_text("PFS_SERVICE_NAME")?.filter(|s| !s.trim().is_empty());
         let mut c = Self::new(service.unwrap_or(exe));
-        // An empty directory is no directory: the default.
-        if let Ok(d) = std::env::var("PFS_SHM_DIR")
-            && !d.trim().is_empty()
+        // An empty directory is no directory: the default. (A path, so any
+        // bytes: a directory whose name is not UTF-8 is still that one.)
+        if let Some(d) = std::env::var_os("PFS_SHM_DIR")
+            && !d.to_string_lossy().trim().is_empty()
         {
             c.shm_dir = d.into();
         }
         let bad = |k: &str, why: String| InitError::BadEnv(k.to_string(), why);
         let num =
             |k: &str, d: u32, range: std::ops::RangeInclusive<u32>| -> Result<u32, InitError> {
-                let Ok(v) = std::env::var(k) else {
+                let Some(v) = env_text(k)? else {
                     return Ok(d);
                 };
                 let expect = format!("a whole number from {} to {}", range.start(), range.end());
@@ -120,7 +119,7 @@ impl Config {
                 }
             };
         let flag = |k: &str, d: bool| -> Result<bool, InitError> {
-            let Ok(v) = std::env::var(k) else {
+            let Some(v) = env_text(k)? else {
                 return Ok(d);
             };
             match v.trim().to_ascii_lowercase().as_str() {
@@ -144,11 +143,11 @@ impl Config {
             c.history_long_len,
             Self::HISTORY_LONG_LEN_RANGE,
         )?;
-        if let Ok(v) = std::env::var("PFS_INSTRUMENT") {
+        if let Some(v) = env_text("PFS_INSTRUMENT")? {
             c.instrument_rules = parse_instrument_rules(&v)
                 .map_err(|e| InitError::BadEnv("PFS_INSTRUMENT".into(), e.to_string()))?;
         }
-        if let Ok(v) = std::env::var("PFS_RECLAIM_AFTER") {
+        if let Some(v) = env_text("PFS_RECLAIM_AFTER")? {
             c.reclaim_after = match v.trim() {
                 d if d.eq_ignore_ascii_case("off") || d == "0" => None,
                 d => Some(parse_duration(d).map_err(|e| {
@@ -159,7 +158,7 @@ impl Config {
                 })?),
             };
         }
-        if let Ok(v) = std::env::var("PFS_CONSUMERS") {
+        if let Some(v) = env_text("PFS_CONSUMERS")? {
             c.consumer_rules = parse_consumer_rules(&v)
                 .and_then(|r| check_consumer_rules(&r).map(|()| r))
                 .map_err(|e| InitError::BadEnv("PFS_CONSUMERS".into(), e.to_string()))?;
@@ -299,5 +298,19 @@ impl Config {
             max_pages: self.max_threads.div_ceil(records_per_page).max(1),
             history_long_len: self.history_long_len,
         }
+    }
+}
+
+/// The text of environment variable `k`: `None` if it is not set; an error
+/// (not "unset") if it is not UTF-8, so that a mistyped value is said,
+/// rather than silently replaced by the default.
+fn env_text(k: &str) -> Result<Option<String>, InitError> {
+    match std::env::var(k) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(InitError::BadEnv(
+            k.to_string(),
+            format!("{v:?} is not UTF-8 text"),
+        )),
     }
 }

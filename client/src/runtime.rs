@@ -346,9 +346,27 @@ fn open_new(dir: &Path, service: &str, pid: u32, mode: u32) -> Result<(PathBuf, 
         }
     }
     let mut first = None;
+    let mut unusable = None;
     for path in names {
-        let old =
-            File::open(&path).map_err(|e| InitError::Io(format!("open {}", path.display()), e))?;
+        // Not blocking on a FIFO planted at the name, not following a
+        // symbolic link; anything but a regular file is left alone (never
+        // replaced), and the next name tried.
+        let old = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc_o_nofollow() | rustix::fs::OFlags::NONBLOCK.bits() as i32)
+            .open(&path)
+            .and_then(|f| match f.metadata() {
+                Ok(m) if m.file_type().is_file() => Ok(f),
+                Ok(_) => Err(std::io::Error::other("not a regular file")),
+                Err(e) => Err(e),
+            });
+        let old = match old {
+            Ok(f) => f,
+            Err(e) => {
+                unusable.get_or_insert((path, e));
+                continue;
+            }
+        };
         if rustix::fs::flock(&old, FlockOperation::NonBlockingLockExclusive).is_err() {
             first.get_or_insert(path);
             continue; // a running process's
@@ -363,7 +381,17 @@ fn open_new(dir: &Path, service: &str, pid: u32, mode: u32) -> Result<(PathBuf, 
         let f = open(&path).map_err(|e| InitError::Io(format!("create {}", path.display()), e))?;
         return Ok((path, f));
     }
-    Err(InitError::InUse(first.expect("at least one name")))
+    match (first, unusable) {
+        (Some(held), _) => Err(InitError::InUse(held)),
+        (None, Some((path, e))) => Err(InitError::Io(
+            format!(
+                "use {} (nor any of its numbered alternatives)",
+                path.display()
+            ),
+            e,
+        )),
+        (None, None) => unreachable!("every name was either held or unusable"),
+    }
 }
 
 fn libc_o_nofollow() -> i32 {
@@ -389,6 +417,55 @@ mod tests {
 
     fn name(n: u32) -> String {
         pfs_shm_layout::files::numbered_segment_file_name("svc", 1, n)
+    }
+
+    #[test]
+    fn names_taken_by_fifos_and_links_are_skipped_never_opened_blocking() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = tempfile::tempdir().unwrap();
+        // Every name taken; the plain one by a FIFO (an open without
+        // O_NONBLOCK would wait for a writer forever), one by a dangling
+        // link, the rest by files of running processes, but for one
+        // dead process's file: that one is replaced.
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            dir.path().join(name(0)),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("/nonexistent", dir.path().join(name(1))).unwrap();
+        let _held: Vec<File> = (2..NUMBERED_NAMES)
+            .map(|n| held(&dir.path().join(name(n))))
+            .collect();
+        File::create(dir.path().join(name(NUMBERED_NAMES))).unwrap(); // dead
+        let (path, _f) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
+        assert_eq!(path, dir.path().join(name(NUMBERED_NAMES)));
+        assert!(
+            std::fs::symlink_metadata(dir.path().join(name(0)))
+                .unwrap()
+                .file_type()
+                .is_fifo()
+        );
+        // With the dead one held too: in use, not an error about the FIFO.
+        let _also = held(&path);
+        match open_new(dir.path(), "svc", 1, 0o600) {
+            Err(InitError::InUse(p)) => assert_eq!(p, dir.path().join(name(2))),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn names_all_unusable_are_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        for n in 0..=NUMBERED_NAMES {
+            std::fs::create_dir(dir.path().join(name(n))).unwrap();
+        }
+        match open_new(dir.path(), "svc", 1, 0o600) {
+            Err(InitError::Io(what, _)) => assert!(what.contains("svc.1.pfs"), "{what}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

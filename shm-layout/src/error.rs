@@ -54,6 +54,18 @@ pub enum SegmentError {
         "cannot reserve space in the segment file: {0}; enlarge the volume (e.g. the emptyDir sizeLimit)"
     )]
     NoSpace(String),
+    /// The process's file size limit (`RLIMIT_FSIZE`, `ulimit -f`) is
+    /// below the segment's size: growing the file to it would raise
+    /// `SIGXFSZ`, which kills the process.
+    #[error(
+        "the process's file size limit (ulimit -f, RLIMIT_FSIZE) is {limit} bytes, below the segment's {size}; raise the limit, or make the segment smaller (PFS_MAX_THREADS, PFS_MAX_CLASSES, the history sizes)"
+    )]
+    FileSizeLimit {
+        /// The soft limit, in bytes.
+        limit: u64,
+        /// The segment's size, in bytes.
+        size: u64,
+    },
     /// An I/O call failed.
     #[error("cannot {0}: {1}")]
     Io(&'static str, #[source] std::io::Error),

@@ -130,6 +130,16 @@ pub struct Segment {
     minor: u32,
 }
 
+/// Refuses a file of `size` bytes that the process's file size limit
+/// (`RLIMIT_FSIZE`) forbids: extending a file past it raises `SIGXFSZ`,
+/// whose default action kills the process, before the call can fail.
+pub fn within_file_size_limit(size: u64) -> Result<(), SegmentError> {
+    match rustix::process::getrlimit(rustix::process::Resource::Fsize).current {
+        Some(limit) if limit < size => Err(SegmentError::FileSizeLimit { limit, size }),
+        _ => Ok(()),
+    }
+}
+
 impl Segment {
     /// Creates a segment in `file` (empty, opened read-write, owned and
     /// `flock`ed by the caller). Every fixed region is reserved with
@@ -143,6 +153,7 @@ impl Segment {
         start_time_unix_ns: u64,
     ) -> Result<Self, SegmentError> {
         let geom = Geometry::new(cfg)?;
+        within_file_size_limit(geom.total_size as u64)?;
         file.set_len(geom.total_size as u64)
             .map_err(|e| SegmentError::Io("set the segment size", e))?;
         reserve(&file, 0, geom.pages_off)?;

@@ -593,6 +593,42 @@ fn pfs_init_reads_pfs_max_strings() {
     }
 }
 
+/// A `PFS_*` value that is not UTF-8 is refused, naming the variable (it
+/// was taken as unset: the default directory, the executable's name, the
+/// default size), except `PFS_SHM_DIR`, a path: any bytes name it.
+#[test]
+fn pfs_init_refuses_non_utf8_settings_and_takes_any_directory() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile("pfs_c_edges.c");
+    let odd = dir.path().join(std::ffi::OsStr::from_bytes(b"nu\xffdir"));
+    let run = |k: &str, v: &std::ffi::OsStr| {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("env")
+            .env("PFS_SHM_DIR", dir.path())
+            .env("PFS_SERVICE_NAME", "c-env8")
+            .env(k, v);
+        let out = cmd.output().expect("run pfs_c_edges env");
+        assert!(out.status.success(), "{out:?}");
+        out.stdout
+    };
+    for k in ["PFS_MAX_THREADS", "PFS_SERVICE_NAME", "PFS_CONSUMERS"] {
+        let out = run(k, std::ffi::OsStr::from_bytes(b"x\xff"));
+        let got: Value = serde_json::from_slice(&out).expect("one JSON line");
+        assert_eq!(got["rc"], -3, "PFS_ERR_BAD_ENV for {k}: {got}");
+        let error = got["error"].as_str().unwrap();
+        assert!(error.contains(k) && error.contains("not UTF-8"), "{error}");
+    }
+    let out = run("PFS_SHM_DIR", odd.as_os_str());
+    assert!(
+        out.starts_with(b"{\"rc\":0,"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    let segments = std::fs::read_dir(&odd).unwrap().count();
+    assert_eq!(segments, 1, "the segment is in the directory named");
+}
+
 /// Starts `pfs_c_edges` in a mode that records, keeps its threads alive
 /// and prints `{"ready":true,"segment":...}`: the program (ended by
 /// `finish`), that line, and a snapshot of its segment.

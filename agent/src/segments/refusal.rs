@@ -149,7 +149,7 @@ impl Refusal {
             SegmentError::NotReady => Refusal::NotReady,
             SegmentError::Corrupt(_) => Refusal::Corrupt,
             SegmentError::BadConfig(_) => Refusal::BadConfig,
-            SegmentError::NoSpace(_) => Refusal::NoSpace,
+            SegmentError::NoSpace(_) | SegmentError::FileSizeLimit { .. } => Refusal::NoSpace,
             SegmentError::Io(..) => Refusal::Io,
             SegmentError::FoldStorm(_) => Refusal::FoldStorm,
             SegmentError::GlobalLockStuck { .. } => Refusal::GlobalLockStuck,
