@@ -31,7 +31,7 @@ fn a_file_size_limit_is_an_error_not_a_signal() {
     // Built (if need be) before the limit: a compiler under it would die.
     let _ = pfs_tests::agent_bin();
     let old = getrlimit(Resource::Fsize);
-    let mut low = old.clone();
+    let mut low = old;
     low.current = Some(LIMIT);
     setrlimit(Resource::Fsize, low).unwrap();
 
