@@ -270,12 +270,24 @@ fn connections_beyond_the_limit_wait_for_a_slot() {
     )
     .unwrap();
     let a = addr(&agent);
-    // Two silent connections take both slots (until the header timeout),
-    // once the start-up probe's connection has given its slot back (else
-    // one may be accepted as a spare, leaving a slot free).
+    // Two keep-alive connections, idle after a request each, take both
+    // slots (until the header timeout ends them), once the start-up
+    // probe's connection has given its slot back (else one may be accepted
+    // as a spare, leaving a slot free). (Connections that never sent a
+    // request would be closed to make room: see the test below.)
     std::thread::sleep(Duration::from_millis(500));
-    let _x = TcpStream::connect(&a).unwrap();
-    let _y = TcpStream::connect(&a).unwrap();
+    let idle = || {
+        let mut s = TcpStream::connect(&a).unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut buf = [0u8; 256];
+        let n = s.read(&mut buf).unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).contains(" 200 "));
+        s
+    };
+    let _x = idle();
+    let _y = idle();
     std::thread::sleep(Duration::from_millis(100));
     let start = Instant::now();
     let mut third = TcpStream::connect(&a).unwrap();
@@ -310,6 +322,48 @@ fn connections_beyond_the_limit_wait_for_a_slot() {
         "after the slots freed: {:?}",
         String::from_utf8_lossy(&resp)
     );
+}
+
+/// A flood of connections that send nothing (each would hold a slot until
+/// its header timeout): more than the slots and the spare ones together.
+/// A probe is still answered at once (the oldest silent connection makes
+/// room), and so is a scrape.
+#[test]
+fn silent_connections_never_keep_a_probe_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::serve_with_env(
+        dir.path(),
+        &[
+            ("PFS_MAX_CONNECTIONS", "4".to_string()),
+            ("PFS_HEADER_TIMEOUT", "30s".to_string()),
+        ],
+    )
+    .unwrap();
+    let a = addr(&agent);
+    std::thread::sleep(Duration::from_millis(300));
+    // 4 slots + 16 spare ones, and 40 more.
+    let silent: Vec<TcpStream> = (0..60).map(|_| TcpStream::connect(&a).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    for path in ["/healthz", "/metrics"] {
+        let start = Instant::now();
+        let mut probe = TcpStream::connect(&a).unwrap();
+        probe
+            .write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .unwrap();
+        let (resp, _) = read_until_closed(&mut probe, Duration::from_secs(5));
+        let took = start.elapsed();
+        assert!(
+            status_line(&resp).contains(" 200 "),
+            "{path} behind 60 silent connections: {:?}",
+            String::from_utf8_lossy(&resp)
+        );
+        assert!(took < Duration::from_secs(3), "{path} took {took:?}");
+        eprintln!("scrape_storm: {path} behind 60 silent connections in {took:?}");
+    }
+    drop(silent);
 }
 
 #[test]

@@ -96,6 +96,9 @@ struct Stamp {
     ino: u64,
     mtime: (i64, i64),
     ctime: (i64, i64),
+    mode: u32,
+    uid: u32,
+    nlink: u64,
 }
 
 impl Stamp {
@@ -105,6 +108,27 @@ impl Stamp {
             ino: m.ino(),
             mtime: (m.mtime(), m.mtime_nsec()),
             ctime: (m.ctime(), m.ctime_nsec()),
+            mode: m.mode(),
+            uid: m.uid(),
+            nlink: m.nlink(),
+        }
+    }
+
+    /// What a refusal for `reason` is kept for: the whole stamp, or, for
+    /// a refusal that does not depend on the content, the file's identity,
+    /// type, owner, mode and links only (a live process's writes move its
+    /// length and times; refused again at each, it was logged and counted
+    /// every ~30 s).
+    fn for_reason(self, reason: Refusal) -> Self {
+        if reason.depends_on_content() {
+            self
+        } else {
+            Self {
+                len: 0,
+                mtime: (0, 0),
+                ctime: (0, 0),
+                ..self
+            }
         }
     }
 }
@@ -265,7 +289,7 @@ impl SegmentSet {
             Invalid {
                 reason,
                 message,
-                stamp,
+                stamp: stamp.for_reason(reason),
             },
         );
     }
@@ -402,9 +426,11 @@ impl SegmentSet {
         }
         let vanished = self.tracked.keys().any(|p| !seen.contains(p));
         if vanished && self.role() == Role::Follower {
-            // The owner wrote the state before removing the file.
+            // The owner wrote the state before removing the file (of a
+            // dead process: a live one's removed file is still read).
             self.sync_state(true);
-            self.tracked.retain(|p, _| seen.contains(p));
+            self.tracked
+                .retain(|p, t| seen.contains(p) || !owner_is_dead(t.segment.file()));
         }
         let now = Instant::now();
         let owner = self.role() == Role::Owner;
@@ -412,9 +438,15 @@ impl SegmentSet {
         let persist = self.retirement.persists();
         let mut expired = Vec::new();
         for (path, t) in &mut self.tracked {
-            if !seen.contains(path) && t.dead_since.is_none() {
-                t.dead_since = Some(now);
-                self.retirement.pend(t);
+            if !seen.contains(path) && t.dead_since.is_none() && !t.unlinked_reported {
+                // Gone from the listing: removed (a temporary-file
+                // cleaner, an operator), or its directory replaced. Its
+                // process's death is still told by its flock, below; while
+                // it runs, it writes the open file, which is read.
+                t.unlinked_reported = true;
+                if !owner_is_dead(t.segment.file()) {
+                    tracing::warn!(path = %crate::util::shown::path(path), service = t.segment.service(), pid = t.segment.pid(), "segment file removed from the directory while its process runs (or the directory was replaced): still read through the file the agent holds, and retired once the process exits; a restarted agent will not find it. Do not clean the segment directory of live processes' files");
+                }
             }
             let mut torn = false;
             if t.dead_since.is_none() && owner_is_dead(t.segment.file()) {
@@ -496,7 +528,10 @@ impl SegmentSet {
             Err(_) => return, // vanished
         };
         let stamp = Stamp::of(&meta);
-        if self.invalid.get(path).is_some_and(|inv| inv.stamp == stamp)
+        if self
+            .invalid
+            .get(path)
+            .is_some_and(|inv| inv.stamp == stamp.for_reason(inv.reason))
             && !self.pending.contains_key(path)
         {
             return; // unchanged since refused (files still being created are retried)
@@ -739,6 +774,54 @@ mod tests {
     }
 
     #[test]
+    fn a_live_process_whose_file_is_removed_or_whose_directory_is_replaced_stays_live() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("shm");
+        std::fs::create_dir(&dir).unwrap();
+        let cfg = pfs_shm_layout::SegmentConfig {
+            service_name: "unit".into(),
+            ..Default::default()
+        };
+        let (lock_a, w_a) = crate::testing::segment_at(&dir.join("unit.1.pfs"), &cfg, 1, true);
+        let (lock_b, w_b) = crate::testing::segment_at(&dir.join("unit.2.pfs"), &cfg, 2, true);
+        let mut set = SegmentSet::new(&dir, Duration::from_secs(60));
+        set.refresh();
+        assert_eq!(set.tracked.len(), 2);
+        // A cleaner removes one file; then the directory is replaced by a
+        // new one (another process creating it after a `rm -rf`).
+        std::fs::remove_file(dir.join("unit.1.pfs")).unwrap();
+        set.refresh();
+        std::fs::rename(&dir, root.path().join("old")).unwrap();
+        std::fs::create_dir(&dir).unwrap();
+        set.refresh();
+        set.refresh();
+        assert_eq!(set.tracked.len(), 2);
+        assert!(
+            set.tracked.values().all(|t| t.dead_since.is_none()),
+            "both processes still hold their files: alive"
+        );
+        // Still read: an event recorded now is in the next snapshot.
+        let class = crate::testing::mutex_class(&w_a, "late");
+        let slot = w_a.alloc_thread(7, 7, "t").unwrap();
+        crate::testing::record_waits(&w_a, slot.index, class, 3);
+        let t = set.tracked.values().find(|t| t.segment.pid() == 1).unwrap();
+        let opts = pfs_shm_layout::reader::ReadOptions::default();
+        let snap = pfs_shm_layout::reader::snapshot(&t.segment, &opts).unwrap();
+        let late: u64 = snap
+            .threads
+            .iter()
+            .flat_map(|t| t.rows.iter())
+            .filter(|(c, _)| *c == class)
+            .map(|(_, r)| r.count)
+            .sum();
+        assert_eq!(late, 3, "the removed file's later events are read");
+        // Their exits are still seen, through the files the agent holds.
+        drop((lock_a, w_a, lock_b, w_b));
+        set.refresh();
+        assert!(set.tracked.values().all(|t| t.dead_since.is_some()));
+    }
+
+    #[test]
     fn a_directory_that_cannot_be_listed_is_reported_and_counted_a_missing_one_is_not() {
         let root = tempfile::tempdir().unwrap();
         let mut set = SegmentSet::new(root.path().join("later"), Duration::from_secs(60));
@@ -819,5 +902,41 @@ mod tests {
         set.refresh();
         assert_eq!(set.tracked.len(), 1, "ctime changed: retried and accepted");
         assert!(set.invalid.is_empty());
+    }
+
+    #[test]
+    fn a_live_file_refused_for_what_it_is_is_not_refused_again_at_each_write() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("live.1.pfs");
+        let (_lock, w) = segment(&p, true);
+        std::fs::hard_link(&p, dir.path().join("link.pfs")).unwrap();
+        let ww = dir.path().join("ww.2.pfs");
+        let (_lock2, w2) = segment(&ww, true);
+        std::fs::set_permissions(&ww, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let mut set = SegmentSet::new(dir.path(), Duration::from_secs(60));
+        set.refresh();
+        let counts = |set: &SegmentSet| {
+            (
+                set.errors.get(&Refusal::Duplicate).copied(),
+                set.errors.get(&Refusal::WorldWritable).copied(),
+            )
+        };
+        assert_eq!(counts(&set), (Some(1), Some(1)));
+        for i in 0..3 {
+            // The processes write (their files' times move), as live ones do.
+            std::thread::sleep(Duration::from_millis(20));
+            let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+            f.write_all_at(&[0], 4096 * 3 + i).unwrap();
+            let f = std::fs::OpenOptions::new().write(true).open(&ww).unwrap();
+            f.write_all_at(&[0], 4096 * 3 + i).unwrap();
+            set.refresh();
+        }
+        assert_eq!(counts(&set), (Some(1), Some(1)), "refused once each");
+        drop((w, w2));
+        // Fixed: the mode changes, and it is considered again.
+        std::fs::set_permissions(&ww, std::fs::Permissions::from_mode(0o600)).unwrap();
+        set.refresh();
+        assert!(set.tracked.contains_key(&ww));
     }
 }

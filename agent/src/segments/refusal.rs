@@ -78,6 +78,22 @@ impl Refusal {
         Refusal::GlobalLockStuck,
     ];
 
+    /// Whether the refusal depends on what the file holds (and so may
+    /// change whenever it is written), not only on what the file is: its
+    /// type, owner, mode and names. A file refused for the latter is
+    /// considered again when those change, not at every write of a live
+    /// process (whose mapped writes move its times).
+    pub fn depends_on_content(self) -> bool {
+        !matches!(
+            self,
+            Refusal::Symlink
+                | Refusal::Duplicate
+                | Refusal::NotRegular
+                | Refusal::WorldWritable
+                | Refusal::ForeignOwner
+        )
+    }
+
     /// The metric label.
     pub fn label(self) -> &'static str {
         match self {

@@ -66,6 +66,9 @@ pub struct Tracked {
     pub failure: Option<String>,
     /// Whether its retirement was refused and logged (never read).
     pub(super) unretirable_reported: bool,
+    /// Whether its file was found gone from the directory while its
+    /// process still ran (logged once; it is read through the open file).
+    pub(super) unlinked_reported: bool,
 }
 
 impl Tracked {
@@ -75,6 +78,7 @@ impl Tracked {
             segment,
             path,
             dead_since: None,
+            unlinked_reported: false,
             last: None,
             last_summaries: None,
             reader: IncrementalReader::default(),

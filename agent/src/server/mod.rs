@@ -41,8 +41,12 @@
 //! * At most `max_connections` connections are served at once. Up to
 //!   [`SPARE_CONNECTIONS`] more are accepted: on those `/healthz` is
 //!   answered at once (so the kubelet's probes never queue behind the
-//!   limit), and any other request waits for a slot. Further connections
-//!   wait in the kernel's listen backlog until one ends.
+//!   limit), and any other request waits for a slot. Beyond those, a new
+//!   connection closes the oldest one that has not sent a request yet (so
+//!   a flood of silent connections, each holding a slot until its header
+//!   timeout, never keeps a probe out); if every connection has sent one,
+//!   it waits until one ends (further ones in the kernel's listen
+//!   backlog).
 //! * Request headers must arrive within `header_timeout` (this also ends
 //!   idle keep-alive connections) and be at most [`MAX_HEADER_BYTES`] long
 //!   with the request line: beyond that hyper answers `431` itself, before
@@ -83,9 +87,11 @@ pub mod routes;
 pub mod state;
 pub mod stream;
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use hyper::service::service_fn;
@@ -163,10 +169,80 @@ struct Slot {
     spare: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
+/// One connection being served, as the accept loop sees it.
+#[derive(Debug, Default)]
+struct Conn {
+    /// Requests whose head arrived on it.
+    requests: AtomicU64,
+    /// It holds a regular slot (not only a spare one).
+    regular: AtomicBool,
+    /// Ended, or told to end.
+    done: AtomicBool,
+    /// Tells its task to close it.
+    evict: tokio::sync::Notify,
+}
+
+/// The connections being served, oldest first.
+#[derive(Debug, Default)]
+struct Conns(std::sync::Mutex<VecDeque<Arc<Conn>>>);
+
+impl Conns {
+    /// A new connection, last (the ended ones are forgotten now), holding
+    /// `slot`.
+    fn add(&self, slot: &Slot) -> Arc<Conn> {
+        let mut q = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        q.retain(|c| !c.done.load(Ordering::Relaxed));
+        let c = Arc::new(Conn::default());
+        c.regular.store(slot.regular.is_some(), Ordering::Relaxed);
+        q.push_back(c.clone());
+        c
+    }
+
+    /// Tells the oldest connection that has sent no request yet (and
+    /// holds a regular slot, if `regular`) to close: its slot comes back
+    /// when its task ends. Whether there was one.
+    fn evict_oldest_silent(&self, regular: bool) -> bool {
+        let q = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(c) = q.iter().find(|c| {
+            !c.done.load(Ordering::Relaxed)
+                && c.requests.load(Ordering::Relaxed) == 0
+                && (!regular || c.regular.load(Ordering::Relaxed))
+        }) else {
+            return false;
+        };
+        c.done.store(true, Ordering::Relaxed);
+        c.evict.notify_one();
+        true
+    }
+}
+
+/// A regular slot or a spare one, if one is free now.
+fn free_slot(
+    slots: &Arc<tokio::sync::Semaphore>,
+    spares: &Arc<tokio::sync::Semaphore>,
+) -> Option<Slot> {
+    if let Ok(p) = slots.clone().try_acquire_owned() {
+        return Some(Slot {
+            regular: Some(p),
+            spare: None,
+        });
+    }
+    spares.clone().try_acquire_owned().ok().map(|p| Slot {
+        regular: None,
+        spare: Some(p),
+    })
+}
+
 /// Before a request other than `/healthz` on a connection accepted beyond
 /// the limit: waits for a regular slot, which the connection then keeps
-/// (giving its spare one back).
-async fn regular_slot(slot: &std::sync::Mutex<Slot>, slots: &Arc<tokio::sync::Semaphore>) {
+/// (giving its spare one back); if none is free, the oldest connection
+/// holding one without having sent a request is closed to make room.
+async fn regular_slot(
+    slot: &std::sync::Mutex<Slot>,
+    slots: &Arc<tokio::sync::Semaphore>,
+    conns: &Conns,
+    me: &Conn,
+) {
     let has_one = slot
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -175,12 +251,20 @@ async fn regular_slot(slot: &std::sync::Mutex<Slot>, slots: &Arc<tokio::sync::Se
     if has_one {
         return;
     }
-    let Ok(permit) = slots.clone().acquire_owned().await else {
-        return;
+    let permit = match slots.clone().try_acquire_owned() {
+        Ok(p) => p,
+        Err(_) => {
+            conns.evict_oldest_silent(true);
+            let Ok(p) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            p
+        }
     };
     let mut s = slot.lock().unwrap_or_else(|p| p.into_inner());
     s.regular = Some(permit);
     s.spare = None;
+    me.regular.store(true, Ordering::Relaxed);
 }
 
 /// Serves until `shutdown` completes, within `limits`. Requests are
@@ -207,22 +291,9 @@ async fn accept(
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     let spares = Arc::new(tokio::sync::Semaphore::new(SPARE_CONNECTIONS));
+    let conns = Arc::new(Conns::default());
     tokio::pin!(shutdown);
     loop {
-        // A slot first, a spare one if none is free: beyond both,
-        // connections wait in the backlog.
-        let mut slot = tokio::select! {
-            biased;
-            _ = &mut shutdown => return,
-            p = slots.clone().acquire_owned() => match p {
-                Ok(p) => Slot { regular: Some(p), spare: None },
-                Err(_) => return,
-            },
-            p = spares.clone().acquire_owned() => match p {
-                Ok(p) => Slot { regular: None, spare: Some(p) },
-                Err(_) => return,
-            },
-        };
         let (stream, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
@@ -234,15 +305,30 @@ async fn accept(
             },
             _ = &mut shutdown => return,
         };
-        if slot.regular.is_none()
-            && let Ok(p) = slots.clone().try_acquire_owned()
-        {
-            // A slot freed while this connection was awaited.
-            slot = Slot {
-                regular: Some(p),
-                spare: None,
-            };
-        }
+        // A slot, else a spare one; with neither free, the oldest silent
+        // connection makes room, else this one waits for one to end (and
+        // later ones in the backlog).
+        let slot = match free_slot(&slots, &spares) {
+            Some(s) => s,
+            None => {
+                if conns.evict_oldest_silent(false) {
+                    tracing::debug!(%peer, "every slot taken: closing the oldest connection that has sent no request");
+                }
+                tokio::select! {
+                    biased;
+                    _ = &mut shutdown => return,
+                    p = slots.clone().acquire_owned() => match p {
+                        Ok(p) => Slot { regular: Some(p), spare: None },
+                        Err(_) => return,
+                    },
+                    p = spares.clone().acquire_owned() => match p {
+                        Ok(p) => Slot { regular: None, spare: Some(p) },
+                        Err(_) => return,
+                    },
+                }
+            }
+        };
+        let me = conns.add(&slot);
         let slot = Arc::new(std::sync::Mutex::new(slot));
         let slots = slots.clone();
         let state = state.clone();
@@ -251,10 +337,14 @@ async fn accept(
         let local = stream
             .local_addr()
             .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
+        let conns = conns.clone();
         tokio::spawn(async move {
+            let conn_state = me.clone();
             let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 let state = state.clone();
                 let (slot, slots) = (slot.clone(), slots.clone());
+                let (conns, conn_state) = (conns.clone(), conn_state.clone());
+                conn_state.requests.fetch_add(1, Ordering::Relaxed);
                 async move {
                     // A Host that is not text names nothing served.
                     let hosts = req
@@ -267,7 +357,7 @@ async fn accept(
                         return Ok(body::error(hyper::StatusCode::FORBIDDEN, why));
                     }
                     if !routes::is_healthz(req.uri().path()) {
-                        regular_slot(&slot, &slots).await;
+                        regular_slot(&slot, &slots, &conns, &conn_state).await;
                     }
                     Ok::<_, Infallible>(handle(state, req).await)
                 }
@@ -282,6 +372,8 @@ async fn accept(
             let ended = tokio::select! {
                 r = conn.as_mut() => Some(r),
                 _ = tokio::time::sleep(limits.connection_timeout) => None,
+                // Silent while every slot was taken: closed for a new one.
+                _ = me.evict.notified() => Some(Ok(())),
             };
             // Past its lifetime, a connection stops taking requests, but
             // the response in flight (a keep-alive client's latest) gets
@@ -294,6 +386,7 @@ async fn accept(
                     tokio::time::timeout(CLOSE_GRACE, conn).await.ok()
                 }
             };
+            me.done.store(true, Ordering::Relaxed);
             match ended {
                 Some(Ok(())) => {}
                 Some(Err(e)) => {
