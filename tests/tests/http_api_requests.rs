@@ -484,6 +484,49 @@ fn unknown_event_kinds_of_setup_timers_are_refused() -> Result<()> {
     Ok(())
 }
 
+/// `raw` (a whole request) to the agent at `base` on a connection of its
+/// own: the status and how long the answer took.
+fn raw_status(base: &str, raw: &str) -> Result<(u16, Duration)> {
+    let addr = base.strip_prefix("http://").context("an http:// base")?;
+    let mut c = TcpStream::connect(addr)?;
+    c.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let start = std::time::Instant::now();
+    c.write_all(raw.as_bytes())?;
+    let mut head = [0u8; 64];
+    let n = c.read(&mut head)?;
+    let line = String::from_utf8_lossy(&head[..n]).into_owned();
+    let status = line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("a status line: {line:?}"))?;
+    Ok((status, start.elapsed()))
+}
+
+/// A control body that cannot be read: said too large up front by its
+/// `Content-Length` (413 at once, not after waiting for the body), or a
+/// malformed chunked encoding (400, not 413).
+#[test]
+fn unreadable_control_bodies_are_told_apart() -> Result<()> {
+    let s = Setup::start(false)?;
+    let base = &s.agent.base;
+    let head = format!(
+        "POST /api/v1/setup/consumers HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {CONTROL}\r\nContent-Type: application/json\r\n"
+    );
+    let (status, took) = raw_status(
+        base,
+        &format!("{head}Content-Length: 99999999999999\r\n\r\n{{"),
+    )?;
+    assert_eq!(status, 413);
+    assert!(took < Duration::from_secs(2), "answered at once: {took:?}");
+    let (status, _) = raw_status(
+        base,
+        &format!("{head}Transfer-Encoding: chunked\r\n\r\nzz\r\n{{}}\r\n0\r\n\r\n"),
+    )?;
+    assert_eq!(status, 400);
+    Ok(())
+}
+
 /// `GET path` from the agent at `base` (`http://127.0.0.1:PORT`) with
 /// `Host: host`, on a connection of its own: the status and the body.
 fn get_with_host(base: &str, path: &str, host: &str) -> Result<(u16, String)> {

@@ -39,13 +39,15 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let delay = a.shutdown_delay;
     runtime()?.block_on(async move {
         let (listener, listen) = bind(a.listen).await?;
+        let host_check = a.hosts.check();
+        let described = host_check.describe();
+        // Every setting checked (OTLP's too) before saying it serves.
+        let agent = agent(set, tokens, host_check, Some(a.dir.shm_dir.clone()), &a.otlp)?;
         tracing::info!(listen = %listen, dir = %pfs_agent::util::shown::path(&a.dir.shm_dir), max_connections = limits.max_connections, shutdown_delay = %HumanDuration(delay), "pfs-agent serving /metrics, /healthz, /api/v1/tables");
         if reads_open && !listen.ip().is_loopback() {
             tracing::info!("reads are open to anyone who can reach {listen}; use --read-token-file or a loopback --listen to restrict them");
         }
-        let host_check = a.hosts.check();
-        tracing::info!(accepted = %host_check.describe(), scope = ?a.hosts.host_check, "requests must name the agent in Host as one of these (scope: which connections are checked)");
-        let agent = agent(set, tokens, host_check, Some(a.dir.shm_dir.clone()), &a.otlp)?;
+        tracing::info!(accepted = %described, scope = ?a.hosts.host_check, "requests must name the agent in Host as one of these (scope: which connections are checked)");
         server::serve_with(listener, agent.state, limits, stop_requested(delay)).await;
         if let Some(o) = agent.otlp {
             o.shutdown(Duration::from_secs(5)).await;

@@ -409,9 +409,17 @@ impl SegmentSet {
                 .was_absorbed(&entry.file_name(), entry.ino())
             {
                 // Retired already (by an agent that died before removing
-                // it, or whose removal failed and was logged).
+                // it, or whose removal failed and was logged, or dropped
+                // damaged with its totals kept).
                 if self.role() == Role::Owner {
-                    let _ = std::fs::remove_file(&path);
+                    match std::fs::remove_file(&path) {
+                        Ok(()) => {
+                            tracing::info!(path = %crate::util::shown::path(&path), "removed a segment file whose totals are kept already (retired, or dropped as damaged)")
+                        }
+                        Err(e) => {
+                            tracing::debug!(path = %crate::util::shown::path(&path), error = %e, "cannot remove a retired segment file")
+                        }
+                    }
                 }
                 continue;
             }

@@ -57,15 +57,31 @@ pub async fn setup(
     filter: Filter,
 ) -> Resp {
     use http_body_util::BodyExt;
+    let too_large = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("body larger than {MAX_BODY} bytes"),
+        )
+    };
+    // Said too large up front: not waited for.
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return too_large();
+    }
     let body = match http_body_util::Limited::new(req.into_body(), MAX_BODY)
         .collect()
         .await
     {
         Ok(b) => b.to_bytes(),
-        Err(_) => {
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
+        // A malformed chunked encoding, a connection cut mid-body.
+        Err(e) => {
             return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("body larger than {MAX_BODY} bytes"),
+                StatusCode::BAD_REQUEST,
+                format!("cannot read the body: {e}"),
             );
         }
     };
