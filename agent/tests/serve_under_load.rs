@@ -309,12 +309,22 @@ fn healthz_is_answered_beyond_the_connection_limit() {
         &["--max-connections", "2", "--header-timeout", "30s"],
     );
     agent.wait_healthy(Duration::from_secs(20));
-    // Two silent connections take both slots, once the probe's connection
-    // above has given its slot back (else one of them may be accepted as a
-    // spare, leaving a slot for the scrape).
+    // Two keep-alive connections, idle after a request each, take both
+    // slots, once the probe's connection above has given its slot back
+    // (else one of them may be accepted as a spare, leaving a slot for the
+    // scrape). (Silent ones, which never sent a request, would be closed
+    // to make room: `tests/scrape_storm.rs`.)
     std::thread::sleep(Duration::from_millis(500));
-    let x = TcpStream::connect(agent.addr).unwrap();
-    let y = TcpStream::connect(agent.addr).unwrap();
+    let idle = || {
+        let mut c = TcpStream::connect(agent.addr).unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .unwrap();
+        let r = read_for(&mut c, Duration::from_millis(500));
+        assert!(status_of(&r).contains(" 200 "), "{}", status_of(&r));
+        c
+    };
+    let x = idle();
+    let y = idle();
     std::thread::sleep(Duration::from_millis(200));
     // A scrape waits for a slot ...
     let mut scrape = TcpStream::connect(agent.addr).unwrap();
