@@ -130,11 +130,10 @@ fn a_killed_workload_is_replaced_and_shown_dead() {
         &|| segments("dead") == Some(1.0) && segments("live") == Some(1.0),
     );
     assert!(demo.try_wait().unwrap().is_none(), "{}", describe());
+    let said = std::fs::read_to_string(&stdout).unwrap();
     assert!(
-        std::fs::read_to_string(&stdout)
-            .unwrap()
-            .contains("the workload died"),
-        "{}",
+        said.contains("the workload died") && said.contains("shows its segment as a dead"),
+        "it had a segment: told it is shown dead\n{}",
         describe()
     );
     rustix::process::kill_process_group(group, rustix::process::Signal::INT).unwrap();

@@ -74,6 +74,8 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
             .context("cannot find the pfs-agent executable to start the workload")?;
         let start_workload = || spawn_workload(&exe, &dirs, a.workers, &a.defaults);
         let mut child = Some(start_workload()?);
+        // Its pid, kept: a reaped child no longer tells it.
+        let mut child_pid = child.as_ref().and_then(|c| c.id()).unwrap_or(0);
         let mut started = Instant::now();
         let mut quick_deaths = 0;
         // When a dead workload is to be replaced.
@@ -129,10 +131,16 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
                                     "the demo workload died {QUICK_DEATHS} times in a row within {QUICK_DEATH:?} of its start (last: {status}); its errors are above"
                                 ));
                             }
-                            super::say(&format!(
-                                "pfs-agent demo: the workload died ({status}); the agent shows its segment as a dead process's (pfs_agent_segments{{state=\"dead\"}}) for {:?}, then folds its counters into the service's totals. Starting a new workload.",
-                                pfs_agent::segments::DEFAULT_DEAD_RETENTION
-                            ));
+                            if has_segment(&dirs.shm, child_pid) {
+                                super::say(&format!(
+                                    "pfs-agent demo: the workload died ({status}); the agent shows its segment as a dead process's (pfs_agent_segments{{state=\"dead\"}}) for {:?}, then folds its counters into the service's totals. Starting a new workload.",
+                                    pfs_agent::segments::DEFAULT_DEAD_RETENTION
+                                ));
+                            } else {
+                                super::say(&format!(
+                                    "pfs-agent demo: the workload died ({status}) before it wrote a segment (its errors are above). Starting a new workload."
+                                ));
+                            }
                             // Later, while the server goes on serving.
                             restart_at = Some(tokio::time::Instant::now() + RESTART_AFTER);
                         }
@@ -142,7 +150,8 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
                     restart_at = None;
                     match start_workload() {
                         Ok(c) => {
-                            super::say(&format!("pfs-agent demo: workload pid {}", c.id().unwrap_or(0)));
+                            child_pid = c.id().unwrap_or(0);
+                            super::say(&format!("pfs-agent demo: workload pid {child_pid}"));
                             child = Some(c);
                             started = Instant::now();
                         }
@@ -356,4 +365,21 @@ mod tests {
         assert_eq!(shown("127.0.0.1:1"), "127.0.0.1:1");
         assert_eq!(shown("10.1.2.3:80"), "10.1.2.3:80");
     }
+}
+
+/// Whether `dir` holds a non-empty segment file of process `pid` (its
+/// plain name or a numbered one: `<service>.<pid>[.<n>].pfs`).
+fn has_segment(dir: &std::path::Path, pid: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    let pid = pid.to_string();
+    entries.flatten().any(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        // (A service's part of the name has no dot: files::segment_file_name.)
+        pfs_shm_layout::files::is_segment_file(std::path::Path::new(&*name))
+            && name.split('.').nth(1) == Some(pid.as_str())
+            && e.metadata().is_ok_and(|m| m.len() > 0)
+    })
 }
