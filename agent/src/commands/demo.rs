@@ -353,20 +353,6 @@ pub fn workload(a: WorkloadArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::connectable;
-
-    #[test]
-    fn an_unspecified_listen_address_is_shown_as_loopback() {
-        let shown = |a: &str| connectable(a.parse().unwrap()).to_string();
-        assert_eq!(shown("0.0.0.0:9464"), "127.0.0.1:9464");
-        assert_eq!(shown("[::]:9464"), "[::1]:9464");
-        assert_eq!(shown("127.0.0.1:1"), "127.0.0.1:1");
-        assert_eq!(shown("10.1.2.3:80"), "10.1.2.3:80");
-    }
-}
-
 /// Whether `dir` holds a non-empty segment file of process `pid` (its
 /// plain name or a numbered one: `<service>.<pid>[.<n>].pfs`).
 fn has_segment(dir: &std::path::Path, pid: u32) -> bool {
@@ -382,4 +368,18 @@ fn has_segment(dir: &std::path::Path, pid: u32) -> bool {
             && name.split('.').nth(1) == Some(pid.as_str())
             && e.metadata().is_ok_and(|m| m.len() > 0)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connectable;
+
+    #[test]
+    fn an_unspecified_listen_address_is_shown_as_loopback() {
+        let shown = |a: &str| connectable(a.parse().unwrap()).to_string();
+        assert_eq!(shown("0.0.0.0:9464"), "127.0.0.1:9464");
+        assert_eq!(shown("[::]:9464"), "[::1]:9464");
+        assert_eq!(shown("127.0.0.1:1"), "127.0.0.1:1");
+        assert_eq!(shown("10.1.2.3:80"), "10.1.2.3:80");
+    }
 }
