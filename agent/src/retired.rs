@@ -567,8 +567,16 @@ impl Store {
         let bytes = encode(state);
         // Past the file size limit (`ulimit -f`), a write raises SIGXFSZ,
         // which would kill the agent: an error instead (logged, retried).
-        pfs_shm_layout::segment::within_file_size_limit(bytes.len() as u64)
-            .map_err(std::io::Error::other)?;
+        if let Err(pfs_shm_layout::SegmentError::FileSizeLimit { limit, size }) =
+            pfs_shm_layout::segment::within_file_size_limit(bytes.len() as u64)
+        {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                format!(
+                    "the agent's file size limit (ulimit -f, RLIMIT_FSIZE) is {limit} bytes, below the {size} bytes of its state file"
+                ),
+            ));
+        }
         match write_atomic(&path, &bytes) {
             Err(e) if spend_reserve && no_space(&e) && self.give_back_reserve() => {
                 tracing::warn!(dir = %crate::util::shown::path(&self.dir), "the volume is full: the space kept for the state file ({RESERVE_FILE}) was given back to save it");

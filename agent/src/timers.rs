@@ -109,13 +109,15 @@ pub fn measure() -> Vec<TimerRow> {
                 TimerId::Millisecond => Some(1_000),
             };
             // NANOSECOND's step in this timer's unit, for the timers that
-            // divide it (`TimerId::ALL` lists NANOSECOND before them).
+            // divide it (`TimerId::ALL` lists NANOSECOND before them): a
+            // step of r ns shows as steps of r / unit or one more, so the
+            // smallest is r / unit (at least 1).
             let derived = match t {
                 TimerId::Microsecond => Some(1_000),
                 TimerId::Millisecond => Some(1_000_000),
                 _ => None,
             }
-            .and_then(|per_tick: u64| nano_resolution.map(|r: u64| r.div_ceil(per_tick).max(1)));
+            .and_then(|per_tick: u64| nano_resolution.map(|r: u64| (r / per_tick).max(1)));
             let mut resolution = derived.unwrap_or(u64::MAX);
             let mut overhead = u64::MAX;
             let deadline = Instant::now() + Duration::from_millis(1);
@@ -128,7 +130,7 @@ pub fn measure() -> Vec<TimerRow> {
                 let v = read(t).unwrap_or(0);
                 let c1 = cycles().unwrap_or(0);
                 overhead = overhead.min(c1.saturating_sub(c0));
-                if v > prev {
+                if v > prev && derived.is_none() {
                     resolution = resolution.min(v - prev);
                 }
                 prev = v;
@@ -179,7 +181,7 @@ mod tests {
         assert_eq!(nano.frequency, Some(1_000_000_000));
         assert!(nano.resolution.is_some_and(|r| r < 1_000_000), "{nano:?}");
         for (row, unit) in [(rows[2], 1_000), (rows[3], 1_000_000)] {
-            let want = nano.resolution.map(|r| r.div_ceil(unit).max(1));
+            let want = nano.resolution.map(|r| (r / unit).max(1));
             assert_eq!(row.resolution, want, "{row:?} from {nano:?}");
         }
         assert_eq!(rows[3].resolution, Some(1), "{:?}", rows[3]);

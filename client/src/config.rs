@@ -310,7 +310,7 @@ fn env_text(k: &str) -> Result<Option<String>, InitError> {
         Err(std::env::VarError::NotPresent) => Ok(None),
         Err(std::env::VarError::NotUnicode(v)) => Err(InitError::BadEnv(
             k.to_string(),
-            format!("{v:?} is not UTF-8 text"),
+            format!("{v:?} is not UTF-8 text; set it to UTF-8 text, or unset it"),
         )),
     }
 }

@@ -385,7 +385,7 @@ fn open_new(dir: &Path, service: &str, pid: u32, mode: u32) -> Result<(PathBuf, 
         (Some(held), _) => Err(InitError::InUse(held)),
         (None, Some((path, e))) => Err(InitError::Io(
             format!(
-                "use {} (nor any of its numbered alternatives)",
+                "use {} or any of its numbered alternatives (none is a file a process may take: remove or rename what is at those names)",
                 path.display()
             ),
             e,

@@ -123,6 +123,10 @@ pub struct TaskContext {
     level: u32,
     /// The task's `THREAD_ID` once taken (0 before its first entry).
     id: u64,
+    /// Entered (measured) while the context it was entered over was being
+    /// cancelled, and so marked cancelling for this entry only (a statement
+    /// span entered by its future's drop, inside a cancelled task's drop).
+    inherited_cancel: bool,
     /// The task's [`memory_scope`](crate::memory_scope) while it is not
     /// entered; while it is, the polling thread's.
     scope: Option<ClassRef>,
@@ -263,6 +267,7 @@ impl TaskContext {
             entered_on: 0,
             level: 0,
             id: 0,
+            inherited_cancel: false,
             scope: None,
             shown: Shown::NONE,
         }
@@ -371,11 +376,19 @@ impl TaskContext {
             return false;
         }
         let consumers = rt.setup.consumers.load(Relaxed);
+        let outer_cancelling = ctx.cancelling.get();
         // The task's state is read only by the swap, and tested after it
         // in the thread's cells: read before as single words, it made the
         // swap store the thread's cells word by word, and the swap out,
         // which loads them in pairs, waited for those stores.
         ctx.swap(&mut self.state);
+        // Entered (by a poll, or a span's enter) inside a cancelling drop:
+        // what ends here is given up on too. Not for an unmeasured entry,
+        // which ends what the context has open on its own terms.
+        self.inherited_cancel = measure && outer_cancelling && !ctx.cancelling.get();
+        if self.inherited_cancel {
+            ctx.cancelling.set(true);
+        }
         if ctx.thread_id.get() == 0 {
             // The task's first swap in: its THREAD_ID now.
             ctx.thread_id.set(thread::next_task_id());
@@ -420,6 +433,10 @@ impl TaskContext {
             return true;
         }
         ctx.task_level.set(self.level);
+        if self.inherited_cancel {
+            ctx.cancelling.set(false);
+            self.inherited_cancel = false;
+        }
         ctx.swap(&mut self.state);
         memory::swap_scope(&mut self.scope);
         self.entered_on = 0;
@@ -446,12 +463,8 @@ impl TaskContext {
     pub fn cancel_with<R>(&mut self, f: impl FnOnce() -> R) -> R {
         let _entered = self.enter();
         let ctx = thread::with_registered(|c| c).filter(|c| c.in_task());
-        let was = ctx.map(|c| c.cancelling.replace(true));
-        let r = f();
-        if let (Some(c), Some(was)) = (ctx, was) {
-            c.cancelling.set(was);
-        }
-        r
+        let _mark = ctx.map(Cancelling::set);
+        f()
     }
 }
 
@@ -688,13 +701,31 @@ impl<F: Future> Future for Cancellable<F> {
 /// Runs `f` with the *cancelling* mark set in the context current on this
 /// thread (an entered task's, else the thread's own).
 fn cancelling_while<R>(f: impl FnOnce() -> R) -> R {
-    let ctx = thread::with_registered(|c| c);
-    let was = ctx.map(|c| c.cancelling.replace(true));
-    let r = f();
-    if let (Some(c), Some(was)) = (ctx, was) {
-        c.cancelling.set(was);
+    let _mark = thread::with_registered(|c| c).map(Cancelling::set);
+    f()
+}
+
+/// The *cancelling* mark set in a context, put back as it was when
+/// dropped: also if what runs meanwhile panics (a drop that panics must
+/// not leave the thread cancelling every statement it ends afterwards).
+struct Cancelling {
+    ctx: &'static ThreadCtx,
+    was: bool,
+}
+
+impl Cancelling {
+    fn set(ctx: &'static ThreadCtx) -> Self {
+        Self {
+            ctx,
+            was: ctx.cancelling.replace(true),
+        }
     }
-    r
+}
+
+impl Drop for Cancelling {
+    fn drop(&mut self) {
+        self.ctx.cancelling.set(self.was);
+    }
 }
 
 /// Whether a statement ending now on this thread is recorded as

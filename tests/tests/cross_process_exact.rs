@@ -100,13 +100,13 @@ fn agent_reports_exact_counts_and_sums() {
     for name in TEST_CLASSES {
         let want = &ready["classes"][name];
         let r: Vec<&Value> = grows.iter().filter(|r| r["event_name"] == name).collect();
+        assert_eq!(r.len(), 1, "{table}: one row for {name}: {grows:?}");
+        let r = r[0];
         assert_eq!(
-            u64_col(r[0], "sum_number_of_bytes").unwrap(),
+            u64_col(r, "sum_number_of_bytes").unwrap(),
             want["bytes"].as_u64().unwrap(),
             "{table}: {name} sum_number_of_bytes, exact"
         );
-        assert_eq!(r.len(), 1, "{table}: one row for {name}: {grows:?}");
-        let r = r[0];
         assert_eq!(u64_col(r, "pid").unwrap(), pid, "{r}");
         let count = u64_col(r, "count_star").unwrap();
         let sum = u128_col(r, "sum_timer_wait").unwrap();

@@ -341,8 +341,18 @@ fn silent_connections_never_keep_a_probe_out() {
     .unwrap();
     let a = addr(&agent);
     std::thread::sleep(Duration::from_millis(300));
-    // 4 slots + 16 spare ones, and 40 more.
-    let silent: Vec<TcpStream> = (0..60).map(|_| TcpStream::connect(&a).unwrap()).collect();
+    // 4 slots + 16 spare ones, and 40 more; every other one sends a head
+    // it never finishes (a slowloris).
+    let silent: Vec<TcpStream> = (0..60)
+        .map(|i| {
+            let mut c = TcpStream::connect(&a).unwrap();
+            if i % 2 == 1 {
+                c.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
+                    .unwrap();
+            }
+            c
+        })
+        .collect();
     std::thread::sleep(Duration::from_millis(300));
     for path in ["/healthz", "/metrics"] {
         let start = Instant::now();

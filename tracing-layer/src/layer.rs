@@ -683,6 +683,11 @@ where
                             class.enter_at(source);
                             s.open_stage = id;
                         });
+                    } else if stack::contains(self.id, id) {
+                        // Entered again inside its own enter away from its
+                        // statement: counted, so that its exit pops this
+                        // one, not the enter that holds the context.
+                        stack::enter(self.id, id, statement, || false);
                     }
                     return;
                 }
@@ -693,6 +698,7 @@ where
                 // stage, while it is the statement's open stage); opened
                 // then if it never was. Nothing if another thread has the
                 // context entered.
+                let mut opened = false;
                 self.with_statement(&ctx, statement, |s| {
                     if s.stmt.is_some()
                         && stack::enter(self.id, id, statement, || s.task.swap_in())
@@ -700,8 +706,23 @@ where
                     {
                         class.enter_at(source);
                         s.open_stage = id;
+                        opened = true;
                     }
                 });
+                if first && !opened {
+                    // Not opened (its statement's context is entered on
+                    // another thread): opened at a later enter that can.
+                    if let Some(Tagged {
+                        span: PfsSpan::Stage(st),
+                        ..
+                    }) = span
+                        .extensions_mut()
+                        .get_mut::<Tagged>()
+                        .filter(|t| t.layer == self.id)
+                    {
+                        st.entered = false;
+                    }
+                }
             }
         }
     }

@@ -64,9 +64,12 @@
 //!
 //! **Stages.** A span a stage rule matches, inside a statement span (the
 //! closest statement span above it), enters its stage class on its first
-//! enter, if the statement span is the current one on that thread (a
-//! stage span entered elsewhere, e.g. moved into another task, is not
-//! recorded). As in PFS, stages do not nest: entering a stage ends the
+//! enter. Entered where its statement span is not the current one (work
+//! spawned from inside the stage carries the stage span), it takes its
+//! statement's context there, as the statement span's enter would, so
+//! what is recorded nests in the statement (and in this stage while it
+//! is the statement's open stage); if another thread has that context
+//! entered, nothing is recorded in it meanwhile. As in PFS, stages do not nest: entering a stage ends the
 //! statement's open stage. A stage ends when its span closes if it is
 //! still the statement's open stage, else at the next stage or with the
 //! statement. Stage spans outside any statement span are not recorded.
@@ -84,8 +87,14 @@
 //! A statement span closed without having completed is recorded as
 //! cancelled (`CANCELLED` flag, `COUNT_CANCELLED`, not an error): with
 //! hyper, a client that hangs up drops the response future, which closes
-//! tower-http's span without its response event. If the span closes
-//! while its thread panics, it counts one error instead.
+//! tower-http's span without its response event. Under any rule, a span
+//! that closes while a future is dropped before it completed, inside a
+//! `pfs_client::task::Task` being dropped or a `Cancellable` future
+//! (`pfs_cancellable()`: a `select!` branch, a `timeout`), is cancelled
+//! unless it completed; so are the statement spans entered in that drop
+//! (a handler's span inside another's). If the span closes while its
+//! thread panics, it counts one error instead (unless errors were
+//! counted on it).
 //!
 //! # Rules and defaults
 //!

@@ -280,13 +280,15 @@ impl Figures {
 
     /// Writes the figures into `stmt`, as `rule` reads them. How the span
     /// closes: `end.panicking`, while its thread unwinds (a failure: one
-    /// error, as `pfs-client` counts any statement a panic ends);
+    /// error unless some were counted, as `pfs-client` counts any
+    /// statement a panic ends);
     /// `end.cancelling`, in the drop of a future that did not
     /// complete (`pfs_client::task::cancelling`: cancelled, unless a
     /// status or failure was recorded).
     pub(crate) fn apply(&self, stmt: &mut TaskStatement, rule: &StatementRule, end: Closing) {
-        let failed =
-            self.failed || self.status.is_some_and(|s| s >= rule.error_status) || end.panicking;
+        let failed = self.failed
+            || self.status.is_some_and(|s| s >= rule.error_status)
+            || (end.panicking && self.errors == 0);
         let errors = self.errors.saturating_add(u64::from(failed));
         if !end.panicking && !self.completed() && (end.cancelling || rule.completes()) {
             stmt.mark_cancelled();

@@ -3,7 +3,8 @@
 //! they do not complete.
 //!
 //! * Dropped by a `select!` inside a task: completed, unless the dropped
-//!   future is wrapped with `pfs_cancellable()`, then cancelled.
+//!   future is wrapped with `pfs_cancellable()`, then cancelled (and so
+//!   is a handler it called, whose span closes in that drop).
 //! * A `Cancellable` that completes, and a task dropped before it
 //!   completed (its spans close in the drop): completed, and cancelled.
 //! * A function that panics: one error, not cancelled.
@@ -37,6 +38,18 @@ async fn lookup(key: u64) {
 
 #[tracing::instrument(name = "lookup_plain")]
 async fn lookup_plain(key: u64) {
+    std::future::pending::<()>().await;
+}
+
+/// A handler calling a handler, both instrumented: dropped early, both
+/// spans are cancelled.
+#[tracing::instrument(name = "outer_req")]
+async fn outer_req() {
+    inner_req().await;
+}
+
+#[tracing::instrument(name = "inner_req")]
+async fn inner_req() {
     std::future::pending::<()>().await;
 }
 
@@ -88,6 +101,8 @@ fn instrumented_async_functions_end_as_they_ended() {
                     "boom",
                     "fetch",
                     "outer",
+                    "outer_req",
+                    "inner_req",
                 ]),
                 "attr",
             )
@@ -110,6 +125,10 @@ fn instrumented_async_functions_end_as_they_ended() {
                     _ = tokio::task::yield_now() => {}
                 }
                 quick().pfs_cancellable().await;
+                tokio::select! {
+                    _ = outer_req().pfs_cancellable() => unreachable!(),
+                    _ = tokio::task::yield_now() => {}
+                }
             }
         };
         tokio::spawn(handler.pfs_task()).await.unwrap();
@@ -190,6 +209,12 @@ fn instrumented_async_functions_end_as_they_ended() {
         "a plain future dropped by select!: Rust gives no sign"
     );
     assert_eq!(figures("quick"), (N, 0, 0), "a Cancellable that completed");
+    assert_eq!(figures("outer_req"), (N, N, 0), "the outer handler");
+    assert_eq!(
+        figures("inner_req"),
+        (N, N, 0),
+        "the handler it called, whose span closes inside the outer's drop"
+    );
     assert_eq!(figures("stuck_task"), (N, N, 0), "a task timed out");
     assert_eq!(figures("boom"), (N, 0, N), "a panic is one error");
     assert_eq!(

@@ -17,6 +17,8 @@ use tracing::field::Empty;
 use tracing_subscriber::prelude::*;
 
 static THREAD_STMT: LazyStatementClass = LazyStatementClass::new("statement/test/thread");
+static AWAY: pfs_client::LazyWaitClass =
+    pfs_client::LazyWaitClass::new("wait/synch/mutex/test/away");
 
 /// The client's `DIGEST` of a digest text (64-bit FNV-1a).
 fn digest(text: &str) -> u64 {
@@ -132,6 +134,15 @@ fn rules_and_the_span_model() {
     elsewhere.in_scope(|| {});
     lonely.in_scope(|| {});
     drop((elsewhere, lonely));
+    // ... and entered again inside that enter: a wait after the inner
+    // exit is still the statement's.
+    let lonely2 = tracing::info_span!("statement/test/lonely2");
+    let again = lonely2.in_scope(|| tracing::info_span!("stage/test/again"));
+    again.in_scope(|| {
+        again.in_scope(|| {});
+        AWAY.get().start(pfs_client::Operation::Lock, 0).end();
+    });
+    drop((again, lonely2));
 
     // 7. Spans no rule matches.
     tracing::info_span!("plain", kind = "x").in_scope(|| tracing::info!(rows = 1, "ignored"));
@@ -260,6 +271,19 @@ fn rules_and_the_span_model() {
     // Entered away from its statement, the stage took the statement's
     // context there: recorded in it (once, although entered twice).
     assert_eq!(stages_of(lonely), ["stage/test/elsewhere"]);
+    let [lonely2] = stmt("statement/test/lonely2")[..] else {
+        panic!()
+    };
+    let away = common::class_index(&s, AWAY.name()).unwrap();
+    let [w] = s.long[EventKind::Wait.index()]
+        .iter()
+        .filter(|e| e.class == away)
+        .collect::<Vec<_>>()[..]
+    else {
+        panic!("one wait")
+    };
+    assert_eq!(w.thread_id, lonely2.ev.thread_id, "{w:?}");
+    assert_eq!(w.nesting_event_type, Some(EventKind::Stage), "{w:?}");
 
     // 7.
     assert!(s.classes.iter().all(|c| !c.name.contains("plain")));
@@ -270,7 +294,7 @@ fn rules_and_the_span_model() {
         .sum();
     assert_eq!(
         statements,
-        1 + 3 + 4 + 2 + 2 + 1 + 1,
+        1 + 3 + 4 + 2 + 2 + 1 + 1 + 1,
         "no statement beyond those"
     );
 }

@@ -484,7 +484,7 @@ pub fn families(snap: &Snapshot, totals: &Totals, stats: &AgentStats) -> Vec<Fam
         Some("bytes"),
         ("pfs.events.waits.bytes", "By"),
         Kind::Counter,
-        "Bytes moved by I/O waits (the sum of NUMBER_OF_BYTES, SUM_NUMBER_OF_BYTES), by file and socket instrument.",
+        "Bytes moved by I/O waits (the sum of NUMBER_OF_BYTES, SUM_NUMBER_OF_BYTES), by instrument: every file and socket instrument, and any other wait once it carried a byte count.",
     );
     let mut figures = statement_figure_families();
     let mut threads = Family::new(

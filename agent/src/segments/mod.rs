@@ -434,11 +434,18 @@ impl SegmentSet {
         }
         let vanished = self.tracked.keys().any(|p| !seen.contains(p));
         if vanished && self.role() == Role::Follower {
-            // The owner wrote the state before removing the file (of a
-            // dead process: a live one's removed file is still read).
+            // The owner wrote the state before removing the file: a file
+            // gone that the state does not count yet was removed by
+            // someone else (a live process's, or a dead one's the owner
+            // has not retired yet) and is still read here.
             self.sync_state(true);
-            self.tracked
-                .retain(|p, t| seen.contains(p) || !owner_is_dead(t.segment.file()));
+            let retirement = &self.retirement;
+            self.tracked.retain(|p, t| {
+                seen.contains(p)
+                    || !p
+                        .file_name()
+                        .is_some_and(|n| retirement.was_absorbed(n, t.ino))
+            });
         }
         let now = Instant::now();
         let owner = self.role() == Role::Owner;

@@ -394,6 +394,9 @@ impl Retirement {
                             "let the agent write in {} (or mount it read-write)",
                             self.dir.display()
                         ),
+                        std::io::ErrorKind::FileTooLarge => {
+                            "raise the file size limit of pfs-agent's process (ulimit -f, RLIMIT_FSIZE: unlimited is usual)".to_string()
+                        }
                         _ => format!(
                             "free space on the filesystem, or remove what is in the way (the error names it; {} is the agent's temporary file)",
                             tmp.display()

@@ -369,33 +369,37 @@ async fn accept(
                 .max_buf_size(64 * 1024)
                 .serve_connection(TokioIo::new(stream), svc);
             let mut conn = std::pin::pin!(conn);
+            // `Err`: stopped by the agent, with why.
             let ended = tokio::select! {
-                r = conn.as_mut() => Some(r),
-                _ = tokio::time::sleep(limits.connection_timeout) => None,
+                r = conn.as_mut() => Ok(r),
+                _ = tokio::time::sleep(limits.connection_timeout) => Err("it outlived --connection-timeout"),
                 // Silent while every slot was taken: closed for a new one.
-                _ = me.evict.notified() => Some(Ok(())),
+                _ = me.evict.notified() => Err("it had sent no request while every slot was taken"),
             };
-            // Past its lifetime, a connection stops taking requests, but
-            // the response in flight (a keep-alive client's latest) gets
-            // CLOSE_GRACE to finish instead of being cut mid-body; a client
-            // that does not read it is dropped then.
+            // Stopped, a connection takes no new request, but a response
+            // in flight (a keep-alive client's latest, or a request whose
+            // head arrived as it was chosen to make room) gets CLOSE_GRACE
+            // to finish instead of being cut mid-body; a client that does
+            // not read it is dropped then. An idle one closes at once.
             let ended = match ended {
-                Some(r) => Some(r),
-                None => {
+                Ok(r) => Some(r),
+                // Chosen to make room and still no request dispatched
+                // (hyper calls the service in the poll that parses a head,
+                // in this task): nothing in flight, closed now, a
+                // half-sent head with it.
+                Err(_) if me.requests.load(Ordering::Relaxed) == 0 => Some(Ok(())),
+                Err(why) => {
                     conn.as_mut().graceful_shutdown();
-                    tokio::time::timeout(CLOSE_GRACE, conn).await.ok()
+                    let r = tokio::time::timeout(CLOSE_GRACE, conn).await.ok();
+                    if r.is_none() {
+                        tracing::debug!(%peer, "connection closed: {why}, and its response did not finish");
+                    }
+                    r
                 }
             };
             me.done.store(true, Ordering::Relaxed);
-            match ended {
-                Some(Ok(())) => {}
-                Some(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "connection ended with an error")
-                }
-                None => tracing::debug!(
-                    %peer,
-                    "connection closed: it outlived --connection-timeout and its response did not finish"
-                ),
+            if let Some(Err(e)) = ended {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
     }
