@@ -10,6 +10,24 @@ use std::time::{Duration, Instant};
 
 use pfs_tests::{agent_bin, free_port, get_json, http_get, parse_metrics, sample};
 
+/// A demo's process group (the demo leads it: its id is the demo's pid),
+/// killed on drop: a failing test leaves no demo or workload running
+/// (they would load every later test and benchmark on the machine).
+struct Group(rustix::process::Pid);
+
+impl Group {
+    fn of(demo: &std::process::Child) -> Self {
+        Self(rustix::process::Pid::from_raw(demo.id() as i32).expect("a pid"))
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // Gone already when the test stopped it: ESRCH, ignored.
+        let _ = rustix::process::kill_process_group(self.0, rustix::process::Signal::KILL);
+    }
+}
+
 #[test]
 fn ctrl_c_stops_the_demo_and_its_workload_cleanly() {
     let logs = tempfile::tempdir().unwrap();
@@ -25,6 +43,7 @@ fn ctrl_c_stops_the_demo_and_its_workload_cleanly() {
         .process_group(0) // a terminal's job: its own process group
         .spawn()
         .unwrap();
+    let _group = Group::of(&demo);
     let url = format!("http://127.0.0.1:{port}/api/v1/tables/threads");
     let start = Instant::now();
     while get_json(&url).is_err() {
@@ -89,6 +108,7 @@ fn a_killed_workload_is_replaced_and_shown_dead() {
         .process_group(0)
         .spawn()
         .unwrap();
+    let _group = Group::of(&demo);
     let group = rustix::process::Pid::from_raw(demo.id() as i32).unwrap();
     let describe = || {
         format!(
@@ -287,6 +307,7 @@ fn the_demos_instrument_rules_hold_from_the_workloads_start() {
         "wait/synch/mutex/%=COUNTED",
     ];
     let mut demo = demo_in(dir.path(), port, &rules.map(std::ffi::OsStr::new));
+    let _group = Group::of(&demo);
     let group = rustix::process::Pid::from_raw(demo.id() as i32).unwrap();
     let api = format!("http://127.0.0.1:{port}/api/v1/tables/{TABLE}");
     let table = pfs_tests::poll(Duration::from_secs(60), || {
