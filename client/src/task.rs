@@ -58,6 +58,11 @@
 //! whether the mark is set (the tracing layer reads it for the spans that
 //! close then).
 //!
+//! A context swapped in by an adapter ([`TaskContext::swap_in`]: a
+//! tracing span entered by its future's drop) inside such a drop takes
+//! the mark until it is swapped out: a handler's span inside a cancelled
+//! handler's is cancelled too.
+//!
 //! A statement ended by a panic's unwinding is not cancelled: it counts
 //! one error (unless errors were added to it already).
 //!
@@ -123,9 +128,10 @@ pub struct TaskContext {
     level: u32,
     /// The task's `THREAD_ID` once taken (0 before its first entry).
     id: u64,
-    /// Entered (measured) while the context it was entered over was being
-    /// cancelled, and so marked cancelling for this entry only (a statement
-    /// span entered by its future's drop, inside a cancelled task's drop).
+    /// Swapped in (by [`TaskContext::swap_in`]) while the context it was
+    /// entered over was being cancelled, and so marked cancelling for this
+    /// entry only (a statement span entered by its future's drop, inside a
+    /// cancelled task's drop).
     inherited_cancel: bool,
     /// The task's [`memory_scope`](crate::memory_scope) while it is not
     /// entered; while it is, the polling thread's.
@@ -318,10 +324,11 @@ impl TaskContext {
             })
     }
 
-    /// Makes this context the current thread's until the guard drops.
+    /// Makes this context the current thread's until the guard drops (a
+    /// poll: see [`TaskContext::swap_in`] for the one difference).
     #[inline]
     pub fn enter(&mut self) -> Entered<'_> {
-        self.swap_in();
+        self.swap_in_as(true, false);
         Entered {
             task: self,
             _not_send: PhantomData,
@@ -334,9 +341,16 @@ impl TaskContext {
     /// callbacks, such as a `tracing` layer's `on_enter` and `on_exit`;
     /// prefer [`TaskContext::enter`]. Entering a context already entered
     /// on another thread does nothing. Returns whether this call swapped.
+    ///
+    /// Swapped in while the context it is entered over is being cancelled
+    /// (a [`Task`] or [`Cancellable`] future dropped early: a span entered
+    /// by its future's drop), it is marked cancelling too, until the
+    /// matching swap out: what it ends then is given up on as well.
+    /// [`TaskContext::enter`], a poll, does not take the mark (a task
+    /// polled to completion inside a drop completes).
     #[inline]
     pub fn swap_in(&mut self) -> bool {
-        self.swap_in_as(true)
+        self.swap_in_as(true, true)
     }
 
     /// [`TaskContext::swap_in`], without counting the time until the
@@ -356,13 +370,14 @@ impl TaskContext {
     /// ```
     #[inline]
     pub fn swap_in_unmeasured(&mut self) -> bool {
-        self.swap_in_as(false)
+        self.swap_in_as(false, false)
     }
 
     /// [`TaskContext::swap_in`]; `measure`: whether a statement open in the
-    /// task starts measuring poll time.
+    /// task starts measuring poll time; `inherit`: whether it takes the
+    /// cancelling mark of the context it is entered over.
     #[inline(always)]
-    fn swap_in_as(&mut self, measure: bool) -> bool {
+    fn swap_in_as(&mut self, measure: bool, inherit: bool) -> bool {
         let Some(rt) = runtime::get() else {
             return false;
         };
@@ -382,10 +397,9 @@ impl TaskContext {
         // swap store the thread's cells word by word, and the swap out,
         // which loads them in pairs, waited for those stores.
         ctx.swap(&mut self.state);
-        // Entered (by a poll, or a span's enter) inside a cancelling drop:
-        // what ends here is given up on too. Not for an unmeasured entry,
-        // which ends what the context has open on its own terms.
-        self.inherited_cancel = measure && outer_cancelling && !ctx.cancelling.get();
+        // Entered by an adapter (a span's enter) inside a cancelling drop:
+        // what ends here is given up on too.
+        self.inherited_cancel = inherit && outer_cancelling && !ctx.cancelling.get();
         if self.inherited_cancel {
             ctx.cancelling.set(true);
         }

@@ -710,8 +710,9 @@ where
                     }
                 });
                 if first && !opened {
-                    // Not opened (its statement's context is entered on
-                    // another thread): opened at a later enter that can.
+                    // Not opened (its statement's context is entered
+                    // elsewhere: on another thread, or here below another
+                    // statement's): opened at a later enter that can.
                     if let Some(Tagged {
                         span: PfsSpan::Stage(st),
                         ..

@@ -133,6 +133,11 @@ impl Stamp {
     }
 }
 
+/// How long a follower reads on a dead process's segment whose file
+/// someone else removed (the owner saves its totals, as pending, when it
+/// finds the death: within a discovery pass or two).
+const FOLLOWER_GRACE: Duration = Duration::from_secs(10);
+
 /// Files in `not_ready` state this long are reported (once) as stuck
 /// (see [`SegmentSet::with_not_ready_grace`]).
 const NOT_READY_GRACE: Duration = Duration::from_secs(10);
@@ -149,6 +154,11 @@ pub struct SegmentSet {
     dead_retention: Duration,
     /// Live and recently dead segments, by path.
     pub tracked: HashMap<PathBuf, Tracked>,
+    /// The tracked paths gone from the last listing (sorted): a follower
+    /// reloads the state when they change.
+    vanished_last: Vec<PathBuf>,
+    /// [`FOLLOWER_GRACE`] (shorter in tests).
+    follower_grace: Duration,
     /// Files refused, by path.
     pub invalid: HashMap<PathBuf, Invalid>,
     /// Count of segment errors by reason (monotonic).
@@ -192,6 +202,8 @@ impl SegmentSet {
             dir,
             dead_retention,
             tracked: HashMap::new(),
+            vanished_last: Vec::new(),
+            follower_grace: FOLLOWER_GRACE,
             invalid: HashMap::new(),
             errors: HashMap::new(),
             list_errors: HashMap::new(),
@@ -432,21 +444,29 @@ impl SegmentSet {
             self.invalid.retain(|p, _| seen.contains(p));
             self.pending.retain(|p, _| seen.contains(p));
         }
-        let vanished = self.tracked.keys().any(|p| !seen.contains(p));
-        if vanished && self.role() == Role::Follower {
-            // The owner wrote the state before removing the file: a file
-            // gone that the state does not count yet was removed by
-            // someone else (a live process's, or a dead one's the owner
-            // has not retired yet) and is still read here.
-            self.sync_state(true);
-            let retirement = &self.retirement;
+        let mut vanished: Vec<PathBuf> = self
+            .tracked
+            .keys()
+            .filter(|p| !seen.contains(*p))
+            .cloned()
+            .collect();
+        vanished.sort();
+        if !vanished.is_empty() && self.role() == Role::Follower {
+            // The owner writes the state before removing a dead process's
+            // file: reloaded (once per change of what vanished), the state
+            // drops what it counts. A file someone else removed is read on
+            // while its process runs (its flock), and for a grace after it
+            // died (the owner keeps its totals by then, as pending), then
+            // dropped: never kept for good, whatever the owner saw.
+            if vanished != self.vanished_last {
+                self.sync_state(true);
+            }
+            let (now, grace) = (Instant::now(), self.follower_grace);
             self.tracked.retain(|p, t| {
-                seen.contains(p)
-                    || !p
-                        .file_name()
-                        .is_some_and(|n| retirement.was_absorbed(n, t.ino))
+                seen.contains(p) || t.dead_since.is_none_or(|d| now.duration_since(d) < grace)
             });
         }
+        self.vanished_last = vanished;
         let now = Instant::now();
         let owner = self.role() == Role::Owner;
         // Retiring a torn segment at once only helps when it is saved.
@@ -834,6 +854,50 @@ mod tests {
         drop((lock_a, w_a, lock_b, w_b));
         set.refresh();
         assert!(set.tracked.values().all(|t| t.dead_since.is_some()));
+    }
+
+    #[test]
+    fn a_follower_reads_a_removed_file_while_its_process_runs_then_lets_it_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir
+            .path()
+            .join(pfs_shm_layout::files::segment_file_name("svc", 4242));
+        let (lock, w) =
+            crate::testing::segment_at(&path, &crate::testing::tiny_config("svc"), 4242, true);
+        let class = crate::testing::mutex_class(&w, "a");
+        let slot = w.alloc_thread(1, 1, "t").expect("a record");
+        crate::testing::record_waits(&w, slot.index, class, 3);
+        let mut owner = SegmentSet::new(dir.path(), Duration::ZERO).persist();
+        let mut follower = SegmentSet::new(dir.path(), Duration::ZERO).persist();
+        follower.follower_grace = Duration::ZERO;
+        assert_eq!(
+            (owner.role(), follower.role()),
+            (Role::Owner, Role::Follower)
+        );
+        owner.refresh();
+        follower.refresh();
+        std::fs::remove_file(&path).unwrap(); // a temporary-file cleaner
+        for _ in 0..3 {
+            owner.refresh();
+            follower.refresh();
+        }
+        assert_eq!(
+            (owner.tracked.len(), follower.tracked.len()),
+            (1, 1),
+            "its process runs: read on by both"
+        );
+        drop((lock, w)); // the process exits
+        for _ in 0..3 {
+            owner.refresh();
+            follower.refresh();
+        }
+        assert_eq!(owner.retired_segments(), 1);
+        assert!(owner.tracked.is_empty());
+        assert!(
+            follower.tracked.is_empty(),
+            "the follower lets it go (the owner's state counts it): not counted twice"
+        );
+        assert_eq!(follower.retired_segments(), 1);
     }
 
     #[test]
