@@ -42,11 +42,11 @@
 //!   [`SPARE_CONNECTIONS`] more are accepted: on those `/healthz` is
 //!   answered at once (so the kubelet's probes never queue behind the
 //!   limit), and any other request waits for a slot. Beyond those, a new
-//!   connection closes the oldest one that has not sent a request yet (so
-//!   a flood of silent connections, each holding a slot until its header
-//!   timeout, never keeps a probe out); if every connection has sent one,
-//!   it waits until one ends (further ones in the kernel's listen
-//!   backlog).
+//!   connection closes the oldest one that has not sent a request in the
+//!   [`SILENT_FOR`] since its accept (so a flood of silent connections,
+//!   each holding a slot until its header timeout, never keeps a probe
+//!   out for long); if there is none, it waits until one ends or turns
+//!   silent (further ones in the kernel's listen backlog).
 //! * Request headers must arrive within `header_timeout` (this also ends
 //!   idle keep-alive connections) and be at most [`MAX_HEADER_BYTES`] long
 //!   with the request line: beyond that hyper answers `431` itself, before
@@ -172,6 +172,8 @@ struct Slot {
 /// One connection being served, as the accept loop sees it.
 #[derive(Debug, Default)]
 struct Conn {
+    /// When it was accepted.
+    accepted: Option<std::time::Instant>,
     /// Requests whose head arrived on it.
     requests: AtomicU64,
     /// It holds a regular slot (not only a spare one).
@@ -192,20 +194,25 @@ impl Conns {
     fn add(&self, slot: &Slot) -> Arc<Conn> {
         let mut q = self.0.lock().unwrap_or_else(|p| p.into_inner());
         q.retain(|c| !c.done.load(Ordering::Relaxed));
-        let c = Arc::new(Conn::default());
+        let c = Arc::new(Conn {
+            accepted: Some(std::time::Instant::now()),
+            ..Conn::default()
+        });
         c.regular.store(slot.regular.is_some(), Ordering::Relaxed);
         q.push_back(c.clone());
         c
     }
 
-    /// Tells the oldest connection that has sent no request yet (and
-    /// holds a regular slot, if `regular`) to close: its slot comes back
-    /// when its task ends. Whether there was one.
+    /// Tells the oldest connection that has sent no request for at least
+    /// [`SILENT_FOR`] since its accept (and holds a regular slot, if
+    /// `regular`) to close: its slot comes back when its task ends.
+    /// Whether there was one.
     fn evict_oldest_silent(&self, regular: bool) -> bool {
         let q = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let Some(c) = q.iter().find(|c| {
             !c.done.load(Ordering::Relaxed)
                 && c.requests.load(Ordering::Relaxed) == 0
+                && c.accepted.is_some_and(|t| t.elapsed() >= SILENT_FOR)
                 && (!regular || c.regular.load(Ordering::Relaxed))
         }) else {
             return false;
@@ -215,6 +222,18 @@ impl Conns {
         true
     }
 }
+
+/// How long a connection must have sent no request before it may be
+/// closed to make room: a client sends its request as soon as it is
+/// connected (within a round trip), so a burst of real clients beyond the
+/// slots waits for one (as in the listen backlog) instead of closing each
+/// other's connections. Short, so that a probe behind a flood of silent
+/// ones is still answered well within its timeout.
+pub const SILENT_FOR: Duration = Duration::from_millis(250);
+
+/// How often a connection waiting for a slot looks again for a silent one
+/// to close (the silent ones age meanwhile).
+const EVICT_RETRY: Duration = Duration::from_millis(50);
 
 /// A regular slot or a spare one, if one is free now.
 fn free_slot(
@@ -251,14 +270,17 @@ async fn regular_slot(
     if has_one {
         return;
     }
-    let permit = match slots.clone().try_acquire_owned() {
-        Ok(p) => p,
-        Err(_) => {
-            conns.evict_oldest_silent(true);
-            let Ok(p) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            p
+    let permit = loop {
+        if let Ok(p) = slots.clone().try_acquire_owned() {
+            break p;
+        }
+        conns.evict_oldest_silent(true);
+        tokio::select! {
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => break p,
+                Err(_) => return,
+            },
+            _ = tokio::time::sleep(EVICT_RETRY) => {}
         }
     };
     let mut s = slot.lock().unwrap_or_else(|p| p.into_inner());
@@ -310,7 +332,7 @@ async fn accept(
         // later ones in the backlog).
         let slot = match free_slot(&slots, &spares) {
             Some(s) => s,
-            None => {
+            None => loop {
                 if conns.evict_oldest_silent(false) {
                     tracing::debug!(%peer, "every slot taken: closing the oldest connection that has sent no request");
                 }
@@ -318,15 +340,16 @@ async fn accept(
                     biased;
                     _ = &mut shutdown => return,
                     p = slots.clone().acquire_owned() => match p {
-                        Ok(p) => Slot { regular: Some(p), spare: None },
+                        Ok(p) => break Slot { regular: Some(p), spare: None },
                         Err(_) => return,
                     },
                     p = spares.clone().acquire_owned() => match p {
-                        Ok(p) => Slot { regular: None, spare: Some(p) },
+                        Ok(p) => break Slot { regular: None, spare: Some(p) },
                         Err(_) => return,
                     },
+                    _ = tokio::time::sleep(EVICT_RETRY) => {}
                 }
-            }
+            },
         };
         let me = conns.add(&slot);
         let slot = Arc::new(std::sync::Mutex::new(slot));
