@@ -813,10 +813,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("shm");
         std::fs::create_dir(&dir).unwrap();
-        let cfg = pfs_shm_layout::SegmentConfig {
-            service_name: "unit".into(),
-            ..Default::default()
-        };
+        let cfg = crate::testing::tiny_config("unit");
         let (lock_a, w_a) = crate::testing::segment_at(&dir.join("unit.1.pfs"), &cfg, 1, true);
         let (lock_b, w_b) = crate::testing::segment_at(&dir.join("unit.2.pfs"), &cfg, 2, true);
         let mut set = SegmentSet::new(&dir, Duration::from_secs(60));

@@ -170,10 +170,10 @@ struct Slot {
 }
 
 /// One connection being served, as the accept loop sees it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Conn {
     /// When it was accepted.
-    accepted: Option<std::time::Instant>,
+    accepted: std::time::Instant,
     /// Requests whose head arrived on it.
     requests: AtomicU64,
     /// It holds a regular slot (not only a spare one).
@@ -195,10 +195,12 @@ impl Conns {
         let mut q = self.0.lock().unwrap_or_else(|p| p.into_inner());
         q.retain(|c| !c.done.load(Ordering::Relaxed));
         let c = Arc::new(Conn {
-            accepted: Some(std::time::Instant::now()),
-            ..Conn::default()
+            accepted: std::time::Instant::now(),
+            requests: AtomicU64::new(0),
+            regular: AtomicBool::new(slot.regular.is_some()),
+            done: AtomicBool::new(false),
+            evict: tokio::sync::Notify::new(),
         });
-        c.regular.store(slot.regular.is_some(), Ordering::Relaxed);
         q.push_back(c.clone());
         c
     }
@@ -212,7 +214,7 @@ impl Conns {
         let Some(c) = q.iter().find(|c| {
             !c.done.load(Ordering::Relaxed)
                 && c.requests.load(Ordering::Relaxed) == 0
-                && c.accepted.is_some_and(|t| t.elapsed() >= SILENT_FOR)
+                && c.accepted.elapsed() >= SILENT_FOR
                 && (!regular || c.regular.load(Ordering::Relaxed))
         }) else {
             return false;
