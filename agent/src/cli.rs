@@ -203,7 +203,9 @@ pub struct ServeArgs {
 /// Limits that protect the agent from scrape storms and slow clients.
 #[derive(Debug, Args, Clone)]
 pub struct LimitArgs {
-    /// Connections served at once; further ones wait in the listen backlog.
+    /// Connections served at once (16 more answer only /healthz at once);
+    /// with all taken, the one idle the longest (250 ms or more) is closed
+    /// for a new one, else it waits in the listen backlog.
     #[arg(long, env = "PFS_MAX_CONNECTIONS", default_value_t = Limits::DEFAULT.max_connections as u32, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub max_connections: u32,
     /// Time a client has to send its request headers; also ends idle

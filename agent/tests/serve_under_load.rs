@@ -304,28 +304,37 @@ fn status_of(resp: &[u8]) -> String {
 #[test]
 fn healthz_is_answered_beyond_the_connection_limit() {
     let dir = tempfile::tempdir().unwrap();
+    let secrets = tempfile::tempdir().unwrap();
+    let token = secrets.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
     let mut agent = Serve::start(
         dir.path(),
-        &["--max-connections", "2", "--header-timeout", "30s"],
+        &[
+            "--max-connections",
+            "2",
+            "--control-token-file",
+            token.to_str().unwrap(),
+        ],
     );
     agent.wait_healthy(Duration::from_secs(20));
-    // Two keep-alive connections, idle after a request each, take both
+    // Two control requests whose bodies are still arriving take both
     // slots, once the probe's connection above has given its slot back
     // (else one of them may be accepted as a spare, leaving a slot for the
-    // scrape). (Silent ones, which never sent a request, would be closed
-    // to make room: `tests/scrape_storm.rs`.)
+    // scrape). (Idle ones, silent or kept alive after a request, would be
+    // closed to make room: `tests/scrape_storm.rs`.)
     std::thread::sleep(Duration::from_millis(500));
-    let idle = || {
+    let busy = || {
         let mut c = TcpStream::connect(agent.addr).unwrap();
-        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            .unwrap();
-        let r = read_for(&mut c, Duration::from_millis(500));
-        assert!(status_of(&r).contains(" 200 "), "{}", status_of(&r));
+        c.write_all(
+            b"POST /api/v1/setup/consumers HTTP/1.1\r\nHost: localhost\r\n\
+              Authorization: Bearer s3cret\r\nContent-Length: 100\r\n\r\n[",
+        )
+        .unwrap();
         c
     };
-    let x = idle();
-    let y = idle();
-    std::thread::sleep(Duration::from_millis(200));
+    let x = busy();
+    let y = busy();
+    std::thread::sleep(Duration::from_millis(400));
     // A scrape waits for a slot ...
     let mut scrape = TcpStream::connect(agent.addr).unwrap();
     scrape

@@ -11,7 +11,8 @@
 //! * Oversize headers get 431; an oversize control body gets 413.
 //! * Requests on connections beyond `--max-connections` wait until a slot
 //!   frees, except `/healthz`, answered at once (the kubelet's probes never
-//!   queue behind the limit).
+//!   queue behind the limit); idle connections (silent, or kept alive
+//!   after a request) are closed to make room.
 //! * A client that never reads its responses is cut off by the connection
 //!   timeout, and does not hold up anyone else's scrape.
 
@@ -261,34 +262,40 @@ fn oversize_headers_and_bodies_are_refused() {
 #[test]
 fn connections_beyond_the_limit_wait_for_a_slot() {
     let dir = tempfile::tempdir().unwrap();
+    let secrets = tempfile::tempdir().unwrap();
+    let token_file = secrets.path().join("token");
+    std::fs::write(&token_file, "s3cret\n").unwrap();
     let agent = Agent::serve_with_env(
         dir.path(),
         &[
             ("PFS_MAX_CONNECTIONS", "2".to_string()),
-            ("PFS_HEADER_TIMEOUT", "2s".to_string()),
+            (
+                "PFS_CONTROL_TOKEN_FILE",
+                token_file.to_string_lossy().into_owned(),
+            ),
         ],
     )
     .unwrap();
     let a = addr(&agent);
-    // Two keep-alive connections, idle after a request each, take both
-    // slots (until the header timeout ends them), once the start-up
+    // Two control requests whose bodies are still arriving take both
+    // slots (until their clients go away), once the start-up
     // probe's connection has given its slot back (else one may be accepted
-    // as a spare, leaving a slot free). (Connections that never sent a
-    // request would be closed to make room: see the test below.)
+    // as a spare, leaving a slot free). (Idle connections, silent or kept
+    // alive after a request, would be closed to make room: see the tests
+    // below.)
     std::thread::sleep(Duration::from_millis(500));
-    let idle = || {
+    let busy = || {
         let mut s = TcpStream::connect(&a).unwrap();
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            .unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        let mut buf = [0u8; 256];
-        let n = s.read(&mut buf).unwrap();
-        assert!(String::from_utf8_lossy(&buf[..n]).contains(" 200 "));
+        s.write_all(
+            b"POST /api/v1/setup/consumers HTTP/1.1\r\nHost: localhost\r\n\
+              Authorization: Bearer s3cret\r\nContent-Length: 100\r\n\r\n[",
+        )
+        .unwrap();
         s
     };
-    let _x = idle();
-    let _y = idle();
-    std::thread::sleep(Duration::from_millis(100));
+    let x = busy();
+    let y = busy();
+    std::thread::sleep(Duration::from_millis(400));
     let start = Instant::now();
     let mut third = TcpStream::connect(&a).unwrap();
     third
@@ -314,6 +321,8 @@ fn connections_beyond_the_limit_wait_for_a_slot() {
         matches!(&early, Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)),
         "the third connection was served while both slots were taken: {early:?}"
     );
+    // The two clients give up: their slots free.
+    drop((x, y));
     let (resp, _) = read_until_closed(&mut third, Duration::from_secs(10));
     let waited = start.elapsed();
     eprintln!("scrape_storm: third connection over a limit of 2 served after {waited:?}");
@@ -354,9 +363,16 @@ fn silent_connections_never_keep_a_probe_out() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(300));
+    probe_and_scrape_are_answered(&a, "60 silent connections");
+    drop(silent);
+}
+
+/// `/healthz`, then `/metrics`, each on a new connection, are answered
+/// within 3 s (behind `what`).
+fn probe_and_scrape_are_answered(a: &str, what: &str) {
     for path in ["/healthz", "/metrics"] {
         let start = Instant::now();
-        let mut probe = TcpStream::connect(&a).unwrap();
+        let mut probe = TcpStream::connect(a).unwrap();
         probe
             .write_all(
                 format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
@@ -367,13 +383,68 @@ fn silent_connections_never_keep_a_probe_out() {
         let took = start.elapsed();
         assert!(
             status_line(&resp).contains(" 200 "),
-            "{path} behind 60 silent connections: {:?}",
+            "{path} behind {what}: {:?}",
             String::from_utf8_lossy(&resp)
         );
         assert!(took < Duration::from_secs(3), "{path} took {took:?}");
-        eprintln!("scrape_storm: {path} behind 60 silent connections in {took:?}");
+        eprintln!("scrape_storm: {path} behind {what} in {took:?}");
     }
-    drop(silent);
+}
+
+/// Keep-alive connections left open after a request each, as many as the
+/// slots and the spare ones together, would hold them all until their
+/// header timeout: the one idle the longest makes room for a probe, and
+/// for a scrape. A connection with a response in flight is never chosen.
+#[test]
+fn idle_keep_alive_connections_never_keep_a_probe_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::serve_with_env(
+        dir.path(),
+        &[
+            ("PFS_MAX_CONNECTIONS", "4".to_string()),
+            ("PFS_HEADER_TIMEOUT", "30s".to_string()),
+        ],
+    )
+    .unwrap();
+    let a = addr(&agent);
+    std::thread::sleep(Duration::from_millis(300));
+    // 4 slots + 16 spare ones: each answers a probe, then stays open.
+    let kept: Vec<TcpStream> = (0..20)
+        .map(|i| {
+            let mut c = TcpStream::connect(&a).unwrap();
+            c.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                .unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut buf = [0u8; 512];
+            let n = c.read(&mut buf).unwrap();
+            let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+            assert!(
+                head.contains(" 200 "),
+                "keep-alive connection {i}: {head:?}"
+            );
+            c
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    probe_and_scrape_are_answered(&a, "20 idle keep-alive connections");
+    // The ones closed to make room were closed cleanly (no response cut).
+    let closed = kept
+        .into_iter()
+        .filter_map(|mut c| {
+            c.set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            let mut buf = [0u8; 64];
+            match c.read(&mut buf) {
+                Ok(0) => Some(()),
+                Ok(n) => panic!("unexpected bytes: {:?}", String::from_utf8_lossy(&buf[..n])),
+                Err(_) => None,
+            }
+        })
+        .count();
+    assert!(
+        closed >= 1,
+        "no kept-alive connection was closed to make room"
+    );
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Layer 7: the HTTP server: `/metrics`, `/healthz`, the PFS tables as
 //! JSON, a landing page, and control. One concern per submodule: [`body`]
-//! (responses), [`auth`] (bearer tokens), [`metrics_cache`] (the shared
+//! (responses), [`conns`] (the connections and which one makes room),
+//! [`auth`] (bearer tokens), [`metrics_cache`] (the shared
 //! `/metrics` body), [`rebinding`] (the `Host` check of loopback
 //! connections), [`state`] (what requests share), [`stream`] (tables
 //! written while they are sent), [`control`] (setup changes and
@@ -42,11 +43,12 @@
 //!   [`SPARE_CONNECTIONS`] more are accepted: on those `/healthz` is
 //!   answered at once (so the kubelet's probes never queue behind the
 //!   limit), and any other request waits for a slot. Beyond those, a new
-//!   connection closes the oldest one that has not sent a request in the
-//!   [`SILENT_FOR`] since its accept (so a flood of silent connections,
-//!   each holding a slot until its header timeout, never keeps a probe
-//!   out for long); if there is none, it waits until one ends or turns
-//!   silent (further ones in the kernel's listen backlog).
+//!   connection closes the one idle the longest (no response in flight:
+//!   not sent a request yet, or kept alive after one), if idle for
+//!   [`IDLE_FOR`] ([`conns`]: so a flood of silent or idle keep-alive
+//!   connections, each holding a slot until its header timeout, never
+//!   keeps a probe out for long); if there is none, it waits until one
+//!   ends or turns idle (further ones in the kernel's listen backlog).
 //! * Request headers must arrive within `header_timeout` (this also ends
 //!   idle keep-alive connections) and be at most [`MAX_HEADER_BYTES`] long
 //!   with the request line: beyond that hyper answers `431` itself, before
@@ -79,6 +81,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod conns;
 pub mod control;
 pub mod landing;
 pub mod metrics_cache;
@@ -87,11 +90,9 @@ pub mod routes;
 pub mod state;
 pub mod stream;
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use hyper::service::service_fn;
@@ -99,6 +100,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 pub use auth::Tokens;
+pub use conns::IDLE_FOR;
+use conns::{Conn, Conns, Counted, EVICT_RETRY, Slot};
 pub use rebinding::HostCheck;
 pub use routes::handle;
 pub use state::{AppOptions, AppState};
@@ -161,82 +164,6 @@ pub async fn serve(
     serve_with(listener, state, Limits::default(), shutdown).await
 }
 
-/// The slot a connection holds: one of `max_connections`, or one of the
-/// [`SPARE_CONNECTIONS`] accepted beyond them (which answers `/healthz` at
-/// once and makes any other request wait for a regular slot).
-struct Slot {
-    regular: Option<tokio::sync::OwnedSemaphorePermit>,
-    spare: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-/// One connection being served, as the accept loop sees it.
-#[derive(Debug)]
-struct Conn {
-    /// When it was accepted.
-    accepted: std::time::Instant,
-    /// Requests whose head arrived on it.
-    requests: AtomicU64,
-    /// It holds a regular slot (not only a spare one).
-    regular: AtomicBool,
-    /// Ended, or told to end.
-    done: AtomicBool,
-    /// Tells its task to close it.
-    evict: tokio::sync::Notify,
-}
-
-/// The connections being served, oldest first.
-#[derive(Debug, Default)]
-struct Conns(std::sync::Mutex<VecDeque<Arc<Conn>>>);
-
-impl Conns {
-    /// A new connection, last (the ended ones are forgotten now), holding
-    /// `slot`.
-    fn add(&self, slot: &Slot) -> Arc<Conn> {
-        let mut q = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        q.retain(|c| !c.done.load(Ordering::Relaxed));
-        let c = Arc::new(Conn {
-            accepted: std::time::Instant::now(),
-            requests: AtomicU64::new(0),
-            regular: AtomicBool::new(slot.regular.is_some()),
-            done: AtomicBool::new(false),
-            evict: tokio::sync::Notify::new(),
-        });
-        q.push_back(c.clone());
-        c
-    }
-
-    /// Tells the oldest connection that has sent no request for at least
-    /// [`SILENT_FOR`] since its accept (and holds a regular slot, if
-    /// `regular`) to close: its slot comes back when its task ends.
-    /// Whether there was one.
-    fn evict_oldest_silent(&self, regular: bool) -> bool {
-        let q = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(c) = q.iter().find(|c| {
-            !c.done.load(Ordering::Relaxed)
-                && c.requests.load(Ordering::Relaxed) == 0
-                && c.accepted.elapsed() >= SILENT_FOR
-                && (!regular || c.regular.load(Ordering::Relaxed))
-        }) else {
-            return false;
-        };
-        c.done.store(true, Ordering::Relaxed);
-        c.evict.notify_one();
-        true
-    }
-}
-
-/// How long a connection must have sent no request before it may be
-/// closed to make room: a client sends its request as soon as it is
-/// connected (within a round trip), so a burst of real clients beyond the
-/// slots waits for one (as in the listen backlog) instead of closing each
-/// other's connections. Short, so that a probe behind a flood of silent
-/// ones is still answered well within its timeout.
-pub const SILENT_FOR: Duration = Duration::from_millis(250);
-
-/// How often a connection waiting for a slot looks again for a silent one
-/// to close (the silent ones age meanwhile).
-const EVICT_RETRY: Duration = Duration::from_millis(50);
-
 /// A regular slot or a spare one, if one is free now.
 fn free_slot(
     slots: &Arc<tokio::sync::Semaphore>,
@@ -256,8 +183,8 @@ fn free_slot(
 
 /// Before a request other than `/healthz` on a connection accepted beyond
 /// the limit: waits for a regular slot, which the connection then keeps
-/// (giving its spare one back); if none is free, the oldest connection
-/// holding one without having sent a request is closed to make room.
+/// (giving its spare one back); if none is free, the connection holding
+/// one that has been idle the longest is closed to make room.
 async fn regular_slot(
     slot: &std::sync::Mutex<Slot>,
     slots: &Arc<tokio::sync::Semaphore>,
@@ -276,7 +203,7 @@ async fn regular_slot(
         if let Ok(p) = slots.clone().try_acquire_owned() {
             break p;
         }
-        conns.evict_oldest_silent(true);
+        conns.evict_longest_idle(true);
         tokio::select! {
             p = slots.clone().acquire_owned() => match p {
                 Ok(p) => break p,
@@ -288,7 +215,7 @@ async fn regular_slot(
     let mut s = slot.lock().unwrap_or_else(|p| p.into_inner());
     s.regular = Some(permit);
     s.spare = None;
-    me.regular.store(true, Ordering::Relaxed);
+    me.holds_regular();
 }
 
 /// Serves until `shutdown` completes, within `limits`. Requests are
@@ -329,14 +256,14 @@ async fn accept(
             },
             _ = &mut shutdown => return,
         };
-        // A slot, else a spare one; with neither free, the oldest silent
-        // connection makes room, else this one waits for one to end (and
-        // later ones in the backlog).
+        // A slot, else a spare one; with neither free, the connection
+        // idle the longest makes room, else this one waits for one to end
+        // (and later ones in the backlog).
         let slot = match free_slot(&slots, &spares) {
             Some(s) => s,
             None => loop {
-                if conns.evict_oldest_silent(false) {
-                    tracing::debug!(%peer, "every slot taken: closing the oldest connection that has sent no request");
+                if conns.evict_longest_idle(false) {
+                    tracing::debug!(%peer, "every slot taken: closing the connection idle the longest");
                 }
                 tokio::select! {
                     biased;
@@ -369,7 +296,8 @@ async fn accept(
                 let state = state.clone();
                 let (slot, slots) = (slot.clone(), slots.clone());
                 let (conns, conn_state) = (conns.clone(), conn_state.clone());
-                conn_state.requests.fetch_add(1, Ordering::Relaxed);
+                // In flight until the response's body is dropped.
+                let in_flight = conn_state.start();
                 async move {
                     // A Host that is not text names nothing served.
                     let hosts = req
@@ -379,12 +307,14 @@ async fn accept(
                         .map(|h| h.to_str().unwrap_or("\u{fffd}"));
                     let authority = req.uri().authority().map(|a| a.as_str());
                     if let Some(why) = state.host_check.refusal(local, hosts, authority) {
-                        return Ok(body::error(hyper::StatusCode::FORBIDDEN, why));
+                        let resp = body::error(hyper::StatusCode::FORBIDDEN, why);
+                        return Ok(resp.map(|b| Counted::new(b, in_flight)));
                     }
                     if !routes::is_healthz(req.uri().path()) {
                         regular_slot(&slot, &slots, &conns, &conn_state).await;
                     }
-                    Ok::<_, Infallible>(handle(state, req).await)
+                    let resp = handle(state, req).await;
+                    Ok::<_, Infallible>(resp.map(|b| Counted::new(b, in_flight)))
                 }
             });
             let conn = hyper::server::conn::http1::Builder::new()
@@ -399,7 +329,7 @@ async fn accept(
                 r = conn.as_mut() => Ok(r),
                 _ = tokio::time::sleep(limits.connection_timeout) => Err("it outlived --connection-timeout"),
                 // Silent while every slot was taken: closed for a new one.
-                _ = me.evict.notified() => Err("it had sent no request while every slot was taken"),
+                _ = me.evicted() => Err("it was idle while every slot was taken"),
             };
             // Stopped, a connection takes no new request, but a response
             // in flight (a keep-alive client's latest, or a request whose
@@ -408,11 +338,10 @@ async fn accept(
             // not read it is dropped then. An idle one closes at once.
             let ended = match ended {
                 Ok(r) => Some(r),
-                // Chosen to make room and still no request dispatched
-                // (hyper calls the service in the poll that parses a head,
-                // in this task): nothing in flight, closed now, a
-                // half-sent head with it.
-                Err(_) if me.requests.load(Ordering::Relaxed) == 0 => Some(Ok(())),
+                // Nothing in flight (hyper calls the service in the poll
+                // that parses a head, in this task, so none is dispatched
+                // meanwhile): closed now, a half-sent head with it.
+                Err(_) if !me.busy() => Some(Ok(())),
                 Err(why) => {
                     conn.as_mut().graceful_shutdown();
                     let r = tokio::time::timeout(CLOSE_GRACE, conn).await.ok();
@@ -422,7 +351,7 @@ async fn accept(
                     r
                 }
             };
-            me.done.store(true, Ordering::Relaxed);
+            me.ended();
             if let Some(Err(e)) = ended {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
