@@ -758,4 +758,11 @@ fn flags_that_cannot_work_are_refused_with_the_reason() {
         err.contains("cannot listen on 192.0.2.1:9464 (this host has no such address"),
         "{err}"
     );
+    // An agent that cannot listen leaves nothing in the directory (where
+    // the state files of the agent serving it would be).
+    let left: Vec<_> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }

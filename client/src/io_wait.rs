@@ -91,11 +91,36 @@ pub(crate) fn count(n: &usize) -> Option<u64> {
     Some(*n as u64)
 }
 
+/// `write!` to `inner`, with the number of bytes written.
+pub(crate) fn write_fmt_counted<W: io::Write>(
+    inner: &mut W,
+    args: std::fmt::Arguments<'_>,
+) -> io::Result<u64> {
+    struct Counting<'a, W> {
+        inner: &'a mut W,
+        n: u64,
+    }
+    impl<W: io::Write> io::Write for Counting<'_, W> {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let n = self.inner.write(buf)?;
+            self.n += n as u64;
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            self.inner.flush()
+        }
+    }
+    let mut c = Counting { inner, n: 0 };
+    io::Write::write_fmt(&mut c, args)?;
+    Ok(c.n)
+}
+
 /// `Read` and `Write` for an instrumented type `$ty` with an `obj:
 /// IoObject` field and a method `$inner(&mut self) -> &mut T` giving the
 /// open file or socket: each call is one `$read` or `$write` wait with its
-/// byte count, attributed to the caller (`read_exact`, `read_to_end` and
-/// `write_all` are one wait each, not one per inner call).
+/// byte count, attributed to the caller (`read_exact`, `read_to_end`,
+/// `read_to_string`, `write_all` and `write!` are one wait each, not one
+/// per inner call).
 macro_rules! read_write_waits {
     ($ty:ty, $inner:ident, $read:expr, $write:expr) => {
         impl std::io::Read for $ty {
@@ -137,6 +162,34 @@ macro_rules! read_write_waits {
                     $crate::io_wait::count,
                 )
             }
+
+            /// One wait until the end, attributed to the caller.
+            #[track_caller]
+            fn read_to_string(&mut self, buf: &mut String) -> std::io::Result<usize> {
+                let obj = self.obj;
+                obj.io(
+                    $read,
+                    std::panic::Location::caller(),
+                    self.$inner(),
+                    |f| f.read_to_string(buf),
+                    $crate::io_wait::count,
+                )
+            }
+
+            #[track_caller]
+            fn read_vectored(
+                &mut self,
+                bufs: &mut [std::io::IoSliceMut<'_>],
+            ) -> std::io::Result<usize> {
+                let obj = self.obj;
+                obj.io(
+                    $read,
+                    std::panic::Location::caller(),
+                    self.$inner(),
+                    |f| f.read_vectored(bufs),
+                    $crate::io_wait::count,
+                )
+            }
         }
 
         impl std::io::Write for $ty {
@@ -164,6 +217,33 @@ macro_rules! read_write_waits {
                     |f| f.write_all(buf),
                     |_| Some(n),
                 )
+            }
+
+            #[track_caller]
+            fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+                let obj = self.obj;
+                obj.io(
+                    $write,
+                    std::panic::Location::caller(),
+                    self.$inner(),
+                    |f| f.write_vectored(bufs),
+                    $crate::io_wait::count,
+                )
+            }
+
+            /// One wait for the whole formatted text (`write!`), attributed
+            /// to the caller.
+            #[track_caller]
+            fn write_fmt(&mut self, args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+                let obj = self.obj;
+                obj.io(
+                    $write,
+                    std::panic::Location::caller(),
+                    self.$inner(),
+                    |f| $crate::io_wait::write_fmt_counted(f, args),
+                    |n| Some(*n),
+                )
+                .map(|_| ())
             }
 
             fn flush(&mut self) -> std::io::Result<()> {

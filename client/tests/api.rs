@@ -151,6 +151,39 @@ fn waits_are_recorded_with_their_details() {
         .unwrap();
     assert!(s.strings[&w.object_name.unwrap()].ends_with("data.bin"));
 
+    // `write!` and `read_to_string` are one wait each, with their bytes,
+    // attributed to the caller (not to std's loops inside them).
+    let mut f = File::create(&F, &fpath).unwrap();
+    let (word, n) = ("ab", 12345);
+    let write_line = line!() + 1;
+    write!(f, "{word}-{n}").unwrap();
+    drop(f);
+    let mut f = File::open(&F, &fpath).unwrap();
+    let mut text = String::new();
+    let read_line = line!() + 1;
+    f.read_to_string(&mut text).unwrap();
+    drop(f);
+    assert_eq!(text, "ab-12345");
+    let s = read(&path);
+    let fs = global(&s, "wait/io/file/api/f");
+    assert_eq!(fs.count, 13, "and create, write, close, open, read, close");
+    assert_eq!(fs.bytes, 2016);
+    let mut sites: Vec<_> = s
+        .threads
+        .iter()
+        .flat_map(|t| t.waits_history.iter())
+        .filter(|e| e.bytes == Some(8))
+        .map(|e| (e.operation, s.strings[&e.source.unwrap()].clone()))
+        .collect();
+    sites.sort_by_key(|(op, _)| *op != Some(Operation::Write));
+    assert_eq!(
+        sites,
+        [
+            (Some(Operation::Write), format!("api.rs:{write_line}")),
+            (Some(Operation::Read), format!("api.rs:{read_line}")),
+        ]
+    );
+
     // A program knows its own ids: the thread's THREAD_ID (the key of
     // its `threads` row) and its open statement's EVENT_ID.
     let tid = pfs_client::thread_id().expect("registered");

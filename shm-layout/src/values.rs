@@ -366,6 +366,46 @@ impl Summary {
             (self.sum_ps / u128::from(self.timed_count)) as u64
         }
     }
+
+    /// The `parts / of` quantile of the timed events' durations, in ps, as
+    /// MySQL's `QUANTILE_95` (`95, 100`), `QUANTILE_99` and `QUANTILE_999`
+    /// (`999, 1000`) compute it: a high estimate, the upper bound of the
+    /// histogram bucket that holds the event of rank ⌈n · parts / of⌉
+    /// (n timed events), here at most `MAX_TIMER_WAIT` and at least
+    /// `MIN_TIMER_WAIT`. The buckets are powers of two, so the estimate is
+    /// below twice the true quantile. 0 when nothing was timed.
+    ///
+    /// ```
+    /// use pfs_shm_layout::layout::bucket_index;
+    /// use pfs_shm_layout::values::Summary;
+    /// // 99 events of 1 µs and one of 1 ms.
+    /// let mut s = Summary { timed_count: 100, min_ps: 1_000_000, max_ps: 1_000_000_000, ..Summary::default() };
+    /// s.buckets[bucket_index(1_000_000)] = 99;
+    /// s.buckets[bucket_index(1_000_000_000)] = 1;
+    /// assert_eq!(s.quantile_ps(95, 100), 1_907_348); // 2^-19 s: 1 µs's bucket
+    /// assert_eq!(s.quantile_ps(999, 1000), 1_000_000_000); // the bucket's bound, capped by MAX
+    /// ```
+    pub fn quantile_ps(&self, parts: u64, of: u64) -> u64 {
+        let n: u128 = self.buckets.iter().map(|&b| u128::from(b)).sum();
+        if n == 0 || of == 0 {
+            return 0;
+        }
+        let rank = (n * u128::from(parts.min(of)))
+            .div_ceil(u128::from(of))
+            .max(1);
+        let mut below = 0u128;
+        let bucket = self
+            .buckets
+            .iter()
+            .position(|&b| {
+                below += u128::from(b);
+                below >= rank
+            })
+            .unwrap_or(HISTOGRAM_BUCKETS - 1);
+        let upper = bucket_upper_ps(bucket).unwrap_or(u64::MAX);
+        let (min, max) = (self.min().unwrap_or(0), self.max_ps);
+        upper.min(max).max(min.min(max))
+    }
 }
 
 /// Memory statistics of one memory class (one thread, or aggregated):
@@ -474,5 +514,73 @@ impl MemoryStats {
     /// True if nothing was ever accounted.
     pub fn is_empty(&self) -> bool {
         self.count_alloc == 0 && self.count_free == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` events: `low` of them in the bucket of 1 µs, the rest in the
+    /// bucket of 1 ms.
+    fn two_buckets(low: u64, n: u64) -> Summary {
+        let mut s = Summary {
+            timed_count: n,
+            min_ps: 1_000_000,
+            max_ps: 1_000_000_000,
+            ..Summary::default()
+        };
+        s.buckets[bucket_index(1_000_000)] = low;
+        s.buckets[bucket_index(1_000_000_000)] = n - low;
+        s
+    }
+
+    #[test]
+    fn a_quantile_is_the_bucket_of_its_rank() {
+        let (us, ms) = (
+            bucket_upper_ps(bucket_index(1_000_000)).unwrap(),
+            1_000_000_000,
+        );
+        // Rank 95 of 100 is the last in the low bucket, rank 99 is not.
+        let s = two_buckets(95, 100);
+        assert_eq!((s.quantile_ps(95, 100), s.quantile_ps(99, 100)), (us, ms));
+        // Rank ⌈999 · 0.95⌉ = 950 of 999.
+        let s = two_buckets(949, 999);
+        assert_eq!(s.quantile_ps(95, 100), ms);
+        let s = two_buckets(950, 999);
+        assert_eq!(s.quantile_ps(95, 100), us);
+        // Rank 999 of 1000.
+        let s = two_buckets(999, 1000);
+        assert_eq!((s.quantile_ps(99, 100), s.quantile_ps(999, 1000)), (us, us));
+        // One event: every quantile is its bucket, within MIN and MAX.
+        let s = two_buckets(1, 1);
+        assert_eq!(s.quantile_ps(999, 1000), us);
+        // Nothing timed.
+        assert_eq!(Summary::default().quantile_ps(95, 100), 0);
+    }
+
+    #[test]
+    fn a_quantile_lies_within_min_and_max() {
+        // Every event in the last bucket (above 8 s), MAX 9 s.
+        let mut s = Summary {
+            timed_count: 3,
+            min_ps: 8_500_000_000_000,
+            max_ps: 9_000_000_000_000,
+            ..Summary::default()
+        };
+        s.buckets[HISTOGRAM_BUCKETS - 1] = 3;
+        assert_eq!(s.quantile_ps(95, 100), 9_000_000_000_000);
+        // A bucket bound below MIN (bounds known only to the bucket after
+        // TRUNCATE): MIN.
+        let mut s = Summary {
+            timed_count: 2,
+            min_ps: 1_500_000,
+            max_ps: 1_800_000,
+            ..Summary::default()
+        };
+        s.buckets[bucket_index(1_000_000)] = 2;
+        assert_eq!(s.quantile_ps(95, 100), 1_800_000);
+        s.max_ps = 3_000_000;
+        assert_eq!(s.quantile_ps(95, 100), 1_907_348);
     }
 }

@@ -301,6 +301,17 @@ fn check_totals(agent: &Agent, alive: bool) {
         n as f64
     );
     assert_eq!(total("pfs_events_statements_total", q), n as f64);
+    for (family, want) in [
+        (
+            "pfs_events_statements_errors_total",
+            THREADS * ITERATIONS.div_ceil(5),
+        ),
+        ("pfs_events_statements_rows_sent_total", 2 * n),
+        ("pfs_events_statements_rows_examined_total", 10 * n),
+        ("pfs_events_statements_warnings_total", 0),
+    ] {
+        assert_eq!(total(family, q), want as f64, "{family}");
+    }
     assert_eq!(
         total("pfs_memory_allocations_total", b),
         (3 * THREADS) as f64

@@ -60,6 +60,85 @@ fn check_columns(table: &Value, name: &str, want: &[&str]) {
     }
 }
 
+/// `events_waits_histogram_by_event_name`'s rows for `name` are the
+/// buckets of its `/metrics` histogram (`(le, cumulative)`, +Inf last):
+/// every bound `/metrics` shows has a row whose `bucket_timer_high` is that
+/// bound in ps and whose `count_bucket_and_lower` is its count; the rows
+/// add up to `count_star`, and the summary's `quantile_*` columns name the
+/// bucket of their rank.
+fn histogram_table_is_the_metrics_histogram(
+    agent: &Agent,
+    name: &str,
+    metrics: &[(f64, f64)],
+    summary_rows: &[Value],
+) {
+    let table = "events_waits_histogram_by_event_name";
+    let (t, rows) = service_rows(agent, table, 32);
+    check_columns(
+        &t,
+        table,
+        &[
+            "event_name",
+            "bucket_number",
+            "bucket_timer_low",
+            "bucket_timer_high",
+            "count_bucket",
+            "count_bucket_and_lower",
+            "bucket_quantile",
+        ],
+    );
+    let mine: Vec<&Value> = rows.iter().filter(|r| r["event_name"] == name).collect();
+    assert_eq!(mine.len(), 32, "{table}: every bucket of {name}");
+    let total = N * K;
+    assert_eq!(
+        mine.iter()
+            .map(|r| u64_col(r, "count_bucket").unwrap())
+            .sum::<u64>(),
+        total,
+        "{table}: {name}'s buckets add up to count_star"
+    );
+    for &(le, count) in metrics {
+        let row = if le.is_infinite() {
+            mine.last().copied()
+        } else {
+            let ps = (le * 1e12).floor() as u64;
+            mine.iter()
+                .copied()
+                .find(|r| u64_col(r, "bucket_timer_high").ok() == Some(ps))
+        };
+        let row = row.unwrap_or_else(|| panic!("{table}: no row for le={le} of {name}"));
+        assert_eq!(
+            u64_col(row, "count_bucket_and_lower").unwrap() as f64,
+            count,
+            "{table}: {name} at le={le}"
+        );
+    }
+    let summary = summary_rows
+        .iter()
+        .find(|r| r["event_name"] == name)
+        .unwrap();
+    let max = u64_col(summary, "max_timer_wait").unwrap();
+    for (column, rank) in [
+        ("quantile_95", (total * 95).div_ceil(100)),
+        ("quantile_99", (total * 99).div_ceil(100)),
+        ("quantile_999", (total * 999).div_ceil(1000)),
+    ] {
+        let holds = mine
+            .iter()
+            .find(|r| u64_col(r, "count_bucket_and_lower").unwrap() >= rank)
+            .unwrap();
+        let want = u64_col(holds, "bucket_timer_high")
+            .ok()
+            .unwrap_or(u64::MAX)
+            .min(max);
+        let q = u64_col(summary, column).unwrap();
+        assert!(
+            q == want || q == u64_col(summary, "min_timer_wait").unwrap(),
+            "{name}: {column} {q}, want {want} (rank {rank} of {total})"
+        );
+    }
+}
+
 fn sorted_rows(t: &Value) -> Vec<Value> {
     let mut r = rows(t).unwrap().clone();
     r.sort_by_key(|r| r.to_string());
@@ -202,6 +281,7 @@ fn agent_reports_exact_counts_and_sums() {
             buckets.windows(2).all(|w| w[0].1 <= w[1].1),
             "{name}: buckets are cumulative: {buckets:?}"
         );
+        histogram_table_is_the_metrics_histogram(&agent, name, &buckets, &grows);
     }
     assert_eq!(
         sample(&m, "pfs_threads", &[("service", SERVICE)]).unwrap(),

@@ -481,6 +481,10 @@ fn actors_updates_keep_other_columns_a_full_table_is_an_error_and_filters_are_na
         err.contains("filter") && !err.contains("no live segment in"),
         "{err}"
     );
+    assert!(
+        !cli.status.success(),
+        "a filter that leaves every live process out fails the command"
+    );
     w.finish(Duration::from_secs(10))?;
     Ok(())
 }

@@ -26,10 +26,6 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     if !dir_exists(&a.dir.shm_dir)? {
         tracing::warn!(dir = %pfs_agent::util::shown::path(&a.dir.shm_dir), "segment directory does not exist yet; waiting for instrumented processes to create it");
     }
-    let mut set = SegmentSet::new(&a.dir.shm_dir, a.dead_retention)
-        .with_policy(a.policy.policy())
-        .persist();
-    set.defaults = defaults;
     let reads_open = read_token.is_none();
     let tokens = Tokens {
         control: token,
@@ -39,6 +35,13 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let delay = a.shutdown_delay;
     runtime()?.block_on(async move {
         let (listener, listen) = bind(a.listen).await?;
+        // Listening first: an agent that cannot (the port taken by
+        // another) leaves nothing in the segment directory, where the
+        // state files of the one serving it live.
+        let mut set = SegmentSet::new(&a.dir.shm_dir, a.dead_retention)
+            .with_policy(a.policy.policy())
+            .persist();
+        set.defaults = defaults;
         let host_check = a.hosts.check();
         let described = host_check.describe();
         // Every setting checked (OTLP's too) before saying it serves.

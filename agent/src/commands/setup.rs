@@ -87,6 +87,11 @@ pub fn run(cmd: SetupCommand) -> anyhow::Result<()> {
         );
     }
     if let Some(w) = out.nothing_matched(&change) {
+        if out.segments == 0 {
+            // Live segments were there and the --service/--pid filter left
+            // them all out: a mistyped name, which a script must see.
+            bail!("{w}");
+        }
         eprintln!("warning: {w}");
     }
     if out.segments == 0 && !out.errors.is_empty() {

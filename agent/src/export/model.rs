@@ -319,7 +319,7 @@ impl EventFamilies {
 
 /// Statement figures (`SUM_ERRORS`, ...), one counter family each, in
 /// the order of [`statement_figure_values`].
-fn statement_figure_families() -> [Family; 6] {
+fn statement_figure_families() -> [Family; 7] {
     [
         Family::new(
             "pfs_events_statements_errors",
@@ -350,6 +350,13 @@ fn statement_figure_families() -> [Family; 6] {
             "Rows returned by statements (SUM_ROWS_SENT), by instrument.",
         ),
         Family::new(
+            "pfs_events_statements_rows_examined",
+            None,
+            ("pfs.events.statements.rows_examined", "{row}"),
+            Kind::Counter,
+            "Rows read by statements to find their result (SUM_ROWS_EXAMINED), by instrument.",
+        ),
+        Family::new(
             "pfs_events_statements_cpu",
             Some("seconds"),
             ("pfs.events.statements.cpu", "s"),
@@ -368,13 +375,14 @@ fn statement_figure_families() -> [Family; 6] {
 
 /// A statement summary's figures, one value per family of
 /// [`statement_figure_families`].
-fn statement_figure_values(s: &Summary) -> [Value; 6] {
+fn statement_figure_values(s: &Summary) -> [Value; 7] {
     let f = &s.statement;
     [
         Value::Int(f.errors),
         Value::Int(f.warnings),
         Value::Int(f.rows_affected),
         Value::Int(f.rows_sent),
+        Value::Int(f.rows_examined),
         Value::Float(f.cpu_time_ps as f64 / 1e12),
         Value::Int(f.cancelled),
     ]

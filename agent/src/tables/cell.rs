@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 /// table is never held whole unless a caller collects it ([`build`]). A
 /// cell serialises exactly as the `serde_json::Value` it stands for
 /// ([`Cell::to_value`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Cell<'a> {
     /// SQL NULL: JSON `null`.
     Null,
@@ -25,6 +25,9 @@ pub enum Cell<'a> {
     Str(&'a str),
     /// Text made for this cell.
     Owned(String),
+    /// A fraction (`bucket_quantile`): a JSON number, 6 decimals as
+    /// MySQL's `DECIMAL(7,6)`.
+    F64(f64),
 }
 
 impl Cell<'_> {
@@ -37,6 +40,9 @@ impl Cell<'_> {
             Cell::Ps(v) => ps(*v),
             Cell::Str(s) => (*s).into(),
             Cell::Owned(s) => s.as_str().into(),
+            Cell::F64(v) => {
+                serde_json::Number::from_f64(six_decimals(*v)).map_or(Value::Null, Value::Number)
+            }
         }
     }
 }
@@ -53,8 +59,15 @@ impl Serialize for Cell<'_> {
             },
             Cell::Str(s) => ser.serialize_str(s),
             Cell::Owned(s) => ser.serialize_str(s),
+            Cell::F64(v) if v.is_finite() => ser.serialize_f64(six_decimals(*v)),
+            Cell::F64(_) => ser.serialize_unit(),
         }
     }
+}
+
+/// `v` rounded to 6 decimals.
+fn six_decimals(v: f64) -> f64 {
+    (v * 1e6).round() / 1e6
 }
 
 macro_rules! cell_from {

@@ -1,11 +1,13 @@
 //! Columns and cells several tables share: the `service` and `pid` every
-//! row starts with, summary columns, memory columns, and event rows; and
+//! row starts with, summary columns, histogram columns, memory columns,
+//! and event rows; and
 //! the [`ColumnKind`] of a column, declared with its definition here.
 
 use std::collections::HashMap;
 
 use pfs_shm_layout::ClassKind;
 use pfs_shm_layout::EventKind;
+use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, bucket_upper_ps};
 use pfs_shm_layout::reader::{
     ClassInfo, Event, MemoryStats, SegmentSnapshot, StatementEvent, Summary, ThreadSnapshot,
 };
@@ -128,6 +130,8 @@ fn declared() -> impl Iterator<Item = Column> {
         .into_iter()
         .chain(WAIT_SUMMARY_COLUMNS)
         .chain(STATEMENT_SUMMARY_COLUMNS)
+        .chain(QUANTILE_COLUMNS.map(|(c, _, _)| c))
+        .chain(HISTOGRAM_COLUMNS)
         .chain(EventKind::ALL.into_iter().flat_map(typed_event_columns))
 }
 
@@ -160,7 +164,19 @@ const STATEMENT_SUMMARY_COLUMNS: [Column; 7] = [
 /// file and socket waits moved (0 for waits that carry no byte count).
 const WAIT_SUMMARY_COLUMNS: [Column; 1] = [value("sum_number_of_bytes")];
 
-/// The summary columns of `kind` (waits have one more, statements seven).
+/// The quantiles every summary ends with, as MySQL's
+/// `events_statements_summary_by_digest` does (there only): each a high
+/// estimate from the latency histogram ([`Summary::quantile_ps`]: the
+/// bound of the bucket that holds it, within MIN and MAX), as
+/// `(column, parts, of)`.
+const QUANTILE_COLUMNS: [(Column, u64, u64); 3] = [
+    (duration("quantile_95"), 95, 100),
+    (duration("quantile_99"), 99, 100),
+    (duration("quantile_999"), 999, 1000),
+];
+
+/// The summary columns of `kind` (waits have one more, statements seven),
+/// then the quantiles.
 pub(super) fn summary_columns(kind: EventKind) -> Vec<&'static str> {
     let mut v = names(SUMMARY_COLUMNS);
     match kind {
@@ -168,6 +184,7 @@ pub(super) fn summary_columns(kind: EventKind) -> Vec<&'static str> {
         EventKind::Statement => v.extend(names(STATEMENT_SUMMARY_COLUMNS)),
         EventKind::Stage => {}
     }
+    v.extend(names(QUANTILE_COLUMNS.map(|(c, _, _)| c)));
     v
 }
 
@@ -196,7 +213,53 @@ pub(super) fn summary_values(s: &Summary, kind: EventKind) -> Vec<Cell<'static>>
         }
         EventKind::Stage => {}
     }
+    v.extend(QUANTILE_COLUMNS.map(|(_, parts, of)| Cell::Ps(s.quantile_ps(parts, of).into())));
     v
+}
+
+/// The columns of a histogram table's rows, after its own key columns,
+/// as MySQL's `events_statements_histogram_*` tables have them (times in
+/// ps; `bucket_timer_high` is NULL for the last bucket, which has no
+/// bound; `bucket_quantile` is `count_bucket_and_lower` over the timed
+/// events).
+const HISTOGRAM_COLUMNS: [Column; 6] = [
+    value("bucket_number"),
+    duration("bucket_timer_low"),
+    duration("bucket_timer_high"),
+    value("count_bucket"),
+    value("count_bucket_and_lower"),
+    value("bucket_quantile"),
+];
+
+/// [`HISTOGRAM_COLUMNS`]' names.
+pub(super) fn histogram_columns() -> Vec<&'static str> {
+    names(HISTOGRAM_COLUMNS)
+}
+
+/// The cells of [`histogram_columns`] for each bucket of `buckets`, in
+/// order (every bucket, empty ones included, as in MySQL).
+pub(super) fn histogram_rows(
+    buckets: &[u64; HISTOGRAM_BUCKETS],
+) -> impl Iterator<Item = [Cell<'static>; 6]> + '_ {
+    let total: u64 = buckets.iter().fold(0u64, |a, &b| a.saturating_add(b));
+    let mut and_lower = 0u64;
+    buckets.iter().enumerate().map(move |(i, &count)| {
+        and_lower = and_lower.saturating_add(count);
+        let low = i.checked_sub(1).and_then(bucket_upper_ps).unwrap_or(0);
+        let quantile = if total == 0 {
+            0.0
+        } else {
+            and_lower as f64 / total as f64
+        };
+        [
+            (i as u64).into(),
+            Cell::Ps(low.into()),
+            bucket_upper_ps(i).map_or(Cell::Null, |h| Cell::Ps(h.into())),
+            count.into(),
+            and_lower.into(),
+            Cell::F64(quantile),
+        ]
+    })
 }
 
 /// The columns of the `current`, `history` and `history_long` tables of
@@ -424,7 +487,11 @@ mod tests {
             let t = super::super::build(&**table, &snap, &Default::default(), &Default::default());
             assert!(!t.columns.is_empty(), "{}", table.name());
             for c in &t.columns {
-                let want = if c.ends_with("timer_wait") || c.ends_with("cpu_time") {
+                let want = if c.ends_with("timer_wait")
+                    || c.ends_with("cpu_time")
+                    || c.starts_with("quantile_")
+                    || c.starts_with("bucket_timer_")
+                {
                     ColumnKind::Duration
                 } else if ["timer_start", "timer_end"].contains(c) {
                     ColumnKind::Instant
@@ -440,9 +507,14 @@ mod tests {
             duration_columns(),
             [
                 "avg_timer_wait",
+                "bucket_timer_high",
+                "bucket_timer_low",
                 "cpu_time",
                 "max_timer_wait",
                 "min_timer_wait",
+                "quantile_95",
+                "quantile_99",
+                "quantile_999",
                 "sum_cpu_time",
                 "sum_timer_wait",
                 "timer_wait"

@@ -16,6 +16,8 @@ pub mod view;
 
 mod container_pages;
 mod events_current;
+mod events_histogram_by_event_name;
+mod events_histogram_global;
 mod events_history;
 mod events_history_long;
 mod events_summary_by_thread_by_event_name;
@@ -66,6 +68,8 @@ pub fn registry() -> &'static [Box<dyn PfsTable>] {
                 kind,
             )));
             v.push(Box::new(events_summary_global_by_event_name::table(kind)));
+            v.push(Box::new(events_histogram_global::table(kind)));
+            v.push(Box::new(events_histogram_by_event_name::table(kind)));
         }
         v.push(Box::new(memory_summary_global_by_event_name::MemoryGlobal));
         v.push(Box::new(
@@ -141,7 +145,7 @@ mod tests {
 
     /// A live segment in `dir` with two threads, every kind of event,
     /// strings that need escaping, an actor and memory rows.
-    fn populated(dir: &std::path::Path) -> (std::fs::File, SegmentWriter) {
+    pub(super) fn populated(dir: &std::path::Path) -> (std::fs::File, SegmentWriter) {
         let path = dir.join("svc\"x.42.pfs");
         let file = std::fs::File::options()
             .read(true)
@@ -295,6 +299,91 @@ mod tests {
 }
 
 #[cfg(test)]
+mod histogram_tests {
+    use super::tests::populated;
+    use super::*;
+    use serde_json::{Value, json};
+    use std::time::Duration;
+
+    fn table(dir: &std::path::Path, name: &str) -> Vec<serde_json::Map<String, Value>> {
+        let snap = crate::snapshot::Snapshotter::new(
+            crate::segments::SegmentSet::new(dir, Duration::MAX),
+            Duration::ZERO,
+        )
+        .take();
+        let t = build(
+            lookup(name).unwrap(),
+            &snap,
+            &Filter::default(),
+            &Baselines::default(),
+        );
+        t.rows
+            .iter()
+            .map(|r| {
+                t.columns
+                    .iter()
+                    .map(|c| c.to_string())
+                    .zip(r.iter().cloned())
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Each class timed 5, 10 and 15 ns events on two threads: buckets 0
+    /// (≤ 7.45 ns), 1 (≤ 14.9 ns) and 2 (≤ 29.8 ns) hold two each.
+    #[test]
+    fn histograms_and_quantiles_are_the_summaries_buckets() {
+        let dir = tempfile::tempdir().unwrap();
+        let _seg = populated(dir.path());
+        let rows = table(dir.path(), "events_waits_histogram_by_event_name");
+        let mutex: Vec<_> = rows
+            .iter()
+            .filter(|r| r["event_name"] == "wait/synch/mutex/t/m")
+            .collect();
+        assert_eq!(mutex.len(), 32, "every bucket of a class that timed events");
+        let first = |r: &serde_json::Map<String, Value>| {
+            [
+                "bucket_number",
+                "bucket_timer_low",
+                "bucket_timer_high",
+                "count_bucket",
+                "count_bucket_and_lower",
+                "bucket_quantile",
+            ]
+            .map(|c| r[c].clone())
+            .to_vec()
+        };
+        assert_eq!(json!(first(mutex[0])), json!([0, 0, 7450, 2, 2, 0.333333]));
+        assert_eq!(
+            json!(first(mutex[1])),
+            json!([1, 7450, 14901, 2, 4, 0.666667])
+        );
+        assert_eq!(json!(first(mutex[2])), json!([2, 14901, 29802, 2, 6, 1.0]));
+        assert_eq!(
+            first(mutex[31])[2],
+            Value::Null,
+            "the last bucket has no bound"
+        );
+        assert_eq!(first(mutex[31])[4], 6);
+        // Two wait classes, summed.
+        let global = table(dir.path(), "events_waits_histogram_global");
+        assert_eq!(global.len(), 32);
+        let counts: Vec<_> = global.iter().map(|r| r["count_bucket"].clone()).collect();
+        assert_eq!(json!(counts[..4]), json!([4, 4, 4, 0]));
+        assert_eq!(global[0]["service"], "svc\"x");
+        // The quantiles: the 6th of 6 events, in bucket 2, capped by MAX.
+        let sums = table(dir.path(), "events_statements_summary_global_by_event_name");
+        let q = &sums[0];
+        assert_eq!(q["max_timer_wait"], 15_000);
+        for c in ["quantile_95", "quantile_99", "quantile_999"] {
+            assert_eq!(q[c], 15_000, "{c}");
+        }
+        // A class that timed nothing has no histogram rows, and 0 quantiles.
+        assert!(rows.iter().all(|r| r["event_name"] != "stage/t/s"));
+    }
+}
+
+#[cfg(test)]
 mod registry_tests {
     use super::*;
 
@@ -320,6 +409,8 @@ mod registry_tests {
                 "history_long",
                 "summary_by_thread_by_event_name",
                 "summary_global_by_event_name",
+                "histogram_global",
+                "histogram_by_event_name",
             ] {
                 want.push(format!("events_{k}_{suffix}"));
             }
@@ -483,6 +574,9 @@ mod task_tests {
             "sum_rows_examined",
             "sum_cpu_time",
             "count_cancelled",
+            "quantile_95",
+            "quantile_99",
+            "quantile_999",
         ];
         let global = table(
             dir.path(),

@@ -1,6 +1,6 @@
 //! `setup_instruments`: every instrument of every process, with its
 //! ENABLED and TIMED flags (TIMED is NULL for memory instruments, which
-//! are never timed, as in MySQL).
+//! are never timed, as in MySQL), by name within each process.
 
 use pfs_shm_layout::ClassKind;
 
@@ -27,7 +27,11 @@ impl PfsTable for SetupInstruments {
             "documentation",
         ]));
         for (_, s) in &view.segments {
-            for c in &s.classes {
+            // By name: registration order depends on which thread got
+            // there first.
+            let mut classes: Vec<_> = s.classes.iter().collect();
+            classes.sort_by(|a, b| a.name.cmp(&b.name));
+            for c in classes {
                 let mut r = head(s);
                 r.extend([
                     c.name.as_str().into(),

@@ -3,7 +3,7 @@
 //! threads are gone: its segment, kept for `--dead-retention`, shows its
 //! final counters in the summary tables, not here.
 //!
-//! One row per thread record. An async task with its own event context
+//! One row per thread record, by `THREAD_ID` within each process. An async task with its own event context
 //! (layout 3.1) is a logical thread with a `THREAD_ID` of its own, seen in
 //! the events tables, but it is not an OS thread and has no row here, by
 //! design: its events are in the records of the threads that polled it
@@ -34,7 +34,10 @@ impl PfsTable for Threads {
             "history",
         ]));
         for (path, s) in &view.segments {
-            for t in view.threads_of(path, s) {
+            // By THREAD_ID, whatever record each thread took.
+            let mut threads: Vec<_> = view.threads_of(path, s).iter().collect();
+            threads.sort_by_key(|t| t.thread_id);
+            for t in threads {
                 let (user, host) = match &t.actor {
                     Some((u, h, _)) => (Cell::Str(u), Cell::Str(h)),
                     None => (Cell::Null, Cell::Null),
