@@ -213,11 +213,49 @@ pub struct Retired {
     /// `by_service` missing here has totals of unknown origin (from a
     /// state file written before starts were kept).
     pub earliest_start_ns: BTreeMap<String, u64>,
+    /// When a segment of the service was last folded in (ns since the
+    /// epoch): its totals are forgotten once no process of it has been
+    /// seen for the agent's `--forget-retired-after` since
+    /// ([`Retired::forget`]).
+    pub last_retired_ns: BTreeMap<String, u64>,
+}
+
+/// Now, in ns since the epoch (0 before it).
+pub fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 impl Retired {
+    /// The services whose last segment was folded in more than `after`
+    /// before `now_ns` (ns since the epoch).
+    pub fn idle_since(&self, now_ns: u64, after: std::time::Duration) -> Vec<String> {
+        let after = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX);
+        self.by_service
+            .keys()
+            .filter(|svc| {
+                self.last_retired_ns
+                    .get(*svc)
+                    .is_some_and(|&t| now_ns.saturating_sub(t) > after)
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Drops the totals of `service`: its series leave the exports (a
+    /// process of it that comes back starts its counters from zero, a
+    /// reset that rates and increases handle).
+    pub fn forget(&mut self, service: &str) {
+        self.by_service.remove(service);
+        self.earliest_start_ns.remove(service);
+        self.last_retired_ns.remove(service);
+    }
+
     /// Adds a dead segment's final snapshot.
     pub fn absorb(&mut self, s: &SegmentSnapshot) {
+        self.last_retired_ns
+            .insert(s.service.clone(), unix_now_ns());
         let known = self.earliest_start_ns.get(&s.service).copied();
         match (self.by_service.contains_key(&s.service), known) {
             (false, _) => {
@@ -258,6 +296,10 @@ impl Retired {
                     self.earliest_start_ns.remove(svc);
                 }
                 (false, _, None) | (true, None, _) => {}
+            }
+            if let Some(&at) = o.last_retired_ns.get(svc) {
+                let mine = self.last_retired_ns.entry(svc.clone()).or_insert(at);
+                *mine = (*mine).max(at);
             }
             let t = self.by_service.entry(svc.clone()).or_default();
             t.add_classes(&theirs.classes);

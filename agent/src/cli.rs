@@ -164,6 +164,15 @@ pub struct ServeArgs {
     /// they fold into the service totals and its file is removed (e.g. 300s, 5m).
     #[arg(long, env = "PFS_DEAD_RETENTION", default_value = "5m", value_parser = parse_duration, allow_hyphen_values = true)]
     pub dead_retention: Duration,
+    /// How long a service whose processes are all gone (retired) stays in
+    /// /metrics and OTLP, counting from its last process's retirement:
+    /// then its series are dropped (and its totals forgotten), so that an
+    /// agent over a directory shared by many short-lived programs does not
+    /// export every service it ever saw. A process of it that comes back
+    /// later starts its counters from zero (a reset, which rate() handles).
+    /// `never` keeps them for ever (e.g. 24h, 30m, never).
+    #[arg(long, env = "PFS_FORGET_RETIRED_AFTER", default_value = "24h", value_parser = parse_forget_after, allow_hyphen_values = true)]
+    pub forget_retired_after: ForgetAfter,
     /// After SIGTERM or SIGINT, keep serving /metrics (with fresh
     /// snapshots) and /healthz this long before stopping, so the next
     /// scrape still sees the final counters of an application that stopped
@@ -483,6 +492,19 @@ fn parse_max_size(s: &str) -> Result<ByteSize, String> {
     }
 }
 
+/// `--forget-retired-after`: a duration, or `None` for `never`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForgetAfter(pub Option<Duration>);
+
+fn parse_forget_after(text: &str) -> Result<ForgetAfter, String> {
+    if text.trim().eq_ignore_ascii_case("never") {
+        return Ok(ForgetAfter(None));
+    }
+    parse_duration(text)
+        .map(|d| ForgetAfter(Some(d)))
+        .map_err(|e| format!("{e}; or never"))
+}
+
 /// A `--listen` address: `ADDR:PORT`, or `HOST:PORT` with a host name
 /// resolved now (its first IPv4 address, else its first: `localhost`
 /// listens on 127.0.0.1, where `curl localhost` connects first); the
@@ -669,6 +691,10 @@ mod tests {
             a.dead_retention,
             pfs_agent::segments::DEFAULT_DEAD_RETENTION
         );
+        assert_eq!(
+            a.forget_retired_after.0,
+            Some(pfs_agent::segments::DEFAULT_FORGET_RETIRED_AFTER)
+        );
         assert_eq!(a.shutdown_delay, Duration::ZERO);
         assert_eq!(
             a.listen,
@@ -711,5 +737,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("use ms, s, m (or min), h or d"), "{e}");
+        for (text, want) in [
+            ("never", None),
+            ("NEVER", None),
+            ("30m", Some(Duration::from_secs(1800))),
+        ] {
+            let cli = Cli::try_parse_from(["pfs-agent", "serve", "--forget-retired-after", text])
+                .unwrap();
+            let Command::Serve(a) = cli.command else {
+                panic!("serve")
+            };
+            assert_eq!(a.forget_retired_after.0, want, "{text}");
+        }
+        let e = Cli::try_parse_from(["pfs-agent", "serve", "--forget-retired-after", "soon"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("or never"), "{e}");
     }
 }

@@ -55,7 +55,7 @@ use pfs_shm_layout::reader::Summary;
 use rustix::fs::{FlockOperation, OFlags};
 use serde::{Deserialize, Serialize};
 
-use crate::aggregate::{Retired, ServiceTotals};
+use crate::aggregate::{Retired, ServiceTotals, unix_now_ns};
 use crate::persist::{JsonError, MemoryJson, SummaryJson};
 use crate::util::fs::{DIR_ACCESS_HINT, ReadError, nofollow, read_capped, set_aside, write_atomic};
 
@@ -191,6 +191,10 @@ struct ServiceV1 {
     /// agents that did not keep it: the origin is then unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     earliest_start_unix_ns: Option<u64>,
+    /// When a segment of the service was last retired (absent in files of
+    /// agents that did not keep it: taken as the time the file is read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_retired_unix_ns: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -240,6 +244,7 @@ fn encode_services(retired: &Retired) -> BTreeMap<String, ServiceV1> {
                     memory,
                     lost: t.lost.to_vec(),
                     earliest_start_unix_ns: retired.earliest_start_ns.get(svc).copied(),
+                    last_retired_unix_ns: retired.last_retired_ns.get(svc).copied(),
                 },
             )
         })
@@ -264,6 +269,8 @@ fn decode_services(services: BTreeMap<String, ServiceV1>) -> Result<Retired, Sta
         if let Some(t) = s.earliest_start_unix_ns {
             retired.earliest_start_ns.insert(svc.clone(), t);
         }
+        let last = s.last_retired_unix_ns.unwrap_or_else(unix_now_ns);
+        retired.last_retired_ns.insert(svc.clone(), last);
         retired.by_service.insert(svc, t);
     }
     Ok(retired)

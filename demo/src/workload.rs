@@ -230,15 +230,22 @@ fn stop_on_signal(stop: Arc<AtomicBool>) -> Result<(), DemoError> {
             handler(SignalKind::interrupt(), "SIGINT")?,
         )
     };
+    // A workload of `pfs-agent demo` gets SIGTERM when its parent dies.
+    let parent = std::os::unix::process::parent_id();
     spawn_named("signals".into(), move || {
         rt.block_on(async move {
             let name = tokio::select! {
                 _ = term.recv() => "SIGTERM",
                 _ = int.recv() => "SIGINT",
             };
+            let why = if std::os::unix::process::parent_id() != parent {
+                " (its parent process exited: a workload stops with the demo or program that started it)"
+            } else {
+                ""
+            };
             tracing::info!(
                 signal = name,
-                "stopping: finishing the requests in flight; send the signal again to exit at once"
+                "stopping{why}: finishing the requests in flight; send the signal again to exit at once"
             );
             stop.store(true, Ordering::Release);
             let (name, code) = tokio::select! {

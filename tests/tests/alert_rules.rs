@@ -80,8 +80,11 @@ fn the_annotation_scrape_job_keeps_only_the_agents_port() {
             "__meta_kubernetes_pod_container_name": container,
             "__meta_kubernetes_pod_container_port_name": port,
             "__meta_kubernetes_pod_container_init": init.to_string(),
-            "__meta_kubernetes_pod_annotation_prometheus_io_path": "/metrics",
-            "__meta_kubernetes_pod_annotation_prometheus_io_port": "9464",
+            // The application's own metrics, as an existing pod has them
+            // (a pod has one set of annotations): the agent's target is
+            // still scraped at its /metrics.
+            "__meta_kubernetes_pod_annotation_prometheus_io_path": "/actuator/prometheus",
+            "__meta_kubernetes_pod_annotation_prometheus_io_port": "8080",
         });
         if let Some(v) = scrape {
             labels["__meta_kubernetes_pod_annotation_prometheus_io_scrape"] = v.into();

@@ -485,6 +485,21 @@ fn actors_updates_keep_other_columns_a_full_table_is_an_error_and_filters_are_na
         !cli.status.success(),
         "a filter that leaves every live process out fails the command"
     );
+    // So does a pattern that names nothing (a typo), saying so.
+    let cli = agent_cli(&[
+        "setup",
+        "instruments",
+        "wait/no/such/%",
+        "--enabled",
+        "no",
+        "--shm-dir",
+        d,
+    ])?;
+    let err = String::from_utf8_lossy(&cli.stderr);
+    assert!(
+        !cli.status.success() && err.contains("no instrument matched"),
+        "{err}"
+    );
     w.finish(Duration::from_secs(10))?;
     Ok(())
 }

@@ -24,7 +24,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     // A directory that does not exist yet is waited for (a sidecar may start
     // first); a path that exists and is not a directory is an error.
     if !dir_exists(&a.dir.shm_dir)? {
-        tracing::warn!(dir = %pfs_agent::util::shown::path(&a.dir.shm_dir), "segment directory does not exist yet; waiting for instrumented processes to create it");
+        tracing::info!(dir = %pfs_agent::util::shown::path(&a.dir.shm_dir), "segment directory does not exist yet; waiting for instrumented processes to create it");
     }
     let reads_open = read_token.is_none();
     let tokens = Tokens {
@@ -39,6 +39,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         // another) leaves nothing in the segment directory, where the
         // state files of the one serving it live.
         let mut set = SegmentSet::new(&a.dir.shm_dir, a.dead_retention)
+            .with_forget_retired_after(a.forget_retired_after.0)
             .with_policy(a.policy.policy())
             .persist();
         set.defaults = defaults;

@@ -87,12 +87,10 @@ pub fn run(cmd: SetupCommand) -> anyhow::Result<()> {
         );
     }
     if let Some(w) = out.nothing_matched(&change) {
-        if out.segments == 0 {
-            // Live segments were there and the --service/--pid filter left
-            // them all out: a mistyped name, which a script must see.
-            bail!("{w}");
-        }
-        eprintln!("warning: {w}");
+        // Live segments were there and nothing in them changed (the
+        // --service/--pid filter left them all out, or the pattern named
+        // nothing): most often a typo, which a script must see.
+        bail!("{w}");
     }
     if out.segments == 0 && !out.errors.is_empty() {
         bail!("no segment could be changed");

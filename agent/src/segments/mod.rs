@@ -147,11 +147,18 @@ const NOT_READY_GRACE: Duration = Duration::from_secs(10);
 /// text `5m` a test keeps equal to this).
 pub const DEFAULT_DEAD_RETENTION: Duration = Duration::from_secs(300);
 
+/// How long a service's retired totals stay exported once none of its
+/// processes is seen (`serve --forget-retired-after`, whose default text
+/// `24h` a test keeps equal to this).
+pub const DEFAULT_FORGET_RETIRED_AFTER: Duration = Duration::from_secs(24 * 3600);
+
 /// Every segment file of one directory.
 #[derive(Debug)]
 pub struct SegmentSet {
     dir: PathBuf,
     dead_retention: Duration,
+    /// See [`SegmentSet::with_forget_retired_after`].
+    forget_retired_after: Option<Duration>,
     /// Live and recently dead segments, by path.
     pub tracked: HashMap<PathBuf, Tracked>,
     /// The tracked paths gone from the last listing (sorted): a follower
@@ -201,6 +208,7 @@ impl SegmentSet {
             retirement: Retirement::new(&dir),
             dir,
             dead_retention,
+            forget_retired_after: Some(DEFAULT_FORGET_RETIRED_AFTER),
             tracked: HashMap::new(),
             vanished_last: Vec::new(),
             follower_grace: FOLLOWER_GRACE,
@@ -235,6 +243,17 @@ impl SegmentSet {
     /// `--require-owner`, a policy other than [`OwnerPolicy::Any`].
     pub fn own_files_only(&self) -> bool {
         self.policy.owner != OwnerPolicy::Any
+    }
+
+    /// Replaces how long a service's retired totals stay exported after
+    /// its last segment was retired, while no segment of it is in the
+    /// directory (`None`: for ever). Past it they are forgotten, so that
+    /// an agent over a directory that sees many short-lived services
+    /// (every instrumented command run on a host) does not export them
+    /// for ever.
+    pub fn with_forget_retired_after(mut self, after: Option<Duration>) -> Self {
+        self.forget_retired_after = after;
+        self
     }
 
     /// Replaces the acceptance policy (before the first refresh).
@@ -548,6 +567,12 @@ impl SegmentSet {
             let tracked = &self.tracked;
             self.retirement
                 .claim(|id| tracked.values().any(|t| t.identity() == *id));
+            if let (true, Some(after)) = (owner, self.forget_retired_after) {
+                self.retirement.forget_idle(
+                    |svc| tracked.values().any(|t| t.segment.service() == svc),
+                    after,
+                );
+            }
         }
         self.report_stuck();
         for t in self.tracked.values_mut().filter(|t| t.dead_since.is_none()) {
@@ -744,6 +769,54 @@ mod tests {
         );
         set.refresh();
         assert_eq!(set.retired_segments(), 8, "stable");
+    }
+
+    /// A service none of whose segments is left is forgotten once its
+    /// last one was retired longer ago than `--forget-retired-after`; one
+    /// with a segment in the directory never is; the state file says the
+    /// same, and `never` keeps everything.
+    #[test]
+    fn a_service_with_no_process_left_is_forgotten_after_a_while() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::testing::dead_segment(dir.path(), "gone", 100, 2);
+        crate::testing::dead_segment(dir.path(), "stays", 101, 2);
+        let after = Duration::from_millis(300);
+        let mut set = SegmentSet::new(dir.path(), Duration::ZERO)
+            .with_forget_retired_after(Some(after))
+            .persist();
+        set.refresh();
+        assert_eq!(set.retired_segments(), 2);
+        let services = |set: &SegmentSet| -> Vec<String> {
+            set.retired().by_service.keys().cloned().collect()
+        };
+        assert_eq!(services(&set), ["gone", "stays"]);
+        // A live process of `stays` appears.
+        let (_held, _w) = crate::testing::segment_at(
+            &dir.path().join("stays.102.pfs"),
+            &crate::testing::tiny_config("stays"),
+            102,
+            true,
+        );
+        std::thread::sleep(after + Duration::from_millis(100));
+        set.refresh();
+        assert_eq!(services(&set), ["stays"], "the one with a process kept");
+        let state = std::fs::read_to_string(dir.path().join(crate::retired::STATE_FILE)).unwrap();
+        assert!(
+            !state.contains("\"gone\"") && state.contains("\"stays\""),
+            "{state}"
+        );
+        // A restarted agent agrees; with `never`, nothing goes.
+        drop(set);
+        crate::testing::dead_segment(dir.path(), "gone", 103, 2);
+        let mut set = SegmentSet::new(dir.path(), Duration::ZERO)
+            .with_forget_retired_after(None)
+            .persist();
+        set.refresh();
+        std::thread::sleep(after + Duration::from_millis(100));
+        set.refresh();
+        assert_eq!(services(&set), ["gone", "stays"]);
+        let gone = &set.retired().by_service["gone"].classes["wait/synch/mutex/t/a"].1;
+        assert_eq!(gone.count, 2, "counted from zero when it came back");
     }
 
     #[test]

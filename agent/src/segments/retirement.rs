@@ -330,10 +330,38 @@ impl Retirement {
             kept.extend(remove);
             return kept;
         }
+        let removed = !remove.is_empty();
         for t in remove {
             remove_retired(&t.path, t.ino);
         }
+        // The files removed freed space: the reserve a full volume took
+        // (or never let the agent make) is made again now, not at the
+        // next save.
+        if let (true, Some(store)) = (removed, &self.store)
+            && store.role() == Role::Owner
+        {
+            store.prepare();
+        }
         kept
+    }
+
+    /// Forgets the retired totals of the services that no segment in the
+    /// directory belongs to (`present` says which do) and whose last
+    /// segment was retired more than `after` ago, and saves. Owner only.
+    pub(super) fn forget_idle(&mut self, present: impl Fn(&str) -> bool, after: Duration) {
+        let idle = self
+            .retired
+            .idle_since(crate::aggregate::unix_now_ns(), after);
+        let mut forgot = 0;
+        for svc in idle.iter().filter(|s| !present(s)) {
+            // Dead segments kept aside are present (tracked): none here.
+            self.retired.forget(svc);
+            forgot += 1;
+            tracing::info!(service = %svc, after = %crate::util::text::HumanDuration(after), "forgot a service's retired totals: none of its processes was seen for --forget-retired-after; its series leave /metrics and OTLP (a process of it that comes back starts its counters from zero)");
+        }
+        if forgot > 0 {
+            self.changed();
+        }
     }
 
     /// Saves the state after the totals changed; a failed save is retried

@@ -22,7 +22,7 @@ impl Tokens {
         let Some(want) = &self.control else {
             return Err(Box::new(error(
                 StatusCode::FORBIDDEN,
-                "control is disabled: start the agent with --control-token-file to enable it",
+                "control is disabled: the agent started without a control token (no --control-token-file, or its file did not exist then; in Kubernetes, the pfs-agent-control-token Secret): create the file and restart the agent",
             )));
         };
         if token_matches(req, [Some(want), None]) {
