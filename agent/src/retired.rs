@@ -55,7 +55,7 @@ use pfs_shm_layout::reader::Summary;
 use rustix::fs::{FlockOperation, OFlags};
 use serde::{Deserialize, Serialize};
 
-use crate::aggregate::{Retired, ServiceTotals, unix_now_ns};
+use crate::aggregate::{Retired, ServiceTotals};
 use crate::persist::{JsonError, MemoryJson, SummaryJson};
 use crate::util::fs::{DIR_ACCESS_HINT, ReadError, nofollow, read_capped, set_aside, write_atomic};
 
@@ -192,7 +192,8 @@ struct ServiceV1 {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     earliest_start_unix_ns: Option<u64>,
     /// When a segment of the service was last retired (absent in files of
-    /// agents that did not keep it: taken as the time the file is read).
+    /// agents that did not keep it: taken as the time the file is first
+    /// read, and saved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     last_retired_unix_ns: Option<u64>,
 }
@@ -269,8 +270,11 @@ fn decode_services(services: BTreeMap<String, ServiceV1>) -> Result<Retired, Sta
         if let Some(t) = s.earliest_start_unix_ns {
             retired.earliest_start_ns.insert(svc.clone(), t);
         }
-        let last = s.last_retired_unix_ns.unwrap_or_else(unix_now_ns);
-        retired.last_retired_ns.insert(svc.clone(), last);
+        // Absent in the files of agents that did not keep it: stamped (and
+        // saved) when installed (`Retirement::install`).
+        if let Some(t) = s.last_retired_unix_ns {
+            retired.last_retired_ns.insert(svc.clone(), t);
+        }
         retired.by_service.insert(svc, t);
     }
     Ok(retired)

@@ -8,6 +8,8 @@
 //!   long before the connection timeout;
 //! * `/healthz` is answered even when every `--max-connections` slot is
 //!   taken (other requests still wait for a slot);
+//! * a connection closed to make room sends the rest of its last answer
+//!   first (a slow reader's large scrape is not cut short);
 //! * the default `--listen` (`[::]`) answers on IPv4 and IPv6 loopback;
 //! * with `--control-token-file` naming a file that does not exist (an
 //!   optional Kubernetes Secret not created), the agent starts with
@@ -66,6 +68,37 @@ fn big_segment(dir: &Path) -> (File, pfs_shm_layout::SegmentWriter) {
         }
     }
     (file, w)
+}
+
+/// Two live segments (services `many0`, `many1`) whose one thread each
+/// recorded a wait of each of 1 000 instruments with long names: a
+/// `/metrics` answer of about 10 MB, more than loopback's socket buffers
+/// take in (up to 4 MB sent ahead of a reader that does not read), so
+/// hyper holds the rest.
+fn many_instruments(dir: &Path) -> Vec<(File, pfs_shm_layout::SegmentWriter)> {
+    (0..2u32)
+        .map(|n| {
+            let cfg = SegmentConfig {
+                service_name: format!("many{n}"),
+                history_len: 2,
+                max_classes: 1024,
+                max_strings: 16,
+                records_per_page: 1,
+                max_pages: 1,
+                history_long_len: 1,
+            };
+            let path = dir.join(format!("many{n}.{}.pfs", 100 + n));
+            let (file, w) = segment_at(&path, &cfg, 100 + n, true);
+            let slot = w.alloc_thread(1, 1000, "worker").unwrap();
+            for i in 0..1000 {
+                let name =
+                    format!("instrument_number_{i:04}_named_at_length_to_make_a_large_answer");
+                let c = mutex_class(&w, &name);
+                record_waits(&w, slot.index, c, 1);
+            }
+            (file, w)
+        })
+        .collect()
 }
 
 /// A connection with a tiny receive buffer that asks for `path` and never
@@ -366,6 +399,48 @@ fn healthz_is_answered_beyond_the_connection_limit() {
         "the waiting scrape after the slots freed: {:?}",
         status_of(&late)
     );
+}
+
+/// A scrape whose client reads slowly: its whole answer is handed to
+/// hyper long before the client has it, so by the slot rules its
+/// connection turns idle and may be closed to make room for another
+/// scrape, but only once the rest of the answer is sent.
+#[test]
+fn a_connection_closed_to_make_room_sends_the_rest_of_its_answer_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let _held = many_instruments(dir.path());
+    let mut agent = Serve::start(dir.path(), &["--max-connections", "1"]);
+    agent.wait_healthy(Duration::from_secs(20));
+    // The probe's connection gives its slot back.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut slow = stalled_client(agent.addr, "/metrics");
+    let mut got = read_for(&mut slow, Duration::from_secs(10));
+    assert!(status_of(&got).contains(" 200 "), "{}", status_of(&got));
+    // It stops reading; its answer is long handed to hyper.
+    std::thread::sleep(Duration::from_millis(800));
+    // A scrape on a new connection needs the only regular slot.
+    let mut next = TcpStream::connect(agent.addr).unwrap();
+    next.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // The slow client reads on: its answer is whole.
+    got.extend(read_to_close(&mut slow, Duration::from_secs(20)));
+    let end = got
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head");
+    let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .expect("a Content-Length")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(length > 6 << 20, "a large answer ({length} bytes)");
+    assert_eq!(got.len() - end - 4, length, "the answer was cut short");
+    let resp = read_to_close(&mut next, Duration::from_secs(20));
+    assert!(status_of(&resp).contains(" 200 "), "{}", status_of(&resp));
 }
 
 #[test]

@@ -373,7 +373,8 @@ impl Summary {
     /// histogram bucket that holds the event of rank ⌈n · parts / of⌉
     /// (n timed events), here at most `MAX_TIMER_WAIT` and at least
     /// `MIN_TIMER_WAIT`. The buckets are powers of two, so the estimate is
-    /// below twice the true quantile. 0 when nothing was timed.
+    /// below twice the true quantile (above the first bucket, which holds
+    /// everything up to 7.45 ns). 0 when nothing was timed.
     ///
     /// ```
     /// use pfs_shm_layout::layout::bucket_index;
@@ -570,8 +571,7 @@ mod tests {
         };
         s.buckets[HISTOGRAM_BUCKETS - 1] = 3;
         assert_eq!(s.quantile_ps(95, 100), 9_000_000_000_000);
-        // A bucket bound below MIN (bounds known only to the bucket after
-        // TRUNCATE): MIN.
+        // A bucket bound above MAX: MAX.
         let mut s = Summary {
             timed_count: 2,
             min_ps: 1_500_000,
@@ -582,5 +582,9 @@ mod tests {
         assert_eq!(s.quantile_ps(95, 100), 1_800_000);
         s.max_ps = 3_000_000;
         assert_eq!(s.quantile_ps(95, 100), 1_907_348);
+        // A bucket bound below MIN (MIN and MAX narrowed from the sum
+        // after TRUNCATE, the buckets not): MIN.
+        s.min_ps = 1_950_000;
+        assert_eq!(s.quantile_ps(95, 100), 1_950_000);
     }
 }

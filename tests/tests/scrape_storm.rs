@@ -394,7 +394,9 @@ fn probe_and_scrape_are_answered(a: &str, what: &str) {
 /// Keep-alive connections left open after a request each, as many as the
 /// slots and the spare ones together, would hold them all until their
 /// header timeout: the one idle the longest makes room for a probe, and
-/// for a scrape. A connection with a response in flight is never chosen.
+/// for a scrape. (That a connection with a response in flight is never
+/// chosen is `server::conns`'s unit test; the slot tests above hold their
+/// slots with such connections.)
 #[test]
 fn idle_keep_alive_connections_never_keep_a_probe_out() {
     let dir = tempfile::tempdir().unwrap();
@@ -427,7 +429,8 @@ fn idle_keep_alive_connections_never_keep_a_probe_out() {
         .collect();
     std::thread::sleep(Duration::from_millis(300));
     probe_and_scrape_are_answered(&a, "20 idle keep-alive connections");
-    // The ones closed to make room were closed cleanly (no response cut).
+    // Some were closed to make room, with nothing sent on them since
+    // their answer (read whole above).
     let closed = kept
         .into_iter()
         .filter_map(|mut c| {

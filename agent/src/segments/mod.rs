@@ -567,7 +567,11 @@ impl SegmentSet {
             let tracked = &self.tracked;
             self.retirement
                 .claim(|id| tracked.values().any(|t| t.identity() == *id));
-            if let (true, Some(after)) = (owner, self.forget_retired_after) {
+            // Not while a file is being created: its process's service is
+            // not known yet, and may be one of them.
+            if let (true, true, Some(after)) =
+                (owner, self.pending.is_empty(), self.forget_retired_after)
+            {
                 self.retirement.forget_idle(
                     |svc| tracked.values().any(|t| t.segment.service() == svc),
                     after,
@@ -817,6 +821,31 @@ mod tests {
         assert_eq!(services(&set), ["gone", "stays"]);
         let gone = &set.retired().by_service["gone"].classes["wait/synch/mutex/t/a"].1;
         assert_eq!(gone.count, 2, "counted from zero when it came back");
+    }
+
+    /// Totals from a state file that did not say when they were last
+    /// retired (an older agent's) are stamped when loaded, and saved at
+    /// once: restarts do not keep postponing their forgetting.
+    #[test]
+    fn retired_totals_without_a_time_are_stamped_and_saved() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::testing::dead_segment(dir.path(), "old", 100, 2);
+        let mut set = SegmentSet::new(dir.path(), Duration::ZERO).persist();
+        set.refresh();
+        drop(set);
+        let path = dir.path().join(crate::retired::STATE_FILE);
+        let mut state: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let old = state["services"]["old"].as_object_mut().unwrap();
+        assert!(old.remove("last_retired_unix_ns").is_some());
+        std::fs::write(&path, serde_json::to_vec(&state).unwrap()).unwrap();
+        let mut set = SegmentSet::new(dir.path(), Duration::ZERO).persist();
+        set.refresh();
+        let state: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let t = state["services"]["old"]["last_retired_unix_ns"].as_u64();
+        assert!(t.is_some_and(|t| t > 0), "{state}");
+        assert_eq!(set.retired().by_service["old"].classes.len(), 1);
     }
 
     #[test]

@@ -101,6 +101,20 @@ impl Retirement {
     /// the next pass ([`Retirement::claim`]).
     fn install(&mut self, state: State) {
         self.retired = state.retired;
+        // Totals from a file that did not say when they were last retired
+        // (an older agent's): from now, saved so that a restart does not
+        // postpone their forgetting again.
+        let now = crate::aggregate::unix_now_ns();
+        let unstamped: Vec<String> = (self.retired.by_service.keys())
+            .filter(|svc| !self.retired.last_retired_ns.contains_key(*svc))
+            .cloned()
+            .collect();
+        for svc in &unstamped {
+            self.retired.last_retired_ns.insert(svc.clone(), now);
+        }
+        if let (false, Some(store)) = (unstamped.is_empty(), &mut self.store) {
+            store.dirty = true;
+        }
         self.retired_segments = state.retired_segments;
         self.absorbed = state.absorbed;
         self.pending = state.pending;
@@ -131,6 +145,12 @@ impl Retirement {
                 "a dead segment's file went away while no agent watched (or was not accepted this pass); its final counters, kept in the state file, are retired now"
             );
             self.retired.merge(&totals);
+            // Retired now (its totals carry when its death was found).
+            for svc in totals.by_service.keys() {
+                self.retired
+                    .last_retired_ns
+                    .insert(svc.clone(), crate::aggregate::unix_now_ns());
+            }
             self.retired_segments += 1;
             // Counted now: should its file be there after all (refused
             // this pass, or listed late), it is not exported again (and

@@ -4,8 +4,11 @@
 //! taken. Below [`super`] (the accept loop); uses only [`super::body`].
 //!
 //! A connection is *idle* while no response is in flight on it: from its
-//! accept until its first request head arrives, and from the end of each
-//! response's body until the next head. With every regular and spare slot
+//! accept until its first request head arrives, and from the moment hyper
+//! drops a response's body (handed whole to the connection's write
+//! buffer: a client slow to read may not have it all yet) until the next
+//! head. One closed after a request gets its last response flushed first
+//! (within [`super::CLOSE_GRACE`]). With every regular and spare slot
 //! taken, the connection idle the longest, if idle for at least
 //! [`IDLE_FOR`], is told to close ([`Conns::evict_longest_idle`]): a flood
 //! of silent connections (each would hold a slot until its header
@@ -48,8 +51,11 @@ pub struct Slot {
 pub struct Conn {
     /// When it was accepted.
     accepted: Instant,
+    /// Request heads dispatched on it.
+    requests: AtomicU64,
     /// Responses in flight on it: from the dispatch of a request head
-    /// until its response's body is dropped (written whole, or given up).
+    /// until hyper drops its response's body (handed whole to the
+    /// connection's write buffer, or given up).
     in_flight: AtomicU64,
     /// When it last turned idle, in nanoseconds after `accepted`.
     idle_since: AtomicU64,
@@ -62,6 +68,12 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// Whether a request head was ever dispatched on it: closing it
+    /// then lets hyper flush what it holds of the last response first.
+    pub fn had_requests(&self) -> bool {
+        self.requests.load(Ordering::Relaxed) != 0
+    }
+
     /// Whether a response is in flight on it now.
     pub fn busy(&self) -> bool {
         self.in_flight.load(Ordering::Acquire) != 0
@@ -94,6 +106,7 @@ impl Conn {
     /// A request head was dispatched on it: in flight until the returned
     /// guard drops (wrap the response's body in it: [`Counted`]).
     pub fn start(self: &Arc<Self>) -> InFlight {
+        self.requests.fetch_add(1, Ordering::Relaxed);
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight(self.clone())
     }
@@ -169,6 +182,7 @@ impl Conns {
         q.retain(|c| !c.done.load(Ordering::Relaxed));
         let c = Arc::new(Conn {
             accepted,
+            requests: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             idle_since: AtomicU64::new(0),
             regular: AtomicBool::new(slot.regular.is_some()),

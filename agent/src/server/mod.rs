@@ -338,10 +338,13 @@ async fn accept(
             // not read it is dropped then. An idle one closes at once.
             let ended = match ended {
                 Ok(r) => Some(r),
-                // Nothing in flight (hyper calls the service in the poll
-                // that parses a head, in this task, so none is dispatched
-                // meanwhile): closed now, a half-sent head with it.
-                Err(_) if !me.busy() => Some(Ok(())),
+                // Never a request dispatched (hyper calls the service in
+                // the poll that parses a head, in this task, so none is
+                // meanwhile): nothing to flush, closed now, a half-sent
+                // head with it. After one, hyper may still hold the end of
+                // the last response (its body is dropped once handed to
+                // the write buffer): the graceful path flushes it.
+                Err(_) if !me.had_requests() => Some(Ok(())),
                 Err(why) => {
                     conn.as_mut().graceful_shutdown();
                     let r = tokio::time::timeout(CLOSE_GRACE, conn).await.ok();

@@ -259,6 +259,8 @@ impl Table {
                 // writer's choice: shown with its control characters
                 // escaped, never sent to the operator's terminal as is.
                 Value::String(s) => crate::util::shown::printable(s).into_owned(),
+                // A fraction (`bucket_quantile`), as MySQL's DECIMAL(7,6).
+                Value::Number(n) if n.is_f64() => format!("{:.6}", n.as_f64().unwrap_or(0.0)),
                 other => other.to_string(),
             }));
         }

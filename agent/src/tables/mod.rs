@@ -378,8 +378,28 @@ mod histogram_tests {
         for c in ["quantile_95", "quantile_99", "quantile_999"] {
             assert_eq!(q[c], 15_000, "{c}");
         }
-        // A class that timed nothing has no histogram rows, and 0 quantiles.
+        // Each kind's table has its own classes.
         assert!(rows.iter().all(|r| r["event_name"] != "stage/t/s"));
+        let stages = table(dir.path(), "events_stages_histogram_by_event_name");
+        assert_eq!(stages.len(), 32, "stage/t/s only");
+        assert!(stages.iter().all(|r| r["event_name"] == "stage/t/s"));
+        // The text table shows a fraction as MySQL's DECIMAL(7,6).
+        let snap = crate::snapshot::Snapshotter::new(
+            crate::segments::SegmentSet::new(dir.path(), Duration::MAX),
+            Duration::ZERO,
+        )
+        .take();
+        let text = build(
+            lookup("events_waits_histogram_global").unwrap(),
+            &snap,
+            &Filter::default(),
+            &Baselines::default(),
+        )
+        .to_text();
+        assert!(
+            text.contains("| 0.333333 ") && text.contains("| 1.000000 "),
+            "{text}"
+        );
     }
 }
 

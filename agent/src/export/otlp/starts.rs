@@ -74,10 +74,14 @@ impl Origins {
     /// Takes in one snapshot's [`observe`]: a service's origin only ever
     /// moves earlier (a retired process's start stays in it); a service
     /// first seen with retired totals of unknown start has an unknown
-    /// origin for the rest of the agent's life.
+    /// origin while it is observed. A service the snapshot no longer has
+    /// (no segment and no retired totals: forgotten, see
+    /// `--forget-retired-after`) is dropped: if it comes back, its counts
+    /// start from zero, and so does its origin, from its new processes.
     pub fn update(&mut self, services: &[ServiceStarts]) {
+        let mut before = std::mem::take(&mut self.by_service);
         for s in services {
-            let next = match (self.by_service.get(&s.service), s.earliest_ns) {
+            let next = match (before.remove(&s.service).as_ref(), s.earliest_ns) {
                 (Some(Origin::Unknown), _) => Origin::Unknown,
                 (Some(Origin::Known(t)), e) => Origin::Known(e.map_or(*t, |e| e.min(*t))),
                 (None, _) if s.unknown_history => Origin::Unknown,
@@ -126,5 +130,17 @@ mod tests {
         // A service first seen retired, with its processes' start known.
         o.update(&[s("brief", Some(2_000), false)]);
         assert_eq!(o.of("brief"), Origin::Known(2_000));
+    }
+
+    #[test]
+    fn a_forgotten_service_that_comes_back_starts_anew() {
+        let mut o = Origins::default();
+        o.update(&[s("a", Some(100), false), s("b", Some(5), true)]);
+        // Forgotten (no segment, no retired totals): not in the snapshot.
+        o.update(&[s("b", Some(5), true)]);
+        assert_eq!(o.of("a"), Origin::Unknown, "forgotten");
+        o.update(&[s("a", Some(900), false), s("b", Some(5), true)]);
+        assert_eq!(o.of("a"), Origin::Known(900), "from its new process");
+        assert_eq!(o.of("b"), Origin::Unknown, "still observed: unchanged");
     }
 }
