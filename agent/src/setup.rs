@@ -201,16 +201,20 @@ pub enum InvalidChange {
 }
 
 /// Why a `setup_timers` change's `name` is refused: it matches no event
-/// kind (`STAGE`, `waits`), so it would change nothing.
+/// kind in any case (`idle`, `waits`), so it would change nothing.
 fn unknown_event_kind(name: &str) -> Option<InvalidChange> {
     let kinds = EventKind::ALL.map(EventKind::name);
-    if kinds.iter().any(|k| setup::like(name, k)) {
+    if kinds
+        .iter()
+        .any(|k| setup::like(&name.to_ascii_lowercase(), k))
+    {
         return None;
     }
+    let lower = name.to_ascii_lowercase();
     let hint = kinds
         .iter()
-        .find(|k| setup::like(&name.to_ascii_lowercase(), k))
-        .map(|k| format!(" (event kinds are lower case: did you mean {k:?}?)"))
+        .find(|k| !lower.is_empty() && (lower.starts_with(*k) || k.starts_with(&lower)))
+        .map(|k| format!(" (did you mean {k:?}?)"))
         .unwrap_or_default();
     Some(InvalidChange::EventKind {
         name: name.to_string(),
@@ -312,7 +316,8 @@ pub fn apply_one(seg: &Segment, change: &Change) -> Result<usize, ActorsFull> {
         Change::Instruments(c) => setup::set_instruments(seg, &c.name, c.enabled, c.timed),
         Change::Consumers(c) => setup::set_consumers(seg, &c.name, c.enabled),
         Change::Timers(c) => match TimerId::from_name(&c.timer_name) {
-            Some(t) => setup::set_timers(seg, &c.name, t),
+            // In any case, as MySQL compares `NAME = 'WAIT'`.
+            Some(t) => setup::set_timers(seg, &c.name.to_ascii_lowercase(), t),
             None => 0,
         },
         Change::Actors(c) => {
@@ -513,12 +518,21 @@ mod tests {
 
     #[test]
     fn event_kinds_are_checked() {
-        for ok in ["wait", "stage", "statement", "%", "sta%", "_tage"] {
+        for ok in [
+            "wait",
+            "stage",
+            "statement",
+            "%",
+            "sta%",
+            "_tage",
+            "STAGE",
+            "Wait",
+        ] {
             assert!(validate(&timers(ok)).is_ok(), "{ok}");
         }
-        let e = validate(&timers("STAGE")).unwrap_err().to_string();
+        let e = validate(&timers("WAITS")).unwrap_err().to_string();
         assert!(
-            e.contains("\"STAGE\"") && e.contains("did you mean \"stage\""),
+            e.contains("\"WAITS\"") && e.contains("did you mean \"wait\""),
             "{e}"
         );
         let e = validate(&timers("idle")).unwrap_err().to_string();

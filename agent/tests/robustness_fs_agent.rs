@@ -515,6 +515,29 @@ fn query_warns_when_no_segment_has_the_service() {
             && err.contains("services found: \"orders\""),
         "{err}"
     );
+    // In JSON, the answer carries it too, as the API's does.
+    let (status, out, err) = run(
+        &[
+            "query",
+            "threads",
+            "--shm-dir",
+            d,
+            "--service",
+            "order",
+            "--format",
+            "json",
+        ],
+        Duration::from_secs(15),
+    );
+    assert!(status.unwrap().success(), "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["rows"], serde_json::json!([]), "{out}");
+    assert!(
+        json["warning"]
+            .as_str()
+            .is_some_and(|w| w.contains("no segment matches --service \"order\"")),
+        "{out}"
+    );
     // (A dead process has no thread left: its summaries show it.)
     let (status, out, err) = run(
         &[

@@ -44,7 +44,7 @@ static BOOK_LOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/rwlock/orders/b
 /// The ledger, held across a commit's write.
 static LEDGER_LOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/orders/ledger");
 /// Report slots: two reports at a time.
-static REPORT_SLOTS: LazyWaitClass = LazyWaitClass::new("wait/synch/cond/orders/report_slots");
+static REPORT_SLOTS: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/orders/report_slots");
 
 static STAGE_LOOKUP: LazyStageClass = LazyStageClass::new("stage/orders/lookup");
 static STAGE_RENDER: LazyStageClass = LazyStageClass::new("stage/orders/rendering");

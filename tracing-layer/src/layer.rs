@@ -370,6 +370,17 @@ impl PfsLayer {
         if s.digest_set {
             stmt.set_digest_text(&s.digest);
         }
+        // SQL_TEXT from the values known now (a request's method and
+        // path), so that the running statement shows it; rendered again
+        // at the close only if a value was recorded since.
+        if let Some(t) = &self.rules.statements[s.rule].text {
+            let values = &s.values;
+            with_buf(|buf| {
+                t.render(|i| values.get(i), Some("?"), buf);
+                stmt.set_text(buf);
+            });
+            s.text_set = true;
+        }
     }
 
     /// The class of a statement starting now. If its rule's digest
@@ -476,7 +487,9 @@ impl PfsLayer {
         let rule = &self.rules.statements[s.rule];
         let values = &s.values;
         with_buf(|buf| {
-            if let Some(t) = &rule.text {
+            if let Some(t) = &rule.text
+                && !s.text_set
+            {
                 t.render(|i| values.get(i), Some("?"), buf);
                 stmt.set_text(buf);
             }
@@ -606,7 +619,9 @@ where
                 values: &mut s.values,
                 figures: &mut s.figures,
             });
-            s.digest_set = false; // its values may have changed
+            // Its values may have changed.
+            s.digest_set = false;
+            s.text_set = false;
         }
     }
 

@@ -134,8 +134,10 @@
 //! created or recorded later with `Span::record`, in their `Display`
 //! form (`Debug` for `?` fields). **Order matters**: the class is chosen
 //! when the statement starts, at the span's first enter, from the values
-//! known then; a value recorded later still shows in `SQL_TEXT` and
-//! `DIGEST` (rendered when the span closes) but does not rename the class.
+//! known then; `SQL_TEXT` is rendered then too, so that the running
+//! statement shows it (`?` for a value not known yet); a value recorded
+//! later still shows in `SQL_TEXT` and `DIGEST` (rendered again when the
+//! span closes) but does not rename the class.
 //! Figure fields (rows, errors, warnings, status, failure) are read from
 //! the span's fields and from every event whose closest statement span
 //! (through stage and other spans) is this one.

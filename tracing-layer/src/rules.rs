@@ -260,8 +260,10 @@ impl StatementRule {
         self
     }
 
-    /// `SQL_TEXT`, as a template rendered when the statement ends (a
-    /// placeholder without a value renders as `?`).
+    /// `SQL_TEXT`, as a template rendered when the statement starts, so
+    /// that `events_statements_current` shows it while it runs, and again
+    /// when it ends if a value was recorded since (a placeholder without a
+    /// value renders as `?`).
     ///
     /// # Panics
     ///

@@ -47,6 +47,10 @@ pub(crate) struct StatementSpan {
     /// The digest text was set when the statement started, from `digest`,
     /// and no value was recorded since: the close does not render it again.
     pub(crate) digest_set: bool,
+    /// `SQL_TEXT` was rendered when the statement started (so that a
+    /// running statement shows it) and no value was recorded since: the
+    /// close does not render it again.
+    pub(crate) text_set: bool,
 }
 
 /// The most boxes of closed statement spans a thread keeps for reuse.
@@ -71,6 +75,7 @@ impl StatementSpan {
             open_stage: 0,
             digest: String::new(),
             digest_set: false,
+            text_set: false,
         }
     }
 
@@ -104,6 +109,7 @@ impl StatementSpan {
             self.digest.clear();
         }
         self.digest_set = false;
+        self.text_set = false;
         let _ = SPARE.try_with(|s| {
             if let Ok(mut s) = s.try_borrow_mut()
                 && s.len() < SPARE_BOXES

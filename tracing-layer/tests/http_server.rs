@@ -4,7 +4,7 @@
 //! and every statement's events nest exactly (stages in their statement,
 //! same THREAD_ID; TIMER_WAIT ≥ CPU_TIME > 0; TIMER_WAIT ≥ each stage's).
 //! While a handler runs, after it was suspended, its request's statement
-//! shows running in `events_statements_current`.
+//! shows running in `events_statements_current`, with its `SQL_TEXT`.
 //! One test function: `init` is once per process.
 
 mod common;
@@ -36,6 +36,9 @@ static SEGMENT: OnceLock<std::path::PathBuf> = OnceLock::new();
 /// those that did not find it running.
 static LOOKED: AtomicU64 = AtomicU64::new(0);
 static NOT_RUNNING: AtomicU64 = AtomicU64::new(0);
+/// Those whose running statement did not show its `SQL_TEXT` (the
+/// request's method and path, known from the span's start).
+static NO_TEXT: AtomicU64 = AtomicU64::new(0);
 
 /// Whether a current statement row shows the running request of the
 /// calling task (a handler resumed after an await).
@@ -44,14 +47,20 @@ fn request_shown_running() {
         return;
     };
     let s = common::read(path);
-    let running = s.threads.iter().any(|t| {
+    let running = s.threads.iter().find_map(|t| {
         t.statements_current
             .as_ref()
-            .is_some_and(|c| c.ev.thread_id == tid && c.ev.end_event_id.is_none())
+            .filter(|c| c.ev.thread_id == tid && c.ev.end_event_id.is_none())
     });
     LOOKED.fetch_add(1, Relaxed);
-    if !running {
-        NOT_RUNNING.fetch_add(1, Relaxed);
+    match running {
+        None => {
+            NOT_RUNNING.fetch_add(1, Relaxed);
+        }
+        Some(c) if !c.text.starts_with("GET /users/") => {
+            NO_TEXT.fetch_add(1, Relaxed);
+        }
+        Some(_) => {}
     }
 }
 
@@ -149,6 +158,12 @@ fn per_route_statements_equal_what_the_clients_received() {
         NOT_RUNNING.load(Relaxed),
         0,
         "handlers whose request was not shown running, of {}",
+        LOOKED.load(Relaxed)
+    );
+    assert_eq!(
+        NO_TEXT.load(Relaxed),
+        0,
+        "running requests shown without their SQL_TEXT, of {}",
         LOOKED.load(Relaxed)
     );
 

@@ -42,6 +42,19 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
         service: a.service,
         pid: a.pid,
     };
+    // An empty answer is valid, but easy to take for "nothing happened"
+    // when the name is mistyped: said (and, in JSON, in the answer's
+    // `warning` member, as the API does).
+    let unmatched = if snap.segments.is_empty() {
+        None
+    } else {
+        filter.unmatched(
+            snap.segments
+                .iter()
+                .map(|s| (s.data.service.as_str(), s.data.pid)),
+            Spelling::Flags,
+        )
+    };
     if snap.segments.is_empty() {
         // Logged (not printed) so that `PFS_LOG_FORMAT=json` stays JSON.
         let dir = a.dir.shm_dir.display();
@@ -71,14 +84,7 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
                 snap.invalid.len()
             );
         }
-    } else if let Some(w) = filter.unmatched(
-        snap.segments
-            .iter()
-            .map(|s| (s.data.service.as_str(), s.data.pid)),
-        Spelling::Flags,
-    ) {
-        // An empty answer is valid, but easy to take for "nothing
-        // happened" when the name is mistyped.
+    } else if let Some(w) = &unmatched {
         tracing::warn!("{w}");
     }
     // As the API shows it: since the last TRUNCATE (the agent serving the
@@ -87,10 +93,11 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
     let mut table = tables::build(table, &snap, &filter, &baselines);
     match a.format {
         Format::Json => {
-            super::print_out(&format!(
-                "{}\n",
-                serde_json::to_string_pretty(&table.to_json())?
-            ))?;
+            let mut json = table.to_json();
+            if let Some(w) = unmatched {
+                json["warning"] = w.into();
+            }
+            super::print_out(&format!("{}\n", serde_json::to_string_pretty(&json)?))?;
         }
         Format::Text => {
             let human = a.human_times || (!a.raw_times && std::io::stdout().is_terminal());

@@ -219,9 +219,10 @@ pub(super) fn summary_values(s: &Summary, kind: EventKind) -> Vec<Cell<'static>>
 
 /// The columns of a histogram table's rows, after its own key columns,
 /// as MySQL's `events_statements_histogram_*` tables have them (times in
-/// ps; `bucket_timer_high` is NULL for the last bucket, which has no
-/// bound; `bucket_quantile` is `count_bucket_and_lower` over the timed
-/// events).
+/// ps; a bucket holds durations above `bucket_timer_low` up to
+/// `bucket_timer_high` included, bucket 0 from 0; `bucket_timer_high` is
+/// NULL for the last bucket, which has no bound; `bucket_quantile` is
+/// `count_bucket_and_lower` over the timed events).
 const HISTOGRAM_COLUMNS: [Column; 6] = [
     value("bucket_number"),
     duration("bucket_timer_low"),

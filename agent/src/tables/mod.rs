@@ -404,6 +404,60 @@ mod histogram_tests {
 }
 
 #[cfg(test)]
+mod live_only_tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A dead process keeps its figures in the summaries and
+    /// `history_long` during its retention, but the setup tables and
+    /// `performance_timers` list live processes only (a dead one's setup
+    /// cannot be changed, nor its timers read).
+    #[test]
+    fn setup_tables_and_timers_list_live_processes_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let _live = crate::testing::segment_at(
+            &dir.path().join("live.1.pfs"),
+            &crate::testing::tiny_config("live"),
+            1,
+            true,
+        );
+        crate::testing::mutex_class(&_live.1, "a");
+        crate::testing::dead_segment(dir.path(), "dead", 2, 3);
+        let snap = crate::snapshot::Snapshotter::new(
+            crate::segments::SegmentSet::new(dir.path(), Duration::MAX),
+            Duration::ZERO,
+        )
+        .take();
+        let services = |name: &str| -> Vec<String> {
+            let t = build(
+                lookup(name).unwrap(),
+                &snap,
+                &Filter::default(),
+                &Baselines::default(),
+            );
+            let mut v: Vec<String> = t
+                .rows
+                .iter()
+                .map(|r| r[0].as_str().unwrap().to_string())
+                .collect();
+            v.dedup();
+            v
+        };
+        for name in [
+            "setup_instruments",
+            "setup_consumers",
+            "setup_timers",
+            "performance_timers",
+        ] {
+            assert_eq!(services(name), ["live"], "{name}");
+        }
+        let mut summaries = services("events_waits_summary_global_by_event_name");
+        summaries.sort();
+        assert_eq!(summaries, ["dead", "live"]);
+    }
+}
+
+#[cfg(test)]
 mod registry_tests {
     use super::*;
 

@@ -1,4 +1,4 @@
-//! `performance_timers`: each process's timers, one row per process and
+//! `performance_timers`: each live process's timers, one row per process and
 //! timer, prefixed by `service` and `pid` like every table (so `?service=`
 //! and `?pid=` select processes here too). `timer_frequency` of `CYCLE` is
 //! the frequency the process calibrated its cycle counter with when it
@@ -33,11 +33,11 @@ impl PfsTable for PerformanceTimers {
             "timer_resolution",
             "timer_overhead",
         ]));
-        if view.segments.is_empty() {
-            return; // no process: nothing to measure for
+        if view.live_segments().next().is_none() {
+            return; // no live process: nothing to measure for
         }
         let measured = timers::measure();
-        for (_, s) in &view.segments {
+        for (_, s) in view.live_segments() {
             for t in &measured {
                 let frequency = match t.timer {
                     TimerId::Cycle if s.timer.frequency_hz > 0 => Some(s.timer.frequency_hz),

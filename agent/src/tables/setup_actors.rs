@@ -1,5 +1,5 @@
-//! `setup_actors`: which threads are instrumented, by user, host and role.
-//! `TRUNCATE` removes every row of every live process, as MySQL's
+//! `setup_actors`: which threads are instrumented, by user, host and role,
+//! per live process. `TRUNCATE` removes every row of every live process, as MySQL's
 //! `TRUNCATE TABLE setup_actors` does (threads already running keep their
 //! verdict; new sessions find no row: not instrumented).
 
@@ -23,7 +23,7 @@ impl PfsTable for SetupActors {
 
     fn emit(&self, view: &View<'_>, sink: &mut dyn Sink) {
         sink.columns(&with_head(&["host", "user", "role", "enabled", "history"]));
-        for (_, s) in &view.segments {
+        for (_, s) in view.live_segments() {
             for a in &s.actors {
                 let mut r = head(s);
                 r.extend([

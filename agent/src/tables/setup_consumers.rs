@@ -1,4 +1,4 @@
-//! `setup_consumers`: which event tables each process fills.
+//! `setup_consumers`: which event tables each live process fills.
 
 use pfs_shm_layout::setup::consumers;
 
@@ -17,7 +17,7 @@ impl PfsTable for SetupConsumers {
 
     fn emit(&self, view: &View<'_>, sink: &mut dyn Sink) {
         sink.columns(&with_head(&["name", "enabled"]));
-        for (_, s) in &view.segments {
+        for (_, s) in view.live_segments() {
             for (n, bit) in consumers() {
                 let mut r = head(s);
                 r.extend([n.into(), yes_no(s.consumers & bit != 0)]);

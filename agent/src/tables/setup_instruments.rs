@@ -1,4 +1,4 @@
-//! `setup_instruments`: every instrument of every process, with its
+//! `setup_instruments`: every instrument of every live process, with its
 //! ENABLED and TIMED flags (TIMED is NULL for memory instruments, which
 //! are never timed, as in MySQL), by name within each process.
 
@@ -26,7 +26,7 @@ impl PfsTable for SetupInstruments {
             "volatility",
             "documentation",
         ]));
-        for (_, s) in &view.segments {
+        for (_, s) in view.live_segments() {
             // By name: registration order depends on which thread got
             // there first.
             let mut classes: Vec<_> = s.classes.iter().collect();

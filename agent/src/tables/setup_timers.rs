@@ -1,4 +1,4 @@
-//! `setup_timers`: the timer each kind of event is timed with, per process.
+//! `setup_timers`: the timer each kind of event is timed with, per live process.
 
 use pfs_shm_layout::EventKind;
 use pfs_shm_layout::layout::{TimerId, timer_of};
@@ -18,7 +18,7 @@ impl PfsTable for SetupTimers {
 
     fn emit(&self, view: &View<'_>, sink: &mut dyn Sink) {
         sink.columns(&with_head(&["name", "timer_name"]));
-        for (_, s) in &view.segments {
+        for (_, s) in view.live_segments() {
             for k in EventKind::ALL {
                 let t = TimerId::from_u32(timer_of(s.timers, k)).unwrap_or(TimerId::Cycle);
                 let mut r = head(s);

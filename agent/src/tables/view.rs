@@ -54,6 +54,15 @@ impl<'a> View<'a> {
         self.live.get(path).copied()
     }
 
+    /// The segments whose process lives: those the setup tables and
+    /// `performance_timers` show (a dead process's setup can no longer be
+    /// changed, nor its timers read).
+    pub fn live_segments(&self) -> impl Iterator<Item = &(&'a Path, &'a SegmentSnapshot)> + '_ {
+        self.segments
+            .iter()
+            .filter(|(path, _)| self.live.contains_key(path))
+    }
+
     /// The threads of segment `s` at `path` that the per-thread tables
     /// show (`threads`, `events_*_current` and `_history`,
     /// `*_summary_by_thread_*`, `memory_summary_by_{account,user,host}_*`):
