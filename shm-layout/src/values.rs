@@ -387,25 +387,52 @@ impl Summary {
     /// assert_eq!(s.quantile_ps(999, 1000), 1_000_000_000); // the bucket's bound, capped by MAX
     /// ```
     pub fn quantile_ps(&self, parts: u64, of: u64) -> u64 {
+        self.quantiles_ps([(parts, of)])[0]
+    }
+
+    /// [`Summary::quantile_ps`] of each `(parts, of)` of `quantiles`, in
+    /// one pass over the buckets.
+    ///
+    /// ```
+    /// use pfs_shm_layout::values::Summary;
+    /// let s = Summary::default();
+    /// assert_eq!(s.quantiles_ps([(95, 100), (99, 100), (999, 1000)]), [0, 0, 0]);
+    /// ```
+    pub fn quantiles_ps<const N: usize>(&self, quantiles: [(u64, u64); N]) -> [u64; N] {
         let n: u128 = self.buckets.iter().map(|&b| u128::from(b)).sum();
-        if n == 0 || of == 0 {
-            return 0;
+        if n == 0 {
+            return [0; N];
         }
-        let rank = (n * u128::from(parts.min(of)))
-            .div_ceil(u128::from(of))
-            .max(1);
-        let mut below = 0u128;
-        let bucket = self
-            .buckets
-            .iter()
-            .position(|&b| {
-                below += u128::from(b);
-                below >= rank
+        let ranks = quantiles.map(|(parts, of)| {
+            (of > 0).then(|| {
+                (n * u128::from(parts.min(of)))
+                    .div_ceil(u128::from(of))
+                    .max(1)
             })
-            .unwrap_or(HISTOGRAM_BUCKETS - 1);
-        let upper = bucket_upper_ps(bucket).unwrap_or(u64::MAX);
+        });
         let (min, max) = (self.min().unwrap_or(0), self.max_ps);
-        upper.min(max).max(min.min(max))
+        let within = |bucket: usize| {
+            let upper = bucket_upper_ps(bucket).unwrap_or(u64::MAX);
+            upper.min(max).max(min.min(max))
+        };
+        let mut out = [None; N];
+        let mut below = 0u128;
+        for (bucket, &b) in self.buckets.iter().enumerate() {
+            if b == 0 {
+                continue;
+            }
+            below += u128::from(b);
+            for (o, rank) in out.iter_mut().zip(&ranks) {
+                if o.is_none() && rank.is_some_and(|r| below >= r) {
+                    *o = Some(within(bucket));
+                }
+            }
+        }
+        let last = within(HISTOGRAM_BUCKETS - 1);
+        std::array::from_fn(|i| match ranks[i] {
+            None => 0,
+            Some(_) => out[i].unwrap_or(last),
+        })
     }
 }
 

@@ -164,8 +164,10 @@ const STATEMENT_SUMMARY_COLUMNS: [Column; 7] = [
 /// file and socket waits moved (0 for waits that carry no byte count).
 const WAIT_SUMMARY_COLUMNS: [Column; 1] = [value("sum_number_of_bytes")];
 
-/// The quantiles every summary ends with, as MySQL's
-/// `events_statements_summary_by_digest` does (there only): each a high
+/// The quantiles the global summaries end with, as MySQL's
+/// `events_statements_summary_by_digest` does (there only; not the
+/// by-thread summaries, the big tables at scale, where three more columns
+/// a row cost a fifth more time and most of their size again): each a high
 /// estimate from the latency histogram ([`Summary::quantile_ps`]: the
 /// bound of the bucket that holds it, within MIN and MAX), as
 /// `(column, parts, of)`.
@@ -176,20 +178,22 @@ const QUANTILE_COLUMNS: [(Column, u64, u64); 3] = [
 ];
 
 /// The summary columns of `kind` (waits have one more, statements seven),
-/// then the quantiles.
-pub(super) fn summary_columns(kind: EventKind) -> Vec<&'static str> {
+/// then the quantiles if `quantiles`.
+pub(super) fn summary_columns(kind: EventKind, quantiles: bool) -> Vec<&'static str> {
     let mut v = names(SUMMARY_COLUMNS);
     match kind {
         EventKind::Wait => v.extend(names(WAIT_SUMMARY_COLUMNS)),
         EventKind::Statement => v.extend(names(STATEMENT_SUMMARY_COLUMNS)),
         EventKind::Stage => {}
     }
-    v.extend(names(QUANTILE_COLUMNS.map(|(c, _, _)| c)));
+    if quantiles {
+        v.extend(names(QUANTILE_COLUMNS.map(|(c, _, _)| c)));
+    }
     v
 }
 
 /// A summary row's cells for [`summary_columns`].
-pub(super) fn summary_values(s: &Summary, kind: EventKind) -> Vec<Cell<'static>> {
+pub(super) fn summary_values(s: &Summary, kind: EventKind, quantiles: bool) -> Vec<Cell<'static>> {
     let mut v = vec![
         s.count.into(),
         Cell::Ps(s.sum_ps),
@@ -213,7 +217,10 @@ pub(super) fn summary_values(s: &Summary, kind: EventKind) -> Vec<Cell<'static>>
         }
         EventKind::Stage => {}
     }
-    v.extend(QUANTILE_COLUMNS.map(|(_, parts, of)| Cell::Ps(s.quantile_ps(parts, of).into())));
+    if quantiles {
+        let q = s.quantiles_ps(QUANTILE_COLUMNS.map(|(_, parts, of)| (parts, of)));
+        v.extend(q.map(|q| Cell::Ps(q.into())));
+    }
     v
 }
 

@@ -22,7 +22,7 @@ pub fn table(kind: EventKind) -> KindTable {
 
 fn emit(view: &View<'_>, sink: &mut dyn Sink, kind: EventKind) {
     let mut cols = with_head(&["thread_id", "event_name"]);
-    cols.extend(summary_columns(kind));
+    cols.extend(summary_columns(kind, false));
     sink.columns(&cols);
     // Sorted by reference (a `Summary` is ~350 bytes).
     let mut by_name: Vec<(&str, u32, &Summary)> = Vec::new();
@@ -41,7 +41,7 @@ fn emit(view: &View<'_>, sink: &mut dyn Sink, kind: EventKind) {
                     .thread_view(path, t.record, t.version, c, sum);
                 let mut row = head(s);
                 row.extend([t.thread_id.into(), n.into()]);
-                row.extend(summary_values(&sum, kind));
+                row.extend(summary_values(&sum, kind, false));
                 sink.row(&row);
             }
         }

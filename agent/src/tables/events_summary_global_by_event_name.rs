@@ -22,7 +22,7 @@ pub fn table(kind: EventKind) -> KindTable {
 
 fn emit(view: &View<'_>, sink: &mut dyn Sink, kind: EventKind) {
     let mut cols = with_head(&["event_name"]);
-    cols.extend(summary_columns(kind));
+    cols.extend(summary_columns(kind, true));
     sink.columns(&cols);
     for (path, s) in &view.segments {
         for (n, (class_kind, sum)) in segment_global(s) {
@@ -30,7 +30,7 @@ fn emit(view: &View<'_>, sink: &mut dyn Sink, kind: EventKind) {
                 let sum = view.baselines_for(path, s).global_view(path, &n, &sum);
                 let mut row = head(s);
                 row.push(n.into());
-                row.extend(summary_values(&sum, kind));
+                row.extend(summary_values(&sum, kind, true));
                 sink.row(&row);
             }
         }
