@@ -333,15 +333,12 @@ fn connections_beyond_the_limit_wait_for_a_slot() {
     );
 }
 
-/// A flood of connections that send nothing (each would hold a slot until
-/// its header timeout): more than the slots and the spare ones together.
-/// A probe is still answered at once (the oldest silent connection makes
-/// room), and so is a scrape.
-#[test]
-fn silent_connections_never_keep_a_probe_out() {
-    let dir = tempfile::tempdir().unwrap();
+/// An agent over `dir` with 4 slots and a header timeout (30 s) longer
+/// than any test here, and its address, once its start-up probe's
+/// connection has given its slot back.
+fn four_slots(dir: &std::path::Path) -> (Agent, String) {
     let agent = Agent::serve_with_env(
-        dir.path(),
+        dir,
         &[
             ("PFS_MAX_CONNECTIONS", "4".to_string()),
             ("PFS_HEADER_TIMEOUT", "30s".to_string()),
@@ -350,6 +347,17 @@ fn silent_connections_never_keep_a_probe_out() {
     .unwrap();
     let a = addr(&agent);
     std::thread::sleep(Duration::from_millis(300));
+    (agent, a)
+}
+
+/// A flood of connections that send nothing (each would hold a slot until
+/// its header timeout): more than the slots and the spare ones together.
+/// A probe is still answered at once (the oldest silent connection makes
+/// room), and so is a scrape.
+#[test]
+fn silent_connections_never_keep_a_probe_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, a) = four_slots(dir.path());
     // 4 slots + 16 spare ones, and 40 more; every other one sends a head
     // it never finishes (a slowloris).
     let silent: Vec<TcpStream> = (0..60)
@@ -400,16 +408,7 @@ fn probe_and_scrape_are_answered(a: &str, what: &str) {
 #[test]
 fn idle_keep_alive_connections_never_keep_a_probe_out() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::serve_with_env(
-        dir.path(),
-        &[
-            ("PFS_MAX_CONNECTIONS", "4".to_string()),
-            ("PFS_HEADER_TIMEOUT", "30s".to_string()),
-        ],
-    )
-    .unwrap();
-    let a = addr(&agent);
-    std::thread::sleep(Duration::from_millis(300));
+    let (agent, a) = four_slots(dir.path());
     // 4 slots + 16 spare ones: each answers a probe, then stays open.
     let kept: Vec<TcpStream> = (0..20)
         .map(|i| {
