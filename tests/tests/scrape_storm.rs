@@ -357,7 +357,7 @@ fn four_slots(dir: &std::path::Path) -> (Agent, String) {
 #[test]
 fn silent_connections_never_keep_a_probe_out() {
     let dir = tempfile::tempdir().unwrap();
-    let (agent, a) = four_slots(dir.path());
+    let (_agent, a) = four_slots(dir.path());
     // 4 slots + 16 spare ones, and 40 more; every other one sends a head
     // it never finishes (a slowloris).
     let silent: Vec<TcpStream> = (0..60)
@@ -408,7 +408,7 @@ fn probe_and_scrape_are_answered(a: &str, what: &str) {
 #[test]
 fn idle_keep_alive_connections_never_keep_a_probe_out() {
     let dir = tempfile::tempdir().unwrap();
-    let (agent, a) = four_slots(dir.path());
+    let (_agent, a) = four_slots(dir.path());
     // 4 slots + 16 spare ones: each answers a probe, then stays open.
     let kept: Vec<TcpStream> = (0..20)
         .map(|i| {
