@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use pfs_shm_layout::geometry::{DEFAULT_MAX_SEGMENT_BYTES, MAX_STRINGS};
 use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED, MAX_CLASSES_LIMIT};
-pub use pfs_shm_layout::rules::{parse_consumer_rules, parse_duration, parse_instrument_rules};
+pub use pfs_shm_layout::rules::{
+    ActorRule, parse_actor_rules, parse_consumer_rules, parse_duration, parse_instrument_rules,
+};
 use pfs_shm_layout::segment::{MAX_HISTORY_LEN, MAX_HISTORY_LONG_LEN, MAX_PAGES};
 use pfs_shm_layout::setup::check_consumer_rules;
 
@@ -57,6 +59,11 @@ pub struct Config {
     /// Initial consumers by pattern (`PFS_CONSUMERS`, e.g.
     /// `events_waits_history_long=ON`), applied in order.
     pub consumer_rules: Vec<(String, bool)>,
+    /// `setup_actors` rows the segment starts with, besides its default
+    /// `%`/`%`/`%` row (`PFS_ACTORS`, e.g. `batch@%=OFF`): threads that
+    /// declare their actor before any agent could change the table find
+    /// them.
+    pub actor_rules: Vec<ActorRule>,
     /// Reclaim thread-container pages whose records have all been free for
     /// this long, returning their memory to the OS (`None`: never). A
     /// background thread `pfs-maintenance` runs the reclaimer.
@@ -85,6 +92,7 @@ impl Config {
             history_long_len: seg.history_long_len,
             instrument_rules: Vec::new(),
             consumer_rules: Vec::new(),
+            actor_rules: Vec::new(),
             reclaim_after: Some(DEFAULT_RECLAIM_AFTER),
         }
     }
@@ -158,6 +166,10 @@ impl Config {
                 })?),
             };
         }
+        if let Some(v) = env_text("PFS_ACTORS")? {
+            c.actor_rules = parse_actor_rules(&v)
+                .map_err(|e| InitError::BadEnv("PFS_ACTORS".into(), e.to_string()))?;
+        }
         if let Some(v) = env_text("PFS_CONSUMERS")? {
             c.consumer_rules = parse_consumer_rules(&v)
                 .and_then(|r| check_consumer_rules(&r).map(|()| r))
@@ -187,6 +199,14 @@ impl Config {
     /// Adds an initial consumer rule.
     pub fn consumer(mut self, pattern: &str, enabled: bool) -> Self {
         self.consumer_rules.push((pattern.to_string(), enabled));
+        self
+    }
+
+    /// Adds a `setup_actors` row the segment starts with (see
+    /// [`parse_actor_rules`]; a row of the same user, host and role as an
+    /// earlier one replaces it).
+    pub fn actor(mut self, rule: ActorRule) -> Self {
+        self.actor_rules.push(rule);
         self
     }
 
@@ -271,6 +291,26 @@ impl Config {
             Self::HISTORY_LONG_LEN_RANGE,
         )?;
         check_consumer_rules(&self.consumer_rules)?;
+        let field = |f: &str| !f.is_empty() && f.len() <= pfs_shm_layout::layout::ACTOR_FIELD_BYTES;
+        if let Some(a) = (self.actor_rules.iter())
+            .find(|a| ![&a.user, &a.host, &a.role].iter().all(|f| field(f)))
+        {
+            let key = format!("{}@{}/{}", a.user, a.host, a.role);
+            return Err(ConfigError::Actor(key));
+        }
+        let mut actors: Vec<(&str, &str, &str)> = (self.actor_rules.iter())
+            .map(|a| (a.host.as_str(), a.user.as_str(), a.role.as_str()))
+            .filter(|k| *k != ("%", "%", "%"))
+            .collect();
+        actors.sort_unstable();
+        actors.dedup();
+        let room = pfs_shm_layout::layout::MAX_ACTORS - 1;
+        if actors.len() > room {
+            return Err(ConfigError::TooManyActors {
+                given: actors.len(),
+                max: room,
+            });
+        }
         if let Ok(g) = pfs_shm_layout::Geometry::new(&self.segment_config())
             && g.total_size as u64 > DEFAULT_MAX_SEGMENT_BYTES
         {

@@ -85,6 +85,21 @@ pub enum ConfigError {
         "shm_dir is empty; give a directory (PFS_SHM_DIR, or Config::shm_dir), or leave it at its default /dev/shm/pfs"
     )]
     EmptyShmDir,
+    /// A `setup_actors` row whose user, host or role is empty or longer
+    /// than 32 bytes.
+    #[error(
+        "actor_rules: {0:?}: an actor is USER@HOST or USER@HOST/ROLE (each a name or %, 1 to 32 bytes)"
+    )]
+    Actor(String),
+    /// More `setup_actors` rows than the table holds beside its default
+    /// row.
+    #[error("actor_rules: {given} rows, the table holds {max} beside its default %/%/% row")]
+    TooManyActors {
+        /// Distinct rows given.
+        given: usize,
+        /// The most that fit.
+        max: usize,
+    },
     /// A consumer rule whose pattern matches no consumer (a typo), which
     /// `PFS_CONSUMERS` also rejects.
     #[error("consumer_rules: {0}")]

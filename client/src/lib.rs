@@ -115,8 +115,8 @@ pub mod tokio;
 mod wait;
 
 pub use config::{
-    Config, DEFAULT_RECLAIM_AFTER, DEFAULT_SHM_DIR, parse_consumer_rules, parse_duration,
-    parse_instrument_rules,
+    ActorRule, Config, DEFAULT_RECLAIM_AFTER, DEFAULT_SHM_DIR, parse_actor_rules,
+    parse_consumer_rules, parse_duration, parse_instrument_rules,
 };
 pub use error::{ConfigError, InitError};
 pub use memory::{LazyMemoryClass, MemoryClass, MemoryScope, MemoryToken, memory_scope};

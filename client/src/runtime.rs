@@ -155,6 +155,12 @@ fn create(cfg: &Config, renounce: fn()) -> Result<Runtime, InitError> {
     for (pattern, on) in &cfg.consumer_rules {
         pfs_shm_layout::setup::set_consumers(writer.segment(), pattern, *on);
     }
+    for a in &cfg.actor_rules {
+        // They fit: `Config::validate` counted them.
+        let flags = Some((Some(a.enabled), Some(a.history)));
+        let _ =
+            pfs_shm_layout::setup::set_actor(writer.segment(), &a.host, &a.user, &a.role, flags);
+    }
     // The history_long rings on from the start are reserved now, not by
     // the first event appended (whose statement would count the time).
     let consumers = setup.consumers.load(std::sync::atomic::Ordering::Relaxed);

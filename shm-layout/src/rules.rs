@@ -36,6 +36,12 @@ pub enum SyntaxError {
         /// Every consumer name, comma-separated.
         names: String,
     },
+    /// An actor rule whose key is not `USER@HOST` or `USER@HOST/ROLE`
+    /// with each part 1 to [`crate::layout::ACTOR_FIELD_BYTES`] bytes.
+    #[error(
+        "{0:?}: an actor is USER@HOST or USER@HOST/ROLE (each a name or %, 1 to 32 bytes), e.g. batch@%=OFF"
+    )]
+    BadActor(String),
     /// A duration whose number cannot be read (or is too large).
     #[error("{0:?} is not a duration; use e.g. 300s, 5m, 1.5h")]
     NotADuration(String),
@@ -71,6 +77,67 @@ pub fn parse_consumer_rules(s: &str) -> Result<Vec<(String, bool)>, SyntaxError>
         "OFF" | "NO" | "FALSE" | "0" => Some(false),
         _ => None,
     })
+}
+
+/// One `setup_actors` row a process starts with (`PFS_ACTORS`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActorRule {
+    /// `HOST`: a name, or `%` for any (as MySQL's column: not a pattern).
+    pub host: String,
+    /// `USER`.
+    pub user: String,
+    /// `ROLE` (`%` when not given).
+    pub role: String,
+    /// `ENABLED`.
+    pub enabled: bool,
+    /// `HISTORY`.
+    pub history: bool,
+}
+
+/// Parses `setup_actors` rows, `USER@HOST[/ROLE]=VALUE` separated by `;`
+/// or `,`. Values: `ON`/`YES` (ENABLED and HISTORY), `NO_HISTORY`
+/// (ENABLED, no HISTORY), `OFF`/`NO` (neither). Each of user, host and
+/// role is a name or `%` (any), as in MySQL's table; the host is after
+/// the last `@`, the role `%` when not given.
+///
+/// ```
+/// use pfs_shm_layout::rules::parse_actor_rules;
+/// let rules = parse_actor_rules("batch@%=OFF; %@db-1/admin=NO_HISTORY").unwrap();
+/// assert_eq!((rules[0].user.as_str(), rules[0].host.as_str(), rules[0].role.as_str()), ("batch", "%", "%"));
+/// assert_eq!((rules[0].enabled, rules[0].history), (false, false));
+/// assert_eq!((rules[1].host.as_str(), rules[1].role.as_str(), rules[1].enabled, rules[1].history), ("db-1", "admin", true, false));
+/// assert!(parse_actor_rules("batch=OFF").is_err());
+/// ```
+pub fn parse_actor_rules(s: &str) -> Result<Vec<ActorRule>, SyntaxError> {
+    let rules = parse_rules(s, "ON, OFF or NO_HISTORY", |v| {
+        match v.to_ascii_uppercase().as_str() {
+            "ON" | "YES" | "TRUE" | "1" => Some((true, true)),
+            "NO_HISTORY" => Some((true, false)),
+            "OFF" | "NO" | "FALSE" | "0" => Some((false, false)),
+            _ => None,
+        }
+    })?;
+    let field = |f: &str| !f.is_empty() && f.len() <= crate::layout::ACTOR_FIELD_BYTES;
+    rules
+        .into_iter()
+        .map(|(key, (enabled, history))| {
+            let (user, rest) = key
+                .rsplit_once('@')
+                .ok_or_else(|| SyntaxError::BadActor(key.clone()))?;
+            let (host, role) = rest.split_once('/').unwrap_or((rest, "%"));
+            let (user, host, role) = (user.trim(), host.trim(), role.trim());
+            if ![user, host, role].into_iter().all(field) {
+                return Err(SyntaxError::BadActor(key.clone()));
+            }
+            Ok(ActorRule {
+                host: host.to_string(),
+                user: user.to_string(),
+                role: role.to_string(),
+                enabled,
+                history,
+            })
+        })
+        .collect()
 }
 
 fn parse_rules<T>(

@@ -630,6 +630,41 @@ fn pfs_init_refuses_non_utf8_settings_and_takes_any_directory() {
         let error = got["error"].as_str().unwrap();
         assert!(error.contains(k) && error.contains("not UTF-8"), "{error}");
     }
+    // PFS_ACTORS: setup_actors rows the segment starts with; a malformed
+    // one is refused, naming the variable and the form.
+    for (bad, says) in [("batch=OFF", "USER@HOST"), ("batch@%=MAYBE", "NO_HISTORY")] {
+        let out = run("PFS_ACTORS", std::ffi::OsStr::new(bad));
+        let got: Value = serde_json::from_slice(&out).expect("one JSON line");
+        assert_eq!(got["rc"], -3, "PFS_ACTORS={bad}: {got}");
+        let error = got["error"].as_str().unwrap();
+        assert!(
+            error.contains("PFS_ACTORS") && error.contains(says),
+            "{error}"
+        );
+    }
+    let out = run("PFS_ACTORS", std::ffi::OsStr::new("batch@%=OFF"));
+    assert!(
+        out.starts_with(b"{\"rc\":0,"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    let seg = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| pfs_shm_layout::files::is_segment_file(p))
+        .expect("the segment");
+    let seg = Segment::open(std::fs::File::open(&seg).unwrap(), false).unwrap();
+    let actors: Vec<(String, String, bool, bool)> = snapshot(&seg, &ReadOptions::default())
+        .unwrap()
+        .actors
+        .iter()
+        .map(|a| (a.user.clone(), a.host.clone(), a.enabled, a.history))
+        .collect();
+    assert!(
+        actors.contains(&("batch".into(), "%".into(), false, false))
+            && actors.contains(&("%".into(), "%".into(), true, true)),
+        "{actors:?}"
+    );
     let out = run("PFS_SHM_DIR", odd.as_os_str());
     assert!(
         out.starts_with(b"{\"rc\":0,"),
