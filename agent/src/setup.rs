@@ -195,7 +195,7 @@ pub enum InvalidChange {
     EventKind {
         /// The name given.
         name: String,
-        /// A suggestion, if the name is one in another case.
+        /// A suggestion, if the name is near one (`waits`).
         hint: String,
     },
 }

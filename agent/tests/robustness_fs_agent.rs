@@ -538,6 +538,24 @@ fn query_warns_when_no_segment_has_the_service() {
             .is_some_and(|w| w.contains("no segment matches --service \"order\"")),
         "{out}"
     );
+    // With no segment at all, the JSON answer says so too.
+    let empty = tempfile::tempdir().unwrap();
+    let (status, out, err) = run(
+        &[
+            "query",
+            "threads",
+            "--shm-dir",
+            empty.path().to_str().unwrap(),
+            "--service",
+            "order",
+            "--format",
+            "json",
+        ],
+        Duration::from_secs(15),
+    );
+    assert!(status.unwrap().success(), "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(json["warning"].is_string(), "{out}");
     // (A dead process has no thread left: its summaries show it.)
     let (status, out, err) = run(
         &[

@@ -169,6 +169,10 @@ impl Config {
         if let Some(v) = env_text("PFS_ACTORS")? {
             c.actor_rules = parse_actor_rules(&v)
                 .map_err(|e| InitError::BadEnv("PFS_ACTORS".into(), e.to_string()))?;
+            // Too many rows: said of the variable, not of the field.
+            if let Err(e @ ConfigError::TooManyActors { .. }) = c.check_actor_rules() {
+                return Err(InitError::BadEnv("PFS_ACTORS".into(), e.to_string()));
+            }
         }
         if let Some(v) = env_text("PFS_CONSUMERS")? {
             c.consumer_rules = parse_consumer_rules(&v)
@@ -291,6 +295,20 @@ impl Config {
             Self::HISTORY_LONG_LEN_RANGE,
         )?;
         check_consumer_rules(&self.consumer_rules)?;
+        self.check_actor_rules()?;
+        if let Ok(g) = pfs_shm_layout::Geometry::new(&self.segment_config())
+            && g.total_size as u64 > DEFAULT_MAX_SEGMENT_BYTES
+        {
+            return Err(ConfigError::SegmentTooLarge {
+                bytes: g.total_size as u64,
+                max: DEFAULT_MAX_SEGMENT_BYTES,
+            });
+        }
+        Ok(())
+    }
+
+    /// The `setup_actors` rows fit the table, each field 1 to 32 bytes.
+    fn check_actor_rules(&self) -> Result<(), ConfigError> {
         let field = |f: &str| !f.is_empty() && f.len() <= pfs_shm_layout::layout::ACTOR_FIELD_BYTES;
         if let Some(a) = (self.actor_rules.iter())
             .find(|a| ![&a.user, &a.host, &a.role].iter().all(|f| field(f)))
@@ -309,14 +327,6 @@ impl Config {
             return Err(ConfigError::TooManyActors {
                 given: actors.len(),
                 max: room,
-            });
-        }
-        if let Ok(g) = pfs_shm_layout::Geometry::new(&self.segment_config())
-            && g.total_size as u64 > DEFAULT_MAX_SEGMENT_BYTES
-        {
-            return Err(ConfigError::SegmentTooLarge {
-                bytes: g.total_size as u64,
-                max: DEFAULT_MAX_SEGMENT_BYTES,
             });
         }
         Ok(())

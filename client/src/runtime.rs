@@ -134,12 +134,24 @@ fn create(cfg: &Config, renounce: fn()) -> Result<Runtime, InitError> {
         .map_err(|e| InitError::Io(format!("chmod {}", path.display()), e))?;
     rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive)
         .map_err(|e| InitError::Io(format!("lock {}", path.display()), e.into()))?;
-    let created = Segment::create(
+    // The initial setup is written before the segment is published: an
+    // agent that opens it at once finds it, and is then its only writer.
+    let created = Segment::create_with(
         file,
         &seg_cfg,
         crate::timer::calibration(),
         pid,
         now_unix_ns(),
+        |seg| {
+            for (pattern, on) in &cfg.consumer_rules {
+                pfs_shm_layout::setup::set_consumers(seg, pattern, *on);
+            }
+            for a in &cfg.actor_rules {
+                // They fit: `Config::validate` counted them.
+                let flags = Some((Some(a.enabled), Some(a.history)));
+                let _ = pfs_shm_layout::setup::set_actor(seg, &a.host, &a.user, &a.role, flags);
+            }
+        },
     );
     let seg = match created {
         Ok(seg) => seg,
@@ -152,15 +164,6 @@ fn create(cfg: &Config, renounce: fn()) -> Result<Runtime, InitError> {
     // the hot path hold `'static` references into the mapping.
     let writer: &'static SegmentWriter = Box::leak(Box::new(SegmentWriter::new(seg)));
     let setup = writer.segment().setup();
-    for (pattern, on) in &cfg.consumer_rules {
-        pfs_shm_layout::setup::set_consumers(writer.segment(), pattern, *on);
-    }
-    for a in &cfg.actor_rules {
-        // They fit: `Config::validate` counted them.
-        let flags = Some((Some(a.enabled), Some(a.history)));
-        let _ =
-            pfs_shm_layout::setup::set_actor(writer.segment(), &a.host, &a.user, &a.role, flags);
-    }
     // The history_long rings on from the start are reserved now, not by
     // the first event appended (whose statement would count the time).
     let consumers = setup.consumers.load(std::sync::atomic::Ordering::Relaxed);

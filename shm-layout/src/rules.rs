@@ -98,7 +98,8 @@ pub struct ActorRule {
 /// or `,`. Values: `ON`/`YES` (ENABLED and HISTORY), `NO_HISTORY`
 /// (ENABLED, no HISTORY), `OFF`/`NO` (neither). Each of user, host and
 /// role is a name or `%` (any), as in MySQL's table; the host is after
-/// the last `@`, the role `%` when not given.
+/// the last `@` and ends at the first `/` (no `/` in a role), the role is
+/// `%` when not given.
 ///
 /// ```
 /// use pfs_shm_layout::rules::parse_actor_rules;
@@ -107,6 +108,7 @@ pub struct ActorRule {
 /// assert_eq!((rules[0].enabled, rules[0].history), (false, false));
 /// assert_eq!((rules[1].host.as_str(), rules[1].role.as_str(), rules[1].enabled, rules[1].history), ("db-1", "admin", true, false));
 /// assert!(parse_actor_rules("batch=OFF").is_err());
+/// assert!(parse_actor_rules("u@10.0.0.0/8/x=OFF").is_err());
 /// ```
 pub fn parse_actor_rules(s: &str) -> Result<Vec<ActorRule>, SyntaxError> {
     let rules = parse_rules(s, "ON, OFF or NO_HISTORY", |v| {
@@ -126,7 +128,7 @@ pub fn parse_actor_rules(s: &str) -> Result<Vec<ActorRule>, SyntaxError> {
                 .ok_or_else(|| SyntaxError::BadActor(key.clone()))?;
             let (host, role) = rest.split_once('/').unwrap_or((rest, "%"));
             let (user, host, role) = (user.trim(), host.trim(), role.trim());
-            if ![user, host, role].into_iter().all(field) {
+            if ![user, host, role].into_iter().all(field) || role.contains('/') {
                 return Err(SyntaxError::BadActor(key.clone()));
             }
             Ok(ActorRule {

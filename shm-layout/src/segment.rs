@@ -152,6 +152,22 @@ impl Segment {
         pid: u32,
         start_time_unix_ns: u64,
     ) -> Result<Self, SegmentError> {
+        Self::create_with(file, cfg, timer, pid, start_time_unix_ns, |_| {})
+    }
+
+    /// [`Segment::create`], running `prepare` on the segment just before
+    /// it is published (`SEGMENT_READY`): setup the creator writes there
+    /// (its initial consumers and `setup_actors` rows) is in place before
+    /// any reader, or any agent that changes setup, can open it, so the
+    /// creator is never a second writer of a row beside the agent.
+    pub fn create_with(
+        file: File,
+        cfg: &SegmentConfig,
+        timer: TimerCalibration,
+        pid: u32,
+        start_time_unix_ns: u64,
+        prepare: impl FnOnce(&Segment),
+    ) -> Result<Self, SegmentError> {
         let geom = Geometry::new(cfg)?;
         within_file_size_limit(geom.total_size as u64)?;
         file.set_len(geom.total_size as u64)
@@ -292,6 +308,7 @@ impl Segment {
         c.page_size.store(geom.page_size as u64, r);
         c.pages_offset
             .store((geom.pages_off - geom.threads_off) as u64, r);
+        prepare(&seg);
         h.state.store(SEGMENT_READY, Ordering::Release);
         Ok(seg)
     }

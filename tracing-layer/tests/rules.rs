@@ -68,7 +68,8 @@ fn rules_and_the_span_model() {
     job.record("rows", 5); // last value wins
     drop(job);
 
-    // 2. The class is chosen at the first enter; texts at the close.
+    // 2. The class is chosen at the first enter; texts then, and again at
+    // the close after a record.
     let late = tracing::info_span!("job", kind = Empty, id = 1);
     late.record("kind", "late");
     late.in_scope(|| {});

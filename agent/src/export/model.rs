@@ -646,7 +646,8 @@ fn timer_families(snap: &Snapshot) -> [Family; 2] {
         "Cost of one timer read in CPU cycles (performance_timers.TIMER_OVERHEAD), by timer.",
     );
     let mut seen = BTreeSet::new();
-    for v in &snap.segments {
+    // Live processes, as `performance_timers` lists them.
+    for v in snap.segments.iter().filter(|v| v.live) {
         if seen.insert(v.data.service.clone()) {
             freq.push(
                 vec![

@@ -166,8 +166,8 @@ const WAIT_SUMMARY_COLUMNS: [Column; 1] = [value("sum_number_of_bytes")];
 
 /// The quantiles the global summaries end with, as MySQL's
 /// `events_statements_summary_by_digest` does (there only; not the
-/// by-thread summaries, the big tables at scale, where three more columns
-/// a row cost a fifth more time and most of their size again): each a high
+/// by-thread summaries, the big tables at scale, where three more cells a
+/// row cost a quarter more time and a third more size): each a high
 /// estimate from the latency histogram ([`Summary::quantile_ps`]: the
 /// bound of the bucket that holds it, within MIN and MAX), as
 /// `(column, parts, of)`.
