@@ -516,46 +516,27 @@ fn query_warns_when_no_segment_has_the_service() {
         "{err}"
     );
     // In JSON, the answer carries it too, as the API's does.
-    let (status, out, err) = run(
-        &[
-            "query",
-            "threads",
-            "--shm-dir",
-            d,
-            "--service",
-            "order",
-            "--format",
-            "json",
-        ],
-        Duration::from_secs(15),
-    );
-    assert!(status.unwrap().success(), "{err}");
-    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(json["rows"], serde_json::json!([]), "{out}");
+    let json_threads = |dir: &str| {
+        let args = ["query", "threads", "--shm-dir", dir, "--service", "order"];
+        let (status, out, err) = run(
+            &[&args[..], &["--format", "json"]].concat(),
+            Duration::from_secs(15),
+        );
+        assert!(status.unwrap().success(), "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let json = json_threads(d);
+    assert_eq!(json["rows"], serde_json::json!([]), "{json}");
     assert!(
         json["warning"]
             .as_str()
             .is_some_and(|w| w.contains("no segment matches --service \"order\"")),
-        "{out}"
+        "{json}"
     );
     // With no segment at all, the JSON answer says so too.
     let empty = tempfile::tempdir().unwrap();
-    let (status, out, err) = run(
-        &[
-            "query",
-            "threads",
-            "--shm-dir",
-            empty.path().to_str().unwrap(),
-            "--service",
-            "order",
-            "--format",
-            "json",
-        ],
-        Duration::from_secs(15),
-    );
-    assert!(status.unwrap().success(), "{err}");
-    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert!(json["warning"].is_string(), "{out}");
+    let json = json_threads(empty.path().to_str().unwrap());
+    assert!(json["warning"].is_string(), "{json}");
     // (A dead process has no thread left: its summaries show it.)
     let (status, out, err) = run(
         &[
