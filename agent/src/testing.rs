@@ -60,6 +60,7 @@ pub fn tiny_config(service: &str) -> SegmentConfig {
         records_per_page: 1,
         max_pages: 1,
         history_long_len: 1,
+        task_slots: 4,
     }
 }
 

@@ -230,8 +230,19 @@ impl Baselines {
                     .or_default();
                 *e = (*e).max(own);
             }
-            // Tasks seen now; a task seen in no record has nothing left to
-            // hide (its ids only grow).
+            // Tasks that await show in their slots (current rows only).
+            if table == EventsTable::Current {
+                for t in &v.data.tasks {
+                    let rows = [t.waits_current.as_ref(), t.stages_current.as_ref()];
+                    let statement = t.statements_current.as_ref().map(|s| &s.ev);
+                    for e in rows.into_iter().chain([statement]).flatten() {
+                        let newest = tasks.entry(e.thread_id).or_default();
+                        *newest = (*newest).max(e.event_id);
+                    }
+                }
+            }
+            // Tasks seen now; a task seen in no record nor slot has nothing
+            // left to hide (its ids only grow).
             for (tid, id) in &mut tasks {
                 *id = (*id).max(old.get(tid).copied().unwrap_or(0));
             }
@@ -428,6 +439,22 @@ impl Baselines {
                     .unwrap_or(0)
             };
             e.event_id > floor
+        }
+    }
+
+    /// Whether an event of a task slot is still visible in
+    /// `events_*_current` of `kind` (see [`Baselines::visible_events`]).
+    pub fn visible_task_events<'a>(
+        &'a self,
+        path: &Path,
+        kind: EventKind,
+    ) -> impl Fn(&Event) -> bool + 'a {
+        let tasks = self.current.tasks.get(&(path.to_path_buf(), kind));
+        move |e: &Event| {
+            e.event_id
+                > tasks
+                    .and_then(|m| m.get(&e.thread_id).copied())
+                    .unwrap_or(0)
         }
     }
 

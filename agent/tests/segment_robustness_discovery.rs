@@ -46,6 +46,7 @@ fn segment(path: &Path, live: bool) -> (File, SegmentWriter, ThreadSlot) {
         records_per_page: 4,
         max_pages: 2,
         history_long_len: 1,
+        task_slots: 4,
     };
     let seg = Segment::create(
         file.try_clone().unwrap(),

@@ -56,6 +56,7 @@ fn big_segment(dir: &Path) -> (File, pfs_shm_layout::SegmentWriter) {
         records_per_page: 16,
         max_pages: 16,
         history_long_len: 1,
+        task_slots: 4,
     };
     let (file, w) = segment_at(&dir.join("big.100.pfs"), &cfg, 100, true);
     let classes: Vec<u32> = (0..200)
@@ -86,6 +87,7 @@ fn many_instruments(dir: &Path) -> Vec<(File, pfs_shm_layout::SegmentWriter)> {
                 records_per_page: 1,
                 max_pages: 1,
                 history_long_len: 1,
+                task_slots: 4,
             };
             let path = dir.join(format!("many{n}.{}.pfs", 100 + n));
             let (file, w) = segment_at(&path, &cfg, 100 + n, true);

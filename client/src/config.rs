@@ -5,7 +5,7 @@ use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pfs_shm_layout::geometry::{DEFAULT_MAX_SEGMENT_BYTES, MAX_STRINGS};
+use pfs_shm_layout::geometry::{DEFAULT_MAX_SEGMENT_BYTES, MAX_STRINGS, MAX_TASK_SLOTS};
 use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED, MAX_CLASSES_LIMIT};
 pub use pfs_shm_layout::rules::{
     ActorRule, parse_actor_rules, parse_consumer_rules, parse_duration, parse_instrument_rules,
@@ -52,6 +52,12 @@ pub struct Config {
     pub timed: bool,
     /// Events per `history_long` ring (`PFS_HISTORY_LONG_SIZE`, default 10 000).
     pub history_long_len: u32,
+    /// Async tasks that `events_*_current` can show while they await, at
+    /// once (`PFS_TASK_SLOTS`, default 1024; 640 bytes each, reserved when
+    /// the segment is created; 0 shows a task only while it is polled).
+    /// Beyond it, a task that awaits is shown only while it runs, counted
+    /// lost (kind `task_slots`) once.
+    pub task_slots: u32,
     /// Initial flags by `LIKE` pattern (`PFS_INSTRUMENT`, e.g.
     /// `wait/io/file/%=OFF;wait/synch/%=COUNTED`); the longest matching
     /// pattern wins.
@@ -90,6 +96,7 @@ impl Config {
             enabled: true,
             timed: true,
             history_long_len: seg.history_long_len,
+            task_slots: seg.task_slots,
             instrument_rules: Vec::new(),
             consumer_rules: Vec::new(),
             actor_rules: Vec::new(),
@@ -151,6 +158,7 @@ impl Config {
             c.history_long_len,
             Self::HISTORY_LONG_LEN_RANGE,
         )?;
+        c.task_slots = num("PFS_TASK_SLOTS", c.task_slots, Self::TASK_SLOTS_RANGE)?;
         if let Some(v) = env_text("PFS_INSTRUMENT")? {
             c.instrument_rules = parse_instrument_rules(&v)
                 .map_err(|e| InitError::BadEnv("PFS_INSTRUMENT".into(), e.to_string()))?;
@@ -221,6 +229,13 @@ impl Config {
         self
     }
 
+    /// Sets how many awaiting async tasks `events_*_current` can show at
+    /// once (see [`Config::task_slots`](struct.Config.html#structfield.task_slots)).
+    pub fn task_slots(mut self, n: u32) -> Self {
+        self.task_slots = n;
+        self
+    }
+
     /// Sets the maximum number of instrumented threads.
     pub fn max_threads(mut self, n: u32) -> Self {
         self.max_threads = n;
@@ -242,6 +257,8 @@ impl Config {
     /// Accepted `history_long_len` (`PFS_HISTORY_LONG_SIZE`; 0 keeps no
     /// `history_long` rings).
     pub const HISTORY_LONG_LEN_RANGE: RangeInclusive<u32> = 0..=MAX_HISTORY_LONG_LEN;
+    /// Accepted `task_slots` (`PFS_TASK_SLOTS`; 0 keeps none).
+    pub const TASK_SLOTS_RANGE: RangeInclusive<u32> = 0..=MAX_TASK_SLOTS;
 
     /// Accepted `max_threads` (`PFS_MAX_THREADS`) with this
     /// `records_per_page`: the container holds at most `MAX_PAGES` pages.
@@ -294,6 +311,7 @@ impl Config {
             self.history_long_len,
             Self::HISTORY_LONG_LEN_RANGE,
         )?;
+        check("task_slots", self.task_slots, Self::TASK_SLOTS_RANGE)?;
         check_consumer_rules(&self.consumer_rules)?;
         self.check_actor_rules()?;
         if let Ok(g) = pfs_shm_layout::Geometry::new(&self.segment_config())
@@ -347,6 +365,7 @@ impl Config {
             records_per_page,
             max_pages: self.max_threads.div_ceil(records_per_page).max(1),
             history_long_len: self.history_long_len,
+            task_slots: self.task_slots,
         }
     }
 }

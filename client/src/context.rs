@@ -134,6 +134,82 @@ pub(crate) struct ThreadCtx {
     /// innermost is the one entered at level `task_level - 1`); never
     /// swapped with a task's state.
     pub(crate) task_level: Cell<u32>,
+    /// Async waits of a task that started queueing, or ended, during the
+    /// current poll: shown in, or taken out of, the task's slot when the
+    /// poll returns (see `task`). Never swapped.
+    pub(crate) queued: RefCell<Queued>,
+    /// Whether `queued` holds anything (read at every poll's return).
+    pub(crate) queued_any: Cell<bool>,
+}
+
+/// Ends of async waits kept per poll (see [`Queued`]).
+pub(crate) const QUEUED_ENDS: usize = 4;
+
+/// See [`ThreadCtx::queued`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Queued {
+    /// The row of the latest async wait that started queueing (`None`:
+    /// none since the slot was last written).
+    pub(crate) started: Option<EventData>,
+    /// `(THREAD_ID, EVENT_ID)` of the async waits that ended, the first
+    /// [`QUEUED_ENDS`] of them.
+    pub(crate) ended: [(u64, u64); QUEUED_ENDS],
+    /// Entries of `ended` in use.
+    pub(crate) ends: usize,
+    /// More waits ended than `ended` holds.
+    pub(crate) overflowed: bool,
+}
+
+impl Queued {
+    /// Nothing started or ended.
+    pub(crate) const NONE: Queued = Queued {
+        started: None,
+        ended: [(0, 0); QUEUED_ENDS],
+        ends: 0,
+        overflowed: false,
+    };
+
+    /// Notes the end of the async wait `ids`.
+    pub(crate) fn note_end(&mut self, ids: (u64, u64)) {
+        match self.ended.get_mut(self.ends) {
+            Some(e) => {
+                *e = ids;
+                self.ends += 1;
+            }
+            None => self.overflowed = true,
+        }
+    }
+
+    /// Whether anything started or ended.
+    #[inline(always)]
+    pub(crate) fn any(&self) -> bool {
+        self.started.is_some() || self.ends > 0 || self.overflowed
+    }
+
+    /// Takes out what concerns logical thread `thread`: the wait it
+    /// started last, and whether the wait `shown` (an `EVENT_ID`, 0 for
+    /// none) ended, or may have (more ends than kept).
+    pub(crate) fn take_for(&mut self, thread: u64, shown: u64) -> (Option<EventData>, bool) {
+        let started = match self.started {
+            Some(w) if w.thread_id == thread => self.started.take(),
+            _ => None,
+        };
+        let mut shown_ended = self.overflowed;
+        let mut started_ended = false;
+        let mut kept = 0;
+        for i in 0..self.ends {
+            let (t, e) = self.ended[i];
+            if t == thread {
+                shown_ended |= e == shown;
+                started_ended |= started.is_some_and(|w| w.event_id == e);
+            } else {
+                self.ended[kept] = (t, e);
+                kept += 1;
+            }
+        }
+        self.ends = kept;
+        (started.filter(|_| !started_ended), shown_ended)
+    }
 }
 
 impl ThreadCtx {
@@ -171,6 +247,8 @@ impl ThreadCtx {
             outer_texts: RefCell::new(Vec::new()),
             ended_early: Cell::new((0, 0)),
             task_level: Cell::new(0),
+            queued: RefCell::new(Queued::NONE),
+            queued_any: Cell::new(false),
         }
     }
 

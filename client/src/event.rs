@@ -141,7 +141,7 @@ pub(crate) fn begin<const KIND: usize>(
 pub(crate) fn keep_outer_text(ctx: &ThreadCtx) {
     let id = ctx.statement_id.get();
     let mut text = [0; STATEMENT_TEXT_BYTES];
-    if let Some(len) = ctx
+    if let Some((len, _)) = ctx
         .rec
         .copy_statement_text(ctx.thread_id.get(), id, &mut text)
     {
@@ -209,6 +209,39 @@ fn new_event<const KIND: usize>(
     }
 }
 
+/// The row of an async wait that starts queueing now (`claimed` its ids,
+/// `start` its raw ticks and timer if timed), as a current row shows it
+/// running: for the slot of the task that waits (see `task`).
+#[allow(clippy::too_many_arguments)]
+#[cold]
+pub(crate) fn queued_row<const KIND: usize>(
+    rt: &'static Runtime,
+    ctx: &ThreadCtx,
+    class: ClassRef,
+    start: Option<(u64, u32)>,
+    operation: u32,
+    object: u64,
+    object_name: u32,
+    source: Option<&'static dyn Site>,
+    claimed: Claim,
+) -> EventData {
+    let (ticks, timer) = start.unwrap_or((0, 0));
+    let mut d = new_event::<KIND>(
+        rt,
+        ctx,
+        class,
+        start.is_some(),
+        timer,
+        operation,
+        object,
+        object_name,
+        source,
+        Some(claimed),
+    );
+    d.timer_start = ticks;
+    d
+}
+
 /// The ids an event took where it started, for an event recorded whole
 /// later, by whichever thread ends it (an async wait): its `THREAD_ID`
 /// (a task's, if one was entered), `EVENT_ID` and nesting, as every other
@@ -230,6 +263,11 @@ impl Claim {
         event_id: 0,
         nesting: (0, 0),
     };
+
+    /// `(THREAD_ID, EVENT_ID)` taken.
+    pub(crate) fn ids(&self) -> (u64, u64) {
+        (self.thread_id, self.event_id)
+    }
 }
 
 /// Takes the ids of an event of kind `KIND` starting now on the current

@@ -25,6 +25,9 @@ pub(crate) struct Runtime {
     /// The timers' clock (the header's calibration, and what derives
     /// from it).
     pub(crate) clock: crate::timer::Clock,
+    /// The segment's free task slots (where an awaiting task's open
+    /// events stay visible; see `task`).
+    pub(crate) task_slots: pfs_shm_layout::tasks::TaskSlotPool,
     default_flags: u32,
     instrument_rules: Vec<(String, u32)>,
 }
@@ -182,6 +185,7 @@ fn create(cfg: &Config, renounce: fn()) -> Result<Runtime, InitError> {
         path,
         setup,
         clock: crate::timer::Clock::new(*writer.segment().timer()),
+        task_slots: pfs_shm_layout::tasks::TaskSlotPool::new(writer.segment()),
         default_flags: cfg.default_flags(),
         instrument_rules: cfg.instrument_rules.clone(),
     })

@@ -23,15 +23,22 @@
 //!   the worker thread that polled them (the task has no record); the
 //!   global, account, user and host summaries are unaffected.
 //! * While the task is polled, the polling worker's `events_*_current`
-//!   rows show its open statement (with its text) and stage running. While
-//!   it waits (between polls) they are in no current row: when a poll
-//!   returns, the worker's rows that show them running are emptied, so the
-//!   rows show what the thread is running or last ran (an event that
-//!   ended); the next poll shows them again, on whichever worker (one store
-//!   if it is the same worker and nothing was written there since, else
-//!   the rows are written whole from a copy the task keeps). The
-//!   statement's row is written again, whole, with its text, where it
-//!   ends. A statement ended outside its task is not shown again.
+//!   rows show its open statement (with its text) and stage running. When
+//!   a poll returns, the worker's rows that show them running are emptied,
+//!   so the rows show what the thread is running or last ran (an event
+//!   that ended), and the task's **slot** (segment layout 7.1, see
+//!   `pfs_shm_layout::tasks`) shows them instead while the task waits,
+//!   with the async wait it queues on ([`crate::WaitClass::start_async`],
+//!   the `tokio` drop-ins): only what changed since its last poll is
+//!   written there. The next poll shows them again in the worker's rows,
+//!   on whichever worker (one store if it is the same worker and nothing
+//!   was written there since, else the rows are written whole from a copy
+//!   the task keeps); a reader shows each event once, from the worker's
+//!   row. The statement's row is written again, whole, with its text,
+//!   where it ends. A statement ended outside its task is not shown again.
+//!   The slot is taken the first time a poll returns with something open
+//!   (none free: the task is shown only while it runs, counted lost once)
+//!   and given back, empty, when the context drops.
 //!
 //! A statement opened in a task is a `TaskStatement`: `Send`, held across
 //! `.await`, ended on any thread. Its `CPU_TIME` is the time its task was
@@ -69,7 +76,8 @@
 //! # Cost
 //!
 //! Entering and leaving swap ten thread-local cells each way, and the
-//! memory scope; a poll
+//! memory scope, and leaving compares what the task has open with what its
+//! slot shows (writing only what changed); a poll
 //! reads the CYCLE timer (`RDTSC`) twice while a statement is open and
 //! `events_statements_cpu` is on (for `CPU_TIME`), never otherwise, and takes the open statement and stage
 //! out of the worker's current rows when it returns and shows them again
@@ -88,12 +96,13 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::task::{Context, Poll};
 
 use pfs_shm_layout::EventKind;
-use pfs_shm_layout::layout::{ConsumerKind, STATEMENT_TEXT_BYTES, TimerId};
+use pfs_shm_layout::layout::{ConsumerKind, LostKind, STATEMENT_TEXT_BYTES, TimerId};
 use pfs_shm_layout::setup::{self, effective};
+use pfs_shm_layout::tasks::TaskSlotRef;
 use pfs_shm_layout::writer::EventData;
 
 use crate::class::ClassRef;
-use crate::context::{EventState, ThreadCtx};
+use crate::context::{EventState, Queued, ThreadCtx};
 use crate::runtime;
 use crate::{event, memory, thread, timer};
 
@@ -139,6 +148,114 @@ pub struct TaskContext {
     /// What the current rows of the thread that polled the task last
     /// showed of it, written again on the thread that polls it next.
     shown: Shown,
+    /// The task slot that shows what the task has open while it awaits.
+    parked: Parked,
+}
+
+/// The task slot of a [`TaskContext`] (see `pfs_shm_layout::tasks`):
+/// taken the first time a poll returns with something open, written at
+/// each poll's return with what changed, and given back, emptied, when the
+/// context drops.
+#[derive(Debug)]
+struct Parked {
+    /// The slot held, with its index.
+    slot: Option<(u32, TaskSlotRef<'static>)>,
+    /// No slot was free when the task needed one (counted lost once per
+    /// task; it tries again at its next polls, while it has no slot).
+    refused: bool,
+    /// `EVENT_ID` of the statement the slot shows (0: none).
+    statement: u64,
+    /// `EVENT_ID` of the stage the slot shows (0: none).
+    stage: u64,
+    /// `EVENT_ID` of the queued wait the slot shows (0: none).
+    wait: u64,
+}
+
+impl Parked {
+    const NONE: Parked = Parked {
+        slot: None,
+        refused: false,
+        statement: 0,
+        stage: 0,
+        wait: 0,
+    };
+
+    /// The slot, taken now if the task has none; `None` if none is free.
+    fn slot(&mut self, rt: &'static runtime::Runtime) -> Option<TaskSlotRef<'static>> {
+        if self.slot.is_none() {
+            let seg = rt.writer.segment();
+            self.slot = rt
+                .task_slots
+                .take(seg)
+                .and_then(|i| rt.task_slots.slot(seg, i).map(|s| (i, s)));
+            if self.slot.is_none() && !std::mem::replace(&mut self.refused, true) {
+                seg.count_lost(LostKind::TaskSlots);
+            }
+        }
+        self.slot.map(|(_, s)| s)
+    }
+
+    /// Shows `state`'s open statement (`statement`, with `text`; `None`:
+    /// none to show) and stage in the slot `slot`, writing only what
+    /// changed since the last poll (`text_changed`: the statement's text
+    /// did); shows `wait`, the async wait the task started queueing on in
+    /// the poll (still queued), else takes out the wait shown if it ended
+    /// (`wait_ended`).
+    fn show(
+        &mut self,
+        slot: TaskSlotRef<'static>,
+        state: &EventState,
+        statement: Option<(&EventData, &str, bool)>,
+        stage: Option<&EventData>,
+        (wait, wait_ended): (Option<EventData>, bool),
+    ) {
+        let ours = |e: &EventData| EventData {
+            thread_id: state.thread_id,
+            ..*e
+        };
+        match statement {
+            Some((e, text, text_changed)) if self.statement != e.event_id || text_changed => {
+                slot.show(EventKind::Statement, &ours(e), Some(text));
+                self.statement = e.event_id;
+            }
+            Some(_) => {}
+            None if self.statement != 0 => {
+                slot.clear(EventKind::Statement);
+                self.statement = 0;
+            }
+            None => {}
+        }
+        match stage {
+            Some(e) if self.stage != e.event_id => {
+                slot.show(EventKind::Stage, &ours(e), None);
+                self.stage = e.event_id;
+            }
+            Some(_) => {}
+            None if self.stage != 0 => {
+                slot.clear(EventKind::Stage);
+                self.stage = 0;
+            }
+            None => {}
+        }
+        if let Some(w) = wait {
+            slot.show(EventKind::Wait, &ours(&w), None);
+            self.wait = w.event_id;
+        } else if wait_ended && self.wait != 0 {
+            slot.clear(EventKind::Wait);
+            self.wait = 0;
+        }
+    }
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        if let Some((index, slot)) = self.slot.take()
+            && let Some(rt) = runtime::get()
+        {
+            slot.clear_all();
+            rt.task_slots.give(index);
+        }
+    }
 }
 
 /// A task's running statement and stage as the `events_*_current` rows of
@@ -162,6 +279,8 @@ struct Shown {
     hid_stage: bool,
     /// `own_thread_id` of that thread.
     on: u64,
+    /// Whether `text` changed when it was last taken out.
+    text_changed: bool,
     /// The [`EndedOutside`] sequence when `statement` was last checked.
     seen_outside: u64,
 }
@@ -174,12 +293,13 @@ impl Shown {
         hid_statement: false,
         hid_stage: false,
         on: 0,
+        text_changed: false,
         seen_outside: 0,
     };
 
-    /// Takes the task's open statement and stage (of `state`, just
-    /// swapped out of `ctx`) out of `ctx`'s current rows, keeping what
-    /// they showed. A statement is kept from the first time a row showed
+    /// Keeps what `ctx`'s current rows show of the task's open statement
+    /// and stage (of `state`, just swapped out of `ctx`), to be taken out of
+    /// them ([`Shown::hide_in`]) and shown again at the next poll. A statement is kept from the first time a row showed
     /// it (none if its current consumer was off then): an inner context
     /// that took the row meanwhile (a statement span in a statement span)
     /// does not stop it being shown again.
@@ -190,19 +310,42 @@ impl Shown {
         }
         self.on = ctx.own_thread_id;
         let (thread, id) = (state.thread_id, state.statement_id);
+        if self.statement.is_some_and(|e| e.event_id == id)
+            && EndedOutside::since(&mut self.seen_outside, thread, id)
+        {
+            // Ended outside the task during this poll: not open any more,
+            // shown neither here nor in the task's slot. (The row, if it
+            // still shows it, is emptied: read again, it would be taken for
+            // the statement still running.)
+            ctx.rec.hide_unended(EventKind::Statement, thread, id);
+            self.statement = None;
+        }
         if id != 0 && self.statement.is_none_or(|e| e.event_id != id) {
             self.statement = ctx.rec.unended_event(EventKind::Statement, thread, id);
             self.text_len = 0;
+            self.text_changed = true;
             self.seen_outside = EndedOutside::seq().load(Acquire);
         }
         self.hid_statement = id != 0 && self.statement.is_some_and(|e| e.event_id == id);
-        if self.hid_statement {
-            if let Some(len) = ctx.rec.copy_statement_text(thread, id, &mut self.text) {
-                self.text_len = len;
-            }
-            ctx.rec.hide_unended(EventKind::Statement, thread, id);
+        if self.hid_statement
+            && let Some((len, changed)) = ctx.rec.copy_statement_text(thread, id, &mut self.text)
+        {
+            self.text_changed |= changed || len != self.text_len;
+            self.text_len = len;
         }
         self.hid_stage = state.stage_id != 0;
+    }
+
+    /// Empties `ctx`'s current rows that show the statement and stage
+    /// [`Shown::take_from`] kept, once the task's slot shows them (so that
+    /// a reader finds them in one or the other).
+    #[inline(always)]
+    fn hide_in(&self, ctx: &ThreadCtx, state: &EventState) {
+        let thread = state.thread_id;
+        if self.hid_statement {
+            ctx.rec
+                .hide_unended(EventKind::Statement, thread, state.statement_id);
+        }
         if self.hid_stage {
             ctx.rec
                 .hide_unended(EventKind::Stage, thread, state.stage_id);
@@ -276,6 +419,7 @@ impl TaskContext {
             inherited_cancel: false,
             scope: None,
             shown: Shown::NONE,
+            parked: Parked::NONE,
         }
     }
 
@@ -456,11 +600,13 @@ impl TaskContext {
         self.entered_on = 0;
         // The task stops running here: its open statement and stage leave
         // this thread's current rows, to be written again on the thread
-        // that polls it next.
+        // that polls it next, and show in its slot meanwhile.
         self.shown.take_from(ctx, &self.state);
-        if self.state.poll_start != 0
-            && let Some(rt) = runtime::get()
-        {
+        let Some(rt) = runtime::get() else {
+            self.shown.hide_in(ctx, &self.state);
+            return true;
+        };
+        if self.state.poll_start != 0 {
             let s = &mut self.state;
             let now = timer::now(&rt.clock, POLL_TIMER);
             s.busy_ticks = s
@@ -468,7 +614,98 @@ impl TaskContext {
                 .saturating_add(now.saturating_sub(s.poll_start));
             s.poll_start = 0;
         }
+        self.park(rt, ctx);
+        self.shown.hide_in(ctx, &self.state);
+        if ctx.task_level.get() == 0 && ctx.queued_any.get() {
+            // Back to the thread's own state: what no task took is stale.
+            if let Ok(mut q) = ctx.queued.try_borrow_mut() {
+                *q = Queued::NONE;
+            }
+            ctx.queued_any.set(false);
+        }
         true
+    }
+
+    /// Shows in the task's slot what it has open as a poll returns: its
+    /// statement as the worker's row showed it, its stage, and the async
+    /// wait it queued on, each while its kind's current consumer is on.
+    /// Nothing is written, and nothing but this test done, if the slot
+    /// shows that already.
+    #[inline(always)]
+    fn park(&mut self, rt: &'static runtime::Runtime, ctx: &ThreadCtx) {
+        if !rt.task_slots.is_enabled() {
+            return; // no slots (`PFS_TASK_SLOTS=0`): shown while it runs only
+        }
+        let s = &self.state;
+        let shown = &self.shown;
+        let consumers = rt.setup.consumers.load(Relaxed);
+        let statement = match shown.statement {
+            Some(e)
+                if shown.hid_statement
+                    && s.statement_id == e.event_id
+                    && effective(consumers, EventKind::Statement, ConsumerKind::Current) =>
+            {
+                e.event_id
+            }
+            _ => 0,
+        };
+        let stage = if effective(consumers, EventKind::Stage, ConsumerKind::Current) {
+            s.stage_id
+        } else {
+            0
+        };
+        if statement == self.parked.statement
+            && stage == self.parked.stage
+            && !shown.text_changed
+            && !ctx.queued_any.get()
+        {
+            return;
+        }
+        self.park_changed(rt, ctx, statement != 0, stage != 0);
+    }
+
+    /// [`TaskContext::park`] when something changed.
+    #[cold]
+    #[inline(never)]
+    fn park_changed(
+        &mut self,
+        rt: &'static runtime::Runtime,
+        ctx: &ThreadCtx,
+        statement: bool,
+        stage: bool,
+    ) {
+        let s = &self.state;
+        // The async waits of this task that started or ended in the poll
+        // (an inner context's are its own).
+        let wait = match ctx.queued.try_borrow_mut() {
+            Ok(mut q) => {
+                let w = q.take_for(s.thread_id, self.parked.wait);
+                ctx.queued_any.set(q.any());
+                w
+            }
+            Err(_) => (None, false),
+        };
+        let open = statement || stage || wait.0.is_some();
+        let shows = self.parked.statement != 0 || self.parked.stage != 0 || self.parked.wait != 0;
+        if !open && !shows {
+            return;
+        }
+        let Some(slot) = self.parked.slot(rt) else {
+            return; // none free: shown only while it runs
+        };
+        let shown = &mut self.shown;
+        let text = std::str::from_utf8(&shown.text[..shown.text_len]).unwrap_or("");
+        let changed = std::mem::take(&mut shown.text_changed);
+        let statement = shown
+            .statement
+            .as_ref()
+            .filter(|_| statement)
+            .map(|e| (e, text, changed));
+        let stage = s
+            .stage
+            .as_ref()
+            .filter(|e| stage && s.stage_id == e.event_id);
+        self.parked.show(slot, s, statement, stage, wait);
     }
 
     /// Runs `f` inside the context with the *cancelling* mark set:

@@ -9,8 +9,9 @@ use pfs_shm_layout::{EventKind, Operation};
 use std::sync::atomic::Ordering::Relaxed;
 
 use pfs_shm_layout::layout::{
-    EV_HAS_BYTES, EV_HAS_SPINS, FLAG_ENABLED, FLAG_TIMED, NONE_U32, timer_of,
+    ConsumerKind, EV_HAS_BYTES, EV_HAS_SPINS, FLAG_ENABLED, FLAG_TIMED, NONE_U32, timer_of,
 };
+use pfs_shm_layout::setup::effective;
 
 use crate::class::{ClassRef, Family, LazyRef};
 use crate::event::{self, Active};
@@ -296,6 +297,32 @@ impl WaitClass {
                 (timer::now(&rt.clock, t), t)
             })
         });
+        // A task's wait: its slot shows it while the task awaits.
+        if let Some(rt) = runtime::get()
+            && rt.task_slots.is_enabled()
+            && let Some(ctx) = thread::with_registered(|c| c).filter(|c| c.in_task())
+            && effective(
+                rt.setup.consumers.load(Relaxed),
+                EventKind::Wait,
+                ConsumerKind::Current,
+            )
+        {
+            let row = event::queued_row::<{ EventKind::Wait.index() }>(
+                rt,
+                ctx,
+                self.0,
+                start,
+                operation as u32,
+                object as u64,
+                NONE_U32,
+                Some(source),
+                claimed,
+            );
+            if let Ok(mut q) = ctx.queued.try_borrow_mut() {
+                q.started = Some(row);
+                ctx.queued_any.set(true);
+            }
+        }
         AsyncWait {
             class: Some(self.0),
             start,
@@ -362,12 +389,26 @@ impl AsyncWait {
     /// Forgets the wait: nothing is recorded.
     #[inline]
     pub fn discard(mut self) {
-        self.class = None;
+        if self.class.take().is_some() {
+            self.note_end();
+        }
+    }
+
+    /// Notes that the wait ended, for its task's slot (taken out of it
+    /// when the poll returns).
+    fn note_end(&self) {
+        if let Some(ctx) = thread::with_registered(|c| c).filter(|c| c.in_task())
+            && let Ok(mut q) = ctx.queued.try_borrow_mut()
+        {
+            q.note_end(self.claimed.ids());
+            ctx.queued_any.set(true);
+        }
     }
 
     #[inline(never)]
     fn finish(&mut self) -> Option<u64> {
         let class = self.class.take()?;
+        self.note_end();
         event::record_since::<{ EventKind::Wait.index() }>(
             thread::current,
             class,

@@ -2,7 +2,8 @@
 //! task runs, the rows of the worker polling it show its statement (with
 //! its text) and stage running, at every poll, on whichever worker; while
 //! it waits between polls, its open statement and stage are in no worker's
-//! current row (a worker's row shows what it runs, or last ran);
+//! current row (a worker's row shows what it runs, or last ran) but in the
+//! task's slot, which shows nothing once they end;
 //! once the statement ends, on whichever worker, the only rows that show
 //! it show it ended, with its text. A stage left open by a task (without a
 //! statement) ends when the task does. One test function: `init` is once
@@ -44,6 +45,28 @@ fn rows_of(s: &SegmentSnapshot, tid: u64) -> Vec<(&'static str, u64, bool, Strin
         }
         if let Some(c) = t.stages_current.as_ref().filter(|c| c.thread_id == tid) {
             out.push(("stage", c.event_id, c.end_event_id.is_some(), String::new()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// What the task slots show of logical thread `tid`: (kind, event id,
+/// text); every row there is running.
+fn parked_of(s: &SegmentSnapshot, tid: u64) -> Vec<(&'static str, u64, String)> {
+    let mut out = Vec::new();
+    for t in &s.tasks {
+        if let Some(c) = t
+            .statements_current
+            .as_ref()
+            .filter(|c| c.ev.thread_id == tid)
+        {
+            assert!(c.ev.end_event_id.is_none(), "a slot shows {c:?} ended");
+            out.push(("statement", c.ev.event_id, c.text.clone()));
+        }
+        if let Some(c) = t.stages_current.as_ref().filter(|c| c.thread_id == tid) {
+            assert!(c.end_event_id.is_none(), "a slot shows {c:?} ended");
+            out.push(("stage", c.event_id, String::new()));
         }
     }
     out.sort();
@@ -114,6 +137,14 @@ fn a_waiting_task_is_in_no_current_row_and_an_ended_one_is_shown_ended() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+    // Its slot shows both, the statement with its text.
+    assert_eq!(
+        parked_of(&read(&path), tid),
+        [
+            ("stage", stmt_id + 1, String::new()),
+            ("statement", stmt_id, "parked request".to_string()),
+        ]
+    );
 
     go_tx.send(()).unwrap();
     rt.block_on(task).unwrap();
@@ -128,6 +159,11 @@ fn a_waiting_task_is_in_no_current_row_and_an_ended_one_is_shown_ended() {
             ("statement", stmt_id, true, "parked request".to_string()),
         ],
         "{shown:?}"
+    );
+    assert_eq!(
+        parked_of(&read(&path), tid),
+        [],
+        "an ended task's slot is empty"
     );
 
     // A stage without a statement, left open by a task that completes
@@ -175,6 +211,7 @@ fn a_waiting_task_is_in_no_current_row_and_an_ended_one_is_shown_ended() {
                     .filter(|r| r.0 == "statement" && !r.2)
                     .collect();
                 assert_eq!(running, [], "an ended statement shown running");
+                assert_eq!(parked_of(&read(&seg), ids.0), [], "nor in the task's slot");
                 ids
             }
             .pfs_task(),
@@ -209,6 +246,11 @@ fn a_waiting_task_is_in_no_current_row_and_an_ended_one_is_shown_ended() {
                 .filter(|r| r.0 == "statement" && !r.2)
                 .collect();
             assert_eq!(running, [], "shown with its consumer off");
+            assert_eq!(
+                parked_of(&read(&seg), stmt.id().0),
+                [],
+                "parked with its consumer off"
+            );
             drop(stmt);
         }
         .pfs_task(),

@@ -260,6 +260,7 @@ fn main() {
         records_per_page: RECORDS_PER_PAGE,
         max_pages: MAX_PAGES,
         history_long_len: 8,
+        task_slots: 4,
     };
     let timer = TimerCalibration::NANOSECONDS;
     let seg = Segment::create(file, &cfg, timer, std::process::id(), 0).expect("create segment");

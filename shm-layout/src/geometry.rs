@@ -22,6 +22,8 @@ pub const MAX_PAGES: u32 = 1 << 16;
 pub const MAX_HISTORY_LONG_LEN: u32 = 1 << 24;
 /// Largest `history_len` (events per thread and kind in the history rings).
 pub const MAX_HISTORY_LEN: u32 = 1024;
+/// Largest number of task slots.
+pub const MAX_TASK_SLOTS: u32 = 1 << 16;
 
 /// Parameters fixed when a segment is created.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +43,10 @@ pub struct SegmentConfig {
     /// Events per `events_*_history_long` ring (PFS default 10 000); the
     /// rings are reserved only when their consumer is first enabled.
     pub history_long_len: u32,
+    /// Task slots: async tasks (with an open statement, stage or queued
+    /// wait) that `events_*_current` can show while they await at once.
+    /// 0 leaves the Tasks section out (since 7.1).
+    pub task_slots: u32,
 }
 
 /// The largest segment a reader accepts by default: `pfs-agent`'s
@@ -60,6 +66,7 @@ impl Default for SegmentConfig {
             records_per_page: 16,
             max_pages: 64,
             history_long_len: 10_000,
+            task_slots: 1024,
         }
     }
 }
@@ -88,6 +95,11 @@ pub struct Geometry {
     pub global_off: usize,
     /// Offset of the setup section.
     pub setup_off: usize,
+    /// Offset of the Tasks section (equal to `threads_off` when it has
+    /// no slots).
+    pub tasks_off: usize,
+    /// Task slots (0: no Tasks section).
+    pub task_slots: u32,
     /// Offset of the thread container section.
     pub threads_off: usize,
     /// Offsets of the waits, stages and statements `history_long` sections
@@ -103,6 +115,16 @@ pub struct Geometry {
     pub page_size: usize,
     /// Total file size.
     pub total_size: usize,
+}
+
+/// Bytes of a Tasks section of `slots` slots: its header and the slots,
+/// page aligned; 0 for none.
+const fn tasks_size(slots: u32) -> usize {
+    if slots == 0 {
+        0
+    } else {
+        page_align(size_of::<TasksHeader>() + slots as usize * size_of::<TaskSlot>())
+    }
 }
 
 impl Geometry {
@@ -133,6 +155,9 @@ impl Geometry {
                 "service_name must be at most {SERVICE_NAME_BYTES} bytes"
             ));
         }
+        if cfg.task_slots > MAX_TASK_SLOTS {
+            return bad(format!("task_slots must be at most {MAX_TASK_SLOTS}"));
+        }
         if cfg.history_long_len > MAX_HISTORY_LONG_LEN {
             return bad(format!(
                 "history_long_len must be at most {MAX_HISTORY_LONG_LEN}"
@@ -148,7 +173,8 @@ impl Geometry {
             strings_off + page_align(cfg.max_strings as usize * size_of::<StringEntry>());
         let setup_off = global_off
             + page_align(GLOBAL_ROWS_OFFSET + cfg.max_classes as usize * size_of::<SummaryRow>());
-        let threads_off = setup_off + size_of::<SetupSection>();
+        let tasks_off = setup_off + size_of::<SetupSection>();
+        let threads_off = tasks_off + tasks_size(cfg.task_slots);
         let pages_off =
             threads_off + page_align(size_of::<ContainerHeader>() + cfg.max_pages as usize * 8);
         let too_large = || SegmentError::BadConfig("segment too large".into());
@@ -181,6 +207,8 @@ impl Geometry {
             strings_off,
             global_off,
             setup_off,
+            tasks_off,
+            task_slots: cfg.task_slots,
             threads_off,
             long_off,
             long_len: cfg.history_long_len,
@@ -199,6 +227,16 @@ impl Geometry {
             size_of::<EventRecord>()
         };
         page_align(size_of::<LongHeader>() + self.long_len as usize * slot)
+    }
+
+    /// Bytes of the Tasks section (0 when it has no slots).
+    pub fn tasks_size(&self) -> usize {
+        tasks_size(self.task_slots)
+    }
+
+    /// Absolute offset of task slot `i`.
+    pub fn task_slot_off(&self, i: u32) -> usize {
+        self.tasks_off + size_of::<TasksHeader>() + i as usize * size_of::<TaskSlot>()
     }
 
     /// Maximum number of thread records.

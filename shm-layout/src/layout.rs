@@ -26,7 +26,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"PFSSHM\0\0");
 pub const LAYOUT_MAJOR: u32 = 7;
 /// Minor layout version: compatible additions (new section kinds, use of
 /// reserved fields). Readers accept any minor version of a known major.
-pub const LAYOUT_MINOR: u32 = 0;
+pub const LAYOUT_MINOR: u32 = 1;
 /// The major versions a reader of this crate reads: its own; 6, whose
 /// summary rows have no pending bucket (the word is zero: read the same
 /// way); and 5, which differs from 6 in its memory row only
@@ -118,6 +118,9 @@ pub enum SectionKind {
     StagesLong = 8,
     /// `events_statements_history_long`: [`LongHeader`] then `count` [`StatementRecord`]s.
     StatementsLong = 9,
+    /// Task slots (since 7.1, optional): [`TasksHeader`] then `count`
+    /// [`TaskSlot`]s.
+    Tasks = 10,
 }
 
 impl SectionKind {
@@ -133,6 +136,7 @@ impl SectionKind {
             7 => Self::WaitsLong,
             8 => Self::StagesLong,
             9 => Self::StatementsLong,
+            10 => Self::Tasks,
             _ => return None,
         })
     }
@@ -252,11 +256,15 @@ pub enum LostKind {
     /// them (a C caller's struct ended elsewhere, an unpinned goroutine):
     /// the end is refused, the event not recorded (since 6.1).
     ForeignEnds = 8,
+    /// Times an async task's open statement, stage or pending wait could
+    /// not be shown while the task awaited, because every task slot was
+    /// taken (counted once per task; since 7.1).
+    TaskSlots = 9,
 }
 
 impl LostKind {
     /// Every kind, in counter order.
-    pub const ALL: [LostKind; 9] = [
+    pub const ALL: [LostKind; 10] = [
         Self::Threads,
         Self::Classes,
         Self::Strings,
@@ -266,6 +274,7 @@ impl LostKind {
         Self::StagesLong,
         Self::StatementsLong,
         Self::ForeignEnds,
+        Self::TaskSlots,
     ];
 
     /// The label used in tables and metrics.
@@ -280,6 +289,7 @@ impl LostKind {
             Self::StagesLong => "events_stages_history_long",
             Self::StatementsLong => "events_statements_history_long",
             Self::ForeignEnds => "events_ended_by_another_thread",
+            Self::TaskSlots => "task_slots",
         }
     }
 }
@@ -1008,6 +1018,48 @@ pub struct ContainerHeader {
     pub reserved: AtomicU64,
 }
 
+/// Header of the Tasks section (64 bytes, since 7.1), followed by the
+/// section's `count` [`TaskSlot`]s.
+#[repr(C)]
+#[derive(Debug)]
+pub struct TasksHeader {
+    /// Slots handed out at least once since creation: readers look at
+    /// slots `0..used` only (every other slot is empty, and may be an
+    /// unreserved hole). Only grows; stored with `Release` by the creating
+    /// process under its slow-path lock, after the slot's page is reserved
+    /// and before the slot is first written.
+    pub used: AtomicU32,
+    /// Reserved, zero.
+    pub reserved0: AtomicU32,
+    /// Reserved, zero.
+    pub reserved: [AtomicU64; 7],
+}
+
+/// One task slot (640 bytes, since 7.1): what an async task (a logical
+/// thread of its own `THREAD_ID`) has open while it awaits, so that
+/// `events_*_current` shows a request that waits between polls. The same
+/// three rows as a thread record's current events, each written under its
+/// own sequence lock by the task (whichever thread runs it: a task runs on
+/// one thread at a time, and the runtime orders its successive polls, so a
+/// slot has one writer at a time, as a row must).
+///
+/// A row is empty while its `event_id` is 0. Otherwise it shows an event
+/// of the task still running (never [`EV_ENDED`]), with `thread_id` set to
+/// the task's `THREAD_ID`. The same event may show at once in the row of
+/// the thread polling the task: a reader shows it once, from the thread's
+/// row (which may also show it ended).
+#[repr(C)]
+#[derive(Debug)]
+pub struct TaskSlot {
+    /// The wait the task is queued in (an acquisition of an instrumented
+    /// async lock, semaphore or channel), if any.
+    pub waits_current: EventRecord,
+    /// The task's open stage, if any.
+    pub stages_current: EventRecord,
+    /// The task's open statement, if any, with its `SQL_TEXT`.
+    pub statements_current: StatementRecord,
+}
+
 // ---------------------------------------------------------------------------
 // Compile-time checks: sizes and offsets are part of the format.
 // ---------------------------------------------------------------------------
@@ -1124,6 +1176,12 @@ const _: () = {
     assert!(offset_of!(ContainerHeader, pages_added) == 32);
     assert!(offset_of!(ContainerHeader, pages_reclaimed) == 40);
     assert!(offset_of!(ContainerHeader, pages_revived) == 48);
+    assert!(size_of::<TasksHeader>() == 64);
+    assert!(offset_of!(TasksHeader, used) == 0);
+    assert!(size_of::<TaskSlot>() == 640);
+    assert!(offset_of!(TaskSlot, waits_current) == 0);
+    assert!(offset_of!(TaskSlot, stages_current) == 128);
+    assert!(offset_of!(TaskSlot, statements_current) == 256);
     // Histogram bucket bounds are what the docs say: powers of two of a
     // second, 7.45 ns to 8 s.
     assert!(BUCKET_UPPER_PS[0] == 7450); // 2^-27 s = 7450.58 ps

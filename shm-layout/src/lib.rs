@@ -8,12 +8,16 @@
 //! checked at compile time, and `tests/spec.rs` checks every number of the
 //! tables below against them.
 //!
-//! Layout version **7.0** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
+//! Layout version **7.1** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
 //! All integers are little-endian (the header's byte-order mark says so).
 //! Every field is an aligned 32- or 64-bit word, read and written with
 //! atomic instructions only.
 //!
-//! Versions: 7.0 defers a summary row's histogram increment by one event:
+//! Versions: 7.1 adds the optional Tasks section (kind 10) and lost
+//! counter 9, `task_slots`: an async task that awaits shows its open
+//! statement, stage and queued wait there (see *Task slots*). A 7.0 reader
+//! ignores both; a 7.1 reader reads a 7.0 segment as having no task
+//! slots. 7.0 defers a summary row's histogram increment by one event:
 //! the row's first word, `pending`, names the bucket of its latest timed
 //! event, which a writer adds to `buckets` at the row's next timed event
 //! and a reader adds when it loads the row (see *Summary row*). A 6.x
@@ -69,6 +73,9 @@
 //!              │ Setup: SetupSection (8192 B): consumers, timers, │  written by the agent
 //!              │ actors                                           │
 //!              ├──────────────────────────────────────────────────┤
+//!              │ Tasks: TasksHeader (64 B); task_slots ×          │  awaiting tasks' open
+//!              │ TaskSlot (640 B) (since 7.1; absent if none)     │  events
+//!              ├──────────────────────────────────────────────────┤
 //!              │ Threads: ContainerHeader (64 B), page directory  │
 //!              │ (max_pages × u64), page 0 │ page 1 │ ...         │
 //!              │ (holes until added; each page_size bytes)        │
@@ -121,11 +128,15 @@
 //! *p*·`records_per_page` + *i*. The page directory's entry *p* is the
 //! 64-bit word at byte 64 + 8·*p* of the section.
 //!
-//! Section offsets are not fixed: read them from the directory. Every
+//! Section offsets are not fixed: read them from the directory (a 7.0
+//! segment has no Tasks section, and its Threads section follows Setup).
+//! Every
 //! section starts on a 4096-byte boundary. Regions up to the first
 //! container page are reserved (`fallocate`) at creation, except the
 //! `history_long` rings, reserved on first use (flagged in the header's
-//! `long_reserved`); a page is reserved when it is added or revived,
+//! `long_reserved`), and the Tasks section past its first page (its
+//! header and first slots): a slot's page is reserved before `used`
+//! counts the slot; a page is reserved when it is added or revived,
 //! before it is touched, so a full volume surfaces as an error and a lost
 //! count, never as a SIGBUS. Neither side touches an unreserved region.
 //! (A writer whose ring could not be reserved counts that ring's events
@@ -144,7 +155,7 @@
 //! |-------:|-----:|-------|---------|
 //! | 0x000 | 8 | `magic` | `"PFSSHM\0\0"` |
 //! | 0x008 | 4 | `major` | 7; a reader of this version also reads 6.x segments (no pending bucket: the summary row's first word is zero) and 5.x segments (their memory rows differ, below); refuse any other |
-//! | 0x00C | 4 | `minor` | 0; compatible additions (new section kinds, use of reserved fields): accept any |
+//! | 0x00C | 4 | `minor` | 1; compatible additions (new section kinds, use of reserved fields): accept any |
 //! | 0x010 | 4 | `byte_order` | `0x01020304` as written by the creator |
 //! | 0x014 | 4 | `header_size` | 4096 |
 //! | 0x018 | 8 | `segment_size` | file size set by the creator; must be ≤ the file's length |
@@ -193,6 +204,7 @@
 //! | 7 | WaitsLong | `history_long_len` | 128 | [`layout::LongHeader`], then event rows |
 //! | 8 | StagesLong | `history_long_len` | 128 | as WaitsLong |
 //! | 9 | StatementsLong | `history_long_len` | 384 | [`layout::LongHeader`], then statement rows |
+//! | 10 | Tasks | `task_slots` | 640 | [`layout::TasksHeader`], then the task slots (since 7.1; optional: left out when a segment has none) |
 //!
 //! ## Lost counters: [`layout::LostCounters`], 128 bytes
 //!
@@ -211,8 +223,9 @@
 //! | 6 | `events_stages_history_long` |
 //! | 7 | `events_statements_history_long` |
 //! | 8 | `events_ended_by_another_thread` |
+//! | 9 | `task_slots` |
 //!
-//! Index 8 is used since 6.1 (0 in older segments). Indexes 9 and up are
+//! Index 8 is used since 6.1 and index 9 since 7.1 (0 in older segments). Indexes 10 and up are
 //! reserved ([`layout::LostKind`]).
 //!
 //! ## Class entry: [`layout::ClassEntry`], 128 bytes
@@ -475,6 +488,40 @@
 //! | 384 | 128 | `stages_current` | event row |
 //! | 512 | 384 | `statements_current` | statement row |
 //!
+//! ## Tasks section header: [`layout::TasksHeader`], 64 bytes
+//!
+//! The Tasks section (since 7.1) starts with this header; slot *i* is at
+//! byte 64 + 640·*i* of the section.
+//!
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 4 | `used` | slots handed out at least once, their pages reserved: read slots `0..used` only (stored with release, only grows) |
+//! | 4 | 4 | `reserved0` | reserved |
+//! | 8 | 56 | `reserved[7]` | reserved |
+//!
+//! A slot is held by one async task at a time, a *logical thread* with a
+//! `THREAD_ID` of its own, while it runs with a statement, stage or queued
+//! wait open. The task's current events are in the current rows of the
+//! thread that polls it, while it is polled; each time a poll returns, the
+//! task writes into its slot what it still has open, so that a task that
+//! awaits (a request waiting for a downstream call, a lock, a timer) is
+//! still in `events_*_current`. Each row is written under its own sequence
+//! lock, by the one thread running the task (its polls are ordered).
+//!
+//! ### Task slot: [`layout::TaskSlot`], 640 bytes
+//!
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 128 | `waits_current` | event row: the wait the task is queued in |
+//! | 128 | 128 | `stages_current` | event row: its open stage |
+//! | 256 | 384 | `statements_current` | statement row: its open statement, with its text |
+//!
+//! A row whose `event_id` is 0 is empty. Any other row shows an event
+//! still running (never ENDED) whose `thread_id` is the task's. The same
+//! event may be in the current row of the thread that polls the task at
+//! that instant, running or ended: a reader shows it once, from the
+//! thread's row.
+//!
 //! ## Setup section: [`layout::SetupSection`], 8192 bytes
 //!
 //! | offset | size | field | meaning |
@@ -694,6 +741,7 @@
 //! | 4 | [`setup`] | live setup: instruments, consumers, timers, actors |
 //! | 4 | [`writer`] | the writer side: registration, allocation, the hot path, folding |
 //! | 5 | [`reader`] | the reader side: lock-free, version-checked snapshots |
+//! | 5 | [`tasks`] | task slots: an awaiting task's open events, and the pool that hands slots out |
 //!
 //! Items that moved between modules stay reachable at their old paths:
 //! `segment::truncate_utf8` (now [`text`]), `setup::{Actor, write_actor,
@@ -768,6 +816,7 @@ pub mod seqlock;
 pub mod setup;
 #[allow(unsafe_code)]
 pub mod sigbus;
+pub mod tasks;
 pub mod text;
 #[allow(unsafe_code)]
 pub mod tsc;

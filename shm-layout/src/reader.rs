@@ -513,6 +513,21 @@ pub struct ThreadSnapshot {
     actor_ids: Option<(u32, u32, u32)>,
 }
 
+/// What an async task that awaits has open, from its task slot (since
+/// 7.1; see the crate docs, *Task slots*). The same event may also be in the current
+/// row of a thread polling the task at that instant: show it from there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskSnapshot {
+    /// Slot index.
+    pub slot: u32,
+    /// The wait the task is queued in.
+    pub waits_current: Option<Event>,
+    /// The task's open stage.
+    pub stages_current: Option<Event>,
+    /// The task's open statement.
+    pub statements_current: Option<StatementEvent>,
+}
+
 /// Everything a segment held at one instant (per item).
 #[derive(Debug, Clone)]
 pub struct SegmentSnapshot {
@@ -530,6 +545,9 @@ pub struct SegmentSnapshot {
     pub strings: HashMap<u32, String>,
     /// Live threads.
     pub threads: Vec<ThreadSnapshot>,
+    /// Tasks that await with an event open (read with
+    /// [`ReadOptions::events`]; slots with no row are left out).
+    pub tasks: Vec<TaskSnapshot>,
     /// Summary rows of the live threads summed by class index, when read
     /// without [`ReadOptions::per_thread_rows`] (empty otherwise: the rows
     /// are in [`ThreadSnapshot::rows`]). Classes no live thread touched
@@ -1578,6 +1596,11 @@ fn try_snapshot(
     } else {
         Default::default()
     };
+    let tasks = if opts.events {
+        read_tasks(seg, opts, total)
+    } else {
+        Vec::new()
+    };
     for t in &mut threads {
         t.actor = t.actor_ids.map(|(u, h, r)| {
             let get = |i: u32| strings.get(&i).cloned().unwrap_or_default();
@@ -1599,6 +1622,7 @@ fn try_snapshot(
             classes,
             strings,
             threads,
+            tasks,
             live_rows,
             exited,
             exited_memory,
@@ -1619,6 +1643,48 @@ fn try_snapshot(
             delta
         },
     ))
+}
+
+/// The rows of the task slots handed out so far (`used`), each read under
+/// its sequence lock; slots with no row shown are left out.
+fn read_tasks(seg: &Segment, opts: &ReadOptions, st: &mut ReadStats) -> Vec<TaskSnapshot> {
+    let Some((header, slots)) = seg.tasks() else {
+        return Vec::new();
+    };
+    let timer = seg.timer();
+    let used = (header.used.load(Acquire) as usize).min(slots.len());
+    let mut out = Vec::new();
+    for (i, slot) in slots[..used].iter().enumerate() {
+        let mut cur = |r: &EventRecord| {
+            let c = r.seq.read(opts.attempts, || Event::load(r, timer));
+            st.retries += u64::from(c.retries);
+            if c.value.is_none() {
+                st.skipped_events += 1;
+            }
+            c.value.flatten()
+        };
+        let waits_current = cur(&slot.waits_current);
+        let stages_current = cur(&slot.stages_current);
+        let sc = &slot.statements_current;
+        let c = sc
+            .ev
+            .seq
+            .read(opts.attempts, || StatementEvent::load(sc, timer));
+        st.retries += u64::from(c.retries);
+        if c.value.is_none() {
+            st.skipped_events += 1;
+        }
+        let statements_current = c.value.flatten();
+        if waits_current.is_some() || stages_current.is_some() || statements_current.is_some() {
+            out.push(TaskSnapshot {
+                slot: i as u32,
+                waits_current,
+                stages_current,
+                statements_current,
+            });
+        }
+    }
+    out
 }
 
 /// The name of a published class entry, if valid UTF-8.

@@ -36,7 +36,7 @@ pub use crate::text::truncate_utf8;
 pub use crate::calibration::TimerCalibration;
 pub use crate::geometry::{
     Geometry, MAX_HISTORY_LEN, MAX_HISTORY_LONG_LEN, MAX_PAGES, MAX_RECORDS_PER_PAGE, MAX_STRINGS,
-    SegmentConfig,
+    MAX_TASK_SLOTS, SegmentConfig,
 };
 
 /// A private copy of one row slot, filled by [`Segment::copy_row`] and
@@ -172,7 +172,12 @@ impl Segment {
         within_file_size_limit(geom.total_size as u64)?;
         file.set_len(geom.total_size as u64)
             .map_err(|e| SegmentError::Io("set the segment size", e))?;
-        reserve(&file, 0, geom.pages_off)?;
+        // Task slots are reserved as they are first handed out
+        // (`reserve_task_slot`): only the section's first page, with its
+        // header, is reserved now.
+        let first_task_page = if geom.task_slots > 0 { PAGE } else { 0 };
+        reserve(&file, 0, geom.tasks_off + first_task_page)?;
+        reserve(&file, geom.threads_off, geom.pages_off - geom.threads_off)?;
         let meta = file
             .metadata()
             .map_err(|e| SegmentError::Io("stat the segment", e))?;
@@ -252,6 +257,13 @@ impl Segment {
                 size_of::<ActorEntry>() as u32,
             ),
             (
+                SectionKind::Tasks,
+                geom.tasks_off,
+                geom.tasks_size(),
+                geom.task_slots,
+                size_of::<TaskSlot>() as u32,
+            ),
+            (
                 SectionKind::Threads,
                 geom.threads_off,
                 geom.long_off[EventKind::Wait.index()] - geom.threads_off,
@@ -280,14 +292,18 @@ impl Segment {
                 size_of::<StatementRecord>() as u32,
             ),
         ];
+        // A section of no bytes (Tasks with no slots) is left out.
+        let sections = sections.into_iter().filter(|s| s.2 > 0);
+        let mut used = 0;
         for (entry, (kind, off, size, count, stride)) in h.sections.iter().zip(sections) {
             entry.kind.store(kind as u32, r);
             entry.offset.store(off as u64, r);
             entry.size.store(size as u64, r);
             entry.count.store(count, r);
             entry.stride.store(stride, r);
+            used += 1;
         }
-        h.section_count.store(sections.len() as u32, r);
+        h.section_count.store(used, r);
         for row in seg.global_rows() {
             row.min.store(u64::MAX, r);
         }
@@ -433,7 +449,7 @@ impl Segment {
                 ))
             })?;
         let history_len = h.history_len.load(r);
-        let mut found: [Option<(u64, u64, u32, u32)>; 10] = [None; 10];
+        let mut found: [Option<(u64, u64, u32, u32)>; 11] = [None; 11];
         for e in &h.sections[..section_count] {
             let (kind, off, size, count, stride) = (
                 e.kind.load(r),
@@ -525,6 +541,21 @@ impl Segment {
         if history_len == 0 || history_len > MAX_HISTORY_LEN {
             return corrupt(format!("history_len {history_len} out of range"));
         }
+        // Tasks (since 7.1) is optional: without it, no slot is read.
+        let (tasks_off, task_slots) = match found[SectionKind::Tasks as usize] {
+            None => (threads_off as usize, 0),
+            Some((off, size, count, stride)) => {
+                if stride as usize != size_of::<TaskSlot>()
+                    || count > MAX_TASK_SLOTS
+                    || size_of::<TasksHeader>() as u64 + u64::from(count) * u64::from(stride) > size
+                {
+                    return corrupt(format!(
+                        "Tasks section of {count} x {stride}-byte slots does not fit its {size} bytes"
+                    ));
+                }
+                (off as usize, count)
+            }
+        };
         if (size_of::<ContainerHeader>() as u64) > tsize {
             return corrupt("thread section too small".into());
         }
@@ -576,6 +607,8 @@ impl Segment {
             strings_off: strings_off as usize,
             global_off: global_off as usize,
             setup_off: setup_off as usize,
+            tasks_off,
+            task_slots,
             threads_off: threads_off as usize,
             long_off,
             long_len: long_len as u32,
@@ -707,6 +740,18 @@ impl Segment {
     /// The header.
     pub fn header(&self) -> &Header {
         self.at(0)
+    }
+
+    /// The Tasks section's header and slots (`None`: the segment has no
+    /// Tasks section, as before 7.1 or with no slots).
+    pub fn tasks(&self) -> Option<(&TasksHeader, &[TaskSlot])> {
+        let g = &self.geom;
+        (g.task_slots > 0).then(|| {
+            (
+                self.at(g.tasks_off),
+                self.slice_at(g.task_slot_off(0), g.task_slots as usize),
+            )
+        })
     }
 
     /// The lost counters.
@@ -951,6 +996,31 @@ impl Segment {
             self.geom.long_off[kind.index()],
             self.geom.long_size(kind),
         )
+    }
+
+    /// Reserves (`fallocate`s) the page that holds task slot `slot`, and
+    /// returns the number of slots counted from 0 that reserved pages now
+    /// hold whole. A slot must be reserved before it is first written (the
+    /// section's first page, with the header, is reserved at creation).
+    /// Errors mean the volume is full.
+    pub fn reserve_task_slot(&self, slot: u32) -> Result<u32, SegmentError> {
+        let g = &self.geom;
+        let start = g.task_slot_off(slot) / PAGE * PAGE;
+        let end = (g.task_slot_off(slot) + size_of::<TaskSlot>()).div_ceil(PAGE) * PAGE;
+        reserve(&self.file, start, end - start)?;
+        let whole = (end - g.task_slot_off(0)) / size_of::<TaskSlot>();
+        Ok((whole as u32).min(g.task_slots))
+    }
+
+    /// Task slots whose bytes were reserved at creation (those the Tasks
+    /// section's first page holds whole).
+    pub fn task_slots_reserved_at_creation(&self) -> u32 {
+        let g = &self.geom;
+        if g.task_slots == 0 {
+            return 0;
+        }
+        let whole = (g.tasks_off + PAGE - g.task_slot_off(0)) / size_of::<TaskSlot>();
+        (whole as u32).min(g.task_slots)
     }
 
     /// Reserves (`fallocate`s) the bytes of container page `page` so that

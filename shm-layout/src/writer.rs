@@ -905,7 +905,7 @@ fn store_event_fields(rec: &EventRecord, e: &EventData) {
 
 /// The fields of a started event (see [`RecordRef::begin_event`]).
 #[inline(always)]
-fn store_begin_fields(rec: &EventRecord, e: &EventData) {
+pub(crate) fn store_begin_fields(rec: &EventRecord, e: &EventData) {
     store_ids(rec, e);
     rec.timer_start.store(e.timer_start, Relaxed);
     store_flags_counts(rec, e);
@@ -969,7 +969,11 @@ fn write_history(rec: &EventRecord, e: &EventData) {
 
 /// Copies figures and, from `cur` (the writer's own current row), the text.
 #[inline]
-fn store_statement_fields(dst: &StatementRecord, f: &StatementFigures, cur: &StatementRecord) {
+pub(crate) fn store_statement_fields(
+    dst: &StatementRecord,
+    f: &StatementFigures,
+    cur: &StatementRecord,
+) {
     dst.errors.store(f.errors, Relaxed);
     dst.warnings.store(f.warnings, Relaxed);
     dst.rows_affected.store(f.rows_affected, Relaxed);
@@ -1049,27 +1053,35 @@ impl RecordRef<'_> {
 
     /// Copies the `SQL_TEXT` of this record's current statement into `out`
     /// if the row shows event `event_id` of logical thread `thread_id`;
-    /// returns its length (0 if it has none), or `None` if the row shows
-    /// another event. For a statement an inner one is about to replace in
-    /// the row: its text is kept aside and written back with
-    /// [`RecordRef::resume_statement`] when it ends. Only the record's
-    /// owner calls it (it reads its own stores).
+    /// returns its length (0 if it has none) and whether any byte copied
+    /// differed from what `out` held, or `None` if the row shows another
+    /// event. For a statement an inner one is about to replace in the row:
+    /// its text is kept aside and written back with
+    /// [`RecordRef::resume_statement`] when it ends; and for a task's
+    /// statement taken out of the row as the task stops being polled.
+    /// Only the record's owner calls it (it reads its own stores).
     pub fn copy_statement_text(
         &self,
         thread_id: u64,
         event_id: u64,
         out: &mut [u8; STATEMENT_TEXT_BYTES],
-    ) -> Option<usize> {
+    ) -> Option<(usize, bool)> {
         let cur = &self.header.statements_current;
         if cur.ev.event_id.load(Relaxed) != event_id || cur.ev.thread_id.load(Relaxed) != thread_id
         {
             return None;
         }
         let len = (cur.text_len.load(Relaxed) as usize).min(STATEMENT_TEXT_BYTES);
+        let mut changed = false;
         for (chunk, word) in out.chunks_mut(8).zip(&cur.text).take(len.div_ceil(8)) {
-            chunk.copy_from_slice(&word.load(Relaxed).to_le_bytes()[..chunk.len()]);
+            let bytes = word.load(Relaxed).to_le_bytes();
+            let bytes = &bytes[..chunk.len()];
+            if chunk != bytes {
+                chunk.copy_from_slice(bytes);
+                changed = true;
+            }
         }
-        Some(len)
+        Some((len, changed))
     }
 
     /// Makes `e`, a statement that started earlier (possibly in another

@@ -273,6 +273,7 @@ fn revival_on_a_full_volume_counts_a_loss_instead_of_crashing() {
     let _mount = Mount(dir.path().to_path_buf());
     let c = SegmentConfig {
         history_long_len: 1,
+        task_slots: 4,
         max_strings: 4,
         ..cfg(2, 4)
     };

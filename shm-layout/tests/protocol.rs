@@ -555,6 +555,7 @@ fn fold_churn_under_snapshots(opts: ReadOptions) {
 fn history_long_never_publishes_torn_or_duplicate_slots_and_counts_losses_exactly() {
     let cfg = SegmentConfig {
         history_long_len: 64, // small: writers lap each other constantly
+        task_slots: 4,
         ..small()
     };
     let (f, w) = common::create(&cfg);

@@ -205,6 +205,7 @@ fn a_hole_on_a_full_tmpfs_is_survived_and_reported_unreadable() {
     let path = fs.0.path().join("hostile.pfs");
     let cfg = SegmentConfig {
         history_long_len: 4,
+        task_slots: 4,
         ..config("holes", 2, 64)
     };
     let file = File::options()

@@ -144,6 +144,8 @@ fn code_structs() -> BTreeMap<&'static str, Struct> {
             records_per_page, max_pages, record_size, page_size, pages_offset,
             pages_added, pages_reclaimed, pages_revived, reserved,
         }
+        TasksHeader { used, reserved0, reserved }
+        TaskSlot { waits_current, stages_current, statements_current }
     }
 }
 
@@ -331,6 +333,7 @@ fn probe() -> (std::fs::File, Segment, SegmentConfig) {
         records_per_page: 2,
         max_pages: 7,
         history_long_len: 11,
+        task_slots: 4,
     };
     let f = tempfile::tempfile().unwrap();
     let seg = Segment::create(
@@ -535,6 +538,7 @@ fn the_section_kinds_are_the_directory() {
             "max_strings" => u64::from(cfg.max_strings),
             "max_pages" => u64::from(cfg.max_pages),
             "history_long_len" => u64::from(cfg.history_long_len),
+            "task_slots" => u64::from(cfg.task_slots),
             "page_size" => g.page_size as u64,
             _ => return None,
         })
@@ -736,13 +740,14 @@ fn the_probe_segment_tells_symbols_apart() {
         u64::from(cfg.max_strings),
         u64::from(cfg.max_pages),
         u64::from(cfg.history_long_len),
+        u64::from(cfg.task_slots),
         seg.geometry().page_size as u64,
         LOST_COUNTERS as u64,
         MAX_ACTORS as u64,
     ];
     values.sort_unstable();
     values.dedup();
-    assert_eq!(values.len(), 7);
+    assert_eq!(values.len(), 8);
     assert!(u64::from(cfg.max_pages) < u64::from(MAX_PAGES));
 }
 

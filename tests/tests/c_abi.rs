@@ -604,6 +604,43 @@ fn pfs_init_reads_pfs_max_strings() {
     }
 }
 
+/// `pfs_init()` sizes the task slots (segment layout 7.1) from
+/// `PFS_TASK_SLOTS`: 0 leaves the Tasks section out, and a value out of
+/// range is refused naming the variable.
+#[test]
+fn pfs_init_reads_pfs_task_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile("pfs_c_edges.c");
+    let run = |slots: &str| -> Value {
+        let out = Command::new(&exe)
+            .arg("env")
+            .env("PFS_SHM_DIR", dir.path())
+            .env("PFS_SERVICE_NAME", "c-slots")
+            .env("PFS_TASK_SLOTS", slots)
+            .output()
+            .expect("run pfs_c_edges env");
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice(&out.stdout).expect("one JSON line")
+    };
+    let slots = |got: &Value| {
+        assert_eq!(got["rc"], 0, "{got}");
+        let file = std::fs::File::open(got["segment"].as_str().unwrap()).unwrap();
+        let seg = Segment::open(file, false).unwrap();
+        seg.tasks().map(|(_, s)| s.len())
+    };
+    assert_eq!(slots(&run("100")), Some(100));
+    assert_eq!(slots(&run("0")), None);
+    for bad in ["65537", "-1", "many"] {
+        let got = run(bad);
+        assert_eq!(got["rc"], -3, "PFS_ERR_BAD_ENV: {got}");
+        let error = got["error"].as_str().unwrap();
+        assert!(
+            error.contains("PFS_TASK_SLOTS") && error.contains("0 to 65536"),
+            "{error}"
+        );
+    }
+}
+
 /// A `PFS_*` value that is not UTF-8 is refused, naming the variable (it
 /// was taken as unset: the default directory, the executable's name, the
 /// default size), except `PFS_SHM_DIR`, a path: any bytes name it.

@@ -69,6 +69,7 @@ fn make_segment(path: &Path, service: &str, events: u64, max_pages: u32) -> Segm
         records_per_page: 2,
         max_pages,
         history_long_len: 4,
+        task_slots: 4,
     };
     let seg = Segment::create(
         file,

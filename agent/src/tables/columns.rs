@@ -3,13 +3,14 @@
 //! and event rows; and
 //! the [`ColumnKind`] of a column, declared with its definition here.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use pfs_shm_layout::ClassKind;
 use pfs_shm_layout::EventKind;
 use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, bucket_upper_ps};
 use pfs_shm_layout::reader::{
-    ClassInfo, Event, MemoryStats, SegmentSnapshot, StatementEvent, Summary, ThreadSnapshot,
+    ClassInfo, Event, MemoryStats, SegmentSnapshot, StatementEvent, Summary, TaskSnapshot,
+    ThreadSnapshot,
 };
 
 use super::cell::{Cell, Sink};
@@ -447,10 +448,25 @@ fn thread_events<'a>(
     }
 }
 
+/// The current event of `kind` a task slot shows, if any.
+fn task_event(t: &TaskSnapshot, kind: EventKind) -> Option<(&Event, Option<&StatementEvent>)> {
+    match kind {
+        EventKind::Wait => t.waits_current.as_ref().map(|e| (e, None)),
+        EventKind::Stage => t.stages_current.as_ref().map(|e| (e, None)),
+        EventKind::Statement => t.statements_current.as_ref().map(|e| (&e.ev, Some(e))),
+    }
+}
+
 /// The `current` or `history` table of `kind`: every thread record's
 /// events not hidden by a `TRUNCATE`, each under its own `THREAD_ID` (a
 /// record's rows may hold the events of tasks it polled; a history ring is
-/// ordered by `THREAD_ID`, `EVENT_ID`).
+/// ordered by `THREAD_ID`, `EVENT_ID`). `current` also has the events of
+/// tasks that await, from their task slots, and shows one row per
+/// logical thread, as MySQL's does: of the rows that show a thread's
+/// events (a task's may be in the rows of several workers that polled it,
+/// and in its slot), the latest (highest `EVENT_ID`; a worker's row rather
+/// than the slot's for the same event, since it may show it ended), and no
+/// slot row of an event some thread's rows show ended.
 pub(super) fn emit_thread_events(
     view: &View<'_>,
     sink: &mut dyn Sink,
@@ -460,20 +476,73 @@ pub(super) fn emit_thread_events(
     sink.columns(&event_columns(kind));
     for (path, s) in &view.segments {
         let classes = class_map(&s.classes);
-        // Events still running show the time so far (current rows of a
-        // live process only: a dead one's never end).
-        let now = view
-            .running_now(path)
-            .filter(|_| ring == EventsTable::Current);
-        for t in view.threads_of(path, s) {
-            let visible = view
-                .baselines_for(path, s)
-                .visible_events(path, t, kind, ring);
-            for (e, st) in thread_events(t, kind, ring).filter(|(e, _)| visible(e)) {
+        let baselines = view.baselines_for(path, s);
+        let threads = view.threads_of(path, s);
+        if ring == EventsTable::History {
+            for t in threads {
+                let visible = baselines.visible_events(path, t, kind, ring);
+                for (e, st) in thread_events(t, kind, ring).filter(|(e, _)| visible(e)) {
+                    sink.row(&event_row(s, &classes, e, st, kind, None));
+                }
+            }
+            continue;
+        }
+        // Events still running show the time so far (a live process only:
+        // a dead one's never end).
+        let now = view.running_now(path);
+        // (event, statement figures, from a thread's row)
+        let mut rows = Vec::new();
+        for t in threads {
+            let visible = baselines.visible_events(path, t, kind, ring);
+            rows.extend(
+                thread_events(t, kind, ring)
+                    .filter(|(e, _)| visible(e))
+                    .map(|(e, st)| (e, st, true)),
+            );
+        }
+        let tasks = view.tasks_of(path, s);
+        if !tasks.is_empty() {
+            let ended = ended_events(threads, kind);
+            let visible = baselines.visible_task_events(path, kind);
+            rows.extend(
+                tasks
+                    .iter()
+                    .filter_map(|t| task_event(t, kind))
+                    .filter(|(e, _)| visible(e) && !ended.contains(&(e.thread_id, e.event_id)))
+                    .map(|(e, st)| (e, st, false)),
+            );
+        }
+        let mut latest: HashMap<u64, (u64, bool)> = HashMap::new();
+        for (e, _, from_thread) in &rows {
+            let this = (e.event_id, *from_thread);
+            latest
+                .entry(e.thread_id)
+                .and_modify(|l| *l = (*l).max(this))
+                .or_insert(this);
+        }
+        for (e, st, from_thread) in rows {
+            if latest.get(&e.thread_id) == Some(&(e.event_id, from_thread)) {
+                latest.remove(&e.thread_id);
                 sink.row(&event_row(s, &classes, e, st, kind, now));
             }
         }
     }
+}
+
+/// The events of `kind` that the threads' rows (history rings and current
+/// rows) show ended, as (`THREAD_ID`, `EVENT_ID`).
+fn ended_events(threads: &[ThreadSnapshot], kind: EventKind) -> HashSet<(u64, u64)> {
+    let mut ended = HashSet::new();
+    for t in threads {
+        for ring in [EventsTable::History, EventsTable::Current] {
+            ended.extend(
+                thread_events(t, kind, ring)
+                    .filter(|(e, _)| e.end_event_id.is_some())
+                    .map(|(e, _)| (e.thread_id, e.event_id)),
+            );
+        }
+    }
+    ended
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use pfs_shm_layout::EventKind;
-use pfs_shm_layout::reader::{SegmentSnapshot, ThreadSnapshot};
+use pfs_shm_layout::reader::{SegmentSnapshot, TaskSnapshot, ThreadSnapshot};
 
 use super::cell::Sink;
 use crate::filter::Filter;
@@ -73,6 +73,16 @@ impl<'a> View<'a> {
     pub fn threads_of<'s>(&self, path: &Path, s: &'s SegmentSnapshot) -> &'s [ThreadSnapshot] {
         if self.live.contains_key(path) {
             &s.threads
+        } else {
+            &[]
+        }
+    }
+
+    /// The task slots of `s` at `path` that show events: only for a live
+    /// process, as [`View::threads_of`].
+    pub fn tasks_of<'s>(&self, path: &Path, s: &'s SegmentSnapshot) -> &'s [TaskSnapshot] {
+        if self.live.contains_key(path) {
+            &s.tasks
         } else {
             &[]
         }

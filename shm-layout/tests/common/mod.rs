@@ -24,6 +24,7 @@ pub fn config(service: &str, records_per_page: u32, max_pages: u32) -> SegmentCo
         records_per_page,
         max_pages,
         history_long_len: 8,
+        task_slots: 4,
     }
 }
 

@@ -152,6 +152,7 @@ pub fn bases() -> &'static [Base] {
                 records_per_page: 2,
                 max_pages: 3,
                 history_long_len: 8,
+                task_slots: 4,
             }),
             build(SegmentConfig {
                 service_name: "fuzz-wide".into(),
@@ -161,6 +162,7 @@ pub fn bases() -> &'static [Base] {
                 records_per_page: 1,
                 max_pages: 5,
                 history_long_len: 5,
+                task_slots: 4,
             }),
         ]
     })

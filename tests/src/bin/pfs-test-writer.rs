@@ -11,6 +11,7 @@
 //! pfs-test-writer memscript --shm-dir D --service S
 //! pfs-test-writer spread --shm-dir D --service S
 //! pfs-test-writer reclaim --shm-dir D --service S --waves W --threads N --reclaim-ms Q
+//! pfs-test-writer awaiting --shm-dir D --service S --tasks N
 //! ```
 //!
 //! Every mode prints JSON lines on stdout; see each function.
@@ -103,8 +104,70 @@ fn main() -> Result<()> {
         "memscript" => memscript_mode(),
         "spread" => spread_mode(),
         "reclaim" => reclaim_mode(&args),
+        "awaiting" => awaiting_mode(&args),
         m => bail!("unknown mode {m:?}"),
     }
+}
+
+static REQUEST: pfs_client::LazyStatementClass =
+    pfs_client::LazyStatementClass::new("statement/test/request");
+static BACKEND: pfs_client::LazyStageClass = pfs_client::LazyStageClass::new("stage/test/backend");
+static POOL: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/test/pool");
+
+/// `awaiting`: an async service whose `--tasks` requests all wait. Each
+/// is a task on a multi-threaded tokio runtime (`pfs_task`) that opens a
+/// statement (text `GET /orders/<i>`) and a stage, then waits for a
+/// connection from a pool: a `wait/synch/mutex/test/pool` wait measured
+/// across polls (`start_async`, what the tokio drop-ins do), over a
+/// `tokio::sync::watch` the main thread holds closed. Prints
+/// `{"ready":true,"tasks":[{"thread_id","text"}...]}` once every task has
+/// started; on a line on stdin, opens the pool, waits for every task to
+/// end and prints `{"released":true}`; exits at stdin EOF.
+fn awaiting_mode(args: &Args) -> Result<()> {
+    use pfs_client::task::TaskExt;
+    let n = args.num("tasks")? as usize;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .context("tokio runtime")?;
+    let (open_tx, open_rx) = tokio::sync::watch::channel(false);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let (mut open, tx) = (open_rx.clone(), tx.clone());
+            rt.spawn(
+                async move {
+                    let mut stmt = REQUEST.start_task();
+                    let text = format!("GET /orders/{i}");
+                    stmt.set_text(&text);
+                    BACKEND.enter();
+                    let _ = tx.send((stmt.id().0, text));
+                    let wait = POOL.get().start_async(Operation::Lock, 0x5000);
+                    let _ = open.wait_for(|open| *open).await;
+                    wait.end();
+                    stmt.set_rows_sent(1);
+                }
+                .pfs_task(),
+            )
+        })
+        .collect();
+    let tasks: Vec<_> = (0..n)
+        .map(|_| rx.recv_timeout(Duration::from_secs(30)))
+        .collect::<Result<_, _>>()
+        .context("tasks did not start")?;
+    let tasks: Vec<_> = tasks
+        .into_iter()
+        .map(|(tid, text)| json!({"thread_id": tid, "text": text}))
+        .collect();
+    print(json!({"ready": true, "segment": segment(), "tasks": tasks}));
+    wait_stdin_line();
+    let _ = open_tx.send(true);
+    for h in handles {
+        rt.block_on(h).context("a task panicked")?;
+    }
+    print(json!({"released": true}));
+    wait_stdin_eof();
+    Ok(())
 }
 
 fn print(v: serde_json::Value) {
