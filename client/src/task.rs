@@ -82,9 +82,12 @@
 //! `events_statements_cpu` is on (for `CPU_TIME`), never otherwise, and takes the open statement and stage
 //! out of the worker's current rows when it returns and shows them again
 //! at the next poll (a sequence-locked store each way on the same worker).
-//! No lock, no allocation, no shared write (a thread takes task ids 64 at
-//! a time); one load of a shared word written only when a statement ends
-//! outside its task (two lock-free stores then, a rare path). A
+//! No lock, no allocation, no shared write per poll (a thread takes task
+//! ids 64 at a time); one load of a shared word written only when a
+//! statement ends outside its task (two lock-free stores then, a rare
+//! path). Per task that awaits with something open: one compare-and-swap
+//! to take its slot and one to give it back (a slot never used before is
+//! handed out under a lock, after an `fallocate` of its page). A
 //! [`TaskContext`] keeps a copy of its open statement's row and text
 //! (about 370 bytes).
 

@@ -181,10 +181,10 @@
 //!
 //! | case | ns |
 //! | --- | ---: |
-//! | bare `Registry` | 89 |
-//! | a span no rule matches, with the layer | 95 |
-//! | a span that is a statement (`statement/http/GET /x`) | 390 |
-//! | of which the `pfs-client` calls alone (context, statement, text) | 127 |
+//! | bare `Registry` | 140 |
+//! | a span no rule matches, with the layer | 99 |
+//! | a span that is a statement (`statement/http/GET /x`) | 414 |
+//! | of which the `pfs-client` calls alone (context, statement, text, task slot) | 135 |
 //!
 //! A statement span pays the client's statement (six timer reads with
 //! `CPU_TIME`, `SQL_TEXT` copied into the current row) and the layer's
@@ -196,7 +196,10 @@
 //! boxes every extension value; with `PfsAllocator` it is counted as the
 //! application's memory, like the registry's own); a span no rule matches
 //! allocates nothing (`tests/allocations.rs`). Each later
-//! enter and exit of the span is a context swap.
+//! enter and exit of the span is a context swap; the first exit with the
+//! statement open also takes a task slot, where the request stays in
+//! `events_statements_current` while it awaits (written again only when
+//! its text or stage changed; `PFS_TASK_SLOTS=0` turns slots off).
 //!
 //! # A complete server
 //!

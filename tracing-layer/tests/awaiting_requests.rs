@@ -21,6 +21,11 @@ use tracing_subscriber::prelude::*;
 
 const REQUESTS: usize = 16;
 
+async fn sleepy() -> &'static str {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    "late"
+}
+
 async fn slow(
     Path(id): Path<u64>,
     State(open): State<tokio::sync::watch::Receiver<bool>>,
@@ -71,6 +76,7 @@ fn waiting_requests_show_in_the_current_tables() {
     let statuses = rt.block_on(async {
         let app = Router::new()
             .route("/slow/{id}", get(slow))
+            .route("/sleepy", get(sleepy))
             .with_state(open_rx)
             .layer(TraceLayer::new_for_http().make_span_with(pfs_tracing::http::make_span));
         let (addr, shutdown, server) = common::serve(app).await;
@@ -117,6 +123,22 @@ fn waiting_requests_show_in_the_current_tables() {
         for c in clients {
             statuses.push(c.await.unwrap());
         }
+        // Clients that hang up before the answer: the handler's future is
+        // dropped, its statement ends cancelled, and its slot empties.
+        for _ in 0..REQUESTS {
+            let client = common::client();
+            let req = hyper::Request::builder()
+                .uri(format!("http://{addr}/sleepy"))
+                .body(http_body_util::Full::new(hyper::body::Bytes::new()))
+                .unwrap();
+            let _ = tokio::time::timeout(Duration::from_millis(20), client.request(req)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let left = waiting(&common::read(&path));
+        assert!(
+            left.is_empty(),
+            "hung-up requests still shown waiting: {left:?}"
+        );
         shutdown.send(()).unwrap();
         server.await.unwrap();
         statuses
