@@ -317,3 +317,61 @@ impl ThreadCtx {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `take_for`'s answer with the started wait's `EVENT_ID`.
+    fn take(q: &mut Queued, thread: u64, shown: u64) -> (Option<u64>, bool) {
+        let (w, ended) = q.take_for(thread, shown);
+        (w.map(|w| w.event_id), ended)
+    }
+
+    fn wait(thread_id: u64, event_id: u64) -> EventData {
+        EventData {
+            thread_id,
+            event_id,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_wait_that_started_and_ended_in_one_poll_is_not_shown() {
+        let mut q = Queued::NONE;
+        q.started = Some(wait(7, 5));
+        q.note_end((7, 5));
+        assert_eq!(take(&mut q, 7, 0), (None, false));
+        assert!(!q.any());
+    }
+
+    #[test]
+    fn the_shown_wait_ending_is_seen_whatever_ended_after_it() {
+        let mut q = Queued::NONE;
+        q.note_end((7, 3)); // the one the slot shows
+        q.started = Some(wait(7, 6));
+        q.note_end((7, 6)); // started and ended in the same poll
+        assert_eq!(take(&mut q, 7, 3), (None, true));
+    }
+
+    #[test]
+    fn another_logical_threads_entries_stay_for_it() {
+        let mut q = Queued::NONE;
+        q.started = Some(wait(8, 2));
+        q.note_end((8, 1));
+        q.note_end((7, 4));
+        assert_eq!(take(&mut q, 7, 4), (None, true));
+        assert!(q.any(), "thread 8's are kept");
+        assert_eq!(take(&mut q, 8, 1), (Some(2), true));
+        assert!(!q.any());
+    }
+
+    #[test]
+    fn more_ends_than_kept_take_the_shown_wait_out() {
+        let mut q = Queued::NONE;
+        for e in 10..10 + QUEUED_ENDS as u64 + 1 {
+            q.note_end((7, e));
+        }
+        assert_eq!(take(&mut q, 7, 3), (None, true));
+    }
+}
