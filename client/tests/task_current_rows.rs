@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use pfs_client::task::TaskExt;
+use pfs_client::task::{TaskContext, TaskExt};
 use pfs_client::{LazyStageClass, LazyStatementClass};
 use pfs_shm_layout::Segment;
 use pfs_shm_layout::reader::{ReadOptions, SegmentSnapshot, snapshot};
@@ -20,6 +20,7 @@ static PARKED: LazyStatementClass = LazyStatementClass::new("statement/test/park
 static WAITING: LazyStageClass = LazyStageClass::new("stage/test/waiting");
 static LONE: LazyStageClass = LazyStageClass::new("stage/test/lone");
 static OUTSIDE: LazyStatementClass = LazyStatementClass::new("statement/test/outside");
+static THREAD_STMT: LazyStatementClass = LazyStatementClass::new("statement/test/thread");
 
 fn read(path: &std::path::Path) -> SegmentSnapshot {
     let seg = Segment::open(std::fs::File::open(path).unwrap(), false).unwrap();
@@ -271,6 +272,90 @@ fn a_waiting_task_is_in_no_current_row_and_an_ended_one_is_shown_ended() {
         "{:?}",
         rows_of(&read(&path), ids.0)
     );
+
+    // A task entered over a thread's own open statement, and a task
+    // entered over another task's: each outer statement, with its text,
+    // and its stage show again when the inner context leaves; the tasks'
+    // slots show theirs.
+    let seg = path.clone();
+    std::thread::spawn(move || {
+        let mut own = THREAD_STMT.start();
+        own.set_text("THREAD stmt");
+        LONE.enter();
+        let own_ids = (
+            pfs_client::thread_id().unwrap(),
+            pfs_client::statement_event_id().unwrap(),
+        );
+        let (mut a, mut b) = (TaskContext::new(), TaskContext::new());
+        let outer = {
+            let _in_a = a.enter();
+            let mut outer = PARKED.start_task();
+            outer.set_text("OUTER");
+            WAITING.enter();
+            let inner = {
+                let _in_b = b.enter();
+                let mut inner = OUTSIDE.start_task();
+                inner.set_text("INNER");
+                inner
+            };
+            // B left: A's statement and stage are in the rows again.
+            let shown = rows_of(&read(&seg), outer.id().0);
+            assert!(
+                shown.contains(&("statement", outer.id().1, false, "OUTER".to_string())),
+                "{shown:?}"
+            );
+            assert_eq!(
+                parked_of(&read(&seg), inner.id().0),
+                [("statement", inner.id().1, "INNER".to_string())]
+            );
+            (outer, inner)
+        };
+        // A left: the thread's own statement and stage are shown again,
+        // with its text; both tasks' slots show theirs.
+        let s = read(&seg);
+        let own_rows = rows_of(&s, own_ids.0);
+        assert!(
+            own_rows.contains(&("statement", own_ids.1, false, "THREAD stmt".to_string())),
+            "{own_rows:?}"
+        );
+        assert!(
+            own_rows.iter().any(|r| r.0 == "stage" && !r.2),
+            "{own_rows:?}"
+        );
+        let (o, _) = &outer;
+        assert_eq!(
+            parked_of(&s, o.id().0),
+            [
+                ("stage", o.id().1 + 1, String::new()),
+                ("statement", o.id().1, "OUTER".to_string()),
+            ]
+        );
+        // Each ended inside its own task (as the C API's
+        // `pfs_task_statement_end` does): the thread's row is its own again.
+        let (outer, inner) = outer;
+        {
+            let _in_a = a.enter();
+            drop(outer);
+        }
+        {
+            let _in_b = b.enter();
+            drop(inner);
+        }
+        drop((a, b));
+        drop(own);
+        // Ended: its text kept to the end.
+        let s = read(&seg);
+        let ended: Vec<_> = s
+            .threads
+            .iter()
+            .flat_map(|t| t.statements_history.iter())
+            .filter(|h| (h.ev.thread_id, h.ev.event_id) == own_ids)
+            .map(|h| h.text.clone())
+            .collect();
+        assert_eq!(ended, ["THREAD stmt"]);
+    })
+    .join()
+    .unwrap();
 
     let s = read(&path);
     let lone_class = s

@@ -1167,6 +1167,15 @@ impl RecordRef<'_> {
     }
 
     /// Whether this record's `events_*_current` row of `kind` shows the
+    /// event `event_id` of logical thread `thread_id`, running or ended.
+    /// Only the thread that owns the record may call it.
+    #[inline]
+    pub fn shows(&self, kind: EventKind, thread_id: u64, event_id: u64) -> bool {
+        let cur = self.current(kind);
+        cur.event_id.load(Relaxed) == event_id && cur.thread_id.load(Relaxed) == thread_id
+    }
+
+    /// Whether this record's `events_*_current` row of `kind` shows the
     /// event `event_id` of logical thread `thread_id` ended. Only the
     /// thread that owns the record may call it.
     #[inline]
