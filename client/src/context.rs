@@ -140,6 +140,38 @@ pub(crate) struct ThreadCtx {
     pub(crate) queued: RefCell<Queued>,
     /// Whether `queued` holds anything (read at every poll's return).
     pub(crate) queued_any: Cell<bool>,
+    /// Per task level (see `task_level`), the open statement of the
+    /// context the task entered at that level came in over, as the current
+    /// row showed it: the row shows it again when that task leaves (see
+    /// `task`). Deeper levels than [`UNDER_LEVELS`] are not kept.
+    pub(crate) under: RefCell<[Under; UNDER_LEVELS]>,
+    /// Bit *l* set: `under[l]` holds a statement.
+    pub(crate) under_kept: Cell<u32>,
+}
+
+/// Task levels whose outer statement a thread keeps (see
+/// [`ThreadCtx::under`]).
+pub(crate) const UNDER_LEVELS: usize = 4;
+
+/// An outer context's open statement row and its text (see
+/// [`ThreadCtx::under`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Under {
+    /// The row (`None`: the outer context had no statement shown).
+    pub(crate) statement: Option<EventData>,
+    /// Its `SQL_TEXT`.
+    pub(crate) text: [u8; STATEMENT_TEXT_BYTES],
+    /// Bytes of `text` in use.
+    pub(crate) text_len: usize,
+}
+
+impl Under {
+    /// Nothing kept.
+    pub(crate) const NONE: Under = Under {
+        statement: None,
+        text: [0; STATEMENT_TEXT_BYTES],
+        text_len: 0,
+    };
 }
 
 /// Ends of async waits kept per poll (see [`Queued`]).
@@ -249,6 +281,8 @@ impl ThreadCtx {
             task_level: Cell::new(0),
             queued: RefCell::new(Queued::NONE),
             queued_any: Cell::new(false),
+            under: RefCell::new([Under::NONE; UNDER_LEVELS]),
+            under_kept: Cell::new(0),
         }
     }
 

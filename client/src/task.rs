@@ -153,75 +153,85 @@ pub struct TaskContext {
     shown: Shown,
     /// The task slot that shows what the task has open while it awaits.
     parked: Parked,
-    /// What the context it is entered over showed in the current rows.
-    under: Under,
 }
 
-/// The open statement of the context a [`TaskContext`] is entered over
-/// (the thread's own, or an outer task's), as the thread's current row
-/// showed it when the task came in. The task's events take the thread's
-/// current rows while it runs; when it leaves, the rows show the outer
-/// context's open statement (with its text) and stage again, as a nested
-/// statement gives the row back to its parent.
-#[derive(Debug)]
-struct Under {
-    statement: Option<EventData>,
-    text: [u8; STATEMENT_TEXT_BYTES],
-    text_len: usize,
-}
-
-impl Under {
-    const NONE: Under = Under {
-        statement: None,
-        text: [0; STATEMENT_TEXT_BYTES],
-        text_len: 0,
-    };
+/// What a task context entered over another context with an open
+/// statement (the thread's own, or an outer task's) does with the rows:
+/// the task's events take the thread's current rows while it runs; when
+/// it leaves, the rows show the outer context's open statement (with its
+/// text) and stage again, as a nested statement gives the row back to its
+/// parent. The outer statement's row is kept by the thread, per task level
+/// ([`ThreadCtx::under`]).
+mod under {
+    use super::*;
+    use crate::context::UNDER_LEVELS;
 
     /// Keeps what `ctx`'s statement row shows of `outer`'s open statement
-    /// (the state just swapped out of `ctx`), if it has one.
+    /// (the state just swapped out of `ctx` by the task entered at task
+    /// level `level`), if it has one.
     #[inline(always)]
-    fn keep(&mut self, ctx: &ThreadCtx, outer: &EventState) {
-        self.statement = None;
-        if outer.statement_id != 0 {
-            self.keep_statement(ctx, outer);
+    pub(super) fn keep(ctx: &ThreadCtx, outer: &EventState, level: u32) {
+        if outer.statement_id != 0 || ctx.under_kept.get() & (1 << level.min(31)) != 0 {
+            keep_statement(ctx, outer, level);
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn keep_statement(&mut self, ctx: &ThreadCtx, outer: &EventState) {
+    fn keep_statement(ctx: &ThreadCtx, outer: &EventState, level: u32) {
+        let Ok(mut under) = ctx.under.try_borrow_mut() else {
+            return;
+        };
+        let Some(u) = under.get_mut(level as usize) else {
+            return; // nested deeper than kept
+        };
         let (thread, id) = (outer.thread_id, outer.statement_id);
-        self.statement = ctx.rec.unended_event(EventKind::Statement, thread, id);
-        if self.statement.is_some() {
-            self.text_len = ctx
+        u.statement = (id != 0)
+            .then(|| ctx.rec.unended_event(EventKind::Statement, thread, id))
+            .flatten();
+        if u.statement.is_some() {
+            u.text_len = ctx
                 .rec
-                .copy_statement_text(thread, id, &mut self.text)
+                .copy_statement_text(thread, id, &mut u.text)
                 .map_or(0, |(len, _)| len);
         }
+        let bit = 1 << level;
+        let kept = ctx.under_kept.get() & !bit;
+        ctx.under_kept.set(if u.statement.is_some() {
+            kept | bit
+        } else {
+            kept
+        });
+        debug_assert!((level as usize) < UNDER_LEVELS);
     }
 
-    /// Shows again, in `ctx`'s rows, the outer context's open statement
-    /// and stage (its state is `ctx`'s again), where the rows show
-    /// something else.
+    /// Shows again, in `ctx`'s rows, the open statement and stage of the
+    /// context that the task leaving at level `level` was entered over
+    /// (its state is `ctx`'s again), where the rows show something else.
     #[inline(always)]
-    fn give_back(&mut self, ctx: &ThreadCtx) {
-        if self.statement.is_some() || ctx.stage_id.get() != 0 {
-            self.give_back_rows(ctx);
+    pub(super) fn give_back(ctx: &ThreadCtx, level: u32) {
+        if ctx.under_kept.get() & (1 << level.min(31)) != 0 || ctx.stage_id.get() != 0 {
+            give_back_rows(ctx, level);
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn give_back_rows(&mut self, ctx: &ThreadCtx) {
+    fn give_back_rows(ctx: &ThreadCtx, level: u32) {
         let Some(rt) = runtime::get() else { return };
         let consumers = rt.setup.consumers.load(Relaxed);
-        if let Some(e) = self.statement.take()
-            && ctx.statement_id.get() == e.event_id
-            && effective(consumers, EventKind::Statement, ConsumerKind::Current)
-            && !ctx.rec.shows(EventKind::Statement, e.thread_id, e.event_id)
+        if let Ok(mut under) = ctx.under.try_borrow_mut()
+            && let Some(u) = under.get_mut(level as usize)
+            && let Some(e) = u.statement.take()
         {
-            let text = std::str::from_utf8(&self.text[..self.text_len]).unwrap_or("");
-            ctx.rec.resume_statement(&e, text);
+            ctx.under_kept.set(ctx.under_kept.get() & !(1 << level));
+            if ctx.statement_id.get() == e.event_id
+                && effective(consumers, EventKind::Statement, ConsumerKind::Current)
+                && !ctx.rec.shows(EventKind::Statement, e.thread_id, e.event_id)
+            {
+                let text = std::str::from_utf8(&u.text[..u.text_len]).unwrap_or("");
+                ctx.rec.resume_statement(&e, text);
+            }
         }
         if let Ok(open) = ctx.stage.try_borrow()
             && let Some(stage) = *open
@@ -503,7 +513,6 @@ impl TaskContext {
             scope: None,
             shown: Shown::NONE,
             parked: Parked::NONE,
-            under: Under::NONE,
         }
     }
 
@@ -643,7 +652,7 @@ impl TaskContext {
             ctx.poll_start.set(timer::now(&rt.clock, POLL_TIMER));
         }
         memory::swap_scope(&mut self.scope);
-        self.under.keep(ctx, &self.state);
+        under::keep(ctx, &self.state, self.level);
         self.shown.put_into(ctx, consumers);
         self.depth = 1;
         self.entered_on = ctx.own_thread_id;
@@ -689,7 +698,7 @@ impl TaskContext {
         self.shown.take_from(ctx, &self.state);
         let Some(rt) = runtime::get() else {
             self.shown.hide_in(ctx, &self.state);
-            self.under.give_back(ctx);
+            under::give_back(ctx, self.level);
             return true;
         };
         if self.state.poll_start != 0 {
@@ -702,7 +711,7 @@ impl TaskContext {
         }
         self.park(rt, ctx);
         self.shown.hide_in(ctx, &self.state);
-        self.under.give_back(ctx);
+        under::give_back(ctx, self.level);
         if ctx.task_level.get() == 0 && ctx.queued_any.get() {
             // Back to the thread's own state: what no task took is stale.
             if let Ok(mut q) = ctx.queued.try_borrow_mut() {
