@@ -181,10 +181,10 @@
 //!
 //! | case | ns |
 //! | --- | ---: |
-//! | bare `Registry` | 140 |
-//! | a span no rule matches, with the layer | 99 |
-//! | a span that is a statement (`statement/http/GET /x`) | 414 |
-//! | of which the `pfs-client` calls alone (context, statement, text, task slot) | 135 |
+//! | bare `Registry` | 137 |
+//! | a span no rule matches, with the layer | 100 |
+//! | a span that is a statement (`statement/http/GET /x`) | 423 |
+//! | of which the `pfs-client` calls alone (context, statement, text, task slot) | 139 |
 //!
 //! A statement span pays the client's statement (six timer reads with
 //! `CPU_TIME`, `SQL_TEXT` copied into the current row) and the layer's
