@@ -209,12 +209,13 @@ fn new_event<const KIND: usize>(
     }
 }
 
-/// The row of an async wait that starts queueing now (`claimed` its ids,
-/// `start` its raw ticks and timer if timed), as a current row shows it
-/// running: for the slot of the task that waits (see `task`).
+/// The row of an event that started earlier (`claimed` its ids, `start`
+/// its raw ticks and timer if timed), as a current row shows it running:
+/// an async wait's, for the slot of the task that waits (see `task`), and
+/// the start of one recorded whole ([`record_since`]).
 #[allow(clippy::too_many_arguments)]
-#[cold]
-pub(crate) fn queued_row<const KIND: usize>(
+#[inline(always)]
+pub(crate) fn started_row<const KIND: usize>(
     rt: &'static Runtime,
     ctx: &ThreadCtx,
     class: ClassRef,
@@ -308,20 +309,17 @@ pub(crate) fn record_since<const KIND: usize>(
     // Admitted at its start; still, nothing is written while the class or
     // the global consumer is off.
     let (rt, ctx, _) = writable(current, class.flags())?;
-    let (ticks, timer) = start.unwrap_or((0, 0));
-    let mut data = new_event::<KIND>(
+    let data = started_row::<KIND>(
         rt,
         ctx,
         class,
-        start.is_some(),
-        timer,
+        start,
         operation,
         object,
         object_name,
         source,
-        Some(claimed),
+        claimed,
     );
-    data.timer_start = ticks;
     end::<KIND>(&mut Active { rt, ctx, data }, None)
 }
 

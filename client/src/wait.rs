@@ -307,7 +307,7 @@ impl WaitClass {
                 ConsumerKind::Current,
             )
         {
-            let row = event::queued_row::<{ EventKind::Wait.index() }>(
+            let row = event::started_row::<{ EventKind::Wait.index() }>(
                 rt,
                 ctx,
                 self.0,
