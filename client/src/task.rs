@@ -164,7 +164,6 @@ pub struct TaskContext {
 /// ([`ThreadCtx::under`]).
 mod under {
     use super::*;
-    use crate::context::UNDER_LEVELS;
 
     /// Keeps what `ctx`'s statement row shows of `outer`'s open statement
     /// (the state just swapped out of `ctx` by the task entered at task
@@ -202,7 +201,6 @@ mod under {
         } else {
             kept
         });
-        debug_assert!((level as usize) < UNDER_LEVELS);
     }
 
     /// Shows again, in `ctx`'s rows, the open statement and stage of the
