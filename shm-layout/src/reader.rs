@@ -249,6 +249,44 @@ impl RowKind {
     }
 }
 
+/// Each class slot's [`RowKind`], as the class table stood when a walk
+/// started; a slot not published then is looked up again when a row of
+/// it is read. A class registered while the walk runs can have touched
+/// rows (a writer publishes a class before it records any event of it):
+/// they are read with the class's own kind, never a default one.
+struct Kinds<'s> {
+    seg: &'s Segment,
+    /// `None`: not published at the walk's start.
+    known: Vec<Option<RowKind>>,
+}
+
+impl<'s> Kinds<'s> {
+    fn new(seg: &'s Segment) -> Self {
+        let known = seg
+            .classes()
+            .iter()
+            .map(|e| published_kind(e).map(RowKind::of))
+            .collect();
+        Self { seg, known }
+    }
+
+    fn len(&self) -> usize {
+        self.known.len()
+    }
+
+    /// `class`'s row kind (a slot still unpublished, or out of range:
+    /// an event summary, which an untouched row is read as).
+    fn get(&self, class: usize) -> RowKind {
+        match self.known.get(class) {
+            Some(Some(k)) => *k,
+            Some(None) => {
+                published_kind(&self.seg.classes()[class]).map_or(RowKind::Events, RowKind::of)
+            }
+            None => RowKind::Events,
+        }
+    }
+}
+
 impl Summary {
     /// Loads `row`, reading only the cache lines that can hold figures:
     /// the histogram buckets from MIN's to MAX's (every timed event lies
@@ -1113,7 +1151,7 @@ struct Walker<'w> {
     seg: &'w Segment,
     opts: &'w ReadOptions,
     mode: RowMode,
-    kinds: &'w [RowKind],
+    kinds: &'w Kinds<'w>,
     tgen: u64,
 }
 
@@ -1381,17 +1419,11 @@ fn try_snapshot(
 ) -> Result<Walk, (Retry, Delta)> {
     let sum_while_walking = matches!(mode, RowMode::Summed);
     let mut st = ReadStats::default();
-    let classes = read_classes(seg, &mut st);
-    let strings = read_strings(seg, &mut st);
     let mut lost = [0u64; LOST_COUNTERS];
     for (d, s) in lost.iter_mut().zip(&seg.lost().counters) {
         *d = s.load(Relaxed);
     }
-    // Unregistered slots read as event summaries (untouched: never read).
-    let mut kinds = vec![RowKind::Events; seg.classes().len()];
-    for c in &classes {
-        kinds[c.index as usize] = RowKind::of(c.kind);
-    }
+    let kinds = Kinds::new(seg);
     let tgen = seg.setup().memory_truncate_gen.load(Acquire);
     let gh = seg.global_header();
     let f0 = gh.fold_count.load(Acquire);
@@ -1497,13 +1529,14 @@ fn try_snapshot(
         exited.clear();
         exited_memory.clear();
         for (i, r) in rows.iter().enumerate() {
-            if kinds[i] == RowKind::Memory {
+            let kind = kinds.get(i);
+            if kind == RowKind::Memory {
                 let m = MemoryStats::load(&mem_rows[i], seg.major_version(), tgen);
                 if !m.is_empty() {
                     exited_memory.push((i as u32, m));
                 }
             } else if r.count.load(Relaxed) != 0 {
-                exited.push((i as u32, Summary::load(r, kinds[i] == RowKind::Statements)));
+                exited.push((i as u32, Summary::load(r, kind == RowKind::Statements)));
             }
         }
         for (d, e) in log_words.iter_mut().zip(&gh.fold_log) {
@@ -1601,6 +1634,11 @@ fn try_snapshot(
     } else {
         Vec::new()
     };
+    // The class and string tables last: every class or string a row read
+    // above names was published before that row was written, so it is
+    // here (read first, one registered during the walk was missing).
+    let classes = read_classes(seg, total);
+    let strings = read_strings(seg, total);
     for t in &mut threads {
         t.actor = t.actor_ids.map(|(u, h, r)| {
             let get = |i: u32| strings.get(&i).cloned().unwrap_or_default();
@@ -1692,13 +1730,22 @@ pub fn class_name(e: &ClassEntry) -> Option<String> {
     load_string(&e.name, e.name_len.load(Relaxed))
 }
 
+/// The kind of a published class entry (`None`: not published, or an
+/// invalid kind).
+fn published_kind(e: &ClassEntry) -> Option<ClassKind> {
+    if e.state.load(Acquire) != CLASS_READY {
+        return None;
+    }
+    ClassKind::from_u32(e.kind.load(Relaxed))
+}
+
 fn read_classes(seg: &Segment, st: &mut ReadStats) -> Vec<ClassInfo> {
     let mut out = Vec::new();
     for (i, e) in seg.classes().iter().enumerate() {
         if e.state.load(Acquire) != CLASS_READY {
             continue;
         }
-        let kind = ClassKind::from_u32(e.kind.load(Relaxed));
+        let kind = published_kind(e);
         let name = load_string(&e.name, e.name_len.load(Relaxed));
         match (kind, name) {
             (Some(kind), Some(name)) => out.push(ClassInfo {
@@ -1766,7 +1813,7 @@ fn read_ring<R, T>(
 fn read_thread(
     seg: &Segment,
     idx: u32,
-    kinds: &[RowKind],
+    kinds: &Kinds<'_>,
     tgen: u64,
     opts: &ReadOptions,
     mut sink: Sink<'_, '_>,
@@ -1967,7 +2014,7 @@ fn read_thread(
     let classes: &mut dyn Iterator<Item = usize> = if fast { &mut listed } else { &mut general };
     for class in classes {
         let seq = &rec.row_seqs[class];
-        let kind = kinds.get(class).copied().unwrap_or(RowKind::Events);
+        let kind = kinds.get(class);
         if kind == RowKind::Memory {
             // Kept and unchanged (same sequence, same truncation
             // generation): the kept copy.
