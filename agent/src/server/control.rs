@@ -28,7 +28,7 @@ pub async fn truncate(state: Arc<AppState>, name: &str) -> Resp {
     let r = tokio::task::spawn_blocking(move || {
         let snap = s.snap.take();
         let mut b = s.baselines();
-        table.truncate(&mut b, &snap)?;
+        let unreached = table.truncate(&mut b, &snap)?;
         // A cached snapshot older than these baselines would show the rows
         // before the truncation minus the counts at it: the next read
         // takes a fresh one.
@@ -38,11 +38,13 @@ pub async fn truncate(state: Arc<AppState>, name: &str) -> Resp {
         {
             tracing::warn!(dir = %crate::util::shown::path(dir), error = %e, "cannot save the TRUNCATE baselines; a restarted agent would show lifetime values");
         }
-        Ok::<_, tables::NotTruncatable>(table.name())
+        Ok::<_, tables::NotTruncatable>((table.name(), unreached))
     })
     .await;
     match r {
-        Ok(Ok(t)) => json_reply(StatusCode::OK, json!({ "truncated": t })),
+        Ok(Ok((t, errors))) => {
+            json_reply(StatusCode::OK, json!({ "truncated": t, "errors": errors }))
+        }
         Ok(Err(e)) => error(StatusCode::BAD_REQUEST, e.to_string()),
         Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "truncate failed"),
     }

@@ -11,7 +11,7 @@
 //! | GET | `/api/v1/tables` | `{"tables": [...]}` |
 //! | GET | `/api/v1/tables/{table}?service=S&pid=N` | `{"table", "columns", "rows"}` (chunked), and `"warning"` if no segment matches `service`/`pid` |
 //! | POST | `/api/v1/setup/{instruments,consumers,timers,actors}[?service=S&pid=N]` | `{"matched": n, "segments": m}` |
-//! | POST | `/api/v1/tables/{table}/truncate` | `{"truncated": table}` |
+//! | POST | `/api/v1/tables/{table}/truncate` | `{"truncated": table, "errors": [...]}` |
 //!
 //! Every GET path also answers HEAD. A path is split at its `/` first,
 //! then each segment is percent-decoded, so `/api/v1/tables/%74hreads` is

@@ -11,7 +11,7 @@ use pfs_shm_layout::reader::MemoryStats;
 
 use super::cell::{Cell, Sink};
 use super::columns::{MEMORY_COLUMNS, class_map, head, memory_values, with_head};
-use super::view::{NotTruncatable, PfsTable, View};
+use super::view::{NotTruncatable, PfsTable, Unreached, View};
 use crate::snapshot::Snapshot;
 use crate::truncate::Baselines;
 
@@ -107,8 +107,12 @@ impl PfsTable for MemoryByActor {
         }
     }
 
-    fn truncate(&self, baselines: &mut Baselines, snap: &Snapshot) -> Result<(), NotTruncatable> {
+    fn truncate(
+        &self,
+        baselines: &mut Baselines,
+        snap: &Snapshot,
+    ) -> Result<Unreached, NotTruncatable> {
         baselines.truncate_memory(snap, false);
-        Ok(())
+        Ok(Unreached::new())
     }
 }

@@ -8,7 +8,7 @@
 
 use super::cell::Sink;
 use super::columns::{MEMORY_COLUMNS, head, memory_values, with_head};
-use super::view::{NotTruncatable, PfsTable, View};
+use super::view::{NotTruncatable, PfsTable, Unreached, View};
 use crate::aggregate::segment_global_memory;
 use crate::snapshot::Snapshot;
 use crate::truncate::Baselines;
@@ -36,8 +36,12 @@ impl PfsTable for MemoryGlobal {
         }
     }
 
-    fn truncate(&self, baselines: &mut Baselines, snap: &Snapshot) -> Result<(), NotTruncatable> {
+    fn truncate(
+        &self,
+        baselines: &mut Baselines,
+        snap: &Snapshot,
+    ) -> Result<Unreached, NotTruncatable> {
         baselines.truncate_memory(snap, true);
-        Ok(())
+        Ok(Unreached::new())
     }
 }

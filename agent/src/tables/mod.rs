@@ -36,7 +36,7 @@ use std::sync::OnceLock;
 
 pub use cell::{Cell, Sink, Table};
 pub use columns::{ColumnKind, column_kind, duration_columns};
-pub use view::{KindTable, NotTruncatable, PfsTable, View};
+pub use view::{KindTable, NotTruncatable, PfsTable, Unreached, View};
 
 use pfs_shm_layout::EventKind;
 
@@ -580,7 +580,8 @@ mod task_tests {
 
     /// `TRUNCATE` of table `name` as of a snapshot of `dir`, into `b`.
     fn truncate(dir: &Path, name: &str, b: &mut Baselines) {
-        lookup(name).unwrap().truncate(b, &snap(dir)).unwrap();
+        let unreached = lookup(name).unwrap().truncate(b, &snap(dir)).unwrap();
+        assert!(unreached.is_empty(), "{unreached:?}");
     }
 
     fn table(dir: &Path, name: &str, b: &Baselines) -> Table {
@@ -747,6 +748,27 @@ mod task_tests {
         truncate(dir.path(), "setup_actors", &mut b);
         assert!(table(dir.path(), "setup_actors", &none).rows.is_empty());
         assert!(b.is_empty(), "no baselines: the rows are gone");
+    }
+
+    #[test]
+    fn truncating_setup_actors_says_which_processes_it_could_not_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_f, _w, _q, _slot) = segment(dir.path());
+        let s = snap(dir.path());
+        assert!(s.segments.iter().any(|v| v.live));
+        // The file goes between the snapshot and the TRUNCATE.
+        std::fs::remove_file(dir.path().join("svc.9.pfs")).unwrap();
+        let unreached = lookup("setup_actors")
+            .unwrap()
+            .truncate(&mut Baselines::default(), &s)
+            .unwrap();
+        assert_eq!(unreached.len(), 1, "{unreached:?}");
+        assert!(unreached[0].contains("svc.9.pfs"), "{unreached:?}");
+        let events = lookup("events_waits_history")
+            .unwrap()
+            .truncate(&mut Baselines::default(), &s)
+            .unwrap();
+        assert!(events.is_empty(), "baselines reach every process");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use pfs_shm_layout::setup;
 
 use super::cell::Sink;
 use super::columns::{head, with_head, yes_no};
-use super::view::{NotTruncatable, PfsTable, View};
+use super::view::{NotTruncatable, PfsTable, Unreached, View};
 use crate::setup::open_rw;
 use crate::snapshot::Snapshot;
 use crate::truncate::Baselines;
@@ -38,7 +38,8 @@ impl PfsTable for SetupActors {
         }
     }
 
-    fn truncate(&self, _: &mut Baselines, snap: &Snapshot) -> Result<(), NotTruncatable> {
+    fn truncate(&self, _: &mut Baselines, snap: &Snapshot) -> Result<Unreached, NotTruncatable> {
+        let mut unreached = Unreached::new();
         for v in snap.segments.iter().filter(|v| v.live) {
             match open_rw(&v.path) {
                 Ok(seg) => {
@@ -46,9 +47,12 @@ impl PfsTable for SetupActors {
                         let _ = setup::set_actor(&seg, &a.host, &a.user, &a.role, None);
                     }
                 }
-                Err(e) => tracing::warn!("TRUNCATE setup_actors: {e}"),
+                Err(e) => {
+                    tracing::warn!("TRUNCATE setup_actors: {e}");
+                    unreached.push(e.to_string());
+                }
             }
         }
-        Ok(())
+        Ok(unreached)
     }
 }

@@ -106,6 +106,12 @@ impl<'a> View<'a> {
 #[error("{0} cannot be truncated; the events_*, memory_summary_* and setup_actors tables can")]
 pub struct NotTruncatable(pub String);
 
+/// The processes a `TRUNCATE` could not change, each with why (a table
+/// whose `TRUNCATE` writes the segments, `setup_actors`, cannot open one
+/// read-write: its rows stay). Empty for the others, which only record
+/// baselines.
+pub type Unreached = Vec<String>;
+
 /// A PFS table the agent serves: one implementation per table (or per
 /// table of each event kind), listed once in the registry
 /// ([`super::registry`]).
@@ -117,8 +123,14 @@ pub trait PfsTable: Send + Sync {
     fn emit(&self, view: &View<'_>, sink: &mut dyn Sink);
 
     /// `TRUNCATE TABLE`: records in `baselines` what the table stops
-    /// showing as of `snap`. Tables without anything to truncate refuse.
-    fn truncate(&self, baselines: &mut Baselines, snap: &Snapshot) -> Result<(), NotTruncatable> {
+    /// showing as of `snap` (or changes the segments), and says which
+    /// processes it could not change. Tables without anything to
+    /// truncate refuse.
+    fn truncate(
+        &self,
+        baselines: &mut Baselines,
+        snap: &Snapshot,
+    ) -> Result<Unreached, NotTruncatable> {
         let _ = (baselines, snap);
         Err(NotTruncatable(self.name().to_string()))
     }
@@ -160,8 +172,12 @@ impl PfsTable for KindTable {
         (self.emit)(view, sink, self.kind)
     }
 
-    fn truncate(&self, baselines: &mut Baselines, snap: &Snapshot) -> Result<(), NotTruncatable> {
+    fn truncate(
+        &self,
+        baselines: &mut Baselines,
+        snap: &Snapshot,
+    ) -> Result<Unreached, NotTruncatable> {
         (self.truncate)(baselines, snap, self.kind);
-        Ok(())
+        Ok(Unreached::new())
     }
 }
