@@ -74,7 +74,7 @@ const DEFAULT_SCRAPE_INTERVAL_S: u64 = 15;
 /// `--shutdown-delay`: the app's stop (10 s) and the agent's last OTLP
 /// export (5 s).
 const GRACE_BESIDES_DELAY_S: u64 = 15;
-/// The agent's memory limit: docs/PERFORMANCE.md's ~103 MiB peak of one
+/// The agent's memory limit: docs/PERFORMANCE.md's ~120 MiB peak of one
 /// by-thread table request, with room for concurrent ones.
 const AGENT_MIN_MEMORY_LIMIT: u64 = 256 << 20;
 
