@@ -11,6 +11,7 @@ use pfs_shm_layout::{ClassKind, EventKind};
 
 use crate::reentry::reentrant;
 use crate::runtime;
+use crate::warning;
 
 /// Flags of an instrument that does not exist (client not initialised,
 /// registry full, wrong name): permanently disabled.
@@ -84,11 +85,10 @@ impl ClassRef {
                 // looks (`pfs_lost_total{kind="instrument_classes"}`), not
                 // only logged (a program may have no subscriber).
                 rt.writer.segment().count_lost(LostKind::Classes);
-                tracing::warn!(
-                    name,
-                    "not a PFS {} instrument name; instrument disabled (counted in pfs_lost_total{{kind=\"instrument_classes\"}})",
+                warning::warn(&format!(
+                    "not a PFS {} instrument name: {name:?}; instrument disabled (counted in pfs_lost_total{{kind=\"instrument_classes\"}})",
                     family.what()
-                );
+                ));
                 Self::DISABLED
             }
         }

@@ -52,6 +52,7 @@
 //! | 0 | `context` | the per-thread context the hot path works on: the thread's record and its event state |
 //! | 0 | `timer` | the timers (CYCLE, NANOSECOND, ...) and their conversion to picoseconds |
 //! | 0 | `error` | [`InitError`], why `init` failed, and [`ConfigError`], a setting a segment cannot hold |
+//! | 0 | [`warning`] | warnings given once, through the program's subscriber, safely from inside its callbacks |
 //! | 1 | `config` | [`Config`], from code or from `PFS_*` variables |
 //! | 2 | `runtime` | the process-wide segment: created once by `init`, read by every event |
 //! | 3 | `class` | instrument classes: registration, live setup flags, lazily registered statics |
@@ -113,6 +114,7 @@ mod timer;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 mod wait;
+pub mod warning;
 
 pub use config::{
     ActorRule, Config, DEFAULT_RECLAIM_AFTER, DEFAULT_SHM_DIR, parse_actor_rules,

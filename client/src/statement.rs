@@ -138,8 +138,8 @@ static OUTSIDE_A_TASK_SAID: std::sync::atomic::AtomicBool =
 #[inline(never)]
 fn started_outside_a_task() {
     if ::tokio::runtime::Handle::try_current().is_ok() && !OUTSIDE_A_TASK_SAID.swap(true, Relaxed) {
-        tracing::warn!(
-            "start_task() in a tokio runtime outside a pfs task: the statement is the thread's, and the statements of other tasks polled on that thread meanwhile nest in it; wrap the spawned future with .pfs_task() (pfs_client::task::TaskExt) or pfs_client::task::Task (in spawn_blocking or block_on, a statement of the thread may be what you want: then ignore this)"
+        crate::warning::warn(
+            "start_task() in a tokio runtime outside a pfs task: the statement is the thread's, and the statements of other tasks polled on that thread meanwhile nest in it; wrap the spawned future with .pfs_task() (pfs_client::task::TaskExt) or pfs_client::task::Task (in spawn_blocking or block_on, a statement of the thread may be what you want: then ignore this)",
         );
     }
 }

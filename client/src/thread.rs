@@ -22,6 +22,7 @@ use crate::context::ThreadCtx;
 use crate::event::end_open_stage;
 use crate::reentry::{in_pfs, reentrant};
 use crate::runtime::{self, Runtime};
+use crate::warning;
 
 /// Owns the context (leaked from its box at registration, so that no
 /// `Box` asserts unique access while the hot path reads it through
@@ -348,9 +349,9 @@ fn warn_no_record(e: &NoRecord) {
         ),
     };
     if !WARNED[i].swap(true, Relaxed) {
-        tracing::warn!(
+        warning::warn(&format!(
             "{e}: this thread records nothing, nor does any new thread while this lasts ({advice})"
-        );
+        ));
     }
 }
 

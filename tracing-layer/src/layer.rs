@@ -259,16 +259,11 @@ fn not_recording_yet(span: &str) {
     if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
         return;
     }
-    const MESSAGE: &str = "pfs-client is not initialised: statement spans are not recorded until pfs_client::init() (or init_with) is called";
-    // Inside a subscriber's callback, a scoped default subscriber
-    // (`with_default`, `set_default`) does not take events (tracing's
-    // guard against re-entrance): standard error, then.
-    let scoped = tracing::dispatcher::get_default(|d| d.is::<tracing::subscriber::NoSubscriber>());
-    if scoped {
-        eprintln!("WARN pfs_tracing: {MESSAGE} span={span:?}");
-    } else {
-        tracing::warn!(span, "{MESSAGE}");
-    }
+    // (Inside a subscriber's callback: `warning::warn` emits it where an
+    // event cannot break the subscriber's per-layer filters.)
+    pfs_client::warning::warn(&format!(
+        "pfs-client is not initialised: statement spans are not recorded until pfs_client::init() (or init_with) is called; span={span:?}"
+    ));
 }
 
 /// Whether the client records (initialised).
