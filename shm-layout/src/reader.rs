@@ -1261,6 +1261,9 @@ impl Walker<'_> {
             if state != PageState::Active {
                 continue;
             }
+            if opts.release_pages {
+                populate_unkept(seg, page, &cache);
+            }
             for slot in 0..g.records_per_page {
                 let idx = page * g.records_per_page + slot;
                 read.clear();
@@ -1402,6 +1405,32 @@ fn fetch_ahead(seg: &Segment, cache: &CachePart<'_, Box<Kept>>, idx: u32) {
         prefetch(&k.extra.touched);
         prefetch(&k.extra.id_seq);
         prefetch(k.refs_head());
+    }
+}
+
+/// Maps in, a run of records at a time, the bodies of the records of
+/// container page `page` that a walk giving its pages back reads through
+/// the mapping: those in use and not kept by `cache` for their current
+/// lifetime (a first snapshot reads them all; a later one, the records
+/// of threads new since).
+fn populate_unkept(seg: &Segment, page: u32, cache: &CachePart<'_, Box<Kept>>) {
+    let rpp = seg.geometry().records_per_page;
+    let mut run: Option<(u32, u32)> = None;
+    for idx in page * rpp..(page + 1) * rpp {
+        let (state, version) = lockword::decode(seg.record(idx).header.lock.load(Acquire));
+        let read = state == RecordState::Allocated && cache.kept(idx, version).is_none();
+        run = match (run, read) {
+            (Some((first, n)), true) => Some((first, n + 1)),
+            (None, true) => Some((idx, 1)),
+            (Some((first, n)), false) => {
+                seg.populate_bodies(first, n);
+                None
+            }
+            (None, false) => None,
+        };
+    }
+    if let Some((first, n)) = run {
+        seg.populate_bodies(first, n);
     }
 }
 
