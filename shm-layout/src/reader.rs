@@ -39,7 +39,9 @@ use crate::kinds::{ClassKind, EventKind, Operation};
 use crate::layout::*;
 use crate::lockword::{self, RecordState};
 use crate::rowcache::{CachePart, Changes, Delta, KeptRecord, NOT_KEPT, RowCache, Rows, Walked};
-use crate::segment::{RowCopy, RowReader, Segment, TimerCalibration, prefetch, touched_classes};
+use crate::segment::{
+    RowCopy, RowReader, RowsCopy, Segment, TimerCalibration, prefetch, touched_classes,
+};
 use crate::seqlock::SeqLock;
 use crate::setup::{Actor, consumers_in_effect, read_actors};
 use crate::text::{load_string, shared_str_of_words};
@@ -948,6 +950,9 @@ enum Sink<'a, 'c> {
         /// description this thread of the walk reads them through.
         copy: &'a mut RowCopy,
         via: &'a mut Via,
+        /// The walk's buffer for the rows of a record not kept, copied at
+        /// once (when it gives its pages back).
+        bulk: &'a mut RowsCopy,
         /// The walk's buffer for the classes to visit in a kept record.
         visit: &'a mut Vec<usize>,
     },
@@ -1243,6 +1248,11 @@ impl Walker<'_> {
         let mut changes = Changes::default();
         let mut copy = RowCopy::new();
         let mut via = if first { Via::Shared } else { Via::Own(None) };
+        let mut bulk = RowsCopy::new(if mode == RowMode::Changed && opts.release_pages {
+            g.max_classes as usize
+        } else {
+            0
+        });
         let mut visit = Vec::new();
         // The rows of a record not kept, read into one buffer for the walk and
         // copied out at their exact size (not grown by doubling, record by
@@ -1261,7 +1271,9 @@ impl Walker<'_> {
             if state != PageState::Active {
                 continue;
             }
-            if opts.release_pages {
+            // (An incremental walk copies the records it did not keep at
+            // once instead: `copy_rows_via`.)
+            if opts.release_pages && mode != RowMode::Changed {
                 populate_unkept(seg, page, &cache);
             }
             for slot in 0..g.records_per_page {
@@ -1292,6 +1304,7 @@ impl Walker<'_> {
                         id_seq: &mut id_seq,
                         memory_seqs: &mut memory_seqs,
                         copy: &mut copy,
+                        bulk: &mut bulk,
                         via: &mut via,
                         visit: &mut visit,
                     },
@@ -2038,6 +2051,30 @@ fn read_thread(
             visit.dedup();
         }
     }
+    // A record not kept, in a walk that gives its pages back: its rows up
+    // to the last touched one are copied at once, and each is read from
+    // the copy if no write overlapped it.
+    // (The walk lends its buffer.)
+    let mut rows_copy = match &mut sink {
+        Sink::Changed { bulk, .. } => std::mem::take(*bulk),
+        _ => RowsCopy::default(),
+    };
+    let mut copied_ok = false;
+    if let Sink::Changed { touched, via, .. } = &mut sink
+        && kept.is_none()
+        && opts.release_pages
+    {
+        let last = touched
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, w)| **w != 0)
+            .map(|(i, w)| i * 64 + 63 - w.leading_zeros() as usize);
+        copied_ok = last
+            .filter(|l| *l < rec.rows.len())
+            .is_some_and(|last| seg.copy_rows_via(via.get(seg), idx, last + 1, &mut rows_copy));
+    }
+    let bulk = copied_ok.then_some(&rows_copy);
     let mut general = touched_classes(h, rec.rows.len());
     let mut listed = visit.iter().copied();
     let classes: &mut dyn Iterator<Item = usize> = if fast { &mut listed } else { &mut general };
@@ -2099,10 +2136,16 @@ fn read_thread(
             st.rows_reused += 1;
             continue;
         }
+        let statements = kind == RowKind::Statements;
+        let copied = bulk.and_then(|b| b.summary(class, seq));
         let row = &rec.rows[class];
         // (Not in a walk of the changed rows alone: the rows it visits are
         // scattered, mostly copied by `pread`, and their pages released.)
-        if let Some(ahead) = rec.rows.get(class + PREFETCH_ROWS).filter(|_| !fast) {
+        if let Some(ahead) = rec
+            .rows
+            .get(class + PREFETCH_ROWS)
+            .filter(|_| !fast && bulk.is_none())
+        {
             // The head and the buckets up to 244 us (most events'
             // durations).
             prefetch(&ahead.count);
@@ -2113,11 +2156,19 @@ fn read_thread(
             // while the row is copied (a `pread` takes about 1 us).
             prefetch(old);
         }
-        let statements = kind == RowKind::Statements;
-        let pread = pread_slot(&mut sink, seg, (idx, class), kept.is_some(), &mut preads);
-        let r = read_row(seq, opts, pread, RowCopy::summary, row, |r| {
-            buf.load_into(r, statements)
-        });
+        let r = match copied {
+            Some((v, copy)) => RowRead {
+                value: Some((v, buf.load_into(copy, statements))),
+                retries: 0,
+                torn: false,
+            },
+            None => {
+                let pread = pread_slot(&mut sink, seg, (idx, class), kept.is_some(), &mut preads);
+                read_row(seq, opts, pread, RowCopy::summary, row, |r| {
+                    buf.load_into(r, statements)
+                })
+            }
+        };
         st.retries += u64::from(r.retries);
         st.rows_read += u64::from(r.value.is_some());
         st.torn_rows += u64::from(r.torn);
@@ -2156,8 +2207,14 @@ fn read_thread(
             }
         }
     }
-    if let Sink::Changed { visit: lent, .. } = &mut sink {
+    if let Sink::Changed {
+        visit: lent,
+        bulk: lent_rows,
+        ..
+    } = &mut sink
+    {
         **lent = visit;
+        **lent_rows = rows_copy;
     }
     fence(Acquire);
     // Acquire: if this observes the FREE store of a lifetime that ended,

@@ -82,6 +82,60 @@ impl RowCopy {
     }
 }
 
+/// A private copy of the first row slots of one thread record, filled by
+/// [`Segment::copy_rows_via`] with one `pread(2)`; row *c* is read like
+/// the row itself ([`RowsCopy::summary`]). Allocated once per walk and
+/// reused.
+pub struct RowsCopy {
+    rows: Box<[SummaryRow]>,
+    /// Each row's sequence, loaded before the copy.
+    seqs: Box<[u64]>,
+    /// Rows filled by the last copy.
+    len: usize,
+}
+
+impl RowsCopy {
+    /// Room for `n` zeroed rows.
+    pub fn new(n: usize) -> Self {
+        let rows = (0..n)
+            // SAFETY: as in `RowCopy::new`: all-zero bytes are a valid
+            // `SummaryRow`.
+            .map(|_| unsafe { std::mem::zeroed::<SummaryRow>() })
+            .collect();
+        Self {
+            rows,
+            seqs: vec![0; n].into_boxed_slice(),
+            len: 0,
+        }
+    }
+
+    /// Copied row `class`, as a summary row, with the sequence it was
+    /// copied at, if `seq` (the row's sequence lock) shows that no write
+    /// overlapped the copy (even before it, the same now); `None`
+    /// otherwise, or beyond the rows the last copy filled.
+    pub fn summary(&self, class: usize, seq: &SeqLock) -> Option<(u64, &SummaryRow)> {
+        let row = self.rows[..self.len].get(class)?;
+        let before = self.seqs[class];
+        (before & 1 == 0 && seq.sequence() == before).then_some((before, row))
+    }
+
+    fn bytes_mut(&mut self, n: usize) -> &mut [u8] {
+        let rows = &mut self.rows[..n];
+        // SAFETY: the slice covers exactly these rows, which this
+        // exclusive borrow owns for the slice's lifetime; every byte
+        // pattern is a valid `SummaryRow` (atomics of integers, no
+        // padding).
+        unsafe { std::slice::from_raw_parts_mut(rows.as_mut_ptr().cast::<u8>(), size_of_val(rows)) }
+    }
+}
+
+impl Default for RowsCopy {
+    /// Room for no row.
+    fn default() -> Self {
+        Self::new(0)
+    }
+}
+
 impl Default for RowCopy {
     fn default() -> Self {
         Self::new()
@@ -947,6 +1001,51 @@ impl Segment {
             Some(_) => return false,
         };
         matches!(file.read_at(bytes, off as u64), Ok(n) if n == len)
+    }
+
+    /// Copies rows `0..n` of thread record `idx` into `out` with one
+    /// `pread(2)` (through `via`, as [`Segment::copy_row_via`]), without
+    /// touching the mapping: for a reader about to read most of a
+    /// record's rows, a copy at the speed of memory instead of a page
+    /// fault every 16 system pages and the pages given back afterwards.
+    /// As racy as loads through the mapping: each row is valid only if its
+    /// sequence, loaded before the copy, is even and unchanged after it.
+    /// Returns false (`out` then holds no row) if `n` exceeds `out`'s room
+    /// or the classes, or the read fails or comes short (a truncated
+    /// segment). Panics if `idx >= max_records()`.
+    pub fn copy_rows_via(
+        &self,
+        via: Option<&RowReader>,
+        idx: u32,
+        n: usize,
+        out: &mut RowsCopy,
+    ) -> bool {
+        use std::os::unix::fs::FileExt;
+        assert!(idx < self.geom.max_records(), "record index out of range");
+        out.len = 0;
+        if n > out.rows.len() || n > self.geom.max_classes as usize {
+            return false;
+        }
+        let off = self.geom.record_body_off(idx) + rows_offset(self.geom.history_len);
+        let file = match via {
+            None => &self.file,
+            Some(RowReader(f, id)) if *id == self.file_id => f,
+            Some(_) => return false,
+        };
+        let seqs = &self.record(idx).row_seqs[..n];
+        for (d, s) in out.seqs.iter_mut().zip(seqs) {
+            *d = s.sequence();
+        }
+        let bytes = out.bytes_mut(n);
+        let len = bytes.len();
+        let ok = matches!(file.read_at(bytes, off as u64), Ok(k) if k == len);
+        // The sequences a reader loads next, to validate the rows, come
+        // after the copy.
+        std::sync::atomic::fence(Ordering::Acquire);
+        if ok {
+            out.len = n;
+        }
+        ok
     }
 
     /// Opens another description of the segment's file, for
