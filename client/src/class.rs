@@ -85,10 +85,13 @@ impl ClassRef {
                 // looks (`pfs_lost_total{kind="instrument_classes"}`), not
                 // only logged (a program may have no subscriber).
                 rt.writer.segment().count_lost(LostKind::Classes);
-                warning::warn(&format!(
-                    "not a PFS {} instrument name: {name:?}; instrument disabled (counted in pfs_lost_total{{kind=\"instrument_classes\"}})",
-                    family.what()
-                ));
+                warning::warn(
+                    &format!(
+                        "not a PFS {} instrument name: {name:?}; instrument disabled (counted in pfs_lost_total{{kind=\"instrument_classes\"}})",
+                        family.what()
+                    ),
+                    |m| tracing::warn!("{m}"),
+                );
                 Self::DISABLED
             }
         }

@@ -140,6 +140,7 @@ fn started_outside_a_task() {
     if ::tokio::runtime::Handle::try_current().is_ok() && !OUTSIDE_A_TASK_SAID.swap(true, Relaxed) {
         crate::warning::warn(
             "start_task() in a tokio runtime outside a pfs task: the statement is the thread's, and the statements of other tasks polled on that thread meanwhile nest in it; wrap the spawned future with .pfs_task() (pfs_client::task::TaskExt) or pfs_client::task::Task (in spawn_blocking or block_on, a statement of the thread may be what you want: then ignore this)",
+            |m| tracing::warn!("{m}"),
         );
     }
 }

@@ -349,9 +349,12 @@ fn warn_no_record(e: &NoRecord) {
         ),
     };
     if !WARNED[i].swap(true, Relaxed) {
-        warning::warn(&format!(
-            "{e}: this thread records nothing, nor does any new thread while this lasts ({advice})"
-        ));
+        warning::warn(
+            &format!(
+                "{e}: this thread records nothing, nor does any new thread while this lasts ({advice})"
+            ),
+            |m| tracing::warn!("{m}"),
+        );
     }
 }
 

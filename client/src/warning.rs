@@ -9,8 +9,9 @@
 //! not survive: the span being created is then handed to a layer whose
 //! filter left it out, and `fmt` panics ("Span not found, this is a
 //! bug"). So [`warn`] emits the event on a short-lived thread of its own,
-//! under the same dispatcher, and waits for it: outside every callback,
-//! in the program's log, before the call returns.
+//! under the same dispatcher, outside every callback, and waits a moment
+//! for it ([`WAIT_FOR_EMIT`]), so that it is in the program's log when the
+//! call returns.
 //!
 //! Inside a callback of a scoped default subscriber (`with_default`),
 //! `tracing` hides the dispatcher (its guard against re-entrance), and the
@@ -19,39 +20,52 @@
 //! figures the warnings point at, such as `pfs_lost_total`, are counted
 //! regardless).
 
-use tracing::Dispatch;
+use std::sync::mpsc;
+use std::time::Duration;
+
 use tracing::subscriber::NoSubscriber;
 
-/// Emits `message` as a `WARN` event of target `pfs_client` through the
-/// calling thread's dispatcher, safely from inside a subscriber's
-/// callback (see the module's documentation). For rare warnings: each
-/// call starts a thread.
+/// How long [`warn`] waits for its thread to have emitted the warning,
+/// so that it is in the log when the call returns. It never waits longer:
+/// the caller may hold what the subscriber's output needs (a lock on
+/// standard output, the `OnceLock` of a class being registered that the
+/// warning's own allocations account to), and the thread then emits the
+/// warning once the caller has let go of it.
+pub const WAIT_FOR_EMIT: Duration = Duration::from_millis(100);
+
+/// Emits `message` through the calling thread's dispatcher, safely from
+/// inside a subscriber's callback (see the module's documentation):
+/// `emit` makes the event, with the caller's target and level
+/// (`|m| tracing::warn!("{m}")`). For rare warnings: each call starts a
+/// thread.
 ///
 /// ```
-/// pfs_client::warning::warn("PFS_EXAMPLE is ignored");
+/// pfs_client::warning::warn("PFS_EXAMPLE is ignored", |m| tracing::warn!("{m}"));
 /// ```
-pub fn warn(message: &str) {
+pub fn warn(message: &str, emit: fn(&str)) {
     let dispatch =
         tracing::dispatcher::get_default(|d| (!d.is::<NoSubscriber>()).then(|| d.clone()));
     let Some(dispatch) = dispatch else {
         if tracing::dispatcher::has_been_set() {
-            // A scoped default hidden by its guard: inside its callback.
-            eprintln!("WARN pfs_client: {message}");
+            // A scoped default hidden by its guard: inside its callback
+            // (or a scoped default on another thread only).
+            eprintln!("WARN pfs: {message}");
         }
         return;
     };
     let text = message.to_string();
-    let emitted = std::thread::Builder::new()
+    let (done, emitted) = mpsc::channel();
+    let started = std::thread::Builder::new()
         .name("pfs-warning".into())
-        .spawn(move || emit(&dispatch, &text))
-        .map(|t| t.join().is_ok());
-    if !matches!(emitted, Ok(true)) {
-        eprintln!("WARN pfs_client: {message}");
+        .spawn(move || {
+            tracing::dispatcher::with_default(&dispatch, || emit(&text));
+            let _ = done.send(());
+        });
+    match started {
+        // Emitted, or still on its way (see `WAIT_FOR_EMIT`).
+        Ok(_) => {
+            let _ = emitted.recv_timeout(WAIT_FOR_EMIT);
+        }
+        Err(_) => eprintln!("WARN pfs: {message}"),
     }
-}
-
-fn emit(dispatch: &Dispatch, message: &str) {
-    tracing::dispatcher::with_default(dispatch, || {
-        tracing::warn!(target: "pfs_client", "{message}");
-    });
 }

@@ -72,5 +72,10 @@ fn a_task_statement_outside_a_task_is_said_once() {
     assert_eq!(warned(), 0, "inside a task: nothing said");
     run(false);
     run(false);
+    // (Given on a thread of its own: `pfs_client::warning`.)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while warned() == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     assert_eq!(warned(), 1, "said once: {:?}", messages.0.lock().unwrap());
 }

@@ -624,7 +624,12 @@
 //!   copy is as racy as loads and the same check validates it. The
 //!   incremental reader does so for the few changed rows of a record it
 //!   kept ([`segment::Segment::copy_row`]), which spares it the
-//!   page faults (and fault-around) of mapping their pages.
+//!   page faults (and fault-around) of mapping their pages, and for the
+//!   rows of a record it did not keep, in one `pread` of a run of rows
+//!   ([`segment::Segment::copy_rows_via`]): every row's `seq` is loaded
+//!   before the copy, and a row is taken from it only if that `seq` was
+//!   even and is unchanged after it (any other row is read again as
+//!   above).
 //! * **Walks in parts** ([`reader`]): a reader may split its walk of the
 //!   thread container into contiguous ranges of pages read at once by
 //!   several threads ([`reader::ReadOptions::threads`]). Each row is read

@@ -1042,6 +1042,11 @@ const PREFETCH_ROWS: usize = 3;
 /// MAX says so).
 const PREFETCH_BUCKETS: usize = 16;
 
+/// A record not kept is copied at once ([`Segment::copy_rows_via`]) only
+/// if at least one of every this many rows up to its last touched one is
+/// touched.
+const BULK_DENSITY: usize = 4;
+
 /// How [`read_row`] read a row.
 struct RowRead<T> {
     /// The row and the sequence it was read at; `None`: skipped.
@@ -1248,11 +1253,8 @@ impl Walker<'_> {
         let mut changes = Changes::default();
         let mut copy = RowCopy::new();
         let mut via = if first { Via::Shared } else { Via::Own(None) };
-        let mut bulk = RowsCopy::new(if mode == RowMode::Changed && opts.release_pages {
-            g.max_classes as usize
-        } else {
-            0
-        });
+        // (Room made at the first record copied.)
+        let mut bulk = RowsCopy::default();
         let mut visit = Vec::new();
         // The rows of a record not kept, read into one buffer for the walk and
         // copied out at their exact size (not grown by doubling, record by
@@ -2064,15 +2066,22 @@ fn read_thread(
         && kept.is_none()
         && opts.release_pages
     {
+        let n = rec.rows.len();
         let last = touched
             .iter()
             .enumerate()
             .rev()
             .find(|(_, w)| **w != 0)
-            .map(|(i, w)| i * 64 + 63 - w.leading_zeros() as usize);
-        copied_ok = last
-            .filter(|l| *l < rec.rows.len())
-            .is_some_and(|last| seg.copy_rows_via(via.get(seg), idx, last + 1, &mut rows_copy));
+            .map(|(i, w)| (i * 64 + 63 - w.leading_zeros() as usize).min(n.saturating_sub(1)));
+        let touched_rows: usize = touched.iter().map(|w| w.count_ones() as usize).sum();
+        // (Rows touched sparsely, a few among many: read through the
+        // mapping, as a copy of every row up to the last would cost more.)
+        if let Some(last) = last.filter(|l| touched_rows * BULK_DENSITY > *l) {
+            if rows_copy.room() < n {
+                rows_copy = RowsCopy::new(n);
+            }
+            copied_ok = seg.copy_rows_via(via.get(seg), idx, last + 1, &mut rows_copy);
+        }
     }
     let bulk = copied_ok.then_some(&rows_copy);
     let mut general = touched_classes(h, rec.rows.len());

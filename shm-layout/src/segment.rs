@@ -109,6 +109,11 @@ impl RowsCopy {
         }
     }
 
+    /// Rows it has room for.
+    pub fn room(&self) -> usize {
+        self.rows.len()
+    }
+
     /// Copied row `class`, as a summary row, with the sequence it was
     /// copied at, if `seq` (the row's sequence lock) shows that no write
     /// overlapped the copy (even before it, the same now); `None`

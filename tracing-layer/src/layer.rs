@@ -261,9 +261,12 @@ fn not_recording_yet(span: &str) {
     }
     // (Inside a subscriber's callback: `warning::warn` emits it where an
     // event cannot break the subscriber's per-layer filters.)
-    pfs_client::warning::warn(&format!(
-        "pfs-client is not initialised: statement spans are not recorded until pfs_client::init() (or init_with) is called; span={span:?}"
-    ));
+    pfs_client::warning::warn(
+        &format!(
+            "pfs-client is not initialised: statement spans are not recorded until pfs_client::init() (or init_with) is called; span={span:?}"
+        ),
+        |m| tracing::warn!("{m}"),
+    );
 }
 
 /// Whether the client records (initialised).

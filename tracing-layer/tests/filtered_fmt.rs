@@ -37,7 +37,7 @@ fn a_filtered_fmt_layer_before_init_takes_the_warning_and_loses_no_span() {
         });
     }
     assert_eq!(ran, 3);
-    let text = out.text();
+    let text = out.text_with("pfs-client is not initialised");
     assert_eq!(
         text.matches("pfs-client is not initialised").count(),
         1,

@@ -29,7 +29,7 @@ fn a_layer_without_init_says_once_that_it_records_nothing() {
     for _ in 0..3 {
         tracing::info_span!("job").in_scope(|| {});
     }
-    let text = out.text();
+    let text = out.text_with("pfs-client is not initialised");
     assert_eq!(
         text.matches("pfs-client is not initialised").count(),
         1,

@@ -129,6 +129,20 @@ impl Buffer {
     pub fn text(&self) -> String {
         String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
     }
+
+    /// Everything written once `needle` is (a warning given from inside
+    /// a subscriber's callback is written by a thread of its own: see
+    /// `pfs_client::warning`), or after 10 s without it.
+    pub fn text_with(&self, needle: &str) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = self.text();
+            if text.contains(needle) || std::time::Instant::now() > deadline {
+                return text;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 impl Write for Buffer {
