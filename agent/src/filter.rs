@@ -61,6 +61,35 @@ impl Filter {
         found: impl IntoIterator<Item = (&'a str, u32)>,
         spelling: Spelling,
     ) -> Option<String> {
+        self.unmatched_in(found, spelling, "segment")
+    }
+
+    /// [`Filter::unmatched`] for a table of live processes only (their
+    /// threads, their setup): `live` are the live processes, and a filter
+    /// that matches only dead ones is said to match none of them.
+    ///
+    /// ```
+    /// use pfs_agent::filter::{Filter, Spelling};
+    /// let f = Filter { service: None, pid: Some(8) };
+    /// assert_eq!(
+    ///     f.unmatched_live([("checkout", 7)], Spelling::Flags).unwrap(),
+    ///     r#"no live process matches --pid 8: the table is empty; processes found: "checkout" (pid 7)"#
+    /// );
+    /// ```
+    pub fn unmatched_live<'a>(
+        &self,
+        live: impl IntoIterator<Item = (&'a str, u32)>,
+        spelling: Spelling,
+    ) -> Option<String> {
+        self.unmatched_in(live, spelling, "live process")
+    }
+
+    fn unmatched_in<'a>(
+        &self,
+        found: impl IntoIterator<Item = (&'a str, u32)>,
+        spelling: Spelling,
+        among: &str,
+    ) -> Option<String> {
         if self.service.is_none() && self.pid.is_none() {
             return None;
         }
@@ -102,14 +131,14 @@ impl Filter {
         };
         Some(match (names.is_empty(), more) {
             (true, _) => {
-                format!("no segment matches {asked}: the table is empty; no segment is being read")
+                format!("no {among} matches {asked}: the table is empty; no {among} is being read")
             }
             (false, 0) => format!(
-                "no segment matches {asked}: the table is empty; {what} found: {}",
+                "no {among} matches {asked}: the table is empty; {what} found: {}",
                 names.join(", ")
             ),
             (false, more) => format!(
-                "no segment matches {asked}: the table is empty; {what} found: {} and {more} more",
+                "no {among} matches {asked}: the table is empty; {what} found: {} and {more} more",
                 names.join(", ")
             ),
         })

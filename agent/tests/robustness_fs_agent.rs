@@ -510,9 +510,10 @@ fn query_warns_when_no_segment_has_the_service() {
     );
     assert!(status.unwrap().success(), "{err}");
     assert!(out.contains("0 rows"), "{out}");
+    // (`threads` shows live processes only, and "orders" is dead.)
     assert!(
-        err.contains("no segment matches --service \"order\"")
-            && err.contains("services found: \"orders\""),
+        err.contains("no live process matches --service \"order\"")
+            && err.contains("no live process is being read"),
         "{err}"
     );
     // In JSON, the answer carries it too, as the API's does.
@@ -530,7 +531,7 @@ fn query_warns_when_no_segment_has_the_service() {
     assert!(
         json["warning"]
             .as_str()
-            .is_some_and(|w| w.contains("no segment matches --service \"order\"")),
+            .is_some_and(|w| w.contains("no live process matches --service \"order\"")),
         "{json}"
     );
     // With no segment at all, the JSON answer says so too.

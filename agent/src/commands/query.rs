@@ -45,12 +45,7 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
     // An empty answer is valid, but easy to take for "nothing happened"
     // when the name is mistyped: said (and, in JSON, in the answer's
     // `warning` member, as the API does).
-    let unmatched = filter.unmatched(
-        snap.segments
-            .iter()
-            .map(|s| (s.data.service.as_str(), s.data.pid)),
-        Spelling::Flags,
-    );
+    let unmatched = tables::unmatched(table, &snap, &filter, Spelling::Flags);
     if snap.segments.is_empty() {
         // Logged (not printed) so that `PFS_LOG_FORMAT=json` stays JSON.
         let dir = a.dir.shm_dir.display();

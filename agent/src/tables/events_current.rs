@@ -17,4 +17,5 @@ pub fn table(kind: EventKind) -> KindTable {
         |view, sink, kind| emit_thread_events(view, sink, kind, EventsTable::Current),
         |b, snap, kind| b.truncate_events(snap, kind, EventsTable::Current),
     )
+    .live_only()
 }

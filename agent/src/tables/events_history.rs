@@ -18,4 +18,5 @@ pub fn table(kind: EventKind) -> KindTable {
         |view, sink, kind| emit_thread_events(view, sink, kind, EventsTable::History),
         |b, snap, kind| b.truncate_events(snap, kind, EventsTable::History),
     )
+    .live_only()
 }

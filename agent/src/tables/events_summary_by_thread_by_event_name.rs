@@ -18,6 +18,7 @@ pub fn table(kind: EventKind) -> KindTable {
         emit,
         |baselines, snap, kind| baselines.truncate_summaries(snap, kind, false),
     )
+    .live_only()
 }
 
 fn emit(view: &View<'_>, sink: &mut dyn Sink, kind: EventKind) {

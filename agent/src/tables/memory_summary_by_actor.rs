@@ -74,6 +74,10 @@ impl PfsTable for MemoryByActor {
         &self.name
     }
 
+    fn live_only(&self) -> bool {
+        true
+    }
+
     fn emit(&self, view: &View<'_>, sink: &mut dyn Sink) {
         let mut cols = with_head(self.actor.columns());
         cols.extend(MEMORY_COLUMNS);

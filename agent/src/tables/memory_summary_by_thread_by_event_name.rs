@@ -21,6 +21,10 @@ impl PfsTable for MemoryByThread {
         "memory_summary_by_thread_by_event_name"
     }
 
+    fn live_only(&self) -> bool {
+        true
+    }
+
     fn emit(&self, view: &View<'_>, sink: &mut dyn Sink) {
         let mut cols = with_head(&["thread_id"]);
         cols.extend(MEMORY_COLUMNS);

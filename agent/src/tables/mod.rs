@@ -129,11 +129,39 @@ pub fn write_json(
 ) -> std::io::Result<()> {
     let mut sink = JsonSink::new(out, table.name());
     table.emit(&View::new(snap, filter, baselines), &mut sink);
-    let found = snap
+    sink.finish(unmatched(table, snap, filter, Spelling::Query).as_deref())
+}
+
+/// The warning for a `service`/`pid` filter that leaves every process
+/// `table` shows out of `snap` ([`Filter::unmatched`]; for a table of
+/// live processes only, every live one: [`Filter::unmatched_live`]).
+pub fn unmatched(
+    table: &dyn PfsTable,
+    snap: &Snapshot,
+    filter: &Filter,
+    spelling: Spelling,
+) -> Option<String> {
+    let found = |live_only: bool| {
+        snap.segments
+            .iter()
+            .filter(move |s| s.live || !live_only)
+            .map(|s| (s.data.service.as_str(), s.data.pid))
+    };
+    if !table.live_only() {
+        return filter.unmatched(found(false), spelling);
+    }
+    let w = filter.unmatched_live(found(true), spelling)?;
+    let exited = snap
         .segments
         .iter()
-        .map(|s| (s.data.service.as_str(), s.data.pid));
-    sink.finish(filter.unmatched(found, Spelling::Query).as_deref())
+        .filter(|s| !s.live && filter.matches(&s.data.service, s.data.pid))
+        .count();
+    Some(match exited {
+        0 => w,
+        n => format!(
+            "{w}; {n} exited process(es) match: this table shows live processes only (their totals stay in the *_global_* summaries)"
+        ),
+    })
 }
 #[cfg(test)]
 mod tests {
@@ -748,6 +776,59 @@ mod task_tests {
         truncate(dir.path(), "setup_actors", &mut b);
         assert!(table(dir.path(), "setup_actors", &none).rows.is_empty());
         assert!(b.is_empty(), "no baselines: the rows are gone");
+    }
+
+    /// A table of live processes only shows nothing of a dead one, and a
+    /// filter that matches only the dead one says so; the others show it
+    /// and say nothing.
+    #[test]
+    fn live_only_tables_leave_dead_processes_out_and_say_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_live, _w, _q, _slot) = segment(dir.path());
+        let cfg = SegmentConfig {
+            service_name: "svc".into(),
+            ..SegmentConfig::default()
+        };
+        let (_dead, w) = segment_at(&dir.path().join("svc.8.pfs"), &cfg, 8, false);
+        let q = statement_class(&w, "q");
+        let slot = w.alloc_thread(1, 80, "dead-worker").unwrap().index;
+        statement(&w, slot, q, (1, 1), 5_000_000, cpu(0));
+        let s = snap(dir.path());
+        assert!(s.segments.iter().any(|v| !v.live) && s.segments.iter().any(|v| v.live));
+        let dead = Filter {
+            service: None,
+            pid: Some(8),
+        };
+        let b = Baselines::default();
+        for t in registry() {
+            let rows = build(&**t, &s, &dead, &b).rows.len();
+            let warning = unmatched(&**t, &s, &dead, Spelling::Query);
+            if t.live_only() {
+                assert_eq!(rows, 0, "{} shows a dead process", t.name());
+                let w = warning.unwrap_or_else(|| panic!("{}: no warning", t.name()));
+                assert!(
+                    w.starts_with("no live process matches pid=8")
+                        && w.contains("(pid 9)")
+                        && w.contains("1 exited process(es) match"),
+                    "{}: {w}",
+                    t.name()
+                );
+            } else {
+                assert_eq!(warning, None, "{}", t.name());
+            }
+        }
+        assert!(
+            build(
+                lookup("events_statements_summary_global_by_event_name").unwrap(),
+                &s,
+                &dead,
+                &b
+            )
+            .rows
+            .iter()
+            .any(|r| r.iter().any(|v| v == &json!("statement/t/q"))),
+            "a dead process's totals stay in the global summaries"
+        );
     }
 
     #[test]

@@ -26,6 +26,10 @@ impl PfsTable for PerformanceTimers {
         "performance_timers"
     }
 
+    fn live_only(&self) -> bool {
+        true
+    }
+
     fn emit(&self, view: &View<'_>, sink: &mut dyn Sink) {
         sink.columns(&with_head(&[
             "timer_name",

@@ -21,6 +21,10 @@ impl PfsTable for SetupActors {
         "setup_actors"
     }
 
+    fn live_only(&self) -> bool {
+        true
+    }
+
     fn emit(&self, view: &View<'_>, sink: &mut dyn Sink) {
         sink.columns(&with_head(&["host", "user", "role", "enabled", "history"]));
         for (_, s) in view.live_segments() {

@@ -15,6 +15,10 @@ impl PfsTable for SetupConsumers {
         "setup_consumers"
     }
 
+    fn live_only(&self) -> bool {
+        true
+    }
+
     fn emit(&self, view: &View<'_>, sink: &mut dyn Sink) {
         sink.columns(&with_head(&["name", "enabled"]));
         for (_, s) in view.live_segments() {

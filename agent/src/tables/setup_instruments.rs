@@ -17,6 +17,10 @@ impl PfsTable for SetupInstruments {
         "setup_instruments"
     }
 
+    fn live_only(&self) -> bool {
+        true
+    }
+
     fn emit(&self, view: &View<'_>, sink: &mut dyn Sink) {
         sink.columns(&with_head(&[
             "name",

@@ -16,6 +16,10 @@ impl PfsTable for SetupTimers {
         "setup_timers"
     }
 
+    fn live_only(&self) -> bool {
+        true
+    }
+
     fn emit(&self, view: &View<'_>, sink: &mut dyn Sink) {
         sink.columns(&with_head(&["name", "timer_name"]));
         for (_, s) in view.live_segments() {

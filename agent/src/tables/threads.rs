@@ -22,6 +22,10 @@ impl PfsTable for Threads {
         "threads"
     }
 
+    fn live_only(&self) -> bool {
+        true
+    }
+
     fn emit(&self, view: &View<'_>, sink: &mut dyn Sink) {
         sink.columns(&with_head(&[
             "thread_id",

@@ -122,6 +122,14 @@ pub trait PfsTable: Send + Sync {
     /// Hands the table to `sink`: [`Sink::columns`], then each row.
     fn emit(&self, view: &View<'_>, sink: &mut dyn Sink);
 
+    /// Whether the table shows live processes only (their threads, task
+    /// slots or setup; a dead process's totals stay in the global
+    /// summaries): a `service`/`pid` filter that matches only dead ones
+    /// leaves it empty, and says so ([`super::unmatched`]).
+    fn live_only(&self) -> bool {
+        false
+    }
+
     /// `TRUNCATE TABLE`: records in `baselines` what the table stops
     /// showing as of `snap` (or changes the segments), and says which
     /// processes it could not change. Tables without anything to
@@ -142,6 +150,7 @@ pub trait PfsTable: Send + Sync {
 pub struct KindTable {
     kind: EventKind,
     name: String,
+    live_only: bool,
     emit: fn(&View<'_>, &mut dyn Sink, EventKind),
     truncate: fn(&mut Baselines, &Snapshot, EventKind),
 }
@@ -157,9 +166,16 @@ impl KindTable {
         Self {
             kind,
             name: format!("events_{}_{suffix}", kind.table_word()),
+            live_only: false,
             emit,
             truncate,
         }
+    }
+
+    /// The table shows live processes only ([`PfsTable::live_only`]).
+    pub fn live_only(mut self) -> Self {
+        self.live_only = true;
+        self
     }
 }
 
@@ -170,6 +186,10 @@ impl PfsTable for KindTable {
 
     fn emit(&self, view: &View<'_>, sink: &mut dyn Sink) {
         (self.emit)(view, sink, self.kind)
+    }
+
+    fn live_only(&self) -> bool {
+        self.live_only
     }
 
     fn truncate(
