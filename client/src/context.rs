@@ -177,12 +177,16 @@ impl Under {
 /// Ends of async waits kept per poll (see [`Queued`]).
 pub(crate) const QUEUED_ENDS: usize = 4;
 
+/// Async waits of one task kept while they queue at once ([`Pending`]),
+/// and starts kept per poll ([`Queued`]): a `join!` of two acquisitions.
+pub(crate) const QUEUED_WAITS: usize = 2;
+
 /// See [`ThreadCtx::queued`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Queued {
-    /// The row of the latest async wait that started queueing (`None`:
-    /// none since the slot was last written).
-    pub(crate) started: Option<EventData>,
+    /// The rows of the latest async waits that started queueing, oldest
+    /// first (`None`: free), until the poll returns.
+    pub(crate) started: [Option<EventData>; QUEUED_WAITS],
     /// `(THREAD_ID, EVENT_ID)` of the async waits that ended, the first
     /// [`QUEUED_ENDS`] of them.
     pub(crate) ended: [(u64, u64); QUEUED_ENDS],
@@ -195,11 +199,17 @@ pub(crate) struct Queued {
 impl Queued {
     /// Nothing started or ended.
     pub(crate) const NONE: Queued = Queued {
-        started: None,
+        started: [None; QUEUED_WAITS],
         ended: [(0, 0); QUEUED_ENDS],
         ends: 0,
         overflowed: false,
     };
+
+    /// Notes that the async wait of row `row` started queueing (the
+    /// oldest start noted goes if there is no room).
+    pub(crate) fn note_start(&mut self, row: EventData) {
+        push_newest(&mut self.started, row);
+    }
 
     /// Notes the end of the async wait `ids`.
     pub(crate) fn note_end(&mut self, ids: (u64, u64)) {
@@ -215,32 +225,82 @@ impl Queued {
     /// Whether anything started or ended.
     #[inline(always)]
     pub(crate) fn any(&self) -> bool {
-        self.started.is_some() || self.ends > 0 || self.overflowed
+        self.started.iter().any(Option::is_some) || self.ends > 0 || self.overflowed
     }
 
-    /// Takes out what concerns logical thread `thread`: the wait it
-    /// started last, and whether the wait `shown` (an `EVENT_ID`, 0 for
-    /// none) ended, or may have (more ends than kept).
-    pub(crate) fn take_for(&mut self, thread: u64, shown: u64) -> (Option<EventData>, bool) {
-        let started = match self.started {
-            Some(w) if w.thread_id == thread => self.started.take(),
-            _ => None,
-        };
-        let mut shown_ended = self.overflowed;
-        let mut started_ended = false;
+    /// Takes out what concerns logical thread `thread` into its waits
+    /// still queued, `pending`: those that ended leave it (all of them if
+    /// more ended than were kept: which is not known), those that started
+    /// (and did not end in the same poll) join it.
+    pub(crate) fn take_into(&mut self, thread: u64, pending: &mut Pending) {
         let mut kept = 0;
+        let mut ended = [0; QUEUED_ENDS];
+        let mut mine = 0;
         for i in 0..self.ends {
             let (t, e) = self.ended[i];
             if t == thread {
-                shown_ended |= e == shown;
-                started_ended |= started.is_some_and(|w| w.event_id == e);
+                ended[mine] = e;
+                mine += 1;
             } else {
                 self.ended[kept] = (t, e);
                 kept += 1;
             }
         }
         self.ends = kept;
-        (started.filter(|_| !started_ended), shown_ended)
+        let ended = &ended[..mine];
+        if self.overflowed {
+            *pending = Pending::NONE;
+        } else {
+            pending.retain(|w| !ended.contains(&w.event_id));
+        }
+        for s in &mut self.started {
+            if let Some(w) = s.take_if(|w| w.thread_id == thread)
+                && !ended.contains(&w.event_id)
+            {
+                push_newest(&mut pending.rows, w);
+            }
+        }
+        // (The others' starts, oldest first again.)
+        self.started.sort_by_key(Option::is_none);
+    }
+}
+
+/// The async waits of one task still queued, oldest first: the newest is
+/// the one its slot shows; when it ends, the one before it is shown
+/// again. At most [`QUEUED_WAITS`]: an older one is no longer shown.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pending {
+    rows: [Option<EventData>; QUEUED_WAITS],
+}
+
+impl Pending {
+    /// None queued.
+    pub(crate) const NONE: Pending = Pending {
+        rows: [None; QUEUED_WAITS],
+    };
+
+    /// The wait that started last, if any is queued.
+    pub(crate) fn newest(&self) -> Option<&EventData> {
+        self.rows.iter().rev().find_map(Option::as_ref)
+    }
+
+    fn retain(&mut self, keep: impl Fn(&EventData) -> bool) {
+        for r in &mut self.rows {
+            r.take_if(|w| !keep(w));
+        }
+        self.rows.sort_by_key(Option::is_none);
+    }
+}
+
+/// Puts `row` after the rows of `rows` (oldest first, then the free
+/// entries), dropping the oldest if there is no room.
+fn push_newest(rows: &mut [Option<EventData>; QUEUED_WAITS], row: EventData) {
+    if rows[QUEUED_WAITS - 1].is_some() {
+        rows.rotate_left(1);
+        rows[QUEUED_WAITS - 1] = None;
+    }
+    if let Some(free) = rows.iter_mut().find(|r| r.is_none()) {
+        *free = Some(row);
     }
 }
 
@@ -356,12 +416,6 @@ impl ThreadCtx {
 mod tests {
     use super::*;
 
-    /// `take_for`'s answer with the started wait's `EVENT_ID`.
-    fn take(q: &mut Queued, thread: u64, shown: u64) -> (Option<u64>, bool) {
-        let (w, ended) = q.take_for(thread, shown);
-        (w.map(|w| w.event_id), ended)
-    }
-
     fn wait(thread_id: u64, event_id: u64) -> EventData {
         EventData {
             thread_id,
@@ -370,42 +424,83 @@ mod tests {
         }
     }
 
+    /// The waits of `thread` still queued after taking `q` into
+    /// `pending`, by `EVENT_ID`, oldest first.
+    fn take(q: &mut Queued, thread: u64, pending: &mut Pending) -> Vec<u64> {
+        q.take_into(thread, pending);
+        pending.rows.iter().flatten().map(|w| w.event_id).collect()
+    }
+
     #[test]
     fn a_wait_that_started_and_ended_in_one_poll_is_not_shown() {
         let mut q = Queued::NONE;
-        q.started = Some(wait(7, 5));
+        let mut p = Pending::NONE;
+        q.note_start(wait(7, 5));
         q.note_end((7, 5));
-        assert_eq!(take(&mut q, 7, 0), (None, false));
+        assert_eq!(take(&mut q, 7, &mut p), Vec::<u64>::new());
         assert!(!q.any());
     }
 
     #[test]
     fn the_shown_wait_ending_is_seen_whatever_ended_after_it() {
         let mut q = Queued::NONE;
+        let mut p = Pending::NONE;
+        q.note_start(wait(7, 3));
+        assert_eq!(take(&mut q, 7, &mut p), [3]);
         q.note_end((7, 3)); // the one the slot shows
-        q.started = Some(wait(7, 6));
+        q.note_start(wait(7, 6));
         q.note_end((7, 6)); // started and ended in the same poll
-        assert_eq!(take(&mut q, 7, 3), (None, true));
+        assert_eq!(take(&mut q, 7, &mut p), Vec::<u64>::new());
+        assert!(p.newest().is_none());
+    }
+
+    #[test]
+    fn waits_queued_at_once_are_shown_newest_first_until_each_ends() {
+        // join!(a.lock(), b.lock()): both queue in one poll.
+        let mut q = Queued::NONE;
+        let mut p = Pending::NONE;
+        q.note_start(wait(7, 3));
+        q.note_start(wait(7, 4));
+        assert_eq!(take(&mut q, 7, &mut p), [3, 4]);
+        assert_eq!(p.newest().map(|w| w.event_id), Some(4));
+        // The newest acquires: the other one is shown again.
+        q.note_end((7, 4));
+        assert_eq!(take(&mut q, 7, &mut p), [3]);
+        assert_eq!(p.newest().map(|w| w.event_id), Some(3));
+        // A third one queues: the newest two are kept.
+        q.note_start(wait(7, 9));
+        q.note_start(wait(7, 10));
+        assert_eq!(take(&mut q, 7, &mut p), [9, 10]);
+        q.note_end((7, 10));
+        q.note_end((7, 9));
+        assert_eq!(take(&mut q, 7, &mut p), Vec::<u64>::new());
     }
 
     #[test]
     fn another_logical_threads_entries_stay_for_it() {
         let mut q = Queued::NONE;
-        q.started = Some(wait(8, 2));
+        let (mut p7, mut p8) = (Pending::NONE, Pending::NONE);
+        q.note_start(wait(8, 1));
+        assert_eq!(take(&mut q, 8, &mut p8), [1]);
+        q.note_start(wait(8, 2));
         q.note_end((8, 1));
+        q.note_start(wait(7, 4));
         q.note_end((7, 4));
-        assert_eq!(take(&mut q, 7, 4), (None, true));
+        assert_eq!(take(&mut q, 7, &mut p7), Vec::<u64>::new());
         assert!(q.any(), "thread 8's are kept");
-        assert_eq!(take(&mut q, 8, 1), (Some(2), true));
+        assert_eq!(take(&mut q, 8, &mut p8), [2]);
         assert!(!q.any());
     }
 
     #[test]
-    fn more_ends_than_kept_take_the_shown_wait_out() {
+    fn more_ends_than_kept_take_every_queued_wait_out() {
         let mut q = Queued::NONE;
+        let mut p = Pending::NONE;
+        q.note_start(wait(7, 3));
+        assert_eq!(take(&mut q, 7, &mut p), [3]);
         for e in 10..10 + QUEUED_ENDS as u64 + 1 {
             q.note_end((7, e));
         }
-        assert_eq!(take(&mut q, 7, 3), (None, true));
+        assert_eq!(take(&mut q, 7, &mut p), Vec::<u64>::new());
     }
 }

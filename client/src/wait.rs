@@ -319,7 +319,7 @@ impl WaitClass {
                 claimed,
             );
             if let Ok(mut q) = ctx.queued.try_borrow_mut() {
-                q.started = Some(row);
+                q.note_start(row);
                 ctx.queued_any.set(true);
             }
         }
