@@ -1,16 +1,18 @@
 //! The client API against a real segment, read back with the protocol
 //! reader. One test function: `init` is once per process.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::sync::Arc;
 
+use common::read;
 use pfs_client::{
     LazyWaitClass, Operation,
     fs::File,
     sync::{Condvar, Mutex, RwLock},
 };
-use pfs_shm_layout::Segment;
-use pfs_shm_layout::reader::{ReadOptions, SegmentSnapshot, Summary, snapshot};
+use pfs_shm_layout::reader::{SegmentSnapshot, Summary};
 
 static M: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/api/m");
 static RW: LazyWaitClass = LazyWaitClass::new("wait/synch/rwlock/api/rw");
@@ -19,11 +21,6 @@ static F: LazyWaitClass = LazyWaitClass::new("wait/io/file/api/f");
 static CUSTOM: LazyWaitClass = LazyWaitClass::new("wait/io/socket/api/send");
 static NOT_A_WAIT: LazyWaitClass = LazyWaitClass::new("stage/api/not_a_wait");
 static Q: pfs_client::LazyStatementClass = pfs_client::LazyStatementClass::new("statement/api/q");
-
-fn read(path: &std::path::Path) -> SegmentSnapshot {
-    let seg = Segment::open(std::fs::File::open(path).unwrap(), false).unwrap();
-    snapshot(&seg, &ReadOptions::default()).unwrap()
-}
 
 fn global(s: &SegmentSnapshot, name: &str) -> Summary {
     let class = s

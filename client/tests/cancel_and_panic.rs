@@ -9,13 +9,15 @@
 //!
 //! One test function: `init` is once per process.
 
+mod common;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
+use common::read;
 use pfs_client::LazyStatementClass;
 use pfs_client::task::TaskExt;
-use pfs_shm_layout::Segment;
-use pfs_shm_layout::reader::{ReadOptions, SegmentSnapshot, StatementEvent, Summary, snapshot};
+use pfs_shm_layout::reader::{StatementEvent, Summary};
 
 static PLAIN: LazyStatementClass = LazyStatementClass::new("statement/test/plain_dropped");
 static GUARDED: LazyStatementClass = LazyStatementClass::new("statement/test/cancellable_dropped");
@@ -33,11 +35,6 @@ const N: u64 = 5;
 async fn stuck(class: &'static LazyStatementClass) {
     let _stmt = class.start_task();
     std::future::pending::<()>().await;
-}
-
-fn read(path: &std::path::Path) -> SegmentSnapshot {
-    let seg = Segment::open(std::fs::File::open(path).unwrap(), false).unwrap();
-    snapshot(&seg, &ReadOptions::default()).unwrap()
 }
 
 #[test]

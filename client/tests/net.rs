@@ -4,15 +4,18 @@
 //! and the summaries, exactly. One test function: `init` is once per
 //! process.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::mpsc;
 
+use common::read;
 use pfs_client::LazyWaitClass;
 use pfs_client::net::{TcpListener, TcpStream};
-use pfs_shm_layout::reader::{Event, ReadOptions, SegmentSnapshot, Summary, snapshot};
-use pfs_shm_layout::{EventKind, Operation, Segment};
+use pfs_shm_layout::reader::{Event, SegmentSnapshot, Summary};
+use pfs_shm_layout::{EventKind, Operation};
 
 static NET: LazyWaitClass = LazyWaitClass::new("wait/io/socket/nettest/conn");
 static OFF: LazyWaitClass = LazyWaitClass::new("wait/io/socket/nettest/off");
@@ -43,11 +46,6 @@ struct Side {
     listener: Option<(u64, SocketAddr)>,
     /// The line of its `connect` (client) or `accept` (server) call.
     line: u32,
-}
-
-fn read(path: &std::path::Path) -> SegmentSnapshot {
-    let seg = Segment::open(std::fs::File::open(path).unwrap(), false).unwrap();
-    snapshot(&seg, &ReadOptions::default()).unwrap()
 }
 
 fn class_index(s: &SegmentSnapshot, name: &str) -> Option<u32> {

@@ -9,23 +9,21 @@
 //! statement) ends when the task does. One test function: `init` is once
 //! per process.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::read;
 use pfs_client::task::{TaskContext, TaskExt};
 use pfs_client::{LazyStageClass, LazyStatementClass};
 use pfs_shm_layout::Segment;
-use pfs_shm_layout::reader::{ReadOptions, SegmentSnapshot, snapshot};
+use pfs_shm_layout::reader::SegmentSnapshot;
 
 static PARKED: LazyStatementClass = LazyStatementClass::new("statement/test/parked");
 static WAITING: LazyStageClass = LazyStageClass::new("stage/test/waiting");
 static LONE: LazyStageClass = LazyStageClass::new("stage/test/lone");
 static OUTSIDE: LazyStatementClass = LazyStatementClass::new("statement/test/outside");
 static THREAD_STMT: LazyStatementClass = LazyStatementClass::new("statement/test/thread");
-
-fn read(path: &std::path::Path) -> SegmentSnapshot {
-    let seg = Segment::open(std::fs::File::open(path).unwrap(), false).unwrap();
-    snapshot(&seg, &ReadOptions::default()).unwrap()
-}
 
 /// The current statement and stage rows showing logical thread `tid`'s
 /// events: (kind, event id, ended, text).

@@ -5,22 +5,19 @@
 //! `events_waits_current` while it still waited for the other.
 //! One test function: `init` is once per process.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::read;
 use pfs_client::task::TaskExt;
 use pfs_client::{LazyStatementClass, LazyWaitClass};
-use pfs_shm_layout::Segment;
-use pfs_shm_layout::reader::{ReadOptions, SegmentSnapshot, snapshot};
+use pfs_shm_layout::reader::SegmentSnapshot;
 
 static REQUEST: LazyStatementClass = LazyStatementClass::new("statement/test/joined");
 static FIRST: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/test/first");
 static SECOND: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/test/second");
-
-fn read(path: &std::path::Path) -> SegmentSnapshot {
-    let seg = Segment::open(std::fs::File::open(path).unwrap(), false).unwrap();
-    snapshot(&seg, &ReadOptions::default()).unwrap()
-}
 
 /// The class name of the queued wait task `tid`'s slot shows, if any.
 fn shown_wait(s: &SegmentSnapshot, tid: u64) -> Option<String> {

@@ -3,26 +3,23 @@
 //! stage, and no more once it acquired; read back from the real segment.
 //! One test function: `init` is once per process.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::read;
 use pfs_client::task::TaskExt;
 use pfs_client::{LazyStageClass, LazyStatementClass, LazyWaitClass};
-use pfs_shm_layout::Segment;
 use pfs_shm_layout::kinds::Operation;
-use pfs_shm_layout::reader::{Event, ReadOptions, SegmentSnapshot, snapshot};
+use pfs_shm_layout::reader::{Event, SegmentSnapshot};
 
 static REQUEST: LazyStatementClass = LazyStatementClass::new("statement/test/queued_request");
 static POOL_WAIT: LazyStageClass = LazyStageClass::new("stage/test/pool_wait");
 static POOL: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/test/pool");
 
 const TASKS: usize = 12;
-
-fn read(path: &std::path::Path) -> SegmentSnapshot {
-    let seg = Segment::open(std::fs::File::open(path).unwrap(), false).unwrap();
-    snapshot(&seg, &ReadOptions::default()).unwrap()
-}
 
 /// The queued waits the task slots show, by `THREAD_ID`, with the stage
 /// the same slot shows.

@@ -5,24 +5,22 @@
 //! back when tasks end and serve the next ones. One test function: `init`
 //! is once per process.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use common::read;
 use pfs_client::task::TaskExt;
 use pfs_client::{LazyStageClass, LazyStatementClass};
 use pfs_shm_layout::Segment;
 use pfs_shm_layout::layout::LostKind;
-use pfs_shm_layout::reader::{ReadOptions, SegmentSnapshot, snapshot};
+use pfs_shm_layout::reader::SegmentSnapshot;
 
 static REQUEST: LazyStatementClass = LazyStatementClass::new("statement/test/slot_request");
 static BACKEND: LazyStageClass = LazyStageClass::new("stage/test/backend");
 
 const SLOTS: u32 = 24;
-
-fn read(path: &std::path::Path) -> SegmentSnapshot {
-    let seg = Segment::open(std::fs::File::open(path).unwrap(), false).unwrap();
-    snapshot(&seg, &ReadOptions::default()).unwrap()
-}
 
 /// Statements shown by task slots: `THREAD_ID` → (text, stage shown).
 fn parked(s: &SegmentSnapshot) -> BTreeMap<u64, (String, bool)> {

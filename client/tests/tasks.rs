@@ -5,14 +5,17 @@
 //! its own task's events, never in another's. One test function: `init` is
 //! once per process.
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::read;
 use pfs_client::task::TaskExt;
 use pfs_client::{LazyStageClass, LazyStatementClass, LazyWaitClass, Operation};
 use pfs_shm_layout::Segment;
-use pfs_shm_layout::reader::{Event, ReadOptions, SegmentSnapshot, StatementEvent, snapshot};
+use pfs_shm_layout::reader::{Event, SegmentSnapshot, StatementEvent};
 
 static REQ: LazyStatementClass = LazyStatementClass::new("statement/test/request");
 static CANCELLED: LazyStatementClass = LazyStatementClass::new("statement/test/cancelled");
@@ -28,11 +31,6 @@ const TASKS: u64 = 200;
 const SPINS: u64 = 3;
 /// The time each task spends in `spawn_blocking`, not being polled.
 const BLOCKED: Duration = Duration::from_millis(2);
-
-fn read(path: &std::path::Path) -> SegmentSnapshot {
-    let seg = Segment::open(std::fs::File::open(path).unwrap(), false).unwrap();
-    snapshot(&seg, &ReadOptions::default()).unwrap()
-}
 
 fn class_index(s: &SegmentSnapshot, name: &str) -> u32 {
     s.classes
