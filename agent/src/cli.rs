@@ -276,6 +276,14 @@ pub struct DefaultsArgs {
     /// `PATTERN=ON|OFF` (repeatable), e.g. `--consumer 'events_waits_history_long=ON'`.
     #[arg(long = "consumer", value_name = "PATTERN=VALUE")]
     pub consumers: Vec<String>,
+    /// A `setup_actors` row, `USER@HOST[/ROLE]=ON|OFF|NO_HISTORY`
+    /// (repeatable; user, host and role each a name or `%`, as in MySQL's
+    /// table; `%@%=...` sets the default row), e.g. `--actor 'batch@%=OFF'`.
+    /// It decides for the threads that declare their actor once the agent
+    /// has found the process (the application's `PFS_ACTORS` holds from
+    /// its start).
+    #[arg(long = "actor", value_name = "USER@HOST[/ROLE]=VALUE")]
+    pub actors: Vec<String>,
 }
 
 /// Which processes a setup change applies to.

@@ -7,7 +7,10 @@
 use std::path::{Path, PathBuf};
 
 use pfs_shm_layout::layout::TimerId;
-use pfs_shm_layout::rules::{SyntaxError, parse_consumer_rules, parse_instrument_rules};
+use pfs_shm_layout::rules::{
+    ActorRule, SyntaxError, check_actor_rows, parse_actor_rules, parse_consumer_rules,
+    parse_instrument_rules,
+};
 use pfs_shm_layout::setup::ActorsFull;
 use pfs_shm_layout::{EventKind, Segment, SegmentError, setup};
 use serde::Deserialize;
@@ -335,24 +338,34 @@ pub struct Defaults {
     pub instruments: Vec<(String, u32)>,
     /// `(pattern, enabled)`, applied in order.
     pub consumers: Vec<(String, bool)>,
+    /// `setup_actors` rows, inserted or updated in order.
+    pub actors: Vec<ActorRule>,
 }
 
 impl Defaults {
-    /// Parses `--instrument` and `--consumer` values (`PATTERN=VALUE`
-    /// each, as `PFS_INSTRUMENT` and `PFS_CONSUMERS` spell them).
-    /// A consumer pattern that names no consumer is an error.
-    pub fn parse(instruments: &[String], consumers: &[String]) -> Result<Self, SyntaxError> {
+    /// Parses `--instrument`, `--consumer` and `--actor` values
+    /// (`PATTERN=VALUE` each, as `PFS_INSTRUMENT`, `PFS_CONSUMERS` and
+    /// `PFS_ACTORS` spell them). A consumer pattern that names no consumer
+    /// is an error, as are more actor rows than `setup_actors` holds.
+    pub fn parse(
+        instruments: &[String],
+        consumers: &[String],
+        actors: &[String],
+    ) -> Result<Self, SyntaxError> {
         let consumers = parse_consumer_rules(&consumers.join(";"))?;
         setup::check_consumer_rules(&consumers)?;
+        let actors = parse_actor_rules(&actors.join(";"))?;
+        check_actor_rows(&actors)?;
         Ok(Self {
             instruments: parse_instrument_rules(&instruments.join(";"))?,
             consumers,
+            actors,
         })
     }
 
     /// True if there is nothing to apply.
     pub fn is_empty(&self) -> bool {
-        self.instruments.is_empty() && self.consumers.is_empty()
+        self.instruments.is_empty() && self.consumers.is_empty() && self.actors.is_empty()
     }
 
     /// A stable fingerprint of these defaults (never 0), recorded in each
@@ -364,6 +377,10 @@ impl Defaults {
         }
         for (p, on) in &self.consumers {
             text.push_str(&format!("c\0{p}\0{on}\0"));
+        }
+        for a in &self.actors {
+            let (u, h, r, e, y) = (&a.user, &a.host, &a.role, a.enabled, a.history);
+            text.push_str(&format!("a\0{u}\0{h}\0{r}\0{e}\0{y}\0"));
         }
         pfs_shm_layout::text::fnv1a32(text.as_bytes()).max(1)
     }
@@ -388,6 +405,7 @@ impl Defaults {
                     covered as usize
                 } else {
                     self.apply_consumers(&rw);
+                    self.apply_actors(&rw, path);
                     setup::set_agent_defaults(&rw, fingerprint, 0);
                     0
                 };
@@ -408,6 +426,23 @@ impl Defaults {
     pub fn apply_consumers(&self, seg: &Segment) {
         for (p, on) in &self.consumers {
             setup::set_consumers(seg, p, *on);
+        }
+    }
+
+    /// Inserts or updates the actor rows (once, when a segment is found);
+    /// a row that finds the table full is logged and skipped.
+    pub fn apply_actors(&self, seg: &Segment, path: &Path) {
+        for a in &self.actors {
+            let flags = Some((Some(a.enabled), Some(a.history)));
+            if let Err(e) = setup::set_actor(seg, &a.host, &a.user, &a.role, flags) {
+                tracing::warn!(
+                    segment = %crate::util::shown::path(path),
+                    "cannot apply --actor {}@{}/{}: {e}",
+                    a.user,
+                    a.host,
+                    a.role
+                );
+            }
         }
     }
 

@@ -10,6 +10,7 @@ use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED, MAX_CLASSES_LIMIT};
 pub use pfs_shm_layout::rules::{
     ActorRule, parse_actor_rules, parse_consumer_rules, parse_duration, parse_instrument_rules,
 };
+use pfs_shm_layout::rules::{SyntaxError, check_actor_rows};
 use pfs_shm_layout::segment::{MAX_HISTORY_LEN, MAX_HISTORY_LONG_LEN, MAX_PAGES};
 use pfs_shm_layout::setup::check_consumer_rules;
 
@@ -334,20 +335,12 @@ impl Config {
             let key = format!("{}@{}/{}", a.user, a.host, a.role);
             return Err(ConfigError::Actor(key));
         }
-        let mut actors: Vec<(&str, &str, &str)> = (self.actor_rules.iter())
-            .map(|a| (a.host.as_str(), a.user.as_str(), a.role.as_str()))
-            .filter(|k| *k != ("%", "%", "%"))
-            .collect();
-        actors.sort_unstable();
-        actors.dedup();
-        let room = pfs_shm_layout::layout::MAX_ACTORS - 1;
-        if actors.len() > room {
-            return Err(ConfigError::TooManyActors {
-                given: actors.len(),
-                max: room,
-            });
+        match check_actor_rows(&self.actor_rules) {
+            Err(SyntaxError::TooManyActors { given, max }) => {
+                Err(ConfigError::TooManyActors { given, max })
+            }
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// The segment these settings lay out.

@@ -42,6 +42,15 @@ pub enum SyntaxError {
         "{0:?}: an actor is USER@HOST or USER@HOST/ROLE (each a name or %, 1 to 32 bytes), e.g. batch@%=OFF"
     )]
     BadActor(String),
+    /// More distinct actor rows than `setup_actors` holds beside its
+    /// default `%`/`%`/`%` row ([`actor_rows_added`]).
+    #[error("{given} setup_actors rows given, besides the default %@% row; at most {max} fit")]
+    TooManyActors {
+        /// Distinct rows given.
+        given: usize,
+        /// The most that fit ([`ACTOR_ROWS_MAX_ADDED`]).
+        max: usize,
+    },
     /// A duration whose number cannot be read (or is too large).
     #[error("{0:?} is not a duration; use e.g. 300s, 5m, 1.5h")]
     NotADuration(String),
@@ -140,6 +149,42 @@ pub fn parse_actor_rules(s: &str) -> Result<Vec<ActorRule>, SyntaxError> {
             })
         })
         .collect()
+}
+
+/// The `setup_actors` rows a segment can hold beside its default
+/// `%`/`%`/`%` row, which is always there.
+pub const ACTOR_ROWS_MAX_ADDED: usize = crate::layout::MAX_ACTORS - 1;
+
+/// The rows `rules` add to `setup_actors`: distinct (host, user, role)
+/// keys other than the default row's (a later rule for the same key
+/// changes that row, it takes no other).
+///
+/// ```
+/// use pfs_shm_layout::rules::{actor_rows_added, parse_actor_rules};
+/// let rules = parse_actor_rules("a@%=OFF; a@%=ON; %@%=NO_HISTORY; b@h/r=ON").unwrap();
+/// assert_eq!(actor_rows_added(&rules), 2);
+/// ```
+pub fn actor_rows_added(rules: &[ActorRule]) -> usize {
+    let mut keys: Vec<(&str, &str, &str)> = rules
+        .iter()
+        .map(|a| (a.host.as_str(), a.user.as_str(), a.role.as_str()))
+        .filter(|k| *k != ("%", "%", "%"))
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys.len()
+}
+
+/// [`SyntaxError::TooManyActors`] if `rules` add more rows than
+/// `setup_actors` holds.
+pub fn check_actor_rows(rules: &[ActorRule]) -> Result<(), SyntaxError> {
+    match actor_rows_added(rules) {
+        given if given > ACTOR_ROWS_MAX_ADDED => Err(SyntaxError::TooManyActors {
+            given,
+            max: ACTOR_ROWS_MAX_ADDED,
+        }),
+        _ => Ok(()),
+    }
 }
 
 fn parse_rules<T>(

@@ -504,10 +504,10 @@ fn actors_updates_keep_other_columns_a_full_table_is_an_error_and_filters_are_na
     Ok(())
 }
 
-/// `serve --instrument/--consumer` defaults are applied once per segment:
-/// an agent started again with the same defaults keeps the live changes
-/// made since (its own before the restart included); started with other
-/// defaults, it applies those.
+/// `serve --instrument/--consumer/--actor` defaults are applied once per
+/// segment: an agent started again with the same defaults keeps the live
+/// changes made since (its own before the restart included); started with
+/// other defaults, it applies those.
 #[test]
 fn an_agent_restart_keeps_live_changes_over_its_defaults() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -523,7 +523,24 @@ fn an_agent_restart_keeps_live_changes_over_its_defaults() -> Result<()> {
         "wait/synch/mutex/test/a=OFF",
         "--consumer",
         "events_waits_history_long=ON",
+        "--actor",
+        "batch@%/etl=NO_HISTORY",
     ];
+    // The batch row's ENABLED and HISTORY ("-" when the row is not there).
+    let actor = |base: &str| -> Result<String> {
+        let t = get_json(&format!("{base}/api/v1/tables/setup_actors"))?;
+        Ok(rows(&t)?
+            .iter()
+            .find(|r| r["user"] == "batch" && r["host"] == "%" && r["role"] == "etl")
+            .map(|r| {
+                format!(
+                    "{}/{}",
+                    r["enabled"].as_str().unwrap_or("?"),
+                    r["history"].as_str().unwrap_or("?")
+                )
+            })
+            .unwrap_or_else(|| "-".into()))
+    };
     let state = |base: &str| -> Result<(String, String)> {
         let inst = get_json(&format!("{base}/api/v1/tables/setup_instruments"))?;
         let a = rows(&inst)?
@@ -544,6 +561,7 @@ fn an_agent_restart_keeps_live_changes_over_its_defaults() -> Result<()> {
         wait_until("the defaults applied", Duration::from_secs(10), || {
             Ok(state(&base)? == ("NO".into(), "YES".into()))
         })?;
+        assert_eq!(actor(&base)?, "YES/NO", "the --actor row");
         // Live changes against the defaults.
         for (what, body) in [
             (
@@ -558,7 +576,15 @@ fn an_agent_restart_keeps_live_changes_over_its_defaults() -> Result<()> {
             let (code, reply) = post(&format!("{base}/api/v1/setup/{what}"), Some("t0ken"), body)?;
             assert_eq!(code, 200, "{reply}");
         }
+        let delete = json!({"host": "%", "user": "batch", "role": "etl", "delete": true});
+        let (code, reply) = post(
+            &format!("{base}/api/v1/setup/actors"),
+            Some("t0ken"),
+            delete,
+        )?;
+        assert_eq!(code, 200, "{reply}");
         assert_eq!(state(&base)?, ("YES".into(), "NO".into()));
+        assert_eq!(actor(&base)?, "-");
     }
     // The same defaults again: the live changes stay, pass after pass.
     {
@@ -569,6 +595,11 @@ fn an_agent_restart_keeps_live_changes_over_its_defaults() -> Result<()> {
             ("YES".into(), "NO".into()),
             "a restarted agent undid live changes"
         );
+        assert_eq!(
+            actor(&base)?,
+            "-",
+            "a restarted agent put a deleted row back"
+        );
     }
     // Other defaults: applied.
     {
@@ -578,6 +609,7 @@ fn an_agent_restart_keeps_live_changes_over_its_defaults() -> Result<()> {
         wait_until("the new defaults applied", Duration::from_secs(10), || {
             Ok(state(&base)? == ("NO".into(), "YES".into()))
         })?;
+        assert_eq!(actor(&base)?, "YES/NO");
     }
     w.finish(Duration::from_secs(10))?;
     Ok(())
@@ -625,5 +657,60 @@ fn setup_skips_a_segment_serve_refuses() -> Result<()> {
         "the refused segment was changed"
     );
     w.finish(Duration::from_secs(10))?;
+    Ok(())
+}
+
+/// Malformed setup defaults stop `serve` before it listens, naming the
+/// rule and what is expected: a mistyped `--actor` never leaves a fleet
+/// of sidecars running without it.
+#[test]
+fn malformed_setup_defaults_stop_the_agent() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path().to_str().unwrap();
+    let too_many: Vec<String> = (0..48).map(|i| format!("u{i}@%=OFF")).collect();
+    for (flag, value, says) in [
+        ("--actor", "batch=OFF".to_string(), "USER@HOST"),
+        ("--actor", "batch@%=MAYBE".to_string(), "NO_HISTORY"),
+        ("--actor", too_many.join(";"), "at most 47"),
+        (
+            "--consumer",
+            "events_nosuch=ON".to_string(),
+            "matches no consumer",
+        ),
+        ("--instrument", "wait/%=SOMETIMES".to_string(), "COUNTED"),
+    ] {
+        let mut child = std::process::Command::new(pfs_tests::agent_bin())
+            .args([
+                "serve",
+                "--shm-dir",
+                d,
+                "--listen",
+                "127.0.0.1:0",
+                flag,
+                &value,
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        let end = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(s) = child.try_wait()? {
+                break s;
+            }
+            if Instant::now() > end {
+                let _ = child.kill();
+                let _ = child.wait();
+                anyhow::bail!("serve {flag} {value:?} kept running");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err)?;
+        assert_eq!(status.code(), Some(1), "{flag} {value}: {err}");
+        assert!(
+            err.contains("invalid --instrument/--consumer/--actor") && err.contains(says),
+            "{flag} {value}: {err}"
+        );
+    }
     Ok(())
 }

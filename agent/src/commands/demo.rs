@@ -235,6 +235,7 @@ fn spawn_workload(
     for (var, given) in [
         ("PFS_INSTRUMENT", &rules.instruments),
         ("PFS_CONSUMERS", &rules.consumers),
+        ("PFS_ACTORS", &rules.actors),
     ] {
         if given.is_empty() {
             continue;

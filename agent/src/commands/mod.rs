@@ -265,8 +265,8 @@ fn control_options(
         }
         path => path.map(read_token).transpose()?,
     };
-    let defaults = Defaults::parse(&defaults.instruments, &defaults.consumers)
-        .context("invalid --instrument/--consumer")?;
+    let defaults = Defaults::parse(&defaults.instruments, &defaults.consumers, &defaults.actors)
+        .context("invalid --instrument/--consumer/--actor")?;
     Ok((token, defaults))
 }
 
