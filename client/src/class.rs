@@ -140,6 +140,9 @@ impl LazyRef {
     #[cold]
     fn resolve(&self, family: Family) -> ClassRef {
         if runtime::get().is_none() {
+            if matches!(family, Family::Stage | Family::Statement) {
+                warning::not_initialised(&format!("{:?}", self.name));
+            }
             return ClassRef::DISABLED;
         }
         // Registration allocates under the writer's lock: never account

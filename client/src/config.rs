@@ -363,11 +363,14 @@ impl Config {
     }
 }
 
-/// The text of environment variable `k`: `None` if it is not set; an error
-/// (not "unset") if it is not UTF-8, so that a mistyped value is said,
-/// rather than silently replaced by the default.
+/// The text of environment variable `k`: `None` if it is not set or set
+/// to nothing but spaces; an error (not "unset") if it is not UTF-8, so
+/// that a mistyped value is said, rather than silently replaced by the
+/// default.
 fn env_text(k: &str) -> Result<Option<String>, InitError> {
     match std::env::var(k) {
+        // Set but empty (as a manifest renders an unset value): unset.
+        Ok(v) if v.trim().is_empty() => Ok(None),
         Ok(v) => Ok(Some(v)),
         Err(std::env::VarError::NotPresent) => Ok(None),
         Err(std::env::VarError::NotUnicode(v)) => Err(InitError::BadEnv(

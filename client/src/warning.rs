@@ -20,6 +20,7 @@
 //! figures the warnings point at, such as `pfs_lost_total`, are counted
 //! regardless).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -68,4 +69,29 @@ pub fn warn(message: &str, emit: fn(&str)) {
         }
         Err(_) => eprintln!("WARN pfs: {message}"),
     }
+}
+
+/// Says once per process that `what` (`"statement \"checkout\""`) came
+/// while the client is not initialised: [`crate::init`] was never called,
+/// not yet, or failed. A program that forgot `init` would otherwise record
+/// nothing, silently. Said for statements and stages (a program's own
+/// calls), and by `pfs-tracing` for statement spans; not for waits or
+/// memory, which a program may well use before it calls `init` (a lock
+/// in a static, the allocator).
+///
+/// ```
+/// // (The client is not initialised here; without a subscriber, nothing is said.)
+/// pfs_client::warning::not_initialised("statement \"checkout\"");
+/// ```
+pub fn not_initialised(what: &str) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if SAID.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    warn(
+        &format!(
+            "pfs-client is not initialised: {what} is not recorded, nor is any event, until pfs_client::init() (or init_with) succeeds; if the program calls it, its error says why it failed"
+        ),
+        |m| tracing::warn!("{m}"),
+    );
 }

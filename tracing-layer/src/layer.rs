@@ -249,24 +249,17 @@ fn remember_class(layer: u64, rule: usize, name: &str, class: StatementClass) {
     });
 }
 
-/// Says once per process that a statement span came before
-/// `pfs_client::init` (or with no init at all): a program that forgot it
-/// would otherwise record nothing, silently. (A program that starts its
-/// subscriber before `init` sees it once, and records from `init` on.)
+/// Says once per process (once with the client's own warning of the kind)
+/// that a statement span came before `pfs_client::init` (or with no init
+/// at all): a program that forgot it would otherwise record nothing,
+/// silently. (A program that starts its subscriber before `init` sees it
+/// once, and records from `init` on.)
 #[cold]
 fn not_recording_yet(span: &str) {
-    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        return;
-    }
-    // (Inside a subscriber's callback: `warning::warn` emits it where an
-    // event cannot break the subscriber's per-layer filters.)
-    pfs_client::warning::warn(
-        &format!(
-            "pfs-client is not initialised: statement spans are not recorded until pfs_client::init() (or init_with) is called; span={span:?}"
-        ),
-        |m| tracing::warn!("{m}"),
-    );
+    // (Inside a subscriber's callback: `warning::warn`, which this calls,
+    // emits it where an event cannot break the subscriber's per-layer
+    // filters.)
+    pfs_client::warning::not_initialised(&format!("statement span {span:?}"));
 }
 
 /// Whether the client records (initialised).

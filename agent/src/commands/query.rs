@@ -60,7 +60,7 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
         };
         if snap.invalid.is_empty() && unready.is_empty() {
             tracing::warn!(
-                "no segments in {dir}: is PFS_SHM_DIR of the instrumented processes {dir}?"
+                "no segments in {dir}: is PFS_SHM_DIR of the instrumented processes {dir}, and do they call pfs_client::init() (pfs_init() in C), which creates the segment?"
             );
         } else if snap.invalid.is_empty() {
             tracing::warn!("no readable segment in {dir}{unready}: the table is empty");

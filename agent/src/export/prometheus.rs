@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
-    DescriptorEncoder, NativeHistogram, NativeHistogramBuckets, NoLabelSet,
+    DescriptorEncoder, MetricEncoder, NativeHistogram, NativeHistogramBuckets, NoLabelSet,
 };
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
@@ -198,52 +198,54 @@ impl Collector for PfsCollector {
                     p.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
                 if f.kind == Kind::Info {
                     m.encode_info(&labels)?;
-                    continue;
-                }
-                let mut e = m.encode_family(&labels)?;
-                match (&p.value, f.kind) {
-                    (Value::Int(v), Kind::Counter) => {
-                        e.encode_counter::<NoLabelSet, u64, u64>(v, None)?
-                    }
-                    (Value::Float(v), Kind::Counter) => {
-                        e.encode_counter::<NoLabelSet, f64, f64>(v, None)?
-                    }
-                    (Value::Int(v), _) => e.encode_gauge(&(*v as f64))?,
-                    (Value::Float(v), _) => e.encode_gauge(v)?,
-                    (
-                        Value::Histogram {
-                            sum,
-                            count,
-                            buckets,
-                        },
-                        _,
-                    ) => {
-                        // The text encoder writes the classic buckets
-                        // only; the protobuf one both.
-                        let x = Exponential::from_classic(buckets);
-                        let (spans, deltas) = x.prometheus_spans();
-                        let native = NativeHistogram {
-                            schema: 0,
-                            zero_threshold: x.zero_threshold,
-                            zero_count: x.zero_count,
-                            negative: NativeHistogramBuckets {
-                                spans: &[],
-                                deltas: &[],
-                            },
-                            positive: NativeHistogramBuckets {
-                                spans: &spans,
-                                deltas: &deltas,
-                            },
-                            created: None,
-                        };
-                        e.encode_histogram_with_native::<NoLabelSet>(
-                            *sum, *count, buckets, None, native,
-                        )?
-                    }
+                } else if labels.is_empty() {
+                    // Without `encode_family`: an empty label set would be
+                    // written `{}`.
+                    encode_point(&mut m, &p.value, f.kind)?;
+                } else {
+                    encode_point(&mut m.encode_family(&labels)?, &p.value, f.kind)?;
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// One point's value, under the labels `e` was made with.
+fn encode_point(e: &mut MetricEncoder<'_>, value: &Value, kind: Kind) -> std::fmt::Result {
+    match (value, kind) {
+        (Value::Int(v), Kind::Counter) => e.encode_counter::<NoLabelSet, u64, u64>(v, None),
+        (Value::Float(v), Kind::Counter) => e.encode_counter::<NoLabelSet, f64, f64>(v, None),
+        (Value::Int(v), _) => e.encode_gauge(&(*v as f64)),
+        (Value::Float(v), _) => e.encode_gauge(v),
+        (
+            Value::Histogram {
+                sum,
+                count,
+                buckets,
+            },
+            _,
+        ) => {
+            // The text encoder writes the classic buckets only; the
+            // protobuf one both.
+            let x = Exponential::from_classic(buckets);
+            let (spans, deltas) = x.prometheus_spans();
+            let native = NativeHistogram {
+                schema: 0,
+                zero_threshold: x.zero_threshold,
+                zero_count: x.zero_count,
+                negative: NativeHistogramBuckets {
+                    spans: &[],
+                    deltas: &[],
+                },
+                positive: NativeHistogramBuckets {
+                    spans: &spans,
+                    deltas: &deltas,
+                },
+                created: None,
+            };
+            e.encode_histogram_with_native::<NoLabelSet>(*sum, *count, buckets, None, native)
+        }
     }
 }
 
@@ -314,5 +316,28 @@ mod tests {
         assert_eq!(sample(&text, "pfs_events_statements_errors_total"), 0.0);
         let wall = sample(&text, "pfs_events_statements_seconds_total");
         assert!((wall - 19e-6).abs() < 1e-15, "{wall}");
+    }
+
+    /// A metric without labels is written bare, `name value`, not
+    /// `name{} value`.
+    #[test]
+    fn unlabelled_metrics_have_no_braces() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = pfs_shm_layout::SegmentConfig {
+            service_name: "svc".into(),
+            ..Default::default()
+        };
+        let _seg = segment_at(&dir.path().join("svc.7.pfs"), &cfg, 7, true);
+        let snap = Snapshotter::new(
+            crate::segments::SegmentSet::new(dir.path(), Duration::MAX),
+            Duration::ZERO,
+        );
+        let text = render(&registry(Arc::new(snap), Arc::default())).unwrap();
+        assert!(!text.contains("{}"), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("pfs_agent_snapshots_total ")),
+            "{text}"
+        );
     }
 }
