@@ -21,11 +21,13 @@ use tracing::Span;
 use tracing::span::Entered;
 
 /// The longest an [`enter_blocking`] waits for the span to be exited on
-/// another thread before going on without its context (the poll that
-/// spawned the blocking closure returns within microseconds; a span held
-/// for long elsewhere, e.g. by another blocking closure of the same
-/// request, is not waited for beyond this).
-pub const ENTER_WAIT: Duration = Duration::from_millis(2);
+/// another thread before going on without its context. The poll that
+/// spawned the blocking closure returns within microseconds when its
+/// thread runs, but on a loaded host that thread can wait a few
+/// scheduler time slices for a CPU (2 ms was seen to miss on 2 busy
+/// cores); a span held for long elsewhere, e.g. by another blocking
+/// closure of the same request, is not waited for beyond this.
+pub const ENTER_WAIT: Duration = Duration::from_millis(10);
 
 thread_local! {
     /// Set during an [`enter_blocking`]'s enter.
