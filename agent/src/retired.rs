@@ -62,7 +62,7 @@ use crate::util::fs::{DIR_ACCESS_HINT, ReadError, nofollow, read_capped, set_asi
 /// Name of the state file in the segment directory.
 pub const STATE_FILE: &str = ".pfs-agent-state.json";
 /// Name of the lock file that elects the directory's owning agent.
-pub const LOCK_FILE: &str = ".pfs-agent.lock";
+pub const LOCK_FILE: &str = pfs_shm_layout::files::AGENT_LOCK_FILE;
 /// Where a state file that cannot be read is set aside.
 pub const CORRUPT_FILE: &str = ".pfs-agent-state.json.corrupt";
 /// Space the owning agent keeps allocated for its next save: given back
@@ -477,6 +477,18 @@ impl Store {
                 self.role = Role::Follower;
                 Elected::Unchanged
             }
+        }
+    }
+
+    /// Sets the lock file's modification time to now: the heartbeat that
+    /// tells a writer an agent watches the directory
+    /// ([`pfs_shm_layout::files::agent_watches`]), so that a process that
+    /// must replace a dead predecessor's segment knows whether its figures
+    /// were collected. Owner and follower alike; nothing without a lock
+    /// file.
+    pub fn beat(&self) {
+        if let Some(lock) = &self.lock {
+            let _ = lock.set_modified(std::time::SystemTime::now());
         }
     }
 
@@ -919,6 +931,32 @@ mod tests {
         assert_eq!(b.elect(), Elected::Promoted);
         assert_eq!(b.elect(), Elected::Unchanged, "an owner stays the owner");
         assert_eq!(b.role(), Role::Owner);
+    }
+
+    /// Owner and follower keep the heartbeat a writer reads before it
+    /// replaces a dead segment; it goes stale once no agent beats.
+    #[test]
+    fn agents_beat_on_the_lock_file() {
+        use pfs_shm_layout::files::{AGENT_HEARTBEAT_FRESH, agent_watches};
+        let dir = tempfile::tempdir().unwrap();
+        let stale = std::time::SystemTime::now() - AGENT_HEARTBEAT_FRESH * 2;
+        let set_stale = || {
+            let f = std::fs::File::options()
+                .write(true)
+                .open(dir.path().join(LOCK_FILE));
+            f.unwrap().set_modified(stale).unwrap();
+        };
+        let mut owner = Store::new(dir.path());
+        owner.elect();
+        let mut follower = Store::new(dir.path());
+        follower.elect();
+        assert_eq!(follower.role(), Role::Follower);
+        for beating in [&owner, &follower] {
+            set_stale();
+            assert!(!agent_watches(dir.path()));
+            beating.beat();
+            assert!(agent_watches(dir.path()));
+        }
     }
 
     /// The directory removed and made again under its owner: the owner

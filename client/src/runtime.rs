@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use pfs_shm_layout::layout::{ConsumerKind, SetupSection};
+use pfs_shm_layout::layout::{ConsumerKind, LostKind, SetupSection};
 use pfs_shm_layout::{EventKind, Segment, SegmentWriter};
 use rustix::fs::FlockOperation;
 
@@ -132,7 +132,7 @@ fn create(cfg: &Config, renounce: fn()) -> Result<Runtime, InitError> {
     // The name as the segment keeps it (cut to SERVICE_NAME_BYTES), in
     // the file name too: a longer one can exceed what a file name may be.
     let seg_cfg = cfg.segment_config();
-    let (path, file) = open_new(dir, &seg_cfg.service_name, pid, file_mode)?;
+    let (path, file, uncollected) = open_new(dir, &seg_cfg.service_name, pid, file_mode)?;
     file.set_permissions(std::fs::Permissions::from_mode(file_mode))
         .map_err(|e| InitError::Io(format!("chmod {}", path.display()), e))?;
     rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive)
@@ -166,6 +166,9 @@ fn create(cfg: &Config, renounce: fn()) -> Result<Runtime, InitError> {
     // The runtime lives as long as the process: leaking the writer lets
     // the hot path hold `'static` references into the mapping.
     let writer: &'static SegmentWriter = Box::leak(Box::new(SegmentWriter::new(seg)));
+    if uncollected {
+        writer.segment().count_lost(LostKind::UncollectedSegments);
+    }
     let setup = writer.segment().setup();
     // The history_long rings on from the start are reserved now, not by
     // the first event appended (whose statement would count the time).
@@ -335,8 +338,18 @@ const NUMBERED_NAMES: u32 = 8;
 /// no file has, else in place of the first dead predecessor's (a file no
 /// running process holds); [`InitError::InUse`] if running processes hold
 /// them all. Never removes a file some process holds, nor, while a free
-/// name remains, one an agent has not collected yet.
-fn open_new(dir: &Path, service: &str, pid: u32, mode: u32) -> Result<(PathBuf, File), InitError> {
+/// name remains, one an agent has not collected yet. The flag says that
+/// a dead predecessor's segment was replaced while no agent watched the
+/// directory ([`pfs_shm_layout::files::agent_watches`]): its figures are
+/// lost, which the new segment counts (`uncollected_segments`). Replaced
+/// under a watching agent, they are not: the agent folds the old segment
+/// in, by its inode.
+fn open_new(
+    dir: &Path,
+    service: &str,
+    pid: u32,
+    mode: u32,
+) -> Result<(PathBuf, File, bool), InitError> {
     let open = |path: &Path| {
         OpenOptions::new()
             .read(true)
@@ -353,7 +366,7 @@ fn open_new(dir: &Path, service: &str, pid: u32, mode: u32) -> Result<(PathBuf, 
     });
     for path in names.clone() {
         match open(&path) {
-            Ok(f) => return Ok((path, f)),
+            Ok(f) => return Ok((path, f, false)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(InitError::Io(format!("create {}", path.display()), e)),
         }
@@ -384,15 +397,19 @@ fn open_new(dir: &Path, service: &str, pid: u32, mode: u32) -> Result<(PathBuf, 
             first.get_or_insert(path);
             continue; // a running process's
         }
-        tracing::warn!(
-            path = %path.display(),
-            "pfs: replacing a dead process's segment that no agent collected ({} restarts in a row without one)",
-            NUMBERED_NAMES + 1
-        );
+        let uncollected = !pfs_shm_layout::files::agent_watches(dir);
+        if uncollected {
+            tracing::warn!(
+                path = %path.display(),
+                "pfs: replacing a dead process's segment that no agent collected ({} restarts in a row while no pfs-agent watched {}): its figures are lost, counted in pfs_lost_total{{kind=\"uncollected_segments\"}}",
+                NUMBERED_NAMES + 1,
+                dir.display()
+            );
+        }
         std::fs::remove_file(&path)
             .map_err(|e| InitError::Io(format!("remove stale {}", path.display()), e))?;
         let f = open(&path).map_err(|e| InitError::Io(format!("create {}", path.display()), e))?;
-        return Ok((path, f));
+        return Ok((path, f, uncollected));
     }
     match (first, unusable) {
         (Some(held), _) => Err(InitError::InUse(held)),
@@ -453,7 +470,7 @@ mod tests {
             .map(|n| held(&dir.path().join(name(n))))
             .collect();
         File::create(dir.path().join(name(NUMBERED_NAMES))).unwrap(); // dead
-        let (path, _f) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
+        let (path, _f, _) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
         assert_eq!(path, dir.path().join(name(NUMBERED_NAMES)));
         assert!(
             std::fs::symlink_metadata(dir.path().join(name(0)))
@@ -485,7 +502,7 @@ mod tests {
     fn a_name_held_by_a_running_process_gives_the_next_one() {
         let dir = tempfile::tempdir().unwrap();
         let _other_container = held(&dir.path().join(name(0)));
-        let (path, _f) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
+        let (path, _f, _) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
         assert_eq!(path, dir.path().join("svc.1.1.pfs"));
     }
 
@@ -493,7 +510,7 @@ mod tests {
     fn a_dead_predecessor_is_kept_for_the_agent_while_a_name_is_free() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(name(0)), b"dead predecessor").unwrap();
-        let (path, _f) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
+        let (path, _f, _) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
         assert_eq!(path, dir.path().join("svc.1.1.pfs"));
         assert_eq!(
             std::fs::read(dir.path().join(name(0))).unwrap(),
@@ -509,9 +526,26 @@ mod tests {
         for n in 2..=NUMBERED_NAMES {
             std::fs::write(dir.path().join(name(n)), b"dead").unwrap();
         }
-        let (path, _f) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
+        let (path, _f, uncollected) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
         assert_eq!(path, dir.path().join(name(2)));
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 0, "a new file");
+        assert!(uncollected, "no agent watches: its figures are lost");
+        let lock_it =
+            |f: &File| rustix::fs::flock(f, FlockOperation::NonBlockingLockExclusive).unwrap();
+        lock_it(&_f); // its process runs
+        // With an agent's fresh heartbeat, the next dead one is replaced
+        // without a loss (the agent folds it in); with a stale one, lost.
+        let lock = dir.path().join(pfs_shm_layout::files::AGENT_LOCK_FILE);
+        let beat = File::create(&lock).unwrap();
+        let (path, _g, uncollected) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
+        assert_eq!(path, dir.path().join(name(3)));
+        assert!(!uncollected, "an agent watches");
+        lock_it(&_g);
+        let stale = SystemTime::now() - pfs_shm_layout::files::AGENT_HEARTBEAT_FRESH * 2;
+        beat.set_modified(stale).unwrap();
+        let (path, _h, uncollected) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
+        assert_eq!(path, dir.path().join(name(4)));
+        assert!(uncollected, "the agent stopped beating");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! them.
 
 use std::path::Path;
+use std::time::{Duration, SystemTime};
 
 /// The segment directory when `PFS_SHM_DIR` is not set.
 pub const DEFAULT_SHM_DIR: &str = "/dev/shm/pfs";
@@ -63,4 +64,38 @@ pub fn numbered_segment_file_name(service: &str, pid: u32, n: u32) -> String {
 /// ```
 pub fn is_segment_file(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == SEGMENT_EXTENSION)
+}
+
+/// The agent's lock file in a segment directory: the agent that holds an
+/// exclusive `flock` on it owns the directory (retires dead segments).
+/// Every agent on the directory also sets its modification time at each
+/// pass over it (about once a second): the agent's *heartbeat*, which a
+/// writer can read with `stat` alone, whatever the file's owner and mode.
+pub const AGENT_LOCK_FILE: &str = ".pfs-agent.lock";
+
+/// How recent an agent's heartbeat ([`AGENT_LOCK_FILE`]'s modification
+/// time) must be for a writer to take an agent as watching the directory.
+pub const AGENT_HEARTBEAT_FRESH: Duration = Duration::from_secs(10);
+
+/// Whether an agent watches `dir` now: its heartbeat is at most
+/// [`AGENT_HEARTBEAT_FRESH`] old. A dead process's segment in a watched
+/// directory has been (or is about to be) read by that agent, which keeps
+/// its figures if the file is replaced; in an unwatched one, replacing it
+/// loses them.
+///
+/// ```
+/// let dir = std::env::temp_dir().join(format!("pfs-doc-heartbeat-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir).unwrap();
+/// assert!(!pfs_shm_layout::files::agent_watches(&dir));
+/// std::fs::File::create(dir.join(pfs_shm_layout::files::AGENT_LOCK_FILE)).unwrap();
+/// assert!(pfs_shm_layout::files::agent_watches(&dir)); // just written
+/// # std::fs::remove_dir_all(&dir).unwrap();
+/// ```
+pub fn agent_watches(dir: &Path) -> bool {
+    std::fs::symlink_metadata(dir.join(AGENT_LOCK_FILE))
+        .and_then(|m| m.modified())
+        .is_ok_and(|beat| match SystemTime::now().duration_since(beat) {
+            Ok(age) => age <= AGENT_HEARTBEAT_FRESH,
+            Err(_) => true, // set in our future: clocks differ a little
+        })
 }

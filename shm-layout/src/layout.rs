@@ -26,7 +26,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"PFSSHM\0\0");
 pub const LAYOUT_MAJOR: u32 = 7;
 /// Minor layout version: compatible additions (new section kinds, use of
 /// reserved fields). Readers accept any minor version of a known major.
-pub const LAYOUT_MINOR: u32 = 1;
+pub const LAYOUT_MINOR: u32 = 2;
 /// The major versions a reader of this crate reads: its own; 6, whose
 /// summary rows have no pending bucket (the word is zero: read the same
 /// way); and 5, which differs from 6 in its memory row only
@@ -260,11 +260,17 @@ pub enum LostKind {
     /// not be shown while the task awaited, because every task slot was
     /// taken (counted once per task; since 7.1).
     TaskSlots = 9,
+    /// Dead processes' segments that no agent had collected, removed by a
+    /// new process of the same service and pid because all of its file
+    /// names were taken (a process restarting in a loop while no agent
+    /// ran): their last figures are lost. Counted by the new process
+    /// (since 7.2).
+    UncollectedSegments = 10,
 }
 
 impl LostKind {
     /// Every kind, in counter order.
-    pub const ALL: [LostKind; 10] = [
+    pub const ALL: [LostKind; 11] = [
         Self::Threads,
         Self::Classes,
         Self::Strings,
@@ -275,6 +281,7 @@ impl LostKind {
         Self::StatementsLong,
         Self::ForeignEnds,
         Self::TaskSlots,
+        Self::UncollectedSegments,
     ];
 
     /// The label used in tables and metrics.
@@ -290,6 +297,7 @@ impl LostKind {
             Self::StatementsLong => "events_statements_history_long",
             Self::ForeignEnds => "events_ended_by_another_thread",
             Self::TaskSlots => "task_slots",
+            Self::UncollectedSegments => "uncollected_segments",
         }
     }
 }

@@ -8,12 +8,14 @@
 //! checked at compile time, and `tests/spec.rs` checks every number of the
 //! tables below against them.
 //!
-//! Layout version **7.1** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
+//! Layout version **7.2** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
 //! All integers are little-endian (the header's byte-order mark says so).
 //! Every field is an aligned 32- or 64-bit word, read and written with
 //! atomic instructions only.
 //!
-//! Versions: 7.1 adds the optional Tasks section (kind 10) and lost
+//! Versions: 7.2 uses lost counter 10, `uncollected_segments`: a new
+//! process that had to remove a dead predecessor's segment no agent had
+//! collected counts it (a 7.1 reader ignores it). 7.1 adds the optional Tasks section (kind 10) and lost
 //! counter 9, `task_slots`: an async task that awaits shows its open
 //! statement, stage and queued wait there (see *Task slots*). A 7.0 reader
 //! ignores both; a 7.1 reader reads a 7.0 segment as having no task
@@ -155,7 +157,7 @@
 //! |-------:|-----:|-------|---------|
 //! | 0x000 | 8 | `magic` | `"PFSSHM\0\0"` |
 //! | 0x008 | 4 | `major` | 7; a reader of this version also reads 6.x segments (no pending bucket: the summary row's first word is zero) and 5.x segments (their memory rows differ, below); refuse any other |
-//! | 0x00C | 4 | `minor` | 1; compatible additions (new section kinds, use of reserved fields): accept any |
+//! | 0x00C | 4 | `minor` | 2; compatible additions (new section kinds, use of reserved fields): accept any |
 //! | 0x010 | 4 | `byte_order` | `0x01020304` as written by the creator |
 //! | 0x014 | 4 | `header_size` | 4096 |
 //! | 0x018 | 8 | `segment_size` | file size set by the creator; must be ≤ the file's length |
@@ -224,9 +226,10 @@
 //! | 7 | `events_statements_history_long` |
 //! | 8 | `events_ended_by_another_thread` |
 //! | 9 | `task_slots` |
+//! | 10 | `uncollected_segments` |
 //!
-//! Index 8 is used since 6.1 and index 9 since 7.1 (0 in older segments). Indexes 10 and up are
-//! reserved ([`layout::LostKind`]).
+//! Index 8 is used since 6.1, index 9 since 7.1 and index 10 since 7.2 (0
+//! in older segments). Indexes 11 and up are reserved ([`layout::LostKind`]).
 //!
 //! ## Class entry: [`layout::ClassEntry`], 128 bytes
 //!

@@ -231,6 +231,7 @@ impl Retirement {
             return false;
         };
         let elected = store.elect();
+        store.beat();
         if elected != Elected::Unchanged {
             store.prepare();
         }
