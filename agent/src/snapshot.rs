@@ -24,7 +24,7 @@ use pfs_shm_layout::reader::{ReadOptions, ReadStats, SegmentSnapshot};
 
 use crate::aggregate::Retired;
 use crate::carry::{carry_forward, carry_forward_summed};
-use crate::segments::{ListError, ListFailure, Refusal, SegmentSet};
+use crate::segments::{ListFailure, Refusal, SegmentSet};
 use crate::util::heap::release_free_memory;
 
 /// How long a snapshot is shared between requests by default: scrapes
@@ -69,6 +69,10 @@ pub struct Snapshot {
     pub stats: ReadStats,
     /// Segments that could not be read this time.
     pub failed_reads: u64,
+    /// The segment volume at the last discovery pass.
+    pub volume: Option<crate::segments::volume::Volume>,
+    /// The retired totals could not be saved at the last attempt.
+    pub state_unsaved: bool,
 }
 
 /// Cumulative reading figures (the agent's own counters).
@@ -102,10 +106,10 @@ pub struct Snapshotter {
     /// When the last [`Snapshotter::refresh`] ended (at first, when the
     /// snapshotter was made).
     last_refresh: Mutex<Instant>,
-    /// Why the last discovery pass could not list the directory (kept
-    /// apart from the set, so that `/healthz` reads it without waiting
-    /// for a pass in progress).
-    list_failure: Mutex<Option<ListError>>,
+    /// The problems the last discovery pass found (kept apart from the
+    /// set, so that `/healthz` reads them without waiting for a pass in
+    /// progress).
+    problems: Mutex<Vec<String>>,
     max_age: Duration,
     /// [`FULL_KEEP`] (shorter in tests).
     full_keep: Duration,
@@ -130,7 +134,7 @@ impl Snapshotter {
             summaries_cache: Mutex::new(None),
             totals: Mutex::new(Totals::default()),
             last_refresh: Mutex::new(Instant::now()),
-            list_failure: Mutex::new(None),
+            problems: Mutex::new(Vec::new()),
             max_age,
             full_keep: FULL_KEEP,
         }
@@ -157,22 +161,21 @@ impl Snapshotter {
             .elapsed()
     }
 
-    /// Why the last discovery pass could not list the segment directory,
-    /// if it could not (see [`SegmentSet::list_failure`]): what `/healthz`
-    /// checks besides [`Snapshotter::since_refresh`]. Never waits for a
-    /// pass in progress.
-    pub fn list_failure(&self) -> Option<ListError> {
-        self.list_failure
+    /// What the last discovery pass found wrong that a restart would not
+    /// fix (see [`SegmentSet::problems`]): what `/healthz` reports besides
+    /// [`Snapshotter::since_refresh`]. Never waits for a pass in progress.
+    pub fn problems(&self) -> Vec<String> {
+        self.problems
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
 
-    /// A discovery pass over `set`, its listing's outcome recorded.
+    /// A discovery pass over `set`, its problems recorded.
     fn discover(&self, set: &mut SegmentSet) {
         set.refresh();
-        let failure = set.list_failure().cloned();
-        *self.list_failure.lock().unwrap_or_else(|p| p.into_inner()) = failure;
+        let problems = set.problems();
+        *self.problems.lock().unwrap_or_else(|p| p.into_inner()) = problems;
     }
 
     /// Paths of the segments whose processes live.
@@ -403,6 +406,8 @@ impl Snapshotter {
             retired_segments: set.retired_segments(),
             stats,
             failed_reads: failed,
+            volume: set.volume,
+            state_unsaved: set.state_unsaved(),
         };
         drop(set);
         let mut tot = self.totals.lock().unwrap_or_else(|p| p.into_inner());

@@ -474,6 +474,72 @@ fn a_segment_directory_the_agent_may_not_read_is_degraded_and_says_why() {
     );
 }
 
+/// A segment file the agent may not open (an application of another user
+/// started without `PFS_GROUP_ACCESS=1`: `0600`) is refused as
+/// `permission_denied`, naming the file's mode and owner and what to do;
+/// `/healthz` says so for as long as it lasts (the process is not
+/// exported), and once the file is readable it is exported.
+#[test]
+fn a_segment_the_agent_may_not_read_is_degraded_and_says_what_to_do() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(nobody) = as_nobody() else { return };
+    let parent = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(parent.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let d = parent.path().join("pfs");
+    std::fs::create_dir(&d).unwrap();
+    // The agent's own directory (it writes its state there); the segment
+    // is root's.
+    std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
+    let seg = pfs_agent::testing::dead_segment(&d, "svc", 4242, 5);
+    std::fs::set_permissions(&seg, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", common::free_port())
+        .parse()
+        .unwrap();
+    let agent = Serve::start_with(nobody, &d, Some(addr.to_string()), addr, &[]);
+    let mut last = None;
+    assert!(
+        poll(Duration::from_secs(20), || {
+            last = agent.get("/healthz").ok();
+            last.as_ref().is_some_and(|(st, body)| {
+                *st == 200
+                    && body.starts_with("ok\ndegraded: 1 segment file(s) the agent may not read")
+            })
+        }),
+        "{last:?}\n{}",
+        agent.stderr()
+    );
+    let (_, body) = last.unwrap();
+    assert!(
+        body.contains("svc.4242.pfs")
+            && body.contains("mode 0600, owner uid 0")
+            && body.contains("uid 65534")
+            && body.contains("PFS_GROUP_ACCESS=1"),
+        "{body}"
+    );
+    let denied = agent
+        .metric(
+            "pfs_agent_segment_errors_total",
+            &["reason=\"permission_denied\""],
+        )
+        .unwrap();
+    assert_eq!(denied, 1.0, "counted once, not every pass");
+    assert_eq!(waits(&agent, "svc"), None, "not exported");
+    std::fs::set_permissions(&seg, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert!(
+        poll(Duration::from_secs(10), || waits(&agent, "svc")
+            == Some(5.0)),
+        "{}",
+        agent.stderr()
+    );
+    assert!(
+        agent
+            .get("/healthz")
+            .is_ok_and(|(st, body)| st == 200 && body == "ok\n"),
+        "{:?}",
+        agent.get("/healthz")
+    );
+}
+
 /// `query` over a directory it may not list fails (exit 1) naming the
 /// directory, the error and what to do, rather than printing an empty
 /// table.

@@ -343,7 +343,8 @@ pub fn wait_healthz(base: &str, child: &mut ChildGuard, timeout: Duration) -> Re
             );
         }
         let last = match http_get(&format!("{base}/healthz")) {
-            Ok(r) if r.status == 200 && r.body.trim() == "ok" => return Ok(()),
+            // Ready: 200 and `ok` (then possibly `degraded:` lines).
+            Ok(r) if r.status == 200 && r.body.lines().next() == Some("ok") => return Ok(()),
             Ok(r) => format!("status {} body {:?}", r.status, r.body),
             Err(e) => e.to_string(),
         };

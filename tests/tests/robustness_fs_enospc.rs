@@ -68,6 +68,26 @@ fn a_dead_segment_stays_while_the_disk_is_full() {
         .unwrap()
     };
     assert_eq!(waits(&agent), 5.0, "still exported");
+    // An operator sees both problems without reading the log: on
+    // /healthz (still 200: a restart fixes neither) and in the metrics
+    // the alerts use.
+    let health = agent.get("/healthz").unwrap();
+    assert_eq!(health.status, 200, "{}", health.body);
+    assert!(
+        health.body.starts_with("ok\n")
+            && health
+                .body
+                .contains("degraded: cannot save the retired totals")
+            && health.body.contains("degraded: the segment volume of")
+            && health.body.contains("is full"),
+        "{}",
+        health.body
+    );
+    let gauge = |a: &Agent, name: &str| sample(&a.metrics().unwrap(), name, &[]).unwrap();
+    assert_eq!(gauge(&agent, "pfs_agent_state_unsaved"), 1.0);
+    let size = gauge(&agent, "pfs_agent_volume_size_bytes");
+    assert!((3.5e6..=4.5e6).contains(&size), "{size}");
+    assert!(gauge(&agent, "pfs_agent_volume_free_bytes") < 0.01 * size);
 
     std::fs::remove_file(&filler).unwrap();
     assert!(
@@ -76,6 +96,15 @@ fn a_dead_segment_stays_while_the_disk_is_full() {
         agent.guard.describe()
     );
     assert_eq!(waits(&agent), 5.0, "retired, still counted");
+    assert!(
+        poll(Duration::from_secs(10), || agent
+            .get("/healthz")
+            .is_ok_and(|h| h.status == 200 && h.body == "ok\n")),
+        "{}",
+        agent.guard.describe()
+    );
+    assert_eq!(gauge(&agent, "pfs_agent_state_unsaved"), 0.0);
+    assert!(gauge(&agent, "pfs_agent_volume_free_bytes") > 0.5 * size);
     drop(agent);
     let mut agent = Agent::serve_with_args(d, &["--dead-retention", "1s"]).unwrap();
     agent.wait_healthy(Duration::from_secs(20)).unwrap();

@@ -785,6 +785,35 @@ fn agent_families(snap: &Snapshot, tot: &Totals, stats: &AgentStats) -> Vec<Fami
     );
     f.push(Vec::new(), Value::Float(snap.duration.as_secs_f64()));
     out.push(f);
+    if let Some(v) = snap.volume {
+        for (name, otel, help, bytes) in [
+            (
+                "pfs_agent_volume_size",
+                "pfs.agent.volume.size",
+                "Size of the filesystem that holds the segment directory.",
+                v.size_bytes,
+            ),
+            (
+                "pfs_agent_volume_free",
+                "pfs.agent.volume.free",
+                "Space left on it for the applications' segments: near 0, processes that start cannot create their segment (they run uninstrumented, unseen by the agent) and live ones lose container pages.",
+                v.free_bytes,
+            ),
+        ] {
+            let mut f = Family::new(name, Some("bytes"), (otel, "By"), Kind::Gauge, help);
+            f.push(Vec::new(), Value::Int(bytes));
+            out.push(f);
+        }
+    }
+    let mut f = Family::new(
+        "pfs_agent_state_unsaved",
+        None,
+        ("pfs.agent.state_unsaved", "{state}"),
+        Kind::Gauge,
+        "1 while the retired totals cannot be saved in the segment directory (full volume, permissions: the agent's log says): dead processes' segment files are kept until they can.",
+    );
+    f.push(Vec::new(), Value::Int(u64::from(snap.state_unsaved)));
+    out.push(f);
     let mut f = Family::new(
         "pfs_agent_scrape_duration",
         Some("seconds"),

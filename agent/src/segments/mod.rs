@@ -2,7 +2,7 @@
 //! whether their processes live, and retires the dead. One concern per
 //! submodule: [`refusal`] (why a file is not exported), [`listing`] (why
 //! the directory cannot be listed), [`policy`] (which files are accepted), [`liveness`] (`flock`), [`tracked`] (a segment
-//! being exported), [`retirement`] (folding the dead into retired totals);
+//! being exported), [`retirement`] (folding the dead into retired totals), [`volume`] (the space left);
 //! this module runs the discovery pass over them.
 //!
 //! * A file is a candidate if its name ends in `.pfs`. It is opened with
@@ -23,7 +23,8 @@
 //!   `removed`) is logged, counted at every pass in
 //!   `pfs_agent_discovery_errors_total{reason}`, and reported by
 //!   [`SegmentSet::list_failure`] while it lasts (`/healthz` adds a
-//!   `degraded:` line, still 200).
+//!   `degraded:` line, still 200, as for the other
+//!   [`SegmentSet::problems`]).
 //! * **Liveness through `flock`**: the owning process holds an exclusive
 //!   lock for its lifetime. If the agent can take a shared lock, the owner
 //!   is gone. Pids are never used: containers of a pod do not share a pid
@@ -59,6 +60,7 @@ pub mod policy;
 pub mod refusal;
 mod retirement;
 pub mod tracked;
+pub mod volume;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::Metadata;
@@ -194,6 +196,9 @@ pub struct SegmentSet {
     /// application, which `serve` says once at start, not a problem to
     /// warn about at every pass.
     dir_absent: bool,
+    /// The directory's volume at the last pass (`None` before the
+    /// directory exists).
+    pub volume: Option<volume::Volume>,
 }
 
 /// How often a failure that persists is logged again.
@@ -223,6 +228,7 @@ impl SegmentSet {
             list_error: None,
             list_failure: None,
             dir_absent: false,
+            volume: None,
         }
     }
 
@@ -280,6 +286,43 @@ impl SegmentSet {
     /// be found while this lasts.
     pub fn list_failure(&self) -> Option<&ListError> {
         self.list_failure.as_ref()
+    }
+
+    /// What is wrong that a restart of the agent would not fix, one line
+    /// each, for `/healthz`: the directory cannot be listed; segment files
+    /// the agent may not read (processes it cannot export); the retired
+    /// totals cannot be saved (dead segments' files are kept); the volume
+    /// is full. Each is also a metric and logged.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.list_failure.iter().map(ToString::to_string).collect();
+        let mut denied: Vec<(&PathBuf, &Invalid)> = (self.invalid.iter())
+            .filter(|(_, i)| i.reason == Refusal::PermissionDenied)
+            .collect();
+        denied.sort_by_key(|(p, _)| *p);
+        if let Some((path, first)) = denied.first() {
+            out.push(format!(
+                "{} segment file(s) the agent may not read, so their processes are not exported: {}: {}",
+                denied.len(),
+                crate::util::shown::path(path),
+                first.message
+            ));
+        }
+        if let Some(error) = self.retirement.save_failure() {
+            out.push(format!(
+                "cannot save the retired totals in {} ({error}): dead processes' segment files are kept until it can; see the agent's log for what to do",
+                self.dir.display()
+            ));
+        }
+        if let Some(v) = self.volume.filter(volume::Volume::is_full) {
+            out.push(v.full_message(&self.dir));
+        }
+        out
+    }
+
+    /// Whether the last save of the retired totals failed (with
+    /// persistence): dead segments' files are kept meanwhile.
+    pub fn state_unsaved(&self) -> bool {
+        self.retirement.save_failure().is_some()
     }
 
     /// This agent's role on the directory (`Owner` without persistence).
@@ -368,6 +411,7 @@ impl SegmentSet {
     /// segments dead for longer than the retention.
     pub fn refresh(&mut self) {
         self.drop_damaged();
+        self.volume = volume::Volume::of(&self.dir);
         let mut seen = HashSet::new();
         let mut retire = Vec::new();
         let entries = match std::fs::read_dir(&self.dir) {

@@ -110,6 +110,27 @@ pub(super) fn not_regular(meta: &Metadata) -> Refused {
     )
 }
 
+/// The refusal of a file the agent may not open: whose it is, and the
+/// two ways to let the agent read it.
+pub(super) fn permission_denied(path: &Path, me: &Identity) -> Refused {
+    let file = match std::fs::symlink_metadata(path) {
+        Ok(m) => format!(
+            "mode {:04o}, owner uid {} gid {}",
+            m.mode() & 0o7777,
+            m.uid(),
+            m.gid()
+        ),
+        Err(_) => "its mode and owner unknown".to_string(),
+    };
+    Refused::new(
+        Refusal::PermissionDenied,
+        format!(
+            "the agent (uid {}, groups {:?}) may not read it ({file}): start the application with PFS_GROUP_ACCESS=1 (segments 0660) in a group of the agent's (in Kubernetes: the pod's fsGroup), or run the agent as the application's user",
+            me.uid, me.gids
+        ),
+    )
+}
+
 impl Policy {
     /// Whether `serve` would accept the file at `path` under this policy
     /// (links, file type, permissions, owner, size, validation), for a
@@ -126,6 +147,8 @@ impl Policy {
         let file = open_nofollow(path, OFlags::NONBLOCK | OFlags::NOCTTY).map_err(|e| {
             if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
                 symlink()
+            } else if e.kind() == std::io::ErrorKind::PermissionDenied {
+                permission_denied(path, me)
             } else {
                 Refused::new(Refusal::Io, format!("cannot open the segment: {e}"))
             }

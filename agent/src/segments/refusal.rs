@@ -32,6 +32,8 @@ pub enum Refusal {
     WorldWritable,
     /// Owner not allowed by the owner policy.
     ForeignOwner,
+    /// The agent may not open it (its mode and owner).
+    PermissionDenied,
     /// Larger than the size limit.
     TooLarge,
     /// Truncated while mapped.
@@ -57,7 +59,7 @@ impl Refusal {
     /// Every reason a segment directory can count, in documentation order:
     /// each is exported from the start, at 0, in
     /// `pfs_agent_segment_errors_total{reason}`.
-    pub const ALL: [Refusal; 18] = [
+    pub const ALL: [Refusal; 19] = [
         Refusal::Empty,
         Refusal::Truncated,
         Refusal::BadMagic,
@@ -70,6 +72,7 @@ impl Refusal {
         Refusal::NotRegular,
         Refusal::WorldWritable,
         Refusal::ForeignOwner,
+        Refusal::PermissionDenied,
         Refusal::TooLarge,
         Refusal::Shrunk,
         Refusal::Unreadable,
@@ -91,6 +94,7 @@ impl Refusal {
                 | Refusal::NotRegular
                 | Refusal::WorldWritable
                 | Refusal::ForeignOwner
+                | Refusal::PermissionDenied
         )
     }
 
@@ -109,6 +113,7 @@ impl Refusal {
             Refusal::NotRegular => "not_regular",
             Refusal::WorldWritable => "world_writable",
             Refusal::ForeignOwner => "foreign_owner",
+            Refusal::PermissionDenied => "permission_denied",
             Refusal::TooLarge => "too_large",
             Refusal::Shrunk => "shrunk",
             Refusal::Unreadable => "unreadable",
@@ -140,6 +145,9 @@ impl Refusal {
             Refusal::NotRegular => "a directory, FIFO, socket or device",
             Refusal::WorldWritable => "file mode allows writes by any user",
             Refusal::ForeignOwner => "owner not allowed by --require-owner uid|group",
+            Refusal::PermissionDenied => {
+                "the agent may not read it (mode and owner): an application of another user without PFS_GROUP_ACCESS=1"
+            }
             Refusal::TooLarge => "larger than --max-segment-size",
             Refusal::Shrunk => "file truncated while the agent had it mapped",
             Refusal::Unreadable => "reading the mapping raised SIGBUS (I/O error, full tmpfs)",

@@ -73,6 +73,12 @@ impl Retirement {
         }
     }
 
+    /// The error of the last save of the retired totals, while saving
+    /// fails.
+    pub(super) fn save_failure(&self) -> Option<&str> {
+        self.save_warning.as_ref().map(|(e, _)| e.as_str())
+    }
+
     /// Keeps the totals in the directory's state file from now on (loaded
     /// now, written at every retirement).
     pub(super) fn persist(&mut self, own_files_only: bool) {

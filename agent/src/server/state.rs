@@ -117,16 +117,23 @@ impl AppState {
         })
     }
 
-    /// What is wrong that a restart does not fix, if anything: the last
-    /// discovery pass could not list the segment directory (see
-    /// [`Snapshotter::list_failure`]: no process can be found; a directory
-    /// not created yet is not a failure). `/healthz` still answers 200,
-    /// with this line after `ok`: a failing probe would restart the agent
-    /// in a loop, and a native sidecar's failing startup probe would keep
-    /// the application from starting. The failure is counted in
-    /// `pfs_agent_discovery_errors_total{reason}` and logged.
+    /// What is wrong that a restart does not fix, if anything, a
+    /// `degraded:` line each (see [`Snapshotter::problems`]): the segment
+    /// directory cannot be listed (no process can be found; a directory
+    /// not created yet is not a failure), segment files the agent may not
+    /// read, retired totals that cannot be saved, a full volume.
+    /// `/healthz` still answers 200, with these lines after `ok`: a
+    /// failing probe would restart the agent in a loop, and a native
+    /// sidecar's failing startup probe would keep the application from
+    /// starting. Each is also counted in a metric and logged.
     pub fn degraded(&self) -> Option<String> {
-        self.snap.list_failure().map(|f| format!("degraded: {f}\n"))
+        let problems = self.snap.problems();
+        (!problems.is_empty()).then(|| {
+            problems
+                .iter()
+                .map(|p| format!("degraded: {p}\n"))
+                .collect()
+        })
     }
 
     /// Renders `/metrics` as text (see [`MetricsCache::render`]).
