@@ -319,6 +319,35 @@ impl SegmentSet {
         out
     }
 
+    /// Warns when `segment` (just found at `path`) has the service and
+    /// pid of another live process's: two containers of one pod running
+    /// the same program, each pid 1 of its own namespace. `/metrics` adds
+    /// them up rightly, but their rows in the tables look alike (same
+    /// `SERVICE`, `PID` and `THREAD_ID`s) and a `pid` filter takes both.
+    fn warn_if_alike(&self, path: &Path, segment: &pfs_shm_layout::Segment) {
+        if let Some(other) = self.alike(path, segment) {
+            let (service, pid) = (segment.service(), segment.pid());
+            tracing::warn!(
+                path = %crate::util::shown::path(path),
+                other = %crate::util::shown::path(&other.path),
+                "two live processes of service {service:?} have pid {pid} (containers of one pod, each pid 1 of its own namespace?): /metrics adds them up rightly, but their rows in the tables look alike (same SERVICE, PID and THREAD_IDs) and a pid filter takes both; give each container its own PFS_SERVICE_NAME"
+            );
+        }
+    }
+
+    /// The live process already tracked whose service and pid are
+    /// `segment`'s (see [`SegmentSet::warn_if_alike`]).
+    fn alike(&self, path: &Path, segment: &pfs_shm_layout::Segment) -> Option<&Tracked> {
+        let (service, pid) = (segment.service(), segment.pid());
+        self.tracked.values().find(|t| {
+            t.path != path
+                && t.dead_since.is_none()
+                && t.segment.pid() == pid
+                && t.segment.service() == service
+                && !owner_is_dead(t.segment.file())
+        })
+    }
+
     /// Whether the last save of the retired totals failed (with
     /// persistence): dead segments' files are kept meanwhile.
     pub fn state_unsaved(&self) -> bool {
@@ -661,6 +690,7 @@ impl SegmentSet {
         match result {
             Ok(segment) => {
                 tracing::info!(path = %crate::util::shown::path(path), service = segment.service(), pid = segment.pid(), "segment found");
+                self.warn_if_alike(path, &segment);
                 self.invalid.remove(path);
                 self.pending.remove(path);
                 let defaults = self.defaults.attach(path);
@@ -789,6 +819,31 @@ mod tests {
     /// A small segment at `path` that nobody holds.
     fn segment_file(path: &Path) -> std::fs::File {
         segment(path, false).0
+    }
+
+    /// Two live processes of one service and pid (two containers of a
+    /// pod) are told alike; a dead predecessor of the same pid is not.
+    #[test]
+    fn live_processes_alike_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, second, third) = (
+            dir.path().join("unit.1.pfs"),
+            dir.path().join("unit.1.1.pfs"),
+            dir.path().join("unit.1.2.pfs"),
+        );
+        let _a = segment(&first, true);
+        let mut set = SegmentSet::new(dir.path(), Duration::from_secs(3600));
+        set.refresh();
+        let _b = segment(&second, true);
+        let open = |p: &Path| set.policy.open(p, &set.identity).unwrap();
+        let b = open(&second);
+        assert_eq!(set.alike(&second, &b).map(|t| &t.path), Some(&first));
+        drop(_a); // the first one's process exits
+        assert!(set.alike(&second, &b).is_none(), "a dead predecessor");
+        let _c = segment(&third, false);
+        let c = open(&third);
+        set.refresh();
+        assert_eq!(set.alike(&third, &c).map(|t| &t.path), Some(&second));
     }
 
     /// Dead segments' totals kept aside in the state file are bounded:
