@@ -443,7 +443,7 @@ impl Store {
                 Ok(f) => self.lock = Some(f),
                 Err(e) => {
                     if !self.warned_lock && e.kind() != std::io::ErrorKind::NotFound {
-                        tracing::warn!(dir = %crate::util::shown::path(&self.dir), error = %e, "cannot create the agent lock file; acting as the only agent on this directory");
+                        tracing::warn!(dir = %crate::util::shown::path(&self.dir), error = %e, "cannot create the agent lock file; acting as the only agent on this directory. Without it the agent cannot show its heartbeat either: an application that replaces a dead predecessor's segment (restarting in a loop) then counts it in pfs_lost_total{{kind=\"uncollected_segments\"}} although this agent read it; let the agent write in the directory");
                         self.warned_lock = true;
                     }
                     self.role = Role::Owner;
@@ -482,7 +482,7 @@ impl Store {
 
     /// Sets the lock file's modification time to now: the heartbeat that
     /// tells a writer an agent watches the directory
-    /// ([`pfs_shm_layout::files::agent_watches`]), so that a process that
+    /// ([`pfs_shm_layout::files::agent_watched`]), so that a process that
     /// must replace a dead predecessor's segment knows whether its figures
     /// were collected. Owner and follower alike; nothing without a lock
     /// file.
@@ -937,8 +937,10 @@ mod tests {
     /// replaces a dead segment; it goes stale once no agent beats.
     #[test]
     fn agents_beat_on_the_lock_file() {
-        use pfs_shm_layout::files::{AGENT_HEARTBEAT_FRESH, agent_watches};
+        use pfs_shm_layout::files::{AGENT_HEARTBEAT_FRESH, agent_watched};
         let dir = tempfile::tempdir().unwrap();
+        let since = std::time::SystemTime::now() - AGENT_HEARTBEAT_FRESH / 2;
+        let agent_watches = |d: &Path| agent_watched(d, since);
         let stale = std::time::SystemTime::now() - AGENT_HEARTBEAT_FRESH * 2;
         let set_stale = || {
             let f = std::fs::File::options()

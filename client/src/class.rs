@@ -141,7 +141,7 @@ impl LazyRef {
     fn resolve(&self, family: Family) -> ClassRef {
         if runtime::get().is_none() {
             if matches!(family, Family::Stage | Family::Statement) {
-                warning::not_initialised(&format!("{:?}", self.name));
+                warning::not_initialised(family.what(), self.name);
             }
             return ClassRef::DISABLED;
         }

@@ -166,8 +166,8 @@ fn create(cfg: &Config, renounce: fn()) -> Result<Runtime, InitError> {
     // The runtime lives as long as the process: leaking the writer lets
     // the hot path hold `'static` references into the mapping.
     let writer: &'static SegmentWriter = Box::leak(Box::new(SegmentWriter::new(seg)));
-    if uncollected {
-        writer.segment().count_lost(LostKind::UncollectedSegments);
+    if uncollected > 0 {
+        (writer.segment()).add_lost(LostKind::UncollectedSegments, uncollected);
     }
     let setup = writer.segment().setup();
     // The history_long rings on from the start are reserved now, not by
@@ -338,18 +338,20 @@ const NUMBERED_NAMES: u32 = 8;
 /// no file has, else in place of the first dead predecessor's (a file no
 /// running process holds); [`InitError::InUse`] if running processes hold
 /// them all. Never removes a file some process holds, nor, while a free
-/// name remains, one an agent has not collected yet. The flag says that
-/// a dead predecessor's segment was replaced while no agent watched the
-/// directory ([`pfs_shm_layout::files::agent_watches`]): its figures are
-/// lost, which the new segment counts (`uncollected_segments`). Replaced
-/// under a watching agent, they are not: the agent folds the old segment
-/// in, by its inode.
+/// name remains, one an agent has not collected yet; of several dead
+/// ones, the oldest. The count is what the new segment starts its lost
+/// counter `uncollected_segments` with: 0, or, when the segment replaced
+/// had not been found by a watching agent
+/// ([`pfs_shm_layout::files::agent_watched`]), whose figures are so lost,
+/// that segment's own count plus one (so that the sum over the files
+/// present counts every such loss). Replaced under an agent that found
+/// it, nothing is lost: the agent folds the old segment in, by its inode.
 fn open_new(
     dir: &Path,
     service: &str,
     pid: u32,
     mode: u32,
-) -> Result<(PathBuf, File, bool), InitError> {
+) -> Result<(PathBuf, File, u64), InitError> {
     let open = |path: &Path| {
         OpenOptions::new()
             .read(true)
@@ -366,13 +368,16 @@ fn open_new(
     });
     for path in names.clone() {
         match open(&path) {
-            Ok(f) => return Ok((path, f, false)),
+            Ok(f) => return Ok((path, f, 0)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(InitError::Io(format!("create {}", path.display()), e)),
         }
     }
     let mut first = None;
     let mut unusable = None;
+    // The dead predecessors' files (their locks taken), with when each
+    // was made: the oldest is replaced, the one an agent most likely read.
+    let mut dead: Vec<(SystemTime, PathBuf, File)> = Vec::new();
     for path in names {
         // Not blocking on a FIFO planted at the name, not following a
         // symbolic link; anything but a regular file is left alone (never
@@ -382,11 +387,11 @@ fn open_new(
             .custom_flags(libc_o_nofollow() | rustix::fs::OFlags::NONBLOCK.bits() as i32)
             .open(&path)
             .and_then(|f| match f.metadata() {
-                Ok(m) if m.file_type().is_file() => Ok(f),
+                Ok(m) if m.file_type().is_file() => Ok((f, m)),
                 Ok(_) => Err(std::io::Error::other("not a regular file")),
                 Err(e) => Err(e),
             });
-        let old = match old {
+        let (old, meta) = match old {
             Ok(f) => f,
             Err(e) => {
                 unusable.get_or_insert((path, e));
@@ -397,15 +402,29 @@ fn open_new(
             first.get_or_insert(path);
             continue; // a running process's
         }
-        let uncollected = !pfs_shm_layout::files::agent_watches(dir);
-        if uncollected {
+        // Its birth time, or, where the filesystem keeps none, its last
+        // change (later: a replacement is then called a loss sooner).
+        let made = meta
+            .created()
+            .or_else(|_| meta.modified())
+            .unwrap_or(UNIX_EPOCH);
+        dead.push((made, path, old));
+    }
+    if let Some((made, path, old)) = dead.into_iter().min_by_key(|(made, ..)| *made) {
+        let uncollected = if pfs_shm_layout::files::agent_watched(dir, made) {
+            0
+        } else {
+            // Its own count of such losses goes on in the new segment.
+            let before =
+                pfs_shm_layout::Segment::lost_counter_in(&old, LostKind::UncollectedSegments);
             tracing::warn!(
                 path = %path.display(),
-                "pfs: replacing a dead process's segment that no agent collected ({} restarts in a row while no pfs-agent watched {}): its figures are lost, counted in pfs_lost_total{{kind=\"uncollected_segments\"}}",
+                "pfs: replacing a dead process's segment that no agent read ({} restarts in a row while no pfs-agent watched {}): its figures are lost, counted in pfs_lost_total{{kind=\"uncollected_segments\"}}",
                 NUMBERED_NAMES + 1,
                 dir.display()
             );
-        }
+            before.unwrap_or(0).saturating_add(1)
+        };
         std::fs::remove_file(&path)
             .map_err(|e| InitError::Io(format!("remove stale {}", path.display()), e))?;
         let f = open(&path).map_err(|e| InitError::Io(format!("create {}", path.display()), e))?;
@@ -520,32 +539,53 @@ mod tests {
     }
 
     #[test]
-    fn with_every_name_taken_the_first_dead_predecessor_is_replaced() {
+    fn with_every_name_taken_the_oldest_dead_predecessor_is_replaced() {
+        use pfs_shm_layout::files::{AGENT_HEARTBEAT_FRESH, AGENT_LOCK_FILE};
         let dir = tempfile::tempdir().unwrap();
         let _held: Vec<File> = (0..2).map(|n| held(&dir.path().join(name(n)))).collect();
-        for n in 2..=NUMBERED_NAMES {
+        // Made newest first: the last name is the oldest.
+        for n in (2..=NUMBERED_NAMES).rev() {
             std::fs::write(dir.path().join(name(n)), b"dead").unwrap();
+            std::thread::sleep(Duration::from_millis(25)); // file times are coarse
         }
-        let (path, _f, uncollected) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
-        assert_eq!(path, dir.path().join(name(2)));
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0, "a new file");
-        assert!(uncollected, "no agent watches: its figures are lost");
         let lock_it =
             |f: &File| rustix::fs::flock(f, FlockOperation::NonBlockingLockExclusive).unwrap();
-        lock_it(&_f); // its process runs
-        // With an agent's fresh heartbeat, the next dead one is replaced
-        // without a loss (the agent folds it in); with a stale one, lost.
-        let lock = dir.path().join(pfs_shm_layout::files::AGENT_LOCK_FILE);
-        let beat = File::create(&lock).unwrap();
-        let (path, _g, uncollected) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
-        assert_eq!(path, dir.path().join(name(3)));
-        assert!(!uncollected, "an agent watches");
-        lock_it(&_g);
-        let stale = SystemTime::now() - pfs_shm_layout::files::AGENT_HEARTBEAT_FRESH * 2;
-        beat.set_modified(stale).unwrap();
-        let (path, _h, uncollected) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
-        assert_eq!(path, dir.path().join(name(4)));
-        assert!(uncollected, "the agent stopped beating");
+        let next = std::cell::Cell::new(NUMBERED_NAMES);
+        let replace = |expected: u64, why: &str| {
+            let (path, f, uncollected) = open_new(dir.path(), "svc", 1, 0o600).unwrap();
+            assert_eq!(path, dir.path().join(name(next.get())), "{why}: the oldest");
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), 0, "a new file");
+            assert_eq!(uncollected, expected, "{why}");
+            lock_it(&f); // its process runs
+            next.set(next.get() - 1);
+            f
+        };
+        let _a = replace(1, "no agent watches: its figures are lost");
+        // An agent's fresh heartbeat, later than the file: found, folded in
+        // by that agent, not lost.
+        let beat = File::create(dir.path().join(AGENT_LOCK_FILE)).unwrap();
+        let _b = replace(0, "an agent watches");
+        // A heartbeat too old: the agent is gone.
+        beat.set_modified(SystemTime::now() - AGENT_HEARTBEAT_FRESH * 2)
+            .unwrap();
+        let _c = replace(1, "the agent stopped beating");
+        // Fresh, but from before the file was made: no pass found it.
+        let made = std::fs::metadata(dir.path().join(name(next.get())))
+            .unwrap()
+            .created()
+            .unwrap();
+        beat.set_modified(made - Duration::from_millis(1)).unwrap();
+        let _d = replace(1, "the agent has not passed since");
+        // A segment that counted such losses itself: its count goes on.
+        let mut bytes = vec![0u8; 2 * pfs_shm_layout::layout::PAGE];
+        bytes[..8].copy_from_slice(&pfs_shm_layout::layout::MAGIC.to_le_bytes());
+        bytes[8..12].copy_from_slice(&pfs_shm_layout::layout::LAYOUT_MAJOR.to_le_bytes());
+        let at = pfs_shm_layout::layout::PAGE + 8 * LostKind::UncollectedSegments as usize;
+        bytes[at..at + 8].copy_from_slice(&3u64.to_le_bytes());
+        std::fs::write(dir.path().join(name(next.get())), &bytes).unwrap();
+        beat.set_modified(SystemTime::now() - AGENT_HEARTBEAT_FRESH * 2)
+            .unwrap();
+        let _e = replace(4, "carried: 3 before, and this one");
     }
 
     #[test]

@@ -71,26 +71,27 @@ pub fn warn(message: &str, emit: fn(&str)) {
     }
 }
 
-/// Says once per process that `what` (`"statement \"checkout\""`) came
-/// while the client is not initialised: [`crate::init`] was never called,
-/// not yet, or failed. A program that forgot `init` would otherwise record
-/// nothing, silently. Said for statements and stages (a program's own
-/// calls), and by `pfs-tracing` for statement spans; not for waits or
-/// memory, which a program may well use before it calls `init` (a lock
-/// in a static, the allocator).
+/// Says once per process that `what` named `name` (`"statement"`,
+/// `"statement/app/checkout"`) came while the client is not initialised:
+/// [`crate::init`] was never called, not yet, or failed. A program that
+/// forgot `init` would otherwise record nothing, silently. Said for
+/// statements and stages (a program's own calls), and by `pfs-tracing`
+/// for statement spans; not for waits or memory, which a program may well
+/// use before it calls `init` (a lock in a static, the allocator). Costs
+/// one relaxed swap once said: nothing is formatted or allocated.
 ///
 /// ```
 /// // (The client is not initialised here; without a subscriber, nothing is said.)
-/// pfs_client::warning::not_initialised("statement \"checkout\"");
+/// pfs_client::warning::not_initialised("statement", "statement/app/checkout");
 /// ```
-pub fn not_initialised(what: &str) {
+pub fn not_initialised(what: &str, name: &str) {
     static SAID: AtomicBool = AtomicBool::new(false);
     if SAID.swap(true, Ordering::Relaxed) {
         return;
     }
     warn(
         &format!(
-            "pfs-client is not initialised: {what} is not recorded, nor is any event, until pfs_client::init() (or init_with) succeeds; if the program calls it, its error says why it failed"
+            "pfs-client is not initialised: {what} {name:?} is not recorded, nor is any event, until pfs_client::init() (or init_with) succeeds; if the program calls it, its error says why it failed"
         ),
         |m| tracing::warn!("{m}"),
     );

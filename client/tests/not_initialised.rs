@@ -50,6 +50,11 @@ fn a_forgotten_init_is_said_once_at_the_first_statement() {
         PARSE.enter();
         drop(st);
     }
+    // (Emitted from a thread of its own: waited for, at most a moment.)
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !log.text().contains("not initialised") && std::time::Instant::now() < end {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let text = log.text();
     assert_eq!(
         text.matches("pfs-client is not initialised").count(),
@@ -57,7 +62,7 @@ fn a_forgotten_init_is_said_once_at_the_first_statement() {
         "{text}"
     );
     assert!(
-        text.contains("\"statement/app/query\" is not recorded")
+        text.contains("statement \"statement/app/query\" is not recorded")
             && text.contains("pfs_client::init()"),
         "{text}"
     );

@@ -77,25 +77,34 @@ pub const AGENT_LOCK_FILE: &str = ".pfs-agent.lock";
 /// time) must be for a writer to take an agent as watching the directory.
 pub const AGENT_HEARTBEAT_FRESH: Duration = Duration::from_secs(10);
 
-/// Whether an agent watches `dir` now: its heartbeat is at most
-/// [`AGENT_HEARTBEAT_FRESH`] old. A dead process's segment in a watched
-/// directory has been (or is about to be) read by that agent, which keeps
-/// its figures if the file is replaced; in an unwatched one, replacing it
-/// loses them.
+/// Whether an agent watches `dir` now, and has since `since`: its
+/// heartbeat is at most [`AGENT_HEARTBEAT_FRESH`] old (or as far in the
+/// future: clocks differ a little), and later than `since`. A dead
+/// process's segment created at `since` in such a directory has been found
+/// by that agent, which keeps its figures if the file is replaced; if no
+/// agent watches, or it has not passed over the directory since, replacing
+/// the file loses them.
 ///
 /// ```
+/// use std::time::{Duration, SystemTime};
 /// let dir = std::env::temp_dir().join(format!("pfs-doc-heartbeat-{}", std::process::id()));
 /// std::fs::create_dir_all(&dir).unwrap();
-/// assert!(!pfs_shm_layout::files::agent_watches(&dir));
+/// let before = SystemTime::now() - Duration::from_secs(1);
+/// assert!(!pfs_shm_layout::files::agent_watched(&dir, before));
 /// std::fs::File::create(dir.join(pfs_shm_layout::files::AGENT_LOCK_FILE)).unwrap();
-/// assert!(pfs_shm_layout::files::agent_watches(&dir)); // just written
+/// assert!(pfs_shm_layout::files::agent_watched(&dir, before)); // just written
+/// assert!(!pfs_shm_layout::files::agent_watched(&dir, SystemTime::now() + Duration::from_secs(1)));
 /// # std::fs::remove_dir_all(&dir).unwrap();
 /// ```
-pub fn agent_watches(dir: &Path) -> bool {
-    std::fs::symlink_metadata(dir.join(AGENT_LOCK_FILE))
-        .and_then(|m| m.modified())
-        .is_ok_and(|beat| match SystemTime::now().duration_since(beat) {
-            Ok(age) => age <= AGENT_HEARTBEAT_FRESH,
-            Err(_) => true, // set in our future: clocks differ a little
-        })
+pub fn agent_watched(dir: &Path, since: SystemTime) -> bool {
+    let Ok(beat) = std::fs::symlink_metadata(dir.join(AGENT_LOCK_FILE)).and_then(|m| m.modified())
+    else {
+        return false;
+    };
+    let now = SystemTime::now();
+    let fresh = match now.duration_since(beat) {
+        Ok(age) => age <= AGENT_HEARTBEAT_FRESH,
+        Err(ahead) => ahead.duration() <= AGENT_HEARTBEAT_FRESH,
+    };
+    fresh && beat > since
 }

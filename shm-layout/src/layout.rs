@@ -263,7 +263,8 @@ pub enum LostKind {
     /// Dead processes' segments that no agent had collected, removed by a
     /// new process of the same service and pid because all of its file
     /// names were taken (a process restarting in a loop while no agent
-    /// ran): their last figures are lost. Counted by the new process
+    /// ran): their last figures are lost. Counted by the new process,
+    /// which starts it at the replaced segment's own count plus one
     /// (since 7.2).
     UncollectedSegments = 10,
 }

@@ -820,7 +820,33 @@ impl Segment {
 
     /// Counts one loss of `kind` (slow paths only: a shared-line RMW).
     pub fn count_lost(&self, kind: LostKind) {
-        self.lost().counters[kind as usize].fetch_add(1, Ordering::Relaxed);
+        self.add_lost(kind, 1);
+    }
+
+    /// Counts `n` losses of `kind` (slow paths only).
+    pub fn add_lost(&self, kind: LostKind, n: u64) {
+        self.lost().counters[kind as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Lost counter `kind` of the segment in `file`, read with `pread`
+    /// (no mapping: a file truncated meanwhile cannot raise `SIGBUS` in
+    /// the caller, an application), for a writer about to replace a dead
+    /// predecessor's segment. `None` unless the file starts with the
+    /// magic of a segment of this major version (whose counters section
+    /// is the second page); the counter is as its writer left it.
+    pub fn lost_counter_in(file: &File, kind: LostKind) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut head = [0u8; 12];
+        file.read_exact_at(&mut head, 0).ok()?;
+        let magic = u64::from_le_bytes(head[..8].try_into().ok()?);
+        let major = u32::from_le_bytes(head[8..].try_into().ok()?);
+        if magic != MAGIC || major != LAYOUT_MAJOR {
+            return None;
+        }
+        let mut word = [0u8; 8];
+        let at = (PAGE + size_of::<AtomicU64>() * kind as usize) as u64;
+        file.read_exact_at(&mut word, at).ok()?;
+        Some(u64::from_le_bytes(word))
     }
 
     /// The class registry.

@@ -85,21 +85,34 @@ pub(crate) fn may_wait() -> bool {
     MAY_WAIT.with(Cell::get)
 }
 
+/// How long [`wait_until_free`] yields its CPU between checks, before it
+/// sleeps between them instead.
+const YIELD_FOR: Duration = Duration::from_millis(1);
+
+/// [`wait_until_free`]'s sleep between checks past [`YIELD_FOR`].
+const SLEEP_STEP: Duration = Duration::from_micros(50);
+
 /// Calls `taken` until it returns false or [`ENTER_WAIT`] passed: spins a
-/// little (the other thread is usually about to leave), then yields.
-/// Returns whether it is free.
+/// little (the other thread is usually about to leave), yields for
+/// [`YIELD_FOR`], then sleeps [`SLEEP_STEP`] between checks. Returns
+/// whether it is free.
 pub(crate) fn wait_until_free(mut taken: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + ENTER_WAIT;
+    let start = Instant::now();
     let mut turns = 0u32;
     while taken() {
-        if Instant::now() >= deadline {
+        let waited = start.elapsed();
+        if waited >= ENTER_WAIT {
             return false;
         }
         if turns < 64 {
             std::hint::spin_loop();
             turns += 1;
-        } else {
+        } else if waited < YIELD_FOR {
             std::thread::yield_now();
+        } else {
+            // The other thread is not just about to leave (it waits for a
+            // CPU, or holds the span for long): no core is burnt on it.
+            std::thread::sleep(SLEEP_STEP);
         }
     }
     true

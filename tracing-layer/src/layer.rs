@@ -259,7 +259,7 @@ fn not_recording_yet(span: &str) {
     // (Inside a subscriber's callback: `warning::warn`, which this calls,
     // emits it where an event cannot break the subscriber's per-layer
     // filters.)
-    pfs_client::warning::not_initialised(&format!("statement span {span:?}"));
+    pfs_client::warning::not_initialised("statement span", span);
 }
 
 /// Whether the client records (initialised).

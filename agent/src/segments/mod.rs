@@ -91,7 +91,8 @@ pub struct Invalid {
 }
 
 /// What identifies a version of a file: a change to any field (content
-/// written, `chown`/`chmod`, replaced by another file) means a retry.
+/// written, `chown`/`chgrp`/`chmod`, replaced by another file) means a
+/// retry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct Stamp {
     len: u64,
@@ -100,6 +101,7 @@ struct Stamp {
     ctime: (i64, i64),
     mode: u32,
     uid: u32,
+    gid: u32,
     nlink: u64,
 }
 
@@ -112,6 +114,7 @@ impl Stamp {
             ctime: (m.ctime(), m.ctime_nsec()),
             mode: m.mode(),
             uid: m.uid(),
+            gid: m.gid(),
             nlink: m.nlink(),
         }
     }
@@ -338,6 +341,9 @@ impl SegmentSet {
     /// The live process already tracked whose service and pid are
     /// `segment`'s (see [`SegmentSet::warn_if_alike`]).
     fn alike(&self, path: &Path, segment: &pfs_shm_layout::Segment) -> Option<&Tracked> {
+        if owner_is_dead(segment.file()) {
+            return None; // a dead predecessor, found after its successor
+        }
         let (service, pid) = (segment.service(), segment.pid());
         self.tracked.values().find(|t| {
             t.path != path
@@ -835,15 +841,22 @@ mod tests {
         let mut set = SegmentSet::new(dir.path(), Duration::from_secs(3600));
         set.refresh();
         let _b = segment(&second, true);
-        let open = |p: &Path| set.policy.open(p, &set.identity).unwrap();
-        let b = open(&second);
+        let open = |set: &SegmentSet, p: &Path| set.policy.open(p, &set.identity).unwrap();
+        let b = open(&set, &second);
         assert_eq!(set.alike(&second, &b).map(|t| &t.path), Some(&first));
         drop(_a); // the first one's process exits
         assert!(set.alike(&second, &b).is_none(), "a dead predecessor");
+        // Found after the live one (an agent restarted meanwhile): a dead
+        // predecessor is not alike either.
         let _c = segment(&third, false);
-        let c = open(&third);
+        let c = open(&set, &third);
         set.refresh();
-        assert_eq!(set.alike(&third, &c).map(|t| &t.path), Some(&second));
+        assert!(set.alike(&third, &c).is_none(), "a dead one found late");
+        let fourth = dir.path().join("unit.1.3.pfs");
+        let _d = segment(&fourth, true);
+        let d = open(&set, &fourth);
+        set.refresh();
+        assert_eq!(set.alike(&fourth, &d).map(|t| &t.path), Some(&second));
     }
 
     /// Dead segments' totals kept aside in the state file are bounded:

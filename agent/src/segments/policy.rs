@@ -111,24 +111,38 @@ pub(super) fn not_regular(meta: &Metadata) -> Refused {
 }
 
 /// The refusal of a file the agent may not open: whose it is, and the
-/// two ways to let the agent read it.
+/// two ways to let the agent read it; or, if its mode would let the agent
+/// read it, that something else denies it. An empty file is one being
+/// created (a creator under `umask 077` makes it `0600` before its
+/// `chmod 0660`): retried silently as one, not called a permission
+/// problem.
 pub(super) fn permission_denied(path: &Path, me: &Identity) -> Refused {
-    let file = match std::fs::symlink_metadata(path) {
-        Ok(m) => format!(
-            "mode {:04o}, owner uid {} gid {}",
-            m.mode() & 0o7777,
-            m.uid(),
-            m.gid()
-        ),
-        Err(_) => "its mode and owner unknown".to_string(),
+    let Ok(m) = std::fs::symlink_metadata(path) else {
+        return Refused::new(
+            Refusal::PermissionDenied,
+            "the agent may not open it, nor examine it: check the permissions of the segment directory and of its parents",
+        );
     };
-    Refused::new(
-        Refusal::PermissionDenied,
+    if m.len() == 0 {
+        return Refused::new(Refusal::Empty, "an empty file the agent may not open (yet)");
+    }
+    let mode = m.mode() & 0o7777;
+    let readable = (m.uid() == me.uid && mode & 0o400 != 0)
+        || (me.gids.contains(&m.gid()) && mode & 0o040 != 0)
+        || mode & 0o004 != 0;
+    let file = format!("mode {mode:04o}, owner uid {} gid {}", m.uid(), m.gid());
+    let message = if readable {
+        format!(
+            "the agent (uid {}, groups {:?}) may not open it although its mode allows it ({file}): something else denies it (SELinux, AppArmor, a seccomp or mount policy); the agent's log has the error",
+            me.uid, me.gids
+        )
+    } else {
         format!(
             "the agent (uid {}, groups {:?}) may not read it ({file}): start the application with PFS_GROUP_ACCESS=1 (segments 0660) in a group of the agent's (in Kubernetes: the pod's fsGroup), or run the agent as the application's user",
             me.uid, me.gids
-        ),
-    )
+        )
+    };
+    Refused::new(Refusal::PermissionDenied, message)
 }
 
 impl Policy {

@@ -238,6 +238,11 @@ impl Retirement {
         };
         let elected = store.elect();
         store.beat();
+        if store.role() == Role::Follower {
+            // Saving is the owner's: a failure of this agent's own last
+            // save no longer stands (nor would it ever be retried).
+            self.save_warning = None;
+        }
         if elected != Elected::Unchanged {
             store.prepare();
         }

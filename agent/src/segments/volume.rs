@@ -1,6 +1,7 @@
-//! The segment volume's space: its size and what is free, read at every
-//! discovery pass (`statvfs`). A full volume is what makes applications
-//! lose container pages, and what keeps a process that starts then from
+//! Layer 0 of `segments` (imports none of its siblings). The segment
+//! volume's space: its size and what is free, read at every discovery
+//! pass (`statvfs`). A full volume is what makes applications lose
+//! container pages, and what keeps a process that starts then from
 //! creating its segment at all (it runs uninstrumented, and the agent
 //! never sees it): the agent exports the figures
 //! (`pfs_agent_volume_{size,free}_bytes`) and reports a full volume on
@@ -17,9 +18,15 @@ pub struct Volume {
     pub free_bytes: u64,
 }
 
-/// Free space under this share of the volume counts as full: what a
-/// process needs for its first pages of thread records.
-pub const FULL_BELOW_PERCENT: u64 = 1;
+/// Free space under this counts as full: a process of the default
+/// geometry needs about 2.1 MiB to start (0.5 MiB of tables and its first
+/// page of 16 thread records), so this leaves room for one more.
+pub const FULL_BELOW_BYTES: u64 = 4 << 20;
+
+/// On a volume smaller than ten times [`FULL_BELOW_BYTES`], full is under
+/// this share (in percent) free instead: a test's or a tiny program's
+/// volume.
+pub const FULL_BELOW_PERCENT_OF_SMALL: u64 = 10;
 
 impl Volume {
     /// The volume holding `dir`; `None` if it cannot be examined (the
@@ -33,9 +40,13 @@ impl Volume {
         })
     }
 
-    /// Whether less than [`FULL_BELOW_PERCENT`] of it is free.
+    /// Whether less than [`FULL_BELOW_BYTES`] is free, or, on a small
+    /// volume, less than [`FULL_BELOW_PERCENT_OF_SMALL`] of it: an absolute
+    /// floor, so that a large filesystem shared with others (a host's
+    /// `/dev/shm`) is not called full with gigabytes left.
     pub fn is_full(&self) -> bool {
-        self.free_bytes.saturating_mul(100) < self.size_bytes.saturating_mul(FULL_BELOW_PERCENT)
+        let share = self.size_bytes / 100 * FULL_BELOW_PERCENT_OF_SMALL;
+        self.free_bytes < FULL_BELOW_BYTES.min(share)
     }
 
     /// The `/healthz` line for a full volume under `dir`.
@@ -62,16 +73,22 @@ mod tests {
     }
 
     #[test]
-    fn full_is_under_one_percent_free() {
-        let v = |free| Volume {
-            size_bytes: 1000,
+    fn full_is_under_4_mib_free_or_a_tenth_of_a_small_volume() {
+        const MIB: u64 = 1 << 20;
+        let v = |size, free| Volume {
+            size_bytes: size,
             free_bytes: free,
         };
-        assert!(v(0).is_full() && v(9).is_full());
-        assert!(!v(10).is_full() && !v(500).is_full());
-        assert!(
-            v(0).full_message(Path::new("/v"))
-                .contains("0 of 1000 bytes free")
-        );
+        // A 64 MiB emptyDir: full under 4 MiB.
+        assert!(v(64 * MIB, 3 * MIB).is_full());
+        assert!(!v(64 * MIB, 5 * MIB).is_full());
+        // A host's 128 GiB /dev/shm with 1 GiB free is not full.
+        assert!(!v(128 << 30, 1 << 30).is_full());
+        assert!(v(128 << 30, MIB).is_full());
+        // A 4 MiB test volume: full under 10 %.
+        assert!(v(4 * MIB, 0).is_full() && v(4 * MIB, 400_000).is_full());
+        assert!(!v(4 * MIB, 2 * MIB).is_full());
+        let line = v(1000, 0).full_message(Path::new("/v"));
+        assert!(line.contains("0 of 1000 bytes free"), "{line}");
     }
 }
