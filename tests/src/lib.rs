@@ -588,6 +588,26 @@ pub fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Result<Option<T>>) -> R
     }
 }
 
+/// Whether this machine can make PID namespaces (root and `unshare`), as
+/// a container runtime does; if not, says that `test` skips its
+/// namespace test, and why.
+pub fn can_unshare(test: &str) -> bool {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("{test}: skipped the PID-namespace test: it needs root");
+        return false;
+    }
+    let ok = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!(
+            "{test}: skipped the PID-namespace test: `unshare --pid --fork --mount-proc true` failed"
+        );
+    }
+    ok
+}
+
 /// The instruments `pfs-test-writer` registers, in registration order.
 pub const TEST_CLASSES: [&str; 3] = [
     "wait/synch/mutex/test/a",

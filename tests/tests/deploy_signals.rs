@@ -22,7 +22,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use pfs_tests::{ChildGuard, agent_bin, free_port, http_get, parse_metrics, poll, wait_healthz};
+use pfs_tests::{
+    ChildGuard, agent_bin, can_unshare, free_port, http_get, parse_metrics, poll, wait_healthz,
+};
 
 /// How long a stop may take: the workload drains connections (a burst and
 /// a 20-60 ms pause each) and syncs its WAL, well within this.
@@ -250,24 +252,6 @@ fn namespace_init(unshare: &mut ChildGuard) -> (i32, String) {
     .unwrap_or_else(|e| panic!("cannot find unshare's child: {e:#}\n{}", unshare.describe()))
 }
 
-/// Whether this machine can make PID namespaces (root, `unshare`).
-fn can_unshare() -> bool {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("deploy_signals: skipped the PID-namespace test: it needs root");
-        return false;
-    }
-    let ok = Command::new("unshare")
-        .args(["--pid", "--fork", "--mount-proc", "true"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!(
-            "deploy_signals: skipped the PID-namespace test: `unshare --pid --fork --mount-proc true` failed"
-        );
-    }
-    ok
-}
-
 fn kill(pid: i32, signal: i32) {
     let pid = rustix::process::Pid::from_raw(pid).unwrap();
     let _ = rustix::process::kill_process(
@@ -278,7 +262,7 @@ fn kill(pid: i32, signal: i32) {
 
 #[test]
 fn workload_as_pid_1_of_a_pid_namespace_stops_on_sigterm() {
-    if !can_unshare() {
+    if !can_unshare("deploy_signals") {
         return;
     }
     let unshare = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"];
