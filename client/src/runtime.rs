@@ -165,6 +165,7 @@ fn create(cfg: &Config, renounce: fn()) -> Result<Runtime, InitError> {
     };
     // The runtime lives as long as the process: leaking the writer lets
     // the hot path hold `'static` references into the mapping.
+    mark_ready(&seg);
     let writer: &'static SegmentWriter = Box::leak(Box::new(SegmentWriter::new(seg)));
     if uncollected > 0 {
         (writer.segment()).add_lost(LostKind::UncollectedSegments, uncollected);
@@ -192,6 +193,17 @@ fn create(cfg: &Config, renounce: fn()) -> Result<Runtime, InitError> {
         default_flags: cfg.default_flags(),
         instrument_rules: cfg.instrument_rules.clone(),
     })
+}
+
+/// Sets the ready segment's modification time to now: the moment from
+/// which an agent's pass finds it ready. A successor that must replace
+/// it once it is dead compares the agent's heartbeat with this (see
+/// `open_new`): a file found while it was still being created is not
+/// tracked yet, and was not read if it is replaced before the agent's
+/// next pass. (Writes through the mapping may move the time later, never
+/// earlier.)
+fn mark_ready(seg: &Segment) {
+    let _ = seg.file().set_modified(SystemTime::now());
 }
 
 /// Creates the segment directory `dir` (and its parents) with `mode`,
@@ -376,8 +388,9 @@ fn open_new(
     let mut first = None;
     let mut unusable = None;
     // The dead predecessors' files (their locks taken), with when each
-    // was made: the oldest is replaced, the one an agent most likely read.
-    let mut dead: Vec<(SystemTime, PathBuf, File)> = Vec::new();
+    // was made and became ready: the oldest is replaced, the one an agent
+    // most likely read.
+    let mut dead: Vec<(SystemTime, SystemTime, PathBuf, File)> = Vec::new();
     for path in names {
         // Not blocking on a FIFO planted at the name, not following a
         // symbolic link; anything but a regular file is left alone (never
@@ -402,16 +415,17 @@ fn open_new(
             first.get_or_insert(path);
             continue; // a running process's
         }
-        // Its birth time, or, where the filesystem keeps none, its last
-        // change (later: a replacement is then called a loss sooner).
-        let made = meta
-            .created()
-            .or_else(|_| meta.modified())
-            .unwrap_or(UNIX_EPOCH);
-        dead.push((made, path, old));
+        // Its birth time orders them (where the filesystem keeps none, its
+        // last modification). Its modification time is when it became
+        // readable at the earliest: a creator sets it once its segment is
+        // ready (`mark_ready`), so an agent's pass that began later found
+        // it ready, and tracks it.
+        let ready = meta.modified().unwrap_or(UNIX_EPOCH);
+        let made = meta.created().unwrap_or(ready);
+        dead.push((made, ready, path, old));
     }
-    if let Some((made, path, old)) = dead.into_iter().min_by_key(|(made, ..)| *made) {
-        let uncollected = if pfs_shm_layout::files::agent_watched(dir, made) {
+    if let Some((_, ready, path, old)) = dead.into_iter().min_by_key(|(made, ..)| *made) {
+        let uncollected = if pfs_shm_layout::files::agent_watched(dir, ready) {
             0
         } else {
             // Its own count of such losses goes on in the new segment.
@@ -569,12 +583,12 @@ mod tests {
         beat.set_modified(SystemTime::now() - AGENT_HEARTBEAT_FRESH * 2)
             .unwrap();
         let _c = replace(1, "the agent stopped beating");
-        // Fresh, but from before the file was made: no pass found it.
-        let made = std::fs::metadata(dir.path().join(name(next.get())))
+        // Fresh, but from before the file was ready: no pass found it so.
+        let ready = std::fs::metadata(dir.path().join(name(next.get())))
             .unwrap()
-            .created()
+            .modified()
             .unwrap();
-        beat.set_modified(made - Duration::from_millis(1)).unwrap();
+        beat.set_modified(ready - Duration::from_millis(1)).unwrap();
         let _d = replace(1, "the agent has not passed since");
         // A segment that counted such losses itself: its count goes on.
         let mut bytes = vec![0u8; 2 * pfs_shm_layout::layout::PAGE];

@@ -80,10 +80,12 @@ pub const AGENT_HEARTBEAT_FRESH: Duration = Duration::from_secs(10);
 /// Whether an agent watches `dir` now, and has since `since`: its
 /// heartbeat is at most [`AGENT_HEARTBEAT_FRESH`] old (or as far in the
 /// future: clocks differ a little), and later than `since`. A dead
-/// process's segment created at `since` in such a directory has been found
-/// by that agent, which keeps its figures if the file is replaced; if no
-/// agent watches, or it has not passed over the directory since, replacing
-/// the file loses them.
+/// process's segment that was ready at `since` (its modification time,
+/// which its creator sets once the segment is ready) in such a directory
+/// has been found by that agent, which keeps its figures if the file is
+/// replaced (unless it refused the file, e.g. could not open it: that
+/// shows as an invalid segment); if no agent watches, or it has not passed
+/// over the directory since, replacing the file loses them.
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
