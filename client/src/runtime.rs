@@ -594,7 +594,8 @@ mod tests {
         let mut bytes = vec![0u8; 2 * pfs_shm_layout::layout::PAGE];
         bytes[..8].copy_from_slice(&pfs_shm_layout::layout::MAGIC.to_le_bytes());
         bytes[8..12].copy_from_slice(&pfs_shm_layout::layout::LAYOUT_MAJOR.to_le_bytes());
-        let at = pfs_shm_layout::layout::PAGE + 8 * LostKind::UncollectedSegments as usize;
+        let at =
+            pfs_shm_layout::geometry::COUNTERS_OFF + 8 * LostKind::UncollectedSegments as usize;
         bytes[at..at + 8].copy_from_slice(&3u64.to_le_bytes());
         std::fs::write(dir.path().join(name(next.get())), &bytes).unwrap();
         beat.set_modified(SystemTime::now() - AGENT_HEARTBEAT_FRESH * 2)

@@ -24,6 +24,9 @@ pub const MAX_HISTORY_LONG_LEN: u32 = 1 << 24;
 pub const MAX_HISTORY_LEN: u32 = 1024;
 /// Largest number of task slots.
 pub const MAX_TASK_SLOTS: u32 = 1 << 16;
+/// Offset of the lost counters section: the page after the header, in
+/// every segment a creator of this major version lays out.
+pub const COUNTERS_OFF: usize = PAGE;
 
 /// Parameters fixed when a segment is created.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,7 +168,7 @@ impl Geometry {
         }
         let record_size = thread_record_size(cfg.history_len, cfg.max_classes);
         let page_size = page_align(record_size * cfg.records_per_page as usize);
-        let counters_off = PAGE;
+        let counters_off = COUNTERS_OFF;
         let classes_off = counters_off + PAGE;
         let strings_off =
             classes_off + page_align(cfg.max_classes as usize * size_of::<ClassEntry>());

@@ -833,7 +833,8 @@ impl Segment {
     /// the caller, an application), for a writer about to replace a dead
     /// predecessor's segment. `None` unless the file starts with the
     /// magic of a segment of this major version (whose counters section
-    /// is the second page); the counter is as its writer left it.
+    /// is at [`crate::geometry::COUNTERS_OFF`]); the counter is as its
+    /// writer left it.
     pub fn lost_counter_in(file: &File, kind: LostKind) -> Option<u64> {
         use std::os::unix::fs::FileExt;
         let mut head = [0u8; 12];
@@ -844,7 +845,7 @@ impl Segment {
             return None;
         }
         let mut word = [0u8; 8];
-        let at = (PAGE + size_of::<AtomicU64>() * kind as usize) as u64;
+        let at = (crate::geometry::COUNTERS_OFF + size_of::<AtomicU64>() * kind as usize) as u64;
         file.read_exact_at(&mut word, at).ok()?;
         Some(u64::from_le_bytes(word))
     }

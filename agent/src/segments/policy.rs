@@ -131,15 +131,18 @@ pub(super) fn permission_denied(path: &Path, me: &Identity) -> Refused {
         || (me.gids.contains(&m.gid()) && mode & 0o040 != 0)
         || mode & 0o004 != 0;
     let file = format!("mode {mode:04o}, owner uid {} gid {}", m.uid(), m.gid());
+    let mut groups = me.gids.clone();
+    groups.sort_unstable();
+    groups.dedup();
     let message = if readable {
         format!(
-            "the agent (uid {}, groups {:?}) may not open it although its mode allows it ({file}): something else denies it (SELinux, AppArmor, a seccomp or mount policy); the agent's log has the error",
-            me.uid, me.gids
+            "the agent (uid {}, groups {groups:?}) may not open it although its mode allows it ({file}): something else denies it (SELinux, AppArmor, a seccomp or mount policy); the agent's log has the error",
+            me.uid
         )
     } else {
         format!(
-            "the agent (uid {}, groups {:?}) may not read it ({file}): start the application with PFS_GROUP_ACCESS=1 (segments 0660) in a group of the agent's (in Kubernetes: the pod's fsGroup), or run the agent as the application's user",
-            me.uid, me.gids
+            "the agent (uid {}, groups {groups:?}) may not read it ({file}): start the application with PFS_GROUP_ACCESS=1 (segments 0660) in a group of the agent's (in Kubernetes: the pod's fsGroup), or run the agent as the application's user",
+            me.uid
         )
     };
     Refused::new(Refusal::PermissionDenied, message)
