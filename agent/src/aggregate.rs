@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use pfs_shm_layout::layout::LOST_COUNTERS;
-use pfs_shm_layout::reader::{MemoryStats, SegmentSnapshot, Summary};
+use pfs_shm_layout::reader::{Event, MemoryStats, SegmentSnapshot, Summary};
 use pfs_shm_layout::{ClassKind, EventKind};
 
 /// Totals by instrument name.
@@ -311,6 +311,70 @@ impl Retired {
     }
 }
 
+/// The rows `events_*_current` shows, one per logical thread, as MySQL's
+/// does. `rows` are the candidates in table order: each event with what
+/// the caller carries along and whether it comes from a thread's row
+/// (`true`) or a task slot (`false`). A task's event may be in the rows of
+/// several workers that polled it, and in its slot: of a `THREAD_ID`'s
+/// rows the latest is kept (highest `EVENT_ID`; a worker's row rather than
+/// the slot's for the same event, since it may show it ended).
+pub fn latest_per_thread<T>(rows: Vec<(&Event, T, bool)>) -> Vec<(&Event, T, bool)> {
+    let mut latest: HashMap<u64, (u64, bool)> = HashMap::new();
+    for (e, _, from_thread) in &rows {
+        let this = (e.event_id, *from_thread);
+        latest
+            .entry(e.thread_id)
+            .and_modify(|l| *l = (*l).max(this))
+            .or_insert(this);
+    }
+    rows.into_iter()
+        .filter(|(e, _, from_thread)| {
+            let keep = latest.get(&e.thread_id) == Some(&(e.event_id, *from_thread));
+            if keep {
+                latest.remove(&e.thread_id);
+            }
+            keep
+        })
+        .collect()
+}
+
+/// Events of one class running now in a segment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Running {
+    /// How many.
+    pub count: u64,
+    /// The earliest `TIMER_START` among the timed ones (ps on the
+    /// segment's time line); `None` if none is timed.
+    pub oldest_start_ps: Option<u128>,
+}
+
+/// The events of `kind` running now in `s`, by class index: the rows of
+/// `events_*_current` ([`latest_per_thread`] of the threads' current rows
+/// and the task slots) not ended yet. Meaningful for a live process only
+/// (a dead one's events never end).
+pub fn running(s: &SegmentSnapshot, kind: EventKind) -> BTreeMap<u32, Running> {
+    let rows = (s.threads.iter())
+        .filter_map(|t| t.current(kind).map(|e| (e, (), true)))
+        .chain(
+            s.tasks
+                .iter()
+                .filter_map(|t| t.current(kind).map(|e| (e, (), false))),
+        )
+        .collect();
+    let mut out: BTreeMap<u32, Running> = BTreeMap::new();
+    for (e, (), _) in latest_per_thread(rows) {
+        if e.end_event_id.is_some() {
+            continue;
+        }
+        let r = out.entry(e.class).or_default();
+        r.count += 1;
+        if let Some(start) = e.timer_start {
+            r.oldest_start_ps = Some(r.oldest_start_ps.map_or(start, |o| o.min(start)));
+        }
+    }
+    out
+}
+
 /// Per-service totals over live and dead segments (each with whether its
 /// process lives) plus the retired ones: counters add up over all of them;
 /// what is in use now (threads, memory in use and its watermarks) over
@@ -355,6 +419,86 @@ mod tests {
     use crate::testing::segment_at;
     use pfs_shm_layout::reader::{ReadOptions, snapshot};
     use pfs_shm_layout::{ClassKind, SegmentConfig};
+
+    #[test]
+    fn running_events_are_the_current_rows_not_ended() {
+        use crate::testing::{statement, statement_class};
+        use pfs_shm_layout::values::StatementFigures;
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = SegmentConfig {
+            service_name: "svc".into(),
+            ..Default::default()
+        };
+        let (_f, w) = segment_at(&dir.path().join("svc.1.pfs"), &cfg, 1, true);
+        let class = statement_class(&w, "q");
+        let (a, b) = (
+            w.alloc_thread(1, 1, "a").unwrap(),
+            w.alloc_thread(2, 2, "b").unwrap(),
+        );
+        // The TIMER_START of thread `tid`'s current statement.
+        let start_of = |s: &SegmentSnapshot, tid: u64| {
+            let t = s.threads.iter().find(|t| t.thread_id == tid).unwrap();
+            t.current(EventKind::Statement).and_then(|e| e.timer_start)
+        };
+        let now = |opts: &ReadOptions| {
+            running(&snapshot(w.segment(), opts).unwrap(), EventKind::Statement)
+        };
+        assert!(now(&ReadOptions::summaries()).is_empty(), "nothing yet");
+        // Two running, the older begun at event 3's timer.
+        statement(&w, a.index, class, (1, 3), 0, None);
+        statement(&w, b.index, class, (2, 7), 0, None);
+        for opts in [ReadOptions::default(), ReadOptions::summaries()] {
+            let r = now(&opts);
+            assert_eq!(r.len(), 1);
+            assert_eq!(r[&class].count, 2);
+            let oldest = start_of(&snapshot(w.segment(), &opts).unwrap(), 1);
+            assert!(oldest.is_some());
+            assert_eq!(r[&class].oldest_start_ps, oldest, "the older one's start");
+        }
+        // Read without current rows: nothing is known to run.
+        let bare = ReadOptions {
+            current: false,
+            ..ReadOptions::summaries()
+        };
+        assert!(now(&bare).is_empty());
+        // One ends: its row stays current, not running.
+        statement(
+            &w,
+            a.index,
+            class,
+            (1, 3),
+            5_000,
+            Some(StatementFigures::default()),
+        );
+        assert_eq!(now(&ReadOptions::summaries())[&class].count, 1);
+        // An incremental reader sees the current rows change though no
+        // summary row of thread b changed.
+        let mut inc = pfs_shm_layout::reader::IncrementalReader::default();
+        let first = inc
+            .snapshot(w.segment(), &ReadOptions::summaries())
+            .unwrap();
+        assert_eq!(running(&first, EventKind::Statement)[&class].count, 1);
+        statement(
+            &w,
+            b.index,
+            class,
+            (2, 7),
+            5_000,
+            Some(StatementFigures::default()),
+        );
+        statement(&w, a.index, class, (1, 9), 0, None);
+        let second = inc
+            .snapshot(w.segment(), &ReadOptions::summaries())
+            .unwrap();
+        let r = running(&second, EventKind::Statement);
+        assert_eq!(r[&class].count, 1);
+        assert_eq!(
+            r[&class].oldest_start_ps,
+            start_of(&second, 1),
+            "thread a's new statement"
+        );
+        assert!(start_of(&second, 1) > start_of(&first, 1));
+    }
 
     #[test]
     fn gone_processes_add_counts_but_nothing_in_use() {

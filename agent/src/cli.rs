@@ -415,6 +415,19 @@ pub struct QueryArgs {
     /// Only this pid.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub pid: Option<u32>,
+    /// Only these columns, in this order (comma-separated, e.g.
+    /// thread_id,event_name,timer_wait,sql_text).
+    #[arg(long, value_delimiter = ',', value_name = "COLUMN,...")]
+    pub columns: Vec<String>,
+    /// Rows sorted by this column (ascending, NULL first; see --desc).
+    #[arg(long, value_name = "COLUMN")]
+    pub order_by: Option<String>,
+    /// With --order-by: descending (largest first, NULL last).
+    #[arg(long, requires = "order_by")]
+    pub desc: bool,
+    /// At most this many rows (after --order-by).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
     #[command(flatten)]
     /// Which segment files are accepted.
     pub policy: PolicyArgs,

@@ -17,7 +17,11 @@ pub enum ClassKind {
     File = 4,
     /// `wait/io/socket/...`
     Socket = 5,
-    /// `idle`
+    /// `idle`, or `idle/...` (ours: several idle instruments): a thread or
+    /// task with nothing to do (a worker waiting for a job, a connection
+    /// waiting for a request), as MySQL's `idle` instrument. Recorded in
+    /// `events_waits_*` like any wait; analyses of where time goes leave
+    /// it out.
     Idle = 6,
     /// Any other `wait/...` name.
     OtherWait = 7,
@@ -51,7 +55,11 @@ impl ClassKind {
         if name.chars().any(char::is_control) {
             return None;
         }
-        if name == "idle" {
+        if name == "idle"
+            || name
+                .strip_prefix("idle/")
+                .is_some_and(|rest| !rest.is_empty())
+        {
             return Some(Self::Idle);
         }
         // The first (most specific) prefix that matches decides; something
@@ -327,6 +335,9 @@ mod tests {
             Some(ClassKind::OtherWait)
         );
         assert_eq!(ClassKind::from_name("idle"), Some(ClassKind::Idle));
+        assert_eq!(ClassKind::from_name("idle/kv/queue"), Some(ClassKind::Idle));
+        assert_eq!(ClassKind::from_name("idle/"), None);
+        assert_eq!(ClassKind::from_name("idler/x"), None);
         assert_eq!(ClassKind::from_name("idlex"), None);
         for nothing in [
             "wait/",

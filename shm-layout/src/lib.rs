@@ -251,7 +251,7 @@
 //! | 3 | cond | `wait/synch/cond/...` |
 //! | 4 | file | `wait/io/file/...` |
 //! | 5 | socket | `wait/io/socket/...` |
-//! | 6 | idle | `idle` |
+//! | 6 | idle | `idle`, `idle/...` |
 //! | 7 | wait | any other `wait/...` |
 //! | 8 | stage | `stage/...` |
 //! | 9 | statement | `statement/...` |

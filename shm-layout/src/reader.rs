@@ -56,8 +56,16 @@ pub use crate::values::{MemoryStats, Summary};
 pub struct ReadOptions {
     /// Attempts per sequence-locked item before it is skipped.
     pub attempts: u32,
-    /// Copy `events_waits_current` and history rings.
+    /// Copy the current rows (`events_*_current`), the history rings,
+    /// `history_long` and the task slots.
     pub events: bool,
+    /// Copy the current rows and the task slots only (what the running
+    /// events' gauges need), without the history rings; implied by
+    /// [`ReadOptions::events`]. Without `events`, a current statement is
+    /// its event only: its figures zero and its text empty. Three
+    /// sequence-locked rows per thread, read whether or not the thread's
+    /// summary rows changed.
+    pub current: bool,
     /// Keep every live thread's summary rows in [`ThreadSnapshot::rows`].
     /// When false they are summed by class, as they are read, into
     /// [`SegmentSnapshot::live_rows`], so that the snapshot's size does not
@@ -122,6 +130,7 @@ impl Default for ReadOptions {
         Self {
             attempts: 256,
             events: true,
+            current: true,
             per_thread_rows: true,
             release_pages: false,
             global_stuck_at: None,
@@ -133,11 +142,13 @@ impl Default for ReadOptions {
 }
 
 impl ReadOptions {
-    /// What an exporter of summaries needs: no events, rows summed by
-    /// class, pages given back after reading.
+    /// What an exporter of summaries needs: no history, rows summed by
+    /// class, pages given back after reading; the current rows and task
+    /// slots, for the events running now.
     pub fn summaries() -> Self {
         Self {
             events: false,
+            current: true,
             per_thread_rows: false,
             release_pages: true,
             ..Self::default()
@@ -452,6 +463,16 @@ pub struct StatementEvent {
 }
 
 impl StatementEvent {
+    /// The event alone ([`ReadOptions::current`] without
+    /// [`ReadOptions::events`]): no figures, no text.
+    fn load_event(r: &StatementRecord, timer: &TimerCalibration) -> Option<Self> {
+        Some(Self {
+            ev: Event::load(&r.ev, timer)?,
+            figures: StatementFigures::default(),
+            text: String::new(),
+        })
+    }
+
     fn load(r: &StatementRecord, timer: &TimerCalibration) -> Option<Self> {
         let ev = Event::load(&r.ev, timer)?;
         Some(Self {
@@ -553,6 +574,38 @@ pub struct ThreadSnapshot {
     actor_ids: Option<(u32, u32, u32)>,
 }
 
+/// A thread's three current rows ([`ThreadSnapshot::take_current`]).
+type CurrentRows = (Option<Event>, Option<Event>, Option<StatementEvent>);
+
+impl ThreadSnapshot {
+    /// The current event of `kind` (`events_*_current`), if read and any.
+    pub fn current(&self, kind: EventKind) -> Option<&Event> {
+        match kind {
+            EventKind::Wait => self.waits_current.as_ref(),
+            EventKind::Stage => self.stages_current.as_ref(),
+            EventKind::Statement => self.statements_current.as_ref().map(|s| &s.ev),
+        }
+    }
+
+    /// Takes the current rows out (an incremental walk keeps the rest).
+    fn take_current(&mut self) -> CurrentRows {
+        (
+            self.waits_current.take(),
+            self.stages_current.take(),
+            self.statements_current.take(),
+        )
+    }
+
+    /// Puts back what [`ThreadSnapshot::take_current`] took.
+    fn put_current(&mut self, (w, s, st): CurrentRows) {
+        (
+            self.waits_current,
+            self.stages_current,
+            self.statements_current,
+        ) = (w, s, st);
+    }
+}
+
 /// What an async task that awaits has open, from its task slot (since
 /// 7.1; see the crate docs, *Task slots*). The same event may also be in the current
 /// row of a thread polling the task at that instant: show it from there.
@@ -566,6 +619,17 @@ pub struct TaskSnapshot {
     pub stages_current: Option<Event>,
     /// The task's open statement.
     pub statements_current: Option<StatementEvent>,
+}
+
+impl TaskSnapshot {
+    /// The event of `kind` the task has open, if any.
+    pub fn current(&self, kind: EventKind) -> Option<&Event> {
+        match kind {
+            EventKind::Wait => self.waits_current.as_ref(),
+            EventKind::Stage => self.stages_current.as_ref(),
+            EventKind::Statement => self.statements_current.as_ref().map(|s| &s.ev),
+        }
+    }
 }
 
 /// Everything a segment held at one instant (per item).
@@ -1312,8 +1376,12 @@ impl Walker<'_> {
                     },
                 };
                 match read_thread(seg, idx, kinds, tgen, opts, sink, &mut st) {
-                    Ok(Some(t)) => {
+                    Ok(Some(mut t)) => {
                         if mode == RowMode::Changed {
+                            // The current rows change with every event and
+                            // are read every walk: they are neither kept
+                            // nor compared.
+                            let current = t.take_current();
                             // The thread's copy is kept again only if it changed.
                             if !t.skipped_rows.is_empty() {
                                 // A row not kept: the next walk visits every
@@ -1372,6 +1440,7 @@ impl Walker<'_> {
                                 version: t.version,
                                 fresh,
                             });
+                            t.put_current(current);
                         }
                         threads.push(t);
                     }
@@ -1407,7 +1476,8 @@ impl Walker<'_> {
 
 /// Asks the CPU for the first lines an incremental walk reads of record
 /// `idx`, the next one, while it reads the current one: the record's lock,
-/// identity and `touched` bitmap and its first row sequences, and the kept
+/// identity and `touched` bitmap, its current rows and its first row
+/// sequences, and the kept
 /// copy's bitmap, identity lock value and first row references (cold
 /// lines: each read otherwise waits for its miss).
 #[inline]
@@ -1416,6 +1486,10 @@ fn fetch_ahead(seg: &Segment, cache: &CachePart<'_, Box<Kept>>, idx: u32) {
     prefetch(&rec.header.lock);
     prefetch(&rec.header.touched);
     prefetch(&rec.row_seqs[..rec.row_seqs.len().min(32)]);
+    // (The current rows' first lines: their sequence and event words.)
+    prefetch(&rec.header.waits_current.seq);
+    prefetch(&rec.header.stages_current.seq);
+    prefetch(&rec.header.statements_current.ev.seq);
     if let Some(k) = cache.ahead(idx) {
         prefetch(&k.extra.touched);
         prefetch(&k.extra.id_seq);
@@ -1673,7 +1747,7 @@ fn try_snapshot(
     } else {
         Default::default()
     };
-    let tasks = if opts.events {
+    let tasks = if opts.events || opts.current {
         read_tasks(seg, opts, total)
     } else {
         Vec::new()
@@ -1748,10 +1822,13 @@ fn read_tasks(seg: &Segment, opts: &ReadOptions, st: &mut ReadStats) -> Vec<Task
         let waits_current = cur(&slot.waits_current);
         let stages_current = cur(&slot.stages_current);
         let sc = &slot.statements_current;
-        let c = sc
-            .ev
-            .seq
-            .read(opts.attempts, || StatementEvent::load(sc, timer));
+        let c = sc.ev.seq.read(opts.attempts, || {
+            if opts.events {
+                StatementEvent::load(sc, timer)
+            } else {
+                StatementEvent::load_event(sc, timer)
+            }
+        });
         st.retries += u64::from(c.retries);
         if c.value.is_none() {
             st.skipped_events += 1;
@@ -1958,18 +2035,18 @@ fn read_thread(
         skipped_rows: Vec::new(),
         actor_ids: (actor[0] != NONE_U32).then_some((actor[0], actor[1], actor[2])),
     };
-    if opts.events {
-        // A row's THREAD_ID: its own (a task's events), else the record's.
-        let own = |mut e: Event| {
-            if e.thread_id == 0 {
-                e.thread_id = thread_id;
-            }
-            e
-        };
-        let own_stmt = |mut s: StatementEvent| {
-            s.ev = own(s.ev);
-            s
-        };
+    // A row's THREAD_ID: its own (a task's events), else the record's.
+    let own = |mut e: Event| {
+        if e.thread_id == 0 {
+            e.thread_id = thread_id;
+        }
+        e
+    };
+    let own_stmt = |mut s: StatementEvent| {
+        s.ev = own(s.ev);
+        s
+    };
+    if opts.events || opts.current {
         let mut cur = |r: &EventRecord| {
             let c = r.seq.read(opts.attempts, || Event::load(r, timer).map(own));
             st.retries += u64::from(c.retries);
@@ -1980,11 +2057,18 @@ fn read_thread(
         };
         t.waits_current = cur(&h.waits_current);
         t.stages_current = cur(&h.stages_current);
-        let c = h.statements_current.ev.seq.read(opts.attempts, || {
-            StatementEvent::load(&h.statements_current, timer).map(own_stmt)
+        let sc = &h.statements_current;
+        let c = sc.ev.seq.read(opts.attempts, || {
+            if opts.events {
+                StatementEvent::load(sc, timer).map(own_stmt)
+            } else {
+                StatementEvent::load_event(sc, timer).map(own_stmt)
+            }
         });
         st.retries += u64::from(c.retries);
         t.statements_current = c.value.flatten();
+    }
+    if opts.events {
         let counts = EventKind::ALL.map(|k| h.history_count[k.index()].load(Acquire));
         let ev = |r: &EventRecord| Event::load(r, timer).map(own);
         t.waits_history = read_ring(

@@ -3,11 +3,11 @@
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use pfs_client::StatementClass;
 use tracing_core::span::{Attributes, Id, Record};
-use tracing_core::{Event, Interest, Metadata, Subscriber};
+use tracing_core::{Event, Interest, LevelFilter, Metadata, Subscriber};
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::{Extensions, ExtensionsMut, LookupSpan, SpanRef};
 
@@ -15,7 +15,7 @@ use crate::blocking;
 use crate::callsite::{Found, Role, Sites, StatementSite};
 use crate::classes::Classes;
 use crate::rules::{OTHER_CLASS, Rules, SpanMatch, StageRule, StatementRule};
-use crate::span::{Closing, EventVisitor, PfsSpan, SpanVisitor, StageSpan, StatementSpan};
+use crate::span::{Closing, EventVisitor, Figures, PfsSpan, SpanVisitor, StageSpan, StatementSpan};
 use crate::stack::{self, Exit};
 
 /// The default bound on statement classes a layer names from field
@@ -42,6 +42,19 @@ pub struct PfsLayer {
     classes: Classes,
     /// By statement rule: its `other` and `unknown` classes.
     fallback: Box<[Fallback]>,
+    /// By statement rule: whether its completions can be seen.
+    completion: Box<[Completion]>,
+}
+
+/// What a statement rule with status fields has seen of completions: a
+/// span that closes without one is cancelled only if one could have come
+/// ([`PfsLayer::completion_unseen`]).
+#[derive(Debug, Default)]
+struct Completion {
+    /// A statement of the rule completed with a status.
+    seen: AtomicBool,
+    /// The warning that none can be seen was given.
+    warned: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -139,12 +152,19 @@ impl PfsLayerBuilder {
                 ..Fallback::default()
             })
             .collect();
+        let completion = self
+            .rules
+            .statements
+            .iter()
+            .map(|_| Completion::default())
+            .collect();
         PfsLayer {
             id: NEXT_LAYER.fetch_add(1, Relaxed),
             rules: self.rules,
             sites: Sites::new(),
             classes: Classes::new(self.max_classes),
             fallback,
+            completion,
         }
     }
 }
@@ -492,11 +512,50 @@ impl PfsLayer {
                 stmt.set_digest_text(buf);
             }
         });
-        s.figures.apply(stmt, rule, Closing::now());
+        let mut end = Closing::now();
+        end.completion_unseen = self.completion_unseen(s.rule, &s.figures, rule, end);
+        s.figures.apply(stmt, rule, end);
         // Entered only to end the statement: not the task's poll time.
         s.task.swap_in_unmeasured();
         s.stmt = None; // ends it, in place
         s.task.swap_out();
+    }
+
+    /// Whether a statement span of rule `rule_index` (`rule`), with
+    /// `figures`, closing as `end` without having completed, may have
+    /// completed unseen: its rule has status fields,
+    /// no statement of the rule ever completed with a status, and the
+    /// subscriber disables DEBUG for everyone (a global filter at INFO),
+    /// so that tower-http's response event (DEBUG) never comes. Such a
+    /// span is not counted as cancelled, and the first one says so, once.
+    /// (A statement that did complete marks the rule's completions seen.)
+    fn completion_unseen(
+        &self,
+        rule_index: usize,
+        figures: &Figures,
+        rule: &StatementRule,
+        end: Closing,
+    ) -> bool {
+        let c = &self.completion[rule_index];
+        if figures.has_status() {
+            c.seen.store(true, Relaxed);
+            return false;
+        }
+        let unseen = rule.completes()
+            && !figures.completed()
+            && !end.cancelling
+            && !end.panicking
+            && !c.seen.load(Relaxed)
+            && LevelFilter::current() < LevelFilter::DEBUG;
+        if unseen && !c.warned.swap(true, Relaxed) {
+            // (Inside a subscriber's callback: `warning::warn` emits it
+            // where an event cannot break the subscriber's filters.)
+            pfs_client::warning::warn(
+                "pfs-tracing: a request span closed without a response event, and DEBUG events are disabled for the whole subscriber (a global filter at INFO or above, e.g. registry().with(EnvFilter::new(\"info\"))): tower-http's response event is DEBUG, so no request can be told to have completed or been cancelled. Until a status is seen, requests without one are not counted as cancelled (COUNT_CANCELLED misses client hang-ups); 5xx still count as errors. Filter the other layers instead (fmt::layer().with_filter(EnvFilter::new(\"info\"))), or make the response event INFO (TraceLayer::on_response(DefaultOnResponse::new().level(Level::INFO)))",
+                |m| tracing::warn!("{m}"),
+            );
+        }
+        unseen
     }
 
     /// Close of a stage span that was entered: end its stage if it is

@@ -170,7 +170,12 @@
 //! both DEBUG. Either filter the other layers only (`fmt::layer().with_filter(...)`:
 //! per-layer filters leave this layer's view whole), or make both INFO:
 //! `make_span_with(pfs_tracing::http::make_span)` (INFO) and
-//! `on_response(DefaultOnResponse::new().level(Level::INFO))`.
+//! `on_response(DefaultOnResponse::new().level(Level::INFO))`. Without a
+//! response event no request can be told to have completed: while the
+//! subscriber disables DEBUG for everyone and no statement of a rule with
+//! status fields has completed with a status, its statements that close
+//! without one are not counted as cancelled (a client's hang-up is then
+//! missed), and the first says so in the log, once.
 //! Only one `PfsLayer` per subscriber records a given span (the first
 //! one to see it).
 //!

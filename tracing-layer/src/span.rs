@@ -284,6 +284,11 @@ impl Figures {
         self.status.is_some() || self.failed
     }
 
+    /// Whether a status was recorded.
+    pub(crate) fn has_status(&self) -> bool {
+        self.status.is_some()
+    }
+
     /// Writes the figures into `stmt`, as `rule` reads them. How the span
     /// closes: `end.panicking`, while its thread unwinds (a failure: one
     /// error unless some were counted, as `pfs-client` counts any
@@ -296,7 +301,10 @@ impl Figures {
             || self.status.is_some_and(|s| s >= rule.error_status)
             || (end.panicking && self.errors == 0);
         let errors = self.errors.saturating_add(u64::from(failed));
-        if !end.panicking && !self.completed() && (end.cancelling || rule.completes()) {
+        if !end.panicking
+            && !self.completed()
+            && (end.cancelling || (rule.completes() && !end.completion_unseen))
+        {
             stmt.mark_cancelled();
         }
         if errors > 0 {
@@ -325,6 +333,9 @@ pub(crate) struct Closing {
     /// A future is being dropped before it completed, with the
     /// cancelling mark (`pfs_client::task::cancelling`).
     pub(crate) cancelling: bool,
+    /// The rule's completion could not have been seen (its event is
+    /// filtered out for everyone): not cancelled for want of one.
+    pub(crate) completion_unseen: bool,
 }
 
 impl Closing {
@@ -333,6 +344,7 @@ impl Closing {
         Self {
             panicking: std::thread::panicking(),
             cancelling: pfs_client::task::cancelling(),
+            completion_unseen: false,
         }
     }
 }

@@ -82,6 +82,16 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
     // directory keeps its baselines there).
     let baselines = Baselines::peek(&a.dir.shm_dir, own_files_only);
     let mut table = tables::build(table, &snap, &filter, &baselines);
+    // As `SELECT columns ... ORDER BY order_by [DESC] LIMIT limit`.
+    if let Some(col) = &a.order_by {
+        table.order_by(col, a.desc)?;
+    }
+    if let Some(n) = a.limit {
+        table.rows.truncate(n);
+    }
+    if !a.columns.is_empty() {
+        table.select(&a.columns)?;
+    }
     match a.format {
         Format::Json => {
             let mut json = table.to_json();

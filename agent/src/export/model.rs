@@ -5,7 +5,7 @@
 //! suffix added unless present, `_total` for monotonic sums) the OTel name
 //! becomes exactly the Prometheus name.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use pfs_shm_layout::container::PageState;
@@ -13,7 +13,7 @@ use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, LostKind, TimerId, bucket_upper_
 use pfs_shm_layout::reader::Summary;
 use pfs_shm_layout::{ClassKind, EventKind};
 
-use crate::aggregate::{ServiceTotals, by_service};
+use crate::aggregate::{ServiceTotals, by_service, running};
 use crate::segments::{ListFailure, Refusal};
 use crate::snapshot::{Snapshot, Totals};
 use crate::timers;
@@ -245,12 +245,46 @@ struct EventFamilies {
     count: Family,
     seconds: Family,
     duration: Family,
+    running: Family,
+    longest: Family,
 }
 
 impl EventFamilies {
     /// `pfs_events_{waits,stages,statements}_total`, `..._seconds_total`
     /// and `..._duration_seconds` of `kind`.
     fn of(kind: EventKind) -> Self {
+        let (running, longest, now, oldest) = match kind {
+            EventKind::Wait => (
+                ("pfs_events_waits_running", "pfs.events.waits.running"),
+                (
+                    "pfs_events_waits_running_longest",
+                    "pfs.events.waits.running.longest",
+                ),
+                "Waits in progress now (rows of events_waits_current not ended, threads' and awaiting tasks'), by instrument; 0 when none. A wait is in the counters and histograms only once it ends.",
+                "How long the longest wait in progress has run so far (its TIMER_WAIT in events_waits_current), by instrument; 0 when none is in progress (or none is timed).",
+            ),
+            EventKind::Stage => (
+                ("pfs_events_stages_running", "pfs.events.stages.running"),
+                (
+                    "pfs_events_stages_running_longest",
+                    "pfs.events.stages.running.longest",
+                ),
+                "Stages in progress now (rows of events_stages_current not ended), by instrument; 0 when none.",
+                "How long the longest stage in progress has run so far, by instrument; 0 when none is in progress (or none is timed).",
+            ),
+            EventKind::Statement => (
+                (
+                    "pfs_events_statements_running",
+                    "pfs.events.statements.running",
+                ),
+                (
+                    "pfs_events_statements_running_longest",
+                    "pfs.events.statements.running.longest",
+                ),
+                "Statements in progress now (rows of events_statements_current not ended: requests being served, awaiting tasks included), by instrument; 0 when none. A statement is in the counters and histograms only once it ends.",
+                "How long the longest statement in progress has run so far (its TIMER_WAIT in events_statements_current): a stuck request, by instrument; 0 when none is in progress (or none is timed).",
+            ),
+        };
         let (count, seconds, duration, counted, timed, latency) = match kind {
             EventKind::Wait => (
                 ("pfs_events_waits", "pfs.events.waits"),
@@ -275,9 +309,9 @@ impl EventFamilies {
                     "pfs_events_statements_duration",
                     "pfs.events.statements.duration",
                 ),
-                "Statements completed (COUNT_STAR), by instrument.",
-                "Time spent in timed statements (SUM_TIMER_WAIT), by instrument.",
-                "Latency of timed statements, by instrument.",
+                "Statements ended (COUNT_STAR), by instrument: completed or cancelled (pfs_events_statements_cancelled_total counts those).",
+                "Time spent in timed statements (SUM_TIMER_WAIT), cancelled ones included, by instrument.",
+                "Latency of timed statements, cancelled ones included, by instrument.",
             ),
         };
         Self {
@@ -296,10 +330,18 @@ impl EventFamilies {
                 Kind::Histogram,
                 latency,
             ),
+            running: Family::new(running.0, None, (running.1, "{event}"), Kind::Gauge, now),
+            longest: Family::new(
+                longest.0,
+                Some("seconds"),
+                (longest.1, "s"),
+                Kind::Gauge,
+                oldest,
+            ),
         }
     }
 
-    fn add(&mut self, service: &str, event_name: &str, s: &Summary) {
+    fn add(&mut self, service: &str, event_name: &str, s: &Summary, running: Option<&RunningNow>) {
         let labels = || {
             vec![
                 ("service", service.to_string()),
@@ -310,11 +352,57 @@ impl EventFamilies {
         self.seconds
             .push(labels(), Value::Float(s.sum_ps as f64 / 1e12));
         self.duration.push(labels(), histogram(s));
+        let now = running.copied().unwrap_or_default();
+        self.running.push(labels(), Value::Int(now.count));
+        self.longest
+            .push(labels(), Value::Float(now.longest_seconds.unwrap_or(0.0)));
     }
 
-    fn into_vec(self) -> [Family; 3] {
-        [self.count, self.seconds, self.duration]
+    fn into_vec(self) -> [Family; 5] {
+        [
+            self.count,
+            self.seconds,
+            self.duration,
+            self.running,
+            self.longest,
+        ]
     }
+}
+
+/// A service's events of one instrument in progress: how many, and how
+/// long the longest has run (if any is timed).
+#[derive(Debug, Clone, Copy, Default)]
+struct RunningNow {
+    count: u64,
+    longest_seconds: Option<f64>,
+}
+
+/// The events in progress in the live processes, by service and
+/// instrument name ([`running`]); a dead process's never end.
+fn running_now(snap: &Snapshot) -> HashMap<(&str, &str), RunningNow> {
+    let mut out: HashMap<(&str, &str), RunningNow> = HashMap::new();
+    for v in snap.segments.iter().filter(|v| v.live) {
+        let s = &*v.data;
+        let names: HashMap<u32, &str> = s
+            .classes
+            .iter()
+            .map(|c| (c.index, c.name.as_str()))
+            .collect();
+        for kind in EventKind::ALL {
+            for (class, r) in running(s, kind) {
+                let Some(name) = names.get(&class) else {
+                    continue;
+                };
+                let n = out.entry((s.service.as_str(), name)).or_default();
+                n.count += r.count;
+                if let Some(start) = r.oldest_start_ps {
+                    let age = v.timer_now_ps.saturating_sub(start) as f64 / 1e12;
+                    n.longest_seconds = Some(n.longest_seconds.map_or(age, |a| a.max(age)));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Statement figures (`SUM_ERRORS`, ...), one counter family each, in
@@ -509,13 +597,14 @@ pub fn families(snap: &Snapshot, totals: &Totals, stats: &AgentStats) -> Vec<Fam
         Kind::Counter,
         "Instances that did not fit a bounded structure, by kind (PFS *_lost variables).",
     );
+    let running = running_now(snap);
     for (svc, t) in &services {
         for (name, (class_kind, s)) in &t.classes {
             let Some(kind) = EventKind::of_class(*class_kind) else {
                 continue;
             };
             if let Some((_, fams)) = events.iter_mut().find(|(k, _)| *k == kind) {
-                fams.add(svc, name, s);
+                fams.add(svc, name, s, running.get(&(svc.as_str(), name.as_str())));
             }
             if moves_bytes(*class_kind, s) {
                 wait_bytes.push(

@@ -230,7 +230,56 @@ fn ps(v: u128) -> Value {
         .unwrap_or_else(|_| Value::from(v.to_string()))
 }
 
+/// A column name a [`Table`] does not have; the message lists those it has.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("table {table} has no column {column:?}; its columns: {columns}")]
+pub struct NoSuchColumn {
+    /// The table.
+    pub table: String,
+    /// The name asked for.
+    pub column: String,
+    /// Its columns, comma-separated.
+    pub columns: String,
+}
+
 impl Table {
+    /// The index of column `name` (any case, as SQL compares names).
+    fn column(&self, name: &str) -> Result<usize, NoSuchColumn> {
+        self.columns
+            .iter()
+            .position(|c| c.eq_ignore_ascii_case(name))
+            .ok_or_else(|| NoSuchColumn {
+                table: self.name.clone(),
+                column: name.to_string(),
+                columns: self.columns.join(", "),
+            })
+    }
+
+    /// Sorts the rows by column `name`, as SQL's `ORDER BY name [DESC]`:
+    /// numbers by value (picoseconds past 64 bits too), text by its
+    /// bytes, `NULL` first (last with `desc`); rows that tie keep their
+    /// order.
+    pub fn order_by(&mut self, name: &str, desc: bool) -> Result<(), NoSuchColumn> {
+        let i = self.column(name)?;
+        self.rows.sort_by(|a, b| {
+            let o = compare_cells(&a[i], &b[i]);
+            if desc { o.reverse() } else { o }
+        });
+        Ok(())
+    }
+
+    /// Keeps only columns `names`, in that order (`SELECT names`).
+    pub fn select(&mut self, names: &[String]) -> Result<(), NoSuchColumn> {
+        let keep = (names.iter())
+            .map(|n| self.column(n))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.columns = keep.iter().map(|&i| self.columns[i]).collect();
+        for row in &mut self.rows {
+            *row = keep.iter().map(|&i| row[i].clone()).collect();
+        }
+        Ok(())
+    }
+
     /// The JSON form served by the API: `{"table", "columns", "rows": [{..}]}`.
     pub fn to_json(&self) -> Value {
         let rows: Vec<Value> = self
@@ -272,9 +321,70 @@ impl Table {
     }
 }
 
+/// Two cells as `ORDER BY` compares them: `NULL` first, then numbers by
+/// value (a picosecond count past 64 bits is decimal text: by value too),
+/// then other text by its bytes.
+fn compare_cells(a: &Value, b: &Value) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    fn number(v: &Value) -> Option<f64> {
+        match v {
+            Value::Number(n) => n.as_f64(),
+            Value::String(s) if !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()) => {
+                s.parse::<f64>().ok()
+            }
+            _ => None,
+        }
+    }
+    match (a, b) {
+        (Value::Null, Value::Null) => Ordering::Equal,
+        (Value::Null, _) => Ordering::Less,
+        (_, Value::Null) => Ordering::Greater,
+        _ => match (number(a), number(b)) {
+            // Integers compare exactly where both are.
+            (Some(x), Some(y)) => match (a.as_u64(), b.as_u64()) {
+                (Some(p), Some(q)) => p.cmp(&q),
+                _ => x.total_cmp(&y),
+            },
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (None, None) => a.to_string().cmp(&b.to_string()),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_order_and_columns_select_as_sql_does() {
+        let mut t = Table {
+            name: "t".into(),
+            columns: vec!["event_name", "timer_wait"],
+            rows: vec![
+                vec![Value::from("b"), Value::from(20u64)],
+                vec![Value::from("a"), Value::Null],
+                vec![Value::from("c"), Value::from("18446744073709551616")],
+                vec![Value::from("d"), Value::from(3u64)],
+            ],
+        };
+        t.order_by("TIMER_WAIT", true).unwrap();
+        let names = |t: &Table| t.rows.iter().map(|r| r[0].clone()).collect::<Vec<_>>();
+        assert_eq!(names(&t), ["c", "b", "d", "a"]);
+        t.order_by("timer_wait", false).unwrap();
+        assert_eq!(names(&t), ["a", "d", "b", "c"]);
+        t.order_by("event_name", true).unwrap();
+        assert_eq!(names(&t), ["d", "c", "b", "a"]);
+        t.select(&["timer_wait".into(), "event_name".into()])
+            .unwrap();
+        assert_eq!(t.columns, ["timer_wait", "event_name"]);
+        assert_eq!(t.rows[0], [Value::from(3u64), Value::from("d")]);
+        let e = t.order_by("nope", false).unwrap_err().to_string();
+        assert!(
+            e.contains("no column \"nope\"") && e.contains("timer_wait, event_name"),
+            "{e}"
+        );
+    }
 
     /// A writer's text with terminal escapes and a newline reaches the
     /// text table escaped: one line per row, no escape sequence.

@@ -15,6 +15,7 @@ use pfs_shm_layout::reader::{
 
 use super::cell::{Cell, Sink};
 use super::view::View;
+use crate::aggregate::latest_per_thread;
 use crate::truncate::EventsTable;
 
 /// `NULL` for `None`.
@@ -512,19 +513,8 @@ pub(super) fn emit_thread_events(
                     .map(|(e, st)| (e, st, false)),
             );
         }
-        let mut latest: HashMap<u64, (u64, bool)> = HashMap::new();
-        for (e, _, from_thread) in &rows {
-            let this = (e.event_id, *from_thread);
-            latest
-                .entry(e.thread_id)
-                .and_modify(|l| *l = (*l).max(this))
-                .or_insert(this);
-        }
-        for (e, st, from_thread) in rows {
-            if latest.get(&e.thread_id) == Some(&(e.event_id, from_thread)) {
-                latest.remove(&e.thread_id);
-                sink.row(&event_row(s, &classes, e, st, kind, now));
-            }
+        for (e, st, _) in latest_per_thread(rows) {
+            sink.row(&event_row(s, &classes, e, st, kind, now));
         }
     }
 }
