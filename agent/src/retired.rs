@@ -369,6 +369,8 @@ pub struct Store {
     /// A write failed; retry on the next pass.
     pub dirty: bool,
     warned_lock: bool,
+    /// The heartbeat's failure was logged.
+    warned_beat: bool,
     /// `(inode, mtime ns, len)` of an unusable state file that could not be
     /// set aside: never overwritten while it is there, unchanged.
     unusable: Option<(u64, i64, u64)>,
@@ -390,6 +392,7 @@ impl Store {
             seen: None,
             dirty: false,
             warned_lock: false,
+            warned_beat: false,
             unusable: None,
             own_files_only: false,
         }
@@ -486,9 +489,24 @@ impl Store {
     /// must replace a dead predecessor's segment knows whether its figures
     /// were collected. Owner and follower alike; nothing without a lock
     /// file.
-    pub fn beat(&self) {
-        if let Some(lock) = &self.lock {
-            let _ = lock.set_modified(std::time::SystemTime::now());
+    pub fn beat(&mut self) {
+        let Some(lock) = &self.lock else { return };
+        // Both times set to now, which write access allows: an explicit
+        // time needs the file's owner, and the lock file may be another
+        // user's (an earlier agent that ran as another uid).
+        let now = rustix::fs::Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_NOW,
+        };
+        let times = rustix::fs::Timestamps {
+            last_access: now,
+            last_modification: now,
+        };
+        if let Err(e) = rustix::fs::futimens(lock, &times)
+            && !self.warned_beat
+        {
+            tracing::warn!(dir = %crate::util::shown::path(&self.dir), error = %e, "cannot update the modification time of {LOCK_FILE}, the agent's heartbeat: an application that replaces a dead predecessor's segment (restarting in a loop) then counts it in pfs_lost_total{{kind=\"uncollected_segments\"}} although this agent read it; let the agent write the file (remove it: the agent creates it again)");
+            self.warned_beat = true;
         }
     }
 
@@ -609,7 +627,32 @@ impl Store {
         }
         self.seen = std::fs::symlink_metadata(&path).ok().map(|m| stamp(&m));
         self.keep_reserve(bytes.len() as u64);
+        self.publish_collected(state);
         Ok(())
+    }
+
+    /// Lists in the lock file the dead segments whose final figures
+    /// `state`, just saved, holds
+    /// ([`pfs_shm_layout::files::collected_text`]): a restarting
+    /// application that replaces one of them then knows nothing is lost,
+    /// even while no agent runs. Best effort: written over the old list
+    /// and then cut to size, so that a reader meanwhile finds every segment
+    /// still listed; a failure only leaves such a replacement counted as
+    /// uncollected.
+    fn publish_collected(&self, state: &State) {
+        use std::os::unix::fs::FileExt;
+        let Some(lock) = &self.lock else { return };
+        let text = pfs_shm_layout::files::collected_text(
+            (state.pending.iter().map(|p| &p.id))
+                .chain(&state.absorbed)
+                .map(|a| (a.ino, a.start_time_unix_ns)),
+        );
+        if let Err(e) = lock
+            .write_all_at(text.as_bytes(), 0)
+            .and_then(|()| lock.set_len(text.len() as u64))
+        {
+            tracing::debug!(error = %e, "cannot list the collected segments in {LOCK_FILE}");
+        }
     }
 
     /// Removes the reserve; whether there was one.
@@ -779,6 +822,45 @@ mod tests {
         // A file without pending segments (an older agent's) loads.
         let back = decode(&encode(&sample())).unwrap();
         assert!(back.pending.is_empty());
+    }
+
+    /// Each save lists in the lock file the dead segments the state holds
+    /// (pending and absorbed), for applications that replace them; a save
+    /// of fewer cuts the list.
+    #[test]
+    fn a_save_lists_the_collected_segments_in_the_lock_file() {
+        use pfs_shm_layout::files::agent_collected;
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::new(dir.path());
+        store.elect();
+        let mut s = sample();
+        s.pending.push(Pending {
+            id: Absorbed {
+                file: "svc.1.pfs".into(),
+                ino: 23,
+                pid: 1,
+                start_time_unix_ns: 5,
+            },
+            totals: Retired::default(),
+            died_unix_ns: 0,
+        });
+        store.save(&s).unwrap();
+        let absorbed = &s.absorbed[0];
+        assert!(agent_collected(dir.path(), 23, 5), "pending");
+        assert!(agent_collected(
+            dir.path(),
+            absorbed.ino,
+            absorbed.start_time_unix_ns
+        ));
+        assert!(!agent_collected(dir.path(), 23, 6));
+        s.pending.clear();
+        store.save(&s).unwrap();
+        assert!(!agent_collected(dir.path(), 23, 5), "retired and removed");
+        assert!(agent_collected(
+            dir.path(),
+            absorbed.ino,
+            absorbed.start_time_unix_ns
+        ));
     }
 
     /// Under `--require-owner`, a state file that another user planted
@@ -953,7 +1035,7 @@ mod tests {
         let mut follower = Store::new(dir.path());
         follower.elect();
         assert_eq!(follower.role(), Role::Follower);
-        for beating in [&owner, &follower] {
+        for beating in [&mut owner, &mut follower] {
             set_stale();
             assert!(!agent_watches(dir.path()));
             beating.beat();

@@ -855,3 +855,44 @@ fn flags_that_cannot_work_are_refused_with_the_reason() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// A lock file left by an earlier agent of another user (root's, mode
+/// 0666, as an agent run with umask 0 leaves it): an agent running as
+/// `nobody` may write it but does not own it, so it cannot give it an
+/// explicit time. Its heartbeat (the file's modification time, which a
+/// restarting application reads) still moves: both times set to now need
+/// write access only.
+#[test]
+fn the_heartbeat_moves_on_a_lock_file_of_another_user() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let Some(nobody) = as_nobody() else { return };
+    let parent = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(parent.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let d = parent.path().join("pfs");
+    std::fs::create_dir(&d).unwrap();
+    std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
+    let lock = d.join(pfs_shm_layout::files::AGENT_LOCK_FILE);
+    let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_577_836_800); // 2020
+    let f = std::fs::File::create(&lock).unwrap();
+    f.set_modified(old).unwrap();
+    drop(f);
+    std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", common::free_port())
+        .parse()
+        .unwrap();
+    let agent = Serve::start_with(nobody, &d, Some(addr.to_string()), addr, &[]);
+    let beat = || std::fs::metadata(&lock).and_then(|m| m.modified()).unwrap();
+    assert!(
+        poll(Duration::from_secs(20), || beat()
+            > old + Duration::from_secs(86_400)),
+        "the heartbeat stayed at {:?}\n{}",
+        beat(),
+        agent.stderr()
+    );
+    assert_eq!(std::fs::metadata(&lock).unwrap().uid(), 0, "still root's");
+    assert!(
+        pfs_shm_layout::files::agent_watched(&d, old),
+        "an application sees the agent watch"
+    );
+    assert!(!agent.stderr().contains("heartbeat"), "{}", agent.stderr());
+}

@@ -354,7 +354,10 @@ const NUMBERED_NAMES: u32 = 8;
 /// ones, the oldest. The count is what the new segment starts its lost
 /// counter `uncollected_segments` with: 0, or, when the segment replaced
 /// had not been found by a watching agent
-/// ([`pfs_shm_layout::files::agent_watched`]), whose figures are so lost,
+/// ([`pfs_shm_layout::files::agent_watched`]) nor saved by the agent that
+/// owns the directory ([`pfs_shm_layout::files::agent_collected`]: its
+/// final figures are in the agent's state, whether or not an agent runs
+/// now), whose figures are so lost,
 /// that segment's own count plus one (so that the sum over the files
 /// present counts every such loss). Replaced under an agent that found
 /// it, nothing is lost: the agent folds the old segment in, by its inode.
@@ -425,7 +428,16 @@ fn open_new(
         dead.push((made, ready, path, old));
     }
     if let Some((_, ready, path, old)) = dead.into_iter().min_by_key(|(made, ..)| *made) {
-        let uncollected = if pfs_shm_layout::files::agent_watched(dir, ready) {
+        let collected = || {
+            use std::os::unix::fs::MetadataExt;
+            let (Ok(m), Some(start)) =
+                (old.metadata(), pfs_shm_layout::Segment::start_time_in(&old))
+            else {
+                return false;
+            };
+            pfs_shm_layout::files::agent_collected(dir, m.ino(), start)
+        };
+        let uncollected = if pfs_shm_layout::files::agent_watched(dir, ready) || collected() {
             0
         } else {
             // Its own count of such losses goes on in the new segment.
@@ -601,6 +613,29 @@ mod tests {
         beat.set_modified(SystemTime::now() - AGENT_HEARTBEAT_FRESH * 2)
             .unwrap();
         let _e = replace(4, "carried: 3 before, and this one");
+        // The agent stopped long ago, but its list says it saved this
+        // segment's final figures (its inode and creation time): nothing
+        // lost. A list naming another creation time (a later file given
+        // the same inode) does not count.
+        let path = dir.path().join(name(next.get()));
+        bytes[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+        bytes[0x30..0x38].copy_from_slice(&77u64.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let ino = std::fs::metadata(&path).unwrap().ino();
+        let list = |start: u64| {
+            std::fs::write(
+                dir.path().join(AGENT_LOCK_FILE),
+                pfs_shm_layout::files::collected_text([(1, 2), (ino, start)]),
+            )
+            .unwrap();
+            beat.set_modified(SystemTime::now() - AGENT_HEARTBEAT_FRESH * 2)
+                .unwrap();
+        };
+        list(78);
+        assert!(!pfs_shm_layout::files::agent_collected(dir.path(), ino, 77));
+        list(77);
+        let _f = replace(0, "saved by the agent that owns the directory");
     }
 
     #[test]

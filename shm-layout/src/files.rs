@@ -77,6 +77,70 @@ pub const AGENT_LOCK_FILE: &str = ".pfs-agent.lock";
 /// time) must be for a writer to take an agent as watching the directory.
 pub const AGENT_HEARTBEAT_FRESH: Duration = Duration::from_secs(10);
 
+/// The first line of [`AGENT_LOCK_FILE`]'s content: the list of dead
+/// segments whose final figures the agent that owns the directory has
+/// saved ([`collected_text`], [`agent_collected`]).
+const COLLECTED_HEADER: &str = "pfs-agent collected 1";
+
+/// The most of [`AGENT_LOCK_FILE`] a writer reads.
+const COLLECTED_MAX_BYTES: u64 = 1 << 20;
+
+/// What the agent that owns a directory writes in [`AGENT_LOCK_FILE`]
+/// each time it has saved its state: the dead segments whose final
+/// figures that state holds (awaiting retirement, or retired and their
+/// files not yet removed), one per line as the file's inode and the
+/// segment's creation time (`start_time_unix_ns`, which tells a file from
+/// a later one given the same inode). Such a segment's figures survive its
+/// file, and the agent itself: a writer that replaces it loses nothing,
+/// whether or not an agent runs then.
+///
+/// ```
+/// use pfs_shm_layout::files::{AGENT_LOCK_FILE, agent_collected, collected_text};
+/// let dir = std::env::temp_dir().join(format!("pfs-doc-collected-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir).unwrap();
+/// std::fs::write(dir.join(AGENT_LOCK_FILE), collected_text([(42, 7)])).unwrap();
+/// assert!(agent_collected(&dir, 42, 7));
+/// assert!(!agent_collected(&dir, 42, 8)); // a later file of the same inode
+/// # std::fs::remove_dir_all(&dir).unwrap();
+/// ```
+pub fn collected_text(segments: impl IntoIterator<Item = (u64, u64)>) -> String {
+    let mut out = format!("{COLLECTED_HEADER}\n");
+    for (ino, start) in segments {
+        out.push_str(&format!("{ino} {start}\n"));
+    }
+    out
+}
+
+/// Whether the agent that owns `dir` says ([`collected_text`]) it saved
+/// the final figures of the dead segment whose file has inode `ino` and
+/// which was created at `start_time_unix_ns`. `false` when it cannot be
+/// told: no lock file, one this process may not read, an older agent's
+/// (empty), a list being rewritten.
+pub fn agent_collected(dir: &Path, ino: u64, start_time_unix_ns: u64) -> bool {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
+        .open(dir.join(AGENT_LOCK_FILE))
+    else {
+        return false;
+    };
+    let mut text = String::new();
+    if f.take(COLLECTED_MAX_BYTES)
+        .read_to_string(&mut text)
+        .is_err()
+    {
+        return false;
+    }
+    let mut lines = text.lines();
+    if lines.next() != Some(COLLECTED_HEADER) {
+        return false;
+    }
+    let want = format!("{ino} {start_time_unix_ns}");
+    lines.any(|l| l == want)
+}
+
 /// Whether an agent watches `dir` now, and has since `since`: its
 /// heartbeat is at most [`AGENT_HEARTBEAT_FRESH`] old (or as far in the
 /// future: clocks differ a little), and later than `since`. A dead

@@ -836,6 +836,22 @@ impl Segment {
     /// is at [`crate::geometry::COUNTERS_OFF`]); the counter is as its
     /// writer left it.
     pub fn lost_counter_in(file: &File, kind: LostKind) -> Option<u64> {
+        let at = crate::geometry::COUNTERS_OFF + size_of::<AtomicU64>() * kind as usize;
+        Self::word_in(file, at)
+    }
+
+    /// The creation time (`start_time_unix_ns`) of the segment in `file`,
+    /// read as [`Segment::lost_counter_in`] reads: with the file's inode,
+    /// what names a dead segment in the agent's list of those it collected
+    /// ([`crate::files::agent_collected`]).
+    pub fn start_time_in(file: &File) -> Option<u64> {
+        Self::word_in(file, std::mem::offset_of!(Header, start_time_unix_ns))
+    }
+
+    /// The little-endian `u64` at byte `at` of the segment in `file`, read
+    /// with `pread`, if the file starts with the magic of a segment of this
+    /// major version.
+    fn word_in(file: &File, at: usize) -> Option<u64> {
         use std::os::unix::fs::FileExt;
         let mut head = [0u8; 12];
         file.read_exact_at(&mut head, 0).ok()?;
@@ -845,8 +861,7 @@ impl Segment {
             return None;
         }
         let mut word = [0u8; 8];
-        let at = (crate::geometry::COUNTERS_OFF + size_of::<AtomicU64>() * kind as usize) as u64;
-        file.read_exact_at(&mut word, at).ok()?;
+        file.read_exact_at(&mut word, at as u64).ok()?;
         Some(u64::from_le_bytes(word))
     }
 

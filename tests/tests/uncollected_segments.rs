@@ -5,7 +5,8 @@
 //! are then lost: counted in `pfs_lost_total{kind="uncollected_segments"}`,
 //! exactly. With an agent running (its heartbeat on `.pfs-agent.lock`),
 //! a replaced segment is folded in by the agent and nothing is lost or
-//! counted. Real processes in real PID namespaces (`unshare`: needs root,
+//! counted; nor once the agent has stopped, for the segments whose final
+//! figures it saved (listed in that file). Real processes in real PID namespaces (`unshare`: needs root,
 //! skipped otherwise, saying so).
 
 use std::path::Path;
@@ -116,5 +117,28 @@ fn restarts_without_an_agent_count_what_they_lose_and_with_one_lose_nothing() ->
     })
     .with_context(|| format!("waits never reached {all}: {:?}", exported(&agent)))?;
     assert_eq!((waits, lost), (all as f64, 2.0), "more lives: {more:?}");
+
+    // The agent stops, long enough for its heartbeat to go stale: two more
+    // lives replace segments whose final figures it had saved (listed in
+    // its lock file): nothing lost, nothing counted, once an agent runs
+    // again.
+    std::thread::sleep(Duration::from_millis(1500)); // the last deaths saved
+    drop(agent);
+    std::thread::sleep(pfs_shm_layout::files::AGENT_HEARTBEAT_FRESH + Duration::from_secs(1));
+    let later: Vec<u64> = (0..2)
+        .map(|_| one_life(dir.path()))
+        .collect::<Result<_>>()?;
+    let all = all + later.iter().sum::<u64>();
+    let agent = Agent::serve_with_args(dir.path(), &["--dead-retention", "1h"])?;
+    let (waits, lost) = poll(Duration::from_secs(20), || {
+        let got = exported(&agent)?;
+        Ok((got.0 == all as f64).then_some(got))
+    })
+    .with_context(|| format!("waits never reached {all}: {:?}", exported(&agent)))?;
+    assert_eq!(
+        (waits, lost),
+        (all as f64, 2.0),
+        "lives while no agent ran: {later:?}"
+    );
     Ok(())
 }
