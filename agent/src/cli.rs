@@ -415,6 +415,11 @@ pub struct QueryArgs {
     /// Only this pid.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub pid: Option<u32>,
+    /// Only the rows whose COLUMN reads VALUE (NULL: an empty cell);
+    /// repeatable, every one must hold (e.g. end_event_id=NULL: the
+    /// events still running).
+    #[arg(long = "where", value_name = "COLUMN=VALUE", value_parser = parse_where)]
+    pub filters: Vec<(String, String)>,
     /// Only these columns, in this order (comma-separated, e.g.
     /// thread_id,event_name,timer_wait,sql_text).
     #[arg(long, value_delimiter = ',', value_name = "COLUMN,...")]
@@ -524,6 +529,16 @@ fn parse_forget_after(text: &str) -> Result<ForgetAfter, String> {
     parse_duration(text)
         .map(|d| ForgetAfter(Some(d)))
         .map_err(|e| format!("{e}; or never"))
+}
+
+/// `--where COLUMN=VALUE`.
+fn parse_where(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((c, v)) if !c.is_empty() => Ok((c.to_string(), v.to_string())),
+        _ => Err(format!(
+            "{s:?} is not COLUMN=VALUE (e.g. end_event_id=NULL)"
+        )),
+    }
 }
 
 /// A `--listen` address: `ADDR:PORT`, or `HOST:PORT` with a host name

@@ -147,9 +147,15 @@ fn waiting_requests_are_in_the_current_tables_until_they_end() {
         assert_eq!(str_col(w, "nesting_event_type").unwrap(), "STAGE");
     }
 
-    // `query` as SQL: ORDER BY, LIMIT and a column list.
+    // `query` as SQL: WHERE, ORDER BY, LIMIT and a column list.
     let out = Command::new(agent_bin())
         .args(["query", "events_statements_current", "--format", "json"])
+        .args([
+            "--where",
+            "end_event_id=NULL",
+            "--where",
+            "event_name=statement/test/request",
+        ])
         .args(["--order-by", "TIMER_WAIT", "--desc", "--limit", "3"])
         .args(["--columns", "thread_id,timer_wait,sql_text", "--shm-dir"])
         .arg(dir.path())

@@ -551,7 +551,7 @@ impl PfsLayer {
             // (Inside a subscriber's callback: `warning::warn` emits it
             // where an event cannot break the subscriber's filters.)
             pfs_client::warning::warn(
-                "pfs-tracing: a request span closed without a response event, and DEBUG events are disabled for the whole subscriber (a global filter at INFO or above, e.g. registry().with(EnvFilter::new(\"info\"))): tower-http's response event is DEBUG, so no request can be told to have completed or been cancelled. Until a status is seen, requests without one are not counted as cancelled (COUNT_CANCELLED misses client hang-ups); 5xx still count as errors. Filter the other layers instead (fmt::layer().with_filter(EnvFilter::new(\"info\"))), or make the response event INFO (TraceLayer::on_response(DefaultOnResponse::new().level(Level::INFO)))",
+                "pfs-tracing: a request span closed without a response event, and DEBUG events are disabled for the whole subscriber (a global filter at INFO or above, e.g. registry().with(EnvFilter::new(\"info\"))): tower-http's response event is DEBUG, so no request can be told to have completed or been cancelled. Until a status is seen, requests without one are not counted as cancelled (COUNT_CANCELLED misses client hang-ups); 5xx still count as errors. Filter the other layers instead (fmt::layer().with_filter(EnvFilter::new(\"info\"))), or make the response event INFO (TraceLayer::on_response(DefaultOnResponse::new().level(Level::INFO)), which a global INFO fmt layer then also logs, a line per request)",
                 |m| tracing::warn!("{m}"),
             );
         }

@@ -82,7 +82,11 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
     // directory keeps its baselines there).
     let baselines = Baselines::peek(&a.dir.shm_dir, own_files_only);
     let mut table = tables::build(table, &snap, &filter, &baselines);
-    // As `SELECT columns ... ORDER BY order_by [DESC] LIMIT limit`.
+    // As `SELECT columns ... WHERE c = v AND ... ORDER BY order_by [DESC]
+    // LIMIT limit`.
+    for (col, value) in &a.filters {
+        table.filter(col, value)?;
+    }
     if let Some(col) = &a.order_by {
         table.order_by(col, a.desc)?;
     }

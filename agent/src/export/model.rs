@@ -240,7 +240,8 @@ pub fn histogram(s: &Summary) -> Value {
 }
 
 /// The event families of one kind of event (waits; stages and statements
-/// follow the same pattern).
+/// follow the same pattern): the summaries' counters and histogram, and
+/// the events in progress.
 struct EventFamilies {
     count: Family,
     seconds: Family,
@@ -250,8 +251,9 @@ struct EventFamilies {
 }
 
 impl EventFamilies {
-    /// `pfs_events_{waits,stages,statements}_total`, `..._seconds_total`
-    /// and `..._duration_seconds` of `kind`.
+    /// `pfs_events_{waits,stages,statements}_total`, `..._seconds_total`,
+    /// `..._duration_seconds`, `..._running` and
+    /// `..._running_longest_seconds` of `kind`.
     fn of(kind: EventKind) -> Self {
         let (running, longest, now, oldest) = match kind {
             EventKind::Wait => (

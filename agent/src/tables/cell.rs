@@ -268,6 +268,19 @@ impl Table {
         Ok(())
     }
 
+    /// Keeps the rows whose column `name` reads `value`, as the text
+    /// table shows it (numbers in decimal, `NULL` for an empty cell):
+    /// `WHERE name = value`.
+    pub fn filter(&mut self, name: &str, value: &str) -> Result<(), NoSuchColumn> {
+        let i = self.column(name)?;
+        self.rows.retain(|r| match &r[i] {
+            Value::Null => value.eq_ignore_ascii_case("NULL"),
+            Value::String(s) => s == value,
+            other => other.to_string() == value,
+        });
+        Ok(())
+    }
+
     /// Keeps only columns `names`, in that order (`SELECT names`).
     pub fn select(&mut self, names: &[String]) -> Result<(), NoSuchColumn> {
         let keep = (names.iter())
@@ -375,6 +388,13 @@ mod tests {
         assert_eq!(names(&t), ["a", "d", "b", "c"]);
         t.order_by("event_name", true).unwrap();
         assert_eq!(names(&t), ["d", "c", "b", "a"]);
+        let mut f = t.clone();
+        f.filter("timer_wait", "NULL").unwrap();
+        assert_eq!(names(&f), ["a"]);
+        let mut f = t.clone();
+        f.filter("timer_wait", "20").unwrap();
+        f.filter("event_name", "b").unwrap();
+        assert_eq!(names(&f), ["b"]);
         t.select(&["timer_wait".into(), "event_name".into()])
             .unwrap();
         assert_eq!(t.columns, ["timer_wait", "event_name"]);
