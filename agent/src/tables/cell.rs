@@ -276,7 +276,10 @@ impl Table {
         self.rows.retain(|r| match &r[i] {
             Value::Null => value.eq_ignore_ascii_case("NULL"),
             Value::String(s) => s == value,
-            other => other.to_string() == value,
+            Value::Number(n) => n.to_string() == value,
+            Value::Bool(b) => b.to_string() == value,
+            // (No table has a list or an object in a cell.)
+            Value::Array(_) | Value::Object(_) => false,
         });
         Ok(())
     }
