@@ -479,17 +479,25 @@ fn a_segment_directory_the_agent_may_not_read_is_degraded_and_says_why() {
 /// `permission_denied`, naming the file's mode and owner and what to do;
 /// `/healthz` says so for as long as it lasts (the process is not
 /// exported), and once the file is readable it is exported.
-#[test]
-fn a_segment_the_agent_may_not_read_is_degraded_and_says_what_to_do() {
+/// A segment directory of `nobody`'s (an agent run as `nobody` writes its
+/// state there), in a fresh parent others may enter; the parent is
+/// removed when the first value drops.
+fn nobodys_directory() -> (tempfile::TempDir, std::path::PathBuf) {
     use std::os::unix::fs::PermissionsExt;
-    let Some(nobody) = as_nobody() else { return };
     let parent = tempfile::tempdir().unwrap();
     std::fs::set_permissions(parent.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let d = parent.path().join("pfs");
     std::fs::create_dir(&d).unwrap();
-    // The agent's own directory (it writes its state there); the segment
-    // is root's.
     std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
+    (parent, d)
+}
+
+#[test]
+fn a_segment_the_agent_may_not_read_is_degraded_and_says_what_to_do() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(nobody) = as_nobody() else { return };
+    // The segment is root's.
+    let (_parent, d) = nobodys_directory();
     let seg = pfs_agent::testing::dead_segment(&d, "svc", 4242, 5);
     std::fs::set_permissions(&seg, std::fs::Permissions::from_mode(0o600)).unwrap();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{}", common::free_port())
@@ -866,11 +874,7 @@ fn flags_that_cannot_work_are_refused_with_the_reason() {
 fn the_heartbeat_moves_on_a_lock_file_of_another_user() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let Some(nobody) = as_nobody() else { return };
-    let parent = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(parent.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let d = parent.path().join("pfs");
-    std::fs::create_dir(&d).unwrap();
-    std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
+    let (_parent, d) = nobodys_directory();
     let lock = d.join(pfs_shm_layout::files::AGENT_LOCK_FILE);
     let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_577_836_800); // 2020
     let f = std::fs::File::create(&lock).unwrap();
