@@ -719,6 +719,19 @@
 //!   counted twice and the latest in no bucket, so the buckets still sum
 //!   to `timed_count` and none went below a value a reader saw before.
 //!
+//! - **The directory ([`files`]).** A segment is `<service>.<pid>.pfs`,
+//!   or `<service>.<pid>.<n>.pfs` (n = 1..=8) while a dead predecessor's
+//!   file holds the name. The agent's `.pfs-agent.lock`
+//!   ([`files::AGENT_LOCK_FILE`]): the agent that holds its `flock` owns
+//!   the directory; every agent sets its times to now at each pass (the
+//!   heartbeat, [`files::agent_watched`], since 7.2); the owner writes in
+//!   it, after each save of its state, `pfs-agent collected 1` then one
+//!   line `<inode> <start_time_unix_ns>` per dead segment whose final
+//!   figures that state holds ([`files::collected_text`],
+//!   [`files::agent_collected`]). A writer that must replace a dead
+//!   predecessor's segment counts it in `uncollected_segments` unless one
+//!   of the two says it was collected.
+//!
 //! ## Modules and layers
 //!
 //! Each module has one job and builds only on modules of lower layers: it
