@@ -206,6 +206,22 @@ fn instrument(shm_dir: &std::path::Path, service: &str) -> Result<bool, DemoErro
         shm_dir: shm_dir.to_path_buf(),
         source,
     })?;
+    // Every wait instrument registered at once, so that setup_instruments
+    // and /metrics list each from the start, not from its first wait (the
+    // snapshot file's, say, comes with the first checkpoint).
+    for class in [
+        &QUEUE_LOCK,
+        &QUEUE_NOT_EMPTY,
+        &STORE_LOCK,
+        &WAL_LOCK,
+        &STATS_LOCK,
+        &REPLY_LOCK,
+        &REPLY_READY,
+        &WAL_FILE,
+        &SNAPSHOT_FILE,
+    ] {
+        class.get();
+    }
     Ok(group_access)
 }
 

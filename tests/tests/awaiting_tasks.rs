@@ -20,8 +20,15 @@ use serde_json::Value;
 const TASKS: usize = 30;
 
 fn query(dir: &std::path::Path, table: &str) -> Value {
+    query_with(dir, table, &[])
+}
+
+/// `pfs-agent query TABLE --format json` with `extra` arguments.
+fn query_with(dir: &std::path::Path, table: &str, extra: &[&str]) -> Value {
     let out = Command::new(agent_bin())
-        .args(["query", table, "--format", "json", "--shm-dir"])
+        .args(["query", table, "--format", "json"])
+        .args(extra)
+        .arg("--shm-dir")
         .arg(dir)
         .output()
         .unwrap();
@@ -148,25 +155,23 @@ fn waiting_requests_are_in_the_current_tables_until_they_end() {
     }
 
     // `query` as SQL: WHERE, ORDER BY, LIMIT and a column list.
-    let out = Command::new(agent_bin())
-        .args(["query", "events_statements_current", "--format", "json"])
-        .args([
+    let top = query_with(
+        dir.path(),
+        "events_statements_current",
+        &[
             "--where",
             "end_event_id=NULL",
             "--where",
             "event_name=statement/test/request",
-        ])
-        .args(["--order-by", "TIMER_WAIT", "--desc", "--limit", "3"])
-        .args(["--columns", "thread_id,timer_wait,sql_text", "--shm-dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+            "--order-by",
+            "TIMER_WAIT",
+            "--desc",
+            "--limit",
+            "3",
+            "--columns",
+            "thread_id,timer_wait,sql_text",
+        ],
     );
-    let top: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         top["columns"],
         serde_json::json!(["thread_id", "timer_wait", "sql_text"])
