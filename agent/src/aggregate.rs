@@ -173,11 +173,18 @@ impl ServiceTotals {
     }
 
     /// Adds a segment's memory rows: all of them for a live process; for a
-    /// dead one the counts and sums only (the memory it had in use is
-    /// gone with it, so its CURRENT, HIGH and LOW no longer add up).
-    fn add_memory(&mut self, s: &SegmentSnapshot, live: bool) {
+    /// dead one its counts, sums and peaks (HIGH) only: the memory it had
+    /// in use is gone with it, so its CURRENT and LOW no longer add up,
+    /// but its peak is what a batch job that ended between two scrapes is
+    /// looked up for, kept until the segment is retired, as the global
+    /// table keeps it.
+    fn add_memory(&mut self, s: &SegmentSnapshot, state: Process) {
         for (name, m) in segment_global_memory(s) {
-            let m = if live { m } else { counts_only(&m) };
+            let m = match state {
+                Process::Live => m,
+                Process::Dead => counts_and_peaks(&m),
+                Process::Retired => counts_only(&m),
+            };
             self.memory.entry(name).or_default().merge(&m);
         }
     }
@@ -189,14 +196,39 @@ impl ServiceTotals {
     }
 }
 
+/// Where a segment's process is, for what its memory rows still add.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Process {
+    /// Running: everything.
+    Live,
+    /// Ended, its segment still read: counts, sums and peaks.
+    Dead,
+    /// Ended and folded into the retired totals: counts and sums.
+    Retired,
+}
+
 /// A memory row's counts and sums, its in-use figures (CURRENT, HIGH,
-/// LOW) zero: what a process that is gone still contributes.
+/// LOW) zero: what a retired process still contributes.
 fn counts_only(m: &MemoryStats) -> MemoryStats {
     MemoryStats {
         count_alloc: m.count_alloc,
         count_free: m.count_free,
         bytes_alloc: m.bytes_alloc,
         bytes_free: m.bytes_free,
+        ..MemoryStats::default()
+    }
+}
+
+/// A memory row's counts, sums and HIGH watermarks, CURRENT and LOW zero:
+/// what a process that is gone still contributes until it is retired.
+fn counts_and_peaks(m: &MemoryStats) -> MemoryStats {
+    MemoryStats {
+        count_alloc: m.count_alloc,
+        count_free: m.count_free,
+        bytes_alloc: m.bytes_alloc,
+        bytes_free: m.bytes_free,
+        high_count: m.high_count,
+        high_bytes: m.high_bytes,
         ..MemoryStats::default()
     }
 }
@@ -271,7 +303,7 @@ impl Retired {
         }
         let t = self.by_service.entry(s.service.clone()).or_default();
         t.add_classes(&segment_global(s));
-        t.add_memory(s, false);
+        t.add_memory(s, Process::Retired);
         t.add_lost(&s.lost);
     }
 
@@ -377,8 +409,9 @@ pub fn running(s: &SegmentSnapshot, kind: EventKind) -> BTreeMap<u32, Running> {
 
 /// Per-service totals over live and dead segments (each with whether its
 /// process lives) plus the retired ones: counters add up over all of them;
-/// what is in use now (threads, memory in use and its watermarks) over
-/// the live processes only.
+/// what is in use now (threads, memory in use and its LOW watermark) over
+/// the live processes only, and the HIGH watermarks over the live and
+/// dead ones (not the retired).
 pub fn by_service<'a>(
     segments: impl Iterator<Item = (&'a SegmentSnapshot, bool)>,
     retired: &Retired,
@@ -404,7 +437,7 @@ pub fn by_service<'a>(
     for (s, live) in segments {
         let t = out.entry(s.service.clone()).or_default();
         t.add_classes(&segment_global(s));
-        t.add_memory(s, live);
+        t.add_memory(s, if live { Process::Live } else { Process::Dead });
         t.add_lost(&s.lost);
         if live {
             t.threads += s.threads.len() as u64;
@@ -501,7 +534,7 @@ mod tests {
     }
 
     #[test]
-    fn gone_processes_add_counts_but_nothing_in_use() {
+    fn gone_processes_add_counts_and_peaks_but_nothing_in_use() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = SegmentConfig {
             service_name: "svc".into(),
@@ -534,8 +567,8 @@ mod tests {
         assert_eq!(used(true, &Retired::default()), (1, 1, 4096, 4096, 4096));
         assert_eq!(
             used(false, &Retired::default()),
-            (0, 1, 4096, 0, 0),
-            "a dead process"
+            (0, 1, 4096, 0, 4096),
+            "a dead process: its peak stays until it is retired"
         );
         let mut retired = Retired::default();
         retired.absorb(&s);

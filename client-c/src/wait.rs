@@ -138,8 +138,10 @@ pub unsafe extern "C" fn pfs_wait_class_enabled(cls: *const pfs_wait_class_t) ->
 /// for the life of the process. Texts are cut to 56 bytes at a character
 /// boundary (a long path keeps its start). Returns `PFS_NO_OBJECT_NAME` if
 /// `name` is NULL or not UTF-8, before `pfs_init` (or after it failed), or
-/// when the segment's string table is full (counted once per text in
-/// `pfs_lost_total{kind="strings"}`); a wait begun with it has no name.
+/// when a new name would leave less than a quarter of the segment's string
+/// table free (that quarter stays for `SOURCE` call sites; counted once per
+/// text in `pfs_lost_total{kind="strings"}`); a wait begun with it has no
+/// name.
 ///
 /// Threading: any thread; takes the process's writer lock (call it once
 /// per object, when it is opened, not per wait). Ownership: `name` is

@@ -373,6 +373,19 @@ fn one_thread(c: &mut Criterion) {
     g.bench_function("statement", |b| {
         b.iter(|| drop(black_box(&STATEMENT).start()))
     });
+    // The drop-in `sync::Mutex` (a `try_lock`, else a block, inside a
+    // timed wait) against std's, uncontended lock + unlock: what the
+    // application pays per lock, beside `timed_wait` alone.
+    {
+        let std_m = std::sync::Mutex::new(0u64);
+        g.bench_function("std_mutex", |b| {
+            b.iter(|| *black_box(&std_m).lock().unwrap() += 1)
+        });
+        let pfs_m = pfs_client::sync::Mutex::new(&TIMED, 0u64);
+        g.bench_function("pfs_mutex", |b| {
+            b.iter(|| *black_box(&pfs_m).lock().unwrap() += 1)
+        });
+    }
     g.bench_function("prom_client", |b| b.iter(|| prom_observe(black_box(&prom))));
     let ds = durations();
     g.bench_function("bucket_index", |b| {

@@ -71,6 +71,14 @@ pub struct Config {
     /// declare their actor before any agent could change the table find
     /// them.
     pub actor_rules: Vec<ActorRule>,
+    /// Protect the segment's mapping against `SIGBUS` (`PFS_SIGBUS_HANDLER`,
+    /// default yes): a process-wide handler, installed by `init`, turns
+    /// a fault in the mapping (its file truncated by another process) into
+    /// private zero pages, so the process runs on, recording nothing more,
+    /// instead of dying. Every other `SIGBUS` goes to the handler installed
+    /// before (Rust's own, usually) or kills as it would have. Off for a
+    /// program that must own `SIGBUS` alone.
+    pub sigbus_handler: bool,
     /// Reclaim thread-container pages whose records have all been free for
     /// this long, returning their memory to the OS (`None`: never). A
     /// background thread `pfs-maintenance` runs the reclaimer.
@@ -102,6 +110,7 @@ impl Config {
             consumer_rules: Vec::new(),
             actor_rules: Vec::new(),
             reclaim_after: Some(DEFAULT_RECLAIM_AFTER),
+            sigbus_handler: true,
         }
     }
 
@@ -154,6 +163,7 @@ impl Config {
         c.group_access = flag("PFS_GROUP_ACCESS", c.group_access)?;
         c.enabled = flag("PFS_INSTRUMENTS_ENABLED", c.enabled)?;
         c.timed = flag("PFS_INSTRUMENTS_TIMED", c.timed)?;
+        c.sigbus_handler = flag("PFS_SIGBUS_HANDLER", c.sigbus_handler)?;
         c.history_long_len = num(
             "PFS_HISTORY_LONG_SIZE",
             c.history_long_len,
@@ -234,6 +244,13 @@ impl Config {
     /// once (see [`Config::task_slots`](struct.Config.html#structfield.task_slots)).
     pub fn task_slots(mut self, n: u32) -> Self {
         self.task_slots = n;
+        self
+    }
+
+    /// Whether `init` protects the segment's mapping with a `SIGBUS`
+    /// handler (see [`Config::sigbus_handler`](struct.Config.html#structfield.sigbus_handler)).
+    pub fn sigbus_handler(mut self, on: bool) -> Self {
+        self.sigbus_handler = on;
         self
     }
 

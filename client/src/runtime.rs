@@ -156,13 +156,21 @@ fn create(cfg: &Config, renounce: fn()) -> Result<Runtime, InitError> {
             }
         },
     );
-    let seg = match created {
+    let mut seg = match created {
         Ok(seg) => seg,
         Err(e) => {
             let _ = std::fs::remove_file(&path);
             return Err(InitError::Segment(path, e));
         }
     };
+    if cfg.sigbus_handler
+        && let Err(e) = seg.protect()
+    {
+        tracing::warn!(
+            "pfs: {e}: a process that truncates {} would kill this one (PFS_SIGBUS_HANDLER=no silences this)",
+            path.display()
+        );
+    }
     // The runtime lives as long as the process: leaking the writer lets
     // the hot path hold `'static` references into the mapping.
     mark_ready(&seg);
@@ -245,6 +253,10 @@ fn spawn_maintenance(writer: &'static SegmentWriter, quiet: Duration, renounce: 
             crate::reentry::reentrant(|| {
                 loop {
                     std::thread::sleep(tick);
+                    if writer.segment().faulted() {
+                        warn_faulted();
+                        return;
+                    }
                     writer.maintain();
                 }
             })
@@ -253,6 +265,21 @@ fn spawn_maintenance(writer: &'static SegmentWriter, quiet: Duration, renounce: 
     if let Err(e) = started {
         tracing::warn!(
             "pfs: cannot start the maintenance thread ({e}); container pages will not be reclaimed"
+        );
+    }
+}
+
+/// Says, once, that the segment's mapping faulted (its file truncated
+/// under it): the process runs on and records nothing more. The
+/// maintenance thread notices it within a tick; a thread that needs a new
+/// record says it too (`thread`).
+pub(crate) fn warn_faulted() {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if !WARNED.swap(true, Relaxed) {
+        let path = get().map_or_else(String::new, |rt| rt.path.display().to_string());
+        crate::warning::warn(
+            &format!("pfs: {path}: {}", pfs_shm_layout::SegmentError::Faulted),
+            |m| tracing::warn!("{m}"),
         );
     }
 }

@@ -337,6 +337,10 @@ fn register_inner(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
 /// where the application's own logs go).
 #[cold]
 fn warn_no_record(e: &NoRecord) {
+    if matches!(e, NoRecord::Volume(pfs_shm_layout::SegmentError::Faulted)) {
+        runtime::warn_faulted();
+        return;
+    }
     static WARNED: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
     let (i, advice) = match e {
         NoRecord::Full { .. } => (

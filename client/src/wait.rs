@@ -453,11 +453,15 @@ impl ObjectName {
     /// character boundary: a long path keeps its start). Takes the
     /// process's writer lock and a hash lookup: call it once per object
     /// (when it is opened), not per wait. [`ObjectName::NONE`] if the
-    /// client is not initialised, or the string table is full (counted in
-    /// `pfs_lost_total{kind="strings"}`, once per text).
+    /// client is not initialised, or if a new name would leave less than
+    /// a quarter of the string table (`PFS_MAX_STRINGS`) free: that
+    /// quarter stays for `SOURCE` call sites, so a service that opens
+    /// files without end still shows where new code paths run (the
+    /// refused names are counted in `pfs_lost_total{kind="strings"}`,
+    /// once per text).
     pub fn new(name: &str) -> Self {
         match runtime::get() {
-            Some(rt) => Self(reentrant(|| rt.writer.intern(name)).unwrap_or(NONE_U32)),
+            Some(rt) => Self(reentrant(|| rt.writer.intern_object_name(name)).unwrap_or(NONE_U32)),
             None => Self::NONE,
         }
     }

@@ -84,6 +84,13 @@ pub enum SegmentError {
         "reading the mapped segment raised SIGBUS (an I/O error, or a full tmpfs that cannot back a page); it is no longer read; check the volume"
     )]
     Unreadable,
+    /// An access to the creator's own protected mapping raised `SIGBUS`
+    /// (`Segment::protect`): the mapping now holds
+    /// private zeros, and the file is not written again.
+    #[error(
+        "the segment's mapping raised SIGBUS (another process truncated its file, or its volume failed); this process records nothing more into it; restart the process to record again, and find what truncated the file"
+    )]
+    Faulted,
     /// The mapping could not be protected against truncation.
     #[error("cannot protect the segment mapping against truncation: {0}")]
     Protect(String),

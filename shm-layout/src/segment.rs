@@ -717,6 +717,38 @@ impl Segment {
         Ok(())
     }
 
+    /// Protects this mapping against `SIGBUS` ([`crate::sigbus`]), as
+    /// [`Segment::open`] does for a reader's: for the creator, whose file
+    /// any process with write access (or root) could truncate. A later
+    /// access beyond the file's end then finds private zero pages instead
+    /// of killing the process: its events go nowhere from then on, and
+    /// [`Segment::faulted`] says so. Installs the process-wide handler on
+    /// first use (other `SIGBUS`es go to the previous handler, or kill as
+    /// before). Fails if the handler cannot be installed or
+    /// [`crate::sigbus::MAX_REGISTRATIONS`] mappings are protected already.
+    pub fn protect(&mut self) -> Result<(), SegmentError> {
+        if self.guard.is_none() {
+            self.guard = Some(Registration::new(self.map.as_ptr(), self.map.len())?);
+        }
+        Ok(())
+    }
+
+    /// Whether an access to this (protected) mapping raised `SIGBUS`: it
+    /// has held private zeros since, not the file's bytes.
+    pub fn faulted(&self) -> bool {
+        self.guard.as_ref().is_some_and(Registration::faulted)
+    }
+
+    /// [`SegmentError::Faulted`] once the mapping faulted: the file is
+    /// no longer what this process writes, and growing it again (a
+    /// reservation past a truncated end) would only hand the agent zeros.
+    fn writable_file(&self) -> Result<&File, SegmentError> {
+        if self.faulted() {
+            return Err(SegmentError::Faulted);
+        }
+        Ok(&self.file)
+    }
+
     /// The validated geometry.
     pub fn geometry(&self) -> &Geometry {
         &self.geom
@@ -1164,7 +1196,7 @@ impl Segment {
     /// Reserves the `history_long` ring of `kind` before its first use.
     pub fn reserve_long(&self, kind: EventKind) -> Result<(), SegmentError> {
         reserve(
-            &self.file,
+            self.writable_file()?,
             self.geom.long_off[kind.index()],
             self.geom.long_size(kind),
         )
@@ -1179,7 +1211,7 @@ impl Segment {
         let g = &self.geom;
         let start = g.task_slot_off(slot) / PAGE * PAGE;
         let end = (g.task_slot_off(slot) + size_of::<TaskSlot>()).div_ceil(PAGE) * PAGE;
-        reserve(&self.file, start, end - start)?;
+        reserve(self.writable_file()?, start, end - start)?;
         let whole = (end - g.task_slot_off(0)) / size_of::<TaskSlot>();
         Ok((whole as u32).min(g.task_slots))
     }
@@ -1198,7 +1230,11 @@ impl Segment {
     /// Reserves (`fallocate`s) the bytes of container page `page` so that
     /// touching them can never SIGBUS. Errors mean the volume is full.
     pub fn reserve_page(&self, page: u32) -> Result<(), SegmentError> {
-        reserve(&self.file, self.geom.page_off(page), self.geom.page_size)
+        reserve(
+            self.writable_file()?,
+            self.geom.page_off(page),
+            self.geom.page_size,
+        )
     }
 }
 

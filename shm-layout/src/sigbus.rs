@@ -9,10 +9,11 @@
 //!
 //! # Design
 //!
-//! * Every mapping made by `Segment::open` (in the `segment` module) is
-//!   registered in a fixed-size, lock-free table of `(start, end)` ranges
-//!   ([`Registration`]); it is removed when the segment is dropped, before
-//!   the mapping is unmapped.
+//! * Every mapping made by `Segment::open` (in the `segment` module), and
+//!   the creator's once it calls `Segment::protect` (`pfs-client` does at
+//!   `init`), is registered in a fixed-size, lock-free table of
+//!   `(start, end)` ranges ([`Registration`]); it is removed when the
+//!   segment is dropped, before the mapping is unmapped.
 //! * A process-wide `SIGBUS` handler is installed once (`sigaction`,
 //!   `SA_SIGINFO | SA_ONSTACK`), remembering the previous disposition.
 //! * When the faulting address (`si_addr`, kernel-generated faults only)
@@ -30,6 +31,7 @@
 //!
 //! The owner of a segment checks [`Registration::faulted`] after reading
 //! and drops the segment: its contents after the fault are zeros, not data.
+//! A writer runs on against the zeros and stops growing the file.
 //!
 //! The handler is async-signal-safe: it only loads and stores atomics of a
 //! static table and calls `mmap`/`sigaction` (system calls); it never

@@ -100,6 +100,11 @@ pub struct ReclaimStats {
 /// of them tries the reservation again.
 pub const LONG_RETRY_EVERY: u64 = 1 << 16;
 
+/// The share of the string table (numerator, denominator) that object
+/// names leave free for call sites ([`SegmentWriter::intern_object_name`]):
+/// a quarter, 512 entries of the default 2048.
+pub const OBJECT_NAMES_LEAVE_FREE: (u64, u64) = (1, 4);
+
 /// Where the reservation of a `history_long` ring stands, as stored in
 /// [`SegmentWriter`]'s `long_state` (its discriminant).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -319,17 +324,35 @@ impl SegmentWriter {
         &self.seg.classes()[i as usize].flags
     }
 
-    /// Interns a string (source location, object name); `None` when the
-    /// table is full, and a lost count the first time a string is
+    /// Interns a string (a source location, an actor's name); `None` when
+    /// the table is full, and a lost count the first time a string is
     /// refused.
     pub fn intern(&self, s: &str) -> Option<u32> {
+        self.intern_leaving(s, 0)
+    }
+
+    /// [`SegmentWriter::intern`] for an object name (a file's path, a
+    /// peer's address): names come from data, without bound (every file a
+    /// service opens), so a new one takes an entry only while more than
+    /// [`OBJECT_NAMES_LEAVE_FREE`] of the table is free. The rest stays for
+    /// call sites, which the code bounds: a code path first reached after
+    /// a day of rotated log files still gets its `SOURCE`.
+    pub fn intern_object_name(&self, s: &str) -> Option<u32> {
+        let free =
+            self.seg.strings().len() as u64 * OBJECT_NAMES_LEAVE_FREE.0 / OBJECT_NAMES_LEAVE_FREE.1;
+        self.intern_leaving(s, free as usize)
+    }
+
+    /// Interns `s` if known, or if more than `keep_free` entries are free.
+    fn intern_leaving(&self, s: &str, keep_free: usize) -> Option<u32> {
         let s = truncate_utf8(s, STRING_BYTES);
         let mut slow = self.slow();
         if let Some(&i) = slow.strings.get(s) {
             return Some(i);
         }
         let i = slow.strings.len() as u32;
-        let Some(e) = self.seg.strings().get(i as usize) else {
+        let room = self.seg.strings().len().saturating_sub(keep_free);
+        let Some(e) = self.seg.strings()[..room].get(i as usize) else {
             const BITS: u32 = 17;
             let refused = slow
                 .refused
@@ -1596,6 +1619,36 @@ mod tests {
         assert_eq!(w.intern("a.c:3"), None);
         assert_eq!(lost(), 2);
         assert_eq!(w.intern("a.c:1"), Some(0), "the interned ones still are");
+    }
+
+    /// Object names fill the string table only to three quarters: the
+    /// last quarter stays for call sites, and a name once interned is
+    /// found again after that.
+    #[test]
+    fn object_names_leave_a_quarter_of_the_strings_to_call_sites() {
+        let cfg = SegmentConfig {
+            max_strings: 8,
+            ..SegmentConfig::default()
+        };
+        let f = tempfile::tempfile().unwrap();
+        let w = SegmentWriter::new(
+            Segment::create(f, &cfg, TimerCalibration::NANOSECONDS, 1, 0).unwrap(),
+        );
+        let lost = || w.segment().lost().counters[LostKind::Strings as usize].load(Relaxed);
+        let names: Vec<_> = (0..10)
+            .map(|i| w.intern_object_name(&format!("/log/{i}")))
+            .collect();
+        assert_eq!(names[..6], (0..6).map(Some).collect::<Vec<_>>()[..]);
+        assert!(names[6..].iter().all(Option::is_none), "{names:?}");
+        assert_eq!(lost(), 4);
+        assert_eq!(
+            w.intern_object_name("/log/2"),
+            Some(2),
+            "known names still are"
+        );
+        assert_eq!(w.intern("a.c:1"), Some(6), "call sites take the rest");
+        assert_eq!(w.intern("a.c:2"), Some(7));
+        assert_eq!(w.intern("a.c:3"), None);
     }
 
     fn started(id: u64, object: u64) -> EventData {

@@ -181,5 +181,23 @@ fn memory_tables_are_exact() -> Result<()> {
         3.0
     );
     w.finish(Duration::from_secs(20))?;
+    // Once the process has ended, nothing is in use, but its peak stays
+    // until the segment is retired (a batch job's peak, scraped after it
+    // exited): the global table's HIGH, 1000 since the truncation.
+    let used = |m: &[pfs_tests::Sample], name| pfs_tests::sample(m, name, &labels);
+    let m = pfs_tests::poll(Duration::from_secs(20), || {
+        let m = pfs_tests::parse_metrics(&pfs_tests::http_get(&format!("{base}/metrics"))?.body)?;
+        Ok((used(&m, "pfs_memory_used_bytes")? == 0.0).then_some(m))
+    })?;
+    assert_eq!(used(&m, "pfs_memory_used_high_bytes")?, 1000.0);
+    assert_eq!(used(&m, "pfs_memory_used_low_bytes")?, 0.0);
+    assert_eq!(used(&m, "pfs_memory_allocations_total")?, 3.0);
+    let g = get_json(&format!(
+        "{base}/api/v1/tables/memory_summary_global_by_event_name"
+    ))?;
+    let row = (rows(&g)?.iter())
+        .find(|r| r["event_name"] == CACHE)
+        .expect("the ended process's row");
+    assert_eq!(row["high_number_of_bytes_used"], 1000);
     Ok(())
 }

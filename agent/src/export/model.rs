@@ -519,7 +519,7 @@ fn memory_families(services: &BTreeMap<String, ServiceTotals>) -> Vec<Family> {
             "pfs_memory_used_high",
             Some("bytes"),
             ("pfs.memory.used.high", "By"),
-            "High watermark of bytes in use (HIGH_NUMBER_OF_BYTES_USED; sum over threads).",
+            "High watermark of bytes in use (HIGH_NUMBER_OF_BYTES_USED; sum over threads, an ended process's kept until it is retired).",
         ),
         g(
             "pfs_memory_used_low",
@@ -537,7 +537,7 @@ fn memory_families(services: &BTreeMap<String, ServiceTotals>) -> Vec<Family> {
             "pfs_memory_used_high_blocks",
             None,
             ("pfs.memory.used.high_blocks", "{block}"),
-            "High watermark of blocks in use (HIGH_COUNT_USED; sum over threads).",
+            "High watermark of blocks in use (HIGH_COUNT_USED; sum over threads, an ended process's kept until it is retired).",
         ),
         g(
             "pfs_memory_used_low_blocks",

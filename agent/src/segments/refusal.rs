@@ -178,7 +178,8 @@ impl Refusal {
             SegmentError::FoldStorm(_) => Refusal::FoldStorm,
             SegmentError::GlobalLockStuck { .. } => Refusal::GlobalLockStuck,
             SegmentError::Shrunk { .. } => Refusal::Shrunk,
-            SegmentError::Unreadable => Refusal::Unreadable,
+            // (`Faulted` is the creator's own: a reader meets `Unreadable`.)
+            SegmentError::Unreadable | SegmentError::Faulted => Refusal::Unreadable,
             SegmentError::Protect(_) => Refusal::Unprotected,
         }
     }
