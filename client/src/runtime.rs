@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pfs_shm_layout::layout::{ConsumerKind, LostKind, SetupSection};
-use pfs_shm_layout::{EventKind, Segment, SegmentWriter};
+use pfs_shm_layout::{EventKind, Segment, SegmentError, SegmentWriter};
 use rustix::fs::FlockOperation;
 
 use crate::config::Config;
@@ -145,6 +145,7 @@ fn create(cfg: &Config, renounce: fn()) -> Result<Runtime, InitError> {
         crate::timer::calibration(),
         pid,
         now_unix_ns(),
+        cfg.sigbus_handler,
         |seg| {
             for (pattern, on) in &cfg.consumer_rules {
                 pfs_shm_layout::setup::set_consumers(seg, pattern, *on);
@@ -156,21 +157,25 @@ fn create(cfg: &Config, renounce: fn()) -> Result<Runtime, InitError> {
             }
         },
     );
-    let mut seg = match created {
+    let created = match created {
+        // Truncated while it was being created: nothing to record into.
+        Ok(seg) if seg.faulted() => Err(SegmentError::Faulted),
+        Ok(seg) if cfg.sigbus_handler && !seg.protected() => {
+            tracing::warn!(
+                "pfs: cannot install the SIGBUS handler: a process that truncates {} would kill this one (PFS_SIGBUS_HANDLER=no silences this)",
+                path.display()
+            );
+            Ok(seg)
+        }
+        other => other,
+    };
+    let seg = match created {
         Ok(seg) => seg,
         Err(e) => {
             let _ = std::fs::remove_file(&path);
             return Err(InitError::Segment(path, e));
         }
     };
-    if cfg.sigbus_handler
-        && let Err(e) = seg.protect()
-    {
-        tracing::warn!(
-            "pfs: {e}: a process that truncates {} would kill this one (PFS_SIGBUS_HANDLER=no silences this)",
-            path.display()
-        );
-    }
     // The runtime lives as long as the process: leaking the writer lets
     // the hot path hold `'static` references into the mapping.
     mark_ready(&seg);
@@ -237,10 +242,13 @@ fn create_dir(dir: &Path, mode: u32) -> Result<(), InitError> {
 
 /// Starts the `pfs-maintenance` thread: every quarter of the quiet time
 /// (between 10 ms and 5 s) it runs the container reclaimer, a slow path
-/// that never touches the event hot path. If the thread cannot be started
-/// the process runs on without reclamation.
+/// that never touches the event hot path; and at least every second it
+/// looks whether the segment's mapping faulted (its file truncated), to
+/// say so. If the thread cannot be started the process runs on without
+/// reclamation.
 fn spawn_maintenance(writer: &'static SegmentWriter, quiet: Duration, renounce: fn()) {
     let tick = (quiet / 4).clamp(Duration::from_millis(10), Duration::from_secs(5));
+    let look = tick.min(FAULT_CHECK_EVERY);
     let started = spawn_without_signals(
         std::thread::Builder::new().name("pfs-maintenance".into()),
         // All of it is the instrumentation's own work: it keeps no thread
@@ -251,13 +259,18 @@ fn spawn_maintenance(writer: &'static SegmentWriter, quiet: Duration, renounce: 
         move || {
             renounce();
             crate::reentry::reentrant(|| {
+                let mut since = Duration::ZERO;
                 loop {
-                    std::thread::sleep(tick);
+                    std::thread::sleep(look);
                     if writer.segment().faulted() {
                         warn_faulted();
                         return;
                     }
-                    writer.maintain();
+                    since += look;
+                    if since >= tick {
+                        since = Duration::ZERO;
+                        writer.maintain();
+                    }
                 }
             })
         },
@@ -268,6 +281,10 @@ fn spawn_maintenance(writer: &'static SegmentWriter, quiet: Duration, renounce: 
         );
     }
 }
+
+/// How often the `pfs-maintenance` thread looks whether the segment's
+/// mapping faulted, at most.
+const FAULT_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// Says, once, that the segment's mapping faulted (its file truncated
 /// under it): the process runs on and records nothing more. The

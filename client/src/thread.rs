@@ -297,6 +297,10 @@ fn register(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
 }
 
 fn register_inner(rt: &'static Runtime) -> Option<&'static ThreadCtx> {
+    if rt.writer.segment().faulted() {
+        // (A new thread records into zeros like the others: said once.)
+        runtime::warn_faulted();
+    }
     let thread_id = NEXT_THREAD_ID.fetch_add(1, Relaxed);
     let os_tid = rustix::thread::gettid().as_raw_nonzero().get() as u64;
     let name = thread_name().unwrap_or_else(|| format!("thread-{thread_id}"));

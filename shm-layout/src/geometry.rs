@@ -56,7 +56,7 @@ pub struct SegmentConfig {
 /// `--max-segment-size` default (a file claiming more, e.g. a huge sparse
 /// one, is refused as `too_large`), and so the largest `pfs-client`
 /// creates: a bigger one would record what nothing exports. A default
-/// segment is about 110 MiB, mostly sparse.
+/// segment is about 112 MiB, mostly sparse.
 pub const DEFAULT_MAX_SEGMENT_BYTES: u64 = 4 << 30;
 
 impl Default for SegmentConfig {

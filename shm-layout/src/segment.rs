@@ -211,20 +211,28 @@ impl Segment {
         pid: u32,
         start_time_unix_ns: u64,
     ) -> Result<Self, SegmentError> {
-        Self::create_with(file, cfg, timer, pid, start_time_unix_ns, |_| {})
+        Self::create_with(file, cfg, timer, pid, start_time_unix_ns, false, |_| {})
     }
 
     /// [`Segment::create`], running `prepare` on the segment just before
     /// it is published (`SEGMENT_READY`): setup the creator writes there
     /// (its initial consumers and `setup_actors` rows) is in place before
     /// any reader, or any agent that changes setup, can open it, so the
-    /// creator is never a second writer of a row beside the agent.
+    /// creator is never a second writer of a row beside the agent. With
+    /// `protect`, the mapping is protected ([`Segment::protect`]) as soon
+    /// as it is made, before its first byte is written: a file truncated
+    /// while it is being created cannot kill the creator either (the
+    /// segment is then returned [`Segment::faulted`]). If it cannot be
+    /// protected, it is created all the same: [`Segment::protected`] says
+    /// which.
+    #[allow(clippy::too_many_arguments)]
     pub fn create_with(
         file: File,
         cfg: &SegmentConfig,
         timer: TimerCalibration,
         pid: u32,
         start_time_unix_ns: u64,
+        protect: bool,
         prepare: impl FnOnce(&Segment),
     ) -> Result<Self, SegmentError> {
         let geom = Geometry::new(cfg)?;
@@ -244,7 +252,7 @@ impl Segment {
             .len(geom.total_size)
             .map_raw(&file)
             .map_err(|e| SegmentError::Io("map the segment", e))?;
-        let seg = Self {
+        let mut seg = Self {
             guard: None,
             map,
             file,
@@ -257,6 +265,9 @@ impl Segment {
             major: LAYOUT_MAJOR,
             minor: LAYOUT_MINOR,
         };
+        if protect {
+            let _ = seg.protect();
+        }
         let h = seg.header();
         let r = Ordering::Relaxed;
         h.magic.store(MAGIC, r);
@@ -731,6 +742,12 @@ impl Segment {
             self.guard = Some(Registration::new(self.map.as_ptr(), self.map.len())?);
         }
         Ok(())
+    }
+
+    /// Whether this mapping is protected against `SIGBUS`
+    /// ([`Segment::protect`]; every mapping [`Segment::open`] makes is).
+    pub fn protected(&self) -> bool {
+        self.guard.is_some()
     }
 
     /// Whether an access to this (protected) mapping raised `SIGBUS`: it
@@ -1344,17 +1361,29 @@ impl<'a> RecordRef<'a> {
 }
 
 /// Reserves `len` bytes at `off`: `fallocate`, or writing zeros where the
-/// filesystem has no `fallocate`.
+/// filesystem has no `fallocate`. Never changes the file's size (the
+/// creator sets it first): a file another process truncated is not grown
+/// back with zeros that an agent would then find in place of a segment.
 fn reserve(file: &File, off: usize, len: usize) -> Result<(), SegmentError> {
     match rustix::fs::fallocate(
         file.as_fd(),
-        rustix::fs::FallocateFlags::empty(),
+        rustix::fs::FallocateFlags::KEEP_SIZE,
         off as u64,
         len as u64,
     ) {
         Ok(()) => Ok(()),
         Err(rustix::io::Errno::OPNOTSUPP) | Err(rustix::io::Errno::NOSYS) => {
             use std::os::unix::fs::FileExt;
+            let now = file
+                .metadata()
+                .map_err(|e| SegmentError::Io("stat the segment", e))?
+                .len();
+            if now < (off + len) as u64 {
+                return Err(SegmentError::Shrunk {
+                    len: now,
+                    need: (off + len) as u64,
+                });
+            }
             let zeros = vec![0u8; 64 * 1024];
             let mut done = 0;
             while done < len {

@@ -59,9 +59,13 @@ pub struct SegmentWriter {
 struct SlowState {
     classes: HashMap<String, u32>,
     strings: HashMap<String, u32>,
-    /// Strings the full table refused, one bit per hash of theirs (made
-    /// on the first refusal): each is counted lost once, however many
-    /// threads or events ask for it (two that hash alike count once).
+    /// Strings the full table refused, one bit per hash of theirs
+    /// ([`REFUSED_BITS`] bits, 128 KiB, made on the first refusal): each
+    /// is counted lost once, however many threads or events ask for it.
+    /// Two that hash alike count once: the count falls short by the
+    /// collisions, about n² / 2²¹ of n refused strings (0.1 % at 2 500,
+    /// 1 % at 20 000), where an exact set would grow with every refused
+    /// name in the application's memory.
     refused: Option<Box<[u64]>>,
     /// Per added page: the owner's bookkeeping for reclamation.
     pages: Vec<PageBook>,
@@ -99,6 +103,11 @@ pub struct ReclaimStats {
 /// events are counted lost without a lock, and every this many losses one
 /// of them tries the reservation again.
 pub const LONG_RETRY_EVERY: u64 = 1 << 16;
+
+/// Bits (log2) of the set that counts each string a full string table
+/// refuses once: 2^20 bits, 128 KiB of the application's memory, made on
+/// the first refusal.
+pub const REFUSED_BITS: u32 = 20;
 
 /// The share of the string table (numerator, denominator) that object
 /// names leave free for call sites ([`SegmentWriter::intern_object_name`]):
@@ -353,7 +362,7 @@ impl SegmentWriter {
         let i = slow.strings.len() as u32;
         let room = self.seg.strings().len().saturating_sub(keep_free);
         let Some(e) = self.seg.strings()[..room].get(i as usize) else {
-            const BITS: u32 = 17;
+            const BITS: u32 = REFUSED_BITS;
             let refused = slow
                 .refused
                 .get_or_insert_with(|| vec![0; 1 << (BITS - 6)].into_boxed_slice());

@@ -293,3 +293,79 @@ fn a_fault_outside_segments_still_kills_the_process() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The creator's own mapping, protected from its creation on
+/// (`create_with(.., protect: true, ..)`): a file truncated while it is
+/// being created, or while its writer records, leaves the writer running
+/// against zeros, says so (`faulted`), refuses to reserve more of the
+/// file, and never grows it back.
+#[test]
+fn a_writer_s_protected_segment_survives_truncation_from_its_creation_on() {
+    let tmp = tempfile::NamedTempFile::new().unwrap();
+    let cfg = config("writer", 2, 3);
+    let seg = Segment::create_with(
+        tmp.reopen().unwrap(),
+        &cfg,
+        TimerCalibration::NANOSECONDS,
+        1,
+        0,
+        true,
+        // Truncated before the segment is published: its last writes fault.
+        |_| tmp.as_file().set_len(0).unwrap(),
+    )
+    .expect("created, protected");
+    assert!(seg.protected() && seg.faulted());
+    assert!(matches!(seg.reserve_page(0), Err(SegmentError::Faulted)));
+    assert_eq!(tmp.as_file().metadata().unwrap().len(), 0);
+
+    // Truncated while a writer records.
+    let tmp = tempfile::NamedTempFile::new().unwrap();
+    let seg = Segment::create_with(
+        tmp.reopen().unwrap(),
+        &cfg,
+        TimerCalibration::NANOSECONDS,
+        1,
+        0,
+        true,
+        |_| {},
+    )
+    .unwrap();
+    assert!(seg.protected() && !seg.faulted());
+    let w = SegmentWriter::new(seg);
+    let c = w
+        .register_class("wait/synch/mutex/t/a", ClassKind::Mutex, FLAG_ENABLED)
+        .unwrap();
+    let slot = w.alloc_thread(1, 1, "t").unwrap();
+    record_wait(w.segment().record(slot.index), &wait_event(c, 1, 1000));
+    tmp.as_file().set_len(0).unwrap();
+    let rec = w.segment().record(slot.index);
+    for id in 2..=5 {
+        record_wait(rec, &wait_event(c, id, 1000));
+    }
+    assert!(w.segment().faulted());
+    // More threads than the first page holds: no page is reserved, the
+    // file stays empty.
+    for t in 2..40 {
+        let _ = w.alloc_thread(t, t, "t");
+    }
+    assert_eq!(tmp.as_file().metadata().unwrap().len(), 0);
+}
+
+/// Reserving never grows a file another process truncated (before its
+/// writer's mapping faulted: nothing has touched the lost pages yet).
+#[test]
+fn a_reservation_does_not_grow_a_truncated_file() {
+    let tmp = tempfile::NamedTempFile::new().unwrap();
+    let cfg = config("grow", 2, 3);
+    let seg = Segment::create(
+        tmp.reopen().unwrap(),
+        &cfg,
+        TimerCalibration::NANOSECONDS,
+        1,
+        0,
+    )
+    .unwrap();
+    tmp.as_file().set_len(0).unwrap();
+    let _ = seg.reserve_page(1);
+    assert_eq!(tmp.as_file().metadata().unwrap().len(), 0);
+}

@@ -44,7 +44,7 @@ pub struct Policy {
 }
 
 /// Default [`Policy::max_size`]: 4 GiB (a default pfs-client segment is
-/// about 110 MiB, mostly sparse), the layout's
+/// about 112 MiB, mostly sparse), the layout's
 /// [`pfs_shm_layout::geometry::DEFAULT_MAX_SEGMENT_BYTES`], which
 /// pfs-client does not exceed.
 pub const DEFAULT_MAX_SEGMENT_SIZE: u64 = pfs_shm_layout::geometry::DEFAULT_MAX_SEGMENT_BYTES;
