@@ -5,37 +5,19 @@
 //! permission to mount (root or CAP_SYS_ADMIN), as in CI and
 //! `scripts/test`.
 
+mod common;
+
 use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex as StdMutex};
 
+use common::Warnings;
 use pfs_client::{LazyWaitClass, Operation, sync::Mutex};
 use pfs_shm_layout::Segment;
 use pfs_shm_layout::layout::LostKind;
 use pfs_shm_layout::reader::{ReadOptions, snapshot};
 
 static M: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/full/m");
-
-/// Keeps the message of every warning logged through `tracing`.
-struct Warnings(Arc<StdMutex<Vec<String>>>);
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        struct Message<'a>(&'a mut String);
-        impl tracing::field::Visit for Message<'_> {
-            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                if f.name() == "message" {
-                    *self.0 = format!("{v:?}");
-                }
-            }
-        }
-        if *event.metadata().level() == tracing::Level::WARN {
-            let mut m = String::new();
-            event.record(&mut Message(&mut m));
-            self.0.lock().unwrap().push(m);
-        }
-    }
-}
 
 struct Mount(std::path::PathBuf);
 

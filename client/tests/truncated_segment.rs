@@ -7,35 +7,17 @@
 //! process dies of `SIGBUS`, as any process touching a truncated shared
 //! mapping does: what the handler prevents.
 
+mod common;
+
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
+use common::Warnings;
 use pfs_client::{LazyWaitClass, sync::Mutex};
 
 static M: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/trunc/m");
-
-/// Keeps the message of every warning logged through `tracing`.
-struct Warnings(Arc<StdMutex<Vec<String>>>);
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        struct Message<'a>(&'a mut String);
-        impl tracing::field::Visit for Message<'_> {
-            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                if f.name() == "message" {
-                    *self.0 = format!("{v:?}");
-                }
-            }
-        }
-        if *event.metadata().level() == tracing::Level::WARN {
-            let mut m = String::new();
-            event.record(&mut Message(&mut m));
-            self.0.lock().unwrap().push(m);
-        }
-    }
-}
 
 /// `threads` threads that each lock an instrumented mutex `n` times.
 fn work(threads: usize, n: usize) {
