@@ -288,8 +288,8 @@ const FAULT_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// Says, once, that the segment's mapping faulted (its file truncated
 /// under it): the process runs on and records nothing more. The
-/// maintenance thread notices it within a tick; a thread that needs a new
-/// record says it too (`thread`).
+/// maintenance thread notices it within [`FAULT_CHECK_EVERY`]; a thread
+/// that starts says it too (`thread`).
 pub(crate) fn warn_faulted() {
     static WARNED: AtomicBool = AtomicBool::new(false);
     if !WARNED.swap(true, Relaxed) {

@@ -722,7 +722,7 @@ impl Segment {
         if len < need {
             return Err(SegmentError::Shrunk { len, need });
         }
-        if self.guard.as_ref().is_some_and(Registration::faulted) {
+        if self.faulted() {
             return Err(SegmentError::Unreadable);
         }
         Ok(())
