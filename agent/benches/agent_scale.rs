@@ -168,7 +168,7 @@ fn build(threads: u32, instruments: u32) -> Synthetic {
                     ..EventData::default()
                 };
                 rec.end_event(kind, &e, stmt.as_ref(), true, true);
-                rec.summarize(class as usize, true, wait_ps, 0, stmt.as_ref());
+                rec.summarize(class as usize, kind, true, wait_ps, 0, stmt.as_ref());
             }
         }
     }
@@ -201,6 +201,7 @@ fn change_one_percent(syn: &Synthetic, seed: &mut u64) {
         });
         rec.summarize(
             class as usize,
+            kind,
             true,
             1_000 + *seed % 1_000_000,
             0,

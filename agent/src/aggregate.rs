@@ -4,12 +4,19 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use pfs_shm_layout::layout::LOST_COUNTERS;
+use pfs_shm_layout::layout::{BucketScale, LOST_COUNTERS};
 use pfs_shm_layout::reader::{Event, MemoryStats, SegmentSnapshot, Summary};
 use pfs_shm_layout::{ClassKind, EventKind};
 
 /// Totals by instrument name.
 pub type ByEventName = BTreeMap<String, (ClassKind, Summary)>;
+
+/// No event of a class of kind `kind`, its histogram in the kind's scale
+/// (so that a class with no timed event yet shows the bounds it will
+/// have).
+fn zero_of(kind: ClassKind) -> Summary {
+    Summary::zero(BucketScale::of_class(kind))
+}
 
 /// Global-by-event-name rows of one segment: exited threads plus live ones.
 pub fn segment_global(s: &SegmentSnapshot) -> ByEventName {
@@ -21,7 +28,7 @@ pub fn segment_global(s: &SegmentSnapshot) -> ByEventName {
     let mut out = ByEventName::new();
     // Every registered class gets a row, as in PFS (zero until used).
     for c in &s.classes {
-        out.insert(c.name.clone(), (c.kind, Summary::default()));
+        out.insert(c.name.clone(), (c.kind, zero_of(c.kind)));
     }
     let rows = s
         .exited
@@ -31,7 +38,7 @@ pub fn segment_global(s: &SegmentSnapshot) -> ByEventName {
     for (class, sum) in rows {
         if let Some((name, kind)) = names.get(class) {
             out.entry((*name).to_string())
-                .or_insert((*kind, Summary::default()))
+                .or_insert((*kind, zero_of(*kind)))
                 .1
                 .merge(sum);
         }
@@ -166,7 +173,7 @@ impl ServiceTotals {
         for (name, (kind, sum)) in classes {
             self.classes
                 .entry(name.clone())
-                .or_insert((*kind, Summary::default()))
+                .or_insert((*kind, zero_of(*kind)))
                 .1
                 .merge(sum);
         }
@@ -380,24 +387,32 @@ pub struct Running {
     pub oldest_start_ps: Option<u128>,
 }
 
-/// The events of `kind` running now in `s`, by class index: the rows of
+/// The events of `kind` in progress in `s`: the rows of
 /// `events_*_current` ([`latest_per_thread`] of the threads' current rows
-/// and the task slots) not ended yet. Meaningful for a live process only
-/// (a dead one's events never end).
-pub fn running(s: &SegmentSnapshot, kind: EventKind) -> BTreeMap<u32, Running> {
+/// and the task slots) not ended yet, with the name of the thread whose
+/// row shows it (`None`: an awaiting task's slot).
+pub fn unended(s: &SegmentSnapshot, kind: EventKind) -> Vec<(&Event, Option<&str>)> {
     let rows = (s.threads.iter())
-        .filter_map(|t| t.current(kind).map(|e| (e, (), true)))
+        .filter_map(|t| t.current(kind).map(|e| (e, Some(&*t.name), true)))
         .chain(
             s.tasks
                 .iter()
-                .filter_map(|t| t.current(kind).map(|e| (e, (), false))),
+                .filter_map(|t| t.current(kind).map(|e| (e, None, false))),
         )
         .collect();
+    latest_per_thread(rows)
+        .into_iter()
+        .filter(|(e, _, _)| e.end_event_id.is_none())
+        .map(|(e, name, _)| (e, name))
+        .collect()
+}
+
+/// The events of `kind` running now in `s`, by class index ([`unended`]).
+/// Meaningful for a live process only (a dead one's events never end:
+/// [`ended_in_progress`] says what they were).
+pub fn running(s: &SegmentSnapshot, kind: EventKind) -> BTreeMap<u32, Running> {
     let mut out: BTreeMap<u32, Running> = BTreeMap::new();
-    for (e, (), _) in latest_per_thread(rows) {
-        if e.end_event_id.is_some() {
-            continue;
-        }
+    for (e, _) in unended(s, kind) {
         let r = out.entry(e.class).or_default();
         r.count += 1;
         if let Some(start) = e.timer_start {
@@ -405,6 +420,62 @@ pub fn running(s: &SegmentSnapshot, kind: EventKind) -> BTreeMap<u32, Running> {
         }
     }
     out
+}
+
+/// How many events a dead process's events in progress listed by
+/// [`ended_in_progress`] name; the others are counted.
+const IN_PROGRESS_LISTED: usize = 10;
+
+/// What the process of `s`, found dead, was doing when it ended: its
+/// statements, stages and waits in progress (the unended rows of
+/// `events_*_current`), statements first, the longest-running first, each
+/// with its instrument, `THREAD_ID`, thread name and how long before
+/// `now_ps` (the segment's time line when the death was seen) it started.
+/// `None` if nothing was in progress (a process that exits cleanly ends
+/// its threads' events).
+pub fn ended_in_progress(s: &SegmentSnapshot, now_ps: u128) -> Option<String> {
+    let names: HashMap<u32, &str> = s
+        .classes
+        .iter()
+        .map(|c| (c.index, c.name.as_str()))
+        .collect();
+    let mut all: Vec<(EventKind, &Event, Option<&str>)> = Vec::new();
+    for kind in [EventKind::Statement, EventKind::Stage, EventKind::Wait] {
+        let mut rows = unended(s, kind);
+        rows.sort_by_key(|(e, _)| e.timer_start.unwrap_or(u128::MAX));
+        all.extend(rows.into_iter().map(|(e, t)| (kind, e, t)));
+    }
+    if all.is_empty() {
+        return None;
+    }
+    let mut text: Vec<String> = all
+        .iter()
+        .take(IN_PROGRESS_LISTED)
+        .map(|(_, e, thread)| {
+            let class = names
+                .get(&e.class)
+                .copied()
+                .unwrap_or("(unregistered instrument)");
+            let on = thread.map_or_else(
+                || "an awaiting task".to_string(),
+                |n| format!("thread {n:?}"),
+            );
+            let age = e
+                .timer_start
+                .map(|t| {
+                    format!(
+                        ", started {:.3} s before the end was seen",
+                        now_ps.saturating_sub(t) as f64 / 1e12
+                    )
+                })
+                .unwrap_or_default();
+            format!("{class} (THREAD_ID {}, {on}{age})", e.thread_id)
+        })
+        .collect();
+    if all.len() > IN_PROGRESS_LISTED {
+        text.push(format!("and {} more", all.len() - IN_PROGRESS_LISTED));
+    }
+    Some(format!("{} in progress: {}", all.len(), text.join("; ")))
 }
 
 /// Per-service totals over live and dead segments (each with whether its

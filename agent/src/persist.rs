@@ -1,7 +1,7 @@
 //! Layer 1: the JSON forms in which the agent's own files (retired totals,
 //! `TRUNCATE` baselines) keep summaries and memory statistics.
 
-use pfs_shm_layout::layout::HISTOGRAM_BUCKETS;
+use pfs_shm_layout::layout::{BucketScale, HISTOGRAM_BUCKETS};
 use pfs_shm_layout::reader::{MemoryStats, Summary};
 use pfs_shm_layout::values::StatementFigures;
 use serde::{Deserialize, Serialize};
@@ -39,8 +39,39 @@ pub struct SummaryJson {
     max_ps: u64,
     bytes: u64,
     buckets: Vec<u64>,
+    /// What the buckets span ([`BucketScale`]); files written before
+    /// layout 8.0 have none: the wait scale, every kind's then.
+    #[serde(default)]
+    bucket_scale: ScaleJson,
     #[serde(flatten)]
     statement: FiguresJson,
+}
+
+/// A [`BucketScale`] in the agent's JSON files.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ScaleJson {
+    #[default]
+    Short,
+    Long,
+}
+
+impl From<BucketScale> for ScaleJson {
+    fn from(s: BucketScale) -> Self {
+        match s {
+            BucketScale::Short => Self::Short,
+            BucketScale::Long => Self::Long,
+        }
+    }
+}
+
+impl From<ScaleJson> for BucketScale {
+    fn from(s: ScaleJson) -> Self {
+        match s {
+            ScaleJson::Short => Self::Short,
+            ScaleJson::Long => Self::Long,
+        }
+    }
 }
 
 /// `FiguresJson` has the fields of [`StatementFigures`] that a summary
@@ -107,6 +138,7 @@ impl SummaryJson {
             max_ps: s.max_ps,
             bytes: s.bytes,
             buckets: s.buckets.to_vec(),
+            bucket_scale: s.scale.into(),
             statement: FiguresJson::from(&s.statement),
         }
     }
@@ -130,6 +162,7 @@ impl SummaryJson {
             max_ps: self.max_ps,
             bytes: self.bytes,
             statement: StatementFigures::from(&self.statement),
+            scale: self.bucket_scale.into(),
             ..Summary::default()
         };
         s.buckets.copy_from_slice(&self.buckets);
@@ -204,6 +237,20 @@ mod tests {
         assert_eq!(v["rows_examined"], 5);
         let back: SummaryJson = serde_json::from_str(&text).unwrap();
         assert_eq!(back.get("statement/t/q").unwrap(), sample());
+        // The scale too; a file written before layout 8.0 has none: the
+        // wait scale.
+        let long = Summary {
+            scale: BucketScale::Long,
+            ..sample()
+        };
+        let text = serde_json::to_string(&SummaryJson::of(&long)).unwrap();
+        assert!(text.contains(r#""bucket_scale":"long""#), "{text}");
+        let back: SummaryJson = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.get("statement/t/q").unwrap(), long);
+        let mut old: serde_json::Value = serde_json::from_str(&text).unwrap();
+        old.as_object_mut().unwrap().remove("bucket_scale");
+        let back: SummaryJson = serde_json::from_value(old).unwrap();
+        assert_eq!(back.get("statement/t/q").unwrap().scale, BucketScale::Short);
     }
 
     /// A file of an agent from before `SUM_CPU_TIME` and `COUNT_CANCELLED`

@@ -100,7 +100,14 @@ pub fn record_waits(w: &SegmentWriter, slot: u32, class: u32, n: u64) {
             ..Default::default()
         };
         rec.end_event(EventKind::Wait, &e, None, true, true);
-        rec.summarize(class as usize, true, 1_000_000 * (i + 1), 0, None);
+        rec.summarize(
+            class as usize,
+            EventKind::Wait,
+            true,
+            1_000_000 * (i + 1),
+            0,
+            None,
+        );
     }
 }
 
@@ -148,5 +155,12 @@ pub fn statement(
     e.timer_wait = wait_ps;
     e.flags |= EV_ENDED | if cancelled { EV_CANCELLED } else { 0 };
     rec.end_event(EventKind::Statement, &e, Some(&f), true, true);
-    rec.summarize(class as usize, true, wait_ps, 0, Some(&f));
+    rec.summarize(
+        class as usize,
+        EventKind::Statement,
+        true,
+        wait_ps,
+        0,
+        Some(&f),
+    );
 }

@@ -31,7 +31,11 @@
  *    (pfs_task_statement_*) lives in the task; waits still end before
  *    the task is exited.
  *  - Class handles live as long as the process and may be used from any
- *    thread; registering takes a lock: do it at startup.
+ *    thread; registering takes no lock (it may run while another thread
+ *    forks) but allocates: do it at startup, not per event.
+ *  - A pointer that is not NULL must be what the API gave or a struct of
+ *    the program's: a handle cut to 32 bits by a binding that left a
+ *    function's return type as int (ctypes' default) crashes the call.
  *  - Strings are NUL-terminated UTF-8, read during the call only. NULL
  *    pointers and invalid UTF-8 never crash: the call is a no-op or returns
  *    an error code (pfs_strerror describes it).
@@ -521,8 +525,11 @@ size_t pfs_segment_path(char *buf, size_t len);
 // process, or NULL if `name` is NULL, not UTF-8 or not a memory name.
 // May be called before `pfs_init`.
 //
-// Threading: any thread; takes a lock (call it at startup). Ownership:
-// `name` is copied.
+// Threading: any thread, before `pfs_init` too, and in a process that
+// forks meanwhile: takes no lock (a lock-free list), but allocates (call
+// it at startup, not per event). The instrument enters the segment at
+// its first event after `pfs_init`, once, under the library's lock.
+// Ownership: `name` is copied.
 //
 // # Safety
 //
@@ -556,8 +563,11 @@ void pfs_memory_free(pfs_memory_t *token);
 // is NULL, not UTF-8 or not a stage name. May be called before
 // `pfs_init`.
 //
-// Threading: any thread; takes a lock (call it at startup). Ownership:
-// `name` is copied.
+// Threading: any thread, before `pfs_init` too, and in a process that
+// forks meanwhile: takes no lock (a lock-free list), but allocates (call
+// it at startup, not per event). The instrument enters the segment at
+// its first event after `pfs_init`, once, under the library's lock.
+// Ownership: `name` is copied.
 //
 // # Safety
 //
@@ -599,8 +609,11 @@ void pfs_stage_end(void);
 // the process, or NULL if `name` is NULL, not UTF-8 or not a statement
 // name. May be called before `pfs_init`.
 //
-// Threading: any thread; takes a lock (call it at startup). Ownership:
-// `name` is copied.
+// Threading: any thread, before `pfs_init` too, and in a process that
+// forks meanwhile: takes no lock (a lock-free list), but allocates (call
+// it at startup, not per event). The instrument enters the segment at
+// its first event after `pfs_init`, once, under the library's lock.
+// Ownership: `name` is copied.
 //
 // # Safety
 //
@@ -612,6 +625,16 @@ const pfs_statement_class_t *pfs_statement_class_register(const char *name);
 // `pfs_init`, makes it and every call on it a no-op. No lock, no
 // allocation. Records no `SOURCE`: prefer `PFS_STATEMENT_BEGIN`, which
 // records the caller's `file:line` (`pfs_statement_begin_at`).
+//
+// A statement left open stays the thread's open statement: every later
+// one nests in it. End it on every path (`finally`, RAII). If `st` still
+// holds one this thread began and never ended (an exception between
+// begin and end, and the same struct begun again), that one ends first,
+// counted with one error (`SUM_ERRORS`), and the new one does not nest
+// in it (for the thread's 8 innermost open statements; a struct is known
+// by its address, and read only if this thread began a statement there).
+// Another struct does not end it: a statement whose struct is gone
+// stays open until the thread exits.
 //
 // # Safety
 //
@@ -888,8 +911,10 @@ int32_t pfs_set_thread_actor(const char *user, const char *host, const char *rol
 //
 // Returns `PFS_OK`, `PFS_ERR_INVALID_ARGUMENT` (`name` NULL, empty or
 // not UTF-8), `PFS_ERR_NOT_INITIALIZED` (before `pfs_init`, or after it
-// failed: nothing to name), `PFS_ERR_NO_THREAD_RECORD` (the thread
-// container is full) or `PFS_ERR_INTERNAL`.
+// failed: nothing to name), `PFS_ERR_FORKED` (in a child made by `fork`
+// of an initialised process: the segment is the parent's),
+// `PFS_ERR_NO_THREAD_RECORD` (the thread container is full) or
+// `PFS_ERR_INTERNAL`.
 //
 // Threading: acts on the calling thread only; takes the writer's lock
 // the first time a thread is registered. Ownership: `name` is copied.
@@ -923,8 +948,11 @@ uint64_t pfs_statement_event_id(void);
 // name. May be called before `pfs_init`: the class registers in the
 // segment on its first use after it.
 //
-// Threading: any thread; takes a lock (call it at startup, not per
-// event). Ownership: `name` is copied.
+// Threading: any thread, before `pfs_init` too, and in a process that
+// forks meanwhile: takes no lock (a lock-free list), but allocates (call
+// it at startup, not per event). The instrument enters the segment at
+// its first event after `pfs_init`, once, under the library's lock.
+// Ownership: `name` is copied.
 //
 // # Safety
 //
@@ -942,8 +970,9 @@ bool pfs_wait_class_enabled(const pfs_wait_class_t *cls);
 // Interns `name` as a wait's `OBJECT_NAME` (a file's path, a peer's
 // address, a table) and returns its handle, for `pfs_wait_begin_named`
 // and `PFS_WAIT_BEGIN_NAMED`: the same handle for the same text, valid
-// for the life of the process. Texts are cut to 56 bytes at a character
-// boundary (a long path keeps its start). Returns `PFS_NO_OBJECT_NAME` if
+// for the life of the process. A text over 56 bytes keeps its end (a
+// path's file name), after `~`, a hash of the whole text and `…`
+// (`~1a2b3c4d…/shard-07/000001.log`): two long names stay two. Returns `PFS_NO_OBJECT_NAME` if
 // `name` is NULL or not UTF-8, before `pfs_init` (or after it failed), or
 // when a new name would leave less than a quarter of the segment's string
 // table free (that quarter stays for `SOURCE` call sites; counted once per

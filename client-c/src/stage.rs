@@ -15,8 +15,11 @@ use crate::text::str_in;
 /// is NULL, not UTF-8 or not a stage name. May be called before
 /// `pfs_init`.
 ///
-/// Threading: any thread; takes a lock (call it at startup). Ownership:
-/// `name` is copied.
+/// Threading: any thread, before `pfs_init` too, and in a process that
+/// forks meanwhile: takes no lock (a lock-free list), but allocates (call
+/// it at startup, not per event). The instrument enters the segment at
+/// its first event after `pfs_init`, once, under the library's lock.
+/// Ownership: `name` is copied.
 ///
 /// # Safety
 ///

@@ -59,8 +59,11 @@ unsafe fn with(st: *mut pfs_statement_t, f: impl FnOnce(&mut StatementGuard)) {
 /// the process, or NULL if `name` is NULL, not UTF-8 or not a statement
 /// name. May be called before `pfs_init`.
 ///
-/// Threading: any thread; takes a lock (call it at startup). Ownership:
-/// `name` is copied.
+/// Threading: any thread, before `pfs_init` too, and in a process that
+/// forks meanwhile: takes no lock (a lock-free list), but allocates (call
+/// it at startup, not per event). The instrument enters the segment at
+/// its first event after `pfs_init`, once, under the library's lock.
+/// Ownership: `name` is copied.
 ///
 /// # Safety
 ///
@@ -82,6 +85,16 @@ pub unsafe extern "C" fn pfs_statement_class_register(
 /// `pfs_init`, makes it and every call on it a no-op. No lock, no
 /// allocation. Records no `SOURCE`: prefer `PFS_STATEMENT_BEGIN`, which
 /// records the caller's `file:line` (`pfs_statement_begin_at`).
+///
+/// A statement left open stays the thread's open statement: every later
+/// one nests in it. End it on every path (`finally`, RAII). If `st` still
+/// holds one this thread began and never ended (an exception between
+/// begin and end, and the same struct begun again), that one ends first,
+/// counted with one error (`SUM_ERRORS`), and the new one does not nest
+/// in it (for the thread's 8 innermost open statements; a struct is known
+/// by its address, and read only if this thread began a statement there).
+/// Another struct does not end it: a statement whose struct is gone
+/// stays open until the thread exits.
 ///
 /// # Safety
 ///
@@ -131,6 +144,23 @@ unsafe fn begin(
             return;
         }
         let slot = st.cast::<Slot<StatementGuard>>();
+        if let Some(ids) = open::remove(st) {
+            // Still open (begun here, never ended): it ends first, as an
+            // error, or every later statement of the thread would nest in
+            // it. (Known by its address first: a struct being begun may be
+            // uninitialised memory, and is read only if this thread began
+            // a statement there and never ended it; then ended only if it
+            // still holds that statement, armed for this thread, with its
+            // ids: not memory the program reused meanwhile.)
+            // SAFETY: `st` is non-null, writable and ours (contract), and
+            // this thread's `put` below initialised it at its last begin
+            // (its end would have removed it from `open`).
+            let same = unsafe { slot::with(slot, Owner::me(), |g| g.id() == ids) };
+            if same == Some(true) {
+                // SAFETY: as above; armed for this thread (just checked).
+                unsafe { slot::take(slot, Owner::me(), |g| g.add_errors(1)) };
+            }
+        }
         // SAFETY: `cls` is null or a handle, which lives forever (contract).
         let class = unsafe { cls.as_ref() }.map(|c| c.0.get());
         match class {
@@ -139,7 +169,11 @@ unsafe fn begin(
             // `site` is null or a static site (contract).
             Some(c) if c.is_enabled() => unsafe {
                 let started = c.start_at(site_in(site));
-                slot::put(slot, Owner::me(), started)
+                let ids = started.is_recording().then(|| started.id());
+                slot::put(slot, Owner::me(), started);
+                if let Some(ids) = ids.filter(|_| slot::usable()) {
+                    open::push(st, ids);
+                }
             },
             // SAFETY: as above.
             _ => unsafe { slot::clear(slot) },
@@ -258,10 +292,62 @@ pub unsafe extern "C" fn pfs_statement_add_warnings(st: *mut pfs_statement_t, n:
 pub unsafe extern "C" fn pfs_statement_end(st: *mut pfs_statement_t) {
     shield((), || {
         if !st.is_null() {
+            open::remove(st);
             // SAFETY: as in `with`.
             unsafe { slot::take(st.cast::<Slot<StatementGuard>>(), Owner::me(), |_| {}) }
         }
     })
+}
+
+/// The structs of the statements the calling thread began and has not
+/// ended, by address, with the statement's (`THREAD_ID`, `EVENT_ID`),
+/// innermost last: a begin on one of them finds its statement still open
+/// without reading memory that may be uninitialised. The innermost
+/// [`open::TRACKED`] are kept (deeper nesting is not tracked: such a
+/// struct begun again while open is overwritten, as before).
+mod open {
+    use std::cell::Cell;
+
+    use super::pfs_statement_t;
+
+    /// How many are kept.
+    pub(super) const TRACKED: usize = 8;
+
+    /// A struct's address and its statement's ids.
+    type Entry = (usize, (u64, u64));
+
+    thread_local! {
+        static OPEN: Cell<([Entry; TRACKED], usize)> =
+            const { Cell::new(([(0, (0, 0)); TRACKED], 0)) };
+    }
+
+    /// Notes `st` as open with the statement `ids` (the oldest is
+    /// forgotten when full).
+    pub(super) fn push(st: *mut pfs_statement_t, ids: (u64, u64)) {
+        let _ = OPEN.try_with(|c| {
+            let (mut a, mut n) = c.get();
+            if n == TRACKED {
+                a.copy_within(1.., 0);
+                n -= 1;
+            }
+            a[n] = (st as usize, ids);
+            c.set((a, n + 1));
+        });
+    }
+
+    /// Forgets `st`; the ids it was noted with, if it was open.
+    pub(super) fn remove(st: *mut pfs_statement_t) -> Option<(u64, u64)> {
+        OPEN.try_with(|c| {
+            let (mut a, n) = c.get();
+            let i = a[..n].iter().rposition(|e| e.0 == st as usize)?;
+            let ids = a[i].1;
+            a.copy_within(i + 1..n, i);
+            c.set((a, n - 1));
+            Some(ids)
+        })
+        .ok()
+        .flatten()
+    }
 }
 
 #[cfg(test)]

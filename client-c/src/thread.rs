@@ -5,8 +5,8 @@
 use std::ffi::c_char;
 
 use crate::codes::{
-    PFS_ERR_INTERNAL, PFS_ERR_INVALID_ARGUMENT, PFS_ERR_NO_THREAD_RECORD, PFS_ERR_NOT_INITIALIZED,
-    PFS_OK,
+    PFS_ERR_FORKED, PFS_ERR_INTERNAL, PFS_ERR_INVALID_ARGUMENT, PFS_ERR_NO_THREAD_RECORD,
+    PFS_ERR_NOT_INITIALIZED, PFS_OK,
 };
 use crate::shield::shield;
 use crate::text::str_in;
@@ -56,8 +56,10 @@ pub unsafe extern "C" fn pfs_set_thread_actor(
 ///
 /// Returns `PFS_OK`, `PFS_ERR_INVALID_ARGUMENT` (`name` NULL, empty or
 /// not UTF-8), `PFS_ERR_NOT_INITIALIZED` (before `pfs_init`, or after it
-/// failed: nothing to name), `PFS_ERR_NO_THREAD_RECORD` (the thread
-/// container is full) or `PFS_ERR_INTERNAL`.
+/// failed: nothing to name), `PFS_ERR_FORKED` (in a child made by `fork`
+/// of an initialised process: the segment is the parent's),
+/// `PFS_ERR_NO_THREAD_RECORD` (the thread container is full) or
+/// `PFS_ERR_INTERNAL`.
 ///
 /// Threading: acts on the calling thread only; takes the writer's lock
 /// the first time a thread is registered. Ownership: `name` is copied.
@@ -72,6 +74,9 @@ pub unsafe extern "C" fn pfs_set_thread_name(name: *const c_char) -> i32 {
         let Some(name) = (unsafe { str_in(name) }).filter(|n| !n.is_empty()) else {
             return PFS_ERR_INVALID_ARGUMENT;
         };
+        if pfs_client::is_forked_child() {
+            return PFS_ERR_FORKED; // the parent's segment: not this process's
+        }
         if pfs_client::segment_path().is_none() {
             return PFS_ERR_NOT_INITIALIZED;
         }

@@ -102,8 +102,11 @@ fn operation(op: u32) -> Operation {
 /// name. May be called before `pfs_init`: the class registers in the
 /// segment on its first use after it.
 ///
-/// Threading: any thread; takes a lock (call it at startup, not per
-/// event). Ownership: `name` is copied.
+/// Threading: any thread, before `pfs_init` too, and in a process that
+/// forks meanwhile: takes no lock (a lock-free list), but allocates (call
+/// it at startup, not per event). The instrument enters the segment at
+/// its first event after `pfs_init`, once, under the library's lock.
+/// Ownership: `name` is copied.
 ///
 /// # Safety
 ///
@@ -135,8 +138,9 @@ pub unsafe extern "C" fn pfs_wait_class_enabled(cls: *const pfs_wait_class_t) ->
 /// Interns `name` as a wait's `OBJECT_NAME` (a file's path, a peer's
 /// address, a table) and returns its handle, for `pfs_wait_begin_named`
 /// and `PFS_WAIT_BEGIN_NAMED`: the same handle for the same text, valid
-/// for the life of the process. Texts are cut to 56 bytes at a character
-/// boundary (a long path keeps its start). Returns `PFS_NO_OBJECT_NAME` if
+/// for the life of the process. A text over 56 bytes keeps its end (a
+/// path's file name), after `~`, a hash of the whole text and `…`
+/// (`~1a2b3c4d…/shard-07/000001.log`): two long names stay two. Returns `PFS_NO_OBJECT_NAME` if
 /// `name` is NULL or not UTF-8, before `pfs_init` (or after it failed), or
 /// when a new name would leave less than a quarter of the segment's string
 /// table free (that quarter stays for `SOURCE` call sites; counted once per

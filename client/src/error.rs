@@ -70,7 +70,7 @@ pub enum ConfigError {
     /// The sizes lay out a segment larger than a reader accepts by default
     /// (`pfs-agent --max-segment-size`): nothing would export it.
     #[error(
-        "max_threads, history_len, history_long_len, max_classes and max_strings lay out a segment of {} MiB, more than the {} MiB pfs-agent reads by default (its --max-segment-size); lower them",
+        "max_threads, history_len, history_long_len, max_classes and max_strings lay out a segment of {} MiB, more than the {} MiB pfs-agent reads by default (its --max-segment-size); lower them (PFS_MAX_THREADS, PFS_HISTORY_SIZE, PFS_HISTORY_LONG_SIZE, PFS_MAX_CLASSES, PFS_MAX_STRINGS; C's pfs_config_t has no max_strings: only PFS_MAX_STRINGS with pfs_init() sets it), or start pfs-agent with a larger --max-segment-size",
         bytes >> 20,
         max >> 20
     )]

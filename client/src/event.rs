@@ -409,7 +409,7 @@ fn end_in<const KIND: usize>(
         } else {
             0
         };
-        rec.summarize(d.class as usize, timed, wait_ps, bytes, stmt);
+        rec.summarize(d.class as usize, kind, timed, wait_ps, bytes, stmt);
     }
     timed.then_some(wait_ps)
 }

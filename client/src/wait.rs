@@ -449,8 +449,9 @@ impl ObjectName {
     /// No name: `OBJECT_NAME` NULL.
     pub const NONE: ObjectName = ObjectName(NONE_U32);
 
-    /// Interns `name` (cut to 56 bytes, the layout's `STRING_BYTES`, at a
-    /// character boundary: a long path keeps its start). Takes the
+    /// Interns `name` (a name over 56 bytes, the layout's `STRING_BYTES`,
+    /// keeps its end, after a hash of the whole: `~1a2b3c4d…/shard-07/000001.log`,
+    /// see `pfs_shm_layout::writer::object_name_that_fits`). Takes the
     /// process's writer lock and a hash lookup: call it once per object
     /// (when it is opened), not per wait. [`ObjectName::NONE`] if the
     /// client is not initialised, or if a new name would leave less than

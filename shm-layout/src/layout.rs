@@ -16,24 +16,32 @@
 use std::mem::{align_of, offset_of, size_of};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-use crate::kinds::EventKind;
+use crate::kinds::{ClassKind, EventKind};
 use crate::seqlock::SeqLock;
 
 /// `b"PFSSHM\0\0"` read as a little-endian `u64`.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"PFSSHM\0\0");
 /// Major layout version. Bumped on every incompatible change; a reader
 /// refuses any major version it does not know.
-pub const LAYOUT_MAJOR: u32 = 7;
+pub const LAYOUT_MAJOR: u32 = 8;
 /// Minor layout version: compatible additions (new section kinds, use of
 /// reserved fields). Readers accept any minor version of a known major.
-pub const LAYOUT_MINOR: u32 = 2;
-/// The major versions a reader of this crate reads: its own; 6, whose
-/// summary rows have no pending bucket (the word is zero: read the same
-/// way); and 5, which differs from 6 in its memory row only
+pub const LAYOUT_MINOR: u32 = 0;
+/// The major versions a reader of this crate reads: its own; 7, whose
+/// stage and statement histograms have the wait scale
+/// ([`BucketScale::written`]: a reader moves them to the new one); 6,
+/// whose summary rows have no pending bucket (the word is zero: read the
+/// same way); and 5, which differs from 6 in its memory row only
 /// ([`MemoryRowV5`]); so that a newer agent reads the processes built
 /// with the previous clients during a rolling upgrade. Writers write
 /// [`LAYOUT_MAJOR`] only.
 pub const LAYOUT_MAJORS_READ: std::ops::RangeInclusive<u32> = 5..=LAYOUT_MAJOR;
+/// The major versions whose header and counters section are this
+/// version's, word for word (8.0 changed only what the stage and
+/// statement histogram buckets mean): a writer replacing a dead
+/// predecessor's file reads its creation time and its lost counters from
+/// these.
+pub const LAYOUT_MAJORS_SAME_HEADER: std::ops::RangeInclusive<u32> = 7..=LAYOUT_MAJOR;
 /// Written natively by the creator; a reader on the other byte order would
 /// read `0x0403_0201` and refuses the segment.
 pub const BYTE_ORDER_MARK: u32 = 0x0102_0304;
@@ -372,16 +380,18 @@ pub const fn pending_bucket(word: u64) -> Option<usize> {
     }
 }
 
-/// Latency histogram buckets: bucket 0 holds durations `<= 2^-27 s`
-/// (7.45 ns); bucket `i` in `1..=30` holds `(2^(i-28), 2^(i-27)]` seconds;
-/// bucket 31 holds everything above `2^3 s` (8 s). The bounds are powers
-/// of two of a *second* (since layout 4.0; 3.x used powers of two of a
-/// picosecond), so the buckets are exactly those of a Prometheus native
-/// histogram of schema 0 (index `i - 27`) and of an OTLP exponential
-/// histogram of scale 0 (index `i - 28`), bucket 0 being their zero
-/// bucket (threshold `2^-27`). In integer picoseconds, bucket `i` ends at
+/// Latency histogram buckets of the wait scale ([`BucketScale::Short`]):
+/// bucket 0 holds durations `<= 2^-27 s` (7.45 ns); bucket `i` in
+/// `1..=30` holds `(2^(i-28), 2^(i-27)]` seconds; bucket 31 holds
+/// everything above `2^3 s` (8 s). The bounds are powers of two of a
+/// *second* (since layout 4.0; 3.x used powers of two of a picosecond),
+/// so the buckets are exactly those of a Prometheus native histogram of
+/// schema 0 (index `i - 27`) and of an OTLP exponential histogram of scale
+/// 0 (index `i - 28`), bucket 0 being their zero bucket (threshold
+/// `2^-27`). In integer picoseconds, bucket `i` ends at
 /// [`bucket_upper_ps`]`(i)` = ⌊10^12 · 2^(i-27)⌋, so the classification of
-/// an integer duration is exact.
+/// an integer duration is exact. Stages and statements use
+/// [`BucketScale::Long`] (since 8.0): [`BucketScale::index`].
 #[inline(always)]
 pub const fn bucket_index(ps: u64) -> usize {
     if ps <= BUCKET_UPPER_PS[0] {
@@ -405,41 +415,202 @@ pub const fn bucket_index(ps: u64) -> usize {
 /// number shifted.
 const BUCKET_FIVE_12: u64 = 244_140_625;
 
-/// `log2` of bucket 0's upper bound in seconds: bucket `i < 31` ends at
-/// `2^(BUCKET_LOG2_SECONDS_0 + i)` seconds.
+/// `log2` of bucket 0's upper bound in seconds, in the wait scale: bucket
+/// `i < 31` ends at `2^(BUCKET_LOG2_SECONDS_0 + i)` seconds
+/// ([`BucketScale::log2_seconds_0`] for every scale).
 pub const BUCKET_LOG2_SECONDS_0: i32 = -27;
 
-/// Inclusive upper bounds in integer picoseconds of buckets `0..=30`:
-/// ⌊10^12 · 2^(i-27)⌋ = ⌊5^12 · 2^(i-15)⌋.
-pub const BUCKET_UPPER_PS: [u64; HISTOGRAM_BUCKETS - 1] = {
+/// The inclusive upper bounds in integer picoseconds of buckets `0..=30`
+/// of a scale whose bucket 0 ends at `2^(shift - 27)` s:
+/// ⌊10^12 · 2^(i + shift - 27)⌋ = ⌊5^12 · 2^(i + shift - 15)⌋.
+const fn bucket_bounds(shift: usize) -> [u64; HISTOGRAM_BUCKETS - 1] {
     const FIVE_12: u64 = BUCKET_FIVE_12;
     let mut t = [0u64; HISTOGRAM_BUCKETS - 1];
     let mut i = 0;
     while i < HISTOGRAM_BUCKETS - 1 {
-        t[i] = if i >= 15 {
-            FIVE_12 << (i - 15)
+        let e = i + shift;
+        t[i] = if e >= 15 {
+            FIVE_12 << (e - 15)
         } else {
-            FIVE_12 >> (15 - i)
+            FIVE_12 >> (15 - e)
         };
         i += 1;
     }
     t
-};
-
-/// Inclusive upper bound in picoseconds of bucket `i` (rounded down to an
-/// integer), `None` for the last (+Inf) bucket.
-pub const fn bucket_upper_ps(i: usize) -> Option<u64> {
-    if i >= HISTOGRAM_BUCKETS - 1 {
-        None
-    } else {
-        Some(BUCKET_UPPER_PS[i])
-    }
 }
 
-/// Exact upper bound in seconds of bucket `i` (a power of two), `None`
-/// for the last (+Inf) bucket.
+/// Inclusive upper bounds in integer picoseconds of buckets `0..=30` of
+/// the wait scale ([`BucketScale::Short`]): ⌊10^12 · 2^(i-27)⌋ =
+/// ⌊5^12 · 2^(i-15)⌋.
+pub const BUCKET_UPPER_PS: [u64; HISTOGRAM_BUCKETS - 1] = bucket_bounds(0);
+
+/// Inclusive upper bounds in integer picoseconds of buckets `0..=30` of
+/// the stage and statement scale ([`BucketScale::Long`]): ⌊10^12 ·
+/// 2^(i-20)⌋.
+pub const LONG_BUCKET_UPPER_PS: [u64; HISTOGRAM_BUCKETS - 1] =
+    bucket_bounds(BucketScale::Long.shift() as usize);
+
+/// Inclusive upper bound in picoseconds of bucket `i` of the wait scale
+/// (rounded down to an integer), `None` for the last (+Inf) bucket.
+pub const fn bucket_upper_ps(i: usize) -> Option<u64> {
+    BucketScale::Short.upper_ps(i)
+}
+
+/// Exact upper bound in seconds of bucket `i` of the wait scale (a power
+/// of two), `None` for the last (+Inf) bucket.
 pub fn bucket_upper_seconds(i: usize) -> Option<f64> {
-    (i < HISTOGRAM_BUCKETS - 1).then(|| 2f64.powi(BUCKET_LOG2_SECONDS_0 + i as i32))
+    BucketScale::Short.upper_seconds(i)
+}
+
+/// What a summary row's latency histogram buckets span: the same 32
+/// buckets, each twice as wide as the one before, the last open-ended,
+/// starting at a power of two of a second that depends on the event kind
+/// (since layout 8.0; until 7.x every kind had the wait scale, and a
+/// request slower than 8 s could only be counted as "above 8 s").
+///
+/// | scale | kinds | bucket 0 | bucket `i` in 1..=30 | bucket 31 |
+/// |---|---|---|---|---|
+/// | `Short` | waits | ≤ 2^-27 s (7.45 ns) | (2^(i-28), 2^(i-27)] s | > 8 s |
+/// | `Long` | stages, statements | ≤ 2^-20 s (954 ns) | (2^(i-21), 2^(i-20)] s | > 1024 s |
+///
+/// ```
+/// use pfs_shm_layout::EventKind;
+/// use pfs_shm_layout::layout::BucketScale;
+///
+/// let s = BucketScale::of(EventKind::Statement);
+/// assert_eq!(s, BucketScale::Long);
+/// assert_eq!(s.upper_seconds(30), Some(1024.0));
+/// assert_eq!(s.index(12_000_000_000_000), 24); // 12 s: (8 s, 16 s]
+/// assert_eq!(BucketScale::of(EventKind::Wait).index(12_000_000_000_000), 31);
+/// ```
+///
+/// Ordered from the finest to the coarsest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum BucketScale {
+    /// Waits: 7.45 ns to 8 s.
+    #[default]
+    Short,
+    /// Stages and statements: 954 ns to 1024 s (17 min).
+    Long,
+}
+
+impl BucketScale {
+    /// The scale a writer of this layout uses for `kind`'s rows.
+    #[inline(always)]
+    pub const fn of(kind: EventKind) -> Self {
+        match kind {
+            EventKind::Wait => Self::Short,
+            EventKind::Stage | EventKind::Statement => Self::Long,
+        }
+    }
+
+    /// The scale of a class of kind `kind`'s rows (the wait scale for a
+    /// memory class, which has no histogram).
+    #[inline]
+    pub fn of_class(kind: ClassKind) -> Self {
+        EventKind::of_class(kind).map_or(Self::Short, Self::of)
+    }
+
+    /// The scale of `kind`'s rows in a segment of major version `major`
+    /// (every kind had the wait scale until 7.x).
+    #[inline]
+    pub const fn written(kind: EventKind, major: u32) -> Self {
+        if major >= 8 {
+            Self::of(kind)
+        } else {
+            Self::Short
+        }
+    }
+
+    /// How many buckets of the wait scale one bucket of this one is
+    /// offset by: bucket `i` here ends where bucket `i + shift` of the
+    /// wait scale does.
+    #[inline(always)]
+    pub const fn shift(self) -> u32 {
+        match self {
+            Self::Short => 0,
+            Self::Long => 7,
+        }
+    }
+
+    /// `log2` of bucket 0's upper bound in seconds: bucket `i < 31` ends
+    /// at `2^(log2_seconds_0 + i)` seconds. So bucket `i` is bucket
+    /// `i + log2_seconds_0` of a Prometheus native histogram of schema 0,
+    /// and `i + log2_seconds_0 - 1` of an OTLP exponential histogram of
+    /// scale 0; bucket 0 is their zero bucket.
+    #[inline(always)]
+    pub const fn log2_seconds_0(self) -> i32 {
+        BUCKET_LOG2_SECONDS_0 + self.shift() as i32
+    }
+
+    /// The bucket of a duration of `ps` picoseconds: the first whose
+    /// inclusive bound ([`BucketScale::upper_ps`]) is ≥ `ps`.
+    #[inline(always)]
+    pub const fn index(self, ps: u64) -> usize {
+        match self {
+            Self::Short => bucket_index(ps),
+            Self::Long => {
+                let t = &LONG_BUCKET_UPPER_PS;
+                if ps <= t[0] {
+                    return 0;
+                }
+                // 2^(b-1) < ps ≤ 2^b, and t[i] ≈ 2^(i + 19.863): the
+                // bucket is b - 20 or b - 19 (b ≥ 20 here: ps > 953 674).
+                let b = 64 - (ps - 1).leading_zeros() as usize;
+                let i = b - 20;
+                if i >= HISTOGRAM_BUCKETS - 1 {
+                    return HISTOGRAM_BUCKETS - 1;
+                }
+                i + (ps > t[i]) as usize
+            }
+        }
+    }
+
+    /// Inclusive upper bound in picoseconds of bucket `i` (rounded down
+    /// to an integer), `None` for the last (+Inf) bucket.
+    #[inline]
+    pub const fn upper_ps(self, i: usize) -> Option<u64> {
+        if i >= HISTOGRAM_BUCKETS - 1 {
+            return None;
+        }
+        Some(match self {
+            Self::Short => BUCKET_UPPER_PS[i],
+            Self::Long => LONG_BUCKET_UPPER_PS[i],
+        })
+    }
+
+    /// Exact upper bound in seconds of bucket `i` (a power of two), `None`
+    /// for the last (+Inf) bucket.
+    pub fn upper_seconds(self, i: usize) -> Option<f64> {
+        (i < HISTOGRAM_BUCKETS - 1).then(|| 2f64.powi(self.log2_seconds_0() + i as i32))
+    }
+
+    /// `buckets`, counted in the scale `from`, in this one: each bucket
+    /// goes to the bucket here that ends where it ends, or to bucket 0 if
+    /// none does (a finer bucket inside the coarser bucket 0), or to the
+    /// open-ended top if it ends above the last bound. The finer scale's
+    /// open-ended top (above 8 s) is taken to end at twice its last bound,
+    /// so it goes to `(8 s, 16 s]`: its events were longer than 8 s, and
+    /// no longer is known (the figure a 7.x process's statements above 8 s
+    /// get). From the coarser to the finer scale (no writer's row: a
+    /// hostile segment's class of another kind under the same name), the
+    /// coarser bucket 0 goes to the finer bucket with its bound.
+    pub fn rescale(
+        self,
+        from: BucketScale,
+        buckets: &[u64; HISTOGRAM_BUCKETS],
+    ) -> [u64; HISTOGRAM_BUCKETS] {
+        let (to, from) = (self.shift() as usize, from.shift() as usize);
+        let last = HISTOGRAM_BUCKETS - 1;
+        let mut out = [0u64; HISTOGRAM_BUCKETS];
+        for (i, &n) in buckets.iter().enumerate() {
+            // Bucket i ends at 2^(i + from - 27) s: bucket i + from - to
+            // here.
+            let j = (i + from).saturating_sub(to).min(last);
+            out[j] = out[j].saturating_add(n);
+        }
+        out
+    }
 }
 
 /// Summary statistics of one instrument class (384 bytes), guarded by `seq`.
@@ -1192,7 +1363,26 @@ const _: () = {
     assert!(offset_of!(TaskSlot, stages_current) == 128);
     assert!(offset_of!(TaskSlot, statements_current) == 256);
     // Histogram bucket bounds are what the docs say: powers of two of a
-    // second, 7.45 ns to 8 s.
+    // second, 7.45 ns to 8 s for waits, 954 ns to 1024 s for stages and
+    // statements.
+    assert!(LONG_BUCKET_UPPER_PS[0] == 953_674); // 2^-20 s = 953674.3 ps
+    assert!(LONG_BUCKET_UPPER_PS[20] == 1_000_000_000_000); // 1 s
+    assert!(LONG_BUCKET_UPPER_PS[30] == 1_024_000_000_000_000); // 1024 s
+    assert!(BucketScale::Long.index(953_674) == 0);
+    assert!(BucketScale::Long.index(953_675) == 1);
+    assert!(BucketScale::Long.index(1_024_000_000_000_000) == 30);
+    assert!(BucketScale::Long.index(1_024_000_000_000_001) == 31);
+    assert!(BucketScale::Long.index(u64::MAX) == 31);
+    let mut i = 0;
+    while i < HISTOGRAM_BUCKETS - 1 {
+        let u = LONG_BUCKET_UPPER_PS[i];
+        assert!(BucketScale::Long.index(u) == i);
+        assert!(BucketScale::Long.index(u + 1) == i + 1);
+        assert!(i == 0 || BucketScale::Long.index(LONG_BUCKET_UPPER_PS[i - 1] + 1) == i);
+        // The same bound as the wait scale's bucket `i + 7`.
+        assert!(i + 7 >= HISTOGRAM_BUCKETS - 1 || u == BUCKET_UPPER_PS[i + 7]);
+        i += 1;
+    }
     assert!(BUCKET_UPPER_PS[0] == 7450); // 2^-27 s = 7450.58 ps
     assert!(BUCKET_UPPER_PS[27] == 1_000_000_000_000); // 1 s
     assert!(BUCKET_UPPER_PS[30] == 8_000_000_000_000); // 8 s
@@ -1289,6 +1479,54 @@ mod tests {
             // Every magnitude, not only the huge values `any` favours.
             let ps = ps >> shift;
             prop_assert_eq!(bucket_index(ps), bucket_by_table(ps));
+            let long = LONG_BUCKET_UPPER_PS
+                .iter()
+                .position(|&u| ps <= u)
+                .unwrap_or(HISTOGRAM_BUCKETS - 1);
+            prop_assert_eq!(BucketScale::Long.index(ps), long);
         }
+
+        #[test]
+        fn rescaling_puts_every_duration_where_the_new_scale_would(
+            ps in any::<u64>(), shift in 0u32..64,
+        ) {
+            let ps = ps >> shift;
+            let mut short = [0u64; HISTOGRAM_BUCKETS];
+            short[bucket_index(ps)] = 1;
+            let long = BucketScale::Long.rescale(BucketScale::Short, &short);
+            let expect = if ps > BUCKET_UPPER_PS[HISTOGRAM_BUCKETS - 2] {
+                // Above 8 s: only that is known, counted in (8 s, 16 s].
+                BucketScale::Long.index(16_000_000_000_000)
+            } else {
+                BucketScale::Long.index(ps)
+            };
+            prop_assert_eq!(long.iter().position(|&n| n == 1), Some(expect));
+            prop_assert_eq!(long.iter().sum::<u64>(), 1);
+        }
+    }
+
+    #[test]
+    fn the_same_scale_is_kept_and_the_coarse_one_refines_by_bound() {
+        let b: [u64; HISTOGRAM_BUCKETS] = std::array::from_fn(|i| i as u64 + 1);
+        for s in [BucketScale::Short, BucketScale::Long] {
+            assert_eq!(s.rescale(s, &b), b);
+        }
+        let fine = BucketScale::Short.rescale(BucketScale::Long, &b);
+        assert_eq!(fine.iter().sum::<u64>(), b.iter().sum::<u64>());
+        assert_eq!(fine[7], 1); // Long bucket 0 ends at 2^-20 s, as Short 7
+        assert_eq!(fine[30], 24); // Long 23: (4 s, 8 s]
+        assert_eq!(fine[31], (25..=32).sum::<u64>());
+        assert_eq!(
+            BucketScale::written(EventKind::Statement, 7),
+            BucketScale::Short
+        );
+        assert_eq!(
+            BucketScale::written(EventKind::Statement, 8),
+            BucketScale::Long
+        );
+        assert_eq!(BucketScale::written(EventKind::Wait, 8), BucketScale::Short);
+        assert_eq!(BucketScale::Long.upper_ps(0), Some(953_674));
+        assert_eq!(BucketScale::Long.upper_seconds(0), Some(2f64.powi(-20)));
+        assert_eq!(BucketScale::Long.upper_ps(31), None);
     }
 }

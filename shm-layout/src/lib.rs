@@ -8,12 +8,18 @@
 //! checked at compile time, and `tests/spec.rs` checks every number of the
 //! tables below against them.
 //!
-//! Layout version **7.2** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
+//! Layout version **8.0** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
 //! All integers are little-endian (the header's byte-order mark says so).
 //! Every field is an aligned 32- or 64-bit word, read and written with
 //! atomic instructions only.
 //!
-//! Versions: 7.2 uses lost counter 10, `uncollected_segments`: a new
+//! Versions: 8.0 changes what a stage's and a statement's histogram
+//! buckets span: 954 ns to 1024 s instead of the waits' 7.45 ns to 8 s,
+//! so that a request slower than 8 s is counted where it lies (see
+//! *Summary row*); nothing moved. A 7.x reader would misread them, hence
+//! the major version; an 8.0 reader reads 7.x segments and moves their
+//! stage and statement buckets to the new scale (a 7.x event above 8 s
+//! is counted in (8 s, 16 s]: only "above 8 s" is known of it). 7.2 uses lost counter 10, `uncollected_segments`: a new
 //! process that had to remove a dead predecessor's segment no agent had
 //! collected counts it (a 7.1 reader ignores it). 7.1 adds the optional Tasks section (kind 10) and lost
 //! counter 9, `task_slots`: an async task that awaits shows its open
@@ -156,8 +162,8 @@
 //! | offset | size | field | meaning |
 //! |-------:|-----:|-------|---------|
 //! | 0x000 | 8 | `magic` | `"PFSSHM\0\0"` |
-//! | 0x008 | 4 | `major` | 7; a reader of this version also reads 6.x segments (no pending bucket: the summary row's first word is zero) and 5.x segments (their memory rows differ, below); refuse any other |
-//! | 0x00C | 4 | `minor` | 2; compatible additions (new section kinds, use of reserved fields): accept any |
+//! | 0x008 | 4 | `major` | 8; a reader of this version also reads 7.x segments (their stage and statement histograms have the wait scale, below), 6.x segments (no pending bucket: the summary row's first word is zero) and 5.x segments (their memory rows differ, below); refuse any other |
+//! | 0x00C | 4 | `minor` | 0; compatible additions (new section kinds, use of reserved fields): accept any |
 //! | 0x010 | 4 | `byte_order` | `0x01020304` as written by the creator |
 //! | 0x014 | 4 | `header_size` | 4096 |
 //! | 0x018 | 8 | `segment_size` | file size set by the creator; must be ≤ the file's length |
@@ -314,16 +320,26 @@
 //! | 368 | 8 | `cancelled` | statements cancelled (since 3.1) |
 //! | 376 | 8 | `reserved` | reserved |
 //!
-//! Bucket 0 counts durations ≤ 2^-27 s (7450 ps), bucket *i* (1..=30)
-//! counts (2^(i-28), 2^(i-27)] s, bucket 31 counts everything above 2^3 s
-//! (8 s). In integer picoseconds, bucket *i* ≤ 30 ends at ⌊10^12 ·
-//! 2^(i-27)⌋ ps (7450, 14901, 29802, ..., 10^12 at *i* = 27, ...,
-//! 8·10^12): a duration of *d* ps goes to the first bucket whose bound is
-//! ≥ *d*. The bounds are powers of two of a second (since 4.0; 3.x used
-//! 2^(13+i) ps), so they are exactly the buckets of a Prometheus native
-//! histogram of schema 0 (index *i* − 27) and of an OTLP exponential
-//! histogram of scale 0 (index *i* − 28), bucket 0 being the zero bucket:
-//! see [`layout::bucket_index`].
+//! **The buckets** double in width from one to the next; where they
+//! start depends on the row's event kind ([`layout::BucketScale`], since
+//! 8.0):
+//!
+//! | scale | kinds | bucket 0 | bucket *i* (1..=30) | bucket 31 |
+//! |---|---|---|---|---|
+//! | short | waits | ≤ 2^-27 s (7450 ps) | (2^(i-28), 2^(i-27)] s | > 2^3 s (8 s) |
+//! | long | stages, statements | ≤ 2^-20 s (953 674 ps) | (2^(i-21), 2^(i-20)] s | > 2^10 s (1024 s) |
+//!
+//! Until 7.x every kind had the short scale. In integer picoseconds,
+//! bucket *i* ≤ 30 ends at ⌊10^12 · 2^(i+z)⌋ ps, *z* = −27 (short) or −20
+//! (long): 7450, 14901, 29802, ..., 10^12 at *i* = 27, ..., 8·10^12 for
+//! the short scale; 953 674, 1 907 348, ..., 10^12 at *i* = 20, ...,
+//! 1.024·10^15 for the long one. A duration of *d* ps goes to the first
+//! bucket whose bound is ≥ *d*. The bounds are powers of two of a second
+//! (since 4.0; 3.x used 2^(13+i) ps), so they are exactly the buckets of
+//! a Prometheus native histogram of schema 0 (index *i* + *z*) and of an
+//! OTLP exponential histogram of scale 0 (index *i* + *z* − 1), bucket 0
+//! being the zero bucket: see [`layout::bucket_index`] and
+//! [`layout::BucketScale::index`].
 //!
 //! **The pending bucket (since 7.0).** A writer does not add a timed
 //! event to its bucket at once: it stores the bucket's index + 1 in
@@ -805,7 +821,7 @@
 //! let ev = EventData { event_id: 1, end_event_id: 2, class, timer_start: 10, timer_end: 15,
 //!     timer_wait: 5_000, source: NONE_U32, object_name: NONE_U32, flags: EV_TIMED | EV_ENDED, ..Default::default() };
 //! rec.end_event(EventKind::Wait, &ev, None, true, true); // events_waits_current + history
-//! rec.summarize(class as usize, true, 5_000, 0, None); // summary row
+//! rec.summarize(class as usize, EventKind::Wait, true, 5_000, 0, None); // summary row
 //!
 //! let reader = Segment::open(file, false).unwrap(); // as the agent would
 //! let snap = snapshot(&reader, &ReadOptions::default()).unwrap();

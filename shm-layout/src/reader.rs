@@ -244,21 +244,20 @@ impl ClassInfo {
 /// What a class's summary row slot holds, for reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RowKind {
-    /// A wait or stage summary: no statement figures.
-    Events,
-    /// A statement summary.
-    Statements,
+    /// A summary of events of this kind (statement figures for
+    /// statements only).
+    Events(EventKind),
     /// A memory row ([`MemoryRow`]).
     Memory,
 }
 
 impl RowKind {
+    /// An untouched row, or one of a class not published: read as a
+    /// wait summary (nothing in it).
+    const DEFAULT: RowKind = RowKind::Events(EventKind::Wait);
+
     fn of(kind: ClassKind) -> Self {
-        match kind {
-            ClassKind::Memory => Self::Memory,
-            ClassKind::Statement => Self::Statements,
-            _ => Self::Events,
-        }
+        EventKind::of_class(kind).map_or(Self::Memory, Self::Events)
     }
 }
 
@@ -293,9 +292,9 @@ impl<'s> Kinds<'s> {
         match self.known.get(class) {
             Some(Some(k)) => *k,
             Some(None) => {
-                published_kind(&self.seg.classes()[class]).map_or(RowKind::Events, RowKind::of)
+                published_kind(&self.seg.classes()[class]).map_or(RowKind::DEFAULT, RowKind::of)
             }
-            None => RowKind::Events,
+            None => RowKind::DEFAULT,
         }
     }
 }
@@ -306,11 +305,14 @@ impl Summary {
     /// between the two, so the others are zero), plus one in the bucket
     /// `pending` names (the latest timed event, not yet in `buckets`:
     /// layout 7.0), and the statement figures only for a statement class
-    /// (`statements`). A row is 6 lines, a wait row typically 2 or 3 of
-    /// them.
-    fn load(row: &SummaryRow, statements: bool) -> Self {
+    /// (`kind`). A row is 6 lines, a wait row typically 2 or 3 of
+    /// them. Its histogram comes in the scale this crate's writers use for
+    /// `kind` ([`BucketScale::of`]): a row of a segment of major version
+    /// `major` written in another ([`BucketScale::written`]) is moved to
+    /// it.
+    fn load(row: &SummaryRow, kind: EventKind, major: u32) -> Self {
         let mut s = Self::default();
-        let _ = s.load_into(row, statements);
+        let _ = s.load_into(row, kind, major);
         s
     }
 
@@ -319,7 +321,9 @@ impl Summary {
     /// every other one is zero (a span [`Summary::nonzero_buckets`] would
     /// find only by looking at the others).
     #[inline(always)]
-    fn load_into(&mut self, row: &SummaryRow, statements: bool) -> Range<usize> {
+    fn load_into(&mut self, row: &SummaryRow, kind: EventKind, major: u32) -> Range<usize> {
+        let statements = kind == EventKind::Statement;
+        self.scale = BucketScale::written(kind, major);
         let pending = pending_bucket(row.pending.load(Relaxed));
         self.count = row.count.load(Relaxed);
         self.timed_count = row.timed_count.load(Relaxed);
@@ -359,6 +363,13 @@ impl Summary {
         } else {
             StatementFigures::default()
         };
+        let scale = BucketScale::of(kind);
+        if self.scale != scale {
+            // An older layout's scale (7.x stages and statements).
+            self.buckets = scale.rescale(self.scale, &self.buckets);
+            self.scale = scale;
+            return self.nonzero_buckets();
+        }
         range
     }
 }
@@ -1653,8 +1664,10 @@ fn try_snapshot(
                 if !m.is_empty() {
                     exited_memory.push((i as u32, m));
                 }
-            } else if r.count.load(Relaxed) != 0 {
-                exited.push((i as u32, Summary::load(r, kind == RowKind::Statements)));
+            } else if let RowKind::Events(k) = kind
+                && r.count.load(Relaxed) != 0
+            {
+                exited.push((i as u32, Summary::load(r, k, seg.major_version())));
             }
         }
         for (d, e) in log_words.iter_mut().zip(&gh.fold_log) {
@@ -2229,7 +2242,9 @@ fn read_thread(
             st.rows_reused += 1;
             continue;
         }
-        let statements = kind == RowKind::Statements;
+        let (RowKind::Events(ev), major) = (kind, seg.major_version()) else {
+            continue; // (memory rows are read above)
+        };
         let copied = bulk.and_then(|b| b.summary(class, seq));
         let row = &rec.rows[class];
         // (Not in a walk of the changed rows alone: the rows it visits are
@@ -2251,14 +2266,14 @@ fn read_thread(
         }
         let r = match copied {
             Some((v, copy)) => RowRead {
-                value: Some((v, buf.load_into(copy, statements))),
+                value: Some((v, buf.load_into(copy, ev, major))),
                 retries: 0,
                 torn: false,
             },
             None => {
                 let pread = pread_slot(&mut sink, seg, (idx, class), kept.is_some(), &mut preads);
                 read_row(seq, opts, pread, RowCopy::summary, row, |r| {
-                    buf.load_into(r, statements)
+                    buf.load_into(r, ev, major)
                 })
             }
         };

@@ -37,7 +37,7 @@
 
 use std::ops::Range;
 
-use crate::layout::HISTOGRAM_BUCKETS;
+use crate::layout::{BucketScale, HISTOGRAM_BUCKETS};
 use crate::values::{StatementFigures, Summary};
 
 /// The head of a row: count, timed count, the low half of the sum, MIN
@@ -131,6 +131,12 @@ const HAS_BYTES: u8 = 0x40;
 /// The statement words end the row.
 const HAS_TAIL: u8 = 0x80;
 const _: () = assert!(HISTOGRAM_BUCKETS <= FIRST_BUCKET as usize + 1);
+/// A compact row's second byte: how many buckets are kept (up to 32),
+/// and this flag.
+const KEPT_BUCKETS: u8 = 0x3f;
+/// The buckets are in [`BucketScale::Long`] (else `Short`).
+const LONG_SCALE: u8 = 0x40;
+const _: () = assert!(HISTOGRAM_BUCKETS <= KEPT_BUCKETS as usize);
 
 /// The varint at the start of `b`, and the rest. Only ever given bytes
 /// [`Compact::varint`] wrote.
@@ -164,7 +170,7 @@ fn encode(s: &Summary, kept: Range<usize>, out: &mut Vec<u8>) {
             | flag(s.bytes != 0, HAS_BYTES)
             | flag(has_tail, HAS_TAIL),
     );
-    c.byte(kept.len() as u8);
+    c.byte(kept.len() as u8 | flag(s.scale == BucketScale::Long, LONG_SCALE));
     for w in head(s) {
         c.varint(w);
     }
@@ -200,7 +206,7 @@ fn decode(b: &[u8]) -> Summary {
     let bytes = if first & HAS_BYTES != 0 { next() } else { 0 };
     let mut buckets = [0; HISTOGRAM_BUCKETS];
     let lo = usize::from(first & FIRST_BUCKET);
-    let hi = (lo + usize::from(n)).min(HISTOGRAM_BUCKETS);
+    let hi = (lo + usize::from(n & KEPT_BUCKETS)).min(HISTOGRAM_BUCKETS);
     for d in &mut buckets[lo..hi] {
         *d = next();
     }
@@ -217,6 +223,11 @@ fn decode(b: &[u8]) -> Summary {
         max_ps: h[4],
         bytes,
         buckets,
+        scale: if n & LONG_SCALE != 0 {
+            BucketScale::Long
+        } else {
+            BucketScale::Short
+        },
         statement: StatementFigures {
             errors: t[0],
             warnings: t[1],

@@ -881,9 +881,10 @@ impl Segment {
     /// (no mapping: a file truncated meanwhile cannot raise `SIGBUS` in
     /// the caller, an application), for a writer about to replace a dead
     /// predecessor's segment. `None` unless the file starts with the
-    /// magic of a segment of this major version (whose counters section
-    /// is at [`crate::geometry::COUNTERS_OFF`]); the counter is as its
-    /// writer left it.
+    /// magic of a segment of a major version whose counters section is
+    /// this one's ([`LAYOUT_MAJORS_SAME_HEADER`], at
+    /// [`crate::geometry::COUNTERS_OFF`]); the counter is as its writer
+    /// left it.
     pub fn lost_counter_in(file: &File, kind: LostKind) -> Option<u64> {
         let at = crate::geometry::COUNTERS_OFF + size_of::<AtomicU64>() * kind as usize;
         Self::word_in(file, at)
@@ -898,15 +899,15 @@ impl Segment {
     }
 
     /// The little-endian `u64` at byte `at` of the segment in `file`, read
-    /// with `pread`, if the file starts with the magic of a segment of this
-    /// major version.
+    /// with `pread`, if the file starts with the magic of a segment of a
+    /// major version with this one's header ([`LAYOUT_MAJORS_SAME_HEADER`]).
     fn word_in(file: &File, at: usize) -> Option<u64> {
         use std::os::unix::fs::FileExt;
         let mut head = [0u8; 12];
         file.read_exact_at(&mut head, 0).ok()?;
         let magic = u64::from_le_bytes(head[..8].try_into().ok()?);
         let major = u32::from_le_bytes(head[8..].try_into().ok()?);
-        if magic != MAGIC || major != LAYOUT_MAJOR {
+        if magic != MAGIC || !LAYOUT_MAJORS_SAME_HEADER.contains(&major) {
             return None;
         }
         let mut word = [0u8; 8];

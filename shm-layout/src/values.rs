@@ -10,7 +10,7 @@
 
 use std::ops::Range;
 
-use crate::layout::{HISTOGRAM_BUCKETS, bucket_index, bucket_upper_ps};
+use crate::layout::{BucketScale, HISTOGRAM_BUCKETS};
 
 /// A statement's own figures, kept by the writer until the statement ends.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -50,9 +50,13 @@ pub struct Summary {
     pub max_ps: u64,
     /// Sum of `NUMBER_OF_BYTES`.
     pub bytes: u64,
-    /// Per-bucket (non-cumulative) counts; see
-    /// [`crate::layout::bucket_index`].
+    /// Per-bucket (non-cumulative) counts, in `scale`.
     pub buckets: [u64; HISTOGRAM_BUCKETS],
+    /// What the buckets span: [`BucketScale::of`] the class's kind, as a
+    /// reader loads a row; [`BucketScale::Short`] in the zero, which takes
+    /// the scale of the first summary added to it. Summaries of two scales
+    /// add up in the coarser ([`BucketScale::rescale`]).
+    pub scale: BucketScale,
     /// Statements: `SUM_ERRORS`, `SUM_WARNINGS`, `SUM_ROWS_AFFECTED`,
     /// `SUM_ROWS_SENT`, `SUM_ROWS_EXAMINED`.
     pub statement: StatementFigures,
@@ -83,8 +87,20 @@ impl Summary {
         max_ps: 0,
         bytes: 0,
         buckets: [0; HISTOGRAM_BUCKETS],
+        scale: BucketScale::Short,
         statement: StatementFigures::ZERO,
     };
+}
+
+impl Summary {
+    /// No event, in `scale` (the zero of a kind's sums, whose histogram
+    /// bounds show even while empty).
+    pub const fn zero(scale: BucketScale) -> Self {
+        Self {
+            scale,
+            ..Self::ZERO
+        }
+    }
 }
 
 impl Default for Summary {
@@ -129,6 +145,9 @@ impl Summary {
         op: impl Fn(u64, u64) -> u64,
         op128: impl Fn(u128, u128) -> u128,
     ) {
+        if self.scale != o.scale {
+            return self.zip_rescaled(o, statement, op, op128);
+        }
         self.count = op(self.count, o.count);
         self.timed_count = op(self.timed_count, o.timed_count);
         self.sum_ps = op128(self.sum_ps, o.sum_ps);
@@ -152,6 +171,33 @@ impl Summary {
         x.cancelled = op(x.cancelled, y.cancelled);
     }
 
+    /// [`Summary::zip_additive_in`] of summaries of two scales: `self`
+    /// takes `o`'s if it has no bucket counted yet, else both are moved to
+    /// the coarser one.
+    #[cold]
+    #[inline(never)]
+    fn zip_rescaled(
+        &mut self,
+        o: &Summary,
+        statement: bool,
+        op: impl Fn(u64, u64) -> u64,
+        op128: impl Fn(u128, u128) -> u128,
+    ) {
+        let to = if self.buckets.iter().all(|&b| b == 0) {
+            o.scale
+        } else {
+            self.scale.max(o.scale)
+        };
+        self.buckets = to.rescale(self.scale, &self.buckets);
+        self.scale = to;
+        let o = Summary {
+            buckets: to.rescale(o.scale, &o.buckets),
+            scale: to,
+            ..*o
+        };
+        self.zip_additive_in(&o, 0..HISTOGRAM_BUCKETS, statement, op, op128);
+    }
+
     /// The histogram buckets a row's timed events can lie in: from MIN's
     /// bucket to MAX's (none without a timed event). A reader loads only
     /// these; the others are zero in a loaded row. A
@@ -161,7 +207,7 @@ impl Summary {
     /// use pfs_shm_layout::layout::bucket_index;
     /// use pfs_shm_layout::values::Summary;
     /// let s = Summary { timed_count: 2, min_ps: 1_000, max_ps: 9_000_000, ..Summary::default() };
-    /// assert_eq!(s.filled_buckets(), bucket_index(1_000)..bucket_index(9_000_000) + 1);
+    /// assert_eq!(s.filled_buckets(), bucket_index(1_000)..bucket_index(9_000_000) + 1); // a wait's
     /// assert!(Summary::default().filled_buckets().is_empty());
     /// ```
     #[inline]
@@ -169,7 +215,7 @@ impl Summary {
         if self.timed_count == 0 {
             return 0..0;
         }
-        let (lo, hi) = (bucket_index(self.min_ps), bucket_index(self.max_ps));
+        let (lo, hi) = (self.scale.index(self.min_ps), self.scale.index(self.max_ps));
         if lo <= hi {
             lo..hi + 1
         } else {
@@ -301,11 +347,11 @@ impl Summary {
             if i == 0 {
                 0
             } else {
-                bucket_upper_ps(i - 1).unwrap_or(0) + 1
+                self.scale.upper_ps(i - 1).unwrap_or(0) + 1
             }
         };
         if let Some(lo) = out.buckets.iter().position(|&n| n > 0) {
-            let (lo_bound, hi_bound) = (lower(lo), bucket_upper_ps(lo).unwrap_or(u64::MAX));
+            let (lo_bound, hi_bound) = (lower(lo), out.scale.upper_ps(lo).unwrap_or(u64::MAX));
             out.min_ps = if (lo_bound..=hi_bound).contains(&self.min_ps) {
                 self.min_ps
             } else {
@@ -313,7 +359,7 @@ impl Summary {
             };
         }
         if let Some(hi) = out.buckets.iter().rposition(|&n| n > 0) {
-            let hi_bound = bucket_upper_ps(hi).unwrap_or(u64::MAX);
+            let hi_bound = out.scale.upper_ps(hi).unwrap_or(u64::MAX);
             out.max_ps = if (lower(hi)..=hi_bound).contains(&self.max_ps) {
                 self.max_ps
             } else {
@@ -374,7 +420,8 @@ impl Summary {
     /// (n timed events), here at most `MAX_TIMER_WAIT` and at least
     /// `MIN_TIMER_WAIT`. The buckets are powers of two, so the estimate is
     /// below twice the true quantile (above the first bucket, which holds
-    /// everything up to 7.45 ns). 0 when nothing was timed.
+    /// everything up to 7.45 ns for a wait, 954 ns for a stage or a
+    /// statement). 0 when nothing was timed.
     ///
     /// ```
     /// use pfs_shm_layout::layout::bucket_index;
@@ -412,7 +459,7 @@ impl Summary {
         });
         let (min, max) = (self.min().unwrap_or(0), self.max_ps);
         let within = |bucket: usize| {
-            let upper = bucket_upper_ps(bucket).unwrap_or(u64::MAX);
+            let upper = self.scale.upper_ps(bucket).unwrap_or(u64::MAX);
             upper.min(max).max(min.min(max))
         };
         let mut out = [None; N];
@@ -548,6 +595,50 @@ impl MemoryStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::{bucket_index, bucket_upper_ps};
+
+    #[test]
+    fn summaries_of_two_scales_add_up_in_the_coarser() {
+        // A 7.x process's statement row (the wait scale): 1 µs and 20 s.
+        let mut old = Summary {
+            count: 2,
+            timed_count: 2,
+            min_ps: 1_000_000,
+            max_ps: 20_000_000_000_000,
+            ..Summary::default()
+        };
+        old.buckets[bucket_index(1_000_000)] = 1;
+        old.buckets[HISTOGRAM_BUCKETS - 1] = 1;
+        // An 8.x process's: 3 s.
+        let long = BucketScale::Long;
+        let mut new = Summary {
+            count: 1,
+            timed_count: 1,
+            min_ps: 3_000_000_000_000,
+            max_ps: 3_000_000_000_000,
+            scale: long,
+            ..Summary::default()
+        };
+        new.buckets[long.index(3_000_000_000_000)] = 1;
+        // The zero takes the first summary's scale, whichever it is.
+        let mut z = Summary::default();
+        z.merge(&new);
+        assert_eq!(z, new);
+        let mut sum = Summary::default();
+        sum.merge(&old);
+        assert_eq!(sum.scale, BucketScale::Short);
+        sum.merge(&new);
+        assert_eq!(sum.scale, long);
+        assert_eq!(sum.buckets.iter().sum::<u64>(), 3);
+        assert_eq!(sum.buckets[long.index(1_000_000)], 1);
+        assert_eq!(sum.buckets[long.index(3_000_000_000_000)], 1);
+        assert_eq!(sum.buckets[long.index(16_000_000_000_000)], 1); // above 8 s
+        assert_eq!(sum.quantile_ps(1, 1), 16_000_000_000_000);
+        // Either order gives the same.
+        let mut other = new;
+        other.merge(&old);
+        assert_eq!(other.buckets, sum.buckets);
+    }
 
     /// `n` events: `low` of them in the bucket of 1 µs, the rest in the
     /// bucket of 1 ms.

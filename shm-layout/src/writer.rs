@@ -265,6 +265,40 @@ pub fn class_name_that_fits(name: &str) -> std::borrow::Cow<'_, str> {
     format!("{head}~{hash:08x}").into()
 }
 
+/// An object name (a file's path, a peer's address) as the string table
+/// keeps it: as it is if it fits [`STRING_BYTES`], else its end (a path's
+/// file name and the directories nearest it: what tells two files apart)
+/// after `~` and a hash of the whole name, so that two names cut to the
+/// same end stay two, and `…` (the start was cut).
+///
+/// ```
+/// use pfs_shm_layout::layout::STRING_BYTES;
+/// use pfs_shm_layout::writer::object_name_that_fits;
+///
+/// assert_eq!(object_name_that_fits("/var/log/app.log"), "/var/log/app.log");
+/// let dir = "/var/lib/myservice/data/tenants/000123/segments/shard-07";
+/// let (a, b) = (format!("{dir}/000001.log"), format!("{dir}/000002.log"));
+/// let (fa, fb) = (object_name_that_fits(&a), object_name_that_fits(&b));
+/// assert!(fa.len() <= STRING_BYTES && fb.len() <= STRING_BYTES);
+/// assert_ne!(fa, fb);
+/// assert!(fa.ends_with("/segments/shard-07/000001.log"), "{fa}");
+/// assert!(fa.starts_with('~') && fa.contains('…'), "{fa}");
+/// ```
+pub fn object_name_that_fits(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.len() <= STRING_BYTES {
+        return name.into();
+    }
+    const MARK: &str = "…";
+    let hash = fnv1a32(name.as_bytes());
+    // `~` and 8 hex digits, the mark, then the end that fits.
+    let room = STRING_BYTES - 9 - MARK.len();
+    let mut from = name.len() - room;
+    while !name.is_char_boundary(from) {
+        from += 1;
+    }
+    format!("~{hash:08x}{MARK}{}", &name[from..]).into()
+}
+
 impl SegmentWriter {
     /// Wraps a segment this process created.
     pub fn new(seg: Segment) -> Self {
@@ -346,7 +380,11 @@ impl SegmentWriter {
     /// [`OBJECT_NAMES_LEAVE_FREE`] of the table is free. The rest stays for
     /// call sites, which the code bounds: a code path first reached after
     /// a day of rotated log files still gets its `SOURCE`.
+    /// A name longer than [`STRING_BYTES`] keeps its end
+    /// ([`object_name_that_fits`]).
     pub fn intern_object_name(&self, s: &str) -> Option<u32> {
+        let s = object_name_that_fits(s);
+        let s = s.as_ref();
         let free =
             self.seg.strings().len() as u64 * OBJECT_NAMES_LEAVE_FREE.0 / OBJECT_NAMES_LEAVE_FREE.1;
         self.intern_leaving(s, free as usize)
@@ -1325,11 +1363,14 @@ impl RecordRef<'_> {
         h.history_count[k].store(h.history_count[k].load(Relaxed) + 1, Release);
     }
 
-    /// Adds one event to summary row `class`.
+    /// Adds one event of `kind` to summary row `class` (its histogram in
+    /// the kind's [`BucketScale`]).
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     pub fn summarize(
         &self,
         class: usize,
+        kind: EventKind,
         timed: bool,
         wait_ps: u64,
         bytes: u64,
@@ -1375,7 +1416,7 @@ impl RecordRef<'_> {
             // keeps the compiler from reordering them (no instruction).
             std::sync::atomic::compiler_fence(Release);
             row.pending
-                .store(pending_word(bucket_index(wait_ps)), Relaxed);
+                .store(pending_word(BucketScale::of(kind).index(wait_ps)), Relaxed);
         }
         if bytes != 0 {
             row.bytes

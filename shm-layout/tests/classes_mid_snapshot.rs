@@ -98,7 +98,14 @@ fn rows_of_classes_registered_during_a_snapshot_are_named_and_read_as_their_kind
                     ..Default::default()
                 };
                 rec.end_event(EventKind::Statement, &e, Some(&f), true, true);
-                rec.summarize(class as usize, true, 5_000, 0, Some(&f));
+                rec.summarize(
+                    class as usize,
+                    EventKind::Statement,
+                    true,
+                    5_000,
+                    0,
+                    Some(&f),
+                );
                 // Leave the readers time to start snapshots between two
                 // registrations.
                 let t = std::time::Instant::now();

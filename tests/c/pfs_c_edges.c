@@ -15,9 +15,12 @@
  *                                       events ended by pthread key destructors
  *   pfs_c_edges tasks SHM_DIR SERVICE   async tasks (pfs_task_t) resumed by two
  *                                       threads in turn
+ *   pfs_c_edges abandoned SHM_DIR SERVICE
+ *                                       statements never ended (an exception
+ *                                       between begin and end), begun again
  *
  * Standard output: JSON lines. The modes owner, lost, names, abi_late,
- * key_dtor and tasks print
+ * key_dtor, tasks and abandoned print
  * {"ready":true,"segment":PATH,...} once their events are recorded, keep
  * their threads alive until standard input reaches end of file, then
  * exit. The others print one line and exit. Any unexpected result exits
@@ -29,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "pfs.h"
@@ -196,6 +200,33 @@ static int owner(const char *shm_dir, const char *service) {
     return 0;
 }
 
+/* ---- abandoned ------------------------------------------------------ */
+
+/* Ten statements of one struct, three of them left open (as an exception
+ * between begin and end leaves them) and begun again; then one on its
+ * own. Recorded: ten `abandoned` statements, ROWS_SENT 10, three errors
+ * (the three ended by the next begin); the last statement nested in none
+ * of them. */
+static int abandoned(const char *shm_dir, const char *service) {
+    const pfs_statement_class_t *req = pfs_statement_class_register("statement/cedge/abandoned");
+    const pfs_statement_class_t *after = pfs_statement_class_register("statement/cedge/after");
+    CHECK(req && after);
+    init_or_die(shm_dir, service, 0);
+    pfs_statement_t st;
+    for (int i = 0; i < 10; i++) {
+        PFS_STATEMENT_BEGIN(&st, req);
+        pfs_statement_set_rows_sent(&st, 1);
+        if (i % 3 == 1) continue; /* "an exception": never ended */
+        pfs_statement_end(&st);
+    }
+    pfs_statement_t top;
+    PFS_STATEMENT_BEGIN(&top, after);
+    pfs_statement_end(&top);
+    print_segment_line("");
+    wait_for_eof();
+    return 0;
+}
+
 /* ---- lost ----------------------------------------------------------- */
 
 static const pfs_wait_class_t *BUSY;
@@ -290,6 +321,15 @@ static int names(const char *shm_dir, const char *service) {
     CHECK(pfs_stage_class_register("wait/synch/mutex/cedge/not_a_stage") == NULL);
     CHECK(pfs_statement_class_register("statement/") == NULL);
     CHECK(pfs_memory_class_register("mem/cedge/buf") == NULL);
+    /* A forked child names nothing: the segment is its parent's. */
+    pid_t child = fork();
+    CHECK(child >= 0);
+    if (child == 0)
+        _exit(pfs_set_thread_name("child") == PFS_ERR_FORKED && pfs_init() == PFS_ERR_FORKED ? 0
+                                                                                             : 1);
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     CHECK(pthread_barrier_init(&named, NULL, 5) == 0);
     pthread_t tids[4];
     for (long t = 0; t < 4; t++)
@@ -667,8 +707,9 @@ int main(int argc, char **argv) {
         return key_dtor(argv[2], argv[3], strtol(argv[4], NULL, 10));
     if (strcmp(mode, "env") == 0 && argc == 2) return env();
     if (strcmp(mode, "tasks") == 0 && argc == 4) return tasks(argv[2], argv[3]);
+    if (strcmp(mode, "abandoned") == 0 && argc == 4) return abandoned(argv[2], argv[3]);
     fprintf(stderr,
-            "usage: %s owner|lost|names|config|abi|abi_late|key_dtor|tasks SHM_DIR [SERVICE ...] | env\n",
+            "usage: %s owner|lost|names|config|abi|abi_late|key_dtor|tasks|abandoned SHM_DIR [SERVICE ...] | env\n",
             argv[0]);
     return 2;
 }

@@ -15,7 +15,7 @@ show that the document is enough to read a segment without our code. Every
 constant below cites the table it comes from.
 
 The read protocol, as the spec gives it:
-  * header: magic, major 7 (or 6), byte-order mark, header size, segment size no
+  * header: magic, major 8 (or 7, 6), byte-order mark, header size, segment size no
     larger than the file, state 1 (ready); directory entries checked
     (4096-aligned, inside the segment, count x stride <= size); unknown
     section kinds ignored.
@@ -48,11 +48,12 @@ H_SEGMENT_SIZE, H_STATE, H_SECTION_COUNT = 0x018, 0x020, 0x02C
 H_HISTORY_LEN, H_SERVICE_LEN, H_SERVICE = 0x054, 0x058, 0x060
 H_SECTIONS = 0x100
 HEADER_SIZE = 4096
-# Header table, `major`: 7; a 7.x reader also reads 6.x segments. They
-# differ in the summary row's histogram (its pending bucket), which this
-# reader does not read, so both are read alike. (5.x differs in memory
-# rows, which it does not read either, but is not needed here.)
-MAJORS = (6, 7)
+# Header table, `major`: 8; an 8.x reader also reads 7.x and 6.x segments.
+# They differ in the summary row's histogram (its buckets' scale, its
+# pending bucket), which this reader does not read, so all are read alike.
+# (5.x differs in memory rows, which it does not read either, but is not
+# needed here.)
+MAJORS = (6, 7, 8)
 BYTE_ORDER = 0x01020304
 STATE_READY = 1
 MAX_SECTIONS = 16

@@ -916,6 +916,93 @@ fn an_end_by_a_thread_that_did_not_begin_is_a_no_op() {
     finish_edges(w);
 }
 
+/// docs/C-API.md's Python recipe, as a Python developer copies it: cffi
+/// loads `pfs.h` preprocessed without its `#include` lines (with them,
+/// cffi cannot parse glibc's headers), then records ten statements, which
+/// the segment holds.
+#[test]
+fn the_documented_cffi_recipe_loads_the_header_and_records() {
+    let inst = install();
+    let doc = std::fs::read_to_string(workspace_root().join("docs/C-API.md")).unwrap();
+    let start = doc.find("```python\n").expect("a python block in C-API.md") + "```python\n".len();
+    let recipe = &doc[start..start + doc[start..].find("```").unwrap()];
+    let recipe: String = recipe
+        .lines()
+        .map(|l| format!("{}\n", l.trim_start()))
+        .collect();
+    assert!(recipe.contains("/usr/local/include/pfs.h") && recipe.contains("\"libpfs.so.0\""));
+    let header = inst.prefix.join("include/pfs.h");
+    let lib = inst.prefix.join("lib/libpfs.so.0");
+    let dir = tempfile::tempdir().unwrap();
+    let script = recipe
+        .replace("/usr/local/include/pfs.h", header.to_str().unwrap())
+        .replace("\"libpfs.so.0\"", &format!("{:?}", lib.to_str().unwrap()))
+        + &format!(
+            "cfg = ffi.new(\"pfs_config_t *\")\n\
+             name, shm = ffi.new(\"char[]\", b\"py-cffi\"), ffi.new(\"char[]\", {:?}.encode())\n\
+             cfg.service_name, cfg.shm_dir = name, shm\n\
+             buf = ffi.new(\"char[4096]\")\n\
+             assert lib.pfs_init_with(cfg) == 0, (lib.pfs_init_error(buf, 4096), ffi.string(buf))\n\
+             cls = lib.pfs_statement_class_register(b\"statement/py/req\")\n\
+             st = ffi.new(\"pfs_statement_t *\")\n\
+             for i in range(10):\n\
+             \x20   lib.pfs_statement_begin(st, cls)\n\
+             \x20   lib.pfs_statement_set_rows_sent(st, i)\n\
+             \x20   lib.pfs_statement_end(st)\n\
+             import json, sys\n\
+             lib.pfs_segment_path(buf, 4096)\n\
+             print(json.dumps({{\"ready\": True, \"segment\": ffi.string(buf).decode()}}), flush=True)\n\
+             sys.stdin.read()\n",
+            dir.path().to_str().unwrap()
+        );
+    let path = dir.path().join("recipe.py");
+    std::fs::write(&path, &script).unwrap();
+    let mut w = Writer::spawn(Path::new("python3"), &[path.to_str().unwrap()]).unwrap();
+    let ready = w
+        .read_json(Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{e:#}\n{script}\n{}", w.guard.describe()));
+    let file = std::fs::File::open(ready["segment"].as_str().unwrap()).unwrap();
+    let snap = snapshot(
+        &Segment::open(file, false).unwrap(),
+        &ReadOptions::default(),
+    )
+    .unwrap();
+    let st = class_total(&snap, "statement/py/req");
+    assert_eq!((st.count, st.statement.rows_sent), (10, 45));
+    w.finish(Duration::from_secs(20)).unwrap();
+}
+
+/// A statement left open (an exception between begin and end) and its
+/// struct begun again: the open one ends first, with one error, so that
+/// the thread's later statements do not nest in it.
+#[test]
+fn a_statement_begun_again_while_open_ends_first_with_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w, _, snap) = start_edges("abandoned", &[dir.path().to_str().unwrap(), "c-abandoned"]);
+    let st = class_total(&snap, "statement/cedge/abandoned");
+    assert_eq!(
+        (st.count, st.statement.rows_sent, st.statement.errors),
+        (10, 10, 3),
+        "ten statements, three ended by the next begin as errors"
+    );
+    let after = class_index(&snap, "statement/cedge/after");
+    let history = &snap.threads[0].statements_history;
+    let last = history
+        .iter()
+        .find(|e| e.ev.class == after)
+        .expect("the last statement in the history");
+    assert_eq!(
+        (last.ev.nesting_event_id, last.ev.nesting_event_type),
+        (None, None),
+        "nested in none of the abandoned ones"
+    );
+    let abandoned = class_index(&snap, "statement/cedge/abandoned");
+    for e in history.iter().filter(|e| e.ev.class == abandoned) {
+        assert_eq!(e.ev.nesting_event_id, None, "{e:?}");
+    }
+    finish_edges(w);
+}
+
 /// Threads that find no free record count every event as lost, exactly
 /// and at once (`pfs_lost_total{kind="events_no_thread_record"}`): 40
 /// threads alive together, 16 records.

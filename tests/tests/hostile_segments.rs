@@ -98,7 +98,7 @@ fn make_segment(path: &Path, service: &str, events: u64, max_pages: u32) -> Segm
             ..Default::default()
         };
         rec.end_event(EventKind::Wait, &e, None, true, true);
-        rec.summarize(c as usize, true, 1000, 0, None);
+        rec.summarize(c as usize, EventKind::Wait, true, 1000, 0, None);
     }
     w
 }

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use pfs_shm_layout::container::PageState;
-use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, LostKind, TimerId, bucket_upper_seconds};
+use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, LostKind, TimerId};
 use pfs_shm_layout::reader::Summary;
 use pfs_shm_layout::{ClassKind, EventKind};
 
@@ -226,7 +226,7 @@ pub fn histogram(s: &Summary) -> Value {
     let mut total = 0u64;
     let buckets = (0..HISTOGRAM_BUCKETS)
         .map(|i| {
-            let le = bucket_upper_seconds(i).unwrap_or(f64::INFINITY);
+            let le = s.scale.upper_seconds(i).unwrap_or(f64::INFINITY);
             let n = s.buckets[i].min(u64::MAX - total);
             total += n;
             (le, n)

@@ -593,6 +593,15 @@ impl SegmentSet {
                     tracing::info!(path = %crate::util::shown::path(path), service = t.segment.service(), "process exited; keeping its final counters for the retention period");
                 }
                 torn = t.final_read();
+                if found.is_none()
+                    && let Some(s) = t.final_figures()
+                    && let Some(what) = crate::aggregate::ended_in_progress(s, s.timer.now_ps())
+                {
+                    // What it was doing when it ended: a crash's or a
+                    // kill's last requests, which the tables (live
+                    // processes only) no longer show.
+                    tracing::warn!(path = %crate::util::shown::path(path), service = t.segment.service(), pid = t.segment.pid(), "the process ended with events in progress (killed or crashed, or exited without ending them); the last of each thread: {what}");
+                }
                 self.retirement.pend(t);
             }
             if owner

@@ -7,7 +7,6 @@ use std::collections::{HashMap, HashSet};
 
 use pfs_shm_layout::ClassKind;
 use pfs_shm_layout::EventKind;
-use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, bucket_upper_ps};
 use pfs_shm_layout::reader::{
     ClassInfo, Event, MemoryStats, SegmentSnapshot, StatementEvent, Summary, TaskSnapshot,
     ThreadSnapshot,
@@ -246,16 +245,19 @@ pub(super) fn histogram_columns() -> Vec<&'static str> {
     names(HISTOGRAM_COLUMNS)
 }
 
-/// The cells of [`histogram_columns`] for each bucket of `buckets`, in
-/// order (every bucket, empty ones included, as in MySQL).
-pub(super) fn histogram_rows(
-    buckets: &[u64; HISTOGRAM_BUCKETS],
-) -> impl Iterator<Item = [Cell<'static>; 6]> + '_ {
+/// The cells of [`histogram_columns`] for each bucket of `sum`'s
+/// histogram, in order (every bucket, empty ones included, as in MySQL),
+/// with the bounds of its scale.
+pub(super) fn histogram_rows(sum: &Summary) -> impl Iterator<Item = [Cell<'static>; 6]> + '_ {
+    let (buckets, scale) = (&sum.buckets, sum.scale);
     let total: u64 = buckets.iter().fold(0u64, |a, &b| a.saturating_add(b));
     let mut and_lower = 0u64;
     buckets.iter().enumerate().map(move |(i, &count)| {
         and_lower = and_lower.saturating_add(count);
-        let low = i.checked_sub(1).and_then(bucket_upper_ps).unwrap_or(0);
+        let low = i
+            .checked_sub(1)
+            .and_then(|j| scale.upper_ps(j))
+            .unwrap_or(0);
         let quantile = if total == 0 {
             0.0
         } else {
@@ -264,7 +266,7 @@ pub(super) fn histogram_rows(
         [
             (i as u64).into(),
             Cell::Ps(low.into()),
-            bucket_upper_ps(i).map_or(Cell::Null, |h| Cell::Ps(h.into())),
+            scale.upper_ps(i).map_or(Cell::Null, |h| Cell::Ps(h.into())),
             count.into(),
             and_lower.into(),
             Cell::F64(quantile),

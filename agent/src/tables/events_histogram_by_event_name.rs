@@ -35,7 +35,7 @@ fn emit(view: &View<'_>, sink: &mut dyn Sink, kind: EventKind) {
             if sum.buckets.iter().all(|&b| b == 0) {
                 continue;
             }
-            for cells in histogram_rows(&sum.buckets) {
+            for cells in histogram_rows(&sum) {
                 let mut row = head(s);
                 row.push(n.as_str().into());
                 row.extend(cells);

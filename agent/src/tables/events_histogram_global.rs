@@ -5,6 +5,7 @@
 //! the global summaries, so `TRUNCATE` of either restarts both.
 
 use pfs_shm_layout::EventKind;
+use pfs_shm_layout::layout::BucketScale;
 use pfs_shm_layout::reader::Summary;
 
 use super::cell::Sink;
@@ -24,13 +25,13 @@ fn emit(view: &View<'_>, sink: &mut dyn Sink, kind: EventKind) {
     cols.extend(histogram_columns());
     sink.columns(&cols);
     for (path, s) in &view.segments {
-        let mut all = Summary::default();
+        let mut all = Summary::zero(BucketScale::of(kind));
         for (n, (class_kind, sum)) in segment_global(s) {
             if kind.matches(class_kind) {
                 all.merge(&view.baselines_for(path, s).global_view(path, &n, &sum));
             }
         }
-        for cells in histogram_rows(&all.buckets) {
+        for cells in histogram_rows(&all) {
             let mut row = head(s);
             row.extend(cells);
             sink.row(&row);

@@ -260,7 +260,14 @@ mod tests {
                         rec.set_statement_text("SELECT \"é\" FROM t WHERE a = '\\'");
                     }
                     rec.end_event(kind, &e, stmt.as_ref(), true, true);
-                    rec.summarize(class as usize, true, 5_000 * (round + 1), 0, stmt.as_ref());
+                    rec.summarize(
+                        class as usize,
+                        kind,
+                        true,
+                        5_000 * (round + 1),
+                        0,
+                        stmt.as_ref(),
+                    );
                 }
             }
         }

@@ -63,7 +63,14 @@ pub fn wait_event(class: u32, id: u64, wait_ps: u64) -> EventData {
 /// Ends a wait the way the client does: current, history, summary.
 pub fn record_wait(rec: RecordRef<'_>, e: &EventData) {
     rec.end_event(EventKind::Wait, e, None, true, true);
-    rec.summarize(e.class as usize, true, e.timer_wait, 0, None);
+    rec.summarize(
+        e.class as usize,
+        EventKind::Wait,
+        true,
+        e.timer_wait,
+        0,
+        None,
+    );
 }
 
 /// Registers `n` enabled, timed classes of kind `kind` named

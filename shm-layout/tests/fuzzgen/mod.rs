@@ -100,18 +100,32 @@ fn build(cfg: SegmentConfig) -> Base {
             let id = t * 100 + i * 3 + 1;
             let e = ev(mutex, id, EventKind::Wait);
             rec.end_event(EventKind::Wait, &e, None, true, true);
-            rec.summarize(mutex as usize, true, e.timer_wait, 8, None);
+            rec.summarize(mutex as usize, EventKind::Wait, true, e.timer_wait, 8, None);
             w.append_long(EventKind::Wait, &e, None);
             let s = ev(stage, id + 1, EventKind::Stage);
             rec.begin_event(EventKind::Stage, &s);
             rec.end_event(EventKind::Stage, &s, None, true, true);
-            rec.summarize(stage as usize, true, s.timer_wait, 0, None);
+            rec.summarize(
+                stage as usize,
+                EventKind::Stage,
+                true,
+                s.timer_wait,
+                0,
+                None,
+            );
             w.append_long(EventKind::Stage, &s, None);
             let q = ev(stmt, id + 2, EventKind::Statement);
             rec.begin_event(EventKind::Statement, &q);
             rec.set_statement_text("SELECT * FROM fuzz WHERE id = 1");
             rec.end_event(EventKind::Statement, &q, Some(&figures), true, true);
-            rec.summarize(stmt as usize, true, q.timer_wait, 0, Some(&figures));
+            rec.summarize(
+                stmt as usize,
+                EventKind::Statement,
+                true,
+                q.timer_wait,
+                0,
+                Some(&figures),
+            );
             w.append_long(
                 EventKind::Statement,
                 &q,

@@ -705,23 +705,29 @@ fn memscript_mode() -> Result<()> {
 }
 
 static SPREAD: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/test/spread");
+static SPREAD_STATEMENT: pfs_client::LazyStatementClass =
+    pfs_client::LazyStatementClass::new("statement/test/spread");
 
 /// `spread`: timed waits of `wait/synch/mutex/test/spread` spread over
 /// the latency histogram, from nanoseconds (nothing between start and
-/// end) to a wait above 8 s (the overflow bucket): for each duration of
-/// 0, 2 µs, 30 µs, 400 µs, 5 ms, 60 ms and 300 ms, 3 to 9 waits (a
-/// different number each); and one 8.3 s wait on its own thread,
-/// meanwhile. Prints `{"ready": true, ...}` at the start and
-/// `{"done": true, "waits": N}` once every wait ended, then waits for
-/// stdin EOF.
+/// end) to a wait above 8 s (the waits' overflow bucket): for each
+/// duration of 0, 2 µs, 30 µs, 400 µs, 5 ms, 60 ms and 300 ms, 3 to 9
+/// waits (a different number each); and one 8.3 s wait on its own thread,
+/// meanwhile. Each wait is the only event of a `statement/test/spread`
+/// statement (whose histogram reaches 1024 s: the 8.3 s one is in
+/// (8 s, 16 s]). Prints `{"ready": true, ...}` at the start and
+/// `{"done": true, "waits": N}` once every wait ended (as many
+/// statements), then waits for stdin EOF.
 fn spread_mode() -> Result<()> {
     print(json!({"ready": true, "pid": std::process::id(), "segment": segment()}));
     let wait = |d: Duration| {
+        let statement = SPREAD_STATEMENT.start();
         let g = SPREAD.get().start(Operation::Lock, 0);
         if !d.is_zero() {
             std::thread::sleep(d);
         }
         g.end().expect("spread is timed");
+        drop(statement);
     };
     let long = std::thread::Builder::new()
         .name("spread-long".into())

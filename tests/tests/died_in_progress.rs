@@ -1,0 +1,135 @@
+//! What a process was doing when it died, as an on-call engineer finds it
+//! after a crash or an OOM kill: the real `pfs-agent serve` watches a real
+//! async service (`pfs-test-writer awaiting`) whose requests each hold a
+//! statement, a stage and a wait; the service is killed (`SIGKILL`).
+//! The tables show live processes only, so the agent says it in its log:
+//! one warning naming the process and every event in progress (the
+//! statements first), with how long before the death was seen each had
+//! started. A process that ends its events before it exits gets no such
+//! warning.
+
+use std::time::{Duration, Instant};
+
+use pfs_tests::{Agent, Writer, writer_exe};
+
+const TASKS: usize = 3;
+
+/// The async service with `TASKS` requests waiting, once they all are.
+fn service(dir: &std::path::Path, name: &str) -> Writer {
+    let mut w = Writer::spawn(
+        writer_exe!(),
+        &[
+            "awaiting",
+            "--shm-dir",
+            dir.to_str().unwrap(),
+            "--service",
+            name,
+            "--tasks",
+            &TASKS.to_string(),
+        ],
+    )
+    .unwrap();
+    let ready = w.read_json(Duration::from_secs(60)).unwrap();
+    assert_eq!(ready["tasks"].as_array().map(Vec::len), Some(TASKS));
+    w
+}
+
+/// The agent's log lines that say a process ended with events in
+/// progress.
+fn in_progress_lines(agent: &Agent) -> Vec<String> {
+    agent
+        .guard
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("ended with events in progress"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Waits until `/metrics` counts `n` statements running for `service`.
+fn wait_running(agent: &Agent, service: &str, n: f64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let samples = agent.metrics().unwrap();
+        let running = samples
+            .iter()
+            .filter(|s| s.name == "pfs_events_statements_running")
+            .filter(|s| s.has_labels(&[("service", service)]))
+            .map(|s| s.value)
+            .sum::<f64>();
+        if running == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{running} running, not {n}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_killed_process_s_requests_in_progress_are_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::serve(dir.path()).unwrap();
+
+    // Ends its requests, then exits: nothing to say.
+    let mut clean = service(dir.path(), "clean");
+    wait_running(&agent, "clean", TASKS as f64);
+    clean.send_line("release").unwrap();
+    let released = clean.read_json(Duration::from_secs(30)).unwrap();
+    assert_eq!(released["released"], true, "{released}");
+    clean.finish(Duration::from_secs(20)).unwrap();
+
+    let killed = service(dir.path(), "killed");
+    wait_running(&agent, "killed", TASKS as f64);
+    let started = Instant::now();
+    let pid = killed.guard.pid();
+    killed.guard.signal(libc_sigkill());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let line = loop {
+        if let Some(l) = in_progress_lines(&agent).pop() {
+            break l;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no log of the killed process's requests:\n{}",
+            agent.guard.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let seen = started.elapsed();
+    assert!(line.contains(&format!("pid={pid}")), "{line}");
+    assert!(line.contains("killed"), "{line}");
+    // Each request's statement, stage and wait, from the tasks' slots.
+    let events = 3 * TASKS;
+    assert!(line.contains(&format!("{events} in progress: ")), "{line}");
+    for class in [
+        "statement/test/request",
+        "stage/test/backend",
+        "wait/synch/mutex/test/pool",
+    ] {
+        assert_eq!(line.matches(class).count(), TASKS, "{class}: {line}");
+    }
+    assert_eq!(line.matches("an awaiting task").count(), events, "{line}");
+    // Statements first; each started before its death was seen, and not
+    // long before this test began waiting for the requests.
+    let first = line.find("statement/test/request").unwrap();
+    assert!(first < line.find("stage/test/backend").unwrap(), "{line}");
+    for age in line.split(", started ").skip(1) {
+        let secs: f64 = age
+            .split(' ')
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{age:?} in {line}"));
+        assert!(secs > 0.0 && secs < 60.0 + seen.as_secs_f64(), "{age}");
+    }
+    assert_eq!(
+        in_progress_lines(&agent).len(),
+        1,
+        "once, for the killed process only:\n{}",
+        agent.guard.stderr()
+    );
+}
+
+/// `SIGKILL`'s number (9 on every Linux architecture).
+fn libc_sigkill() -> i32 {
+    9
+}
