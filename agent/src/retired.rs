@@ -50,7 +50,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use pfs_shm_layout::ClassKind;
-use pfs_shm_layout::layout::LOST_COUNTERS;
+use pfs_shm_layout::layout::{BucketScale, LOST_COUNTERS};
 use pfs_shm_layout::reader::Summary;
 use rustix::fs::{FlockOperation, OFlags};
 use serde::{Deserialize, Serialize};
@@ -218,7 +218,10 @@ impl ClassV1 {
             name: name.to_string(),
             kind: self.kind,
         })?;
-        Ok((kind, self.summary.get(name)?))
+        // In the kind's scale: a file an agent wrote before layout 8.0
+        // has its stages' and statements' in the wait scale.
+        let s = self.summary.get(name)?;
+        Ok((kind, s.rescaled(BucketScale::of_class(kind))))
     }
 }
 
@@ -738,6 +741,7 @@ mod tests {
             min_ps: 10,
             max_ps: 1 << 40,
             bytes: 99,
+            scale: BucketScale::Long,
             ..Summary::default()
         };
         s.buckets[3] = 6;
@@ -945,6 +949,36 @@ mod tests {
         s.statement.cpu_time_ps = 0;
         s.statement.cancelled = 0;
         same(&want, &back);
+    }
+
+    /// A state file an agent wrote before layout 8.0 (no `bucket_scale`:
+    /// every kind's histogram in the wait scale) loads with its stages'
+    /// and statements' buckets moved to the long scale, its waits' as
+    /// they were: a retired service's statement above 8 s is then in
+    /// (8 s, 16 s], as a live process's of that service would be.
+    #[test]
+    fn a_state_file_of_the_wait_scale_loads_in_each_kind_s_scale() {
+        let mut v: serde_json::Value = serde_json::from_slice(&encode(&sample())).unwrap();
+        let classes = &mut v["services"]["svc"]["classes"];
+        let mut old_buckets = vec![0u64; pfs_shm_layout::layout::HISTOGRAM_BUCKETS];
+        old_buckets[pfs_shm_layout::layout::bucket_index(1_000_000)] = 2; // 1 µs
+        old_buckets[pfs_shm_layout::layout::HISTOGRAM_BUCKETS - 1] = 1; // above 8 s
+        for class in ["statement/test/q", "wait/synch/mutex/test/a"] {
+            let c = classes[class].as_object_mut().unwrap();
+            c.remove("bucket_scale");
+            c.insert("buckets".into(), serde_json::json!(old_buckets));
+        }
+        let back = decode(v.to_string().as_bytes()).unwrap();
+        let classes = &back.retired.by_service["svc"].classes;
+        let long = BucketScale::Long;
+        let (_, q) = &classes["statement/test/q"];
+        assert_eq!(q.scale, long);
+        assert_eq!(q.buckets[long.index(1_000_000)], 2);
+        assert_eq!(q.buckets[long.index(16_000_000_000_000)], 1);
+        assert_eq!(q.buckets.iter().sum::<u64>(), 3);
+        let (_, a) = &classes["wait/synch/mutex/test/a"];
+        assert_eq!(a.scale, BucketScale::Short);
+        assert_eq!(a.buckets.to_vec(), old_buckets);
     }
 
     /// A state file of a newer version (an agent downgrade) is left as it

@@ -54,8 +54,9 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use pfs_shm_layout::EventKind;
+use pfs_shm_layout::layout::BucketScale;
 use pfs_shm_layout::reader::{Event, MemoryStats, SegmentSnapshot, Summary, ThreadSnapshot};
+use pfs_shm_layout::{ClassKind, EventKind};
 use serde::{Deserialize, Serialize};
 
 use crate::aggregate::{OWN_MEMORY_PREFIX, segment_global, segment_global_memory};
@@ -641,7 +642,14 @@ impl Baselines {
             b.thread.insert((path(n)?, *r, *v, *c), s.get(n)?);
         }
         for (n, class, s) in &f.global {
-            b.global.insert((path(n)?, class.clone()), s.get(n)?);
+            // In the class's scale (a file from before layout 8.0 has its
+            // stages' and statements' in the wait scale). A thread row's
+            // baseline, by class index, takes it from the row it is
+            // taken from (`Summary::since` adds up in the coarser).
+            let scale =
+                ClassKind::from_name(class).map_or(BucketScale::Short, BucketScale::of_class);
+            b.global
+                .insert((path(n)?, class.clone()), s.get(n)?.rescaled(scale));
         }
         let hidden = |own: &[OwnRow], tasks: &[TaskRow]| -> Result<Hidden, BaselinesError> {
             let mut h = Hidden::default();

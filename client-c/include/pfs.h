@@ -633,8 +633,10 @@ const pfs_statement_class_t *pfs_statement_class_register(const char *name);
 // counted with one error (`SUM_ERRORS`), and the new one does not nest
 // in it (for the thread's 8 innermost open statements; a struct is known
 // by its address, and read only if this thread began a statement there).
-// Another struct does not end it: a statement whose struct is gone
-// stays open until the thread exits.
+// The statements begun inside it and still open, abandoned with it, are
+// forgotten (not recorded): the new one nests in none of them. Another
+// struct does not end it: a statement whose struct is never begun again
+// stays open, the thread's later statements nested in it.
 //
 // # Safety
 //

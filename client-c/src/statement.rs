@@ -93,8 +93,10 @@ pub unsafe extern "C" fn pfs_statement_class_register(
 /// counted with one error (`SUM_ERRORS`), and the new one does not nest
 /// in it (for the thread's 8 innermost open statements; a struct is known
 /// by its address, and read only if this thread began a statement there).
-/// Another struct does not end it: a statement whose struct is gone
-/// stays open until the thread exits.
+/// The statements begun inside it and still open, abandoned with it, are
+/// forgotten (not recorded): the new one nests in none of them. Another
+/// struct does not end it: a statement whose struct is never begun again
+/// stays open, the thread's later statements nested in it.
 ///
 /// # Safety
 ///
@@ -144,7 +146,7 @@ unsafe fn begin(
             return;
         }
         let slot = st.cast::<Slot<StatementGuard>>();
-        if let Some(ids) = open::remove(st) {
+        if let Some(ids) = open::remove_from(st) {
             // Still open (begun here, never ended): it ends first, as an
             // error, or every later statement of the thread would nest in
             // it. (Known by its address first: a struct being begun may be
@@ -158,7 +160,16 @@ unsafe fn begin(
             let same = unsafe { slot::with(slot, Owner::me(), |g| g.id() == ids) };
             if same == Some(true) {
                 // SAFETY: as above; armed for this thread (just checked).
-                unsafe { slot::take(slot, Owner::me(), |g| g.add_errors(1)) };
+                // The statements begun inside it and still open were
+                // abandoned with it (their structs are not read: their
+                // memory may be gone): forgotten, so that none of them
+                // holds the thread's nesting either.
+                unsafe {
+                    slot::take(slot, Owner::me(), |g| {
+                        g.add_errors(1);
+                        g.forget_open_nested();
+                    })
+                };
             }
         }
         // SAFETY: `cls` is null or a handle, which lives forever (contract).
@@ -335,14 +346,29 @@ mod open {
         });
     }
 
-    /// Forgets `st`; the ids it was noted with, if it was open.
+    /// Forgets `st` (ended); the ids it was noted with, if it was open.
     pub(super) fn remove(st: *mut pfs_statement_t) -> Option<(u64, u64)> {
+        forget(st, false)
+    }
+
+    /// Forgets `st` and the structs noted after it (statements begun
+    /// inside its statement: begun again, `st` was abandoned with them);
+    /// `st`'s ids, if it was open.
+    pub(super) fn remove_from(st: *mut pfs_statement_t) -> Option<(u64, u64)> {
+        forget(st, true)
+    }
+
+    fn forget(st: *mut pfs_statement_t, inner_too: bool) -> Option<(u64, u64)> {
         OPEN.try_with(|c| {
             let (mut a, n) = c.get();
             let i = a[..n].iter().rposition(|e| e.0 == st as usize)?;
             let ids = a[i].1;
-            a.copy_within(i + 1..n, i);
-            c.set((a, n - 1));
+            if inner_too {
+                c.set((a, i));
+            } else {
+                a.copy_within(i + 1..n, i);
+                c.set((a, n - 1));
+            }
             Some(ids)
         })
         .ok()

@@ -310,6 +310,38 @@ impl StatementGuard {
 
     figure_setters!();
 
+    /// Makes this statement its thread's innermost open one again: the
+    /// statements opened inside it and still open are forgotten (never
+    /// recorded), so that when this one ends, the thread's next statement
+    /// nests in this one's parent, not in them. For an adapter whose
+    /// caller abandoned a statement together with the ones inside it (an
+    /// exception unwinding through them, in C or Python), whose ends never
+    /// come. A no-op if nothing is open inside it, or inside an async task.
+    ///
+    /// ```
+    /// static Q: pfs_client::LazyStatementClass = pfs_client::LazyStatementClass::new("statement/app/q");
+    /// let mut outer = Q.start();
+    /// std::mem::forget(Q.start()); // abandoned inside it
+    /// outer.forget_open_nested();
+    /// outer.end(); // the next statement nests in nothing
+    /// ```
+    pub fn forget_open_nested(&mut self) {
+        let Some(a) = &self.active else { return };
+        let (ctx, id) = (a.ctx, a.data.event_id);
+        if ctx.in_task() || ctx.statement_id.get() == id || !thread::can_end(a.rt) {
+            return;
+        }
+        ctx.statement_id.set(id);
+        // Their kept-aside texts (event ids above this one's: opened
+        // after it); this one's own stays, put back as it ends.
+        if let Ok(mut texts) = ctx.outer_texts.try_borrow_mut() {
+            texts.retain(|t| t.event_id <= id);
+        }
+        if ctx.ended_early.get().0 > id {
+            ctx.ended_early.set((0, 0));
+        }
+    }
+
     /// Ends the statement now; returns its `TIMER_WAIT` in ps if timed.
     pub fn end(mut self) -> Option<u64> {
         let r = self.finish();

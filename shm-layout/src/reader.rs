@@ -366,8 +366,7 @@ impl Summary {
         let scale = BucketScale::of(kind);
         if self.scale != scale {
             // An older layout's scale (7.x stages and statements).
-            self.buckets = scale.rescale(self.scale, &self.buckets);
-            self.scale = scale;
+            *self = self.rescaled(scale);
             return self.nonzero_buckets();
         }
         range

@@ -101,6 +101,26 @@ impl Summary {
             ..Self::ZERO
         }
     }
+
+    /// `self` with its histogram in `scale` ([`BucketScale::rescale`]:
+    /// from an older layout's, or an older agent's file, to the kind's).
+    ///
+    /// ```
+    /// use pfs_shm_layout::layout::{BucketScale, HISTOGRAM_BUCKETS};
+    /// use pfs_shm_layout::values::Summary;
+    /// let mut old = Summary::default(); // a 7.x statement row: the wait scale
+    /// old.buckets[HISTOGRAM_BUCKETS - 1] = 1; // above 8 s
+    /// let new = old.rescaled(BucketScale::Long);
+    /// assert_eq!(new.buckets[BucketScale::Long.index(16_000_000_000_000)], 1);
+    /// ```
+    #[must_use]
+    pub fn rescaled(mut self, scale: BucketScale) -> Self {
+        if self.scale != scale {
+            self.buckets = scale.rescale(self.scale, &self.buckets);
+            self.scale = scale;
+        }
+        self
+    }
 }
 
 impl Default for Summary {

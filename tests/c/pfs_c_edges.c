@@ -203,14 +203,17 @@ static int owner(const char *shm_dir, const char *service) {
 /* ---- abandoned ------------------------------------------------------ */
 
 /* Ten statements of one struct, three of them left open (as an exception
- * between begin and end leaves them) and begun again; then one on its
- * own. Recorded: ten `abandoned` statements, ROWS_SENT 10, three errors
- * (the three ended by the next begin); the last statement nested in none
- * of them. */
+ * between begin and end leaves them) and begun again; then one left open
+ * with a statement inside it (an exception through both), its struct
+ * begun again; then one on its own. Recorded: twelve `abandoned`
+ * statements, ROWS_SENT 10, four errors (the four ended by the next
+ * begin), no `inner` one (forgotten with its outer one); the last
+ * statement nested in none of them. */
 static int abandoned(const char *shm_dir, const char *service) {
     const pfs_statement_class_t *req = pfs_statement_class_register("statement/cedge/abandoned");
+    const pfs_statement_class_t *inner_cls = pfs_statement_class_register("statement/cedge/inner");
     const pfs_statement_class_t *after = pfs_statement_class_register("statement/cedge/after");
-    CHECK(req && after);
+    CHECK(req && inner_cls && after);
     init_or_die(shm_dir, service, 0);
     pfs_statement_t st;
     for (int i = 0; i < 10; i++) {
@@ -219,6 +222,11 @@ static int abandoned(const char *shm_dir, const char *service) {
         if (i % 3 == 1) continue; /* "an exception": never ended */
         pfs_statement_end(&st);
     }
+    pfs_statement_t outer, inner;
+    PFS_STATEMENT_BEGIN(&outer, req);
+    PFS_STATEMENT_BEGIN(&inner, inner_cls); /* both abandoned */
+    PFS_STATEMENT_BEGIN(&outer, req);
+    pfs_statement_end(&outer);
     pfs_statement_t top;
     PFS_STATEMENT_BEGIN(&top, after);
     pfs_statement_end(&top);

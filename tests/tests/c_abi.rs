@@ -973,8 +973,9 @@ fn the_documented_cffi_recipe_loads_the_header_and_records() {
 }
 
 /// A statement left open (an exception between begin and end) and its
-/// struct begun again: the open one ends first, with one error, so that
-/// the thread's later statements do not nest in it.
+/// struct begun again: the open one ends first, with one error, and the
+/// statements begun inside it and left open with it are forgotten, so that
+/// the thread's later statements nest in none of them.
 #[test]
 fn a_statement_begun_again_while_open_ends_first_with_an_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -982,8 +983,13 @@ fn a_statement_begun_again_while_open_ends_first_with_an_error() {
     let st = class_total(&snap, "statement/cedge/abandoned");
     assert_eq!(
         (st.count, st.statement.rows_sent, st.statement.errors),
-        (10, 10, 3),
-        "ten statements, three ended by the next begin as errors"
+        (12, 10, 4),
+        "twelve statements, four ended by the next begin as errors"
+    );
+    assert_eq!(
+        class_total(&snap, "statement/cedge/inner").count,
+        0,
+        "abandoned inside one begun again: forgotten"
     );
     let after = class_index(&snap, "statement/cedge/after");
     let history = &snap.threads[0].statements_history;

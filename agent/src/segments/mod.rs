@@ -387,12 +387,22 @@ impl SegmentSet {
         }
     }
 
-    /// Counts and logs a refused file, remembering it until it changes.
+    /// Counts and logs a refused file, remembering it until it changes. The
+    /// same file refused again for the same reason after it changed (a
+    /// newer application's segment, refused for its version as it is
+    /// created and again once marked ready) is neither logged nor counted
+    /// again: `pfs_agent_segment_errors_total` counts files.
     fn refuse(&mut self, path: &Path, refused: Refused, stamp: Stamp) {
         let Refused { reason, message } = refused;
         self.pending.remove(path);
-        tracing::warn!(path = %crate::util::shown::path(path), reason = reason.label(), "refusing segment file: {message}");
-        *self.errors.entry(reason).or_default() += 1;
+        let again = self
+            .invalid
+            .get(path)
+            .is_some_and(|inv| inv.reason == reason && inv.stamp.ino == stamp.ino);
+        if !again {
+            tracing::warn!(path = %crate::util::shown::path(path), reason = reason.label(), "refusing segment file: {message}");
+            *self.errors.entry(reason).or_default() += 1;
+        }
         self.invalid.insert(
             path.to_path_buf(),
             Invalid {
@@ -1232,6 +1242,45 @@ mod tests {
             set.refresh();
         }
         assert_eq!(counts(&set), (Some(1), Some(1)), "refused once each");
+        // Refused for its content: its header says a version this agent
+        // does not read; refused again after it changed (its creator
+        // marks it ready), counted once; another file of that name (a
+        // new inode) is counted again.
+        let newer = dir.path().join("newer.3.pfs");
+        drop(segment_file(&newer));
+        let major = std::mem::offset_of!(pfs_shm_layout::layout::Header, major) as u64;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&newer)
+            .unwrap();
+        f.write_all_at(
+            &(pfs_shm_layout::layout::LAYOUT_MAJOR + 1).to_le_bytes(),
+            major,
+        )
+        .unwrap();
+        set.refresh();
+        let unsupported = |set: &SegmentSet| set.errors.get(&Refusal::UnsupportedVersion).copied();
+        assert_eq!(unsupported(&set), Some(1));
+        std::thread::sleep(Duration::from_millis(20));
+        f.write_all_at(&[0], 4096 * 3).unwrap();
+        set.refresh();
+        assert_eq!(unsupported(&set), Some(1), "the same file: counted once");
+        drop(f);
+        // (Made beside it and renamed over it: a new inode for sure.)
+        let other = dir.path().join("other.tmp");
+        drop(segment_file(&other));
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&other)
+            .unwrap();
+        f.write_all_at(
+            &(pfs_shm_layout::layout::LAYOUT_MAJOR + 1).to_le_bytes(),
+            major,
+        )
+        .unwrap();
+        std::fs::rename(&other, &newer).unwrap();
+        set.refresh();
+        assert_eq!(unsupported(&set), Some(2), "another file");
         drop((w, w2));
         // Fixed: the mode changes, and it is considered again.
         std::fs::set_permissions(&ww, std::fs::Permissions::from_mode(0o600)).unwrap();
