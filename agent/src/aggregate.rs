@@ -426,36 +426,51 @@ pub fn running(s: &SegmentSnapshot, kind: EventKind) -> BTreeMap<u32, Running> {
 /// [`ended_in_progress`] name; the others are counted.
 const IN_PROGRESS_LISTED: usize = 10;
 
+/// What the process of a dead segment was doing when it ended
+/// ([`ended_in_progress`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndedInProgress {
+    /// Whether a statement or a stage was in progress (work cut short),
+    /// not only waits (a worker blocked in a socket or lock wait at an
+    /// `exit` may be a normal ending).
+    pub work: bool,
+    /// How many, and the first [`IN_PROGRESS_LISTED`] of them.
+    pub text: String,
+}
+
 /// What the process of `s`, found dead, was doing when it ended: its
 /// statements, stages and waits in progress (the unended rows of
 /// `events_*_current`), statements first, the longest-running first, each
 /// with its instrument, `THREAD_ID`, thread name and how long before
 /// `now_ps` (the segment's time line when the death was seen) it started.
-/// `None` if nothing was in progress (a process that exits cleanly ends
-/// its threads' events).
-pub fn ended_in_progress(s: &SegmentSnapshot, now_ps: u128) -> Option<String> {
-    let names: HashMap<u32, &str> = s
+/// Idle waits (workers waiting for work, `idle` instruments) are left
+/// out. `None` if nothing else was in progress: `exit` leaves other
+/// threads' events as they were, so a process that ended normally with
+/// idle workers says nothing.
+pub fn ended_in_progress(s: &SegmentSnapshot, now_ps: u128) -> Option<EndedInProgress> {
+    let classes: HashMap<u32, (&str, ClassKind)> = s
         .classes
         .iter()
-        .map(|c| (c.index, c.name.as_str()))
+        .map(|c| (c.index, (c.name.as_str(), c.kind)))
         .collect();
     let mut all: Vec<(EventKind, &Event, Option<&str>)> = Vec::new();
     for kind in [EventKind::Statement, EventKind::Stage, EventKind::Wait] {
         let mut rows = unended(s, kind);
+        rows.retain(|(e, _)| !matches!(classes.get(&e.class), Some((_, ClassKind::Idle))));
         rows.sort_by_key(|(e, _)| e.timer_start.unwrap_or(u128::MAX));
         all.extend(rows.into_iter().map(|(e, t)| (kind, e, t)));
     }
     if all.is_empty() {
         return None;
     }
+    let work = all.iter().any(|(k, _, _)| *k != EventKind::Wait);
     let mut text: Vec<String> = all
         .iter()
         .take(IN_PROGRESS_LISTED)
         .map(|(_, e, thread)| {
-            let class = names
+            let class = classes
                 .get(&e.class)
-                .copied()
-                .unwrap_or("(unregistered instrument)");
+                .map_or("(unregistered instrument)", |c| c.0);
             let on = thread.map_or_else(
                 || "an awaiting task".to_string(),
                 |n| format!("thread {n:?}"),
@@ -475,7 +490,10 @@ pub fn ended_in_progress(s: &SegmentSnapshot, now_ps: u128) -> Option<String> {
     if all.len() > IN_PROGRESS_LISTED {
         text.push(format!("and {} more", all.len() - IN_PROGRESS_LISTED));
     }
-    Some(format!("{} in progress: {}", all.len(), text.join("; ")))
+    Some(EndedInProgress {
+        work,
+        text: format!("{} in progress: {}", all.len(), text.join("; ")),
+    })
 }
 
 /// Per-service totals over live and dead segments (each with whether its
@@ -523,6 +541,71 @@ mod tests {
     use crate::testing::segment_at;
     use pfs_shm_layout::reader::{ReadOptions, snapshot};
     use pfs_shm_layout::{ClassKind, SegmentConfig};
+
+    /// A dead process's events in progress, as its death is logged: idle
+    /// waits left out (nothing to say if only they were); waits alone are
+    /// not work cut short; a statement is, and comes first.
+    #[test]
+    fn a_dead_process_s_events_in_progress_leave_idle_waits_out() {
+        use crate::testing::{statement, statement_class};
+        use pfs_shm_layout::layout::{EV_TIMED, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
+        use pfs_shm_layout::writer::EventData;
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = SegmentConfig {
+            service_name: "svc".into(),
+            ..Default::default()
+        };
+        let (_f, w) = segment_at(&dir.path().join("svc.1.pfs"), &cfg, 1, true);
+        let on = FLAG_ENABLED | FLAG_TIMED;
+        let idle = w
+            .register_class("idle/app/queue", ClassKind::Idle, on)
+            .unwrap();
+        let mutex = w
+            .register_class("wait/synch/mutex/app/m", ClassKind::Mutex, on)
+            .unwrap();
+        let q = statement_class(&w, "q");
+        let (a, b) = (
+            w.alloc_thread(1, 1, "worker").unwrap(),
+            w.alloc_thread(2, 2, "handler").unwrap(),
+        );
+        let wait = |slot: u32, thread_id: u64, class: u32, event_id: u64| {
+            let e = EventData {
+                event_id,
+                class,
+                timer_start: event_id * 1_000,
+                source: NONE_U32,
+                object_name: NONE_U32,
+                flags: EV_TIMED,
+                event_type: EventKind::Wait as u32,
+                thread_id,
+                ..Default::default()
+            };
+            w.segment().record(slot).begin_event(EventKind::Wait, &e);
+        };
+        let said = || {
+            let s = snapshot(w.segment(), &ReadOptions::summaries()).unwrap();
+            ended_in_progress(&s, s.timer.now_ps())
+        };
+        wait(a.index, 1, idle, 1);
+        assert_eq!(said(), None, "an idle worker only: a normal end");
+        wait(b.index, 2, mutex, 1);
+        let w1 = said().unwrap();
+        assert!(!w1.work, "{w1:?}");
+        assert!(
+            w1.text.starts_with(
+                "1 in progress: wait/synch/mutex/app/m (THREAD_ID 2, thread \"handler\""
+            ),
+            "{w1:?}"
+        );
+        statement(&w, a.index, q, (1, 2), 0, None);
+        let w2 = said().unwrap();
+        assert!(w2.work, "{w2:?}");
+        assert!(
+            w2.text
+                .starts_with("2 in progress: statement/t/q (THREAD_ID 1"),
+            "{w2:?}"
+        );
+    }
 
     #[test]
     fn running_events_are_the_current_rows_not_ended() {

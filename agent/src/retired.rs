@@ -75,7 +75,14 @@ pub const RESERVE_MIN_BYTES: u64 = 256 << 10;
 pub const MAX_STATE_BYTES: u64 = 16 << 20;
 
 const FORMAT: &str = "pfs-agent-retired";
-const VERSION: u32 = 1;
+/// Version 2 (layout 8.0) says each summary's histogram scale
+/// (`bucket_scale`): an agent that reads only version 1 would take its
+/// stages' and statements' buckets for the wait scale's, and save them
+/// back without it, so it leaves a version 2 file alone. Version 1 files
+/// are read as version 2 ones without the field (the wait scale).
+const VERSION: u32 = 2;
+/// The oldest version read.
+const OLDEST_VERSION: u32 = 1;
 
 /// A state file that cannot be used (it is then set aside, see
 /// [`Store::load`]).
@@ -314,7 +321,7 @@ pub fn decode(bytes: &[u8]) -> Result<State, StateError> {
     if head.format != FORMAT {
         return Err(StateError::Format(head.format));
     }
-    if head.version != VERSION {
+    if !(OLDEST_VERSION..=VERSION).contains(&head.version) {
         return Err(StateError::Version(head.version));
     }
     let f: FileV1 = serde_json::from_slice(bytes)?;
@@ -951,7 +958,7 @@ mod tests {
         same(&want, &back);
     }
 
-    /// A state file an agent wrote before layout 8.0 (no `bucket_scale`:
+    /// A state file an agent wrote before layout 8.0 (version 1, no `bucket_scale`:
     /// every kind's histogram in the wait scale) loads with its stages'
     /// and statements' buckets moved to the long scale, its waits' as
     /// they were: a retired service's statement above 8 s is then in
@@ -959,6 +966,8 @@ mod tests {
     #[test]
     fn a_state_file_of_the_wait_scale_loads_in_each_kind_s_scale() {
         let mut v: serde_json::Value = serde_json::from_slice(&encode(&sample())).unwrap();
+        assert_eq!(v["version"], 2);
+        v["version"] = 1.into();
         let classes = &mut v["services"]["svc"]["classes"];
         let mut old_buckets = vec![0u64; pfs_shm_layout::layout::HISTOGRAM_BUCKETS];
         old_buckets[pfs_shm_layout::layout::bucket_index(1_000_000)] = 2; // 1 µs

@@ -470,7 +470,11 @@ impl Baselines {
 /// The file, in the segment directory, that keeps the baselines.
 pub const BASELINES_FILE: &str = ".pfs-agent-truncate.json";
 const FORMAT: &str = "pfs-agent-truncate";
-const VERSION: u32 = 1;
+/// Version 2 (layout 8.0) says each baseline's histogram scale, as the
+/// retired totals' file does (see there); version 1 files are read too.
+const VERSION: u32 = 2;
+/// The oldest version read.
+const OLDEST_VERSION: u32 = 1;
 /// A larger baselines file is refused as corrupt.
 pub const MAX_BASELINES_BYTES: u64 = 16 << 20;
 
@@ -622,7 +626,7 @@ impl Baselines {
         // The format and version first: another version's file may have
         // another shape.
         let head: crate::util::json::FileHead = serde_json::from_slice(bytes)?;
-        if head.format != FORMAT || head.version != VERSION {
+        if head.format != FORMAT || !(OLDEST_VERSION..=VERSION).contains(&head.version) {
             return Err(BaselinesError::Format {
                 format: head.format,
                 version: head.version,

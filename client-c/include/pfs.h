@@ -630,13 +630,16 @@ const pfs_statement_class_t *pfs_statement_class_register(const char *name);
 // one nests in it. End it on every path (`finally`, RAII). If `st` still
 // holds one this thread began and never ended (an exception between
 // begin and end, and the same struct begun again), that one ends first,
-// counted with one error (`SUM_ERRORS`), and the new one does not nest
-// in it (for the thread's 8 innermost open statements; a struct is known
-// by its address, and read only if this thread began a statement there).
-// The statements begun inside it and still open, abandoned with it, are
-// forgotten (not recorded): the new one nests in none of them. Another
-// struct does not end it: a statement whose struct is never begun again
-// stays open, the thread's later statements nested in it.
+// counted with one error (`SUM_ERRORS`) and without a duration (when it
+// really ended is not known: `TIMER_WAIT` NULL, not in the timed figures),
+// and the new one does not nest in it (for the thread's 8 innermost open
+// statements; a struct is known by its address, and read only if this
+// thread began a statement there). The statements (and the stage) begun
+// inside it and still open, abandoned with it, are forgotten (not
+// recorded): the new one nests in none of them. Another struct does not
+// end it: a statement whose struct is never begun again stays open, the
+// thread's later statements nested in it. (Not inside an entered
+// `pfs_task_t`: there a statement left open stays open.)
 //
 // # Safety
 //

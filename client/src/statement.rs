@@ -328,10 +328,21 @@ impl StatementGuard {
     pub fn forget_open_nested(&mut self) {
         let Some(a) = &self.active else { return };
         let (ctx, id) = (a.ctx, a.data.event_id);
-        if ctx.in_task() || ctx.statement_id.get() == id || !thread::can_end(a.rt) {
+        if ctx.in_task() || ctx.statement_id.get() == id || thread::gone() {
             return;
         }
         ctx.statement_id.set(id);
+        // A stage open inside one of them is forgotten with it (its row
+        // emptied: it is not running any more).
+        if let Ok(mut open) = ctx.stage.try_borrow_mut()
+            && let Some(stage) = *open
+            && stage.nesting_event_id > id
+        {
+            ctx.rec
+                .hide_unended(EventKind::Stage, stage.thread_id, stage.event_id);
+            ctx.stage_id.set(0);
+            *open = None;
+        }
         // Their kept-aside texts (event ids above this one's: opened
         // after it); this one's own stays, put back as it ends.
         if let Ok(mut texts) = ctx.outer_texts.try_borrow_mut() {
@@ -339,6 +350,24 @@ impl StatementGuard {
         }
         if ctx.ended_early.get().0 > id {
             ctx.ended_early.set((0, 0));
+        }
+    }
+
+    /// Records this statement without a duration when it ends
+    /// (`TIMER_WAIT` NULL: counted in `COUNT_STAR`, not in the timed
+    /// figures nor the histogram): for an adapter that ends it long after
+    /// it really ended, when only that it ended is known (a statement an
+    /// exception abandoned, found open when its struct is begun again).
+    ///
+    /// ```
+    /// static Q: pfs_client::LazyStatementClass = pfs_client::LazyStatementClass::new("statement/app/q");
+    /// let mut stmt = Q.start();
+    /// stmt.forget_timer();
+    /// assert_eq!(stmt.end(), None); // untimed
+    /// ```
+    pub fn forget_timer(&mut self) {
+        if let Some(a) = &mut self.active {
+            a.data.flags &= !EV_TIMED;
         }
     }
 

@@ -191,9 +191,12 @@ impl Summary {
         x.cancelled = op(x.cancelled, y.cancelled);
     }
 
-    /// [`Summary::zip_additive_in`] of summaries of two scales: `self`
-    /// takes `o`'s if it has no bucket counted yet, else both are moved to
-    /// the coarser one.
+    /// [`Summary::zip_additive_in`] of summaries of two scales: a side
+    /// with no bucket counted takes the other's scale (`o` with none: as it
+    /// is, the zero of the wait scale, [`Summary::ZERO`], taken from or
+    /// added to a stage's sum, leaves it in its scale; `self` with none:
+    /// the zero a sum starts from takes its first part's); else both are
+    /// moved to the coarser one.
     #[cold]
     #[inline(never)]
     fn zip_rescaled(
@@ -203,7 +206,10 @@ impl Summary {
         op: impl Fn(u64, u64) -> u64,
         op128: impl Fn(u128, u128) -> u128,
     ) {
-        let to = if self.buckets.iter().all(|&b| b == 0) {
+        let empty = |s: &Summary| s.buckets.iter().all(|&b| b == 0);
+        let to = if empty(o) {
+            self.scale
+        } else if empty(self) {
             o.scale
         } else {
             self.scale.max(o.scale)
@@ -363,15 +369,17 @@ impl Summary {
             max_ps: Summary::default().max_ps,
             ..self.saturating_sub(base)
         };
+        // (The buckets' scale: the coarser of the two's.)
+        let scale = out.scale;
         let lower = |i: usize| {
             if i == 0 {
                 0
             } else {
-                self.scale.upper_ps(i - 1).unwrap_or(0) + 1
+                scale.upper_ps(i - 1).unwrap_or(0) + 1
             }
         };
         if let Some(lo) = out.buckets.iter().position(|&n| n > 0) {
-            let (lo_bound, hi_bound) = (lower(lo), out.scale.upper_ps(lo).unwrap_or(u64::MAX));
+            let (lo_bound, hi_bound) = (lower(lo), scale.upper_ps(lo).unwrap_or(u64::MAX));
             out.min_ps = if (lo_bound..=hi_bound).contains(&self.min_ps) {
                 self.min_ps
             } else {
@@ -379,7 +387,7 @@ impl Summary {
             };
         }
         if let Some(hi) = out.buckets.iter().rposition(|&n| n > 0) {
-            let hi_bound = out.scale.upper_ps(hi).unwrap_or(u64::MAX);
+            let hi_bound = scale.upper_ps(hi).unwrap_or(u64::MAX);
             out.max_ps = if (lower(hi)..=hi_bound).contains(&self.max_ps) {
                 self.max_ps
             } else {
@@ -658,6 +666,21 @@ mod tests {
         let mut other = new;
         other.merge(&old);
         assert_eq!(other.buckets, sum.buckets);
+        // The wait scale's zero, taken from or added to a sum of the long
+        // scale, leaves it in its scale (a thread's row replaced by
+        // nothing as the thread exits).
+        let mut s = new;
+        s.replace_part(&new, &Summary::ZERO);
+        assert_eq!(s.scale, long);
+        let untimed = Summary {
+            count: 4,
+            ..Summary::zero(long)
+        };
+        let mut z = Summary::default();
+        z.merge(&untimed);
+        let mut l = Summary::zero(long);
+        l.merge(&Summary::default());
+        assert_eq!((z.count, l.scale), (4, long));
     }
 
     /// `n` events: `low` of them in the bucket of 1 µs, the rest in the

@@ -761,6 +761,7 @@ fn class_total(s: &SegmentSnapshot, name: &str) -> Summary {
         .filter(|(c, _)| *c == class)
     {
         total.count += r.count;
+        total.timed_count += r.timed_count;
         total.bytes += r.bytes;
         total.statement.rows_sent += r.statement.rows_sent;
         total.statement.errors += r.statement.errors;
@@ -985,6 +986,10 @@ fn a_statement_begun_again_while_open_ends_first_with_an_error() {
         (st.count, st.statement.rows_sent, st.statement.errors),
         (12, 10, 4),
         "twelve statements, four ended by the next begin as errors"
+    );
+    assert_eq!(
+        st.timed_count, 8,
+        "the four ended by the next begin have no duration (when they ended is not known)"
     );
     assert_eq!(
         class_total(&snap, "statement/cedge/inner").count,

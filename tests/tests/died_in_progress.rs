@@ -34,14 +34,14 @@ fn service(dir: &std::path::Path, name: &str) -> Writer {
     w
 }
 
-/// The agent's log lines that say a process ended with events in
+/// The agent's log lines that say a process ended with work in
 /// progress.
 fn in_progress_lines(agent: &Agent) -> Vec<String> {
     agent
         .guard
         .stderr()
         .lines()
-        .filter(|l| l.contains("ended with events in progress"))
+        .filter(|l| l.contains("ended with work in progress"))
         .map(str::to_string)
         .collect()
 }

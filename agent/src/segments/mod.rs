@@ -609,8 +609,19 @@ impl SegmentSet {
                 {
                     // What it was doing when it ended: a crash's or a
                     // kill's last requests, which the tables (live
-                    // processes only) no longer show.
-                    tracing::warn!(path = %crate::util::shown::path(path), service = t.segment.service(), pid = t.segment.pid(), "the process ended with events in progress (killed or crashed, or exited without ending them); the last of each thread: {what}");
+                    // processes only) no longer show. Waits alone (workers
+                    // blocked in I/O at an `exit`) may be a normal end.
+                    let (path, service, pid) = (
+                        crate::util::shown::path(path),
+                        t.segment.service(),
+                        t.segment.pid(),
+                    );
+                    let text = &what.text;
+                    if what.work {
+                        tracing::warn!(path = %path, service, pid, "the process ended with work in progress (killed or crashed, or exited without ending its statements); the last event of each thread: {text}");
+                    } else {
+                        tracing::info!(path = %path, service, pid, "the process ended with threads in waits (killed or crashed, or exited while they waited); the last event of each thread: {text}");
+                    }
                 }
                 self.retirement.pend(t);
             }
