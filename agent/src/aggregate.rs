@@ -548,8 +548,7 @@ mod tests {
     #[test]
     fn a_dead_process_s_events_in_progress_leave_idle_waits_out() {
         use crate::testing::{statement, statement_class};
-        use pfs_shm_layout::layout::{EV_TIMED, FLAG_ENABLED, FLAG_TIMED, NONE_U32};
-        use pfs_shm_layout::writer::EventData;
+        use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED};
         let dir = tempfile::tempdir().unwrap();
         let cfg = SegmentConfig {
             service_name: "svc".into(),
@@ -569,18 +568,7 @@ mod tests {
             w.alloc_thread(2, 2, "handler").unwrap(),
         );
         let wait = |slot: u32, thread_id: u64, class: u32, event_id: u64| {
-            let e = EventData {
-                event_id,
-                class,
-                timer_start: event_id * 1_000,
-                source: NONE_U32,
-                object_name: NONE_U32,
-                flags: EV_TIMED,
-                event_type: EventKind::Wait as u32,
-                thread_id,
-                ..Default::default()
-            };
-            w.segment().record(slot).begin_event(EventKind::Wait, &e);
+            crate::testing::begin(&w, slot, EventKind::Wait, class, (thread_id, event_id));
         };
         let said = || {
             let s = snapshot(w.segment(), &ReadOptions::summaries()).unwrap();

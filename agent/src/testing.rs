@@ -121,6 +121,31 @@ pub fn statement_class(w: &SegmentWriter, name: &str) -> u32 {
     .unwrap()
 }
 
+/// Begins event `event_id` of `kind` and class `class` of logical thread
+/// `thread_id` in thread record `slot` (running, in `events_*_current`,
+/// timed, started at `event_id` µs); returns it, to be ended.
+pub fn begin(
+    w: &SegmentWriter,
+    slot: u32,
+    kind: EventKind,
+    class: u32,
+    (thread_id, event_id): (u64, u64),
+) -> EventData {
+    let e = EventData {
+        event_id,
+        class,
+        timer_start: event_id * 1_000,
+        source: NONE_U32,
+        object_name: NONE_U32,
+        flags: EV_TIMED,
+        event_type: kind as u32,
+        thread_id,
+        ..Default::default()
+    };
+    w.segment().record(slot).begin_event(kind, &e);
+    e
+}
+
 /// Statement `event_id` of logical thread `thread_id` (a task's when it is
 /// not the record's own), as thread record `slot` writes it, lasting
 /// `wait_ps`. Begun only (running, in `events_statements_current`) if
@@ -137,18 +162,7 @@ pub fn statement(
 ) {
     let rec = w.segment().record(slot);
     let cancelled = figures.is_some_and(|f| f.cancelled != 0);
-    let mut e = EventData {
-        event_id,
-        class,
-        timer_start: event_id * 1_000,
-        source: NONE_U32,
-        object_name: NONE_U32,
-        flags: EV_TIMED,
-        event_type: EventKind::Statement as u32,
-        thread_id,
-        ..Default::default()
-    };
-    rec.begin_event(EventKind::Statement, &e);
+    let mut e = begin(w, slot, EventKind::Statement, class, (thread_id, event_id));
     let Some(f) = figures else { return };
     e.end_event_id = event_id + 1;
     e.timer_end = e.timer_start + wait_ps / 1_000;
