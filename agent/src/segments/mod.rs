@@ -1257,18 +1257,16 @@ mod tests {
         // does not read; refused again after it changed (its creator
         // marks it ready), counted once; another file of that name (a
         // new inode) is counted again.
+        // A segment at `path` whose header says the next major version.
+        let newer_segment = |path: &Path| {
+            let f = segment_file(path);
+            let major = std::mem::offset_of!(pfs_shm_layout::layout::Header, major) as u64;
+            let next = pfs_shm_layout::layout::LAYOUT_MAJOR + 1;
+            f.write_all_at(&next.to_le_bytes(), major).unwrap();
+            f
+        };
         let newer = dir.path().join("newer.3.pfs");
-        drop(segment_file(&newer));
-        let major = std::mem::offset_of!(pfs_shm_layout::layout::Header, major) as u64;
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&newer)
-            .unwrap();
-        f.write_all_at(
-            &(pfs_shm_layout::layout::LAYOUT_MAJOR + 1).to_le_bytes(),
-            major,
-        )
-        .unwrap();
+        let f = newer_segment(&newer);
         set.refresh();
         let unsupported = |set: &SegmentSet| set.errors.get(&Refusal::UnsupportedVersion).copied();
         assert_eq!(unsupported(&set), Some(1));
@@ -1279,16 +1277,7 @@ mod tests {
         drop(f);
         // (Made beside it and renamed over it: a new inode for sure.)
         let other = dir.path().join("other.tmp");
-        drop(segment_file(&other));
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&other)
-            .unwrap();
-        f.write_all_at(
-            &(pfs_shm_layout::layout::LAYOUT_MAJOR + 1).to_le_bytes(),
-            major,
-        )
-        .unwrap();
+        drop(newer_segment(&other));
         std::fs::rename(&other, &newer).unwrap();
         set.refresh();
         assert_eq!(unsupported(&set), Some(2), "another file");
