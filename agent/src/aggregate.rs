@@ -166,6 +166,10 @@ pub struct ServiceTotals {
     pub threads: u64,
     /// Memory instruments by name.
     pub memory: MemoryByEventName,
+    /// Statements in progress when their process ended (killed, crashed,
+    /// or exited without ending them), by statement instrument: never
+    /// counted in `classes` ([`abandoned_statements`]).
+    pub abandoned: BTreeMap<String, u64>,
 }
 
 impl ServiceTotals {
@@ -199,6 +203,12 @@ impl ServiceTotals {
     fn add_lost(&mut self, lost: &[u64; LOST_COUNTERS]) {
         for (a, b) in self.lost.iter_mut().zip(lost) {
             *a += b;
+        }
+    }
+
+    fn add_abandoned(&mut self, abandoned: &BTreeMap<String, u64>) {
+        for (name, n) in abandoned {
+            *self.abandoned.entry(name.clone()).or_default() += n;
         }
     }
 }
@@ -291,8 +301,10 @@ impl Retired {
         self.last_retired_ns.remove(service);
     }
 
-    /// Adds a dead segment's final snapshot.
-    pub fn absorb(&mut self, s: &SegmentSnapshot) {
+    /// Adds a segment's final snapshot; `ended`: its process is gone, so
+    /// that its statements in progress were abandoned (a live process's
+    /// segment is absorbed only when it cannot be read any more).
+    pub fn absorb(&mut self, s: &SegmentSnapshot, ended: bool) {
         self.last_retired_ns
             .insert(s.service.clone(), unix_now_ns());
         let known = self.earliest_start_ns.get(&s.service).copied();
@@ -312,6 +324,9 @@ impl Retired {
         t.add_classes(&segment_global(s));
         t.add_memory(s, Process::Retired);
         t.add_lost(&s.lost);
+        if ended {
+            t.add_abandoned(&abandoned_statements(s));
+        }
     }
 
     /// Adds other retired totals (those of dead segments kept aside in the
@@ -346,6 +361,7 @@ impl Retired {
                 t.memory.entry(name.clone()).or_default().merge(m);
             }
             t.add_lost(&theirs.lost);
+            t.add_abandoned(&theirs.abandoned);
         }
     }
 }
@@ -496,6 +512,26 @@ pub fn ended_in_progress(s: &SegmentSnapshot, now_ps: u128) -> Option<EndedInPro
     })
 }
 
+/// The statements of a dead process's segment `s` that were in progress
+/// when it ended ([`unended`]: one per thread or awaiting task, as
+/// `events_statements_current` shows them, so a statement a nested one
+/// hid is not counted), by instrument name. They never reach the
+/// summaries, which count a statement when it ends.
+pub fn abandoned_statements(s: &SegmentSnapshot) -> BTreeMap<String, u64> {
+    let names: HashMap<u32, &str> = s
+        .classes
+        .iter()
+        .map(|c| (c.index, c.name.as_str()))
+        .collect();
+    let mut out = BTreeMap::new();
+    for (e, _) in unended(s, EventKind::Statement) {
+        if let Some(name) = names.get(&e.class) {
+            *out.entry((*name).to_string()).or_default() += 1;
+        }
+    }
+    out
+}
+
 /// Per-service totals over live and dead segments (each with whether its
 /// process lives) plus the retired ones: counters add up over all of them;
 /// what is in use now (threads, memory in use and its LOW watermark) over
@@ -530,6 +566,8 @@ pub fn by_service<'a>(
         t.add_lost(&s.lost);
         if live {
             t.threads += s.threads.len() as u64;
+        } else {
+            t.add_abandoned(&abandoned_statements(s));
         }
     }
     out
@@ -593,6 +631,60 @@ mod tests {
                 .starts_with("2 in progress: statement/t/q (THREAD_ID 1"),
             "{w2:?}"
         );
+    }
+
+    /// A dead process's statements in progress are counted abandoned by
+    /// instrument, from its death until its retirement and after (in the
+    /// retired totals, which a merge adds); a live process's are running,
+    /// not abandoned; one that ended is in the summaries, not abandoned.
+    #[test]
+    fn a_dead_process_s_statements_in_progress_are_abandoned() {
+        use crate::testing::{statement, statement_class};
+        use pfs_shm_layout::values::StatementFigures;
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = SegmentConfig {
+            service_name: "svc".into(),
+            ..Default::default()
+        };
+        let (_f, w) = segment_at(&dir.path().join("svc.1.pfs"), &cfg, 1, true);
+        let (q, r) = (statement_class(&w, "q"), statement_class(&w, "r"));
+        let threads: Vec<u32> = (1..=3)
+            .map(|i| w.alloc_thread(i, i, "worker").unwrap().index)
+            .collect();
+        statement(&w, threads[0], q, (1, 1), 0, None);
+        statement(&w, threads[1], q, (2, 1), 0, None);
+        statement(&w, threads[2], r, (3, 1), 0, None);
+        statement(
+            &w,
+            threads[2],
+            r,
+            (3, 1),
+            5_000,
+            Some(StatementFigures::default()),
+        );
+        let s = snapshot(w.segment(), &ReadOptions::summaries()).unwrap();
+        let want = BTreeMap::from([("statement/t/q".to_string(), 2)]);
+        assert_eq!(abandoned_statements(&s), want);
+        let totals = |live: bool, retired: &Retired| {
+            by_service(std::iter::once((&s, live)), retired)["svc"]
+                .abandoned
+                .clone()
+        };
+        assert!(totals(true, &Retired::default()).is_empty(), "running");
+        assert_eq!(totals(false, &Retired::default()), want, "dead");
+        let mut retired = Retired::default();
+        retired.absorb(&s, true);
+        let alone = by_service(std::iter::empty(), &retired);
+        assert_eq!(alone["svc"].abandoned, want, "retired");
+        // A live segment absorbed (its file can no longer be read): its
+        // statements were not abandoned.
+        let mut unreadable = Retired::default();
+        unreadable.absorb(&s, false);
+        assert!(unreadable.by_service["svc"].abandoned.is_empty());
+        let mut both = Retired::default();
+        both.merge(&retired);
+        both.merge(&retired);
+        assert_eq!(both.by_service["svc"].abandoned["statement/t/q"], 4);
     }
 
     #[test]
@@ -713,7 +805,7 @@ mod tests {
             "a dead process: its peak stays until it is retired"
         );
         let mut retired = Retired::default();
-        retired.absorb(&s);
+        retired.absorb(&s, true);
         let t = &by_service(std::iter::empty(), &retired)["svc"];
         let m = &t.memory["memory/t/buf"];
         assert_eq!(
@@ -726,15 +818,15 @@ mod tests {
         assert_eq!(retired.earliest_start_ns["svc"], s.start_time_unix_ns);
         let mut later = s.clone();
         later.start_time_unix_ns += 1_000;
-        retired.absorb(&later);
+        retired.absorb(&later, true);
         assert_eq!(retired.earliest_start_ns["svc"], s.start_time_unix_ns);
         let mut other = Retired::default();
-        other.absorb(&later);
-        other.absorb(&s);
+        other.absorb(&later, true);
+        other.absorb(&s, true);
         assert_eq!(other.earliest_start_ns["svc"], s.start_time_unix_ns);
         // Totals of unknown origin (an older state file) stay unknown.
         retired.earliest_start_ns.clear();
-        retired.absorb(&later);
+        retired.absorb(&later, true);
         assert!(retired.earliest_start_ns.is_empty());
     }
 }

@@ -203,6 +203,11 @@ struct ServiceV1 {
     /// read, and saved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     last_retired_unix_ns: Option<u64>,
+    /// Statements in progress when their processes ended, by instrument
+    /// (absent in files of agents that did not count them, and when
+    /// none: an older agent reading this file ignores it).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    abandoned: BTreeMap<String, u64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -256,6 +261,7 @@ fn encode_services(retired: &Retired) -> BTreeMap<String, ServiceV1> {
                     lost: t.lost.to_vec(),
                     earliest_start_unix_ns: retired.earliest_start_ns.get(svc).copied(),
                     last_retired_unix_ns: retired.last_retired_ns.get(svc).copied(),
+                    abandoned: t.abandoned.clone(),
                 },
             )
         })
@@ -273,6 +279,7 @@ fn decode_services(services: BTreeMap<String, ServiceV1>) -> Result<Retired, Sta
         for (name, m) in &s.memory {
             t.memory.insert(name.clone(), m.into());
         }
+        t.abandoned = s.abandoned;
         // A newer agent may count more kinds of loss: keep the ones we know.
         for (a, b) in t.lost.iter_mut().zip(s.lost.iter().take(LOST_COUNTERS)) {
             *a = *b;
@@ -771,6 +778,7 @@ mod tests {
             },
         );
         t.lost[2] = 4;
+        t.abandoned.insert("statement/test/q".into(), 2);
         let mut retired = Retired::default();
         retired.by_service.insert("svc".into(), t);
         retired
@@ -800,6 +808,7 @@ mod tests {
             assert_eq!(x.classes, y.classes);
             assert_eq!(x.memory, y.memory);
             assert_eq!(x.lost, y.lost);
+            assert_eq!(x.abandoned, y.abandoned);
         }
     }
 
@@ -833,6 +842,18 @@ mod tests {
         // A file without pending segments (an older agent's) loads.
         let back = decode(&encode(&sample())).unwrap();
         assert!(back.pending.is_empty());
+        // So does one without abandoned statements (an older agent's, or
+        // none): none.
+        let text = String::from_utf8(encode(&sample())).unwrap();
+        assert!(text.contains("\"abandoned\""), "{text}");
+        let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v["services"]["svc"]
+            .as_object_mut()
+            .unwrap()
+            .remove("abandoned")
+            .unwrap();
+        let back = decode(v.to_string().as_bytes()).unwrap();
+        assert!(back.retired.by_service["svc"].abandoned.is_empty());
     }
 
     /// Each save lists in the lock file the dead segments the state holds

@@ -11,12 +11,16 @@
 //! code and its cost per call can be read on their own.
 
 use std::alloc::{GlobalAlloc, Layout};
+use std::future::Future;
 use std::hint::black_box;
+use std::pin::{Pin, pin};
+use std::task::{Context, Poll, Waker};
 
 use pfs_client::alloc::PfsAllocator;
+use pfs_client::task::Task;
 use pfs_client::{
     Config, LazyMemoryClass, LazyStageClass, LazyStatementClass, LazyWaitClass, Operation,
-    WaitClass, memory_scope,
+    TaskStatement, WaitClass, memory_scope,
 };
 
 static TIMED: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/probe/timed");
@@ -130,6 +134,53 @@ pub fn probe_global_realloc(a: &PfsAllocator) {
     }
 }
 
+/// A task body that never completes (the `async` bench's `Looper`): each
+/// poll polls a fresh ready future and returns `Pending`; with `open`, its
+/// first poll opens a statement, kept open from then on.
+pub struct Looper {
+    open: bool,
+    stmt: Option<TaskStatement>,
+}
+
+impl Future for Looper {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.open && self.stmt.is_none() {
+            self.stmt = Some(STATEMENT.start_task());
+        }
+        let ready = pin!(std::future::ready(black_box(0u32)));
+        black_box(ready.poll(cx).is_ready());
+        Poll::Pending
+    }
+}
+
+/// A `tracing` layer that does nothing (the `async` bench's `NoopLayer`).
+struct NoopLayer;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for NoopLayer {}
+
+/// One poll through `tracing::Instrument`, a `Registry` with one no-op
+/// layer as the default subscriber (the `async` bench's
+/// `tracing_instrument`, what `probe_poll` is compared with).
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub fn probe_instrumented(
+    fut: Pin<&mut tracing::instrument::Instrumented<Looper>>,
+    cx: &mut Context<'_>,
+) {
+    black_box(fut.poll(cx).is_pending());
+}
+
+/// One poll of a task (`pfs_client::task::Task`): the context swapped in
+/// and out, and, with a statement open, the poll timed for its `CPU_TIME`
+/// (the `async` bench's `poll_ctx` and `poll_ctx_no_statement`).
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub fn probe_poll(task: Pin<&mut Task<Looper>>, cx: &mut Context<'_>) {
+    black_box(task.poll(cx).is_pending());
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let what = args.next().unwrap_or_else(|| "timed".into());
@@ -152,6 +203,23 @@ fn main() {
     probe_memory_token(&BUF);
     probe_global_alloc(&PFS_ALLOC);
     probe_global_realloc(&PFS_ALLOC);
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut task = pin!(Task::new(Looper {
+        open: what != "poll_idle",
+        stmt: None,
+    }));
+    probe_poll(task.as_mut(), &mut cx);
+    let _subscriber = tracing::subscriber::set_default(
+        tracing_subscriber::layer::SubscriberExt::with(tracing_subscriber::registry(), NoopLayer),
+    );
+    let mut instrumented = pin!(tracing::Instrument::instrument(
+        Looper {
+            open: false,
+            stmt: None
+        },
+        tracing::info_span!("request")
+    ));
+    probe_instrumented(instrumented.as_mut(), &mut cx);
     let mut sink = 0u64;
     for _ in 0..n {
         match what.as_str() {
@@ -165,8 +233,10 @@ fn main() {
             "memory_token" => probe_memory_token(black_box(&BUF)),
             "global_alloc" => probe_global_alloc(black_box(&PFS_ALLOC)),
             "global_realloc" => probe_global_realloc(black_box(&PFS_ALLOC)),
+            "poll" | "poll_idle" => probe_poll(task.as_mut(), &mut cx),
+            "instrumented" => probe_instrumented(instrumented.as_mut(), &mut cx),
             other => panic!(
-                "unknown probe {other}: timed|untimed|disabled|disabled_lazy|timer|stage|statement|memory_token|global_alloc|global_realloc"
+                "unknown probe {other}: timed|untimed|disabled|disabled_lazy|timer|stage|statement|memory_token|global_alloc|global_realloc|poll|poll_idle|instrumented"
             ),
         }
     }

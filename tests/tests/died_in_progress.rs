@@ -6,7 +6,8 @@
 //! one warning naming the process and every event in progress (the
 //! statements first), with how long before the death was seen each had
 //! started. A process that ends its events before it exits gets no such
-//! warning.
+//! warning. `/metrics` counts its statements abandoned, through the
+//! process's retirement and the agent's restarts.
 
 use std::time::{Duration, Instant};
 
@@ -46,29 +47,55 @@ fn in_progress_lines(agent: &Agent) -> Vec<String> {
         .collect()
 }
 
-/// Waits until `/metrics` counts `n` statements running for `service`.
-fn wait_running(agent: &Agent, service: &str, n: f64) {
+/// The sum of `/metrics` samples `name` of `service`'s request class.
+fn requests(agent: &Agent, name: &str, service: &str) -> f64 {
+    let samples = agent.metrics().unwrap();
+    let labels = [
+        ("service", service),
+        ("event_name", "statement/test/request"),
+    ];
+    samples
+        .iter()
+        .filter(|s| s.name == name && s.has_labels(&labels))
+        .map(|s| s.value)
+        .sum()
+}
+
+/// Waits until `/metrics` has `n` as `name` for `service`'s requests.
+fn wait_for(agent: &Agent, name: &str, service: &str, n: f64) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let samples = agent.metrics().unwrap();
-        let running = samples
-            .iter()
-            .filter(|s| s.name == "pfs_events_statements_running")
-            .filter(|s| s.has_labels(&[("service", service)]))
-            .map(|s| s.value)
-            .sum::<f64>();
-        if running == n {
+        let now = requests(agent, name, service);
+        if now == n {
             return;
         }
-        assert!(Instant::now() < deadline, "{running} running, not {n}");
+        assert!(Instant::now() < deadline, "{name}: {now}, not {n}");
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Waits until `/metrics` counts `n` statements running for `service`.
+fn wait_running(agent: &Agent, service: &str, n: f64) {
+    wait_for(agent, "pfs_events_statements_running", service, n);
+}
+
+/// `pfs_processes{state="dead"}` of `service`.
+fn dead(agent: &Agent, service: &str) -> f64 {
+    let samples = agent.metrics().unwrap();
+    samples
+        .iter()
+        .filter(|s| s.name == "pfs_processes")
+        .filter(|s| s.has_labels(&[("service", service), ("state", "dead")]))
+        .map(|s| s.value)
+        .sum()
 }
 
 #[test]
 fn a_killed_process_s_requests_in_progress_are_logged() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::serve(dir.path()).unwrap();
+    // Dead processes retired 5 s after their death is seen.
+    let serve = || Agent::serve_with_args(dir.path(), &["--dead-retention", "5s"]).unwrap();
+    let agent = serve();
 
     // Ends its requests, then exits: nothing to say.
     let mut clean = service(dir.path(), "clean");
@@ -127,6 +154,33 @@ fn a_killed_process_s_requests_in_progress_are_logged() {
         "once, for the killed process only:\n{}",
         agent.guard.stderr()
     );
+
+    // Counted: the killed process's requests abandoned, in no other
+    // counter; the clean one's completed, none abandoned.
+    let abandoned = "pfs_events_statements_abandoned_total";
+    let total = "pfs_events_statements_total";
+    wait_for(&agent, abandoned, "killed", TASKS as f64);
+    assert_eq!(requests(&agent, total, "killed"), 0.0);
+    assert_eq!(requests(&agent, abandoned, "clean"), 0.0);
+    assert_eq!(requests(&agent, total, "clean"), TASKS as f64);
+    // An agent restarted while the process is dead, not retired yet
+    // (found dead before it started): the same, not counted twice.
+    drop(agent);
+    let agent = serve();
+    assert_eq!(dead(&agent, "killed"), 1.0, "not retired yet");
+    wait_for(&agent, abandoned, "killed", TASKS as f64);
+    // Retired (its file removed): kept in the totals, and in the state
+    // file an agent restarted after reads.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while dead(&agent, "killed") != 0.0 {
+        assert!(Instant::now() < deadline, "never retired");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(requests(&agent, abandoned, "killed"), TASKS as f64);
+    drop(agent);
+    let agent = serve();
+    wait_for(&agent, abandoned, "killed", TASKS as f64);
+    assert_eq!(requests(&agent, total, "killed"), 0.0);
 }
 
 /// `SIGKILL`'s number (9 on every Linux architecture).

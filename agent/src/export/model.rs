@@ -585,6 +585,13 @@ pub fn families(snap: &Snapshot, totals: &Totals, stats: &AgentStats) -> Vec<Fam
         "Bytes moved by I/O waits (the sum of NUMBER_OF_BYTES, SUM_NUMBER_OF_BYTES), by instrument: every file and socket instrument, and any other wait once it carried a byte count.",
     );
     let mut figures = statement_figure_families();
+    let mut abandoned = Family::new(
+        "pfs_events_statements_abandoned",
+        None,
+        ("pfs.events.statements.abandoned", "{statement}"),
+        Kind::Counter,
+        "Statements in progress when their process ended (killed, crashed, or exited without ending them), by instrument: never in pfs_events_statements_total. One per thread or awaiting task, as events_statements_current showed them.",
+    );
     let mut threads = Family::new(
         "pfs_threads",
         None,
@@ -615,12 +622,12 @@ pub fn families(snap: &Snapshot, totals: &Totals, stats: &AgentStats) -> Vec<Fam
                 );
             }
             if kind == EventKind::Statement {
+                let labels = || vec![("service", svc.clone()), ("event_name", name.clone())];
                 for (fam, v) in figures.iter_mut().zip(statement_figure_values(s)) {
-                    fam.push(
-                        vec![("service", svc.clone()), ("event_name", name.clone())],
-                        v,
-                    );
+                    fam.push(labels(), v);
                 }
+                let cut = t.abandoned.get(name).copied().unwrap_or(0);
+                abandoned.push(labels(), Value::Int(cut));
             }
         }
         threads.push(vec![("service", svc.clone())], Value::Int(t.threads));
@@ -640,6 +647,7 @@ pub fn families(snap: &Snapshot, totals: &Totals, stats: &AgentStats) -> Vec<Fam
         }
     }
     out.extend(figures);
+    out.push(abandoned);
     out.extend(memory_families(&services));
     out.extend(timer_families(snap));
     out.push(threads);

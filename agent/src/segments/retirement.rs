@@ -180,7 +180,7 @@ impl Retirement {
         let Some(s) = t.final_figures() else { return };
         let id = t.identity();
         let mut totals = Retired::default();
-        totals.absorb(s);
+        totals.absorb(s, true);
         let died_unix_ns = t.died_unix_ns();
         match self.pending.iter_mut().find(|p| p.id == id) {
             Some(p) => {
@@ -273,7 +273,7 @@ impl Retirement {
         let Some(last) = t.final_figures() else {
             return;
         };
-        self.retired.absorb(last);
+        self.retired.absorb(last, t.dead_since.is_some());
         let id = t.identity();
         self.pending.retain(|p| p.id != id);
         // A dead one's file stays: should it become readable, it is not
@@ -321,7 +321,7 @@ impl Retirement {
             if std::fs::symlink_metadata(&t.path).is_ok_and(|m| m.ino() == t.ino) {
                 remove.push(t);
             } else {
-                self.retired.absorb(s);
+                self.retired.absorb(s, t.dead_since.is_some());
                 self.retired_segments += 1;
                 let id = t.identity();
                 self.pending.retain(|p| p.id != id);
@@ -339,7 +339,7 @@ impl Retirement {
         });
         for t in &remove {
             if let Some(s) = t.final_figures() {
-                self.retired.absorb(s);
+                self.retired.absorb(s, t.dead_since.is_some());
             }
             self.retired_segments += 1;
             if self.store.is_some() {
