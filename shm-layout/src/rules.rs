@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::kinds::ClassKind;
 use crate::layout::{FLAG_ENABLED, FLAG_TIMED};
 
 /// Text that is not a rule list or a duration; the message says what is
@@ -35,6 +36,17 @@ pub enum SyntaxError {
         pattern: String,
         /// Every consumer name, comma-separated.
         names: String,
+    },
+    /// An instrument rule whose pattern matches no instrument name (see
+    /// [`may_name_an_instrument`]).
+    #[error(
+        "{rule:?}: {pattern:?} matches no instrument name; names are case-sensitive and start with wait/, stage/, statement/ or memory/, or are idle or idle/... (e.g. wait/synch/mutex/%=OFF)"
+    )]
+    NoSuchInstrument {
+        /// The whole rule.
+        rule: String,
+        /// Its pattern.
+        pattern: String,
     },
     /// An actor rule whose key is not `USER@HOST` or `USER@HOST/ROLE`
     /// with each part 1 to [`crate::layout::ACTOR_FIELD_BYTES`] bytes.
@@ -69,14 +81,71 @@ pub enum SyntaxError {
 /// timed), `OFF`/`NO`/`FALSE`/`0` (disabled). Returns the pattern and the
 /// `FLAG_*` bits.
 pub fn parse_instrument_rules(s: &str) -> Result<Vec<(String, u32)>, SyntaxError> {
-    parse_rules(s, "ON, OFF or COUNTED", |v| {
+    let rules = parse_rules(s, "ON, OFF or COUNTED", |v| {
         match v.to_ascii_uppercase().as_str() {
             "ON" | "YES" | "TRUE" | "1" => Some(FLAG_ENABLED | FLAG_TIMED),
             "COUNTED" => Some(FLAG_ENABLED),
             "OFF" | "NO" | "FALSE" | "0" => Some(0),
             _ => None,
         }
-    })
+    })?;
+    // A typo in the family (`statements/%`, `Wait/%`) would otherwise
+    // change nothing, silently.
+    if let Some((pattern, _)) = rules.iter().find(|(p, _)| !may_name_an_instrument(p)) {
+        let rule = s
+            .split([';', ','])
+            .map(str::trim)
+            .find(|r| r.split_once('=').is_some_and(|(p, _)| p.trim() == pattern))
+            .unwrap_or(pattern)
+            .to_string();
+        return Err(SyntaxError::NoSuchInstrument {
+            rule,
+            pattern: pattern.clone(),
+        });
+    }
+    Ok(rules)
+}
+
+/// Whether the `LIKE` pattern `pattern` can match an instrument name, as
+/// far as its family tells: the text before its first wildcard (`%`, `_`)
+/// must begin a name of some family (`wait/`, `stage/`, `statement/`,
+/// `memory/`, `idle`), or begin with one; a pattern without wildcards must
+/// be an instrument name itself. (Past the family, any name is an
+/// instrument's: `wait/synch/mutx/%` is a wait of another kind, not an
+/// error.)
+///
+/// ```
+/// use pfs_shm_layout::rules::may_name_an_instrument;
+/// assert!(may_name_an_instrument("wait/io/file/%"));
+/// assert!(may_name_an_instrument("%"));
+/// assert!(may_name_an_instrument("st%"));
+/// assert!(may_name_an_instrument("idle"));
+/// assert!(may_name_an_instrument("statement/http/GET /health"));
+/// assert!(!may_name_an_instrument("statements/%"));
+/// assert!(!may_name_an_instrument("Wait/%"));
+/// assert!(!may_name_an_instrument("wait/"));
+/// ```
+pub fn may_name_an_instrument(pattern: &str) -> bool {
+    const FAMILIES: [&str; 5] = ["wait/", "stage/", "statement/", "memory/", "idle"];
+    let mut literal = String::new();
+    let mut chars = pattern.chars();
+    let mut wildcard = false;
+    while let Some(c) = chars.next() {
+        match c {
+            '%' | '_' => {
+                wildcard = true;
+                break;
+            }
+            '\\' => literal.extend(chars.next()),
+            c => literal.push(c),
+        }
+    }
+    if !wildcard {
+        return ClassKind::from_name(&literal).is_some();
+    }
+    FAMILIES
+        .iter()
+        .any(|f| literal.starts_with(f) || f.starts_with(literal.as_str()))
 }
 
 /// Parses consumer rules (`pattern=ON|OFF`).
@@ -282,6 +351,18 @@ mod tests {
             parse_instrument_rules(" =OFF").unwrap_err().to_string(),
             "\"=OFF\" is not pattern=VALUE",
             "a rule without a pattern"
+        );
+        assert_eq!(
+            parse_instrument_rules("wait/%=OFF; statements/%=OFF").unwrap_err(),
+            SyntaxError::NoSuchInstrument {
+                rule: "statements/%=OFF".into(),
+                pattern: "statements/%".into()
+            },
+            "a typo in the family changes nothing: refused"
+        );
+        assert!(
+            parse_instrument_rules("idle=OFF,wait/synch/%=counted,%=ON").is_ok(),
+            "every family, and every name"
         );
         assert_eq!(
             parse_consumer_rules("a=COUNTED").unwrap_err().to_string(),

@@ -678,6 +678,11 @@ fn malformed_setup_defaults_stop_the_agent() -> Result<()> {
             "matches no consumer",
         ),
         ("--instrument", "wait/%=SOMETIMES".to_string(), "COUNTED"),
+        (
+            "--instrument",
+            "statements/%=OFF".to_string(),
+            "matches no instrument name",
+        ),
     ] {
         let mut child = std::process::Command::new(pfs_tests::agent_bin())
             .args([
