@@ -220,10 +220,22 @@ fn main() {
         tracing::info_span!("request")
     ));
     probe_instrumented(instrumented.as_mut(), &mut cx);
+    if what == "timed_no_current" {
+        // The timed wait without its `events_waits_current` row (the
+        // bench's `timed_wait_no_current`): what the row's writes cost.
+        let path = pfs_client::segment_path().expect("initialised");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .expect("the segment");
+        let seg = pfs_shm_layout::Segment::open(file, true).expect("the segment");
+        pfs_shm_layout::setup::set_consumers(&seg, "events_waits_current", false);
+    }
     let mut sink = 0u64;
     for _ in 0..n {
         match what.as_str() {
-            "timed" => probe_timed_wait(black_box(&TIMED)),
+            "timed" | "timed_no_current" => probe_timed_wait(black_box(&TIMED)),
             "disabled" => probe_disabled(black_box(&disabled)),
             "disabled_lazy" => probe_disabled_lazy(black_box(&DISABLED)),
             "timer" => sink = sink.wrapping_add(probe_timer_pair()),
@@ -236,7 +248,7 @@ fn main() {
             "poll" | "poll_idle" => probe_poll(task.as_mut(), &mut cx),
             "instrumented" => probe_instrumented(instrumented.as_mut(), &mut cx),
             other => panic!(
-                "unknown probe {other}: timed|untimed|disabled|disabled_lazy|timer|stage|statement|memory_token|global_alloc|global_realloc|poll|poll_idle|instrumented"
+                "unknown probe {other}: timed|timed_no_current|untimed|disabled|disabled_lazy|timer|stage|statement|memory_token|global_alloc|global_realloc|poll|poll_idle|instrumented"
             ),
         }
     }
