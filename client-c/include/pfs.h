@@ -421,6 +421,12 @@ typedef struct {
   uint64_t _opaque[PFS_WAIT_WORDS];
 } pfs_wait_t;
 
+// A program's warning handler: called with the warning's text (UTF-8,
+// NUL-terminated, valid only during the call) and the `user` pointer
+// given with it, on whichever thread warns, the library's own included.
+// It may log, and must return normally.
+typedef void (*pfs_warning_handler_t)(const char *message, void *user);
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -1075,6 +1081,33 @@ void pfs_wait_end(pfs_wait_t *w);
 //
 // As `pfs_wait_end`.
 void pfs_wait_end_bytes(pfs_wait_t *w, uint64_t bytes);
+
+// Names where the library's warnings go: `handler`, called with each
+// warning's text (one line, starting `pfs: `) and `user`; or, for a NULL
+// `handler`, nowhere. Without a call they go to standard error, one line
+// each. A warning is given once, on a slow path (the segment's file
+// truncated under the process, a class name that is not an
+// instrument's, events before `pfs_init`, thread records exhausted);
+// the figures it points at (`pfs_lost_total`) are counted either way.
+//
+// ```c
+// static void to_syslog(const char *message, void *user) {
+//     (void)user;
+//     syslog(LOG_WARNING, "%s", message);
+// }
+// pfs_set_warning_handler(to_syslog, NULL); /* before pfs_init */
+// ```
+//
+// Threading: any thread, any time; takes a lock (which a warning being
+// delivered holds only while it reads the route, not during the call).
+//
+// # Safety
+//
+// A non-NULL `handler` must be safe to call, from any thread and until
+// another call replaces it, with a NUL-terminated string valid for the
+// call and `user`; it must return normally (not unwind, not `longjmp`
+// out).
+void pfs_set_warning_handler(pfs_warning_handler_t handler, void *user);
 
 #ifdef __cplusplus
 }  // extern "C"

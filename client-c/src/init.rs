@@ -126,6 +126,8 @@ fn code_of(e: &InitError, bad_config: i32) -> i32 {
 /// Runs `pfs_client::init_with` (unless an ABI check failed), mapping its
 /// error.
 fn start(config: Result<Config, InitError>, bad_config: i32) -> i32 {
+    // (A static link may have left the library's constructor out.)
+    crate::warning::install();
     if pfs_client::is_forked_child() {
         // No lock may be waited for in a forked child (another thread of
         // the parent may have held it at the fork): pfs-client refuses

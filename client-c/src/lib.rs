@@ -38,6 +38,7 @@
 //! | 1 | `slot` | caller-owned storage: a Rust guard kept in place inside a C struct, usable only by the thread that put it there |
 //! | 1 | `classes` | class handles for C: one leaked, lazily registered class per name |
 //! | 1 | `site` | call sites for C: `pfs_site_t`, the `SOURCE` of the events begun at one |
+//! | 1 | `warning` | where the library's warnings go: standard error, the program's handler (`pfs_set_warning_handler`), or nowhere |
 //! | 2 | `init` | `pfs_init`, `pfs_init_with` and `pfs_config_t` (checked field by field), the last error's message, the segment path |
 //! | 2 | `wait` | timed waits: `pfs_wait_t`, begin and end, operation codes |
 //! | 2 | `stage` | stages: enter, progress, end |
@@ -72,6 +73,7 @@ mod task;
 mod text;
 mod thread;
 mod wait;
+mod warning;
 
 pub use abi::*;
 pub use classes::{pfs_memory_class_t, pfs_stage_class_t, pfs_statement_class_t, pfs_wait_class_t};
@@ -84,3 +86,4 @@ pub use statement::*;
 pub use task::*;
 pub use thread::*;
 pub use wait::*;
+pub use warning::*;

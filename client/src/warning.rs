@@ -18,10 +18,12 @@
 //! warning goes to standard error instead, as it does if the thread cannot
 //! be started. A program with no subscriber at all gets no warning (the
 //! figures the warnings point at, such as `pfs_lost_total`, are counted
-//! regardless).
+//! regardless), unless it named a [`set_fallback`]: the C library (where
+//! no program has a `tracing` subscriber) writes them to standard error,
+//! or hands them to the program's handler.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::{RwLock, mpsc};
 use std::time::Duration;
 
 use tracing::subscriber::NoSubscriber;
@@ -51,6 +53,8 @@ pub fn warn(message: &str, emit: fn(&str)) {
             // A scoped default hidden by its guard: inside its callback
             // (or a scoped default on another thread only).
             eprintln!("WARN pfs: {message}");
+        } else if let Some(f) = *FALLBACK.read().unwrap_or_else(|e| e.into_inner()) {
+            f(message);
         }
         return;
     };
@@ -69,6 +73,29 @@ pub fn warn(message: &str, emit: fn(&str)) {
         }
         Err(_) => eprintln!("WARN pfs: {message}"),
     }
+}
+
+/// Where [`warn`] sends a warning when the program has no `tracing`
+/// subscriber ([`set_fallback`]).
+static FALLBACK: RwLock<Option<fn(&str)>> = RwLock::new(None);
+
+/// Makes `f` receive the warnings of a program that has no `tracing`
+/// subscriber (the message, called on the thread that warns, possibly one
+/// of the client's own), or, with `None`, drops them again (the default).
+/// A program with a subscriber gets them there, whatever this says. For
+/// adapters whose programs cannot have one: the C library sends them to
+/// standard error, or to the handler the C program gives.
+///
+/// ```
+/// fn to_stderr(message: &str) {
+///     eprintln!("pfs: {message}");
+/// }
+/// pfs_client::warning::set_fallback(Some(to_stderr));
+/// pfs_client::warning::warn("PFS_EXAMPLE is ignored", |m| tracing::warn!("{m}"));
+/// pfs_client::warning::set_fallback(None);
+/// ```
+pub fn set_fallback(f: Option<fn(&str)>) {
+    *FALLBACK.write().unwrap_or_else(|e| e.into_inner()) = f;
 }
 
 /// Says once per process that `what` named `name` (`"statement"`,
@@ -91,7 +118,7 @@ pub fn not_initialised(what: &str, name: &str) {
     }
     warn(
         &format!(
-            "pfs-client is not initialised: {what} {name:?} is not recorded, nor is any event, until pfs_client::init() (or init_with) succeeds; if the program calls it, its error says why it failed"
+            "pfs-client is not initialised: {what} {name:?} is not recorded, nor is any event, until pfs_client::init() (or init_with; pfs_init from C) succeeds; if the program calls it, its error says why it failed"
         ),
         |m| tracing::warn!("{m}"),
     );

@@ -18,6 +18,8 @@
  *   pfs_c_edges abandoned SHM_DIR SERVICE
  *                                       statements never ended (an exception
  *                                       between begin and end), begun again
+ *   pfs_c_edges warnings SHM_DIR        where warnings go: standard error,
+ *                                       the program's handler, nowhere
  *
  * Standard output: JSON lines. The modes owner, lost, names, abi_late,
  * key_dtor, tasks and abandoned print
@@ -232,6 +234,40 @@ static int abandoned(const char *shm_dir, const char *service) {
     pfs_statement_end(&top);
     print_segment_line("");
     wait_for_eof();
+    return 0;
+}
+
+/* ---- warnings ------------------------------------------------------- */
+
+static char last_warning[512];
+
+static void record_warning(const char *message, void *user) {
+    (*(int *)user)++;
+    snprintf(last_warning, sizeof last_warning, "%s", message);
+}
+
+/* A statement before pfs_init (standard error: the library's default,
+ * from its load), a misnamed class with a handler named (the handler),
+ * then another with none (nowhere). */
+static int warnings(const char *shm_dir) {
+    const pfs_statement_class_t *early = pfs_statement_class_register("statement/cedge/early");
+    CHECK(early != NULL);
+    pfs_statement_t st;
+    PFS_STATEMENT_BEGIN(&st, early);
+    pfs_statement_end(&st);
+    init_or_die(shm_dir, "c-warnings", 0);
+    int handled = 0;
+    pfs_set_warning_handler(record_warning, &handled);
+    CHECK(pfs_wait_class_register("stage/cedge/handled") == NULL);
+    int after_handler = handled;
+    pfs_set_warning_handler(NULL, NULL);
+    CHECK(pfs_wait_class_register("stage/cedge/dropped") == NULL);
+    /* The handler's text: one line naming the class. */
+    int names_it = strncmp(last_warning, "pfs: not a PFS wait instrument name", 35) == 0 &&
+                   strstr(last_warning, "stage/cedge/handled") != NULL &&
+                   strchr(last_warning, '\n') == NULL;
+    printf("{\"handled\":%d,\"after_none\":%d,\"names_it\":%s}\n", after_handler, handled,
+           names_it ? "true" : "false");
     return 0;
 }
 
@@ -716,6 +752,7 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "env") == 0 && argc == 2) return env();
     if (strcmp(mode, "tasks") == 0 && argc == 4) return tasks(argv[2], argv[3]);
     if (strcmp(mode, "abandoned") == 0 && argc == 4) return abandoned(argv[2], argv[3]);
+    if (strcmp(mode, "warnings") == 0 && argc == 3) return warnings(argv[2]);
     fprintf(stderr,
             "usage: %s owner|lost|names|config|abi|abi_late|key_dtor|tasks|abandoned SHM_DIR [SERVICE ...] | env\n",
             argv[0]);

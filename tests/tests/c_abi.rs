@@ -545,11 +545,40 @@ fn a_c_program_is_read_exactly_by_the_agent() {
         true
     );
     check_totals(&agent, false);
-    assert!(
-        demo.guard.stderr().is_empty(),
-        "the demo complained:\n{}",
-        demo.guard.describe()
+    // Its four misnamed registrations said, nothing else.
+    warned_exactly(
+        &demo.guard.stderr(),
+        &[
+            "not a PFS wait instrument name: \"stage/capp/parsing\"",
+            "not a PFS stage instrument name: \"statement/capp/query\"",
+            "not a PFS statement instrument name: \"memory/capp/x\"",
+            "not a PFS memory instrument name: \"wait/io/file/capp/x\"",
+        ],
     );
+}
+
+/// A C program's warnings go to standard error, one line each, from the
+/// library's load (a statement before `pfs_init` is said); to the
+/// program's handler once it names one (`pfs_set_warning_handler`); and
+/// nowhere once it names NULL.
+#[test]
+fn c_warnings_go_to_stderr_or_the_programs_handler() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile("pfs_c_edges.c");
+    let out = Command::new(&exe)
+        .args(["warnings", dir.path().to_str().unwrap()])
+        .output()
+        .expect("run pfs_c_edges warnings");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stderr}", out.status);
+    warned_exactly(
+        &stderr,
+        &["pfs-client is not initialised: statement \"statement/cedge/early\""],
+    );
+    let got: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+    assert_eq!(got["handled"], 1, "{got}");
+    assert_eq!(got["after_none"], 1, "the NULL handler drops it: {got}");
+    assert_eq!(got["names_it"], true, "{got}");
 }
 
 /// Runs `pfs_c_edges` in `mode` with `args` to completion: its one JSON
@@ -729,14 +758,26 @@ fn start_edges(mode: &str, args: &[&str]) -> (Writer, Value, SegmentSnapshot) {
     (w, ready, snap)
 }
 
-/// Ends a program of [`start_edges`]: a clean exit, nothing on stderr.
-fn finish_edges(mut w: Writer) {
+/// Ends a program of [`start_edges`]: a clean exit, nothing on stderr
+/// but the library's warnings `warned` ([`warned_exactly`]).
+fn finish_edges(mut w: Writer, warned: &[&str]) {
     w.finish(Duration::from_secs(20)).unwrap();
-    assert!(
-        w.guard.stderr().is_empty(),
-        "pfs_c_edges complained:\n{}",
-        w.guard.describe()
-    );
+    warned_exactly(&w.guard.stderr(), warned);
+}
+
+/// Whether a C program's standard error holds exactly the library's
+/// warnings `warned`, once each, in any order: one line `pfs: ...` per
+/// warning, each containing one of `warned`, and nothing else.
+fn warned_exactly(stderr: &str, warned: &[&str]) {
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), warned.len(), "warnings:\n{stderr}");
+    for w in warned {
+        let n = lines
+            .iter()
+            .filter(|l| l.starts_with("pfs: ") && l.contains(w))
+            .count();
+        assert_eq!(n, 1, "{w:?} once in:\n{stderr}");
+    }
 }
 
 /// The index of class `name` (panics if it is not registered).
@@ -831,7 +872,7 @@ fn libpfs_is_versioned_and_checks_the_abi() {
         !registered("memory/c/late") || memory_total(&snap, "memory/c/late") == (0, 0, 0),
         "memory counted after the failed check"
     );
-    finish_edges(w);
+    finish_edges(w, &[]);
 }
 
 /// The memory of class `name` over the process's threads, live and
@@ -914,7 +955,7 @@ fn an_end_by_a_thread_that_did_not_begin_is_a_no_op() {
          shared wait and one of the shared statement, the orphan's, and the \
          stale copy ended by a later thread and by main; not the garbage"
     );
-    finish_edges(w);
+    finish_edges(w, &[]);
 }
 
 /// docs/C-API.md's Python recipe, as a Python developer copies it: cffi
@@ -1011,7 +1052,7 @@ fn a_statement_begun_again_while_open_ends_first_with_an_error() {
     for e in history.iter().filter(|e| e.ev.class == abandoned) {
         assert_eq!(e.ev.nesting_event_id, None, "{e:?}");
     }
-    finish_edges(w);
+    finish_edges(w, &[]);
 }
 
 /// Threads that find no free record count every event as lost, exactly
@@ -1041,7 +1082,7 @@ fn events_of_threads_without_a_record_are_counted_exactly() {
         (THREADS - recorded) * EVENTS,
         "every event of every thread without a record, the first included"
     );
-    finish_edges(w);
+    finish_edges(w, &["all 16 thread records of the segment are in use"]);
 }
 
 /// A C thread's row is named by its OS name (`pthread_setname_np`) or by
@@ -1069,7 +1110,16 @@ fn c_threads_are_named() {
         4,
         "the four misnamed registrations are counted, as a Rust program's are"
     );
-    finish_edges(w);
+    // And said, on standard error (a C program has no subscriber).
+    finish_edges(
+        w,
+        &[
+            "not a PFS wait instrument name: \"stage/cedge/not_a_wait\"",
+            "not a PFS stage instrument name: \"wait/synch/mutex/cedge/not_a_stage\"",
+            "not a PFS statement instrument name: \"statement/\"",
+            "not a PFS memory instrument name: \"mem/cedge/buf\"",
+        ],
+    );
 }
 
 /// `pfs_init_with` checks every field as the `PFS_*` variables are
@@ -1331,7 +1381,7 @@ fn c_tasks_keep_their_events_across_threads() {
                 .is_some_and(|e| e <= st.ev.end_event_id.unwrap())
         );
     }
-    finish_edges(w);
+    finish_edges(w, &[]);
 }
 
 /// Python `asyncio` through `ctypes`, as docs/C-API.md ("Async tasks")

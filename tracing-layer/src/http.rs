@@ -17,7 +17,11 @@ pub const TARGET: &str = "pfs_tracing::http";
 /// `MatchedPath` is known).
 ///
 /// INFO, not tower-http's default DEBUG, so that a subscriber filtered at
-/// INFO still creates it.
+/// INFO still creates it: a `fmt` layer at INFO then prefixes the lines
+/// logged inside a request with `request{method=GET uri=/users/7 ...}`
+/// (filter `pfs_tracing::http=warn` out of it to keep its lines as they
+/// were: the span is still created for the pfs layer). Its fields print as
+/// tower-http's own span prints them (`method=GET`, unquoted).
 ///
 /// ```
 /// let req = http::Request::get("/users/7").body(()).unwrap();
@@ -38,7 +42,7 @@ pub fn make_span<B>(request: &::http::Request<B>) -> tracing::Span {
     tracing::info_span!(
         target: TARGET,
         "request",
-        method = method_name(request.method()),
+        method = %method_name(request.method()),
         uri = %request.uri(),
         version = ?request.version(),
         route,
