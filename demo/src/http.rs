@@ -146,6 +146,7 @@ fn app() -> Router {
         .route("/report", get(report))
         .route("/slow", get(slow))
         .with_state(state)
+        .layer(pfs_tracing::CutBodyLayer)
         .layer(TraceLayer::new_for_http().make_span_with(pfs_tracing::http::make_span))
 }
 

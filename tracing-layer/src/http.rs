@@ -5,9 +5,11 @@
 /// The target of the spans [`make_span`] creates.
 pub const TARGET: &str = "pfs_tracing::http";
 
-/// A span `request` at INFO level with fields `method`, `uri`, `version`
-/// and, with feature `axum`, `route` (axum's `MatchedPath`, absent for a
-/// request no route matched): what the default rules
+/// A span `request` at INFO level with fields `method`, `uri`, `version`,
+/// with feature `axum` `route` (axum's `MatchedPath`, absent for a
+/// request no route matched), and `body_cut` (empty until
+/// [`crate::CutBodyLayer`] records that the response's body was cut
+/// short): what the default rules
 /// ([`crate::StatementRule::http`]) make a `statement/http/<METHOD> <route>`.
 /// `method` is one of the nine methods of RFC 9110 and RFC 5789, or
 /// `_OTHER` (as OpenTelemetry's `http.request.method`): a client inventing
@@ -46,6 +48,7 @@ pub fn make_span<B>(request: &::http::Request<B>) -> tracing::Span {
         uri = %request.uri(),
         version = ?request.version(),
         route,
+        body_cut = tracing::field::Empty,
     )
 }
 

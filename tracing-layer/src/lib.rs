@@ -234,6 +234,8 @@
 //!         .init();
 //!     let app = Router::new()
 //!         .route("/users/{id}", get(get_user))
+//!         // Inside the TraceLayer: a response body cut short is cancelled.
+//!         .layer(pfs_tracing::CutBodyLayer)
 //!         .layer(
 //!             TraceLayer::new_for_http()
 //!                 .make_span_with(pfs_tracing::http::make_span)
@@ -259,6 +261,7 @@
 //! | 0 | `classes` | the bounded set of statement classes named from field values |
 //! | 0 | `http` | `make_span`, a request span naming axum's route (feature `http`) |
 //! | 0 | `grpc` | `make_span`, a gRPC request span naming the RPC (feature `http`) |
+//! | 0 | `body` | [`CutBodyLayer`]: a response body cut short marks its request span (feature `http`) |
 //! | 1 | `rules` | [`SpanMatch`], [`StatementRule`], [`StageRule`] and the HTTP defaults |
 //! | 2 | `callsite` | per-callsite decisions, in a lock-free table |
 //! | 3 | `span` | the per-span state in extensions, and the field visitors |
@@ -268,6 +271,8 @@
 #![forbid(unsafe_code)]
 
 mod blocking;
+#[cfg(feature = "http")]
+pub mod body;
 mod callsite;
 mod classes;
 #[cfg(feature = "http")]
@@ -281,6 +286,8 @@ mod stack;
 mod template;
 
 pub use blocking::{ENTER_WAIT, enter_blocking};
+#[cfg(feature = "http")]
+pub use body::CutBodyLayer;
 pub use layer::{DEFAULT_MAX_CLASSES, PfsLayer, PfsLayerBuilder};
 pub use rules::{
     DEFAULT_ERROR_STATUS, OTHER_CLASS, SpanMatch, StageRule, StatementRule, UNKNOWN_CLASS,

@@ -132,6 +132,9 @@ pub(crate) enum Figure {
     RowsAffected,
     /// `ROWS_EXAMINED`.
     RowsExamined,
+    /// The response was cut short (`true`): cancelled, whatever its
+    /// status.
+    Cut,
 }
 
 /// The most fields one statement rule's templates may refer to.
@@ -348,6 +351,15 @@ impl StatementRule {
         self.figure(fields, Figure::Failure)
     }
 
+    /// The fields whose value `true` says the response was cut short: its
+    /// body began to be sent and was dropped before its end (the client
+    /// hung up mid-download). The statement is then cancelled, whatever
+    /// its status. [`crate::CutBodyLayer`] records `body_cut`, which the
+    /// HTTP and gRPC defaults read.
+    pub fn cut(self, fields: &str) -> Self {
+        self.figure(fields, Figure::Cut)
+    }
+
     fn figure(mut self, fields: &str, kind: Figure) -> Self {
         for f in split_names(fields) {
             self.figures.retain(|(n, _)| *n != f);
@@ -422,6 +434,7 @@ impl StatementRule {
         .digest("{method|http.request.method} {route|matched_path|http.route}")
         .status("status|http.response.status_code")
         .failure("classification")
+        .cut("body_cut")
     }
 
     /// The default rule for gRPC servers: `grpc_request` spans of
@@ -443,6 +456,7 @@ impl StatementRule {
             .digest("{rpc}")
             .status("status")
             .failure("classification")
+            .cut("body_cut")
     }
 }
 

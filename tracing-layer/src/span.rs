@@ -221,6 +221,8 @@ pub(crate) struct Figures {
     pub(crate) rows_sent: Option<u64>,
     pub(crate) rows_affected: Option<u64>,
     pub(crate) rows_examined: Option<u64>,
+    /// The response was cut short (`Figure::Cut`).
+    pub(crate) cut: bool,
 }
 
 /// A field value, as a figure sees it.
@@ -276,6 +278,7 @@ impl Figures {
             Figure::RowsSent => self.rows_sent = v.rows().or(self.rows_sent),
             Figure::RowsAffected => self.rows_affected = v.rows().or(self.rows_affected),
             Figure::RowsExamined => self.rows_examined = v.rows().or(self.rows_examined),
+            Figure::Cut => self.cut |= v.count() > 0,
         }
     }
 
@@ -295,16 +298,16 @@ impl Figures {
     /// statement a panic ends);
     /// `end.cancelling`, in the drop of a future that did not
     /// complete (`pfs_client::task::cancelling`: cancelled, unless a
-    /// status or failure was recorded).
+    /// status or failure was recorded). A response cut short (`cut`) is
+    /// cancelled whatever its status.
     pub(crate) fn apply(&self, stmt: &mut TaskStatement, rule: &StatementRule, end: Closing) {
         let failed = self.failed
             || self.status.is_some_and(|s| s >= rule.error_status)
             || (end.panicking && self.errors == 0);
         let errors = self.errors.saturating_add(u64::from(failed));
-        if !end.panicking
-            && !self.completed()
-            && (end.cancelling || (rule.completes() && !end.completion_unseen))
-        {
+        let unfinished =
+            !self.completed() && (end.cancelling || (rule.completes() && !end.completion_unseen));
+        if !end.panicking && (self.cut || unfinished) {
             stmt.mark_cancelled();
         }
         if errors > 0 {
@@ -549,6 +552,7 @@ mod tests {
         f.record(Figure::RowsSent, Num::Text(" 12 "));
         f.record(Figure::RowsSent, Num::Text("many")); // ignored
         f.record(Figure::RowsExamined, Num::Float(7.9));
+        f.record(Figure::Cut, Num::Bool(false)); // not cut
         assert_eq!(
             f,
             Figures {
@@ -559,9 +563,12 @@ mod tests {
                 rows_sent: Some(12),
                 rows_affected: Some(5),
                 rows_examined: Some(7),
+                cut: false,
             }
         );
         assert!(f.completed());
+        f.record(Figure::Cut, Num::Bool(true));
+        assert!(f.cut, "cut short, whatever the status");
     }
 
     #[test]
