@@ -1098,8 +1098,9 @@ void pfs_wait_end_bytes(pfs_wait_t *w, uint64_t bytes);
 // pfs_set_warning_handler(to_syslog, NULL); /* before pfs_init */
 // ```
 //
-// Threading: any thread, any time; takes a lock (which a warning being
-// delivered holds only while it reads the route, not during the call).
+// Threading: any thread, any time, the handler included (no lock is held
+// while it runs); takes a lock. A warning delivered on another thread at
+// that moment may still go to the previous route.
 //
 // # Safety
 //

@@ -126,8 +126,6 @@ fn code_of(e: &InitError, bad_config: i32) -> i32 {
 /// Runs `pfs_client::init_with` (unless an ABI check failed), mapping its
 /// error.
 fn start(config: Result<Config, InitError>, bad_config: i32) -> i32 {
-    // (A static link may have left the library's constructor out.)
-    crate::warning::install();
     if pfs_client::is_forked_child() {
         // No lock may be waited for in a forked child (another thread of
         // the parent may have held it at the fork): pfs-client refuses
@@ -140,6 +138,8 @@ fn start(config: Result<Config, InitError>, bad_config: i32) -> i32 {
         }
         return code_of(&e, bad_config);
     }
+    // (A static link may have left the library's constructor out.)
+    crate::warning::install();
     let refused = REFUSED.lock().unwrap_or_else(|e| e.into_inner()).clone();
     if let Some(why) = refused {
         return fail(PFS_ERR_ABI_MISMATCH, why);

@@ -41,6 +41,13 @@ static ROUTE: Mutex<Route> = Mutex::new(Route::Stderr);
 /// The client's fallback ([`pfs_client::warning::set_fallback`]): `message`
 /// where [`ROUTE`] says.
 fn deliver(message: &str) {
+    if pfs_client::is_forked_child() {
+        // The child of a fork records nothing; a lock (the route's,
+        // standard error's) held by another thread of the parent at the
+        // fork would never be released there.
+        return;
+    }
+    // Copied out: the lock is not held during the handler's call.
     let route = *ROUTE.lock().unwrap_or_else(|e| e.into_inner());
     let text = message.strip_prefix("pfs: ").unwrap_or(message);
     match route {
@@ -98,8 +105,9 @@ static INSTALL_AT_LOAD: extern "C" fn() = install_at_load;
 /// pfs_set_warning_handler(to_syslog, NULL); /* before pfs_init */
 /// ```
 ///
-/// Threading: any thread, any time; takes a lock (which a warning being
-/// delivered holds only while it reads the route, not during the call).
+/// Threading: any thread, any time, the handler included (no lock is held
+/// while it runs); takes a lock. A warning delivered on another thread at
+/// that moment may still go to the previous route.
 ///
 /// # Safety
 ///

@@ -53,7 +53,7 @@ pub fn warn(message: &str, emit: fn(&str)) {
             // A scoped default hidden by its guard: inside its callback
             // (or a scoped default on another thread only).
             eprintln!("WARN pfs: {message}");
-        } else if let Some(f) = *FALLBACK.read().unwrap_or_else(|e| e.into_inner()) {
+        } else if let Some(f) = fallback() {
             f(message);
         }
         return;
@@ -78,6 +78,19 @@ pub fn warn(message: &str, emit: fn(&str)) {
 /// Where [`warn`] sends a warning when the program has no `tracing`
 /// subscriber ([`set_fallback`]).
 static FALLBACK: RwLock<Option<fn(&str)>> = RwLock::new(None);
+
+/// The fallback, copied out: the lock is not held while it runs (it may
+/// name another, or warn again). Never waits: a warning given while
+/// another thread names the fallback (a moment, once or twice per
+/// process), or in a forked child whose parent was naming it at the fork,
+/// is dropped rather than hang.
+fn fallback() -> Option<fn(&str)> {
+    match FALLBACK.try_read() {
+        Ok(f) => *f,
+        Err(std::sync::TryLockError::Poisoned(f)) => *f.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
 
 /// Makes `f` receive the warnings of a program that has no `tracing`
 /// subscriber (the message, called on the thread that warns, possibly one

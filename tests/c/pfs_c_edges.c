@@ -246,9 +246,17 @@ static void record_warning(const char *message, void *user) {
     snprintf(last_warning, sizeof last_warning, "%s", message);
 }
 
+/* A handler that names none once it has run: no lock is held while it
+ * runs, so it can. */
+static void once_then_none(const char *message, void *user) {
+    record_warning(message, user);
+    pfs_set_warning_handler(NULL, NULL);
+}
+
 /* A statement before pfs_init (standard error: the library's default,
  * from its load), a misnamed class with a handler named (the handler),
- * then another with none (nowhere). */
+ * then two more with a handler that drops the next, then another with
+ * none (nowhere). */
 static int warnings(const char *shm_dir) {
     const pfs_statement_class_t *early = pfs_statement_class_register("statement/cedge/early");
     CHECK(early != NULL);
@@ -260,11 +268,16 @@ static int warnings(const char *shm_dir) {
     pfs_set_warning_handler(record_warning, &handled);
     CHECK(pfs_wait_class_register("stage/cedge/handled") == NULL);
     int after_handler = handled;
+    int once = 0;
+    pfs_set_warning_handler(once_then_none, &once);
+    CHECK(pfs_wait_class_register("stage/cedge/once") == NULL);
+    CHECK(pfs_wait_class_register("stage/cedge/after_once") == NULL);
+    CHECK(once == 1);
     pfs_set_warning_handler(NULL, NULL);
     CHECK(pfs_wait_class_register("stage/cedge/dropped") == NULL);
     /* The handler's text: one line naming the class. */
     int names_it = strncmp(last_warning, "pfs: not a PFS wait instrument name", 35) == 0 &&
-                   strstr(last_warning, "stage/cedge/handled") != NULL &&
+                   strstr(last_warning, "stage/cedge/once") != NULL &&
                    strchr(last_warning, '\n') == NULL;
     printf("{\"handled\":%d,\"after_none\":%d,\"names_it\":%s}\n", after_handler, handled,
            names_it ? "true" : "false");

@@ -559,8 +559,9 @@ fn a_c_program_is_read_exactly_by_the_agent() {
 
 /// A C program's warnings go to standard error, one line each, from the
 /// library's load (a statement before `pfs_init` is said); to the
-/// program's handler once it names one (`pfs_set_warning_handler`); and
-/// nowhere once it names NULL.
+/// program's handler once it names one (`pfs_set_warning_handler`), which
+/// may name another from inside its call (no lock is held then: no hang);
+/// and nowhere once it names NULL.
 #[test]
 fn c_warnings_go_to_stderr_or_the_programs_handler() {
     let dir = tempfile::tempdir().unwrap();
@@ -578,7 +579,10 @@ fn c_warnings_go_to_stderr_or_the_programs_handler() {
     let got: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
     assert_eq!(got["handled"], 1, "{got}");
     assert_eq!(got["after_none"], 1, "the NULL handler drops it: {got}");
-    assert_eq!(got["names_it"], true, "{got}");
+    assert_eq!(
+        got["names_it"], true,
+        "the last handled names its class: {got}"
+    );
 }
 
 /// Runs `pfs_c_edges` in `mode` with `args` to completion: its one JSON

@@ -14,6 +14,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
 
 /// The request span's field a cut body records (`true`): declared empty
@@ -114,6 +115,10 @@ pin_project_lite::pin_project! {
         started: bool,
         // Its end, or an error, was reached.
         ended: bool,
+        // Bytes left of a body of known length (its exact size hint when
+        // it was made): all sent is its end, whether or not it is polled
+        // again (hyper stops at the length).
+        left: Option<u64>,
     }
 
     impl<B> PinnedDrop for CutBody<B>
@@ -133,6 +138,7 @@ impl<B: Body> CutBody<B> {
     /// `inner`, for the current span.
     pub fn new(inner: B) -> Self {
         Self {
+            left: inner.size_hint().exact(),
             inner,
             span: tracing::Span::current(),
             started: false,
@@ -155,7 +161,12 @@ impl<B: Body> Body for CutBody<B> {
         // The end; or an error, which tower-http reports as a failure.
         let ended = match &frame {
             None | Some(Err(_)) => true,
-            Some(Ok(f)) => f.is_trailers(),
+            Some(Ok(f)) => {
+                if let (Some(left), Some(data)) = (this.left.as_mut(), f.data_ref()) {
+                    *left = left.saturating_sub(data.remaining() as u64);
+                }
+                f.is_trailers() || *this.left == Some(0)
+            }
         };
         *this.ended |= ended;
         Poll::Ready(frame)

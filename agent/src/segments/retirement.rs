@@ -273,7 +273,7 @@ impl Retirement {
         let Some(last) = t.final_figures() else {
             return;
         };
-        self.retired.absorb(last, t.dead_since.is_some());
+        self.retired.absorb(last, t.has_ended());
         let id = t.identity();
         self.pending.retain(|p| p.id != id);
         // A dead one's file stays: should it become readable, it is not
@@ -321,7 +321,7 @@ impl Retirement {
             if std::fs::symlink_metadata(&t.path).is_ok_and(|m| m.ino() == t.ino) {
                 remove.push(t);
             } else {
-                self.retired.absorb(s, t.dead_since.is_some());
+                self.retired.absorb(s, t.has_ended());
                 self.retired_segments += 1;
                 let id = t.identity();
                 self.pending.retain(|p| p.id != id);
@@ -339,7 +339,7 @@ impl Retirement {
         });
         for t in &remove {
             if let Some(s) = t.final_figures() {
-                self.retired.absorb(s, t.dead_since.is_some());
+                self.retired.absorb(s, t.has_ended());
             }
             self.retired_segments += 1;
             if self.store.is_some() {

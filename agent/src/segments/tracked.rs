@@ -96,6 +96,13 @@ impl Tracked {
         self.last_summaries.as_deref().or(self.last.as_deref())
     }
 
+    /// Whether its process has ended: its death was seen, or its lock is
+    /// free now (a file replaced under its name before a pass saw the
+    /// death: retired at once).
+    pub(super) fn has_ended(&self) -> bool {
+        self.dead_since.is_some() || owner_is_dead(self.segment.file())
+    }
+
     /// When its process's death was found, ns since the epoch (0: alive).
     pub(super) fn died_unix_ns(&self) -> u64 {
         self.dead_since.map_or(0, |d| {
