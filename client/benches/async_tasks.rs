@@ -28,10 +28,13 @@ use std::pin::{Pin, pin};
 use std::task::{Context, Poll, Waker};
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use looper::{Looper, NoopLayer};
 use pfs_client::task::Task;
-use pfs_client::{Config, LazyStatementClass, LazyWaitClass, TaskStatement};
+use pfs_client::{Config, LazyStatementClass, LazyWaitClass};
 use tracing::Instrument;
 use tracing_subscriber::layer::SubscriberExt;
+
+mod looper;
 
 static LOCK: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/bench/tokio_mutex");
 static REQUEST: LazyStatementClass = LazyStatementClass::new("statement/bench/request");
@@ -44,40 +47,6 @@ fn init() -> tempfile::TempDir {
     assert!(LOCK.get().is_enabled() && REQUEST.get().is_enabled());
     dir
 }
-
-/// A task body that never completes: each poll polls a fresh ready future
-/// and returns `Pending` (the waker is ignored). With `open`, its first
-/// poll opens a statement, kept open from then on.
-struct Looper {
-    open: bool,
-    stmt: Option<TaskStatement>,
-}
-
-impl Looper {
-    fn new(open: bool) -> Self {
-        Self { open, stmt: None }
-    }
-}
-
-impl Future for Looper {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.open && self.stmt.is_none() {
-            let stmt = REQUEST.start_task();
-            assert!(stmt.is_recording());
-            self.stmt = Some(stmt);
-        }
-        let ready = pin!(std::future::ready(black_box(0u32)));
-        black_box(ready.poll(cx).is_ready());
-        Poll::Pending
-    }
-}
-
-/// A `tracing` layer that does nothing.
-struct NoopLayer;
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for NoopLayer {}
 
 fn poll_pending<F: Future>(f: Pin<&mut F>, cx: &mut Context<'_>) {
     assert!(black_box(f.poll(cx)).is_pending());
@@ -104,7 +73,7 @@ fn benches(c: &mut Criterion) {
         })
     });
 
-    let mut task = pin!(Task::new(Looper::new(true)));
+    let mut task = pin!(Task::new(Looper::new(Some(&REQUEST))));
     poll_pending(task.as_mut(), &mut cx); // opens the statement
     assert_ne!(task.thread_id(), 0, "the task is recording");
     g.bench_function("poll_ctx", |b| {
@@ -131,7 +100,7 @@ fn benches(c: &mut Criterion) {
     });
     set_cpu(true);
 
-    let mut idle = pin!(Task::new(Looper::new(false)));
+    let mut idle = pin!(Task::new(Looper::new(None)));
     poll_pending(idle.as_mut(), &mut cx);
     assert_ne!(idle.thread_id(), 0, "the task has its context");
     g.bench_function("poll_ctx_no_statement", |b| {
@@ -142,7 +111,7 @@ fn benches(c: &mut Criterion) {
     tracing::subscriber::with_default(subscriber, || {
         let span = tracing::info_span!("request");
         assert!(!span.is_disabled(), "the span is enabled");
-        let mut instrumented = pin!(Looper::new(false).instrument(span));
+        let mut instrumented = pin!(Looper::new(None).instrument(span));
         poll_pending(instrumented.as_mut(), &mut cx);
         g.bench_function("tracing_instrument", |b| {
             b.iter(|| poll_pending(instrumented.as_mut(), &mut cx))

@@ -14,13 +14,17 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::future::Future;
 use std::hint::black_box;
 use std::pin::{Pin, pin};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 
+#[path = "../benches/looper/mod.rs"]
+mod looper;
+
+use looper::{Looper, NoopLayer};
 use pfs_client::alloc::PfsAllocator;
 use pfs_client::task::Task;
 use pfs_client::{
     Config, LazyMemoryClass, LazyStageClass, LazyStatementClass, LazyWaitClass, Operation,
-    TaskStatement, WaitClass, memory_scope,
+    WaitClass, memory_scope,
 };
 
 static TIMED: LazyWaitClass = LazyWaitClass::new("wait/synch/mutex/probe/timed");
@@ -134,32 +138,6 @@ pub fn probe_global_realloc(a: &PfsAllocator) {
     }
 }
 
-/// A task body that never completes (the `async` bench's `Looper`): each
-/// poll polls a fresh ready future and returns `Pending`; with `open`, its
-/// first poll opens a statement, kept open from then on.
-pub struct Looper {
-    open: bool,
-    stmt: Option<TaskStatement>,
-}
-
-impl Future for Looper {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.open && self.stmt.is_none() {
-            self.stmt = Some(STATEMENT.start_task());
-        }
-        let ready = pin!(std::future::ready(black_box(0u32)));
-        black_box(ready.poll(cx).is_ready());
-        Poll::Pending
-    }
-}
-
-/// A `tracing` layer that does nothing (the `async` bench's `NoopLayer`).
-struct NoopLayer;
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for NoopLayer {}
-
 /// One poll through `tracing::Instrument`, a `Registry` with one no-op
 /// layer as the default subscriber (the `async` bench's
 /// `tracing_instrument`, what `probe_poll` is compared with).
@@ -204,19 +182,14 @@ fn main() {
     probe_global_alloc(&PFS_ALLOC);
     probe_global_realloc(&PFS_ALLOC);
     let mut cx = Context::from_waker(Waker::noop());
-    let mut task = pin!(Task::new(Looper {
-        open: what != "poll_idle",
-        stmt: None,
-    }));
+    let open = (what != "poll_idle").then_some(&STATEMENT);
+    let mut task = pin!(Task::new(Looper::new(open)));
     probe_poll(task.as_mut(), &mut cx);
     let _subscriber = tracing::subscriber::set_default(
         tracing_subscriber::layer::SubscriberExt::with(tracing_subscriber::registry(), NoopLayer),
     );
     let mut instrumented = pin!(tracing::Instrument::instrument(
-        Looper {
-            open: false,
-            stmt: None
-        },
+        Looper::new(None),
         tracing::info_span!("request")
     ));
     probe_instrumented(instrumented.as_mut(), &mut cx);

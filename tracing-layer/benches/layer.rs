@@ -19,51 +19,19 @@
 //! Each case runs under its own dispatcher, set as this thread's default
 //! for the measurement.
 
-use std::hint::black_box;
-
 use criterion::{Criterion, criterion_group, criterion_main};
-use pfs_client::task::TaskContext;
-use pfs_client::{Config, LazyStatementClass};
+use pfs_client::Config;
 use pfs_tracing::PfsLayer;
+use spans::{client_statement_work, ignored_span, request_span};
 use tracing::Dispatch;
 use tracing_subscriber::prelude::*;
+
+mod spans;
 
 fn init() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
     pfs_client::init_with(Config::new("layer-bench").shm_dir(dir.path())).expect("init");
     dir
-}
-
-#[inline(always)]
-fn request_span() {
-    let s = tracing::info_span!("request", method = "GET", route = "/x");
-    let g = s.enter();
-    drop(black_box(g));
-    drop(s);
-}
-
-#[inline(always)]
-fn ignored_span() {
-    let s = tracing::info_span!("other", method = "GET", route = "/x");
-    let g = s.enter();
-    drop(black_box(g));
-    drop(s);
-}
-
-static GET_X: LazyStatementClass = LazyStatementClass::new("statement/http/GET /x");
-
-#[inline(always)]
-fn client_statement_work() {
-    let mut ctx = TaskContext::new();
-    ctx.swap_in();
-    let mut stmt = GET_X.start_task();
-    ctx.swap_out();
-    stmt.set_text("GET ?");
-    stmt.set_digest_text("GET /x");
-    stmt.mark_cancelled();
-    ctx.swap_in_unmeasured();
-    drop(black_box(stmt));
-    ctx.swap_out();
 }
 
 fn benches(c: &mut Criterion) {

@@ -7,53 +7,35 @@
 //! layer_probe layer|registry|ignored|client N
 //! ```
 
-use std::hint::black_box;
+#[path = "../benches/spans/mod.rs"]
+mod spans;
 
-use pfs_client::task::TaskContext;
-use pfs_client::{Config, LazyStatementClass};
+use pfs_client::Config;
 use pfs_tracing::PfsLayer;
 use tracing::Dispatch;
 use tracing_subscriber::prelude::*;
 
-/// One request span's new + enter + exit + close (the bench's
-/// `layer_span` under the layered dispatcher, `registry_span` under the
-/// bare one).
+/// One request span (the bench's `layer_span` under the layered
+/// dispatcher, `registry_span` under the bare one).
 #[inline(never)]
 #[unsafe(no_mangle)]
 pub fn probe_span() {
-    let s = tracing::info_span!("request", method = "GET", route = "/x");
-    let g = s.enter();
-    drop(black_box(g));
-    drop(s);
+    spans::request_span();
 }
 
 /// A span the rules ignore (`layer_span_ignored`).
 #[inline(never)]
 #[unsafe(no_mangle)]
 pub fn probe_ignored() {
-    let s = tracing::info_span!("other", method = "GET", route = "/x");
-    let g = s.enter();
-    drop(black_box(g));
-    drop(s);
+    spans::ignored_span();
 }
-
-static GET_X: LazyStatementClass = LazyStatementClass::new("statement/http/GET /x");
 
 /// The client calls the layer makes for one statement span
 /// (`client_statement_work`).
 #[inline(never)]
 #[unsafe(no_mangle)]
 pub fn probe_client() {
-    let mut ctx = TaskContext::new();
-    ctx.swap_in();
-    let mut stmt = GET_X.start_task();
-    ctx.swap_out();
-    stmt.set_text("GET ?");
-    stmt.set_digest_text("GET /x");
-    stmt.mark_cancelled();
-    ctx.swap_in_unmeasured();
-    drop(black_box(stmt));
-    ctx.swap_out();
+    spans::client_statement_work();
 }
 
 fn main() {
