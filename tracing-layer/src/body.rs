@@ -18,15 +18,18 @@ use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
 
 /// The request span's field a cut body records (`true`): declared empty
-/// by the `http` and `grpc` modules' spans, and read by the default rules
+/// by the `http` module's span, and read by the HTTP default rule
 /// (`StatementRule::cut`).
 pub const FIELD: &str = "body_cut";
 
 /// A `tower` layer that wraps each response body in a [`CutBody`]. Put it
-/// inside tower-http's `TraceLayer` (with axum, `.layer(CutBodyLayer)`
-/// *before* `.layer(TraceLayer::...)`: the layer added last is the
-/// outermost), so that the request span is the current span when the
-/// response is made.
+/// inside tower-http's `TraceLayer`, so that the request span is the
+/// current span when the response is made: with axum's `Router::layer`,
+/// `.layer(CutBodyLayer)` *before* `.layer(TraceLayer::...)` (the layer
+/// added last is the outermost); with tonic's `Server::builder().layer`
+/// or tower's `ServiceBuilder`, *after* it (the first is the outermost).
+/// Outside the `TraceLayer` it records nothing (the span current then is
+/// not the request's).
 ///
 /// ```
 /// use pfs_tracing::CutBodyLayer;

@@ -36,13 +36,15 @@ pub fn rpc_name(path: &str) -> Option<&str> {
 }
 
 /// A span `grpc_request` at INFO level with fields `rpc` ([`rpc_name`] of
-/// the request path; absent for a path that is not a gRPC method's),
-/// `uri`, and `body_cut` (see [`crate::CutBodyLayer`]: a response stream
-/// the client dropped). Use it as
+/// the request path; absent for a path that is not a gRPC method's) and
+/// `uri`. Use it as
 /// `TraceLayer::new_for_grpc().make_span_with(pfs_tracing::grpc::make_span)`
 /// (with tonic: `Server::builder().layer(...)`): tower-http's gRPC
 /// classifier then reports every non-OK `grpc-status` as a failure, which
-/// the default rule counts as an error.
+/// the default rule counts as an error. A call completes with its
+/// `grpc-status` (in the response's headers, or its stream's trailers): a
+/// response stream the client drops before its trailers is cancelled, as
+/// a call whose future is dropped is.
 ///
 /// ```
 /// let req = http::Request::post("/shop.Cart/AddItem").body(()).unwrap();
@@ -76,11 +78,5 @@ pub fn make_span_for<B>(
 }
 
 fn span<B>(request: &::http::Request<B>, rpc: Option<&str>) -> tracing::Span {
-    tracing::info_span!(
-        target: TARGET,
-        "grpc_request",
-        rpc,
-        uri = %request.uri(),
-        body_cut = tracing::field::Empty,
-    )
+    tracing::info_span!(target: TARGET, "grpc_request", rpc, uri = %request.uri())
 }

@@ -355,7 +355,8 @@ impl StatementRule {
     /// body began to be sent and was dropped before its end (the client
     /// hung up mid-download). The statement is then cancelled, whatever
     /// its status. [`crate::CutBodyLayer`] records `body_cut`, which the
-    /// HTTP and gRPC defaults read.
+    /// HTTP defaults read (a gRPC call needs none: it completes with the
+    /// `grpc-status` of its stream's trailers).
     pub fn cut(self, fields: &str) -> Self {
         self.figure(fields, Figure::Cut)
     }
@@ -448,7 +449,7 @@ impl StatementRule {
     /// | `SQL_TEXT` | `{rpc\|uri}` (the request URI for a path that names no method) |
     /// | `DIGEST` text | `{rpc}` |
     /// | errors | a non-OK `grpc-status` (tower-http's gRPC classifier reports it as a failure, `classification`); the HTTP `status` is 200 |
-    /// | cancelled | a call whose future was dropped (a client's deadline, a dropped stream) |
+    /// | cancelled | a call that ended without a `grpc-status` (in the headers or the stream's trailers): its future dropped (a client's deadline), or its response stream dropped before the trailers |
     pub fn grpc() -> Self {
         Self::new(SpanMatch::name("grpc_request").and_field("rpc"), "grpc")
             .class("{rpc}")
@@ -456,7 +457,6 @@ impl StatementRule {
             .digest("{rpc}")
             .status("status")
             .failure("classification")
-            .cut("body_cut")
     }
 }
 

@@ -3,6 +3,9 @@
 //! response's status already seen; with `CutBodyLayer` inside the
 //! `TraceLayer`, the statement is recorded as cancelled (not an error).
 //! A body sent whole, a short one, and a `HEAD` (no body sent) are not.
+//! A gRPC response stream (`TraceLayer::new_for_grpc()`) needs no such
+//! layer: a call completes with the `grpc-status` of its trailers, so
+//! one cut before them is cancelled, one read whole is not.
 //! One test function: `init` is once per process.
 
 mod common;
@@ -20,10 +23,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower_http::trace::TraceLayer;
 use tracing_subscriber::prelude::*;
 
-/// A body of `left` chunks, one every 50 ms: an export, an event stream.
+/// A body of `left` chunks, one every 50 ms (an export, an event stream),
+/// then `trailers` if any.
 struct Drip {
     left: u32,
     next: Pin<Box<tokio::time::Sleep>>,
+    trailers: Option<axum::http::HeaderMap>,
 }
 
 impl Drip {
@@ -31,6 +36,7 @@ impl Drip {
         Self {
             left: chunks,
             next: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            trailers: None,
         }
     }
 }
@@ -44,7 +50,7 @@ impl Body for Drip {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         if self.left == 0 {
-            return Poll::Ready(None);
+            return Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))));
         }
         std::task::ready!(self.next.as_mut().poll(cx));
         self.left -= 1;
@@ -62,17 +68,33 @@ async fn short() -> &'static str {
     "ok"
 }
 
+/// A gRPC server-streaming answer: the same drip, its `grpc-status` (OK)
+/// in its trailers.
+async fn watch() -> axum::response::Response {
+    let mut body = Drip::new(10);
+    let mut trailers = axum::http::HeaderMap::new();
+    trailers.insert("grpc-status", axum::http::HeaderValue::from_static("0"));
+    body.trailers = Some(trailers);
+    let mut r = axum::response::Response::new(axum::body::Body::new(body));
+    r.headers_mut().insert(
+        "content-type",
+        axum::http::HeaderValue::from_static("application/grpc"),
+    );
+    r
+}
+
+static METHODS: &[&str] = &["demo.Feed/Watch"];
+
+const WATCH: &str = "statement/grpc/demo.Feed/Watch";
 const DRIP: &str = "statement/http/GET /drip";
 const SHORT: &str = "statement/http/GET /short";
 const SHORT_HEAD: &str = "statement/http/HEAD /short";
 
-/// Asks for `/drip` on a raw connection and hangs up once the head and
+/// Sends `request` on a raw connection and hangs up once the head and
 /// the first chunk have come.
-async fn hang_up_mid_body(addr: std::net::SocketAddr) {
+async fn hang_up_mid_body(addr: std::net::SocketAddr, request: &[u8]) {
     let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
-    conn.write_all(b"GET /drip HTTP/1.1\r\nhost: test\r\n\r\n")
-        .await
-        .unwrap();
+    conn.write_all(request).await.unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
     while !String::from_utf8_lossy(&got).contains("chunk") {
@@ -94,15 +116,36 @@ fn a_body_cut_short_cancels_the_statement() {
         .unwrap();
     let rt = common::runtime(2);
     rt.block_on(async {
+        let grpc = Router::new()
+            .route("/demo.Feed/Watch", axum::routing::post(watch))
+            .layer(
+                TraceLayer::new_for_grpc()
+                    .make_span_with(pfs_tracing::grpc::make_span_for(METHODS)),
+            );
         let app = Router::new()
             .route("/drip", get(drip))
             .route("/short", get(short))
             .layer(CutBodyLayer)
-            .layer(TraceLayer::new_for_http().make_span_with(pfs_tracing::http::make_span));
+            .layer(TraceLayer::new_for_http().make_span_with(pfs_tracing::http::make_span))
+            .merge(grpc);
         let (addr, _shutdown, _server) = common::serve(app).await;
         for _ in 0..2 {
-            hang_up_mid_body(addr).await;
+            hang_up_mid_body(addr, b"GET /drip HTTP/1.1\r\nhost: test\r\n\r\n").await;
         }
+        hang_up_mid_body(
+            addr,
+            b"POST /demo.Feed/Watch HTTP/1.1\r\nhost: test\r\ncontent-length: 0\r\n\r\n",
+        )
+        .await;
+        assert_eq!(
+            common::send(
+                &common::client(),
+                "POST",
+                &format!("http://{addr}/demo.Feed/Watch")
+            )
+            .await,
+            200
+        );
         let client = common::client();
         assert_eq!(
             common::send(&client, "GET", &format!("http://{addr}/drip")).await,
@@ -121,7 +164,8 @@ fn a_body_cut_short_cancels_the_statement() {
         loop {
             let sums = common::sums(&common::read(&path));
             let count = |c: &str| sums.get(c).map_or(0, |x| x.count);
-            if count(DRIP) == 3 && count(SHORT) == 1 && count(SHORT_HEAD) == 1 {
+            if count(DRIP) == 3 && count(SHORT) == 1 && count(SHORT_HEAD) == 1 && count(WATCH) == 2
+            {
                 break;
             }
             assert!(
@@ -141,6 +185,11 @@ fn a_body_cut_short_cancels_the_statement() {
     assert_eq!(sums[DRIP].statement.errors, 0, "a hang-up is not an error");
     assert_eq!(sums[SHORT].statement.cancelled, 0);
     assert_eq!(sums[SHORT_HEAD].statement.cancelled, 0, "no body to send");
+    assert_eq!(
+        sums[WATCH].statement.cancelled, 1,
+        "the gRPC stream cut short"
+    );
+    assert_eq!(sums[WATCH].statement.errors, 0);
     // The whole stream took its ten chunks' time; the cut ones ended at
     // the hang-up.
     let drip = common::class_index(&s, DRIP).unwrap();
