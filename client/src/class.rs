@@ -68,30 +68,22 @@ impl ClassRef {
     /// Registers `name` if it names an instrument of `family`; a disabled
     /// class otherwise (and before `init`, or with the registry full).
     pub(crate) fn register(name: &str, family: Family) -> Self {
-        let Some(rt) = runtime::get() else {
-            return Self::DISABLED;
-        };
+        let rt = runtime::get();
         match ClassKind::from_name(name) {
-            Some(kind) if family.accepts(kind) => rt
-                .writer
-                .register_class(name, kind, rt.flags_for(name))
-                .map(|index| Self {
-                    index,
-                    flags: rt.writer.class_flags(index),
-                })
-                .unwrap_or(Self::DISABLED),
+            Some(kind) if family.accepts(kind) => {
+                let Some(rt) = rt else {
+                    return Self::DISABLED;
+                };
+                rt.writer
+                    .register_class(name, kind, rt.flags_for(name))
+                    .map(|index| Self {
+                        index,
+                        flags: rt.writer.class_flags(index),
+                    })
+                    .unwrap_or(Self::DISABLED)
+            }
             _ => {
-                // A typo or the wrong family: counted where an operator
-                // looks (`pfs_lost_total{kind="instrument_classes"}`), not
-                // only logged (a program may have no subscriber).
-                rt.writer.segment().count_lost(LostKind::Classes);
-                warning::warn(
-                    &format!(
-                        "not a PFS {} instrument name: {name:?}; instrument disabled (counted in pfs_lost_total{{kind=\"instrument_classes\"}})",
-                        family.what()
-                    ),
-                    |m| tracing::warn!("{m}"),
-                );
+                misnamed(name, family, rt);
                 Self::DISABLED
             }
         }
@@ -150,5 +142,51 @@ impl LazyRef {
         *self
             .cell
             .get_or_init(|| reentrant(|| ClassRef::register(self.name, family)))
+    }
+}
+
+/// Misnamed instruments already said, by name and family: a program that
+/// registers one again (a C loop) says and counts it once. At most
+/// [`MISNAMED_KEPT`] are kept; past them each is counted again, and said
+/// no more.
+static MISNAMED: std::sync::Mutex<Vec<(String, &'static str)>> = std::sync::Mutex::new(Vec::new());
+
+/// How many misnamed instruments [`MISNAMED`] keeps.
+const MISNAMED_KEPT: usize = 256;
+
+/// A name that is not an instrument of `family` (a typo, the wrong
+/// family): counted where an operator looks
+/// (`pfs_lost_total{kind="instrument_classes"}`) once `init` has run, and
+/// said (a program may have no subscriber), once per name. Before `init`
+/// it is said, not counted (there is no segment yet).
+#[cold]
+fn misnamed(name: &str, family: Family, rt: Option<&'static runtime::Runtime>) {
+    let what = family.what();
+    let first = reentrant(|| {
+        let mut seen = MISNAMED.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.iter().any(|(n, w)| n == name && *w == what) {
+            return Some(false);
+        }
+        if seen.len() >= MISNAMED_KEPT {
+            return None;
+        }
+        seen.push((name.to_string(), what));
+        Some(true)
+    });
+    if first == Some(false) {
+        return;
+    }
+    let counted = match rt {
+        Some(rt) => {
+            rt.writer.segment().count_lost(LostKind::Classes);
+            "counted in pfs_lost_total{kind=\"instrument_classes\"}"
+        }
+        None => "not counted: the client is not initialised yet",
+    };
+    if first.is_some() {
+        warning::warn(
+            &format!("not a PFS {what} instrument name: {name:?}; instrument disabled ({counted})"),
+            |m| tracing::warn!("{m}"),
+        );
     }
 }

@@ -9,12 +9,23 @@
 //! event stream whose client went away). A body that was never polled
 //! (`HEAD`, `204`, `304`, or a client gone before the head) records
 //! nothing: it was not cut.
+//!
+//! hyper takes a body given whole (a `Vec`, a `String`: one frame) at
+//! once and drops it, before the bytes are written: the span would close
+//! then, and a client hanging up during the download would go unseen. So
+//! the wrapper hands data on in pieces of [`PIECE_BYTES`]: hyper asks for
+//! the next one as its buffer drains, and the body, with the span, lives
+//! until its last piece is handed on. That is the last byte, give or take
+//! what hyper and the kernel buffer for a slow client (a few megabytes on
+//! Linux's loopback and LAN defaults): a download shorter than that ends
+//! its statement when it is handed over whole, and a hang-up then is not
+//! seen.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::Buf;
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 
 /// The request span's field a cut body records (`true`): declared empty
@@ -102,10 +113,17 @@ where
     }
 }
 
+/// The most bytes [`CutBody`] hands on at once: a body given whole (a
+/// `Vec`, a `String`: one frame) goes out in pieces of this size, so that
+/// it stays alive, and its span open, while a slow client reads it, and
+/// a client that hangs up during it is seen.
+pub const PIECE_BYTES: usize = 64 * 1024;
+
 pin_project_lite::pin_project! {
     /// A response body that, dropped after it began to be sent and before
     /// its end, records [`FIELD`] `= true` on the span that was current
-    /// when it was made (see the module's documentation).
+    /// when it was made (see the module's documentation). Its data goes
+    /// out in pieces of at most [`PIECE_BYTES`].
     #[derive(Debug)]
     pub struct CutBody<B>
     where
@@ -114,13 +132,15 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: B,
         span: tracing::Span,
+        // What is left of the last frame taken from `inner`.
+        rest: Bytes,
         // A frame was asked for: the response's head is out.
         started: bool,
         // Its end, or an error, was reached.
         ended: bool,
         // Bytes left of a body of known length (its exact size hint when
-        // it was made): all sent is its end, whether or not it is polled
-        // again (hyper stops at the length).
+        // it was made): all handed on is its end, whether or not it is
+        // polled again (hyper stops at the length).
         left: Option<u64>,
     }
 
@@ -130,7 +150,8 @@ pin_project_lite::pin_project! {
     {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if *this.started && !*this.ended && !this.inner.is_end_stream() {
+            let at_end = this.rest.is_empty() && this.inner.is_end_stream();
+            if *this.started && !*this.ended && !at_end {
                 this.span.record(FIELD, true);
             }
         }
@@ -144,6 +165,7 @@ impl<B: Body> CutBody<B> {
             left: inner.size_hint().exact(),
             inner,
             span: tracing::Span::current(),
+            rest: Bytes::new(),
             started: false,
             ended: false,
         }
@@ -151,35 +173,63 @@ impl<B: Body> CutBody<B> {
 }
 
 impl<B: Body> Body for CutBody<B> {
-    type Data = B::Data;
+    type Data = Bytes;
     type Error = B::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.project();
         *this.started = true;
-        let frame = ready!(this.inner.poll_frame(cx));
-        // The end; or an error, which tower-http reports as a failure.
-        let ended = match &frame {
-            None | Some(Err(_)) => true,
-            Some(Ok(f)) => {
-                if let (Some(left), Some(data)) = (this.left.as_mut(), f.data_ref()) {
-                    *left = left.saturating_sub(data.remaining() as u64);
+        let piece = if this.rest.is_empty() {
+            match ready!(this.inner.poll_frame(cx)) {
+                // The end; or an error, which tower-http reports as a
+                // failure.
+                None => {
+                    *this.ended = true;
+                    return Poll::Ready(None);
                 }
-                f.is_trailers() || *this.left == Some(0)
+                Some(Err(e)) => {
+                    *this.ended = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(mut data) => {
+                        *this.rest = data.copy_to_bytes(data.remaining());
+                        let n = this.rest.len().min(PIECE_BYTES);
+                        this.rest.split_to(n)
+                    }
+                    Err(frame) => {
+                        *this.ended |= frame.is_trailers();
+                        let frame = frame.map_data(|mut d| d.copy_to_bytes(d.remaining()));
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                },
             }
+        } else {
+            let n = this.rest.len().min(PIECE_BYTES);
+            this.rest.split_to(n)
         };
-        *this.ended |= ended;
-        Poll::Ready(frame)
+        if let Some(left) = this.left.as_mut() {
+            *left = left.saturating_sub(piece.len() as u64);
+            *this.ended |= *left == 0;
+        }
+        Poll::Ready(Some(Ok(Frame::data(piece))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.rest.is_empty() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let inner = self.inner.size_hint();
+        let rest = self.rest.len() as u64;
+        let mut hint = SizeHint::new();
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(rest));
+        }
+        hint.set_lower(inner.lower().saturating_add(rest));
+        hint
     }
 }

@@ -68,6 +68,14 @@ async fn short() -> &'static str {
     "ok"
 }
 
+/// A body given whole (one frame), larger than what the sockets buffer:
+/// a download.
+async fn large() -> Vec<u8> {
+    vec![b'x'; LARGE]
+}
+
+const LARGE: usize = 32 << 20;
+
 /// A gRPC server-streaming answer: the same drip, its `grpc-status` (OK)
 /// in its trailers.
 async fn watch() -> axum::response::Response {
@@ -88,6 +96,7 @@ static METHODS: &[&str] = &["demo.Feed/Watch"];
 const WATCH: &str = "statement/grpc/demo.Feed/Watch";
 const DRIP: &str = "statement/http/GET /drip";
 const SHORT: &str = "statement/http/GET /short";
+const LARGE_CLASS: &str = "statement/http/GET /large";
 const SHORT_HEAD: &str = "statement/http/HEAD /short";
 
 /// Sends `request` on a raw connection and hangs up once the head and
@@ -97,7 +106,7 @@ async fn hang_up_mid_body(addr: std::net::SocketAddr, request: &[u8]) {
     conn.write_all(request).await.unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
-    while !String::from_utf8_lossy(&got).contains("chunk") {
+    while !String::from_utf8_lossy(&got).contains("chunk") && !got.ends_with(b"xxxx") {
         let n = tokio::time::timeout(Duration::from_secs(30), conn.read(&mut buf))
             .await
             .expect("the first chunk")
@@ -125,6 +134,7 @@ fn a_body_cut_short_cancels_the_statement() {
         let app = Router::new()
             .route("/drip", get(drip))
             .route("/short", get(short))
+            .route("/large", get(large))
             .layer(CutBodyLayer)
             .layer(TraceLayer::new_for_http().make_span_with(pfs_tracing::http::make_span))
             .merge(grpc);
@@ -132,6 +142,12 @@ fn a_body_cut_short_cancels_the_statement() {
         for _ in 0..2 {
             hang_up_mid_body(addr, b"GET /drip HTTP/1.1\r\nhost: test\r\n\r\n").await;
         }
+        // A download given whole, cut after its first kilobytes.
+        hang_up_mid_body(addr, b"GET /large HTTP/1.1\r\nhost: test\r\n\r\n").await;
+        assert_eq!(
+            common::send(&common::client(), "GET", &format!("http://{addr}/large")).await,
+            200
+        );
         hang_up_mid_body(
             addr,
             b"POST /demo.Feed/Watch HTTP/1.1\r\nhost: test\r\ncontent-length: 0\r\n\r\n",
@@ -164,7 +180,11 @@ fn a_body_cut_short_cancels_the_statement() {
         loop {
             let sums = common::sums(&common::read(&path));
             let count = |c: &str| sums.get(c).map_or(0, |x| x.count);
-            if count(DRIP) == 3 && count(SHORT) == 1 && count(SHORT_HEAD) == 1 && count(WATCH) == 2
+            if count(DRIP) == 3
+                && count(SHORT) == 1
+                && count(SHORT_HEAD) == 1
+                && count(WATCH) == 2
+                && count(LARGE_CLASS) == 2
             {
                 break;
             }
@@ -190,6 +210,11 @@ fn a_body_cut_short_cancels_the_statement() {
         "the gRPC stream cut short"
     );
     assert_eq!(sums[WATCH].statement.errors, 0);
+    assert_eq!(
+        sums[LARGE_CLASS].statement.cancelled, 1,
+        "the download cut short, not the one read whole"
+    );
+    assert_eq!(sums[LARGE_CLASS].statement.errors, 0);
     // The whole stream took its ten chunks' time; the cut ones ended at
     // the hang-up.
     let drip = common::class_index(&s, DRIP).unwrap();
