@@ -1100,7 +1100,8 @@ void pfs_wait_end_bytes(pfs_wait_t *w, uint64_t bytes);
 //
 // Threading: any thread, any time, the handler included (no lock is held
 // while it runs); takes a lock. A warning delivered on another thread at
-// that moment may still go to the previous route.
+// that moment may still go to the previous route. In the child of a
+// `fork()` it does nothing (nothing is said there).
 //
 // # Safety
 //

@@ -107,7 +107,8 @@ static INSTALL_AT_LOAD: extern "C" fn() = install_at_load;
 ///
 /// Threading: any thread, any time, the handler included (no lock is held
 /// while it runs); takes a lock. A warning delivered on another thread at
-/// that moment may still go to the previous route.
+/// that moment may still go to the previous route. In the child of a
+/// `fork()` it does nothing (nothing is said there).
 ///
 /// # Safety
 ///
@@ -121,6 +122,10 @@ pub unsafe extern "C" fn pfs_set_warning_handler(
     user: *mut c_void,
 ) {
     shield((), || {
+        if pfs_client::is_forked_child() {
+            // Nothing is delivered there, and no lock may be waited for.
+            return;
+        }
         let route = match handler {
             Some(f) => Route::Program(f, user as usize),
             None => Route::Dropped,
