@@ -2,7 +2,7 @@
 //! `TRUNCATE` baselines) keep summaries and memory statistics.
 
 use pfs_shm_layout::layout::{BucketScale, HISTOGRAM_BUCKETS};
-use pfs_shm_layout::reader::{MemoryStats, Summary};
+use pfs_shm_layout::reader::{IoFigures, MemoryStats, Summary};
 use pfs_shm_layout::values::StatementFigures;
 use serde::{Deserialize, Serialize};
 
@@ -45,6 +45,46 @@ pub struct SummaryJson {
     bucket_scale: ScaleJson,
     #[serde(flatten)]
     statement: FiguresJson,
+    /// A file or socket class's figures by I/O mode ([`IoFigures`]);
+    /// absent when all zero (every other class), and in files written
+    /// before layout 8.1. (An older agent ignores it.)
+    #[serde(default, skip_serializing_if = "IoJson::is_zero")]
+    io: IoJson,
+}
+
+/// [`IoFigures`] in the agent's JSON files: each array by
+/// [`pfs_shm_layout::IoMode::index`] (read, write, misc).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct IoJson {
+    count: [u64; 3],
+    sum_ns: [u64; 3],
+    bytes: [u64; 2],
+}
+
+impl IoJson {
+    fn is_zero(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+impl From<&IoFigures> for IoJson {
+    fn from(f: &IoFigures) -> Self {
+        Self {
+            count: f.count,
+            sum_ns: f.sum_ns,
+            bytes: f.bytes,
+        }
+    }
+}
+
+impl From<&IoJson> for IoFigures {
+    fn from(f: &IoJson) -> Self {
+        Self {
+            count: f.count,
+            sum_ns: f.sum_ns,
+            bytes: f.bytes,
+        }
+    }
 }
 
 /// A [`BucketScale`] in the agent's JSON files.
@@ -140,6 +180,7 @@ impl SummaryJson {
             buckets: s.buckets.to_vec(),
             bucket_scale: s.scale.into(),
             statement: FiguresJson::from(&s.statement),
+            io: IoJson::from(&s.io),
         }
     }
 
@@ -162,6 +203,7 @@ impl SummaryJson {
             max_ps: self.max_ps,
             bytes: self.bytes,
             statement: StatementFigures::from(&self.statement),
+            io: IoFigures::from(&self.io),
             scale: self.bucket_scale.into(),
             ..Summary::default()
         };
@@ -251,6 +293,30 @@ mod tests {
         old.as_object_mut().unwrap().remove("bucket_scale");
         let back: SummaryJson = serde_json::from_value(old).unwrap();
         assert_eq!(back.get("statement/t/q").unwrap().scale, BucketScale::Short);
+    }
+
+    /// A file class's figures by I/O mode round-trip; a summary without
+    /// any writes no `io` (and an older file, which has none, loads as
+    /// zero).
+    #[test]
+    fn io_figures_round_trip_and_are_left_out_when_zero() {
+        let s = Summary {
+            count: 6,
+            bytes: 700,
+            io: IoFigures {
+                count: [2, 3, 1],
+                sum_ns: [10, 20, 5_000_000],
+                bytes: [300, 400],
+            },
+            ..Summary::default()
+        };
+        let text = serde_json::to_string(&SummaryJson::of(&s)).unwrap();
+        let back: SummaryJson = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.get("wait/io/file/t/wal").unwrap(), s);
+        let plain = serde_json::to_string(&SummaryJson::of(&sample())).unwrap();
+        assert!(!plain.contains("\"io\""), "{plain}");
+        let back: SummaryJson = serde_json::from_str(&plain).unwrap();
+        assert_eq!(back.get("statement/t/q").unwrap().io, IoFigures::ZERO);
     }
 
     /// A file of an agent from before `SUM_CPU_TIME` and `COUNT_CANCELLED`

@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::panic::Location;
 
-use pfs_shm_layout::{EventKind, Operation};
+use pfs_shm_layout::{EventKind, IoMode, Operation};
 use std::sync::atomic::Ordering::Relaxed;
 
 use pfs_shm_layout::layout::{
@@ -584,7 +584,12 @@ fn finish(a: &mut Active) -> Option<u64> {
     if !thread::can_end(a.rt) {
         return None;
     }
-    event::end::<{ EventKind::Wait.index() }>(a, None)
+    // A file or socket wait also counts in its mode's figures; a lock's or
+    // a condition's operation has none (one compare).
+    match IoMode::of_operation(a.data.operation) {
+        Some(mode) => event::end_io(a, mode),
+        None => event::end::<{ EventKind::Wait.index() }>(a, None),
+    }
 }
 
 impl Drop for WaitGuard {

@@ -303,9 +303,112 @@ operations! {
     Other = 25 => "other",
 }
 
+/// How a file or socket instrument's waits are split by what they did, as
+/// PFS's `file_summary_by_event_name` and `socket_summary_by_event_name`
+/// split them: reads, writes, and everything else (open, close, sync,
+/// seek, stat, connect, accept, ...). The discriminant is the mode's index
+/// in a summary row's I/O words (`layout::IoTail`, a layer above).
+///
+/// ```
+/// use pfs_shm_layout::{IoMode, Operation};
+/// assert_eq!(IoMode::of_operation(Operation::Recv as u32), Some(IoMode::Read));
+/// assert_eq!(IoMode::of_operation(Operation::Write as u32), Some(IoMode::Write));
+/// assert_eq!(IoMode::of_operation(Operation::Sync as u32), Some(IoMode::Misc));
+/// assert_eq!(IoMode::of_operation(Operation::Lock as u32), None); // not I/O
+/// assert_eq!(IoMode::Misc.name(), "misc");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u32)]
+pub enum IoMode {
+    /// `read`, `recv`: the `*_READ` columns.
+    Read = 0,
+    /// `write`, `send`: the `*_WRITE` columns.
+    Write = 1,
+    /// Every other operation of a file or socket: the `*_MISC` columns.
+    Misc = 2,
+}
+
+impl IoMode {
+    /// Every mode, in index order.
+    pub const ALL: [IoMode; 3] = [IoMode::Read, IoMode::Write, IoMode::Misc];
+
+    /// The modes whose waits move bytes (`SUM_NUMBER_OF_BYTES_READ`,
+    /// `_WRITE`); misc operations have none.
+    pub const MOVING: [IoMode; 2] = [IoMode::Read, IoMode::Write];
+
+    /// Index of the mode's words in a summary row's I/O words.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The mode's lower-case name: the `mode` label of the metrics (as
+    /// mysqld_exporter's file metrics have it), and the word of its PFS
+    /// columns (`count_read`, `sum_timer_write`, `avg_timer_misc`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            IoMode::Read => "read",
+            IoMode::Write => "write",
+            IoMode::Misc => "misc",
+        }
+    }
+
+    /// The mode of a wait whose operation is `op` (an [`Operation`] as
+    /// stored): `None` for the operations of locks, condition variables
+    /// and idle waits, and for values no operation has.
+    #[inline(always)]
+    pub const fn of_operation(op: u32) -> Option<IoMode> {
+        // Locks' and conditions' operations come first: one compare for
+        // them, on every wait's path.
+        const _: () = assert!((Operation::TimedWait as u32) < Operation::Create as u32);
+        if op < Operation::Create as u32 {
+            return None;
+        }
+        Self::of_io_operation(op)
+    }
+
+    /// [`IoMode::of_operation`] past its first compare.
+    #[inline(never)]
+    const fn of_io_operation(op: u32) -> Option<IoMode> {
+        const READ: u32 = Operation::Read as u32;
+        const RECV: u32 = Operation::Recv as u32;
+        const WRITE: u32 = Operation::Write as u32;
+        const SEND: u32 = Operation::Send as u32;
+        const FIRST_IO: u32 = Operation::Create as u32;
+        const LAST_IO: u32 = Operation::Accept as u32;
+        const OTHER: u32 = Operation::Other as u32;
+        match op {
+            READ | RECV => Some(IoMode::Read),
+            WRITE | SEND => Some(IoMode::Write),
+            FIRST_IO..=LAST_IO | OTHER => Some(IoMode::Misc),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_operation_has_the_mode_of_its_name() {
+        for v in 0..64 {
+            let Some(op) = Operation::from_u32(v) else {
+                assert_eq!(IoMode::of_operation(v), None, "value {v}");
+                continue;
+            };
+            let want = match op.name() {
+                "read" | "recv" => Some(IoMode::Read),
+                "write" | "send" => Some(IoMode::Write),
+                "lock" | "try_lock" | "read_lock" | "write_lock" | "try_read_lock"
+                | "try_write_lock" | "wait" | "timed_wait" | "idle" => None,
+                _ => Some(IoMode::Misc),
+            };
+            assert_eq!(IoMode::of_operation(v), want, "{}", op.name());
+        }
+        for m in IoMode::ALL {
+            assert_eq!(IoMode::ALL[m.index()], m);
+        }
+    }
 
     #[test]
     fn kinds_from_names() {

@@ -26,7 +26,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"PFSSHM\0\0");
 pub const LAYOUT_MAJOR: u32 = 8;
 /// Minor layout version: compatible additions (new section kinds, use of
 /// reserved fields). Readers accept any minor version of a known major.
-pub const LAYOUT_MINOR: u32 = 0;
+pub const LAYOUT_MINOR: u32 = 1;
 /// The major versions a reader of this crate reads: its own; 7, whose
 /// stage and statement histograms have the wait scale
 /// ([`BucketScale::written`]: a reader moves them to the new one); 6,
@@ -649,7 +649,8 @@ pub struct SummaryRow {
     /// [`bucket_index`]: all but the latest, which `pending` names (since
     /// 7.0; a reader adds it).
     pub buckets: [AtomicU64; HISTOGRAM_BUCKETS],
-    /// Statements: `SUM_ERRORS`.
+    /// Statements: `SUM_ERRORS`. (In the row of a file or socket class,
+    /// this word and the seven after it are an [`IoTail`], since 8.1.)
     pub errors: AtomicU64,
     /// Statements: `SUM_WARNINGS`.
     pub warnings: AtomicU64,
@@ -664,8 +665,47 @@ pub struct SummaryRow {
     pub cpu_time: AtomicU64,
     /// Statements: how many were cancelled ([`EV_CANCELLED`]). Since 3.1.
     pub cancelled: AtomicU64,
-    /// Reserved, zero.
+    /// Reserved, zero (but in an [`IoTail`]).
     pub reserved: AtomicU64,
+}
+
+/// The last eight words of the summary row of a file or socket class
+/// (`wait/io/file/...`, `wait/io/socket/...`), which have no statement
+/// figures (64 bytes, at the offset of [`SummaryRow::errors`]; since 8.1,
+/// zero before): its waits split by [`IoMode`], as PFS's
+/// `file_summary_by_event_name` and `socket_summary_by_event_name` split
+/// them. Each array is indexed by [`IoMode::index`]. A wait is counted in
+/// the mode of its operation ([`IoMode::of_operation`]), as well as in
+/// the row's own `count`, `sum` and `bytes`. (`segment::io_tail` views a
+/// row's words so.)
+///
+/// [`IoMode`]: crate::kinds::IoMode
+/// [`IoMode::index`]: crate::kinds::IoMode::index
+/// [`IoMode::of_operation`]: crate::kinds::IoMode::of_operation
+#[repr(C)]
+#[derive(Debug)]
+pub struct IoTail {
+    /// `COUNT_READ`, `COUNT_WRITE`, `COUNT_MISC`: waits, timed or not.
+    pub count: [AtomicU64; 3],
+    /// `SUM_TIMER_READ`, `SUM_TIMER_WRITE`, `SUM_TIMER_MISC`, of the timed
+    /// waits, in nanoseconds (not picoseconds: 64 bits of them hold 584
+    /// years of waiting, where a thread's waits of a process's lifetime
+    /// fold into one global row).
+    pub sum_ns: [AtomicU64; 3],
+    /// `SUM_NUMBER_OF_BYTES_READ`, `SUM_NUMBER_OF_BYTES_WRITE` (misc
+    /// operations move none).
+    pub bytes: [AtomicU64; 2],
+}
+
+impl IoTail {
+    /// The eight words in memory order: the whole tail of the row, which
+    /// is a statement class's figures in a statement row.
+    pub fn words(&self) -> [&AtomicU64; 8] {
+        let [c0, c1, c2] = &self.count;
+        let [t0, t1, t2] = &self.sum_ns;
+        let [b0, b1] = &self.bytes;
+        [c0, c1, c2, t0, t1, t2, b0, b1]
+    }
 }
 
 /// Memory statistics of one memory instrument (384 bytes, the size of a
@@ -1286,6 +1326,11 @@ const _: () = {
     assert!(offset_of!(SummaryRow, max) == 48);
     assert!(offset_of!(SummaryRow, bytes) == 56);
     assert!(offset_of!(SummaryRow, buckets) == 64);
+    assert!(size_of::<IoTail>() == 64);
+    assert!(size_of::<IoTail>() == size_of::<SummaryRow>() - offset_of!(SummaryRow, errors));
+    assert!(align_of::<IoTail>() == align_of::<SummaryRow>());
+    assert!(offset_of!(IoTail, sum_ns) == 24);
+    assert!(offset_of!(IoTail, bytes) == 48);
     assert!(size_of::<MemoryRow>() == size_of::<SummaryRow>());
     assert!(size_of::<MemoryRow>() == 384);
     assert!(align_of::<MemoryRow>() == align_of::<SummaryRow>());

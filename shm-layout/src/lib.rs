@@ -8,12 +8,15 @@
 //! checked at compile time, and `tests/spec.rs` checks every number of the
 //! tables below against them.
 //!
-//! Layout version **8.0** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
+//! Layout version **8.1** ([`layout::LAYOUT_MAJOR`].[`layout::LAYOUT_MINOR`]).
 //! All integers are little-endian (the header's byte-order mark says so).
 //! Every field is an aligned 32- or 64-bit word, read and written with
 //! atomic instructions only.
 //!
-//! Versions: 8.0 changes what a stage's and a statement's histogram
+//! Versions: 8.1 uses the last eight words of a file or socket class's
+//! summary row, which no wait used before, for its waits by I/O mode
+//! (read, write, misc: *I/O words*): an 8.0 reader ignores them, and an
+//! 8.1 reader finds them zero in older segments. 8.0 changes what a stage's and a statement's histogram
 //! buckets span: 954 ns to 1024 s instead of the waits' 7.45 ns to 8 s,
 //! so that a request slower than 8 s is counted where it lies (see
 //! *Summary row*); nothing moved. A 7.x reader would misread them, hence
@@ -163,7 +166,7 @@
 //! |-------:|-----:|-------|---------|
 //! | 0x000 | 8 | `magic` | `"PFSSHM\0\0"` |
 //! | 0x008 | 4 | `major` | 8; a reader of this version also reads 7.x segments (their stage and statement histograms have the wait scale, below), 6.x segments (no pending bucket: the summary row's first word is zero) and 5.x segments (their memory rows differ, below); refuse any other |
-//! | 0x00C | 4 | `minor` | 0; compatible additions (new section kinds, use of reserved fields): accept any |
+//! | 0x00C | 4 | `minor` | 1; compatible additions (new section kinds, use of reserved fields): accept any |
 //! | 0x010 | 4 | `byte_order` | `0x01020304` as written by the creator |
 //! | 0x014 | 4 | `header_size` | 4096 |
 //! | 0x018 | 8 | `segment_size` | file size set by the creator; must be ≤ the file's length |
@@ -319,6 +322,25 @@
 //! | 360 | 8 | `cpu_time` | `SUM_CPU_TIME`, ps (since 3.1) |
 //! | 368 | 8 | `cancelled` | statements cancelled (since 3.1) |
 //! | 376 | 8 | `reserved` | reserved |
+//!
+//! In the row of a file or socket class (`wait/io/file/...`,
+//! `wait/io/socket/...`), which has no statement figures, the last eight
+//! words (from offset 320) are its **I/O words** instead (since 8.1).
+//!
+//! ### I/O words: [`layout::IoTail`], 64 bytes
+//!
+//! Each array is indexed by mode: 0 `read` (operations `read`, `recv`),
+//! 1 `write` (`write`, `send`), 2 `misc` (every other operation of a file
+//! or socket: `create`, `open`, `close`, `seek`, `sync`, `stat`, `delete`,
+//! `rename`, `chsize`, `connect`, `accept`, `other`). A writer adds each
+//! wait of such a class to its mode's words under the row's sequence lock,
+//! in the same write as `count`, `sum` and `bytes`.
+//!
+//! | offset | size | field | meaning |
+//! |-------:|-----:|-------|---------|
+//! | 0 | 24 | `count[3]` | `COUNT_READ`, `COUNT_WRITE`, `COUNT_MISC`: waits, timed or not |
+//! | 24 | 24 | `sum_ns[3]` | `SUM_TIMER_READ`, `_WRITE`, `_MISC` of the timed waits, in **nanoseconds** |
+//! | 48 | 16 | `bytes[2]` | `SUM_NUMBER_OF_BYTES_READ`, `SUM_NUMBER_OF_BYTES_WRITE` |
 //!
 //! **The buckets** double in width from one to the next; where they
 //! start depends on the row's event kind ([`layout::BucketScale`], since
@@ -863,6 +885,6 @@ pub mod writer;
 pub use calibration::TimerCalibration;
 pub use error::SegmentError;
 pub use geometry::{Geometry, SegmentConfig};
-pub use kinds::{ClassKind, EventKind, Operation};
+pub use kinds::{ClassKind, EventKind, IoMode, Operation};
 pub use segment::{RecordRef, Segment};
 pub use writer::{NoRecord, SegmentWriter, ThreadSlot};

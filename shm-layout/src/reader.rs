@@ -40,7 +40,7 @@ use crate::layout::*;
 use crate::lockword::{self, RecordState};
 use crate::rowcache::{CachePart, Changes, Delta, KeptRecord, NOT_KEPT, RowCache, Rows, Walked};
 use crate::segment::{
-    RowCopy, RowReader, RowsCopy, Segment, TimerCalibration, prefetch, touched_classes,
+    RowCopy, RowReader, RowsCopy, Segment, TimerCalibration, io_tail, prefetch, touched_classes,
 };
 use crate::seqlock::SeqLock;
 use crate::setup::{Actor, consumers_in_effect, read_actors};
@@ -49,7 +49,7 @@ use crate::values::StatementFigures;
 
 // Moved to `values` (below the reader and the writer); re-exported at
 // their old paths.
-pub use crate::values::{MemoryStats, Summary};
+pub use crate::values::{IoFigures, MemoryStats, Summary};
 
 /// Tuning of a snapshot.
 #[derive(Debug, Clone, Copy)]
@@ -244,20 +244,36 @@ impl ClassInfo {
 /// What a class's summary row slot holds, for reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RowKind {
-    /// A summary of events of this kind (statement figures for
-    /// statements only).
-    Events(EventKind),
+    /// A summary of events of this kind, with the last eight words read
+    /// as the tail says.
+    Events(EventKind, Tail),
     /// A memory row ([`MemoryRow`]).
     Memory,
+}
+
+/// What the last eight words of a summary row hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tail {
+    /// Nothing (stages, waits other than file and socket I/O).
+    None,
+    /// The statement figures of a statement class.
+    Statement,
+    /// The figures by I/O mode of a file or socket class ([`IoTail`]).
+    Io,
 }
 
 impl RowKind {
     /// An untouched row, or one of a class not published: read as a
     /// wait summary (nothing in it).
-    const DEFAULT: RowKind = RowKind::Events(EventKind::Wait);
+    const DEFAULT: RowKind = RowKind::Events(EventKind::Wait, Tail::None);
 
     fn of(kind: ClassKind) -> Self {
-        EventKind::of_class(kind).map_or(Self::Memory, Self::Events)
+        let tail = match kind {
+            ClassKind::Statement => Tail::Statement,
+            k if k.is_io() => Tail::Io,
+            _ => Tail::None,
+        };
+        EventKind::of_class(kind).map_or(Self::Memory, |k| Self::Events(k, tail))
     }
 }
 
@@ -304,15 +320,16 @@ impl Summary {
     /// the histogram buckets from MIN's to MAX's (every timed event lies
     /// between the two, so the others are zero), plus one in the bucket
     /// `pending` names (the latest timed event, not yet in `buckets`:
-    /// layout 7.0), and the statement figures only for a statement class
-    /// (`kind`). A row is 6 lines, a wait row typically 2 or 3 of
-    /// them. Its histogram comes in the scale this crate's writers use for
+    /// layout 7.0), and the last line only for a statement class (its
+    /// statement figures) or a file or socket class (its figures by I/O
+    /// mode), as `tail` says. A row is 6 lines, a wait row typically 2 or
+    /// 3 of them. Its histogram comes in the scale this crate's writers use for
     /// `kind` ([`BucketScale::of`]): a row of a segment of major version
     /// `major` written in another ([`BucketScale::written`]) is moved to
     /// it.
-    fn load(row: &SummaryRow, kind: EventKind, major: u32) -> Self {
+    fn load(row: &SummaryRow, kind: EventKind, tail: Tail, major: u32) -> Self {
         let mut s = Self::default();
-        let _ = s.load_into(row, kind, major);
+        let _ = s.load_into(row, kind, tail, major);
         s
     }
 
@@ -321,8 +338,13 @@ impl Summary {
     /// every other one is zero (a span [`Summary::nonzero_buckets`] would
     /// find only by looking at the others).
     #[inline(always)]
-    fn load_into(&mut self, row: &SummaryRow, kind: EventKind, major: u32) -> Range<usize> {
-        let statements = kind == EventKind::Statement;
+    fn load_into(
+        &mut self,
+        row: &SummaryRow,
+        kind: EventKind,
+        tail: Tail,
+        major: u32,
+    ) -> Range<usize> {
         self.scale = BucketScale::written(kind, major);
         let pending = pending_bucket(row.pending.load(Relaxed));
         self.count = row.count.load(Relaxed);
@@ -349,7 +371,17 @@ impl Summary {
         {
             *d = s.load(Relaxed).wrapping_add(u64::from(i == p));
         }
-        self.statement = if statements {
+        self.io = if tail == Tail::Io {
+            let t = io_tail(row);
+            IoFigures {
+                count: t.count.each_ref().map(|a| a.load(Relaxed)),
+                sum_ns: t.sum_ns.each_ref().map(|a| a.load(Relaxed)),
+                bytes: t.bytes.each_ref().map(|a| a.load(Relaxed)),
+            }
+        } else {
+            IoFigures::ZERO
+        };
+        self.statement = if tail == Tail::Statement {
             StatementFigures {
                 errors: row.errors.load(Relaxed),
                 warnings: row.warnings.load(Relaxed),
@@ -1663,10 +1695,10 @@ fn try_snapshot(
                 if !m.is_empty() {
                     exited_memory.push((i as u32, m));
                 }
-            } else if let RowKind::Events(k) = kind
+            } else if let RowKind::Events(k, tail) = kind
                 && r.count.load(Relaxed) != 0
             {
-                exited.push((i as u32, Summary::load(r, k, seg.major_version())));
+                exited.push((i as u32, Summary::load(r, k, tail, seg.major_version())));
             }
         }
         for (d, e) in log_words.iter_mut().zip(&gh.fold_log) {
@@ -2241,7 +2273,7 @@ fn read_thread(
             st.rows_reused += 1;
             continue;
         }
-        let (RowKind::Events(ev), major) = (kind, seg.major_version()) else {
+        let (RowKind::Events(ev, tail), major) = (kind, seg.major_version()) else {
             continue; // (memory rows are read above)
         };
         let copied = bulk.and_then(|b| b.summary(class, seq));
@@ -2265,14 +2297,14 @@ fn read_thread(
         }
         let r = match copied {
             Some((v, copy)) => RowRead {
-                value: Some((v, buf.load_into(copy, ev, major))),
+                value: Some((v, buf.load_into(copy, ev, tail, major))),
                 retries: 0,
                 torn: false,
             },
             None => {
                 let pread = pread_slot(&mut sink, seg, (idx, class), kept.is_some(), &mut preads);
                 read_row(seq, opts, pread, RowCopy::summary, row, |r| {
-                    buf.load_into(r, ev, major)
+                    buf.load_into(r, ev, tail, major)
                 })
             }
         };

@@ -10,7 +10,8 @@
 //! buckets, those from MIN's to MAX's), so a row is stored as five head
 //! words (count, timed count, the sum's low half, MIN, MAX), the sum's
 //! high half and bytes only if not zero, the span of buckets its events
-//! can fill and, for a statement class, its statement figures, all LEB128
+//! can fill and, for a statement class, its statement figures (for a
+//! file or socket class, its figures by I/O mode), all LEB128
 //! varints: about 30 bytes for a wait row, instead of the 368 of a
 //! [`Summary`]. (A 64-bit presence mask of the nonzero words was the
 //! format until the eleventh session: about as small, but finding the nonzero words cost 35 ns a
@@ -38,7 +39,7 @@
 use std::ops::Range;
 
 use crate::layout::{BucketScale, HISTOGRAM_BUCKETS};
-use crate::values::{StatementFigures, Summary};
+use crate::values::{IoFigures, StatementFigures, Summary};
 
 /// The head of a row: count, timed count, the low half of the sum, MIN
 /// plus one (wrapping, so that "none", `u64::MAX`, is 0) and MAX; then
@@ -119,7 +120,7 @@ impl Compact {
 }
 
 /// The longest compact row: two bytes and every word, 10 bytes each.
-const MAX_ENCODED: usize = 2 + 10 * (HEAD + 2 + HISTOGRAM_BUCKETS + TAIL);
+const MAX_ENCODED: usize = 2 + 10 * (HEAD + 2 + HISTOGRAM_BUCKETS + TAIL + IoFigures::WORDS);
 
 /// A compact row's first byte: the first bucket kept (below 32), and
 /// these flags.
@@ -132,10 +133,12 @@ const HAS_BYTES: u8 = 0x40;
 const HAS_TAIL: u8 = 0x80;
 const _: () = assert!(HISTOGRAM_BUCKETS <= FIRST_BUCKET as usize + 1);
 /// A compact row's second byte: how many buckets are kept (up to 32),
-/// and this flag.
+/// and these flags.
 const KEPT_BUCKETS: u8 = 0x3f;
 /// The buckets are in [`BucketScale::Long`] (else `Short`).
 const LONG_SCALE: u8 = 0x40;
+/// The I/O words end the row (after the statement words, if any).
+const HAS_IO: u8 = 0x80;
 const _: () = assert!(HISTOGRAM_BUCKETS <= KEPT_BUCKETS as usize);
 
 /// The varint at the start of `b`, and the rest. Only ever given bytes
@@ -155,12 +158,14 @@ fn take_varint(b: &[u8]) -> (u64, &[u8]) {
 /// Appends the compact form of `s` to `out`: the first bucket kept with
 /// the flags, how many buckets are kept, then as varints the head, the
 /// high half of the sum and bytes if not zero, those buckets and, if any
-/// is not zero, the statement words. The buckets kept are
+/// is not zero, the statement words, and the I/O words likewise. The
+/// buckets kept are
 /// [`Summary::nonzero_buckets`] (`kept`): for a loaded row, those between
 /// MIN's and MAX's.
 fn encode(s: &Summary, kept: Range<usize>, out: &mut Vec<u8>) {
     let tail = tail(s);
     let has_tail = tail.iter().fold(0, |a, &x| a | x) != 0;
+    let has_io = s.io != IoFigures::ZERO;
     let sum_hi = (s.sum_ps >> 64) as u64;
     let flag = |on: bool, f: u8| if on { f } else { 0 };
     let mut c = Compact::new();
@@ -170,7 +175,9 @@ fn encode(s: &Summary, kept: Range<usize>, out: &mut Vec<u8>) {
             | flag(s.bytes != 0, HAS_BYTES)
             | flag(has_tail, HAS_TAIL),
     );
-    c.byte(kept.len() as u8 | flag(s.scale == BucketScale::Long, LONG_SCALE));
+    c.byte(
+        kept.len() as u8 | flag(s.scale == BucketScale::Long, LONG_SCALE) | flag(has_io, HAS_IO),
+    );
     for w in head(s) {
         c.varint(w);
     }
@@ -185,6 +192,11 @@ fn encode(s: &Summary, kept: Range<usize>, out: &mut Vec<u8>) {
     }
     if has_tail {
         for w in tail {
+            c.varint(w);
+        }
+    }
+    if has_io {
+        for w in s.io.words() {
             c.varint(w);
         }
     }
@@ -215,6 +227,11 @@ fn decode(b: &[u8]) -> Summary {
     } else {
         [0; TAIL]
     };
+    let io = if n & HAS_IO != 0 {
+        IoFigures::from_words(std::array::from_fn(|_| next()))
+    } else {
+        IoFigures::ZERO
+    };
     Summary {
         count: h[0],
         timed_count: h[1],
@@ -238,6 +255,7 @@ fn decode(b: &[u8]) -> Summary {
             cpu_time_ps: t[5],
             cancelled: t[6],
         },
+        io,
     }
 }
 
@@ -1245,6 +1263,10 @@ mod tests {
             (st.errors, st.warnings, st.rows_affected) = (next(), next(), next());
             (st.rows_sent, st.rows_examined) = (next(), next());
             (st.cpu_time_ps, st.cancelled) = (next(), next());
+            if class % 2 == 0 {
+                // A file class's figures by mode, on half the rows.
+                s.io = IoFigures::from_words(std::array::from_fn(|_| next()));
+            }
             let mut alone = Rows::default();
             alone.push(class, 0, &s);
             assert_eq!(alone.values().next(), Some((class, s)));

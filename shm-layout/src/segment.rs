@@ -1440,6 +1440,32 @@ pub(crate) fn touched_classes(h: &ThreadHeader, limit: usize) -> impl Iterator<I
     })
 }
 
+/// The last eight words of summary row `row` read as the I/O words of a
+/// file or socket class ([`IoTail`], since 8.1).
+///
+/// ```
+/// use pfs_shm_layout::layout::SummaryRow;
+/// use pfs_shm_layout::segment::io_tail;
+/// # fn f(row: &SummaryRow) -> u64 {
+/// io_tail(row).count[pfs_shm_layout::IoMode::Read.index()].load(std::sync::atomic::Ordering::Relaxed)
+/// # }
+/// ```
+pub fn io_tail(row: &SummaryRow) -> &IoTail {
+    // SAFETY: `IoTail` is a `repr(C)` struct of 8 `AtomicU64`s, exactly
+    // the row's bytes from `errors` to its end (asserted in `layout`:
+    // size and alignment), and `SummaryRow` is `repr(C)` of `AtomicU64`s
+    // only, so those bytes are in bounds, aligned, and valid for any bit
+    // pattern; the reference keeps `row`'s lifetime and shared access, and
+    // the words are only ever accessed atomically through either view.
+    // (The pointer is the row's, offset: its provenance covers the tail.)
+    unsafe {
+        &*std::ptr::from_ref(row)
+            .cast::<u8>()
+            .add(std::mem::offset_of!(SummaryRow, errors))
+            .cast::<IoTail>()
+    }
+}
+
 /// Row `row`'s words read as a layout 5.x memory row ([`MemoryRowV5`]),
 /// for a segment of major version 5 ([`Segment::major_version`]).
 pub fn v5_memory_row(row: &MemoryRow) -> &MemoryRowV5 {

@@ -1,15 +1,16 @@
 //! The plain values a reader copies out of a segment, and their
 //! arithmetic: [`Summary`] (one class's summary row), [`MemoryStats`] (one
-//! memory class's row) and [`StatementFigures`] (a statement's own
-//! counts). Merging (the aggregation rule of PFS summaries), differences
+//! memory class's row), [`StatementFigures`] (a statement's own
+//! counts) and [`IoFigures`] (a file or socket class's waits by mode). Merging (the aggregation rule of PFS summaries), differences
 //! (`TRUNCATE` as a baseline) and lower bounds are defined here once, for
 //! the reader, the agent and the client.
 //!
 //! Layer 2 (see the crate docs): depends only on [`crate::layout`] (the
-//! histogram's buckets).
+//! histogram's buckets) and [`crate::kinds`] (the I/O modes).
 
 use std::ops::Range;
 
+use crate::kinds::IoMode;
 use crate::layout::{BucketScale, HISTOGRAM_BUCKETS};
 
 /// A statement's own figures, kept by the writer until the statement ends.
@@ -33,6 +34,88 @@ pub struct StatementFigures {
     /// 1 if the statement was cancelled (its future dropped before it
     /// completed); in a summary, how many were.
     pub cancelled: u64,
+}
+
+/// A file or socket instrument's waits split by [`IoMode`] (PFS
+/// `file_summary_by_event_name`, `socket_summary_by_event_name`): the
+/// values of a row's [`crate::layout::IoTail`]. Each array is indexed by
+/// [`IoMode::index`]; all zero for every other class, and for processes
+/// of clients older than layout 8.1.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoFigures {
+    /// `COUNT_READ`, `COUNT_WRITE`, `COUNT_MISC`.
+    pub count: [u64; 3],
+    /// `SUM_TIMER_READ`, `SUM_TIMER_WRITE`, `SUM_TIMER_MISC`, in ns.
+    pub sum_ns: [u64; 3],
+    /// `SUM_NUMBER_OF_BYTES_READ`, `SUM_NUMBER_OF_BYTES_WRITE`.
+    pub bytes: [u64; 2],
+}
+
+impl IoFigures {
+    /// All zero (usable in `const` items).
+    pub const ZERO: Self = Self {
+        count: [0; 3],
+        sum_ns: [0; 3],
+        bytes: [0; 2],
+    };
+
+    /// How many words [`IoFigures::words`] has.
+    pub const WORDS: usize = 8;
+
+    /// The eight words in the order of a row's [`crate::layout::IoTail`]:
+    /// counts, sums, bytes.
+    ///
+    /// ```
+    /// use pfs_shm_layout::values::IoFigures;
+    /// let f = IoFigures { count: [1, 2, 3], sum_ns: [4, 5, 6], bytes: [7, 8] };
+    /// assert_eq!(IoFigures::from_words(f.words()), f);
+    /// ```
+    pub fn words(&self) -> [u64; Self::WORDS] {
+        let (c, t, b) = (self.count, self.sum_ns, self.bytes);
+        [c[0], c[1], c[2], t[0], t[1], t[2], b[0], b[1]]
+    }
+
+    /// From the words [`IoFigures::words`] gives.
+    pub fn from_words(w: [u64; Self::WORDS]) -> Self {
+        Self {
+            count: [w[0], w[1], w[2]],
+            sum_ns: [w[3], w[4], w[5]],
+            bytes: [w[6], w[7]],
+        }
+    }
+
+    /// `COUNT_*` of `mode`.
+    pub fn count(&self, mode: IoMode) -> u64 {
+        self.count[mode.index()]
+    }
+
+    /// `SUM_TIMER_*` of `mode` in ps (the tables' unit).
+    pub fn sum_ps(&self, mode: IoMode) -> u128 {
+        u128::from(self.sum_ns[mode.index()]) * 1000
+    }
+
+    /// `SUM_NUMBER_OF_BYTES_*` of `mode` (`None` for [`IoMode::Misc`],
+    /// which moves no bytes).
+    pub fn bytes(&self, mode: IoMode) -> Option<u64> {
+        self.bytes.get(mode.index()).copied()
+    }
+
+    /// `AVG_TIMER_*` of `mode` in ps: the sum over the count, as PFS
+    /// computes it (a wait of a class not timed then counts as 0); 0 when
+    /// none.
+    pub fn avg_ps(&self, mode: IoMode) -> u64 {
+        match self.count(mode) {
+            0 => 0,
+            n => u64::try_from(self.sum_ps(mode) / u128::from(n)).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Sets every word to `op(self's, o's)`.
+    #[inline(always)]
+    fn zip(&mut self, o: &IoFigures, op: impl Fn(u64, u64) -> u64) {
+        let (x, y) = (self.words(), o.words());
+        *self = Self::from_words(std::array::from_fn(|i| op(x[i], y[i])));
+    }
 }
 
 /// Summary statistics of one class (one thread, or aggregated).
@@ -60,6 +143,8 @@ pub struct Summary {
     /// Statements: `SUM_ERRORS`, `SUM_WARNINGS`, `SUM_ROWS_AFFECTED`,
     /// `SUM_ROWS_SENT`, `SUM_ROWS_EXAMINED`.
     pub statement: StatementFigures,
+    /// File and socket waits: the figures by [`IoMode`].
+    pub io: IoFigures,
 }
 
 impl StatementFigures {
@@ -89,6 +174,7 @@ impl Summary {
         buckets: [0; HISTOGRAM_BUCKETS],
         scale: BucketScale::Short,
         statement: StatementFigures::ZERO,
+        io: IoFigures::ZERO,
     };
 }
 
@@ -141,7 +227,7 @@ impl Summary {
     }
 
     /// Sets every additive field of `self` (counts, sums, histogram
-    /// buckets, statement figures) to `op(self's, o's)` (`op128` for the
+    /// buckets, statement and I/O figures) to `op(self's, o's)` (`op128` for the
     /// 128-bit sum); MIN and MAX are left alone. The one place that lists
     /// the additive fields.
     #[inline(always)]
@@ -155,18 +241,18 @@ impl Summary {
     }
 
     /// [`Summary::zip_additive`] over the histogram buckets `buckets` only,
-    /// and the statement figures only if `statement`.
+    /// and the statement and I/O figures only if `tail`.
     #[inline(always)]
     fn zip_additive_in(
         &mut self,
         o: &Summary,
         buckets: Range<usize>,
-        statement: bool,
+        tail: bool,
         op: impl Fn(u64, u64) -> u64,
         op128: impl Fn(u128, u128) -> u128,
     ) {
         if self.scale != o.scale {
-            return self.zip_rescaled(o, statement, op, op128);
+            return self.zip_rescaled(o, tail, op, op128);
         }
         self.count = op(self.count, o.count);
         self.timed_count = op(self.timed_count, o.timed_count);
@@ -178,9 +264,10 @@ impl Summary {
         {
             *x = op(*x, *y);
         }
-        if !statement {
+        if !tail {
             return;
         }
+        self.io.zip(&o.io, &op);
         let (x, y) = (&mut self.statement, &o.statement);
         x.errors = op(x.errors, y.errors);
         x.warnings = op(x.warnings, y.warnings);
@@ -202,7 +289,7 @@ impl Summary {
     fn zip_rescaled(
         &mut self,
         o: &Summary,
-        statement: bool,
+        tail: bool,
         op: impl Fn(u64, u64) -> u64,
         op128: impl Fn(u128, u128) -> u128,
     ) {
@@ -221,7 +308,7 @@ impl Summary {
             scale: to,
             ..*o
         };
-        self.zip_additive_in(&o, 0..HISTOGRAM_BUCKETS, statement, op, op128);
+        self.zip_additive_in(&o, 0..HISTOGRAM_BUCKETS, tail, op, op128);
     }
 
     /// The histogram buckets a row's timed events can lie in: from MIN's
@@ -279,7 +366,7 @@ impl Summary {
 
     /// [`Summary::add_part`], fastest for a row as a reader loads it: only
     /// the buckets in [`Summary::nonzero_buckets`] are added, and the
-    /// statement figures only if one is not zero. Exact for any value.
+    /// statement and I/O figures only if one is not zero. Exact for any value.
     ///
     /// ```
     /// use pfs_shm_layout::values::Summary;
@@ -301,10 +388,10 @@ impl Summary {
     /// are not added: only exact for that span.
     #[inline]
     pub fn add_part_within(&mut self, part: &Summary, span: Range<usize>) {
-        // (A wait's or a stage's row has no statement figures: their line
+        // (Most rows have neither statement nor I/O figures: their line
         // of the sum is not touched.)
-        let statement = part.statement != StatementFigures::ZERO;
-        self.zip_additive_in(part, span, statement, u64::wrapping_add, u128::wrapping_add);
+        let tail = part.statement != StatementFigures::ZERO || part.io != IoFigures::ZERO;
+        self.zip_additive_in(part, span, tail, u64::wrapping_add, u128::wrapping_add);
     }
 
     /// `self - o` for the additive fields (saturating at zero); MIN and MAX

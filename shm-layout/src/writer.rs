@@ -21,10 +21,10 @@ use std::time::{Duration, Instant};
 
 use crate::container::{self, PageState};
 use crate::error::SegmentError;
-use crate::kinds::{ClassKind, EventKind};
+use crate::kinds::{ClassKind, EventKind, IoMode};
 use crate::layout::*;
 use crate::lockword;
-use crate::segment::{RecordRef, Segment, touched_classes};
+use crate::segment::{RecordRef, Segment, io_tail, touched_classes};
 use crate::seqlock::SeqLock;
 use crate::text::{fnv1a32, store_bytes, store_prefix, truncate_utf8};
 
@@ -875,15 +875,9 @@ fn merge_row(dst: &SummaryRow, src: &SummaryRow) {
         let d = &dst.buckets[p];
         d.store(d.load(Relaxed).saturating_add(1), Relaxed);
     }
-    for (d, s) in [
-        (&dst.errors, &src.errors),
-        (&dst.warnings, &src.warnings),
-        (&dst.rows_affected, &src.rows_affected),
-        (&dst.rows_sent, &src.rows_sent),
-        (&dst.rows_examined, &src.rows_examined),
-        (&dst.cpu_time, &src.cpu_time),
-        (&dst.cancelled, &src.cancelled),
-    ] {
+    // The last eight words: a statement class's figures, or a file or
+    // socket class's by I/O mode; added word by word either way.
+    for (d, s) in io_tail(dst).words().into_iter().zip(io_tail(src).words()) {
         add(d, s);
     }
 }
@@ -1059,6 +1053,48 @@ pub(crate) fn store_statement_fields(
     let words = (len as usize).div_ceil(8).min(dst.text.len());
     for (d, s) in dst.text[..words].iter().zip(&cur.text) {
         d.store(s.load(Relaxed), Relaxed);
+    }
+}
+
+/// Adds a file or socket wait of `mode` to the I/O words of `row` (whose
+/// sequence lock the caller holds): out of line, so that the other waits
+/// pay one compare for it.
+#[inline(never)]
+fn summarize_io(row: &SummaryRow, mode: IoMode, wait_ps: Option<u64>, bytes: u64) {
+    let add = |a: &AtomicU64, v: u64| a.store(a.load(Relaxed).saturating_add(v), Relaxed);
+    let (t, m) = (io_tail(row), mode.index());
+    add(&t.count[m], 1);
+    if let Some(ps) = wait_ps {
+        add(&t.sum_ns[m], ps / 1000);
+    }
+    if let Some(b) = t.bytes.get(m) {
+        add(b, bytes);
+    }
+}
+
+/// What a summary row's last eight words get from an event, besides the
+/// figures every event adds ([`RecordRef::summarize`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowExtra<'f> {
+    /// Nothing: a stage, a wait other than file or socket I/O.
+    None,
+    /// A statement's own figures (`SUM_ERRORS`, ...).
+    Statement(&'f StatementFigures),
+    /// A file or socket wait, in its [`IoMode`] ([`IoTail`]).
+    Io(IoMode),
+}
+
+impl<'f> From<Option<&'f StatementFigures>> for RowExtra<'f> {
+    #[inline(always)]
+    fn from(f: Option<&'f StatementFigures>) -> Self {
+        f.map_or(RowExtra::None, RowExtra::Statement)
+    }
+}
+
+impl<'f> From<&'f StatementFigures> for RowExtra<'f> {
+    #[inline(always)]
+    fn from(f: &'f StatementFigures) -> Self {
+        RowExtra::Statement(f)
     }
 }
 
@@ -1364,18 +1400,22 @@ impl RecordRef<'_> {
     }
 
     /// Adds one event of `kind` to summary row `class` (its histogram in
-    /// the kind's [`BucketScale`]).
+    /// the kind's [`BucketScale`]), and `extra`'s figures to the row's
+    /// last eight words: a statement's ([`RowExtra::Statement`], or
+    /// `Some(&figures)`), or, for a wait of a file or socket class, its
+    /// mode's ([`RowExtra::Io`]); `None` for anything else.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    pub fn summarize(
+    pub fn summarize<'f>(
         &self,
         class: usize,
         kind: EventKind,
         timed: bool,
         wait_ps: u64,
         bytes: u64,
-        stmt: Option<&StatementFigures>,
+        extra: impl Into<RowExtra<'f>>,
     ) {
+        let extra = extra.into();
         let (Some(row), Some(seq)) = (self.rows.get(class), self.row_seqs.get(class)) else {
             return;
         };
@@ -1422,10 +1462,13 @@ impl RecordRef<'_> {
             row.bytes
                 .store(row.bytes.load(Relaxed).saturating_add(bytes), Relaxed);
         }
-        if let Some(f) = stmt {
-            // Saturating: an application's figure near 2^64 (a C `-1`)
-            // must not wrap the counter back to small values.
-            let add = |a: &AtomicU64, v: u64| a.store(a.load(Relaxed).saturating_add(v), Relaxed);
+        // Saturating: an application's figure near 2^64 (a C `-1`) must
+        // not wrap the counter back to small values.
+        let add = |a: &AtomicU64, v: u64| a.store(a.load(Relaxed).saturating_add(v), Relaxed);
+        if let RowExtra::Io(mode) = extra {
+            summarize_io(row, mode, timed.then_some(wait_ps), bytes);
+        }
+        if let RowExtra::Statement(f) = extra {
             add(&row.errors, f.errors);
             add(&row.warnings, f.warnings);
             add(&row.rows_affected, f.rows_affected);
@@ -1602,16 +1645,12 @@ fn first_touch(row: &SummaryRow, seq: &SeqLock) {
         &row.sum_hi,
         &row.max,
         &row.bytes,
-        // The statement figures too: a reused record's row still holds
-        // the previous thread's, already folded.
-        &row.errors,
-        &row.warnings,
-        &row.rows_affected,
-        &row.rows_sent,
-        &row.rows_examined,
-        &row.cpu_time,
-        &row.cancelled,
-    ] {
+    ]
+    .into_iter()
+    // The last eight words too (statement or I/O figures): a reused
+    // record's row still holds the previous thread's, already folded.
+    .chain(io_tail(row).words())
+    {
         a.store(0, Relaxed);
     }
     row.min.store(u64::MAX, Relaxed);

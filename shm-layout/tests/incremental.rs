@@ -13,7 +13,7 @@ mod common;
 
 use pfs_shm_layout::layout::{FLAG_ENABLED, NONE_U32};
 use pfs_shm_layout::reader::{IncrementalReader, ReadOptions, SegmentSnapshot, Summary, snapshot};
-use pfs_shm_layout::{ClassKind, Segment, SegmentConfig};
+use pfs_shm_layout::{ClassKind, IoMode, Segment, SegmentConfig};
 
 /// A small deterministic generator (xorshift64*).
 struct Rng(u64);
@@ -85,6 +85,7 @@ fn equals_a_full_read_after_every_kind_of_change() {
     };
     let (file, w) = common::create(&cfg);
     let waits = common::timed_classes(&w, "wait/synch/mutex/t/m", ClassKind::Mutex, 40);
+    let files = common::timed_classes(&w, "wait/io/file/t/f", ClassKind::File, 4);
     let mem = w
         .register_class("memory/t/buf", ClassKind::Memory, FLAG_ENABLED)
         .unwrap() as usize;
@@ -143,6 +144,14 @@ fn equals_a_full_read_after_every_kind_of_change() {
                         let bits = 10 + rng.below(30);
                         let ps = 1 + rng.below(1 << bits);
                         common::record_wait(rec, &common::wait_event(c, id, ps));
+                    }
+                    // A file wait in one of the I/O modes.
+                    if rng.below(2) == 0 {
+                        id += 1;
+                        let c = files[rng.below(files.len() as u64) as usize];
+                        let mode = IoMode::ALL[rng.below(3) as usize];
+                        let e = common::wait_event(c, id, 1 + rng.below(1 << 30));
+                        common::record_io(rec, &e, mode, rng.below(1 << 20));
                     }
                     let g = tgen.load(Relaxed);
                     if rng.below(2) == 0 {

@@ -107,6 +107,7 @@ fn code_structs() -> BTreeMap<&'static str, Struct> {
             errors, warnings, rows_affected, rows_sent, rows_examined, cpu_time,
             cancelled, reserved,
         }
+        IoTail { count, sum_ns, bytes }
         MemoryRow {
             reserved0, count_alloc, count_free, sum_bytes_alloc, sum_bytes_free,
             low_count_used, high_count_used, low_bytes_used, high_bytes_used,

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use pfs_shm_layout::container::PageState;
 use pfs_shm_layout::layout::{HISTOGRAM_BUCKETS, LostKind, TimerId};
-use pfs_shm_layout::reader::Summary;
-use pfs_shm_layout::{ClassKind, EventKind};
+use pfs_shm_layout::reader::{IoFigures, Summary};
+use pfs_shm_layout::{ClassKind, EventKind, IoMode};
 
 use crate::aggregate::{ServiceTotals, by_service, running};
 use crate::segments::{ListFailure, Refusal};
@@ -407,6 +407,69 @@ fn running_now(snap: &Snapshot) -> HashMap<(&str, &str), RunningNow> {
     out
 }
 
+/// A file or socket instrument's waits by [`IoMode`] (PFS
+/// `file_summary_by_event_name`, `socket_summary_by_event_name`; the
+/// `mode` label of mysqld_exporter's file metrics): how many, how long,
+/// how many bytes.
+struct IoFamilies {
+    count: Family,
+    seconds: Family,
+    bytes: Family,
+}
+
+impl IoFamilies {
+    fn new() -> Self {
+        Self {
+            count: Family::new(
+                "pfs_events_waits_io",
+                None,
+                ("pfs.events.waits.io", "{wait}"),
+                Kind::Counter,
+                "File and socket waits completed by mode: read (read, recv), write (write, send), misc (open, close, sync, seek, connect, ...): COUNT_READ, COUNT_WRITE, COUNT_MISC, by instrument.",
+            ),
+            seconds: Family::new(
+                "pfs_events_waits_io",
+                Some("seconds"),
+                ("pfs.events.waits.io.seconds", "s"),
+                Kind::Counter,
+                "Time spent in timed file and socket waits by mode (SUM_TIMER_READ, SUM_TIMER_WRITE, SUM_TIMER_MISC), by instrument.",
+            ),
+            bytes: Family::new(
+                "pfs_events_waits_io",
+                Some("bytes"),
+                ("pfs.events.waits.io.bytes", "By"),
+                Kind::Counter,
+                "Bytes read and written by file and socket waits (SUM_NUMBER_OF_BYTES_READ, SUM_NUMBER_OF_BYTES_WRITE), by instrument.",
+            ),
+        }
+    }
+
+    /// Every mode of instrument `name` of service `svc`, 0 included.
+    fn add(&mut self, svc: &str, name: &str, io: &IoFigures) {
+        let labels = |mode: IoMode| {
+            vec![
+                ("service", svc.to_string()),
+                ("event_name", name.to_string()),
+                ("mode", mode.name().to_string()),
+            ]
+        };
+        for mode in IoMode::ALL {
+            self.count.push(labels(mode), Value::Int(io.count(mode)));
+            self.seconds.push(
+                labels(mode),
+                Value::Float(io.sum_ns[mode.index()] as f64 / 1e9),
+            );
+            if let Some(b) = io.bytes(mode) {
+                self.bytes.push(labels(mode), Value::Int(b));
+            }
+        }
+    }
+
+    fn into_vec(self) -> [Family; 3] {
+        [self.count, self.seconds, self.bytes]
+    }
+}
+
 /// Statement figures (`SUM_ERRORS`, ...), one counter family each, in
 /// the order of [`statement_figure_values`].
 fn statement_figure_families() -> [Family; 7] {
@@ -584,6 +647,7 @@ pub fn families(snap: &Snapshot, totals: &Totals, stats: &AgentStats) -> Vec<Fam
         Kind::Counter,
         "Bytes moved by I/O waits (the sum of NUMBER_OF_BYTES, SUM_NUMBER_OF_BYTES), by instrument: every file and socket instrument, and any other wait once it carried a byte count.",
     );
+    let mut io = IoFamilies::new();
     let mut figures = statement_figure_families();
     let mut abandoned = Family::new(
         "pfs_events_statements_abandoned",
@@ -621,6 +685,9 @@ pub fn families(snap: &Snapshot, totals: &Totals, stats: &AgentStats) -> Vec<Fam
                     Value::Int(s.bytes),
                 );
             }
+            if class_kind.is_io() {
+                io.add(svc, name, &s.io);
+            }
             if kind == EventKind::Statement {
                 let labels = || vec![("service", svc.clone()), ("event_name", name.clone())];
                 for (fam, v) in figures.iter_mut().zip(statement_figure_values(s)) {
@@ -640,10 +707,12 @@ pub fn families(snap: &Snapshot, totals: &Totals, stats: &AgentStats) -> Vec<Fam
     }
     let mut out = Vec::new();
     let mut wait_bytes = Some(wait_bytes);
+    let mut io = Some(io);
     for (kind, fams) in events {
         out.extend(fams.into_vec());
         if kind == EventKind::Wait {
             out.extend(wait_bytes.take());
+            out.extend(io.take().into_iter().flat_map(IoFamilies::into_vec));
         }
     }
     out.extend(figures);

@@ -6,11 +6,11 @@
 use std::collections::{HashMap, HashSet};
 
 use pfs_shm_layout::ClassKind;
-use pfs_shm_layout::EventKind;
 use pfs_shm_layout::reader::{
     ClassInfo, Event, MemoryStats, SegmentSnapshot, StatementEvent, Summary, TaskSnapshot,
     ThreadSnapshot,
 };
+use pfs_shm_layout::{EventKind, IoMode};
 
 use super::cell::{Cell, Sink};
 use super::view::View;
@@ -130,6 +130,7 @@ fn declared() -> impl Iterator<Item = Column> {
     SUMMARY_COLUMNS
         .into_iter()
         .chain(WAIT_SUMMARY_COLUMNS)
+        .chain(IO_SUMMARY_COLUMNS)
         .chain(STATEMENT_SUMMARY_COLUMNS)
         .chain(QUANTILE_COLUMNS.map(|(c, _, _)| c))
         .chain(HISTOGRAM_COLUMNS)
@@ -165,6 +166,24 @@ const STATEMENT_SUMMARY_COLUMNS: [Column; 7] = [
 /// file and socket waits moved (0 for waits that carry no byte count).
 const WAIT_SUMMARY_COLUMNS: [Column; 1] = [value("sum_number_of_bytes")];
 
+/// The I/O summaries' own columns (`file_summary_by_event_name`,
+/// `socket_summary_by_event_name`), by [`IoMode`] in its order: the
+/// count, the time, its average and, for reads and writes, the bytes.
+/// MySQL's per-mode `MIN_TIMER_*` and `MAX_TIMER_*` are not kept.
+const IO_SUMMARY_COLUMNS: [Column; 11] = [
+    value("count_read"),
+    duration("sum_timer_read"),
+    duration("avg_timer_read"),
+    value("sum_number_of_bytes_read"),
+    value("count_write"),
+    duration("sum_timer_write"),
+    duration("avg_timer_write"),
+    value("sum_number_of_bytes_write"),
+    value("count_misc"),
+    duration("sum_timer_misc"),
+    duration("avg_timer_misc"),
+];
+
 /// The quantiles the global summaries end with, as MySQL's
 /// `events_statements_summary_by_digest` does (there only; not the
 /// by-thread summaries, the big tables at scale, where three more cells a
@@ -195,13 +214,7 @@ pub(super) fn summary_columns(kind: EventKind, quantiles: bool) -> Vec<&'static 
 
 /// A summary row's cells for [`summary_columns`].
 pub(super) fn summary_values(s: &Summary, kind: EventKind, quantiles: bool) -> Vec<Cell<'static>> {
-    let mut v = vec![
-        s.count.into(),
-        Cell::Ps(s.sum_ps),
-        s.min().unwrap_or(0).into(),
-        s.avg_ps().into(),
-        s.max_ps.into(),
-    ];
+    let mut v = common_summary_values(s);
     match kind {
         EventKind::Wait => v.push(s.bytes.into()),
         EventKind::Statement => {
@@ -221,6 +234,39 @@ pub(super) fn summary_values(s: &Summary, kind: EventKind, quantiles: bool) -> V
     if quantiles {
         let q = s.quantiles_ps(QUANTILE_COLUMNS.map(|(_, parts, of)| (parts, of)));
         v.extend(q.map(|q| Cell::Ps(q.into())));
+    }
+    v
+}
+
+/// The cells of [`SUMMARY_COLUMNS`], every summary's.
+fn common_summary_values(s: &Summary) -> Vec<Cell<'static>> {
+    vec![
+        s.count.into(),
+        Cell::Ps(s.sum_ps),
+        s.min().unwrap_or(0).into(),
+        s.avg_ps().into(),
+        s.max_ps.into(),
+    ]
+}
+
+/// The columns of an I/O summary (`file_summary_by_event_name`,
+/// `socket_summary_by_event_name`) after `event_name`: the summary's,
+/// then its figures by mode.
+pub(super) fn io_summary_columns() -> Vec<&'static str> {
+    names(SUMMARY_COLUMNS.into_iter().chain(IO_SUMMARY_COLUMNS))
+}
+
+/// A file or socket class's cells for [`io_summary_columns`].
+pub(super) fn io_summary_values(s: &Summary) -> Vec<Cell<'static>> {
+    let mut v = common_summary_values(s);
+    for mode in IoMode::ALL {
+        let io = &s.io;
+        v.extend([
+            io.count(mode).into(),
+            Cell::Ps(io.sum_ps(mode)),
+            io.avg_ps(mode).into(),
+        ]);
+        v.extend(io.bytes(mode).map(Cell::from));
     }
     v
 }
@@ -541,6 +587,26 @@ fn ended_events(threads: &[ThreadSnapshot], kind: EventKind) -> HashSet<(u64, u6
 mod tests {
     use super::*;
 
+    /// The I/O columns are each mode's, in the order of the cells.
+    #[test]
+    fn the_io_columns_follow_the_modes() {
+        let mut want = Vec::new();
+        for m in IoMode::ALL {
+            let n = m.name();
+            want.extend([
+                format!("count_{n}"),
+                format!("sum_timer_{n}"),
+                format!("avg_timer_{n}"),
+            ]);
+            if m != IoMode::Misc {
+                want.push(format!("sum_number_of_bytes_{n}"));
+            }
+        }
+        assert_eq!(names(IO_SUMMARY_COLUMNS), want);
+        let cells = io_summary_values(&Summary::default());
+        assert_eq!(cells.len(), io_summary_columns().len());
+    }
+
     /// Every picosecond column of every table is declared with its kind:
     /// a new duration column that is not would be printed raw by `query`.
     #[test]
@@ -556,13 +622,18 @@ mod tests {
             let t = super::super::build(&**table, &snap, &Default::default(), &Default::default());
             assert!(!t.columns.is_empty(), "{}", table.name());
             for c in &t.columns {
-                let want = if c.ends_with("timer_wait")
+                let instant = ["timer_start", "timer_end"].contains(c);
+                let aggregate = ["sum_", "min_", "avg_", "max_"]
+                    .iter()
+                    .any(|p| c.starts_with(&format!("{p}timer_")));
+                let want = if aggregate
+                    || c.ends_with("timer_wait")
                     || c.ends_with("cpu_time")
                     || c.starts_with("quantile_")
                     || c.starts_with("bucket_timer_")
                 {
                     ColumnKind::Duration
-                } else if ["timer_start", "timer_end"].contains(c) {
+                } else if instant {
                     ColumnKind::Instant
                 } else {
                     ColumnKind::Value
@@ -575,7 +646,10 @@ mod tests {
         assert_eq!(
             duration_columns(),
             [
+                "avg_timer_misc",
+                "avg_timer_read",
                 "avg_timer_wait",
+                "avg_timer_write",
                 "bucket_timer_high",
                 "bucket_timer_low",
                 "cpu_time",
@@ -585,7 +659,10 @@ mod tests {
                 "quantile_99",
                 "quantile_999",
                 "sum_cpu_time",
+                "sum_timer_misc",
+                "sum_timer_read",
                 "sum_timer_wait",
+                "sum_timer_write",
                 "timer_wait"
             ]
         );

@@ -22,6 +22,7 @@ mod events_history;
 mod events_history_long;
 mod events_summary_by_thread_by_event_name;
 mod events_summary_global_by_event_name;
+mod io_summary_by_event_name;
 mod memory_summary_by_actor;
 mod memory_summary_by_thread_by_event_name;
 mod memory_summary_global_by_event_name;
@@ -70,6 +71,9 @@ pub fn registry() -> &'static [Box<dyn PfsTable>] {
             v.push(Box::new(events_summary_global_by_event_name::table(kind)));
             v.push(Box::new(events_histogram_global::table(kind)));
             v.push(Box::new(events_histogram_by_event_name::table(kind)));
+        }
+        for t in io_summary_by_event_name::IoSummary::ALL {
+            v.push(Box::new(t));
         }
         v.push(Box::new(memory_summary_global_by_event_name::MemoryGlobal));
         v.push(Box::new(
@@ -531,6 +535,8 @@ mod registry_tests {
                 want.push(format!("events_{k}_{suffix}"));
             }
         }
+        want.push("file_summary_by_event_name".into());
+        want.push("socket_summary_by_event_name".into());
         for t in [
             "global_by_event_name",
             "by_thread_by_event_name",
@@ -544,7 +550,7 @@ mod registry_tests {
     }
 
     #[test]
-    fn only_event_memory_and_actor_tables_truncate() {
+    fn only_event_io_memory_and_actor_tables_truncate() {
         let snap = crate::snapshot::Snapshotter::new(
             crate::segments::SegmentSet::new("/nonexistent-pfs-dir", std::time::Duration::MAX),
             std::time::Duration::ZERO,
@@ -553,6 +559,7 @@ mod registry_tests {
         for t in registry() {
             let truncatable = t.name().starts_with("events_")
                 || t.name().starts_with("memory_")
+                || t.name().ends_with("_summary_by_event_name")
                 || t.name() == "setup_actors";
             let r = t.truncate(&mut Baselines::default(), &snap);
             assert_eq!(r.is_ok(), truncatable, "{}", t.name());

@@ -103,7 +103,9 @@ impl<'a> View<'a> {
 /// `TRUNCATE` of a table that has nothing to truncate (setup tables,
 /// `threads`, ...).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0} cannot be truncated; the events_*, memory_summary_* and setup_actors tables can")]
+#[error(
+    "{0} cannot be truncated; the events_*, file_summary_*, socket_summary_*, memory_summary_* and setup_actors tables can"
+)]
 pub struct NotTruncatable(pub String);
 
 /// The processes a `TRUNCATE` could not change, each with why (a table

@@ -8,9 +8,10 @@ use std::fs::File;
 
 use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, NONE_U32};
 use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED};
-use pfs_shm_layout::writer::EventData;
+use pfs_shm_layout::writer::{EventData, RowExtra};
 use pfs_shm_layout::{
-    ClassKind, EventKind, RecordRef, Segment, SegmentConfig, SegmentWriter, TimerCalibration,
+    ClassKind, EventKind, IoMode, RecordRef, Segment, SegmentConfig, SegmentWriter,
+    TimerCalibration,
 };
 
 /// A small segment: history rings of 4, 8 classes, 16 strings,
@@ -70,6 +71,20 @@ pub fn record_wait(rec: RecordRef<'_>, e: &EventData) {
         e.timer_wait,
         0,
         None,
+    );
+}
+
+/// Ends a file or socket wait the way the client does: current,
+/// history, and the summary with its mode's figures.
+pub fn record_io(rec: RecordRef<'_>, e: &EventData, mode: IoMode, bytes: u64) {
+    rec.end_event(EventKind::Wait, e, None, true, true);
+    rec.summarize(
+        e.class as usize,
+        EventKind::Wait,
+        true,
+        e.timer_wait,
+        bytes,
+        RowExtra::Io(mode),
     );
 }
 

@@ -12,6 +12,7 @@
 //! pfs-test-writer spread --shm-dir D --service S
 //! pfs-test-writer reclaim --shm-dir D --service S --waves W --threads N --reclaim-ms Q
 //! pfs-test-writer awaiting --shm-dir D --service S --tasks N
+//! pfs-test-writer io --shm-dir D --service S --rounds R
 //! ```
 //!
 //! Every mode prints JSON lines on stdout; see each function.
@@ -105,8 +106,122 @@ fn main() -> Result<()> {
         "spread" => spread_mode(),
         "reclaim" => reclaim_mode(&args),
         "awaiting" => awaiting_mode(&args),
+        "io" => io_mode(&args),
         m => bail!("unknown mode {m:?}"),
     }
+}
+
+static WAL: LazyWaitClass = LazyWaitClass::new("wait/io/file/test/wal");
+static CONN: LazyWaitClass = LazyWaitClass::new("wait/io/socket/test/conn");
+
+/// What `io` did to one instrument, by mode (read, write, misc): waits and
+/// bytes.
+#[derive(Default)]
+struct ByMode {
+    count: [u64; 3],
+    bytes: [u64; 2],
+}
+
+impl ByMode {
+    fn read(&mut self, n: usize) {
+        self.count[0] += 1;
+        self.bytes[0] += n as u64;
+    }
+    fn write(&mut self, n: usize) {
+        self.count[1] += 1;
+        self.bytes[1] += n as u64;
+    }
+    fn misc(&mut self) {
+        self.count[2] += 1;
+    }
+    fn json(&self) -> serde_json::Value {
+        json!({"count": self.count, "bytes": self.bytes})
+    }
+}
+
+/// `io`: real file and socket I/O through `pfs_client::fs::File` and
+/// `pfs_client::net::TcpStream`, `--rounds` times: a WAL file created,
+/// appended to (records of growing size), `fsync`ed, sought, read back,
+/// `stat`ed and closed; a loopback TCP connection (its peer an
+/// uninstrumented echo thread) connected, written to, read from and
+/// closed. Prints `{"ready":true,"pid":..,"classes":{name:{"count":[r,w,m],
+/// "bytes":[r,w]}}}` (what it did, by mode), then waits for a line on
+/// stdin.
+fn io_mode(args: &Args) -> Result<()> {
+    use pfs_client::fs::File;
+    use pfs_client::net::TcpStream;
+    use std::io::{Seek, SeekFrom};
+    let rounds = args.num("rounds")? as usize;
+    let dir = std::path::PathBuf::from(args.str("shm-dir")?).join("io-data");
+    std::fs::create_dir_all(&dir).context("io data directory")?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("listen")?;
+    let addr = listener.local_addr()?;
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 || s.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let (mut wal, mut conn) = (ByMode::default(), ByMode::default());
+    for r in 0..rounds {
+        let path = dir.join(format!("wal-{r}.log"));
+        let mut f = File::create(&WAL, &path).context("create")?;
+        wal.misc();
+        let mut written = 0;
+        for i in 0..5 {
+            let rec = vec![b'a' + i as u8; 100 + 37 * i + r];
+            f.write_all(&rec).context("append")?;
+            wal.write(rec.len());
+            written += rec.len();
+        }
+        f.sync_data().context("fsync")?;
+        wal.misc();
+        drop(f);
+        wal.misc(); // close
+        let mut f = File::open(&WAL, &path).context("open")?;
+        wal.misc();
+        f.seek(SeekFrom::Start(0)).context("seek")?;
+        wal.misc();
+        let mut back = vec![0u8; written];
+        f.read_exact(&mut back).context("read back")?;
+        wal.read(written);
+        let len = f.metadata().context("stat")?.len();
+        wal.misc();
+        anyhow::ensure!(
+            len == written as u64,
+            "file of {len} bytes, {written} written"
+        );
+        drop(f);
+        wal.misc(); // close
+
+        let mut s = TcpStream::connect(&CONN, addr).context("connect")?;
+        conn.misc();
+        let msg = vec![b'x'; 64 + r];
+        s.write_all(&msg).context("send")?;
+        conn.write(msg.len());
+        let mut echo = vec![0u8; msg.len()];
+        s.read_exact(&mut echo).context("recv")?;
+        conn.read(echo.len());
+        drop(s);
+        conn.misc(); // close
+    }
+    print(json!({
+        "ready": true,
+        "pid": std::process::id(),
+        "classes": {
+            "wait/io/file/test/wal": wal.json(),
+            "wait/io/socket/test/conn": conn.json(),
+        },
+    }));
+    wait_stdin_line();
+    Ok(())
 }
 
 static REQUEST: pfs_client::LazyStatementClass =

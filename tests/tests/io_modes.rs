@@ -1,0 +1,239 @@
+//! A file's and a socket's waits by mode, the way an operator meets them:
+//! a real process (`pfs-test-writer io`) does real file I/O (create,
+//! appends, `fsync`, seek, read back, `stat`, close) and real loopback
+//! TCP (connect, send, recv, close) through the client's drop-ins, and
+//! the real `pfs-agent` shows them split into reads, writes and the rest,
+//! exactly as the process counted them, in `file_summary_by_event_name`,
+//! `socket_summary_by_event_name`, `pfs_events_waits_io_*` on `/metrics`
+//! and `query`; the modes add up to the instrument's `COUNT_STAR`, and
+//! their times to its `SUM_TIMER_WAIT` (each within a nanosecond); a
+//! `TRUNCATE` of the file table restarts both it and the waits' global
+//! summary.
+
+use std::process::Command;
+
+use pfs_tests::{
+    Agent, Sample, Writer, agent_bin, rows, sample, str_col, u64_col, u128_col, writer_exe,
+};
+use serde_json::Value;
+
+const SERVICE: &str = "io-svc";
+const ROUNDS: u64 = 7;
+const WAL: &str = "wait/io/file/test/wal";
+const CONN: &str = "wait/io/socket/test/conn";
+const MODES: [&str; 3] = ["read", "write", "misc"];
+
+/// The row of `table` for instrument `name` of the test's service.
+fn row(agent: &Agent, table: &str, name: &str) -> Value {
+    let t = agent.table(&format!("{table}?service={SERVICE}")).unwrap();
+    let found: Vec<&Value> = rows(&t)
+        .unwrap()
+        .iter()
+        .filter(|r| r["event_name"] == name)
+        .collect();
+    assert_eq!(found.len(), 1, "{table}: one row for {name}: {t}");
+    found[0].clone()
+}
+
+/// Checks an I/O summary row against what the writer did (`want`:
+/// `{"count":[r,w,m],"bytes":[r,w]}`).
+fn check_row(r: &Value, want: &Value, name: &str) {
+    let count = |i: usize| want["count"][i].as_u64().unwrap();
+    let mut total = 0;
+    let mut timed_ps = 0u128;
+    for (i, m) in MODES.iter().enumerate() {
+        let n = u64_col(r, &format!("count_{m}")).unwrap();
+        assert_eq!(n, count(i), "{name} count_{m}: {r}");
+        assert!(n > 0, "{name}: the writer did some {m}");
+        total += n;
+        let sum = u128_col(r, &format!("sum_timer_{m}")).unwrap();
+        assert!(sum > 0, "{name} sum_timer_{m}: {r}");
+        assert_eq!(sum % 1000, 0, "{name}: kept in ns");
+        let avg = u128::from(u64_col(r, &format!("avg_timer_{m}")).unwrap());
+        assert_eq!(avg, sum / u128::from(n), "{name} avg_timer_{m}");
+        timed_ps += sum;
+        if i < 2 {
+            assert_eq!(
+                u64_col(r, &format!("sum_number_of_bytes_{m}")).unwrap(),
+                want["bytes"][i].as_u64().unwrap(),
+                "{name} sum_number_of_bytes_{m}"
+            );
+        } else {
+            assert!(r.get("sum_number_of_bytes_misc").is_none(), "{r}");
+        }
+    }
+    assert_eq!(
+        u64_col(r, "count_star").unwrap(),
+        total,
+        "{name}: the modes add up"
+    );
+    // Each wait's time, kept in whole ns by mode, loses under 1000 ps.
+    let star = u128_col(r, "sum_timer_wait").unwrap();
+    assert!(
+        star >= timed_ps && star - timed_ps < u128::from(total) * 1000,
+        "{name}: sum_timer_wait {star} vs the modes' {timed_ps}"
+    );
+}
+
+fn metric(m: &[Sample], name: &str, event: &str, mode: &str) -> f64 {
+    sample(
+        m,
+        name,
+        &[("service", SERVICE), ("event_name", event), ("mode", mode)],
+    )
+    .unwrap()
+}
+
+#[test]
+fn file_and_socket_waits_are_split_by_mode_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let mut w = Writer::spawn(
+        writer_exe!(),
+        &[
+            "io",
+            "--shm-dir",
+            d,
+            "--service",
+            SERVICE,
+            "--rounds",
+            &ROUNDS.to_string(),
+        ],
+    )
+    .unwrap();
+    let ready = w.read_json(std::time::Duration::from_secs(60)).unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "tok\n").unwrap();
+    let env = [(
+        "PFS_CONTROL_TOKEN_FILE",
+        token.to_string_lossy().into_owned(),
+    )];
+    let agent = Agent::serve_with_env(dir.path(), &env).unwrap();
+
+    let file = row(&agent, "file_summary_by_event_name", WAL);
+    check_row(&file, &ready["classes"][WAL], WAL);
+    // Every round syncs once; the WAL's misc waits are its creates, opens,
+    // syncs, seeks, stats and closes: 7 a round.
+    assert_eq!(u64_col(&file, "count_misc").unwrap(), 7 * ROUNDS);
+    let sock = row(&agent, "socket_summary_by_event_name", CONN);
+    check_row(&sock, &ready["classes"][CONN], CONN);
+    assert_eq!(str_col(&sock, "service").unwrap(), SERVICE);
+    // Each table has its own kind only.
+    let files = agent.table("file_summary_by_event_name").unwrap();
+    assert!(rows(&files).unwrap().iter().all(|r| {
+        str_col(r, "event_name")
+            .unwrap()
+            .starts_with("wait/io/file/")
+    }));
+
+    // The same rows as the waits' global summary.
+    for (name, r) in [(WAL, &file), (CONN, &sock)] {
+        let g = row(&agent, "events_waits_summary_global_by_event_name", name);
+        for c in [
+            "count_star",
+            "sum_timer_wait",
+            "min_timer_wait",
+            "max_timer_wait",
+        ] {
+            assert_eq!(g[c], r[c], "{name} {c}");
+        }
+        let moved = u64_col(r, "sum_number_of_bytes_read").unwrap()
+            + u64_col(r, "sum_number_of_bytes_write").unwrap();
+        assert_eq!(u64_col(&g, "sum_number_of_bytes").unwrap(), moved);
+    }
+
+    // /metrics: the same figures by `mode`.
+    let m = agent.metrics().unwrap();
+    for (name, r) in [(WAL, &file), (CONN, &sock)] {
+        for mode in MODES {
+            let n = metric(&m, "pfs_events_waits_io_total", name, mode);
+            assert_eq!(n, u64_col(r, &format!("count_{mode}")).unwrap() as f64);
+            let secs = metric(&m, "pfs_events_waits_io_seconds_total", name, mode);
+            let want = u128_col(r, &format!("sum_timer_{mode}")).unwrap() as f64 / 1e12;
+            assert!(
+                (secs - want).abs() <= want * 1e-9,
+                "{name} {mode}: {secs} vs {want}"
+            );
+        }
+        for mode in ["read", "write"] {
+            let b = metric(&m, "pfs_events_waits_io_bytes_total", name, mode);
+            let want = u64_col(r, &format!("sum_number_of_bytes_{mode}")).unwrap();
+            assert_eq!(b, want as f64, "{name} {mode} bytes");
+        }
+        assert!(
+            sample(
+                &m,
+                "pfs_events_waits_io_bytes_total",
+                &[("event_name", name), ("mode", "misc")]
+            )
+            .is_err(),
+            "misc operations move no bytes"
+        );
+    }
+    // Only file and socket instruments have series by mode (every one,
+    // from its first scrape: the writer's unused `wait/io/file/test/c`
+    // too, at 0); its mutex and rwlock none.
+    let by_mode: Vec<&Sample> = m
+        .iter()
+        .filter(|s| s.name.starts_with("pfs_events_waits_io_"))
+        .collect();
+    for s in &by_mode {
+        let name = &s.labels["event_name"];
+        assert!(name.starts_with("wait/io/"), "{s:?}");
+    }
+    let unused = [("event_name", "wait/io/file/test/c"), ("mode", "write")];
+    assert_eq!(
+        sample(&m, "pfs_events_waits_io_total", &unused).unwrap(),
+        0.0
+    );
+
+    // `query` prints the table with its times formatted.
+    let out = Command::new(agent_bin())
+        .args(["query", "file_summary_by_event_name", "--shm-dir", d])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains(WAL) && text.contains("AVG_TIMER_MISC"),
+        "{text}"
+    );
+
+    // TRUNCATE of the file table restarts it and the waits' global
+    // summary (one baseline per instrument); /metrics is never truncated.
+    let r = ureq::post(&format!(
+        "{}/api/v1/tables/file_summary_by_event_name/truncate",
+        agent.base
+    ))
+    .header("Authorization", "Bearer tok")
+    .send_empty()
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let after = row(&agent, "file_summary_by_event_name", WAL);
+    for c in [
+        "count_star",
+        "count_read",
+        "count_write",
+        "count_misc",
+        "sum_timer_misc",
+    ] {
+        assert_eq!(
+            u64_col(&after, c).unwrap(),
+            0,
+            "{c} after TRUNCATE: {after}"
+        );
+    }
+    let g = row(&agent, "events_waits_summary_global_by_event_name", WAL);
+    assert_eq!(u64_col(&g, "count_star").unwrap(), 0);
+    let m = agent.metrics().unwrap();
+    assert_eq!(
+        metric(&m, "pfs_events_waits_io_total", WAL, "misc"),
+        (7 * ROUNDS) as f64
+    );
+    w.send_line("").unwrap();
+    w.finish(std::time::Duration::from_secs(30)).unwrap();
+}
