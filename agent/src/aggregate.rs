@@ -454,16 +454,48 @@ pub struct EndedInProgress {
     pub text: String,
 }
 
-/// What the process of `s`, found dead, was doing when it ended: its
-/// statements, stages and waits in progress (the unended rows of
-/// `events_*_current`), statements first, the longest-running first, each
-/// with its instrument, `THREAD_ID`, thread name and how long before
-/// `now_ps` (the segment's time line when the death was seen) it started.
-/// Idle waits (workers waiting for work, `idle` instruments) are left
-/// out. `None` if nothing else was in progress: `exit` leaves other
+/// When a dead process's end was seen, for [`ended_in_progress`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndSeen {
+    /// As it happened (the agent watched the process alive): the
+    /// segment's time line then, in ps.
+    At(u128),
+    /// Not: the process was dead when the agent first found it (it ended
+    /// while no agent ran), so when it ended is not known; its events'
+    /// ages are taken from its last recorded event instead.
+    Unknown,
+}
+
+/// The latest time anything of `s` was recorded, in ps on its time line:
+/// the last start or end among its threads' and tasks' current events (a
+/// dead process's last sign of life). `None` if none was timed.
+fn last_recorded_ps(s: &SegmentSnapshot) -> Option<u128> {
+    let threads = s
+        .threads
+        .iter()
+        .flat_map(|t| EventKind::ALL.map(|k| t.current(k)));
+    let tasks = s
+        .tasks
+        .iter()
+        .flat_map(|t| EventKind::ALL.map(|k| t.current(k)));
+    threads
+        .chain(tasks)
+        .flatten()
+        .filter_map(|e| e.timer_end.or(e.timer_start))
+        .max()
+}
+
+/// What the process of `s`, found dead, was doing when it ended: how many
+/// statements, stages and waits were in progress (the unended rows of
+/// `events_*_current`), then the first of them, statements first, the
+/// longest-running first, each with its instrument, `THREAD_ID`, thread
+/// name and how long before the end was `seen` it started (or, the end
+/// unseen, before the process's last recorded event: at least that
+/// long). Idle waits (workers waiting for work, `idle` instruments) are
+/// left out. `None` if nothing else was in progress: `exit` leaves other
 /// threads' events as they were, so a process that ended normally with
 /// idle workers says nothing.
-pub fn ended_in_progress(s: &SegmentSnapshot, now_ps: u128) -> Option<EndedInProgress> {
+pub fn ended_in_progress(s: &SegmentSnapshot, seen: EndSeen) -> Option<EndedInProgress> {
     let classes: HashMap<u32, (&str, ClassKind)> = s
         .classes
         .iter()
@@ -480,6 +512,13 @@ pub fn ended_in_progress(s: &SegmentSnapshot, now_ps: u128) -> Option<EndedInPro
         return None;
     }
     let work = all.iter().any(|(k, _, _)| *k != EventKind::Wait);
+    let (now_ps, before) = match seen {
+        EndSeen::At(now) => (Some(now), "before the end was seen"),
+        EndSeen::Unknown => (
+            last_recorded_ps(s),
+            "before the process's last recorded event",
+        ),
+    };
     let mut text: Vec<String> = all
         .iter()
         .take(IN_PROGRESS_LISTED)
@@ -493,10 +532,11 @@ pub fn ended_in_progress(s: &SegmentSnapshot, now_ps: u128) -> Option<EndedInPro
             );
             let age = e
                 .timer_start
-                .map(|t| {
+                .zip(now_ps)
+                .map(|(t, now)| {
                     format!(
-                        ", started {:.3} s before the end was seen",
-                        now_ps.saturating_sub(t) as f64 / 1e12
+                        ", started {:.3} s {before}",
+                        now.saturating_sub(t) as f64 / 1e12
                     )
                 })
                 .unwrap_or_default();
@@ -506,9 +546,30 @@ pub fn ended_in_progress(s: &SegmentSnapshot, now_ps: u128) -> Option<EndedInPro
     if all.len() > IN_PROGRESS_LISTED {
         text.push(format!("and {} more", all.len() - IN_PROGRESS_LISTED));
     }
+    let counts: Vec<String> = [
+        (EventKind::Statement, "statement"),
+        (EventKind::Stage, "stage"),
+        (EventKind::Wait, "wait"),
+    ]
+    .into_iter()
+    .filter_map(|(kind, word)| {
+        let n = all.iter().filter(|(k, _, _)| *k == kind).count();
+        (n > 0).then(|| format!("{n} {word}{}", if n == 1 { "" } else { "s" }))
+    })
+    .collect();
+    let when = match seen {
+        EndSeen::At(_) => "",
+        EndSeen::Unknown => {
+            " (it ended while no agent watched it: when is not known, so each event's time is given up to the process's last recorded event, a lower bound)"
+        }
+    };
     Some(EndedInProgress {
         work,
-        text: format!("{} in progress: {}", all.len(), text.join("; ")),
+        text: format!(
+            "{} in progress{when}: {}",
+            counts.join(", "),
+            text.join("; ")
+        ),
     })
 }
 
@@ -610,7 +671,7 @@ mod tests {
         };
         let said = || {
             let s = snapshot(w.segment(), &ReadOptions::summaries()).unwrap();
-            ended_in_progress(&s, s.timer.now_ps())
+            ended_in_progress(&s, EndSeen::At(s.timer.now_ps()))
         };
         wait(a.index, 1, idle, 1);
         assert_eq!(said(), None, "an idle worker only: a normal end");
@@ -619,16 +680,32 @@ mod tests {
         assert!(!w1.work, "{w1:?}");
         assert!(
             w1.text.starts_with(
-                "1 in progress: wait/synch/mutex/app/m (THREAD_ID 2, thread \"handler\""
+                "1 wait in progress: wait/synch/mutex/app/m (THREAD_ID 2, thread \"handler\""
             ),
             "{w1:?}"
         );
         statement(&w, a.index, q, (1, 2), 0, None);
         let w2 = said().unwrap();
         assert!(w2.work, "{w2:?}");
+        // Found dead with its end unseen: the ages run to its last
+        // recorded event, and the log says so.
+        let s = snapshot(w.segment(), &ReadOptions::summaries()).unwrap();
+        let last = last_recorded_ps(&s).unwrap();
+        let u = ended_in_progress(&s, EndSeen::Unknown).unwrap();
+        assert!(u.text.contains("when is not known"), "{u:?}");
+        assert!(
+            u.text.contains("before the process's last recorded event"),
+            "{u:?}"
+        );
+        let later = ended_in_progress(&s, EndSeen::At(last + 60_000_000_000_000)).unwrap();
+        assert!(
+            later.text.contains("s before the end was seen"),
+            "{later:?}"
+        );
+        assert_ne!(u.text, later.text);
         assert!(
             w2.text
-                .starts_with("2 in progress: statement/t/q (THREAD_ID 1"),
+                .starts_with("1 statement, 1 wait in progress: statement/t/q (THREAD_ID 1"),
             "{w2:?}"
         );
     }

@@ -127,7 +127,9 @@ fn a_killed_process_s_requests_in_progress_are_logged() {
     assert!(line.contains("killed"), "{line}");
     // Each request's statement, stage and wait, from the tasks' slots.
     let events = 3 * TASKS;
-    assert!(line.contains(&format!("{events} in progress: ")), "{line}");
+    let counts = format!("{TASKS} statements, {TASKS} stages, {TASKS} waits in progress: ");
+    assert!(line.contains(&counts), "{line}");
+    assert!(line.contains("before the end was seen"), "{line}");
     for class in [
         "statement/test/request",
         "stage/test/backend",
@@ -181,6 +183,46 @@ fn a_killed_process_s_requests_in_progress_are_logged() {
     let agent = serve();
     wait_for(&agent, abandoned, "killed", TASKS as f64);
     assert_eq!(requests(&agent, total, "killed"), 0.0);
+    drop(agent);
+
+    // Killed while no agent ran: the agent that finds it says so, and
+    // times its events up to the process's last recorded event (not to
+    // when it happened to look: a request of a moment is not minutes
+    // long because the agent started late).
+    let unseen = service(dir.path(), "unseen");
+    unseen.guard.signal(libc_sigkill());
+    std::thread::sleep(Duration::from_secs(3));
+    let agent = serve();
+    wait_for(&agent, abandoned, "unseen", TASKS as f64);
+    let lines = in_progress_lines(&agent);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
+    assert!(
+        line.contains("unseen") && line.contains("when is not known"),
+        "{line}"
+    );
+    for age in line.split(", started ").skip(1) {
+        let secs: f64 = age.split(' ').next().unwrap().parse().unwrap();
+        assert!(
+            secs < 2.5,
+            "{age} (it was killed 3 s before the agent started)"
+        );
+        assert!(
+            age.contains("before the process's last recorded event"),
+            "{age}"
+        );
+    }
+    // `query` is a one-shot reader: it does not say it again at each run.
+    for _ in 0..2 {
+        let out = std::process::Command::new(pfs_tests::agent_bin())
+            .args(["query", "threads", "--shm-dir"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("in progress"), "{err}");
+    }
 }
 
 /// `SIGKILL`'s number (9 on every Linux architecture).

@@ -34,7 +34,9 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
     // as another user, so its owner is not checked here.
     let own_files_only = policy.owner == OwnerPolicy::Uid;
     let snap = Snapshotter::new(
-        SegmentSet::new(&a.dir.shm_dir, Duration::MAX).with_policy(policy),
+        SegmentSet::new(&a.dir.shm_dir, Duration::MAX)
+            .with_policy(policy)
+            .without_death_reports(),
         Duration::ZERO,
     )
     .take();

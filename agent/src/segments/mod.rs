@@ -70,7 +70,7 @@ use std::time::{Duration, Instant};
 
 use pfs_shm_layout::SegmentError;
 
-use crate::aggregate::Retired;
+use crate::aggregate::{EndSeen, Retired};
 use crate::retired::Role;
 use crate::setup::Defaults;
 pub use listing::{ListError, ListFailure};
@@ -202,6 +202,10 @@ pub struct SegmentSet {
     /// The directory's volume at the last pass (`None` before the
     /// directory exists).
     pub volume: Option<volume::Volume>,
+    /// Whether what a dead process was doing when it ended is logged
+    /// (the server's set; not `query`'s, which would say it again at
+    /// every run).
+    report_deaths: bool,
 }
 
 /// How often a failure that persists is logged again.
@@ -232,7 +236,16 @@ impl SegmentSet {
             list_failure: None,
             dir_absent: false,
             volume: None,
+            report_deaths: true,
         }
+    }
+
+    /// Does not log what dead processes were doing when they ended (for a
+    /// one-shot reader such as `query`, which has no memory of having
+    /// said it before; the serving agent says it once per death).
+    pub fn without_death_reports(mut self) -> Self {
+        self.report_deaths = false;
+        self
     }
 
     /// Keeps the retired totals in the directory's state file (loaded now,
@@ -592,7 +605,10 @@ impl SegmentSet {
                 }
             }
             let mut torn = false;
-            if t.dead_since.is_none() && owner_is_dead(t.segment.file()) {
+            let dead = t.dead_since.is_some() || owner_is_dead(t.segment.file());
+            if !dead {
+                t.seen_alive = true;
+            } else if t.dead_since.is_none() {
                 // Found dead by an agent before this one (a restart): its
                 // retention runs from then, not from now.
                 let found = self.retirement.died_unix_ns(&t.identity());
@@ -603,9 +619,19 @@ impl SegmentSet {
                     tracing::info!(path = %crate::util::shown::path(path), service = t.segment.service(), "process exited; keeping its final counters for the retention period");
                 }
                 torn = t.final_read();
+                // Its end seen as it happened, or found after the fact
+                // (it ended while no agent ran): then when is not known.
+                let seen = |s: &pfs_shm_layout::reader::SegmentSnapshot| {
+                    if t.seen_alive {
+                        EndSeen::At(s.timer.now_ps())
+                    } else {
+                        EndSeen::Unknown
+                    }
+                };
                 if found.is_none()
+                    && self.report_deaths
                     && let Some(s) = t.final_figures()
-                    && let Some(what) = crate::aggregate::ended_in_progress(s, s.timer.now_ps())
+                    && let Some(what) = crate::aggregate::ended_in_progress(s, seen(s))
                 {
                     // What it was doing when it ended: a crash's or a
                     // kill's last requests, which the tables (live

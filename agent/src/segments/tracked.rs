@@ -69,6 +69,9 @@ pub struct Tracked {
     /// Whether its file was found gone from the directory while its
     /// process still ran (logged once; it is read through the open file).
     pub(super) unlinked_reported: bool,
+    /// Whether a pass found its process alive: its death, if any, is
+    /// then seen as it happens (within a pass), not found after the fact.
+    pub(super) seen_alive: bool,
 }
 
 impl Tracked {
@@ -79,6 +82,7 @@ impl Tracked {
             path,
             dead_since: None,
             unlinked_reported: false,
+            seen_alive: false,
             last: None,
             last_summaries: None,
             reader: IncrementalReader::default(),
