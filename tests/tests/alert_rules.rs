@@ -1,4 +1,5 @@
-//! deploy/prometheus/pfs-alerts.rules.yaml: a valid rule file
+//! deploy/prometheus/pfs-alerts.rules.yaml (and the optional
+//! pfs-slo-alerts.rules.yaml): a valid rule file
 //! (`promtool check rules`) whose alerts fire, and stay quiet, as its unit
 //! tests say (`promtool test rules pfs-alerts.test.yaml`). That every
 //! metric the rules use is exported, and that a real Prometheus evaluates
@@ -27,20 +28,34 @@ fn promtool(args: &[&str]) -> String {
     text
 }
 
-/// What `promtool check` says of the rule file: as many rules as it has
-/// `- alert:` entries.
-fn rules_found() -> String {
+/// What `promtool check` says of rule file `name`: as many rules as it
+/// has `- alert:` entries.
+fn rules_found(name: &str) -> String {
     let file =
-        std::fs::read_to_string(workspace_root().join("deploy/prometheus/pfs-alerts.rules.yaml"))
-            .unwrap();
+        std::fs::read_to_string(workspace_root().join("deploy/prometheus").join(name)).unwrap();
     format!("SUCCESS: {} rules found", file.matches("- alert: ").count())
 }
 
 #[test]
 fn the_alert_rules_are_valid_and_their_unit_tests_pass() {
     let checked = promtool(&["check", "rules", "pfs-alerts.rules.yaml"]);
-    assert!(checked.contains(&rules_found()), "{checked}");
+    assert!(
+        checked.contains(&rules_found("pfs-alerts.rules.yaml")),
+        "{checked}"
+    );
     let tested = promtool(&["test", "rules", "pfs-alerts.test.yaml"]);
+    assert!(tested.contains("SUCCESS"), "{tested}");
+}
+
+/// The optional templates (slow requests, slow I/O, a contended lock,
+/// growing memory): valid, and firing or quiet as their tests say.
+#[test]
+fn the_optional_slo_rules_are_valid_and_their_unit_tests_pass() {
+    let name = "pfs-slo-alerts.rules.yaml";
+    let checked = promtool(&["check", "rules", name]);
+    assert!(checked.contains(&rules_found(name)), "{checked}");
+    assert!(rules_found(name).contains(" 4 rules"), "{checked}");
+    let tested = promtool(&["test", "rules", "pfs-slo-alerts.test.yaml"]);
     assert!(tested.contains("SUCCESS"), "{tested}");
 }
 
@@ -190,5 +205,8 @@ fn the_annotation_scrape_config_is_valid() {
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "promtool check config:\n{text}");
-    assert!(text.contains(&rules_found()), "{text}");
+    assert!(
+        text.contains(&rules_found("pfs-alerts.rules.yaml")),
+        "{text}"
+    );
 }
