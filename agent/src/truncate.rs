@@ -177,14 +177,35 @@ impl Baselines {
     /// and with `global` the global rows too (truncating a global table
     /// also truncates the by-thread table of the same kind, as in PFS).
     pub fn truncate_summaries(&mut self, snap: &Snapshot, kind: EventKind, global: bool) {
+        self.truncate_rows(snap, |ck| kind.matches(ck), true, global);
+    }
+
+    /// Truncates the global rows of the instruments of kind `class_kind`
+    /// only (`file_summary_by_event_name`, `socket_summary_by_event_name`:
+    /// their rows are those instruments' global rows, which
+    /// `events_waits_summary_global_by_event_name` shows too); the
+    /// by-thread rows and every other instrument's stay.
+    pub fn truncate_global_of(&mut self, snap: &Snapshot, class_kind: ClassKind) {
+        self.truncate_rows(snap, |ck| ck == class_kind, false, true);
+    }
+
+    /// Truncates, as of `snap`, the rows of the instruments whose kind
+    /// `which` takes: by thread if `threads`, global if `global`.
+    fn truncate_rows(
+        &mut self,
+        snap: &Snapshot,
+        which: impl Fn(ClassKind) -> bool,
+        threads: bool,
+        global: bool,
+    ) {
         for v in &snap.segments {
             self.claim(&v.path, &v.data);
             let (path, s) = (&v.path, &v.data);
-            let kinds: HashMap<u32, pfs_shm_layout::ClassKind> =
+            let kinds: HashMap<u32, ClassKind> =
                 s.classes.iter().map(|c| (c.index, c.kind)).collect();
-            for t in &s.threads {
+            for t in s.threads.iter().filter(|_| threads) {
                 for (c, sum) in &t.rows {
-                    if kinds.get(c).is_some_and(|ck| kind.matches(*ck)) {
+                    if kinds.get(c).is_some_and(|ck| which(*ck)) {
                         self.thread
                             .insert((path.clone(), t.record, t.version, *c), *sum);
                     }
@@ -192,7 +213,7 @@ impl Baselines {
             }
             if global {
                 for (name, (ck, sum)) in segment_global(s) {
-                    if kind.matches(ck) {
+                    if which(ck) {
                         self.global.insert((path.clone(), name), sum);
                     }
                 }

@@ -333,7 +333,7 @@ impl Summary {
         s
     }
 
-    /// [`Summary::load`] into `self` (no 370-byte value moved around: the
+    /// [`Summary::load`] into `self` (no 432-byte value moved around: the
     /// walk loads every row into one buffer). Returns the buckets loaded:
     /// every other one is zero (a span [`Summary::nonzero_buckets`] would
     /// find only by looking at the others).

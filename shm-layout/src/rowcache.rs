@@ -12,7 +12,7 @@
 //! high half and bytes only if not zero, the span of buckets its events
 //! can fill and, for a statement class, its statement figures (for a
 //! file or socket class, its figures by I/O mode), all LEB128
-//! varints: about 30 bytes for a wait row, instead of the 368 of a
+//! varints: about 30 bytes for a wait row, instead of the 432 of a
 //! [`Summary`]. (A 64-bit presence mask of the nonzero words was the
 //! format until the eleventh session: about as small, but finding the nonzero words cost 35 ns a
 //! row, two thirds of the encoding. A length-nibble encoding, one 8-byte

@@ -202,6 +202,9 @@ pub struct SegmentSet {
     /// The directory's volume at the last pass (`None` before the
     /// directory exists).
     pub volume: Option<volume::Volume>,
+    /// Whether a pass has listed the directory: a segment found after
+    /// that belongs to a process that started since.
+    listed_once: bool,
     /// Whether what a dead process was doing when it ended is logged
     /// (the server's set; not `query`'s, which would say it again at
     /// every run).
@@ -237,6 +240,7 @@ impl SegmentSet {
             dir_absent: false,
             volume: None,
             report_deaths: true,
+            listed_once: false,
         }
     }
 
@@ -520,7 +524,8 @@ impl SegmentSet {
                 None
             }
         };
-        if entries.is_some() {
+        let listed = entries.is_some();
+        if listed {
             self.sync_state(false);
         }
         for entry in entries.into_iter().flatten().flatten() {
@@ -719,6 +724,7 @@ impl SegmentSet {
                 applied.catch_up(&self.defaults);
             }
         }
+        self.listed_once |= listed;
     }
 
     fn consider(&mut self, path: &Path) {
@@ -756,10 +762,12 @@ impl SegmentSet {
                 self.invalid.remove(path);
                 self.pending.remove(path);
                 let defaults = self.defaults.attach(path);
-                self.tracked.insert(
-                    path.to_path_buf(),
-                    Tracked::new(segment, path.to_path_buf(), defaults),
-                );
+                let mut t = Tracked::new(segment, path.to_path_buf(), defaults);
+                // Found after a listing that did not have it: its process
+                // started since, so an end found now is seen within a
+                // pass of it, even if no pass saw it alive.
+                t.seen_alive = self.listed_once;
+                self.tracked.insert(path.to_path_buf(), t);
             }
             Err(Refused {
                 reason: reason @ (Refusal::NotReady | Refusal::Empty),

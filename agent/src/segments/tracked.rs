@@ -69,8 +69,10 @@ pub struct Tracked {
     /// Whether its file was found gone from the directory while its
     /// process still ran (logged once; it is read through the open file).
     pub(super) unlinked_reported: bool,
-    /// Whether a pass found its process alive: its death, if any, is
-    /// then seen as it happens (within a pass), not found after the fact.
+    /// Whether a pass found its process alive, or it was found after
+    /// the agent's first listing of the directory (its process started
+    /// since): its end, if any, is then seen within a pass of it, not
+    /// found after the fact.
     pub(super) seen_alive: bool,
 }
 

@@ -256,9 +256,27 @@ pub(super) fn io_summary_columns() -> Vec<&'static str> {
     names(SUMMARY_COLUMNS.into_iter().chain(IO_SUMMARY_COLUMNS))
 }
 
-/// A file or socket class's cells for [`io_summary_columns`].
+/// A file or socket class's cells for [`io_summary_columns`]. As in
+/// MySQL's tables, `COUNT_STAR` and `SUM_TIMER_WAIT` are the modes' sums
+/// (a wait a C caller gave a lock's or an idle operation on a file or
+/// socket instrument is in the waits' summaries only); MIN and MAX are
+/// the instrument's.
 pub(super) fn io_summary_values(s: &Summary) -> Vec<Cell<'static>> {
-    let mut v = common_summary_values(s);
+    let io = &s.io;
+    let count: u64 = io.count.iter().sum();
+    let sum_ps: u128 = IoMode::ALL.iter().map(|&m| io.sum_ps(m)).sum();
+    let avg = if count == 0 {
+        0
+    } else {
+        u64::try_from(sum_ps / u128::from(count)).unwrap_or(u64::MAX)
+    };
+    let mut v = vec![
+        count.into(),
+        Cell::Ps(sum_ps),
+        s.min().unwrap_or(0).into(),
+        avg.into(),
+        s.max_ps.into(),
+    ];
     for mode in IoMode::ALL {
         let io = &s.io;
         v.extend([

@@ -5,11 +5,14 @@
 //! `seek`, `connect`, ...), each with its count, time and average, and
 //! the bytes read and written. The rows are those of
 //! `events_waits_summary_global_by_event_name` for these instruments, and
-//! share its `TRUNCATE`: truncating either restarts both from zero.
+//! share their `TRUNCATE`: truncating this table restarts its
+//! instruments' rows there too (and nothing else: not the other I/O
+//! table, not the by-thread summaries); truncating that one restarts
+//! this one.
 //! Processes of clients older than layout 8.1 show their totals and zero
 //! by mode.
 
-use pfs_shm_layout::{ClassKind, EventKind};
+use pfs_shm_layout::ClassKind;
 
 use super::cell::Sink;
 use super::columns::{head, io_summary_columns, io_summary_values, with_head};
@@ -57,8 +60,9 @@ impl PfsTable for IoSummary {
         baselines: &mut Baselines,
         snap: &Snapshot,
     ) -> Result<Unreached, NotTruncatable> {
-        // One baseline per instrument, the waits' global summary's.
-        baselines.truncate_summaries(snap, EventKind::Wait, true);
+        // One baseline per instrument, the waits' global summary's: its
+        // rows of these instruments restart too; nothing else.
+        baselines.truncate_global_of(snap, self.0);
         Ok(Unreached::new())
     }
 }
