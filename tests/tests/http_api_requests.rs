@@ -276,7 +276,17 @@ fn paths_are_percent_decoded_and_long_urls_refused() -> Result<()> {
         None,
     )?;
     assert_eq!(a.status, 404, "{a:?}");
-    assert!(error_of(&a).contains("no such table"), "{a:?}");
+    assert!(
+        error_of(&a).starts_with(r#"no table "threads/truncate";"#),
+        "{a:?}"
+    );
+    // A near miss names what it most likely meant.
+    let a = get(&s.url("/api/v1/tables/file_summary_by_event"))?;
+    assert_eq!(a.status, 404, "{a:?}");
+    assert!(
+        error_of(&a).contains("did you mean file_summary_by_event_name?"),
+        "{a:?}"
+    );
     let a = get(&s.url("/api/v1/tables/%FF"))?;
     assert_eq!(a.status, 400, "{a:?}");
     assert!(error_of(&a).contains("not UTF-8"), "{a:?}");

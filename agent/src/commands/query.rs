@@ -22,11 +22,7 @@ use crate::cli::{Format, QueryArgs};
 pub fn run(a: QueryArgs) -> anyhow::Result<()> {
     require_dir(&a.dir.shm_dir)?;
     let Some(table) = tables::lookup(&a.table) else {
-        bail!(
-            "no table {:?}; tables: {}",
-            a.table,
-            tables::names().join(", ")
-        );
+        bail!("{}", tables::not_found(&a.table));
     };
     let policy = a.policy.policy();
     // The TRUNCATE file is the serving agent's: under `--require-owner

@@ -119,13 +119,9 @@ pub fn error(status: StatusCode, msg: impl Into<String>) -> Resp {
     json_reply(status, json!({ "error": msg.into() }))
 }
 
-/// 404 for a table name that is not in the registry, listing the tables.
-pub fn no_such_table() -> Resp {
-    error(
-        StatusCode::NOT_FOUND,
-        format!(
-            "no such table; GET /api/v1/tables lists them: {}",
-            crate::tables::names().join(", ")
-        ),
-    )
+/// 404 for a table name that is not in the registry: the name asked
+/// for, what it most likely meant, and the tables (`GET /api/v1/tables`
+/// lists them too).
+pub fn no_such_table(name: &str) -> Resp {
+    error(StatusCode::NOT_FOUND, crate::tables::not_found(name))
 }

@@ -22,7 +22,7 @@ pub const MAX_BODY: usize = 64 * 1024;
 /// fresh snapshot, saved in the segment directory.
 pub async fn truncate(state: Arc<AppState>, name: &str) -> Resp {
     let Some(table) = tables::lookup(name) else {
-        return no_such_table();
+        return no_such_table(name);
     };
     let s = state.clone();
     let r = tokio::task::spawn_blocking(move || {

@@ -191,7 +191,7 @@ fn route(path: &str) -> Result<Route, Box<Resp>> {
             ))
         })?;
     let segments: Vec<&str> = decoded.iter().map(|s| &**s).collect();
-    let table = |name: &str| tables::lookup(name).ok_or_else(|| Box::new(no_such_table()));
+    let table = |name: &str| tables::lookup(name).ok_or_else(|| Box::new(no_such_table(name)));
     Ok(match segments.as_slice() {
         [""] => Route::Landing,
         ["healthz"] => Route::Healthz,
@@ -199,7 +199,7 @@ fn route(path: &str) -> Result<Route, Box<Resp>> {
         ["api", "v1", "tables"] => Route::TableList,
         ["api", "v1", "tables", name] => Route::Table(table(name)?),
         ["api", "v1", "tables", name, "truncate"] => Route::Truncate(table(name)?),
-        ["api", "v1", "tables", ..] => return Err(Box::new(no_such_table())),
+        ["api", "v1", "tables", rest @ ..] => return Err(Box::new(no_such_table(&rest.join("/")))),
         ["api", "v1", "setup", what @ ..] => {
             let what = what.join("/");
             match SETUP_TABLES.iter().find(|s| **s == what) {

@@ -91,6 +91,23 @@ pub fn names() -> Vec<&'static str> {
     registry().iter().map(|t| t.name()).collect()
 }
 
+/// Why there is no table called `name`: what it most likely meant (a
+/// table whose name is within a few edits of it), and every table.
+///
+/// ```
+/// let msg = pfs_agent::tables::not_found("events_wait_current");
+/// assert!(msg.starts_with(r#"no table "events_wait_current"; did you mean events_waits_current?"#));
+/// ```
+pub fn not_found(name: &str) -> String {
+    let closest = names()
+        .into_iter()
+        .map(|t| (strsim::levenshtein(name, t), t))
+        .min()
+        .filter(|(d, t)| *d <= (t.len() / 4).max(2));
+    let hint = closest.map_or(String::new(), |(_, t)| format!(" did you mean {t}?"));
+    format!("no table {name:?};{hint} tables: {}", names().join(", "))
+}
+
 /// The table called `name`, if there is one.
 ///
 /// ```
