@@ -52,19 +52,6 @@ fn view(s: &SegmentSnapshot) -> (Rows, Rows, Vec<String>) {
     (s.live_rows.clone(), s.exited.clone(), threads)
 }
 
-fn total(s: &SegmentSnapshot, class: u32) -> Summary {
-    let mut t = Summary::default();
-    for (_, r) in s
-        .live_rows
-        .iter()
-        .chain(&s.exited)
-        .filter(|(c, _)| *c == class)
-    {
-        t.merge(r);
-    }
-    t
-}
-
 /// Summaries read by four threads, a record or more each: every walk of
 /// these small segments is split.
 fn split_walks() -> ReadOptions {
@@ -232,7 +219,7 @@ fn reads_only_the_rows_that_changed() {
     assert_eq!((next.stats.rows_read, next.stats.rows_reused), (10, 990));
     let full = snapshot(&reader, &ReadOptions::summaries()).unwrap();
     assert_eq!(next.live_rows, full.live_rows);
-    assert_eq!(total(&next, classes[0]).max_ps, 9_000_000);
+    assert_eq!(common::total(&next, classes[0]).max_ps, 9_000_000);
     // About 45 bytes per kept row.
     let rows = inc.row_bytes();
     assert!(rows < 1000 * 48, "{rows} bytes kept for 1000 rows");
@@ -291,14 +278,14 @@ fn totals_never_go_down_while_writers_run_and_exit() {
         };
         taken += 1;
         for (i, &c) in classes.iter().enumerate() {
-            let n = total(&s, c).count;
+            let n = common::total(&s, c).count;
             assert!(n >= last[i], "class {c}: {n} after {}", last[i]);
             last[i] = n;
         }
         // A split walk, as exact: never below an earlier total.
         if let Ok(p) = par.snapshot(&reader, &split_walks()) {
             for (i, &c) in classes.iter().enumerate() {
-                let n = total(&p, c).count;
+                let n = common::total(&p, c).count;
                 assert!(
                     n >= last_split[i],
                     "split, class {c}: {n} after {}",
@@ -316,7 +303,7 @@ fn totals_never_go_down_while_writers_run_and_exit() {
     assert_eq!(view(&s), view(&full));
     let p = par.snapshot(&reader, &split_walks()).unwrap();
     assert_eq!(view(&p), view(&full), "split");
-    let counted: u64 = classes.iter().map(|&c| total(&s, c).count).sum();
+    let counted: u64 = classes.iter().map(|&c| common::total(&s, c).count).sum();
     assert_eq!(counted, events, "every event counted once");
 }
 
@@ -413,7 +400,7 @@ fn rows_copied_at_once_are_never_torn() {
         };
         copied += s.stats.rows_read;
         for &c in &classes {
-            let t = total(&s, c);
+            let t = common::total(&s, c);
             assert_eq!(
                 t.sum_ps,
                 u128::from(t.count) * u128::from(wait_ps(c)),

@@ -6,24 +6,10 @@
 mod common;
 
 use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED};
-use pfs_shm_layout::reader::{IncrementalReader, ReadOptions, SegmentSnapshot, Summary, snapshot};
+use pfs_shm_layout::reader::{IncrementalReader, ReadOptions, snapshot};
 use pfs_shm_layout::values::IoFigures;
 use pfs_shm_layout::writer::StatementFigures;
 use pfs_shm_layout::{ClassKind, EventKind, IoMode, Segment, SegmentConfig};
-
-/// Class `class`'s total over live threads and exited ones.
-fn total(s: &SegmentSnapshot, class: u32) -> Summary {
-    let mut t = Summary::default();
-    for (_, r) in s
-        .live_rows
-        .iter()
-        .chain(&s.exited)
-        .filter(|(c, _)| *c == class)
-    {
-        t.merge(r);
-    }
-    t
-}
 
 #[test]
 fn waits_by_mode_are_exact_through_reads_and_folds() {
@@ -94,7 +80,7 @@ fn waits_by_mode_are_exact_through_reads_and_folds() {
         if i == 2 {
             // Thread a exits: its rows fold into the global section.
             let full = snapshot(&reader, &ReadOptions::summaries()).unwrap();
-            assert_eq!(total(&full, wal).io.count(mode), 1);
+            assert_eq!(common::total(&full, wal).io.count(mode), 1);
             w.fold_and_free(a);
         }
     }
@@ -103,15 +89,15 @@ fn waits_by_mode_are_exact_through_reads_and_folds() {
     let again = inc.snapshot(&reader, &ReadOptions::summaries()).unwrap();
     for s in [&full, &kept, &again] {
         for class in [wal, sock] {
-            let t = total(s, class);
+            let t = common::total(s, class);
             assert_eq!(t.io, want, "class {class}");
             assert_eq!(t.count, count);
             assert_eq!(t.bytes, bytes);
             assert_eq!(t.io.count.iter().sum::<u64>(), t.count, "the modes add up");
             assert_eq!(t.statement, StatementFigures::default());
         }
-        assert_eq!(total(s, mutex).io, IoFigures::ZERO);
-        let q = total(s, stmt);
+        assert_eq!(common::total(s, mutex).io, IoFigures::ZERO);
+        let q = common::total(s, stmt);
         assert_eq!(q.io, IoFigures::ZERO);
         assert_eq!((q.statement.errors, q.statement.rows_sent), (5, 15));
     }
@@ -152,5 +138,5 @@ fn a_reused_record_starts_from_zero() {
         (io.count, io.bytes, io.sum_ns),
         ([0, 1, 0], [0, 20], [0, 7, 0])
     );
-    assert_eq!(total(&s, wal).io.count, [1, 1, 0]);
+    assert_eq!(common::total(&s, wal).io.count, [1, 1, 0]);
 }

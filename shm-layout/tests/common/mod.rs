@@ -8,6 +8,7 @@ use std::fs::File;
 
 use pfs_shm_layout::layout::{EV_ENDED, EV_TIMED, NONE_U32};
 use pfs_shm_layout::layout::{FLAG_ENABLED, FLAG_TIMED};
+use pfs_shm_layout::reader::{SegmentSnapshot, Summary};
 use pfs_shm_layout::writer::{EventData, RowExtra};
 use pfs_shm_layout::{
     ClassKind, EventKind, IoMode, RecordRef, Segment, SegmentConfig, SegmentWriter,
@@ -97,4 +98,19 @@ pub fn timed_classes(w: &SegmentWriter, prefix: &str, kind: ClassKind, n: u32) -
                 .unwrap()
         })
         .collect()
+}
+
+/// Class `class`'s total in snapshot `s`: its live threads' rows and the
+/// exited threads' folded ones, merged.
+pub fn total(s: &SegmentSnapshot, class: u32) -> Summary {
+    let mut t = Summary::default();
+    for (_, r) in s
+        .live_rows
+        .iter()
+        .chain(&s.exited)
+        .filter(|(c, _)| *c == class)
+    {
+        t.merge(r);
+    }
+    t
 }
