@@ -386,6 +386,9 @@ pub enum SetupCommand {
 pub enum Format {
     /// Aligned text table.
     Text,
+    /// One column per line, each row under a `*** N. row ***` header, as
+    /// MySQL's `\G`: for tables too wide for the terminal.
+    Vertical,
     /// The API's JSON object.
     Json,
 }

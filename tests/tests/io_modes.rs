@@ -204,6 +204,41 @@ fn file_and_socket_waits_are_split_by_mode_exactly() {
         text.contains(WAL) && text.contains("AVG_TIMER_MISC"),
         "{text}"
     );
+    // `--format vertical`: a column per line, as MySQL's `\G`.
+    let out = Command::new(agent_bin())
+        .args(["query", "file_summary_by_event_name", "--shm-dir", d])
+        .args(["--format", "vertical", "--human-times", "--where"])
+        .arg(format!("event_name={WAL}"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with("*************************** 1. row ***"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("               EVENT_NAME: {WAL}\n")),
+        "{text}"
+    );
+    let line = |col: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(&format!("{col}: ")))
+            .unwrap_or_else(|| panic!("no {col} in {text}"))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(line("COUNT_MISC"), format!("COUNT_MISC: {}", 7 * ROUNDS));
+    let avg = line("AVG_TIMER_MISC");
+    assert!(
+        [" ns", " us", " ms", " s"].iter().any(|u| avg.ends_with(u)),
+        "{avg}"
+    );
+    assert!(text.ends_with("\n1 row in set\n"), "{text}");
 
     // TRUNCATE of the file table restarts it and its instruments' rows
     // of the waits' global summary (one baseline per instrument), and

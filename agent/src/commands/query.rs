@@ -102,12 +102,16 @@ pub fn run(a: QueryArgs) -> anyhow::Result<()> {
             }
             super::print_out(&format!("{}\n", serde_json::to_string_pretty(&json)?))?;
         }
-        Format::Text => {
+        Format::Text | Format::Vertical => {
             let human = a.human_times || (!a.raw_times && std::io::stdout().is_terminal());
             if human {
                 readable_durations(&mut table);
             }
-            super::print_out(&table.to_text())?;
+            super::print_out(&if a.format == Format::Vertical {
+                table.to_vertical()
+            } else {
+                table.to_text()
+            })?;
         }
     }
     Ok(())

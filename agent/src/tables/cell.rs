@@ -318,22 +318,63 @@ impl Table {
         t.load_preset(comfy_table::presets::ASCII_FULL_CONDENSED);
         t.set_header(self.columns.iter().map(|c| c.to_uppercase()));
         for r in &self.rows {
-            t.add_row(r.iter().map(|v| match v {
-                Value::Null => "NULL".to_string(),
-                // Segment text (a statement's, a thread's name) is the
-                // writer's choice: shown with its control characters
-                // escaped, never sent to the operator's terminal as is.
-                Value::String(s) => crate::util::shown::printable(s).into_owned(),
-                // A fraction (`bucket_quantile`), as MySQL's DECIMAL(7,6).
-                Value::Number(n) if n.is_f64() => format!("{:.6}", n.as_f64().unwrap_or(0.0)),
-                other => other.to_string(),
-            }));
+            t.add_row(r.iter().map(shown));
         }
-        format!(
-            "{t}\n{} row{} in set\n",
-            self.rows.len(),
-            if self.rows.len() == 1 { "" } else { "s" }
-        )
+        format!("{t}\n{}", self.rows_in_set())
+    }
+
+    /// The table one cell per line, each row under a `*** N. row ***`
+    /// header, the column names right-aligned, as MySQL's client prints
+    /// a query ended by `\G`: for tables too wide for a terminal.
+    ///
+    /// ```
+    /// use pfs_agent::tables::Table;
+    /// let t = Table {
+    ///     name: "t".into(),
+    ///     columns: vec!["event_name", "count_star"],
+    ///     rows: vec![vec!["wait/io/file/kv/wal".into(), 7.into()]],
+    /// };
+    /// assert_eq!(
+    ///     t.to_vertical(),
+    ///     "*************************** 1. row ***************************\n\
+    ///      EVENT_NAME: wait/io/file/kv/wal\n\
+    ///      COUNT_STAR: 7\n\
+    ///      1 row in set\n"
+    /// );
+    /// ```
+    pub fn to_vertical(&self) -> String {
+        let width = self.columns.iter().map(|c| c.len()).max().unwrap_or(0);
+        let stars = "*".repeat(27);
+        let mut out = String::new();
+        for (i, r) in self.rows.iter().enumerate() {
+            out.push_str(&format!("{stars} {}. row {stars}\n", i + 1));
+            for (c, v) in self.columns.iter().zip(r) {
+                let name = c.to_uppercase();
+                out.push_str(&format!("{name:>width$}: {}\n", shown(v)));
+            }
+        }
+        out.push_str(&self.rows_in_set());
+        out
+    }
+
+    /// `N rows in set`, as MySQL's client ends a result.
+    fn rows_in_set(&self) -> String {
+        let n = self.rows.len();
+        format!("{n} row{} in set\n", if n == 1 { "" } else { "s" })
+    }
+}
+
+/// A cell as the text formats show it.
+fn shown(v: &Value) -> String {
+    match v {
+        Value::Null => "NULL".to_string(),
+        // Segment text (a statement's, a thread's name) is the writer's
+        // choice: shown with its control characters escaped, never sent
+        // to the operator's terminal as is.
+        Value::String(s) => crate::util::shown::printable(s).into_owned(),
+        // A fraction (`bucket_quantile`), as MySQL's DECIMAL(7,6).
+        Value::Number(n) if n.is_f64() => format!("{:.6}", n.as_f64().unwrap_or(0.0)),
+        other => other.to_string(),
     }
 }
 
