@@ -332,10 +332,6 @@ impl IoMode {
     /// Every mode, in index order.
     pub const ALL: [IoMode; 3] = [IoMode::Read, IoMode::Write, IoMode::Misc];
 
-    /// The modes whose waits move bytes (`SUM_NUMBER_OF_BYTES_READ`,
-    /// `_WRITE`); misc operations have none.
-    pub const MOVING: [IoMode; 2] = [IoMode::Read, IoMode::Write];
-
     /// Index of the mode's words in a summary row's I/O words.
     pub const fn index(self) -> usize {
         self as usize

@@ -190,33 +190,30 @@ fn file_and_socket_waits_are_split_by_mode_exactly() {
     );
 
     // `query` prints the table with its times formatted.
-    let out = Command::new(agent_bin())
-        .args(["query", "file_summary_by_event_name", "--shm-dir", d])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let query = |extra: &[&str]| -> String {
+        let out = Command::new(agent_bin())
+            .args(["query", "file_summary_by_event_name", "--shm-dir", d])
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = query(&[]);
     assert!(
         text.contains(WAL) && text.contains("AVG_TIMER_MISC"),
         "{text}"
     );
     // `--format vertical`: a column per line, as MySQL's `\G`.
-    let out = Command::new(agent_bin())
-        .args(["query", "file_summary_by_event_name", "--shm-dir", d])
-        .args(["--format", "vertical", "--human-times", "--where"])
-        .arg(format!("event_name={WAL}"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let only_wal = format!("event_name={WAL}");
+    let text = query(&[
+        "--format",
+        "vertical",
+        "--human-times",
+        "--where",
+        &only_wal,
+    ]);
     assert!(
         text.starts_with("*************************** 1. row ***"),
         "{text}"

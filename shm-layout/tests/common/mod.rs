@@ -64,29 +64,21 @@ pub fn wait_event(class: u32, id: u64, wait_ps: u64) -> EventData {
 
 /// Ends a wait the way the client does: current, history, summary.
 pub fn record_wait(rec: RecordRef<'_>, e: &EventData) {
-    rec.end_event(EventKind::Wait, e, None, true, true);
-    rec.summarize(
-        e.class as usize,
-        EventKind::Wait,
-        true,
-        e.timer_wait,
-        0,
-        None,
-    );
+    record(rec, e, 0, RowExtra::None);
 }
 
 /// Ends a file or socket wait the way the client does: current,
 /// history, and the summary with its mode's figures.
 pub fn record_io(rec: RecordRef<'_>, e: &EventData, mode: IoMode, bytes: u64) {
+    record(rec, e, bytes, RowExtra::Io(mode));
+}
+
+/// Ends a timed wait: its current row, history, and summary (with
+/// `bytes` and `extra`).
+fn record(rec: RecordRef<'_>, e: &EventData, bytes: u64, extra: RowExtra<'_>) {
     rec.end_event(EventKind::Wait, e, None, true, true);
-    rec.summarize(
-        e.class as usize,
-        EventKind::Wait,
-        true,
-        e.timer_wait,
-        bytes,
-        RowExtra::Io(mode),
-    );
+    let class = e.class as usize;
+    rec.summarize(class, EventKind::Wait, true, e.timer_wait, bytes, extra);
 }
 
 /// Registers `n` enabled, timed classes of kind `kind` named
