@@ -169,6 +169,20 @@ fn file_id(m: &std::fs::Metadata) -> FileId {
     (m.dev(), m.ino())
 }
 
+/// Makes reads through `file` leave its access time alone (`O_NOATIME`),
+/// where the kernel allows it (this process owns the file, or has
+/// `CAP_FOWNER`); else reads go on as before. A reader's every `pread`
+/// otherwise asks whether the file's access time is due an update: about
+/// 3 % of an incremental scrape, which copies a few thousand rows one
+/// `pread` each.
+fn no_atime(file: &File) {
+    use rustix::fs::{OFlags, fcntl_getfl, fcntl_setfl};
+    if let Ok(flags) = fcntl_getfl(file) {
+        // (`EPERM` for a file of another user: nothing to do.)
+        let _ = fcntl_setfl(file, flags | OFlags::NOATIME);
+    }
+}
+
 /// A mapped segment, validated. Both sides use it: the creator through
 /// [`Segment::create`], readers through [`Segment::open`].
 #[derive(Debug)]
@@ -404,6 +418,9 @@ impl Segment {
     /// segment still being initialised gives [`SegmentError::NotReady`].
     /// `writable` maps it read-write (needed only to change setup flags).
     pub fn open(file: File, writable: bool) -> Result<Self, SegmentError> {
+        if !writable {
+            no_atime(&file);
+        }
         let meta = file
             .metadata()
             .map_err(|e| SegmentError::Io("stat the segment", e))?;
@@ -1162,6 +1179,7 @@ impl Segment {
             ));
         }
         File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+            .inspect(no_atime)
             .map(|f| RowReader(f, self.file_id))
             .inspect_err(|_| REFUSED.store(true, Ordering::Relaxed))
     }

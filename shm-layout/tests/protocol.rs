@@ -185,6 +185,22 @@ fn every_row_reader_copies_the_row_the_mapping_holds() {
     assert_eq!(fields(copy.summary()), [1, 5_000, 5_000]);
 }
 
+/// A reader's `pread`s leave the segment file's access time alone
+/// (`O_NOATIME`, which the file's owner may set): each would otherwise ask
+/// whether the time is due an update. A writable open (the agent changing
+/// setup flags) leaves the file's flags as they were.
+#[test]
+fn a_reader_reads_the_segment_without_access_time_updates() {
+    use rustix::fs::{OFlags, fcntl_getfl};
+    let (f, _w, _, _) = one_thread_of_waits(1);
+    assert!(!fcntl_getfl(&f).unwrap().contains(OFlags::NOATIME));
+    let _rw = Segment::open(f.try_clone().unwrap(), true).unwrap();
+    assert!(!fcntl_getfl(&f).unwrap().contains(OFlags::NOATIME));
+    // (A clone shares the open file description, and so its flags.)
+    let _r = Segment::open(f.try_clone().unwrap(), false).unwrap();
+    assert!(fcntl_getfl(&f).unwrap().contains(OFlags::NOATIME));
+}
+
 #[test]
 fn container_adds_pages_only_when_full_and_reuses_records() {
     let (_f, w) = common::create(&small()); // 2 records/page, 3 pages
