@@ -8,7 +8,9 @@
 //! and `query`; the modes add up to the instrument's `COUNT_STAR`, and
 //! their times to its `SUM_TIMER_WAIT` (each within a nanosecond); a
 //! `TRUNCATE` of the file table restarts it and those instruments' rows
-//! of the waits' global summary, and nothing else.
+//! of the waits' global summary, and nothing else. A baseline that an
+//! agent older than layout 8.1 rewrote (no modes) shows the instrument's
+//! totals and zeros by mode.
 
 use std::process::Command;
 
@@ -297,6 +299,79 @@ fn file_and_socket_waits_are_split_by_mode_exactly() {
         metric(&m, "pfs_events_waits_io_total", WAL, "misc"),
         (7 * ROUNDS) as f64
     );
+    w.send_line("").unwrap();
+    w.finish(std::time::Duration::from_secs(30)).unwrap();
+}
+
+/// Removes every `io` member from the JSON value `v`, as an agent older
+/// than layout 8.1 does when it saves a file of the agent's (it keeps no
+/// figures by mode).
+fn strip_io(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            m.remove("io");
+            m.values_mut().for_each(strip_io);
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip_io),
+        _ => {}
+    }
+}
+
+/// A `TRUNCATE` baseline that an agent older than layout 8.1 rewrote has
+/// no figures by mode (an older agent's `TRUNCATE` of any table rewrites
+/// every baseline): the I/O tables' rows then show the instrument's
+/// totals since the baseline, as the waits' global summary does, and
+/// zeros by mode, not the modes since the process started under a
+/// `COUNT_STAR` of their own.
+#[test]
+fn a_baseline_without_modes_shows_the_instruments_totals() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let mut w = Writer::spawn(
+        writer_exe!(),
+        &["io", "--shm-dir", d, "--service", SERVICE, "--rounds", "2"],
+    )
+    .unwrap();
+    w.read_json(std::time::Duration::from_secs(60)).unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "tok\n").unwrap();
+    let env = [(
+        "PFS_CONTROL_TOKEN_FILE",
+        token.to_string_lossy().into_owned(),
+    )];
+    let agent = Agent::serve_with_env(dir.path(), &env).unwrap();
+    assert!(
+        u64_col(
+            &row(&agent, "file_summary_by_event_name", WAL),
+            "count_read"
+        )
+        .unwrap()
+            > 0
+    );
+    let r = ureq::post(&format!(
+        "{}/api/v1/tables/file_summary_by_event_name/truncate",
+        agent.base
+    ))
+    .header("Authorization", "Bearer tok")
+    .send_empty()
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    drop(agent);
+    // The baselines as an older agent saves them.
+    let file = dir.path().join(".pfs-agent-truncate.json");
+    let mut baselines: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert!(baselines.to_string().contains("\"io\""), "{baselines}");
+    strip_io(&mut baselines);
+    std::fs::write(&file, serde_json::to_vec(&baselines).unwrap()).unwrap();
+
+    let agent = Agent::serve_with_env(dir.path(), &env).unwrap();
+    let g = row(&agent, "events_waits_summary_global_by_event_name", WAL);
+    let r = row(&agent, "file_summary_by_event_name", WAL);
+    assert_eq!(u64_col(&g, "count_star").unwrap(), 0, "{g}");
+    for c in ["count_star", "count_read", "count_write", "count_misc"] {
+        assert_eq!(u64_col(&r, c).unwrap(), 0, "{c}: {r}");
+    }
+    assert_eq!(u128_col(&r, "sum_timer_wait").unwrap(), 0, "{r}");
     w.send_line("").unwrap();
     w.finish(std::time::Duration::from_secs(30)).unwrap();
 }

@@ -7,8 +7,8 @@ use std::collections::{HashMap, HashSet};
 
 use pfs_shm_layout::ClassKind;
 use pfs_shm_layout::reader::{
-    ClassInfo, Event, MemoryStats, SegmentSnapshot, StatementEvent, Summary, TaskSnapshot,
-    ThreadSnapshot,
+    ClassInfo, Event, IoFigures, MemoryStats, SegmentSnapshot, StatementEvent, Summary,
+    TaskSnapshot, ThreadSnapshot,
 };
 use pfs_shm_layout::{EventKind, IoMode};
 
@@ -260,15 +260,22 @@ pub(super) fn io_summary_columns() -> Vec<&'static str> {
 /// MySQL's tables, `COUNT_STAR` and `SUM_TIMER_WAIT` are the modes' sums
 /// (a wait a C caller gave a lock's or an idle operation on a file or
 /// socket instrument is in the waits' summaries only); MIN and MAX are
-/// the instrument's.
+/// the instrument's. Where the modes are not known for the row's window
+/// ([`modes_known`]), `COUNT_STAR`, `SUM_TIMER_WAIT` and `AVG_TIMER_WAIT`
+/// are the instrument's, as `events_waits_summary_global_by_event_name`
+/// shows them, and every mode shows zero.
 pub(super) fn io_summary_values(s: &Summary) -> Vec<Cell<'static>> {
-    let io = &s.io;
-    let count: u64 = io.count.iter().sum();
-    let sum_ps: u128 = IoMode::ALL.iter().map(|&m| io.sum_ps(m)).sum();
-    let avg = if count == 0 {
-        0
+    let (count, sum_ps, avg, io) = if modes_known(s) {
+        let io = s.io;
+        let count: u64 = io.count.iter().sum();
+        let sum_ps: u128 = IoMode::ALL.iter().map(|&m| io.sum_ps(m)).sum();
+        let avg = match count {
+            0 => 0,
+            n => u64::try_from(sum_ps / u128::from(n)).unwrap_or(u64::MAX),
+        };
+        (count, sum_ps, avg, io)
     } else {
-        u64::try_from(sum_ps / u128::from(count)).unwrap_or(u64::MAX)
+        (s.count, s.sum_ps, s.avg_ps(), IoFigures::ZERO)
     };
     let mut v = vec![
         count.into(),
@@ -278,7 +285,6 @@ pub(super) fn io_summary_values(s: &Summary) -> Vec<Cell<'static>> {
         s.max_ps.into(),
     ];
     for mode in IoMode::ALL {
-        let io = &s.io;
         v.extend([
             io.count(mode).into(),
             Cell::Ps(io.sum_ps(mode)),
@@ -287,6 +293,18 @@ pub(super) fn io_summary_values(s: &Summary) -> Vec<Cell<'static>> {
         v.extend(io.bytes(mode).map(Cell::from));
     }
     v
+}
+
+/// Whether the figures by mode of `s`, a file or socket instrument's row
+/// (since its process started, or since a `TRUNCATE`), account for its
+/// window: no more of its events have a mode than it has events, and some
+/// do if it has any. Not so for a process of a client older than layout
+/// 8.1, which records no mode, and for a row whose `TRUNCATE` baseline an
+/// agent older than 8.1 rewrote (it keeps no modes, so the modes since the
+/// process started exceed the events since the baseline).
+fn modes_known(s: &Summary) -> bool {
+    let with_mode: u64 = s.io.count.iter().sum();
+    with_mode <= s.count && (with_mode > 0 || s.count == 0)
 }
 
 /// The columns of a histogram table's rows, after its own key columns,
@@ -623,6 +641,66 @@ mod tests {
         assert_eq!(names(IO_SUMMARY_COLUMNS), want);
         let cells = io_summary_values(&Summary::default());
         assert_eq!(cells.len(), io_summary_columns().len());
+    }
+
+    /// The I/O cells of a file instrument's row: `(COUNT_STAR,
+    /// SUM_TIMER_WAIT, AVG_TIMER_WAIT, COUNT_READ, COUNT_MISC)`.
+    fn io_cells(s: &Summary) -> (u64, u128, u64, u64, u64) {
+        let cells = io_summary_values(s);
+        let col = |name: &str| {
+            let i = io_summary_columns()
+                .iter()
+                .position(|c| *c == name)
+                .unwrap();
+            match &cells[i] {
+                Cell::Ps(v) => *v,
+                Cell::U64(v) => u128::from(*v),
+                _ => panic!("{name} is not a number"),
+            }
+        };
+        let n = |name: &str| u64::try_from(col(name)).unwrap();
+        (
+            n("count_star"),
+            col("sum_timer_wait"),
+            n("avg_timer_wait"),
+            n("count_read"),
+            n("count_misc"),
+        )
+    }
+
+    /// `COUNT_STAR` and `SUM_TIMER_WAIT` are the modes' sums where the
+    /// modes account for the row, else the instrument's (with zeros by
+    /// mode): a process of a client older than layout 8.1, and a row
+    /// whose `TRUNCATE` baseline has no modes (an older agent wrote it),
+    /// where the modes since the process started exceed the row's count.
+    #[test]
+    fn an_io_row_without_known_modes_shows_the_instruments_totals() {
+        let mut s = Summary {
+            count: 140,
+            timed_count: 140,
+            sum_ps: 140_000_000,
+            min_ps: 1_000,
+            max_ps: 5_000_000,
+            ..Summary::default()
+        };
+        // Layout 8.0: no mode recorded.
+        assert_eq!(io_cells(&s), (140, 140_000_000, 1_000_000, 0, 0));
+        // 8.1: the modes' sums, as in MySQL (two C lock waits have none).
+        s.io.count = [40, 40, 58];
+        s.io.sum_ns = [10_000, 20_000, 108_000];
+        assert_eq!(io_cells(&s), (138, 138_000_000, 1_000_000, 40, 58));
+        // A baseline without modes: the modes since the start (more than
+        // the 100 events since the baseline) are not the row's.
+        let mut since = s;
+        since.count = 100;
+        since.timed_count = 100;
+        since.sum_ps = 90_000_000;
+        assert_eq!(io_cells(&since), (100, 90_000_000, 900_000, 0, 0));
+        // No event since such a baseline: zeros, as in the waits' table.
+        let mut none = Summary::default();
+        none.io = s.io;
+        assert_eq!(io_cells(&none), (0, 0, 0, 0, 0));
+        assert_eq!(io_cells(&Summary::default()), (0, 0, 0, 0, 0));
     }
 
     /// Every picosecond column of every table is declared with its kind:

@@ -9,8 +9,9 @@
 //! instruments' rows there too (and nothing else: not the other I/O
 //! table, not the by-thread summaries); truncating that one restarts
 //! this one.
-//! Processes of clients older than layout 8.1 show their totals and zero
-//! by mode.
+//! A row whose modes are not known (a process of a client older than
+//! layout 8.1; a `TRUNCATE` baseline an older agent rewrote) shows the
+//! instrument's totals and zero by mode (`columns::io_summary_values`).
 
 use pfs_shm_layout::ClassKind;
 
