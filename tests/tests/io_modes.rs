@@ -5,7 +5,8 @@
 //! the real `pfs-agent` shows them split into reads, writes and the rest,
 //! exactly as the process counted them, in `file_summary_by_event_name`,
 //! `socket_summary_by_event_name`, `pfs_events_waits_io_*` on `/metrics`
-//! and `query`; the modes add up to the instrument's `COUNT_STAR`, and
+//! and `query`, and `pfs.events.waits.io*` pushed to a real OTLP
+//! receiver; the modes add up to the instrument's `COUNT_STAR`, and
 //! their times to its `SUM_TIMER_WAIT` (each within a nanosecond); a
 //! `TRUNCATE` of the file table restarts it and those instruments' rows
 //! of the waits' global summary, and nothing else. A baseline that an
@@ -15,7 +16,8 @@
 use std::process::Command;
 
 use pfs_tests::{
-    Agent, Sample, Writer, agent_bin, rows, sample, str_col, u64_col, u128_col, writer_exe,
+    Agent, OtlpReceiver, Sample, Writer, agent_bin, free_port, otlp_metrics, rows, sample, str_col,
+    u64_col, u128_col, writer_exe,
 };
 use serde_json::Value;
 
@@ -103,10 +105,21 @@ fn file_and_socket_waits_are_split_by_mode_exactly() {
     let ready = w.read_json(std::time::Duration::from_secs(60)).unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "tok\n").unwrap();
-    let env = [(
-        "PFS_CONTROL_TOKEN_FILE",
-        token.to_string_lossy().into_owned(),
-    )];
+    // An OTLP receiver that is not our code (`tests/otlp_receiver.py`).
+    let port = free_port();
+    let mut receiver = OtlpReceiver::start(None, Some(port)).unwrap();
+    let env = [
+        (
+            "PFS_CONTROL_TOKEN_FILE",
+            token.to_string_lossy().into_owned(),
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://127.0.0.1:{port}"),
+        ),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf".to_string()),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "1000".to_string()),
+    ];
     let agent = Agent::serve_with_env(dir.path(), &env).unwrap();
 
     let file = row(&agent, "file_summary_by_event_name", WAL);
@@ -190,6 +203,53 @@ fn file_and_socket_waits_are_split_by_mode_exactly() {
         sample(&m, "pfs_events_waits_io_total", &unused).unwrap(),
         0.0
     );
+
+    // OTLP: the same figures, `pfs.events.waits.io*` with a `mode`
+    // attribute, as /metrics has them.
+    let io_point = |req: &Value, metric: &str, name: &str, mode: &str| -> Option<f64> {
+        otlp_metrics(req, metric).iter().find_map(|(_, m)| {
+            m["points"].as_array()?.iter().find_map(|p| {
+                (p["attributes"]["event_name"] == name && p["attributes"]["mode"] == mode)
+                    .then(|| p["value"].as_f64())
+                    .flatten()
+            })
+        })
+    };
+    let want_reads = u64_col(&file, "count_read").unwrap() as f64;
+    let req = receiver
+        .wait_for(std::time::Duration::from_secs(20), |req| {
+            io_point(req, "pfs.events.waits.io", WAL, "read") == Some(want_reads)
+        })
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", agent.guard.describe()));
+    for name in [WAL, CONN] {
+        for mode in MODES {
+            for (otlp, prom) in [
+                ("pfs.events.waits.io", "pfs_events_waits_io_total"),
+                (
+                    "pfs.events.waits.io.seconds",
+                    "pfs_events_waits_io_seconds_total",
+                ),
+            ] {
+                let want = metric(&m, prom, name, mode);
+                let got = io_point(&req, otlp, name, mode).unwrap();
+                assert!(
+                    (got - want).abs() <= want * 1e-9,
+                    "{otlp} {name} {mode}: {got} vs {want}"
+                );
+            }
+        }
+        for mode in ["read", "write"] {
+            assert_eq!(
+                io_point(&req, "pfs.events.waits.io.bytes", name, mode),
+                Some(metric(&m, "pfs_events_waits_io_bytes_total", name, mode)),
+                "{name} {mode} bytes"
+            );
+        }
+        assert_eq!(
+            io_point(&req, "pfs.events.waits.io.bytes", name, "misc"),
+            None
+        );
+    }
 
     // `query` prints the table with its times formatted.
     let query = |extra: &[&str]| -> String {
