@@ -89,6 +89,12 @@ impl IoFigures {
         self.count[mode.index()]
     }
 
+    /// The waits of every mode (`COUNT_STAR` of MySQL's I/O tables),
+    /// saturating: a hostile segment's words cannot wrap it.
+    pub fn count_all(&self) -> u64 {
+        self.count.iter().fold(0, |a, &n| a.saturating_add(n))
+    }
+
     /// `SUM_TIMER_*` of `mode` in ps (the tables' unit).
     pub fn sum_ps(&self, mode: IoMode) -> u128 {
         u128::from(self.sum_ns[mode.index()]) * 1000

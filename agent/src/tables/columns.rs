@@ -267,7 +267,7 @@ pub(super) fn io_summary_columns() -> Vec<&'static str> {
 pub(super) fn io_summary_values(s: &Summary) -> Vec<Cell<'static>> {
     let (count, sum_ps, avg, io) = if modes_known(s) {
         let io = s.io;
-        let count: u64 = io.count.iter().sum();
+        let count = io.count_all();
         let sum_ps: u128 = IoMode::ALL.iter().map(|&m| io.sum_ps(m)).sum();
         let avg = match count {
             0 => 0,
@@ -303,7 +303,7 @@ pub(super) fn io_summary_values(s: &Summary) -> Vec<Cell<'static>> {
 /// agent older than 8.1 rewrote (it keeps no modes, so the modes since the
 /// process started exceed the events since the baseline).
 fn modes_known(s: &Summary) -> bool {
-    let with_mode: u64 = s.io.count.iter().sum();
+    let with_mode = s.io.count_all();
     with_mode <= s.count && (with_mode > 0 || s.count == 0)
 }
 
