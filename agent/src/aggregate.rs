@@ -4,8 +4,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use pfs_shm_layout::layout::{BucketScale, LOST_COUNTERS};
+use pfs_shm_layout::layout::{BucketScale, ConsumerKind, LOST_COUNTERS};
 use pfs_shm_layout::reader::{Event, MemoryStats, SegmentSnapshot, Summary};
+use pfs_shm_layout::setup::effective;
 use pfs_shm_layout::{ClassKind, EventKind};
 
 /// Totals by instrument name.
@@ -425,9 +426,15 @@ pub fn unended(s: &SegmentSnapshot, kind: EventKind) -> Vec<(&Event, Option<&str
 
 /// The events of `kind` running now in `s`, by class index ([`unended`]).
 /// Meaningful for a live process only (a dead one's events never end:
-/// [`ended_in_progress`] says what they were).
+/// [`ended_in_progress`] says what they were). None while the kind's
+/// `events_*_current` consumer is off: its rows are not kept up to date
+/// then (a client older than this agent left there for good an event
+/// that was running when the consumer went off).
 pub fn running(s: &SegmentSnapshot, kind: EventKind) -> BTreeMap<u32, Running> {
     let mut out: BTreeMap<u32, Running> = BTreeMap::new();
+    if !effective(s.consumers, kind, ConsumerKind::Current) {
+        return out;
+    }
     for (e, _) in unended(s, kind) {
         let r = out.entry(e.class).or_default();
         r.count += 1;
@@ -805,6 +812,16 @@ mod tests {
             ..ReadOptions::summaries()
         };
         assert!(now(&bare).is_empty());
+        // The statements' current consumer off: the rows are not kept up
+        // to date then (an older client left in them events that ran when
+        // it went off): nothing is known to run.
+        let setup = || {
+            pfs_shm_layout::setup::set_consumers(w.segment(), "events_statements_current", false)
+        };
+        assert_eq!(setup(), 1);
+        assert!(now(&ReadOptions::summaries()).is_empty());
+        pfs_shm_layout::setup::set_consumers(w.segment(), "events_statements_current", true);
+        assert_eq!(now(&ReadOptions::summaries())[&class].count, 2);
         // One ends: its row stays current, not running.
         statement(
             &w,

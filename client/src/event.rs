@@ -17,7 +17,7 @@ use pfs_shm_layout::layout::{
 };
 use pfs_shm_layout::setup::{Plan, effective};
 use pfs_shm_layout::writer::{EventData, RowExtra, StatementFigures};
-use pfs_shm_layout::{EventKind, IoMode};
+use pfs_shm_layout::{EventKind, IoMode, RecordRef};
 
 use crate::class::ClassRef;
 use crate::context::{MAX_OUTER_TEXTS, OuterText, ThreadCtx};
@@ -409,13 +409,11 @@ fn end_in<const KIND: usize>(
         plan = plan.without_history();
     }
     let rec = &ctx.rec;
-    rec.end_event(
-        kind,
-        d,
-        stmt,
-        plan.has(ConsumerKind::Current),
-        plan.has(ConsumerKind::History),
-    );
+    let current = plan.has(ConsumerKind::Current);
+    rec.end_event(kind, d, stmt, current, plan.has(ConsumerKind::History));
+    if !current {
+        end_where_shown(rec, kind, d, stmt);
+    }
     if plan.has(ConsumerKind::HistoryLong) {
         append_long::<KIND>(rt, ctx, d, stmt);
     }
@@ -428,6 +426,24 @@ fn end_in<const KIND: usize>(
         rec.summarize(d.class as usize, kind, timed, wait_ps, bytes, extra);
     }
     timed.then_some(wait_ps)
+}
+
+/// Ends event `d` in the current row of `rec` if the row shows it: an
+/// event shown running there at its start ends there even if the
+/// consumer was switched off since (as in MySQL, its fate was decided
+/// when it started); else the row would show it running for good, and
+/// the agent count it as stuck. Out of line: only with the consumer off.
+#[cold]
+#[inline(never)]
+fn end_where_shown(
+    rec: &RecordRef<'_>,
+    kind: EventKind,
+    d: &EventData,
+    stmt: Option<&StatementFigures>,
+) {
+    if rec.shows(kind, d.thread_id, d.event_id) {
+        rec.end_event(kind, d, stmt, true, false);
+    }
 }
 
 /// `history_long` (off by default): the one multi-writer structure, out of
