@@ -259,8 +259,9 @@ pub(super) fn io_summary_columns() -> Vec<&'static str> {
 /// A file or socket class's cells for [`io_summary_columns`]. As in
 /// MySQL's tables, `COUNT_STAR` and `SUM_TIMER_WAIT` are the modes' sums
 /// (a wait a C caller gave a lock's or an idle operation on a file or
-/// socket instrument is in the waits' summaries only); MIN and MAX are
-/// the instrument's. Where the modes are not known for the row's window
+/// socket instrument is in the waits' summaries only; when there is none,
+/// `SUM_TIMER_WAIT` is the instrument's, exact to the ps where the modes'
+/// are kept in ns); MIN and MAX are the instrument's. Where the modes are not known for the row's window
 /// ([`modes_known`]), `COUNT_STAR`, `SUM_TIMER_WAIT` and `AVG_TIMER_WAIT`
 /// are the instrument's, as `events_waits_summary_global_by_event_name`
 /// shows them, and every mode shows zero.
@@ -268,7 +269,13 @@ pub(super) fn io_summary_values(s: &Summary) -> Vec<Cell<'static>> {
     let (count, sum_ps, avg, io) = if modes_known(s) {
         let io = s.io;
         let count = io.count_all();
-        let sum_ps: u128 = IoMode::ALL.iter().map(|&m| io.sum_ps(m)).sum();
+        // The modes' times are kept in whole ns: when every wait has a
+        // mode, the instrument's own sum, to the ps (so that MIN <= AVG).
+        let sum_ps: u128 = if count == s.count {
+            s.sum_ps
+        } else {
+            IoMode::ALL.iter().map(|&m| io.sum_ps(m)).sum()
+        };
         let avg = match count {
             0 => 0,
             n => u64::try_from(sum_ps / u128::from(n)).unwrap_or(u64::MAX),
@@ -689,6 +696,11 @@ mod tests {
         s.io.count = [40, 40, 58];
         s.io.sum_ns = [10_000, 20_000, 108_000];
         assert_eq!(io_cells(&s), (138, 138_000_000, 1_000_000, 40, 58));
+        // Every wait with a mode: the instrument's sum, to the ps.
+        let mut all = s;
+        all.io.count = [40, 40, 60];
+        all.sum_ps = 140_000_123;
+        assert_eq!(io_cells(&all), (140, 140_000_123, 1_000_000, 40, 60));
         // A baseline without modes: the modes since the start (more than
         // the 100 events since the baseline) are not the row's.
         let mut since = s;
