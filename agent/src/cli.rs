@@ -113,6 +113,7 @@ pub enum Command {
     /// Serve /metrics, /healthz and /api/v1/tables for every segment in a directory.
     Serve(ServeArgs),
     /// Print one PFS table read directly from the segments.
+    #[command(after_help = query_tables())]
     Query(QueryArgs),
     /// Run the agent with a real instrumented workload process (one-command demo).
     #[cfg(feature = "demo")]
@@ -393,6 +394,11 @@ pub enum Format {
     Json,
 }
 
+/// The tables `query` prints, for its help.
+fn query_tables() -> String {
+    format!("Tables:\n  {}", pfs_agent::tables::names().join("\n  "))
+}
+
 /// `query` options.
 #[derive(Debug, Args)]
 pub struct QueryArgs {
@@ -418,9 +424,10 @@ pub struct QueryArgs {
     /// Only this pid.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub pid: Option<u32>,
-    /// Only the rows whose COLUMN reads VALUE (NULL: an empty cell);
-    /// repeatable, every one must hold (e.g. end_event_id=NULL: the
-    /// events still running).
+    /// Only the rows whose COLUMN reads VALUE (NULL: an empty cell), as
+    /// MySQL compares: text regardless of case, numbers by value (times in
+    /// ps, as with --raw-times); repeatable, every one must hold (e.g.
+    /// end_event_id=NULL: the events still running).
     #[arg(long = "where", value_name = "COLUMN=VALUE", value_parser = parse_where)]
     pub filters: Vec<(String, String)>,
     /// Only these columns, in this order (comma-separated, e.g.

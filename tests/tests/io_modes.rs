@@ -296,6 +296,31 @@ fn file_and_socket_waits_are_split_by_mode_exactly() {
         "{avg}"
     );
     assert!(text.ends_with("\n1 row in set\n"), "{text}");
+    // As a DBA types it: the table with its schema, in capitals; values
+    // compared as MySQL's `=` does (text regardless of case, numbers by
+    // value); spaces in the column list.
+    let out = Command::new(agent_bin())
+        .args(["query", "PERFORMANCE_SCHEMA.FILE_SUMMARY_BY_EVENT_NAME"])
+        .args(["--shm-dir", d, "--format", "json"])
+        .args(["--where", &format!("EVENT_NAME={}", WAL.to_uppercase())])
+        .args(["--where", &format!("count_misc={}.000", 7 * ROUNDS)])
+        .args(["--columns", "event_name, count_misc"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        t["columns"],
+        serde_json::json!(["event_name", "count_misc"])
+    );
+    assert_eq!(
+        t["rows"],
+        serde_json::json!([{"event_name": WAL, "count_misc": 7 * ROUNDS}])
+    );
 
     // TRUNCATE of the file table restarts it and its instruments' rows
     // of the waits' global summary (one baseline per instrument), and

@@ -268,27 +268,35 @@ impl Table {
         Ok(())
     }
 
-    /// Keeps the rows whose column `name` reads `value`, as the text
-    /// table shows it (numbers in decimal, `NULL` for an empty cell):
-    /// `WHERE name = value`.
+    /// Keeps the rows whose column `name` reads `value`, as MySQL's
+    /// `WHERE name = value` compares: text regardless of ASCII case (as
+    /// MySQL's default collation: `enabled=yes`, `operation=LOCK`),
+    /// numbers by value (`1.000000`, as the text table shows a
+    /// quantile, is `1`), `NULL` for an empty cell.
     pub fn filter(&mut self, name: &str, value: &str) -> Result<(), NoSuchColumn> {
         let i = self.column(name)?;
+        let value = value.trim();
         self.rows.retain(|r| match &r[i] {
             Value::Null => value.eq_ignore_ascii_case("NULL"),
-            Value::String(s) => s == value,
-            Value::Number(n) => n.to_string() == value,
-            Value::Bool(b) => b.to_string() == value,
+            Value::String(s) => s.eq_ignore_ascii_case(value),
+            Value::Number(n) => number_is(n, value),
+            Value::Bool(b) => b.to_string().eq_ignore_ascii_case(value),
             // (No table has a list or an object in a cell.)
             Value::Array(_) | Value::Object(_) => false,
         });
         Ok(())
     }
 
-    /// Keeps only columns `names`, in that order (`SELECT names`).
+    /// Keeps only columns `names`, in that order (`SELECT names`; spaces
+    /// around a name do not count, and a column named twice is kept once).
     pub fn select(&mut self, names: &[String]) -> Result<(), NoSuchColumn> {
-        let keep = (names.iter())
-            .map(|n| self.column(n))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut keep = Vec::new();
+        for n in names {
+            let i = self.column(n.trim())?;
+            if !keep.contains(&i) {
+                keep.push(i);
+            }
+        }
         self.columns = keep.iter().map(|&i| self.columns[i]).collect();
         for row in &mut self.rows {
             *row = keep.iter().map(|&i| row[i].clone()).collect();
@@ -378,6 +386,18 @@ fn shown(v: &Value) -> String {
     }
 }
 
+/// Whether the JSON number `n` equals the number `text` (integers
+/// exactly, others as `f64`); `false` if `text` is not a number.
+fn number_is(n: &serde_json::Number, text: &str) -> bool {
+    if let (Some(a), Ok(b)) = (n.as_u64(), text.parse::<u64>()) {
+        return a == b;
+    }
+    if let (Some(a), Ok(b)) = (n.as_i64(), text.parse::<i64>()) {
+        return a == b;
+    }
+    matches!((n.as_f64(), text.parse::<f64>()), (Some(a), Ok(b)) if a == b)
+}
+
 /// Two cells as `ORDER BY` compares them: `NULL` first, then numbers by
 /// value (a picosecond count past 64 bits is decimal text: by value too),
 /// then other text by its bytes.
@@ -439,8 +459,23 @@ mod tests {
         f.filter("timer_wait", "20").unwrap();
         f.filter("event_name", "b").unwrap();
         assert_eq!(names(&f), ["b"]);
-        t.select(&["timer_wait".into(), "event_name".into()])
-            .unwrap();
+        // As MySQL compares: text regardless of case, numbers by value.
+        let mut f = t.clone();
+        f.filter("event_name", "B").unwrap();
+        f.filter("timer_wait", "20.000000").unwrap();
+        assert_eq!(names(&f), ["b"]);
+        let mut f = t.clone();
+        f.filter("timer_wait", "18446744073709551616").unwrap();
+        assert_eq!(names(&f), ["c"]);
+        let mut f = t.clone();
+        f.filter("timer_wait", "2O").unwrap();
+        assert!(f.rows.is_empty());
+        t.select(&[
+            "timer_wait".into(),
+            " event_name".into(),
+            "timer_wait".into(),
+        ])
+        .unwrap();
         assert_eq!(t.columns, ["timer_wait", "event_name"]);
         assert_eq!(t.rows[0], [Value::from(3u64), Value::from("d")]);
         let e = t.order_by("nope", false).unwrap_err().to_string();

@@ -108,14 +108,27 @@ pub fn not_found(name: &str) -> String {
     format!("no table {name:?};{hint} tables: {}", names().join(", "))
 }
 
-/// The table called `name`, if there is one.
+/// The table called `name`, if there is one: regardless of ASCII case,
+/// and with or without the schema's name in front, as a DBA may write it.
 ///
 /// ```
-/// assert!(pfs_agent::tables::lookup("events_waits_current").is_some());
-/// assert!(pfs_agent::tables::lookup("events_waits_nope").is_none());
+/// use pfs_agent::tables::lookup;
+/// assert!(lookup("events_waits_current").is_some());
+/// assert!(lookup("EVENTS_WAITS_CURRENT").is_some());
+/// assert!(lookup("performance_schema.threads").is_some());
+/// assert!(lookup("events_waits_nope").is_none());
 /// ```
 pub fn lookup(name: &str) -> Option<&'static dyn PfsTable> {
-    registry().iter().find(|t| t.name() == name).map(|t| &**t)
+    let name = name.trim();
+    let schema = "performance_schema.";
+    let name = match name.get(..schema.len()) {
+        Some(s) if s.eq_ignore_ascii_case(schema) => &name[schema.len()..],
+        _ => name,
+    };
+    registry()
+        .iter()
+        .find(|t| t.name().eq_ignore_ascii_case(name))
+        .map(|t| &**t)
 }
 
 /// Builds `table` from `snap`, every row held (a large table is better
