@@ -709,8 +709,10 @@ mod tests {
         since.sum_ps = 90_000_000;
         assert_eq!(io_cells(&since), (100, 90_000_000, 900_000, 0, 0));
         // No event since such a baseline: zeros, as in the waits' table.
-        let mut none = Summary::default();
-        none.io = s.io;
+        let none = Summary {
+            io: s.io,
+            ..Summary::default()
+        };
         assert_eq!(io_cells(&none), (0, 0, 0, 0, 0));
         assert_eq!(io_cells(&Summary::default()), (0, 0, 0, 0, 0));
     }
