@@ -137,9 +137,11 @@ fn readable_durations(table: &mut Table) {
     for row in &mut table.rows {
         for &i in &durations {
             let ps = match &row[i] {
-                Value::Number(n) => n.as_u64().map(u128::from),
-                // Beyond 64 bits a picosecond cell is decimal text.
-                Value::String(s) => s.parse::<u128>().ok(),
+                // Beyond 64 bits a picosecond cell is a float.
+                Value::Number(n) => n
+                    .as_u64()
+                    .map(u128::from)
+                    .or_else(|| n.as_f64().map(|f| f as u128)),
                 _ => None,
             };
             if let Some(ps) = ps {
@@ -242,7 +244,7 @@ mod tests {
                 vec![
                     Value::from(9),
                     Value::from(1),
-                    Value::from("18446744073709551616000"),
+                    Value::from(18446744073709551616000f64),
                     Value::from(0),
                 ],
             ],

@@ -18,8 +18,10 @@ pub enum Cell<'a> {
     U64(u64),
     /// A signed number.
     I64(i64),
-    /// Picoseconds: a number when it fits in 64 bits, else its decimal
-    /// text as a string.
+    /// Picoseconds: an integer when it fits in 64 bits, else (beyond
+    /// about 213 days: an idle instrument's sum over many threads) a
+    /// floating-point number, exact to a few ns: a number either way, for
+    /// clients that read the column as one.
     Ps(u128),
     /// Text borrowed from the snapshot.
     Str(&'a str),
@@ -55,7 +57,7 @@ impl Serialize for Cell<'_> {
             Cell::I64(v) => ser.serialize_i64(*v),
             Cell::Ps(v) => match u64::try_from(*v) {
                 Ok(v) => ser.serialize_u64(v),
-                Err(_) => ser.serialize_str(&v.to_string()),
+                Err(_) => ser.serialize_f64(*v as f64),
             },
             Cell::Str(s) => ser.serialize_str(s),
             Cell::Owned(s) => ser.serialize_str(s),
@@ -225,9 +227,7 @@ pub struct Table {
 }
 
 fn ps(v: u128) -> Value {
-    u64::try_from(v)
-        .map(Value::from)
-        .unwrap_or_else(|_| Value::from(v.to_string()))
+    u64::try_from(v).map_or_else(|_| Value::from(v as f64), Value::from)
 }
 
 /// A column name a [`Table`] does not have; the message lists those it has.
@@ -520,9 +520,12 @@ mod tests {
         ] {
             assert_eq!(serde_json::to_string(&c).unwrap(), c.to_value().to_string());
         }
+        // Beyond 64 bits, still a number.
+        let big = Cell::Ps(u128::from(u64::MAX) * 3).to_value();
+        assert_eq!(big.as_f64(), Some(u64::MAX as f64 * 3.0));
         assert_eq!(
-            Cell::Ps(u128::from(u64::MAX) + 1).to_value(),
-            Value::from("18446744073709551616")
+            serde_json::to_string(&Cell::Ps(u128::from(u64::MAX) * 3)).unwrap(),
+            big.to_string()
         );
     }
 }
