@@ -11,13 +11,12 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
 
+use pfs_agent::testing::segment_at;
 use pfs_shm_layout::layout::{
     EV_ENDED, EV_TIMED, FLAG_ENABLED, FLAG_TIMED, NONE_U32, SummaryRow, rows_offset,
 };
 use pfs_shm_layout::writer::{EventData, RowExtra};
-use pfs_shm_layout::{
-    ClassKind, EventKind, IoMode, Segment, SegmentConfig, SegmentWriter, TimerCalibration,
-};
+use pfs_shm_layout::{ClassKind, EventKind, IoMode, SegmentConfig, SegmentWriter};
 use pfs_tests::{Agent, agent_bin};
 
 /// Every kind of row the agent reads, by class name.
@@ -31,15 +30,10 @@ const CLASSES: [(&str, ClassKind); 7] = [
     ("memory/hostile/m", ClassKind::Memory),
 ];
 
-/// A segment at `path` with two threads that each recorded one event of
-/// every class (so every row is touched and read); returns its writer.
-fn make_segment(path: &Path) -> SegmentWriter {
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .unwrap();
+/// A live segment at `path` with two threads that each recorded one event
+/// of every class (so every row is touched and read); returns its file
+/// (holding its lock) and writer.
+fn make_segment(path: &Path) -> (File, SegmentWriter) {
     let cfg = SegmentConfig {
         service_name: "hostile-rows".into(),
         history_len: 4,
@@ -50,15 +44,7 @@ fn make_segment(path: &Path) -> SegmentWriter {
         history_long_len: 4,
         task_slots: 4,
     };
-    let seg = Segment::create(
-        file,
-        &cfg,
-        TimerCalibration::NANOSECONDS,
-        std::process::id(),
-        0,
-    )
-    .unwrap();
-    let w = SegmentWriter::new(seg);
+    let (file, w) = segment_at(path, &cfg, std::process::id(), true);
     let classes: Vec<(u32, ClassKind)> = CLASSES
         .iter()
         .map(|(n, k)| {
@@ -100,7 +86,7 @@ fn make_segment(path: &Path) -> SegmentWriter {
             }
         }
     }
-    w
+    (file, w)
 }
 
 /// Overwrites, through the file, every row of the segment's records (the
@@ -181,7 +167,7 @@ fn rows_of_any_bytes_never_take_the_agent_down() {
     ] {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hostile-rows.1.pfs");
-        let w = make_segment(&path);
+        let (_file, w) = make_segment(&path);
         every_view_answers(dir.path(), "before");
         scribble_rows(&path, &w, byte);
         every_view_answers(dir.path(), what);

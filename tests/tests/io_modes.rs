@@ -82,6 +82,15 @@ fn check_row(r: &Value, want: &Value, name: &str) {
     assert!(u64_col(r, "min_timer_wait").unwrap() <= u64_col(r, "avg_timer_wait").unwrap());
 }
 
+/// `TRUNCATE` of `table` through the API, with the test's control token.
+fn truncate(agent: &Agent, table: &str) {
+    let r = ureq::post(&format!("{}/api/v1/tables/{table}/truncate", agent.base))
+        .header("Authorization", "Bearer tok")
+        .send_empty()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "TRUNCATE {table}");
+}
+
 fn metric(m: &[Sample], name: &str, event: &str, mode: &str) -> f64 {
     sample(
         m,
@@ -341,14 +350,7 @@ fn file_and_socket_waits_are_split_by_mode_exactly() {
     };
     let wal_by_thread = by_thread(&agent);
     assert!(wal_by_thread > 0);
-    let r = ureq::post(&format!(
-        "{}/api/v1/tables/file_summary_by_event_name/truncate",
-        agent.base
-    ))
-    .header("Authorization", "Bearer tok")
-    .send_empty()
-    .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    truncate(&agent, "file_summary_by_event_name");
     let after = row(&agent, "file_summary_by_event_name", WAL);
     for c in [
         "count_star",
@@ -431,14 +433,7 @@ fn a_baseline_without_modes_shows_the_instruments_totals() {
         .unwrap()
             > 0
     );
-    let r = ureq::post(&format!(
-        "{}/api/v1/tables/file_summary_by_event_name/truncate",
-        agent.base
-    ))
-    .header("Authorization", "Bearer tok")
-    .send_empty()
-    .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    truncate(&agent, "file_summary_by_event_name");
     drop(agent);
     // The baselines as an older agent saves them.
     let file = dir.path().join(".pfs-agent-truncate.json");
