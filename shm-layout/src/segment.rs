@@ -416,7 +416,9 @@ impl Segment {
     /// Opens and validates an existing segment. Every offset, size, count
     /// and string of the header is checked against the file before use; a
     /// segment still being initialised gives [`SegmentError::NotReady`].
-    /// `writable` maps it read-write (needed only to change setup flags).
+    /// `writable` maps it read-write (needed only to change setup flags);
+    /// a read-only open also sets `O_NOATIME` on `file`'s open file
+    /// description where the kernel allows it (see `no_atime`).
     pub fn open(file: File, writable: bool) -> Result<Self, SegmentError> {
         if !writable {
             no_atime(&file);
