@@ -375,6 +375,56 @@ mod tests {
 }
 
 #[cfg(test)]
+mod threads_tests {
+    use super::tests::populated;
+    use super::*;
+    use serde_json::{Value, json};
+    use std::time::Duration;
+
+    /// `threads` has MySQL's columns in MySQL's order (those it keeps),
+    /// the declared actor's role among them.
+    #[test]
+    fn threads_have_mysqls_column_order_and_the_actors_role() {
+        let dir = tempfile::tempdir().unwrap();
+        let _seg = populated(dir.path());
+        let snap = crate::snapshot::Snapshotter::new(
+            crate::segments::SegmentSet::new(dir.path(), Duration::MAX),
+            Duration::ZERO,
+        )
+        .take();
+        let t = build(
+            lookup("threads").unwrap(),
+            &snap,
+            &Filter::default(),
+            &Baselines::default(),
+        );
+        let at = t.columns.iter().position(|c| *c == "thread_id").unwrap();
+        assert_eq!(
+            t.columns[at..],
+            [
+                "thread_id",
+                "name",
+                "type",
+                "processlist_user",
+                "processlist_host",
+                "role",
+                "instrumented",
+                "history",
+                "thread_os_id",
+            ]
+        );
+        let col = |name: &str| -> Vec<Value> {
+            let i = t.columns.iter().position(|c| *c == name).unwrap();
+            t.rows.iter().map(|r| r[i].clone()).collect()
+        };
+        // Thread 1 declared user "bob" with an empty role; thread 2 none.
+        assert_eq!(col("processlist_user"), [json!("bob"), Value::Null]);
+        assert_eq!(col("role"), [json!(""), Value::Null]);
+        assert_eq!(col("thread_os_id"), [json!(100), json!(101)]);
+    }
+}
+
+#[cfg(test)]
 mod histogram_tests {
     use super::tests::populated;
     use super::*;

@@ -1,5 +1,8 @@
 //! `threads`: every instrumented thread of a live process, with its actor
-//! and whether it is instrumented and keeps history. A dead process's
+//! (`PROCESSLIST_USER`, `PROCESSLIST_HOST`, `ROLE`) and whether it is
+//! instrumented and keeps history, in MySQL's column order (the columns
+//! MySQL has and this table does not, such as `PROCESSLIST_ID`, are
+//! left out). A dead process's
 //! threads are gone: its segment, kept for `--dead-retention`, shows its
 //! final counters in the summary tables, not here.
 //!
@@ -33,18 +36,19 @@ impl PfsTable for Threads {
             "type",
             "processlist_user",
             "processlist_host",
-            "thread_os_id",
+            "role",
             "instrumented",
             "history",
+            "thread_os_id",
         ]));
         for (path, s) in &view.segments {
             // By THREAD_ID, whatever record each thread took.
             let mut threads: Vec<_> = view.threads_of(path, s).iter().collect();
             threads.sort_by_key(|t| t.thread_id);
             for t in threads {
-                let (user, host) = match &t.actor {
-                    Some((u, h, _)) => (Cell::Str(u), Cell::Str(h)),
-                    None => (Cell::Null, Cell::Null),
+                let (user, host, role) = match &t.actor {
+                    Some((u, h, r)) => (Cell::Str(u), Cell::Str(h), Cell::Str(r)),
+                    None => (Cell::Null, Cell::Null, Cell::Null),
                 };
                 let kind = if t.actor.is_some() {
                     "FOREGROUND"
@@ -58,9 +62,10 @@ impl PfsTable for Threads {
                     kind.into(),
                     user,
                     host,
-                    t.os_tid.into(),
+                    role,
                     yes_no(t.instrumented),
                     yes_no(t.history),
+                    t.os_tid.into(),
                 ]);
                 sink.row(&r);
             }
