@@ -20,8 +20,8 @@ pub enum Cell<'a> {
     I64(i64),
     /// Picoseconds: an integer when it fits in 64 bits, else (beyond
     /// about 213 days: an idle instrument's sum over many threads) a
-    /// floating-point number, exact to a few ns: a number either way, for
-    /// clients that read the column as one.
+    /// floating-point number, to 16 significant digits: a number either
+    /// way, for clients that read the column as one.
     Ps(u128),
     /// Text borrowed from the snapshot.
     Str(&'a str),
@@ -226,6 +226,9 @@ pub struct Table {
     pub rows: Vec<Vec<Value>>,
 }
 
+/// 2^64: the first value a `u64` cannot hold.
+const U64_END: f64 = 18_446_744_073_709_551_616.0;
+
 fn ps(v: u128) -> Value {
     u64::try_from(v).map_or_else(|_| Value::from(v as f64), Value::from)
 }
@@ -243,8 +246,10 @@ pub struct NoSuchColumn {
 }
 
 impl Table {
-    /// The index of column `name` (any case, as SQL compares names).
+    /// The index of column `name` (any case, as SQL compares names;
+    /// spaces around it do not count).
     fn column(&self, name: &str) -> Result<usize, NoSuchColumn> {
+        let name = name.trim();
         self.columns
             .iter()
             .position(|c| c.eq_ignore_ascii_case(name))
@@ -292,7 +297,7 @@ impl Table {
     pub fn select(&mut self, names: &[String]) -> Result<(), NoSuchColumn> {
         let mut keep = Vec::new();
         for n in names {
-            let i = self.column(n.trim())?;
+            let i = self.column(n)?;
             if !keep.contains(&i) {
                 keep.push(i);
             }
@@ -380,6 +385,10 @@ fn shown(v: &Value) -> String {
         // choice: shown with its control characters escaped, never sent
         // to the operator's terminal as is.
         Value::String(s) => crate::util::shown::printable(s).into_owned(),
+        // A picosecond cell beyond 64 bits ([`Cell::Ps`]): a whole number.
+        Value::Number(n) if n.as_f64().is_some_and(|f| f >= U64_END) => {
+            format!("{:.0}", n.as_f64().unwrap_or(0.0))
+        }
         // A fraction (`bucket_quantile`), as MySQL's DECIMAL(7,6).
         Value::Number(n) if n.is_f64() => format!("{:.6}", n.as_f64().unwrap_or(0.0)),
         other => other.to_string(),
@@ -470,6 +479,10 @@ mod tests {
         let mut f = t.clone();
         f.filter("timer_wait", "2O").unwrap();
         assert!(f.rows.is_empty());
+        // Spaces around a column's name do not count (`col = value`).
+        let mut f = t.clone();
+        f.filter(" event_name ", "b").unwrap();
+        assert_eq!(names(&f), ["b"]);
         t.select(&[
             "timer_wait".into(),
             " event_name".into(),
@@ -520,8 +533,10 @@ mod tests {
         ] {
             assert_eq!(serde_json::to_string(&c).unwrap(), c.to_value().to_string());
         }
-        // Beyond 64 bits, still a number.
+        // Beyond 64 bits, still a number, shown whole in the text table.
         let big = Cell::Ps(u128::from(u64::MAX) * 3).to_value();
+        assert_eq!(shown(&big), "55340232221128654848");
+        assert_eq!(shown(&Value::from(1.0)), "1.000000");
         assert_eq!(big.as_f64(), Some(u64::MAX as f64 * 3.0));
         assert_eq!(
             serde_json::to_string(&Cell::Ps(u128::from(u64::MAX) * 3)).unwrap(),

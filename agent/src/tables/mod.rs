@@ -97,15 +97,29 @@ pub fn names() -> Vec<&'static str> {
 /// ```
 /// let msg = pfs_agent::tables::not_found("events_wait_current");
 /// assert!(msg.starts_with(r#"no table "events_wait_current"; did you mean events_waits_current?"#));
+/// let msg = pfs_agent::tables::not_found("PERFORMANCE_SCHEMA.thread");
+/// assert!(msg.contains("did you mean threads?"), "{msg}");
 /// ```
 pub fn not_found(name: &str) -> String {
+    let bare = unqualified(name).to_ascii_lowercase();
     let closest = names()
         .into_iter()
-        .map(|t| (strsim::levenshtein(name, t), t))
+        .map(|t| (strsim::levenshtein(&bare, t), t))
         .min()
         .filter(|(d, t)| *d <= (t.len() / 4).max(2));
     let hint = closest.map_or(String::new(), |(_, t)| format!(" did you mean {t}?"));
     format!("no table {name:?};{hint} tables: {}", names().join(", "))
+}
+
+/// `name` without spaces around it and without `performance_schema.` (any
+/// case) in front.
+fn unqualified(name: &str) -> &str {
+    let name = name.trim();
+    let schema = "performance_schema.";
+    match name.get(..schema.len()) {
+        Some(s) if s.eq_ignore_ascii_case(schema) => &name[schema.len()..],
+        _ => name,
+    }
 }
 
 /// The table called `name`, if there is one: regardless of ASCII case,
@@ -119,12 +133,7 @@ pub fn not_found(name: &str) -> String {
 /// assert!(lookup("events_waits_nope").is_none());
 /// ```
 pub fn lookup(name: &str) -> Option<&'static dyn PfsTable> {
-    let name = name.trim();
-    let schema = "performance_schema.";
-    let name = match name.get(..schema.len()) {
-        Some(s) if s.eq_ignore_ascii_case(schema) => &name[schema.len()..],
-        _ => name,
-    };
+    let name = unqualified(name);
     registry()
         .iter()
         .find(|t| t.name().eq_ignore_ascii_case(name))
