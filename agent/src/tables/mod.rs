@@ -214,6 +214,26 @@ mod tests {
     use pfs_shm_layout::{ClassKind, Segment, SegmentConfig, SegmentWriter, TimerCalibration};
     use std::time::Duration;
 
+    /// A snapshot of every segment in `dir`, as the agent takes it.
+    pub(super) fn snap(dir: &std::path::Path) -> Snapshot {
+        crate::snapshot::Snapshotter::new(
+            crate::segments::SegmentSet::new(dir, Duration::MAX),
+            Duration::ZERO,
+        )
+        .take()
+    }
+
+    /// Table `name` of the segments in `dir`: every process, nothing
+    /// truncated.
+    pub(super) fn built(dir: &std::path::Path, name: &str) -> Table {
+        build(
+            lookup(name).unwrap(),
+            &snap(dir),
+            &Filter::default(),
+            &Baselines::default(),
+        )
+    }
+
     /// A live segment in `dir` with two threads, every kind of event,
     /// strings that need escaping, an actor and memory rows.
     pub(super) fn populated(dir: &std::path::Path) -> (std::fs::File, SegmentWriter) {
@@ -323,11 +343,7 @@ mod tests {
     fn streamed_json_is_the_collected_tables_json() {
         let dir = tempfile::tempdir().unwrap();
         let _seg = populated(dir.path());
-        let snap = crate::snapshot::Snapshotter::new(
-            crate::segments::SegmentSet::new(dir.path(), Duration::MAX),
-            Duration::ZERO,
-        )
-        .take();
+        let snap = snap(dir.path());
         assert_eq!(snap.segments.len(), 1, "the segment is read");
         let base = Baselines::default();
         let filters = [
@@ -385,10 +401,8 @@ mod tests {
 
 #[cfg(test)]
 mod threads_tests {
-    use super::tests::populated;
-    use super::*;
+    use super::tests::{built, populated};
     use serde_json::{Value, json};
-    use std::time::Duration;
 
     /// `threads` has MySQL's columns in MySQL's order (those it keeps),
     /// the declared actor's role among them.
@@ -396,17 +410,7 @@ mod threads_tests {
     fn threads_have_mysqls_column_order_and_the_actors_role() {
         let dir = tempfile::tempdir().unwrap();
         let _seg = populated(dir.path());
-        let snap = crate::snapshot::Snapshotter::new(
-            crate::segments::SegmentSet::new(dir.path(), Duration::MAX),
-            Duration::ZERO,
-        )
-        .take();
-        let t = build(
-            lookup("threads").unwrap(),
-            &snap,
-            &Filter::default(),
-            &Baselines::default(),
-        );
+        let t = built(dir.path(), "threads");
         let at = t.columns.iter().position(|c| *c == "thread_id").unwrap();
         assert_eq!(
             t.columns[at..],
@@ -435,23 +439,11 @@ mod threads_tests {
 
 #[cfg(test)]
 mod histogram_tests {
-    use super::tests::populated;
-    use super::*;
+    use super::tests::{built, populated};
     use serde_json::{Value, json};
-    use std::time::Duration;
 
     fn table(dir: &std::path::Path, name: &str) -> Vec<serde_json::Map<String, Value>> {
-        let snap = crate::snapshot::Snapshotter::new(
-            crate::segments::SegmentSet::new(dir, Duration::MAX),
-            Duration::ZERO,
-        )
-        .take();
-        let t = build(
-            lookup(name).unwrap(),
-            &snap,
-            &Filter::default(),
-            &Baselines::default(),
-        );
+        let t = built(dir, name);
         t.rows
             .iter()
             .map(|r| {
@@ -519,18 +511,7 @@ mod histogram_tests {
         assert_eq!(stages.len(), 32, "stage/t/s only");
         assert!(stages.iter().all(|r| r["event_name"] == "stage/t/s"));
         // The text table shows a fraction as MySQL's DECIMAL(7,6).
-        let snap = crate::snapshot::Snapshotter::new(
-            crate::segments::SegmentSet::new(dir.path(), Duration::MAX),
-            Duration::ZERO,
-        )
-        .take();
-        let text = build(
-            lookup("events_waits_histogram_global").unwrap(),
-            &snap,
-            &Filter::default(),
-            &Baselines::default(),
-        )
-        .to_text();
+        let text = built(dir.path(), "events_waits_histogram_global").to_text();
         assert!(
             text.contains("| 0.333333 ") && text.contains("| 1.000000 "),
             "{text}"
@@ -541,7 +522,6 @@ mod histogram_tests {
 #[cfg(test)]
 mod live_only_tests {
     use super::*;
-    use std::time::Duration;
 
     /// A dead process keeps its figures in the summaries and
     /// `history_long` during its retention, but the setup tables and
@@ -558,11 +538,7 @@ mod live_only_tests {
         );
         crate::testing::mutex_class(&_live.1, "a");
         crate::testing::dead_segment(dir.path(), "dead", 2, 3);
-        let snap = crate::snapshot::Snapshotter::new(
-            crate::segments::SegmentSet::new(dir.path(), Duration::MAX),
-            Duration::ZERO,
-        )
-        .take();
+        let snap = super::tests::snap(dir.path());
         let services = |name: &str| -> Vec<String> {
             let t = build(
                 lookup(name).unwrap(),
@@ -663,13 +639,13 @@ mod registry_tests {
 /// cancellation, and `TRUNCATE` per logical thread.
 #[cfg(test)]
 mod task_tests {
+    use super::tests::snap;
     use super::*;
     use crate::testing::{segment_at, statement, statement_class};
     use pfs_shm_layout::values::StatementFigures;
     use pfs_shm_layout::{SegmentConfig, SegmentWriter};
     use serde_json::{Value, json};
     use std::path::Path;
-    use std::time::Duration;
 
     /// A task's id: from the threads' sequence, never a thread's.
     const TASK: u64 = 7;
@@ -706,14 +682,6 @@ mod task_tests {
         statement(&w, slot, q, (1, 2), 1_000_000, cpu(0));
         statement(&w, slot, q, (TASK, 3), 0, None);
         (f, w, q, slot)
-    }
-
-    fn snap(dir: &Path) -> Snapshot {
-        crate::snapshot::Snapshotter::new(
-            crate::segments::SegmentSet::new(dir, Duration::MAX),
-            Duration::ZERO,
-        )
-        .take()
     }
 
     /// `TRUNCATE` of table `name` as of a snapshot of `dir`, into `b`.
